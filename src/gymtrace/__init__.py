@@ -1,0 +1,73 @@
+"""OpenTelemetry traces of reinforcement-learning and agent-evaluation work.
+
+Example::
+
+    import gymtrace
+
+    gymtrace.configure(service_name="my-eval")        # or bring your own TracerProvider
+
+    @gymtrace.rollout(rollout_id=lambda row, repeat: f"{row['id']}-r{repeat}",
+                      task_id=lambda row, repeat: row["id"], repeat=lambda row, repeat: repeat)
+    def run_rollout(row, repeat):
+        with gymtrace.episode():
+            with gymtrace.seed_session():
+                env = make_env(row)
+            answer = agent(env)
+            with gymtrace.verify():
+                gymtrace.record_reward(env.score(answer))
+
+Every span carries ``gym.kind`` and the gym identity (``gym.rollout.id``,
+``gym.episode.attempt``, ...); see ``shared/DESIGN.md`` for the contract.
+"""
+
+from gymtrace import propagation, testing
+from gymtrace._api import (
+    agent_invocation,
+    episode,
+    model_call,
+    rollout,
+    run,
+    seed_session,
+    step,
+    tool_call,
+    turn,
+    verify,
+)
+from gymtrace._errors import GymTraceError, HierarchyViolationError, InvalidArgumentError
+from gymtrace._processor import IdentitySpanProcessor
+from gymtrace._record import Current, current, current_scope, record_failure, record_reward, record_usage
+from gymtrace._scope import ActiveScope, Scope
+from gymtrace._setup import Configuration, configure, force_flush, shutdown
+from gymtrace._version import __version__
+
+__all__ = [
+    "ActiveScope",
+    "Configuration",
+    "Current",
+    "GymTraceError",
+    "HierarchyViolationError",
+    "IdentitySpanProcessor",
+    "InvalidArgumentError",
+    "Scope",
+    "__version__",
+    "agent_invocation",
+    "configure",
+    "current",
+    "current_scope",
+    "episode",
+    "force_flush",
+    "model_call",
+    "propagation",
+    "record_failure",
+    "record_reward",
+    "record_usage",
+    "rollout",
+    "run",
+    "seed_session",
+    "shutdown",
+    "step",
+    "testing",
+    "tool_call",
+    "turn",
+    "verify",
+]

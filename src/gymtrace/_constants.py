@@ -1,0 +1,127 @@
+"""Every span name, attribute name and value gymtrace emits, in one place.
+
+The ``gym.*`` names are gymtrace's public contract (``shared/DESIGN.md``): users search Jaeger by
+them and checks depend on them, so they change only with a major version. The ``gen_ai.*`` names
+follow the OpenTelemetry GenAI semantic conventions, which are still experimental; when they move,
+this module is the only place to edit.
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+# -- span kinds (the value of ``gym.kind``) and the span names that go with them --------------------
+
+KIND_RUN: Final = "run"
+KIND_ROLLOUT: Final = "rollout"
+KIND_EPISODE: Final = "episode"
+KIND_SEED_SESSION: Final = "seed_session"
+KIND_AGENT_INVOCATION: Final = "agent_invocation"
+KIND_TURN: Final = "turn"
+KIND_STEP: Final = "step"
+KIND_MODEL_CALL: Final = "model_call"
+KIND_TOOL_CALL: Final = "tool_call"
+KIND_VERIFY: Final = "verify"
+
+ALL_KINDS: Final = (
+    KIND_RUN,
+    KIND_ROLLOUT,
+    KIND_EPISODE,
+    KIND_SEED_SESSION,
+    KIND_AGENT_INVOCATION,
+    KIND_TURN,
+    KIND_STEP,
+    KIND_MODEL_CALL,
+    KIND_TOOL_CALL,
+    KIND_VERIFY,
+)
+
+SPAN_RUN: Final = "gym.run"
+SPAN_ROLLOUT: Final = "gym.rollout"
+SPAN_EPISODE: Final = "gym.episode"
+SPAN_SEED_SESSION: Final = "gym.seed_session"
+SPAN_TURN: Final = "gym.turn"
+SPAN_STEP: Final = "gym.step"
+SPAN_VERIFY: Final = "gym.verify"
+# GenAI spans are named "{operation} {subject}"; the subject is low-cardinality (a model or tool
+# name, never an ID). Without a subject the name is the bare operation.
+SPAN_PREFIX_AGENT: Final = "invoke_agent"
+SPAN_PREFIX_MODEL: Final = "chat"
+SPAN_PREFIX_TOOL: Final = "execute_tool"
+
+# -- gym identity: on the span of its own level and on every span below it -------------------------
+
+RUN_ID: Final = "gym.run.id"
+TASK_ID: Final = "gym.task.id"
+ROLLOUT_ID: Final = "gym.rollout.id"
+ROLLOUT_REPEAT: Final = "gym.rollout.repeat"
+EPISODE_ATTEMPT: Final = "gym.episode.attempt"
+EPISODE_ID: Final = "gym.episode.id"
+
+IDENTITY_KEYS: Final = (RUN_ID, TASK_ID, ROLLOUT_ID, ROLLOUT_REPEAT, EPISODE_ATTEMPT, EPISODE_ID)
+INT_IDENTITY_KEYS: Final = frozenset({ROLLOUT_REPEAT, EPISODE_ATTEMPT})
+
+# -- outcome and structure ---------------------------------------------------------------------------
+
+KIND: Final = "gym.kind"
+REWARD: Final = "gym.reward"
+ROLLOUT_OUTCOME: Final = "gym.rollout.outcome"
+ROLLOUT_ATTEMPTS: Final = "gym.rollout.attempts"
+EPISODE_OUTCOME: Final = "gym.episode.outcome"
+EPISODE_RESTORED: Final = "gym.episode.restored"
+FAILURE_KIND: Final = "gym.failure.kind"
+FAILURE_RETRYABLE: Final = "gym.failure.retryable"
+TURN_NUMBER: Final = "gym.turn.number"
+STEP_NUMBER: Final = "gym.step.number"
+HIERARCHY_VIOLATION: Final = "gym.hierarchy.violation"
+# Not in the fixed table: set on spans that were still open when the process was stopped.
+INTERRUPTED: Final = "gym.interrupted"
+# On a span link: why two episodes are linked (``retry`` or ``restore``), or ``run`` on the link
+# from a rollout root to its run.
+LINK_RELATION: Final = "gym.link.relation"
+
+OUTCOME_SCORED: Final = "scored"
+OUTCOME_UNSCORED: Final = "unscored"
+OUTCOME_COMPLETED: Final = "completed"
+OUTCOME_FAILED: Final = "failed"
+OUTCOME_CANCELLED: Final = "cancelled"
+
+FAILURE_INFRASTRUCTURE: Final = "infrastructure"
+FAILURE_TIMEOUT: Final = "timeout"
+FAILURE_TERMINAL: Final = "terminal"
+# An exception escaped the episode and nobody called record_failure() to classify it.
+FAILURE_ERROR: Final = "error"
+
+RELATION_RETRY: Final = "retry"
+RELATION_RESTORE: Final = "restore"
+RELATION_RUN: Final = "run"
+
+# -- OpenTelemetry GenAI semantic conventions (experimental) ------------------------------------------
+
+GEN_AI_OPERATION_NAME: Final = "gen_ai.operation.name"
+GEN_AI_AGENT_NAME: Final = "gen_ai.agent.name"
+GEN_AI_AGENT_ID: Final = "gen_ai.agent.id"
+GEN_AI_REQUEST_MODEL: Final = "gen_ai.request.model"
+GEN_AI_RESPONSE_MODEL: Final = "gen_ai.response.model"
+GEN_AI_PROVIDER_NAME: Final = "gen_ai.provider.name"
+GEN_AI_USAGE_INPUT_TOKENS: Final = "gen_ai.usage.input_tokens"
+GEN_AI_USAGE_OUTPUT_TOKENS: Final = "gen_ai.usage.output_tokens"
+GEN_AI_TOOL_NAME: Final = "gen_ai.tool.name"
+GEN_AI_TOOL_CALL_ID: Final = "gen_ai.tool.call.id"
+GEN_AI_EVALUATION_RESULT: Final = "gen_ai.evaluation.result"
+GEN_AI_EVALUATION_NAME: Final = "gen_ai.evaluation.name"
+GEN_AI_EVALUATION_SCORE_VALUE: Final = "gen_ai.evaluation.score.value"
+GEN_AI_EVALUATION_SCORE_LABEL: Final = "gen_ai.evaluation.score.label"
+
+OPERATION_INVOKE_AGENT: Final = "invoke_agent"
+OPERATION_CHAT: Final = "chat"
+OPERATION_EXECUTE_TOOL: Final = "execute_tool"
+EVALUATION_NAME_REWARD: Final = "reward"
+
+# Stable OpenTelemetry conventions.
+ERROR_TYPE: Final = "error.type"
+SERVICE_NAME: Final = "service.name"
+
+# -- instrumentation scope ----------------------------------------------------------------------------
+
+INSTRUMENTATION_NAME: Final = "gymtrace"

@@ -1,0 +1,43 @@
+"""Environment variables gymtrace reads, each documented where it is defined.
+
+gymtrace honours the standard ``OTEL_*`` variables through the OpenTelemetry SDK and exporters
+(``OTEL_SERVICE_NAME``, ``OTEL_RESOURCE_ATTRIBUTES``, ``OTEL_EXPORTER_OTLP_ENDPOINT``,
+``OTEL_EXPORTER_OTLP_PROTOCOL``, ``OTEL_EXPORTER_OTLP_HEADERS``, ``OTEL_TRACES_EXPORTER``,
+``OTEL_TRACES_SAMPLER``, ``OTEL_SDK_DISABLED``, ...). The ``GYMTRACE_*`` variables below cover only
+what those do not. Precedence everywhere: argument to ``configure()``, then ``GYMTRACE_*``, then
+``OTEL_*``, then the default.
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+GYMTRACE_STRICT: Final = "GYMTRACE_STRICT"
+"""``true`` makes contract problems raise instead of log: an inverted nesting of gym levels
+(:class:`gymtrace.HierarchyViolationError`) and an invalid identity argument
+(:class:`gymtrace.InvalidArgumentError`). Meant for test suites. Default ``false``."""
+
+GYMTRACE_FILE: Final = "GYMTRACE_FILE"
+"""Path of a local file that receives every finished span as OTLP/JSON lines (one
+``ExportTraceServiceRequest`` per line, the format of the Collector's ``file`` exporter). When no
+OTLP endpoint is configured this file is the embedded default, ``./gymtrace-traces.jsonl``."""
+
+GYMTRACE_TRACE_PER: Final = "GYMTRACE_TRACE_PER"
+"""``rollout`` (default): every rollout span is the root of its own trace and links to its run.
+``run``: rollouts nest under the run span in one trace, for small runs."""
+
+OTEL_SDK_DISABLED: Final = "OTEL_SDK_DISABLED"
+OTEL_SERVICE_NAME: Final = "OTEL_SERVICE_NAME"
+OTEL_TRACES_EXPORTER: Final = "OTEL_TRACES_EXPORTER"
+OTEL_EXPORTER_OTLP_ENDPOINT: Final = "OTEL_EXPORTER_OTLP_ENDPOINT"
+OTEL_EXPORTER_OTLP_TRACES_ENDPOINT: Final = "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"
+OTEL_EXPORTER_OTLP_PROTOCOL: Final = "OTEL_EXPORTER_OTLP_PROTOCOL"
+OTEL_EXPORTER_OTLP_TRACES_PROTOCOL: Final = "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL"
+
+DEFAULT_FILE: Final = "gymtrace-traces.jsonl"
+DEFAULT_SERVICE_NAME: Final = "gymtrace"
+
+
+def env_flag(value: str | None) -> bool:
+    """Read a boolean environment variable the way the OpenTelemetry SDK does (``true``, any case)."""
+    return value is not None and value.strip().lower() in {"true", "1", "yes", "on"}

@@ -1,0 +1,89 @@
+"""gymtrace's exceptions and its policy for its own failures.
+
+Telemetry must never break the code it observes: an error inside gymtrace is logged once through
+``logging.getLogger("gymtrace")`` and swallowed. Under pytest it is raised instead, so a bug in
+gymtrace (or in how a test uses it) is loud where someone is watching. Contract problems in user
+code (inverted nesting, invalid identity arguments) are warnings by default and exceptions in
+strict mode (``GYMTRACE_STRICT=true`` or ``configure(strict=True)``).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+
+from gymtrace._environment import GYMTRACE_STRICT, env_flag
+
+logger = logging.getLogger("gymtrace")
+
+
+class GymTraceError(Exception):
+    """Base class of the exceptions gymtrace raises (only in strict mode or under pytest)."""
+
+
+class HierarchyViolationError(GymTraceError):
+    """A gym level was opened inside a level it belongs above (an episode inside a step, ...)."""
+
+
+class InvalidArgumentError(GymTraceError, ValueError):
+    """An identity or outcome argument has the wrong type or value; the message names it."""
+
+
+_strict_override: bool | None = None
+_seen: set[object] = set()
+_seen_lock = threading.Lock()
+
+
+def set_strict(value: bool | None) -> None:
+    """Force strict mode on or off; ``None`` goes back to the environment variable."""
+    global _strict_override
+    _strict_override = value
+
+
+def strict_override() -> bool | None:
+    return _strict_override
+
+
+def is_strict() -> bool:
+    if _strict_override is not None:
+        return _strict_override
+    return env_flag(os.environ.get(GYMTRACE_STRICT))
+
+
+def _under_pytest() -> bool:
+    return "PYTEST_CURRENT_TEST" in os.environ
+
+
+def first_time(key: object) -> bool:
+    """True the first time ``key`` is seen in this process; used to log each problem once."""
+    with _seen_lock:
+        if key in _seen:
+            return False
+        _seen.add(key)
+        return True
+
+
+def reset_seen() -> None:
+    with _seen_lock:
+        _seen.clear()
+
+
+def internal_error(where: str, exc: BaseException, *, may_raise: bool = True) -> None:
+    """Handle a failure of gymtrace's own code.
+
+    ``may_raise=False`` is for paths where a user exception is already propagating: replacing it
+    with ours would change what the user's code raises.
+    """
+    if may_raise and (_under_pytest() or is_strict()):
+        raise exc
+    if first_time((where, type(exc))):
+        logger.warning("gymtrace: internal error in %s; tracing continues", where, exc_info=exc)
+
+
+def contract_problem(key: object, error: GymTraceError) -> None:
+    """Report a problem in how user code uses gymtrace: raise in strict mode, else warn once per key."""
+    if is_strict():
+        raise error
+    if first_time(key):
+        logger.warning("gymtrace: %s", error)

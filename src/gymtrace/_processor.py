@@ -1,0 +1,49 @@
+"""IdentitySpanProcessor: gym identity on spans that other libraries start inside gym scopes."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from opentelemetry import context as otel_context
+
+from gymtrace import _constants as c
+from gymtrace._errors import internal_error
+from gymtrace._scope import FRAME_KEY, ActiveScope
+
+
+class IdentitySpanProcessor:
+    """Stamps ``gym.run.id``, ``gym.rollout.id``, ``gym.episode.attempt``, ... onto every span
+    started in a gym scope, including spans of HTTP clients and model SDKs.
+
+    ``gymtrace.configure()`` installs it. With a ``TracerProvider`` of your own, add it yourself::
+
+        provider.add_span_processor(gymtrace.IdentitySpanProcessor())
+
+    It implements the SDK's ``SpanProcessor`` interface by duck typing, so gymtrace's
+    instrumentation does not import the SDK.
+    """
+
+    def on_start(self, span: Any, parent_context: otel_context.Context | None = None) -> None:
+        try:
+            ctx = parent_context if parent_context is not None else otel_context.get_current()
+            frame = ctx.get(FRAME_KEY)
+            if not isinstance(frame, ActiveScope) or not frame.identity:
+                return
+            attributes = span.attributes
+            if attributes is not None and c.KIND in attributes:
+                return  # a gymtrace span: it was started with its identity
+            span.set_attributes(frame.identity)
+        except Exception as exc:  # noqa: BLE001 - telemetry must not break the caller
+            internal_error("IdentitySpanProcessor.on_start", exc)
+
+    def _on_ending(self, span: Any) -> None:
+        return None
+
+    def on_end(self, span: Any) -> None:
+        return None
+
+    def shutdown(self) -> None:
+        return None
+
+    def force_flush(self, timeout_millis: int = 30000) -> bool:
+        return True

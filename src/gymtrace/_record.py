@@ -1,0 +1,295 @@
+"""Outcomes: attempts, rewards, failures, token usage, and reading the current identity.
+
+The rules come from the vocabulary (``shared/DESIGN.md`` §1): attempts are 0-based retry numbers of
+a rollout's episodes; only the final episode's result becomes the rollout's reward; a failed
+episode is never scored; a rollout whose final episode failed is *unscored* and has no reward at
+all (never an invented 0).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from opentelemetry import context as otel_context
+from opentelemetry import trace
+from opentelemetry.trace import Link, Status, StatusCode
+
+from gymtrace import _constants as c
+from gymtrace._errors import GymTraceError, contract_problem, internal_error
+from gymtrace._scope import (
+    ActiveScope,
+    check_index,
+    check_reward,
+    current_frame,
+    episode_id,
+)
+
+# Retryable unless said otherwise: an infrastructure failure or a timeout is what retries are for.
+_RETRYABLE_BY_DEFAULT = frozenset({c.FAILURE_INFRASTRUCTURE, c.FAILURE_TIMEOUT})
+
+
+def prepare_episode(
+    restored_from: Any, frame: ActiveScope, values: dict[str, Any], ctx: otel_context.Context
+) -> tuple[str, dict[str, Any], list[Link] | None, otel_context.Context]:
+    parent = frame.parent
+    rollout = parent.nearest(c.KIND_ROLLOUT) if parent is not None else None
+    identity = {k: v for k, v in frame.identity.items() if k not in (c.EPISODE_ATTEMPT, c.EPISODE_ID)}
+    attempt = values.get("attempt")
+    links: list[Link] = []
+    previous = rollout._last_episode if rollout is not None else None
+    if attempt is None:
+        attempt = rollout._next_attempt if rollout is not None else 0
+    if rollout is not None:
+        rollout._next_attempt = max(rollout._next_attempt, attempt + 1)
+        rollout._episodes += 1
+        rollout._last_episode = frame
+    restored = restored_from is not None and restored_from is not False
+    if restored:
+        source = previous if restored_from is True else restored_from
+        if isinstance(source, ActiveScope) and source.span is not trace.INVALID_SPAN:
+            links.append(Link(source.span.get_span_context(), {c.LINK_RELATION: c.RELATION_RESTORE}))
+        else:
+            contract_problem(
+                ("restored_from", type(restored_from)),
+                GymTraceError(
+                    "gymtrace.episode(restored_from=...) needs the episode it continues (an"
+                    f" ActiveScope, a carrier, or True for the previous one), got {restored_from!r:.80}"
+                ),
+            )
+    elif previous is not None and previous.span is not trace.INVALID_SPAN:
+        links.append(Link(previous.span.get_span_context(), {c.LINK_RELATION: c.RELATION_RETRY}))
+    identity[c.EPISODE_ATTEMPT] = attempt
+    rollout_id = identity.get(c.ROLLOUT_ID)
+    if isinstance(rollout_id, str):
+        identity[c.EPISODE_ID] = episode_id(rollout_id, attempt)
+    frame.identity = identity
+    frame.attempt = attempt
+    attributes = dict(identity)
+    attributes[c.KIND] = c.KIND_EPISODE
+    if restored:
+        frame.restored = True
+        attributes[c.EPISODE_RESTORED] = True
+    extra = values.get("attributes")
+    if extra:
+        for key, value in extra.items():
+            attributes.setdefault(key, value)
+    return c.SPAN_EPISODE, attributes, links or None, ctx
+
+
+def finish_episode(frame: ActiveScope) -> None:
+    span = frame.span
+    if frame.cancelled:
+        outcome = c.OUTCOME_CANCELLED
+    elif frame.failure is not None:
+        outcome = c.OUTCOME_FAILED
+    else:
+        outcome = c.OUTCOME_COMPLETED
+    span.set_attribute(c.EPISODE_OUTCOME, outcome)
+    if outcome == c.OUTCOME_FAILED and frame.failure is not None:
+        kind, retryable, message = frame.failure
+        span.set_attribute(c.FAILURE_KIND, kind)
+        span.set_attribute(c.FAILURE_RETRYABLE, retryable)
+        # An exception already set a more precise description; keep it.
+        span.set_status(Status(StatusCode.ERROR, message or f"episode failed: {kind}"))
+    elif outcome == c.OUTCOME_COMPLETED and frame.reward is not None:
+        span.set_attribute(c.REWARD, frame.reward)
+        span.add_event(
+            c.GEN_AI_EVALUATION_RESULT,
+            {
+                c.GEN_AI_EVALUATION_NAME: c.EVALUATION_NAME_REWARD,
+                c.GEN_AI_EVALUATION_SCORE_VALUE: frame.reward,
+            },
+        )
+
+
+def finish_rollout(frame: ActiveScope) -> None:
+    span = frame.span
+    final = frame._last_episode
+    if final is not None:
+        reward = final.reward if final.failure is None and not final.cancelled else None
+    else:
+        # No episode scopes: the rollout itself was scored directly.
+        reward = frame.reward
+    span.set_attribute(c.ROLLOUT_ATTEMPTS, frame._episodes)
+    if reward is None:
+        span.set_attribute(c.ROLLOUT_OUTCOME, c.OUTCOME_UNSCORED)
+    else:
+        span.set_attribute(c.ROLLOUT_OUTCOME, c.OUTCOME_SCORED)
+        span.set_attribute(c.REWARD, reward)
+
+
+def _target(scope: ActiveScope | None, kinds: tuple[str, ...], caller: str) -> ActiveScope | None:
+    frame = scope if scope is not None else current_frame()
+    target = frame.nearest(*kinds) if frame is not None else None
+    if target is None and (frame is None or frame.kind != "disabled"):
+        contract_problem(
+            (caller, "no target"),
+            GymTraceError(f"gymtrace.{caller}() was called outside any {' or '.join(kinds)} scope; ignored"),
+        )
+    if target is not None and target.kind == "disabled":
+        return None
+    return target
+
+
+def record_reward(value: float, *, scope: ActiveScope | None = None) -> None:
+    """Record the reward of the current episode (or of the current rollout if it has no episodes).
+
+    It becomes ``gym.reward`` on the enclosing ``verify`` span and, when the episode completes, on
+    the episode span with a ``gen_ai.evaluation.result`` event; the rollout takes its final
+    episode's reward. A failed episode keeps no reward: failed episodes are never scored.
+    """
+    try:
+        number = check_reward("value", value)
+        if number is None:
+            return
+        frame = scope if scope is not None else current_frame()
+        if frame is not None and frame.kind == "disabled":
+            return
+        verify = frame.nearest(c.KIND_VERIFY) if frame is not None else None
+        target = _target(frame, (c.KIND_EPISODE, c.KIND_ROLLOUT), "record_reward")
+        if target is None:
+            return
+        if target.reward is not None:
+            contract_problem(
+                ("second reward", target.kind),
+                GymTraceError(
+                    f"a second reward was recorded for one {target.kind} ({target.reward} then {number});"
+                    " the last one counts"
+                ),
+            )
+        target.reward = number
+        if verify is not None:
+            verify.reward = number
+    except GymTraceError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - telemetry must not break the caller
+        internal_error("record_reward", exc)
+
+
+def record_failure(
+    kind: str = c.FAILURE_INFRASTRUCTURE,
+    *,
+    retryable: bool | None = None,
+    exception: BaseException | None = None,
+    message: str | None = None,
+    scope: ActiveScope | None = None,
+) -> None:
+    """Mark the current episode failed: ``gym.episode.outcome=failed`` with a failure kind.
+
+    ``kind`` is free text; the conventional values are ``infrastructure``, ``timeout`` and
+    ``terminal``. ``retryable`` defaults to true for infrastructure failures and timeouts.
+    """
+    try:
+        if not isinstance(kind, str) or not kind:
+            contract_problem(
+                ("record_failure", "kind"),
+                GymTraceError(
+                    f"gymtrace.record_failure(): argument 'kind' must be a non-empty string, got {kind!r:.80}"
+                ),
+            )
+            kind = c.FAILURE_ERROR
+        target = _target(scope, (c.KIND_EPISODE,), "record_failure")
+        if target is None:
+            return
+        if retryable is None:
+            retryable = kind in _RETRYABLE_BY_DEFAULT
+        target.failure = (kind, bool(retryable), message)
+        if exception is not None and target.span.is_recording():
+            target.span.record_exception(exception)
+            target.span.set_attribute(c.ERROR_TYPE, type(exception).__qualname__)
+    except GymTraceError:
+        raise
+    except Exception as exc:  # noqa: BLE001
+        internal_error("record_failure", exc)
+
+
+def record_usage(
+    *,
+    input_tokens: int | None = None,
+    output_tokens: int | None = None,
+    response_model: str | None = None,
+    scope: ActiveScope | None = None,
+) -> None:
+    """Record token usage (and the model that answered) on the current model call."""
+    try:
+        target = _target(scope, (c.KIND_MODEL_CALL,), "record_usage")
+        if target is None:
+            return
+        span = target.span
+        tokens_in = check_index("record_usage", "input_tokens", input_tokens, 0)
+        tokens_out = check_index("record_usage", "output_tokens", output_tokens, 0)
+        if tokens_in is not None:
+            span.set_attribute(c.GEN_AI_USAGE_INPUT_TOKENS, tokens_in)
+        if tokens_out is not None:
+            span.set_attribute(c.GEN_AI_USAGE_OUTPUT_TOKENS, tokens_out)
+        if response_model is not None:
+            span.set_attribute(c.GEN_AI_RESPONSE_MODEL, str(response_model))
+    except GymTraceError:
+        raise
+    except Exception as exc:  # noqa: BLE001
+        internal_error("record_usage", exc)
+
+
+@dataclass(frozen=True, slots=True)
+class Current:
+    """The identity of the innermost gym scope, and its trace and span IDs.
+
+    These are the join keys between the trace and the trajectory record: store
+    :meth:`join_keys` next to the record of an episode to find its trace, and search Jaeger by
+    ``gym.rollout.id`` to find the record's spans. Every field is ``None`` outside gym scopes.
+    """
+
+    kind: str | None = None
+    run_id: str | None = None
+    task_id: str | None = None
+    rollout_id: str | None = None
+    repeat: int | None = None
+    attempt: int | None = None
+    episode_id: str | None = None
+    trace_id: str | None = None
+    span_id: str | None = None
+
+    def join_keys(self) -> dict[str, str | int]:
+        """The non-empty identity as ``{attribute name: value}``, plus ``trace_id``."""
+        keys: dict[str, str | int] = {}
+        for name, value in (
+            (c.RUN_ID, self.run_id),
+            (c.TASK_ID, self.task_id),
+            (c.ROLLOUT_ID, self.rollout_id),
+            (c.ROLLOUT_REPEAT, self.repeat),
+            (c.EPISODE_ATTEMPT, self.attempt),
+            (c.EPISODE_ID, self.episode_id),
+            ("trace_id", self.trace_id),
+        ):
+            if value is not None:
+                keys[name] = value
+        return keys
+
+
+def identity_of(frame: ActiveScope | None, identity: Mapping[str, Any] | None = None) -> Current:
+    ids = identity if identity is not None else (frame.identity if frame is not None else {})
+    span_context = frame.span.get_span_context() if frame is not None else None
+    valid = span_context is not None and span_context.is_valid
+    return Current(
+        kind=frame.kind if frame is not None else None,
+        run_id=ids.get(c.RUN_ID),
+        task_id=ids.get(c.TASK_ID),
+        rollout_id=ids.get(c.ROLLOUT_ID),
+        repeat=ids.get(c.ROLLOUT_REPEAT),
+        attempt=ids.get(c.EPISODE_ATTEMPT),
+        episode_id=ids.get(c.EPISODE_ID),
+        trace_id=trace.format_trace_id(span_context.trace_id) if valid and span_context else None,
+        span_id=trace.format_span_id(span_context.span_id) if valid and span_context else None,
+    )
+
+
+def current() -> Current:
+    """Identity and trace/span IDs of the innermost gym scope (all ``None`` outside one)."""
+    return identity_of(current_frame())
+
+
+def current_scope() -> ActiveScope | None:
+    """The innermost active gym scope, or ``None``: a decorated function's handle on its own span."""
+    return current_frame()

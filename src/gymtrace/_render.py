@@ -1,0 +1,91 @@
+"""Render finished spans as an indented tree, one line per span (used by the CLI and tests)."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Iterable
+
+from gymtrace import _constants as c
+from gymtrace._spandata import SpanData
+
+_IDENTITY_SHORT = (
+    (c.RUN_ID, "run"),
+    (c.TASK_ID, "task"),
+    (c.ROLLOUT_ID, "rollout"),
+    (c.ROLLOUT_REPEAT, "repeat"),
+    (c.EPISODE_ATTEMPT, "attempt"),
+)
+_OUTCOME_SHORT = (
+    (c.TURN_NUMBER, "#"),
+    (c.STEP_NUMBER, "#"),
+    (c.ROLLOUT_OUTCOME, "outcome"),
+    (c.ROLLOUT_ATTEMPTS, "attempts"),
+    (c.EPISODE_OUTCOME, "outcome"),
+    (c.EPISODE_RESTORED, "restored"),
+    (c.FAILURE_KIND, "failure"),
+    (c.FAILURE_RETRYABLE, "retryable"),
+    (c.REWARD, "reward"),
+    (c.GEN_AI_USAGE_INPUT_TOKENS, "in_tokens"),
+    (c.GEN_AI_USAGE_OUTPUT_TOKENS, "out_tokens"),
+    (c.HIERARCHY_VIOLATION, "VIOLATION"),
+    (c.INTERRUPTED, "interrupted"),
+)
+
+
+def _duration(ns: int) -> str:
+    ms = ns / 1e6
+    return f"{ms:.1f}ms" if ms < 1000 else f"{ms / 1000:.2f}s"
+
+
+def describe(span: SpanData, parent: SpanData | None, *, services: bool) -> str:
+    attrs = span.attributes
+    kind = attrs.get(c.KIND)
+    parts = [span.name, f"[{kind}]" if kind else "", _duration(span.duration_ns)]
+    if services and span.service and (parent is None or parent.service != span.service):
+        parts.append(f"@{span.service}")
+    for key, short in _IDENTITY_SHORT:
+        # Identity is shown where it changes, not repeated on every line below.
+        if key in attrs and (parent is None or parent.attributes.get(key) != attrs[key]):
+            parts.append(f"{short}={attrs[key]}")
+    for key, short in _OUTCOME_SHORT:
+        if key in attrs:
+            value = attrs[key]
+            parts.append(f"{short}={value:g}" if isinstance(value, float) else f"{short}={value}")
+    if span.status == "ERROR":
+        parts.append(f"ERROR({attrs.get(c.ERROR_TYPE) or span.status_message or 'error'})")
+    for link in span.links:
+        relation = link.attributes.get(c.LINK_RELATION, "link")
+        parts.append(f"<-{relation} {link.span_id}")
+    return " ".join(p for p in parts if p)
+
+
+def render_tree(spans: Iterable[SpanData], *, show_ids: bool = False) -> str:
+    spans = sorted(spans, key=lambda s: (s.start_ns, s.end_ns))
+    by_id = {s.span_id: s for s in spans}
+    children: dict[str | None, list[SpanData]] = defaultdict(list)
+    for s in spans:
+        parent = s.parent_id if s.parent_id in by_id else None
+        children[parent].append(s)
+    services = len({s.service for s in spans}) > 1
+    lines: list[str] = []
+
+    def walk(span: SpanData, depth: int, parent: SpanData | None) -> None:
+        line = "  " * depth + describe(span, parent, services=services)
+        if show_ids:
+            line += f"  span={span.span_id}"
+        lines.append(line)
+        for child in children.get(span.span_id, ()):
+            walk(child, depth + 1, span)
+
+    roots = children.get(None, [])
+    by_trace: dict[str, list[SpanData]] = defaultdict(list)
+    for root in roots:
+        by_trace[root.trace_id].append(root)
+    for trace_id, trace_roots in by_trace.items():
+        lines.append(f"trace {trace_id}")
+        for root in trace_roots:
+            missing_parent = root.parent_id is not None
+            if missing_parent:
+                lines.append(f"  (parent {root.parent_id} not in this set)")
+            walk(root, 1, None)
+    return "\n".join(lines)

@@ -1,0 +1,106 @@
+"""Helpers for testing code instrumented with gymtrace.
+
+Example::
+
+    import gymtrace
+    from gymtrace.testing import capture_spans, check_trace
+
+    def test_rollout_is_scored():
+        with capture_spans() as captured:
+            run_my_rollout()
+        assert captured.one("rollout").attributes["gym.rollout.outcome"] == "scored"
+        assert check_trace(captured.spans) == []
+
+``capture_spans()`` gives gymtrace a private in-memory TracerProvider for the duration of the block;
+it never touches the application's global provider. Spans of other libraries are captured when they
+use ``captured.tracer_provider`` (most instrumentations accept ``tracer_provider=``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import TYPE_CHECKING, Any
+
+from gymtrace import _constants as c
+from gymtrace._errors import set_strict, strict_override
+from gymtrace._render import render_tree
+from gymtrace._spandata import SpanData, from_readable
+from gymtrace._tracing import pop_provider, push_provider
+
+if TYPE_CHECKING:
+    from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
+
+__all__ = ["CapturedSpans", "capture_spans", "check_trace"]
+
+
+class CapturedSpans:
+    """Finished spans collected by :func:`capture_spans`, in the order they ended."""
+
+    def __init__(self, provider: TracerProvider, exporter: Any) -> None:
+        self.tracer_provider = provider
+        self._exporter = exporter
+
+    @property
+    def spans(self) -> list[ReadableSpan]:
+        return list(self._exporter.get_finished_spans())
+
+    @property
+    def data(self) -> list[SpanData]:
+        """The spans as plain :class:`SpanData` records (hex IDs, plain dicts)."""
+        return [from_readable(s) for s in self.spans]
+
+    def by_kind(self, kind: str) -> list[ReadableSpan]:
+        return [s for s in self.spans if (s.attributes or {}).get(c.KIND) == kind]
+
+    def one(self, kind: str) -> ReadableSpan:
+        """The single span of ``kind``; AssertionError if there are none or several."""
+        found = self.by_kind(kind)
+        assert len(found) == 1, f"expected one {kind} span, found {len(found)}: {[s.name for s in found]}"
+        return found[0]
+
+    def tree(self) -> str:
+        return render_tree(self.data)
+
+    def clear(self) -> None:
+        self._exporter.clear()
+
+
+@contextmanager
+def capture_spans(*, strict: bool = True) -> Iterator[CapturedSpans]:
+    """Collect every span gymtrace finishes inside the block (needs ``gymtrace[sdk]``).
+
+    ``strict=True`` (default) turns contract problems into exceptions for the duration.
+    """
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    from gymtrace._processor import IdentitySpanProcessor
+    from gymtrace._setup import make_id_generator
+
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider(id_generator=make_id_generator(), shutdown_on_exit=False)
+    provider.add_span_processor(IdentitySpanProcessor())
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    previous_strict = strict_override()
+    set_strict(strict)
+    push_provider(provider)
+    try:
+        yield CapturedSpans(provider, exporter)
+    finally:
+        pop_provider(provider)
+        set_strict(previous_strict)
+        provider.shutdown()
+
+
+def check_trace(spans: Any) -> list[str]:
+    """The violations of gymtrace's contract in ``spans`` (empty when it holds).
+
+    Accepts SDK ``ReadableSpan`` objects, :class:`SpanData` records, or a :class:`CapturedSpans`.
+    """
+    from gymtrace._check import check_spans
+
+    if isinstance(spans, CapturedSpans):
+        spans = spans.spans
+    return check_spans(spans)
