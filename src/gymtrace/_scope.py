@@ -440,11 +440,15 @@ def _report_violation(kind: str, parent_kind: str, site: object) -> None:
         frame = sys._getframe(1)
         while frame.f_back is not None and frame.f_globals.get("__name__", "").startswith("gymtrace."):
             frame = frame.f_back
-        site = (frame.f_code.co_filename, frame.f_lineno)
+        where = f"{frame.f_code.co_filename}:{frame.f_lineno}"
+        key: object = where
+    else:
+        where = f"{getattr(site, '__module__', '?')}.{getattr(site, '__qualname__', site)}"
+        key = site
     contract_problem(
-        ("hierarchy", site, kind, parent_kind),
+        ("hierarchy", key, kind, parent_kind),
         HierarchyViolationError(
-            f"{kind} opened inside {parent_kind} at {site}: gym levels nest run > rollout > episode >"
+            f"{kind} opened inside {parent_kind} at {where}: gym levels nest run > rollout > episode >"
             " seed_session/verify > agent_invocation > turn > step > model_call/tool_call"
         ),
     )

@@ -1,0 +1,47 @@
+"""The public surface is small and deliberate: changing it must change this test."""
+
+import gymtrace
+
+
+def test_public_names_are_pinned() -> None:
+    assert set(gymtrace.__all__) == {
+        "ActiveScope",
+        "Configuration",
+        "Current",
+        "GymTraceError",
+        "HierarchyViolationError",
+        "IdentitySpanProcessor",
+        "InvalidArgumentError",
+        "Scope",
+        "__version__",
+        "agent_invocation",
+        "configure",
+        "current",
+        "current_scope",
+        "episode",
+        "force_flush",
+        "model_call",
+        "propagation",
+        "record_failure",
+        "record_reward",
+        "record_usage",
+        "rollout",
+        "run",
+        "seed_session",
+        "shutdown",
+        "step",
+        "testing",
+        "tool_call",
+        "turn",
+        "verify",
+    }
+
+
+def test_every_public_name_exists() -> None:
+    for name in gymtrace.__all__:
+        assert hasattr(gymtrace, name), name
+
+
+def test_propagation_and_testing_surfaces_are_pinned() -> None:
+    assert {"inject", "extract", "attach", "env_carrier"} <= set(gymtrace.propagation.__all__)
+    assert {"capture_spans", "check_trace", "CapturedSpans"} <= set(gymtrace.testing.__all__)

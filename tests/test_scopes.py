@@ -1,0 +1,360 @@
+"""Every gym level, used every way: with, async with, bare and called decorator, on every callable kind."""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+from conftest import assert_child, by_name
+from opentelemetry.trace import SpanKind
+
+import gymtrace
+from gymtrace import _constants as c
+from gymtrace.testing import CapturedSpans
+
+# (factory, expected span name, expected gym.kind, called-decorator kwargs)
+LEVELS: list[tuple[Callable[..., Any], str, str, dict[str, Any]]] = [
+    (gymtrace.run, "gym.run", c.KIND_RUN, {"run_id": "run-1"}),
+    (gymtrace.rollout, "gym.rollout", c.KIND_ROLLOUT, {"rollout_id": "r-1", "task_id": "t-1", "repeat": 0}),
+    (gymtrace.episode, "gym.episode", c.KIND_EPISODE, {"attempt": 0}),
+    (gymtrace.seed_session, "gym.seed_session", c.KIND_SEED_SESSION, {}),
+    (gymtrace.verify, "gym.verify", c.KIND_VERIFY, {}),
+    (gymtrace.agent_invocation, "invoke_agent solver", c.KIND_AGENT_INVOCATION, {"agent_name": "solver"}),
+    (gymtrace.turn, "gym.turn", c.KIND_TURN, {"number": 1}),
+    (gymtrace.step, "gym.step", c.KIND_STEP, {"number": 1}),
+    (gymtrace.model_call, "chat m-1", c.KIND_MODEL_CALL, {"model": "m-1", "provider": "openai"}),
+    (gymtrace.tool_call, "execute_tool search", c.KIND_TOOL_CALL, {"tool_name": "search", "call_id": "call-1"}),
+]
+LEVEL_IDS = [kind for _, _, kind, _ in LEVELS]
+
+# The bare decorator derives no names from arguments; only tool_call names itself after the function.
+BARE_NAMES = {
+    c.KIND_AGENT_INVOCATION: "invoke_agent",
+    c.KIND_MODEL_CALL: "chat",
+}
+
+
+def _make_targets(decorator: Callable[[Any], Any]) -> dict[str, Callable[[], Any]]:
+    """One decorated callable per callable kind; each returns a thunk whose result is comparable."""
+
+    @decorator
+    def target(x: int) -> int:
+        return x + 1
+
+    @decorator
+    async def target_async(x: int) -> int:  # noqa: RUF029 - the coroutine kind is what is tested
+        return x + 1
+
+    @decorator
+    def target_gen(x: int) -> Any:
+        yield x
+        yield x + 1
+        return "done"
+
+    @decorator
+    async def target_agen(x: int) -> Any:
+        yield x
+        await asyncio.sleep(0)
+        yield x + 1
+
+    class Agent:
+        factor = 10
+
+        @decorator
+        def method(self, x: int) -> int:
+            return x * self.factor
+
+        @decorator
+        @classmethod
+        def klass(cls, x: int) -> int:
+            return x * cls.factor
+
+        @classmethod
+        @decorator
+        def klass_inner(cls, x: int) -> int:
+            return x * cls.factor
+
+        @decorator
+        @staticmethod
+        def static(x: int) -> int:
+            return x * 100
+
+    async def collect(agen: Any) -> list[Any]:
+        return [item async for item in agen]
+
+    def run_gen() -> Any:
+        gen = target_gen(1)
+        items = list(gen)
+        return items
+
+    return {
+        "function": lambda: target(1),
+        "coroutine": lambda: asyncio.run(target_async(1)),
+        "generator": run_gen,
+        "async_generator": lambda: asyncio.run(collect(target_agen(1))),
+        "method": lambda: Agent().method(2),
+        "classmethod": lambda: Agent.klass(2),
+        "classmethod_inner": lambda: Agent.klass_inner(2),
+        "staticmethod": lambda: Agent.static(2),
+    }
+
+
+EXPECTED = {
+    "function": 2,
+    "coroutine": 2,
+    "generator": [1, 2],
+    "async_generator": [1, 2],
+    "method": 20,
+    "classmethod": 20,
+    "classmethod_inner": 20,
+    "staticmethod": 200,
+}
+
+
+@pytest.mark.parametrize("callable_kind", list(EXPECTED))
+@pytest.mark.parametrize("form", ["bare", "called"])
+@pytest.mark.parametrize(("factory", "name", "kind", "kwargs"), LEVELS, ids=LEVEL_IDS)
+def test_decorated_callable_returns_unchanged_and_records_one_child_span(
+    captured: CapturedSpans,
+    factory: Callable[..., Any],
+    name: str,
+    kind: str,
+    kwargs: dict[str, Any],
+    form: str,
+    callable_kind: str,
+) -> None:
+    decorator = factory if form == "bare" else factory(**kwargs)
+    thunk = _make_targets(decorator)[callable_kind]
+    outer_tracer = captured.tracer_provider.get_tracer("test")
+    with outer_tracer.start_as_current_span("outer"):
+        result = thunk()
+    assert result == EXPECTED[callable_kind]
+    spans = captured.spans
+    ours = [s for s in spans if s.name != "outer"]
+    assert len(ours) == 1, [s.name for s in spans]
+    span = ours[0]
+    if form == "called":
+        assert span.name == name
+    elif kind == c.KIND_TOOL_CALL:
+        assert span.name.startswith("execute_tool ") and len(span.name) > len("execute_tool ")  # the function name
+    else:
+        assert span.name == BARE_NAMES.get(kind, name)
+    assert span.attributes[c.KIND] == kind
+    assert_child(span, by_name(spans, "outer"))
+
+
+@pytest.mark.parametrize(("factory", "name", "kind", "kwargs"), LEVELS, ids=LEVEL_IDS)
+def test_with_block_opens_span_and_makes_it_current(
+    captured: CapturedSpans, factory: Callable[..., Any], name: str, kind: str, kwargs: dict[str, Any]
+) -> None:
+    with factory(**kwargs) as scope:
+        assert gymtrace.current().kind == kind
+        assert gymtrace.current_scope() is scope
+        assert scope.kind == kind
+    assert gymtrace.current().kind is None
+    span = captured.one(kind)
+    assert span.name == name
+    assert span.end_time is not None
+
+
+@pytest.mark.parametrize(("factory", "name", "kind", "kwargs"), LEVELS, ids=LEVEL_IDS)
+def test_async_with_block_opens_span(
+    captured: CapturedSpans, factory: Callable[..., Any], name: str, kind: str, kwargs: dict[str, Any]
+) -> None:
+    async def main() -> str | None:
+        async with factory(**kwargs):
+            await asyncio.sleep(0)
+            return gymtrace.current().kind
+
+    assert asyncio.run(main()) == kind
+    assert captured.one(kind).name == name
+
+
+def test_span_kinds_follow_genai_conventions(captured: CapturedSpans) -> None:
+    with gymtrace.agent_invocation(agent_name="a"), gymtrace.step():
+        with gymtrace.model_call(model="m"):
+            pass
+        with gymtrace.model_call(model="local", in_process=True):
+            pass
+        with gymtrace.tool_call(tool_name="t"):
+            pass
+    kinds = {s.name: s.kind for s in captured.spans}
+    assert kinds["invoke_agent a"] == SpanKind.INTERNAL
+    assert kinds["chat m"] == SpanKind.CLIENT
+    assert kinds["chat local"] == SpanKind.INTERNAL
+    assert kinds["execute_tool t"] == SpanKind.INTERNAL
+    assert kinds["gym.step"] == SpanKind.INTERNAL
+
+
+def test_genai_attributes_on_agent_model_and_tool_spans(captured: CapturedSpans) -> None:
+    with gymtrace.agent_invocation(agent_name="solver", invocation_id="inv-7"):
+        with gymtrace.model_call(model="gpt-x", provider="openai") as call:
+            call.record_usage(input_tokens=120, output_tokens=30, response_model="gpt-x-2026")
+        with gymtrace.tool_call(tool_name="search", call_id="call-9"):
+            pass
+    agent = captured.one(c.KIND_AGENT_INVOCATION)
+    assert agent.attributes[c.GEN_AI_OPERATION_NAME] == "invoke_agent"
+    assert agent.attributes[c.GEN_AI_AGENT_NAME] == "solver"
+    assert agent.attributes[c.GEN_AI_AGENT_ID] == "inv-7"
+    model = captured.one(c.KIND_MODEL_CALL)
+    assert model.attributes[c.GEN_AI_OPERATION_NAME] == "chat"
+    assert model.attributes[c.GEN_AI_REQUEST_MODEL] == "gpt-x"
+    assert model.attributes[c.GEN_AI_PROVIDER_NAME] == "openai"
+    assert model.attributes[c.GEN_AI_USAGE_INPUT_TOKENS] == 120
+    assert model.attributes[c.GEN_AI_USAGE_OUTPUT_TOKENS] == 30
+    assert model.attributes[c.GEN_AI_RESPONSE_MODEL] == "gpt-x-2026"
+    tool = captured.one(c.KIND_TOOL_CALL)
+    assert tool.attributes[c.GEN_AI_OPERATION_NAME] == "execute_tool"
+    assert tool.attributes[c.GEN_AI_TOOL_NAME] == "search"
+    assert tool.attributes[c.GEN_AI_TOOL_CALL_ID] == "call-9"
+
+
+def test_record_usage_reaches_model_call_from_decorated_function(captured: CapturedSpans) -> None:
+    @gymtrace.model_call(model="m")
+    def call_model() -> str:
+        gymtrace.record_usage(input_tokens=5, output_tokens=7)
+        return "ok"
+
+    assert call_model() == "ok"
+    span = captured.one(c.KIND_MODEL_CALL)
+    assert (span.attributes[c.GEN_AI_USAGE_INPUT_TOKENS], span.attributes[c.GEN_AI_USAGE_OUTPUT_TOKENS]) == (5, 7)
+
+
+def test_full_hierarchy_forms_one_tree_per_rollout(captured: CapturedSpans) -> None:
+    with gymtrace.run(run_id="run-1"):
+        with gymtrace.rollout(rollout_id="r-1", task_id="t-1", repeat=0):
+            with gymtrace.episode():
+                with gymtrace.seed_session():
+                    pass
+                with gymtrace.agent_invocation(agent_name="a"):
+                    with gymtrace.turn():
+                        with gymtrace.step():
+                            with gymtrace.model_call(model="m"):
+                                pass
+                            with gymtrace.tool_call(tool_name="t"):
+                                pass
+                with gymtrace.verify():
+                    gymtrace.record_reward(1.0)
+    spans = captured.spans
+    run, rollout = captured.one("run"), captured.one("rollout")
+    episode, agent = captured.one("episode"), captured.one("agent_invocation")
+    turn, step = captured.one("turn"), captured.one("step")
+    # One trace per rollout: the rollout is a root that links to its run.
+    assert rollout.parent is None
+    assert rollout.get_span_context().trace_id != run.get_span_context().trace_id
+    assert [link.context.span_id for link in rollout.links] == [run.get_span_context().span_id]
+    assert rollout.links[0].attributes[c.LINK_RELATION] == "run"
+    assert_child(episode, rollout)
+    assert_child(captured.one("seed_session"), episode)
+    assert_child(agent, episode)
+    assert_child(turn, agent)
+    assert_child(step, turn)
+    assert_child(captured.one("model_call"), step)
+    assert_child(captured.one("tool_call"), step)
+    assert_child(captured.one("verify"), episode)
+    assert len(spans) == 10
+
+
+def test_trace_per_run_nests_rollouts_under_the_run(captured: CapturedSpans) -> None:
+    from gymtrace._scope import set_trace_per
+
+    set_trace_per("run")
+    try:
+        with gymtrace.run(run_id="run-1"), gymtrace.rollout(rollout_id="r-1"):
+            pass
+    finally:
+        set_trace_per("rollout")
+    assert_child(captured.one("rollout"), captured.one("run"))
+    assert captured.one("rollout").links == ()
+
+
+def test_turn_and_step_numbers_count_per_invocation(captured: CapturedSpans) -> None:
+    with gymtrace.agent_invocation(agent_name="a"):
+        for _ in range(2):
+            with gymtrace.turn():
+                with gymtrace.step():
+                    pass
+                with gymtrace.step():
+                    pass
+    with gymtrace.agent_invocation(agent_name="b"), gymtrace.step():
+        pass
+    turns = sorted(s.attributes[c.TURN_NUMBER] for s in captured.by_kind("turn"))
+    steps = [s.attributes[c.STEP_NUMBER] for s in sorted(captured.by_kind("step"), key=lambda s: s.start_time)]
+    assert turns == [1, 2]
+    assert steps == [1, 2, 3, 4, 1]
+
+
+def test_explicit_numbers_are_kept_and_defaults_continue_after_them(captured: CapturedSpans) -> None:
+    with gymtrace.agent_invocation(agent_name="a"):
+        with gymtrace.step(number=5):
+            pass
+        with gymtrace.step():
+            pass
+    steps = [s.attributes[c.STEP_NUMBER] for s in sorted(captured.by_kind("step"), key=lambda s: s.start_time)]
+    assert steps == [5, 6]
+
+
+def test_decorated_tool_is_named_after_its_function(captured: CapturedSpans) -> None:
+    @gymtrace.tool_call(call_id="c-1")
+    def lookup_weather(city: str) -> str:
+        return city
+
+    lookup_weather("Oslo")
+    assert captured.one("tool_call").name == "execute_tool lookup_weather"
+
+
+def test_callable_arguments_are_applied_to_the_decorated_functions_arguments(captured: CapturedSpans) -> None:
+    @gymtrace.rollout(rollout_id=lambda row, repeat: f"{row['id']}-r{repeat}", task_id=lambda row, repeat: row["id"], repeat=lambda row, repeat: repeat)
+    def rollout(row: dict[str, str], repeat: int) -> str:
+        return gymtrace.current().rollout_id or ""
+
+    assert rollout({"id": "task-3"}, 2) == "task-3-r2"
+    span = captured.one("rollout")
+    assert span.attributes[c.ROLLOUT_ID] == "task-3-r2"
+    assert span.attributes[c.TASK_ID] == "task-3"
+    assert span.attributes[c.ROLLOUT_REPEAT] == 2
+
+
+def test_positional_identity_argument_is_a_clear_error() -> None:
+    with pytest.raises(TypeError, match=r"gymtrace\.run\(\) takes its arguments by keyword.*run_id="):
+        gymtrace.run("run-1")  # type: ignore[call-overload]
+
+
+def test_extra_attributes_are_added_without_overriding_gym_names(captured: CapturedSpans) -> None:
+    with gymtrace.step(attributes={"harness.phase": "explore", c.KIND: "not-a-kind"}):
+        pass
+    span = captured.one("step")
+    assert span.attributes["harness.phase"] == "explore"
+    assert span.attributes[c.KIND] == "step"
+
+
+def test_scope_object_can_be_reentered(captured: CapturedSpans) -> None:
+    scope = gymtrace.tool_call(tool_name="composite")  # a tool may call a tool
+    with scope:
+        with scope:
+            pass
+    steps = captured.by_kind("tool_call")
+    assert len(steps) == 2
+    inner, outer = steps  # the inner ends first
+    assert_child(inner, outer)
+
+
+def test_generator_wrapper_is_still_a_generator_function() -> None:
+    @gymtrace.step
+    def gen() -> Any:
+        yield 1
+
+    @gymtrace.step
+    async def agen() -> Any:
+        yield 1
+
+    @gymtrace.step
+    async def coro() -> None:
+        return None
+
+    assert inspect.isgeneratorfunction(gen)
+    assert inspect.isasyncgenfunction(agen)
+    assert inspect.iscoroutinefunction(coro)
