@@ -91,7 +91,6 @@ def finish_episode(frame: ActiveScope) -> None:
         kind, retryable, message = frame.failure
         span.set_attribute(c.FAILURE_KIND, kind)
         span.set_attribute(c.FAILURE_RETRYABLE, retryable)
-        # An exception already set a more precise description; keep it.
         span.set_status(Status(StatusCode.ERROR, message or f"episode failed: {kind}"))
     elif outcome == c.OUTCOME_COMPLETED and frame.reward is not None:
         span.set_attribute(c.REWARD, frame.reward)

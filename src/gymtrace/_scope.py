@@ -352,21 +352,22 @@ class Scope:
         """End the span like ``opentelemetry.trace.use_span`` does, then the level's outcome."""
         try:
             span = frame.span
-            if exc is not None:
-                if isinstance(exc, Exception):
-                    if span.is_recording():
-                        span.record_exception(exc)
-                        span.set_status(Status(StatusCode.ERROR, f"{type(exc).__name__}: {exc}"))
-                        span.set_attribute(c.ERROR_TYPE, _qualified_name(type(exc)))
-                    if frame.kind == c.KIND_EPISODE and frame.failure is None:
-                        kind = c.FAILURE_TIMEOUT if isinstance(exc, TimeoutError) else c.FAILURE_ERROR
-                        frame.failure = (kind, kind == c.FAILURE_TIMEOUT, None)
-                elif isinstance(exc, _CANCELLATION):
-                    frame.cancelled = True
-                # GeneratorExit: the consumer stopped early (a `break`), which is not an error.
-            elif self._reward_from is not None:
-                _reward_from_result(self, frame, result)
+            if exc is None:
+                if self._reward_from is not None:
+                    _reward_from_result(self, frame, result)
+            elif isinstance(exc, Exception):
+                if frame.kind == c.KIND_EPISODE and frame.failure is None:
+                    kind = c.FAILURE_TIMEOUT if isinstance(exc, TimeoutError) else c.FAILURE_ERROR
+                    frame.failure = (kind, kind == c.FAILURE_TIMEOUT, None)
+            elif isinstance(exc, _CANCELLATION):
+                frame.cancelled = True
+            # GeneratorExit: the consumer stopped early (a `break`), which is not an error.
             _FINISH[frame.kind](frame)
+            # Last, so the exception's description wins over the level's own failure status.
+            if isinstance(exc, Exception) and span.is_recording():
+                span.record_exception(exc)
+                span.set_status(Status(StatusCode.ERROR, f"{type(exc).__name__}: {exc}"))
+                span.set_attribute(c.ERROR_TYPE, _qualified_name(type(exc)))
             span.end()
         except Exception as internal:  # noqa: BLE001 - telemetry must not break the caller
             internal_error(f"ending gymtrace.{self.kind}", internal, may_raise=exc is None)
