@@ -18,6 +18,7 @@ from opentelemetry.trace import Link, Status, StatusCode
 
 from gymtrace import _constants as c
 from gymtrace._errors import GymTraceError, contract_problem, internal_error
+from gymtrace._tracing import active_tracer
 from gymtrace._scope import (
     ActiveScope,
     check_index,
@@ -120,6 +121,8 @@ def finish_rollout(frame: ActiveScope) -> None:
 
 
 def _target(scope: ActiveScope | None, kinds: tuple[str, ...], caller: str) -> ActiveScope | None:
+    if scope is None and active_tracer() is None:
+        return None  # tracing is off: nothing to record, nothing to warn about
     frame = scope if scope is not None else current_frame()
     target = frame.nearest(*kinds) if frame is not None else None
     if target is None and (frame is None or frame.kind != "disabled"):
@@ -142,6 +145,8 @@ def record_reward(value: float, *, scope: ActiveScope | None = None) -> None:
     try:
         number = check_reward("value", value)
         if number is None:
+            return
+        if scope is None and active_tracer() is None:
             return
         frame = scope if scope is not None else current_frame()
         if frame is not None and frame.kind == "disabled":
