@@ -64,15 +64,26 @@ def test_embedded_default_writes_otlp_json_lines_and_flushes_on_normal_exit(tmp_
 
 
 def test_service_name_argument_beats_environment(tmp_path: Path) -> None:
-    assert run_python(SMALL_RUN.format(args="service_name='arg-svc'"), tmp_path, OTEL_SERVICE_NAME="env-svc")["service"] == "arg-svc"
-    assert run_python(SMALL_RUN.format(args=""), tmp_path, OTEL_SERVICE_NAME="env-svc")["service"] == "env-svc"
+    assert (
+        run_python(SMALL_RUN.format(args="service_name='arg-svc'"), tmp_path, OTEL_SERVICE_NAME="env-svc")[
+            "service"
+        ]
+        == "arg-svc"
+    )
+    assert (
+        run_python(SMALL_RUN.format(args=""), tmp_path, OTEL_SERVICE_NAME="env-svc")["service"] == "env-svc"
+    )
 
 
 def test_gymtrace_file_variable_and_file_argument(tmp_path: Path) -> None:
     result = run_python(SMALL_RUN.format(args=""), tmp_path, GYMTRACE_FILE=str(tmp_path / "env.jsonl"))
     assert result["file"] == str(tmp_path / "env.jsonl")
     assert (tmp_path / "env.jsonl").exists()
-    result = run_python(SMALL_RUN.format(args=f"file={str(tmp_path / 'arg.jsonl')!r}"), tmp_path, GYMTRACE_FILE=str(tmp_path / "env2.jsonl"))
+    result = run_python(
+        SMALL_RUN.format(args=f"file={str(tmp_path / 'arg.jsonl')!r}"),
+        tmp_path,
+        GYMTRACE_FILE=str(tmp_path / "env2.jsonl"),
+    )
     assert result["file"] == str(tmp_path / "arg.jsonl")
     assert not (tmp_path / "env2.jsonl").exists()
 
@@ -98,9 +109,15 @@ def test_otlp_exporters_are_built_for_each_protocol(tmp_path: Path) -> None:
     print(json.dumps({{"exporters": exporters, "endpoint": config.endpoint}}))
     """
     grpc = run_python(code.format(protocol="grpc"), tmp_path)
-    assert grpc == {"exporters": ["opentelemetry.exporter.otlp.proto.grpc.trace_exporter"], "endpoint": "http://127.0.0.1:1"}
+    assert grpc == {
+        "exporters": ["opentelemetry.exporter.otlp.proto.grpc.trace_exporter"],
+        "endpoint": "http://127.0.0.1:1",
+    }
     http = run_python(code.format(protocol="http/protobuf"), tmp_path)
-    assert http == {"exporters": ["opentelemetry.exporter.otlp.proto.http.trace_exporter"], "endpoint": "http://127.0.0.1:1/v1/traces"}
+    assert http == {
+        "exporters": ["opentelemetry.exporter.otlp.proto.http.trace_exporter"],
+        "endpoint": "http://127.0.0.1:1/v1/traces",
+    }
 
 
 def test_configure_never_replaces_the_applications_provider(tmp_path: Path) -> None:
@@ -182,17 +199,56 @@ def test_seeded_random_does_not_repeat_trace_ids_across_workers_or_forks(tmp_pat
     ("kwargs", "env", "expected"),
     [
         ({}, {}, (["file"], None, "grpc", "gymtrace-traces.jsonl")),
-        ({"endpoint": "http://a:4317"}, {"OTEL_EXPORTER_OTLP_ENDPOINT": "http://b:4317"}, (["otlp"], "http://a:4317", "grpc", None)),
-        ({}, {"OTEL_EXPORTER_OTLP_ENDPOINT": "http://b:4318", "OTEL_EXPORTER_OTLP_PROTOCOL": "http/protobuf"}, (["otlp"], "http://b:4318/v1/traces", "http/protobuf", None)),
-        ({}, {"OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": "http://t:4318/v1/traces", "OTEL_EXPORTER_OTLP_ENDPOINT": "http://b:4318", "OTEL_EXPORTER_OTLP_PROTOCOL": "http/protobuf"}, (["otlp"], "http://t:4318/v1/traces", "http/protobuf", None)),
-        ({"protocol": "grpc"}, {"OTEL_EXPORTER_OTLP_PROTOCOL": "http/protobuf", "OTEL_EXPORTER_OTLP_ENDPOINT": "http://b:4317"}, (["otlp"], "http://b:4317", "grpc", None)),
+        (
+            {"endpoint": "http://a:4317"},
+            {"OTEL_EXPORTER_OTLP_ENDPOINT": "http://b:4317"},
+            (["otlp"], "http://a:4317", "grpc", None),
+        ),
+        (
+            {},
+            {"OTEL_EXPORTER_OTLP_ENDPOINT": "http://b:4318", "OTEL_EXPORTER_OTLP_PROTOCOL": "http/protobuf"},
+            (["otlp"], "http://b:4318/v1/traces", "http/protobuf", None),
+        ),
+        (
+            {},
+            {
+                "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": "http://t:4318/v1/traces",
+                "OTEL_EXPORTER_OTLP_ENDPOINT": "http://b:4318",
+                "OTEL_EXPORTER_OTLP_PROTOCOL": "http/protobuf",
+            },
+            (["otlp"], "http://t:4318/v1/traces", "http/protobuf", None),
+        ),
+        (
+            {"protocol": "grpc"},
+            {"OTEL_EXPORTER_OTLP_PROTOCOL": "http/protobuf", "OTEL_EXPORTER_OTLP_ENDPOINT": "http://b:4317"},
+            (["otlp"], "http://b:4317", "grpc", None),
+        ),
         ({}, {"OTEL_TRACES_EXPORTER": "console"}, (["console"], None, "grpc", None)),
         ({}, {"OTEL_TRACES_EXPORTER": "none"}, ([], None, "grpc", None)),
-        ({"file": "x.jsonl"}, {"OTEL_EXPORTER_OTLP_ENDPOINT": "http://b:4317"}, (["otlp", "file"], "http://b:4317", "grpc", "x.jsonl")),
+        (
+            {"file": "x.jsonl"},
+            {"OTEL_EXPORTER_OTLP_ENDPOINT": "http://b:4317"},
+            (["otlp", "file"], "http://b:4317", "grpc", "x.jsonl"),
+        ),
         ({"file": False}, {"GYMTRACE_FILE": "y.jsonl"}, ([], None, "grpc", None)),
-        ({}, {"GYMTRACE_FILE": "y.jsonl", "OTEL_EXPORTER_OTLP_ENDPOINT": "http://b:4317"}, (["otlp", "file"], "http://b:4317", "grpc", "y.jsonl")),
+        (
+            {},
+            {"GYMTRACE_FILE": "y.jsonl", "OTEL_EXPORTER_OTLP_ENDPOINT": "http://b:4317"},
+            (["otlp", "file"], "http://b:4317", "grpc", "y.jsonl"),
+        ),
     ],
-    ids=["default-file", "arg-endpoint-wins", "env-http-base", "traces-endpoint-wins", "arg-protocol-wins", "console", "none", "file-and-otlp", "file-false", "gymtrace-file"],
+    ids=[
+        "default-file",
+        "arg-endpoint-wins",
+        "env-http-base",
+        "traces-endpoint-wins",
+        "arg-protocol-wins",
+        "console",
+        "none",
+        "file-and-otlp",
+        "file-false",
+        "gymtrace-file",
+    ],
 )
 def test_exporter_precedence_is_argument_then_gymtrace_then_otel_then_default(
     monkeypatch: pytest.MonkeyPatch, kwargs: dict[str, Any], env: dict[str, str], expected: tuple[Any, ...]
@@ -202,7 +258,10 @@ def test_exporter_precedence_is_argument_then_gymtrace_then_otel_then_default(
     for name, value in env.items():
         monkeypatch.setenv(name, value)
     exporters, endpoint, protocol, path = _resolve(
-        endpoint=kwargs.get("endpoint"), protocol=kwargs.get("protocol"), file=kwargs.get("file"), console=kwargs.get("console")
+        endpoint=kwargs.get("endpoint"),
+        protocol=kwargs.get("protocol"),
+        file=kwargs.get("file"),
+        console=kwargs.get("console"),
     )
     assert (exporters, endpoint if "otlp" in exporters else None, protocol, path) == expected
 

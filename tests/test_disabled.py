@@ -51,14 +51,21 @@ print("ok")
 """
 
 
-@pytest.mark.parametrize("env", [{}, {"WITH_SDK": "1", "OTEL_SDK_DISABLED": "true"}], ids=["no-sdk-configured", "sdk-disabled"])
+@pytest.mark.parametrize(
+    "env", [{}, {"WITH_SDK": "1", "OTEL_SDK_DISABLED": "true"}], ids=["no-sdk-configured", "sdk-disabled"]
+)
 def test_disabled_tracing_returns_and_raises_exactly_like_the_function(env: dict[str, str]) -> None:
     import os
 
     environ = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "PYTEST_"))}
     environ.update(env)
     out = subprocess.run(
-        [sys.executable, "-c", textwrap.dedent(CODE)], env=environ, capture_output=True, text=True, timeout=60, check=False
+        [sys.executable, "-c", textwrap.dedent(CODE)],
+        env=environ,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
     )
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "ok"

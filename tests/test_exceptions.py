@@ -277,7 +277,9 @@ def test_asend_and_athrow_reach_the_async_generator_body(captured: CapturedSpans
     assert captured.one("step").end_time is not None
 
 
-def test_internal_error_never_reaches_user_code(monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+def test_internal_error_never_reaches_user_code(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
     # Outside pytest and strict mode a failing identity callable is logged once, the call goes on.
     monkeypatch.delenv("PYTEST_CURRENT_TEST")
 
@@ -288,7 +290,10 @@ def test_internal_error_never_reaches_user_code(monkeypatch: pytest.MonkeyPatch,
     def rollout(x: int) -> int:
         return x * 2
 
-    with gymtrace.testing.capture_spans(strict=False) as captured, caplog.at_level(logging.WARNING, "gymtrace"):
+    with (
+        gymtrace.testing.capture_spans(strict=False) as captured,
+        caplog.at_level(logging.WARNING, "gymtrace"),
+    ):
         assert rollout(2) == 4
         assert rollout(3) == 6
     assert len(captured.by_kind("rollout")) == 2

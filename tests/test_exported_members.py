@@ -6,6 +6,8 @@ import gymtrace
 def test_public_names_are_pinned() -> None:
     assert set(gymtrace.__all__) == {
         "ActiveScope",
+        "Attempt",
+        "Attempts",
         "Configuration",
         "Current",
         "GymTraceError",
@@ -15,6 +17,7 @@ def test_public_names_are_pinned() -> None:
         "Scope",
         "__version__",
         "agent_invocation",
+        "attempts",
         "configure",
         "current",
         "current_scope",

@@ -33,7 +33,9 @@ def test_inversion_is_marked_and_logged_once_per_call_site(caplog: pytest.LogCap
                     pass
     rollouts = captured.by_kind("rollout")
     assert [s.attributes[c.HIERARCHY_VIOLATION] for s in rollouts] == ["rollout inside episode"] * 3
-    assert [s.attributes[c.HIERARCHY_VIOLATION] for s in captured.by_kind("run")] == ["run inside episode"] * 2
+    assert [s.attributes[c.HIERARCHY_VIOLATION] for s in captured.by_kind("run")] == [
+        "run inside episode"
+    ] * 2
     messages = [r.getMessage() for r in caplog.records if "opened inside" in r.getMessage()]
     assert len(messages) == 2  # one per call site, not per call
     assert any("nested_rollout" in m for m in messages)
@@ -69,5 +71,7 @@ def test_subagent_turns_and_steps_nest_under_the_spawning_tool() -> None:
     assert sub.parent.span_id == tool.get_span_context().span_id
     sub_turn = captured.one("turn")
     assert sub_turn.parent.span_id == sub.get_span_context().span_id
-    sub_step = next(s for s in captured.by_kind("step") if s.parent.span_id == sub_turn.get_span_context().span_id)
+    sub_step = next(
+        s for s in captured.by_kind("step") if s.parent.span_id == sub_turn.get_span_context().span_id
+    )
     assert sub_step.attributes[c.STEP_NUMBER] == 1  # numbered within the subagent's own invocation

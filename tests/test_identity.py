@@ -8,9 +8,8 @@ import threading
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from conftest import assert_child
-
 import gymtrace
+from conftest import assert_child
 from gymtrace import _constants as c
 from gymtrace.testing import CapturedSpans
 
@@ -95,7 +94,9 @@ def test_thousand_concurrent_asyncio_rollouts_keep_their_own_identity(captured: 
     assert len(spans) == 1000 * 6
     by_id = {s.get_span_context().span_id: s for s in spans}
     rollout_of_trace = {
-        s.get_span_context().trace_id: s.attributes[c.ROLLOUT_ID] for s in spans if s.attributes.get(c.KIND) == "rollout"
+        s.get_span_context().trace_id: s.attributes[c.ROLLOUT_ID]
+        for s in spans
+        if s.attributes.get(c.KIND) == "rollout"
     }
     for span in spans:
         rollout_id = span.attributes[c.ROLLOUT_ID]
@@ -195,5 +196,7 @@ def test_episode_ids_follow_the_attempt(captured: CapturedSpans) -> None:
         for _ in range(3):
             with gymtrace.episode():
                 pass
-    ids = sorted((s.attributes[c.EPISODE_ATTEMPT], s.attributes[c.EPISODE_ID]) for s in captured.by_kind("episode"))
+    ids = sorted(
+        (s.attributes[c.EPISODE_ATTEMPT], s.attributes[c.EPISODE_ID]) for s in captured.by_kind("episode")
+    )
     assert ids == [(0, "r-9"), (1, "r-9-a1"), (2, "r-9-a2")]

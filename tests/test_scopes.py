@@ -8,10 +8,10 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
-from conftest import assert_child, by_name
 from opentelemetry.trace import SpanKind
 
 import gymtrace
+from conftest import assert_child, by_name
 from gymtrace import _constants as c
 from gymtrace.testing import CapturedSpans
 
@@ -26,7 +26,12 @@ LEVELS: list[tuple[Callable[..., Any], str, str, dict[str, Any]]] = [
     (gymtrace.turn, "gym.turn", c.KIND_TURN, {"number": 1}),
     (gymtrace.step, "gym.step", c.KIND_STEP, {"number": 1}),
     (gymtrace.model_call, "chat m-1", c.KIND_MODEL_CALL, {"model": "m-1", "provider": "openai"}),
-    (gymtrace.tool_call, "execute_tool search", c.KIND_TOOL_CALL, {"tool_name": "search", "call_id": "call-1"}),
+    (
+        gymtrace.tool_call,
+        "execute_tool search",
+        c.KIND_TOOL_CALL,
+        {"tool_name": "search", "call_id": "call-1"},
+    ),
 ]
 LEVEL_IDS = [kind for _, _, kind, _ in LEVELS]
 
@@ -45,7 +50,7 @@ def _make_targets(decorator: Callable[[Any], Any]) -> dict[str, Callable[[], Any
         return x + 1
 
     @decorator
-    async def target_async(x: int) -> int:  # noqa: RUF029 - the coroutine kind is what is tested
+    async def target_async(x: int) -> int:
         return x + 1
 
     @decorator
@@ -139,7 +144,9 @@ def test_decorated_callable_returns_unchanged_and_records_one_child_span(
     if form == "called":
         assert span.name == name
     elif kind == c.KIND_TOOL_CALL:
-        assert span.name.startswith("execute_tool ") and len(span.name) > len("execute_tool ")  # the function name
+        assert span.name.startswith("execute_tool ") and len(span.name) > len(
+            "execute_tool "
+        )  # the function name
     else:
         assert span.name == BARE_NAMES.get(kind, name)
     assert span.attributes[c.KIND] == kind
@@ -220,24 +227,24 @@ def test_record_usage_reaches_model_call_from_decorated_function(captured: Captu
 
     assert call_model() == "ok"
     span = captured.one(c.KIND_MODEL_CALL)
-    assert (span.attributes[c.GEN_AI_USAGE_INPUT_TOKENS], span.attributes[c.GEN_AI_USAGE_OUTPUT_TOKENS]) == (5, 7)
+    assert (span.attributes[c.GEN_AI_USAGE_INPUT_TOKENS], span.attributes[c.GEN_AI_USAGE_OUTPUT_TOKENS]) == (
+        5,
+        7,
+    )
 
 
 def test_full_hierarchy_forms_one_tree_per_rollout(captured: CapturedSpans) -> None:
-    with gymtrace.run(run_id="run-1"):
-        with gymtrace.rollout(rollout_id="r-1", task_id="t-1", repeat=0):
-            with gymtrace.episode():
-                with gymtrace.seed_session():
+    with gymtrace.run(run_id="run-1"), gymtrace.rollout(rollout_id="r-1", task_id="t-1", repeat=0):
+        with gymtrace.episode():
+            with gymtrace.seed_session():
+                pass
+            with gymtrace.agent_invocation(agent_name="a"), gymtrace.turn(), gymtrace.step():
+                with gymtrace.model_call(model="m"):
                     pass
-                with gymtrace.agent_invocation(agent_name="a"):
-                    with gymtrace.turn():
-                        with gymtrace.step():
-                            with gymtrace.model_call(model="m"):
-                                pass
-                            with gymtrace.tool_call(tool_name="t"):
-                                pass
-                with gymtrace.verify():
-                    gymtrace.record_reward(1.0)
+                with gymtrace.tool_call(tool_name="t"):
+                    pass
+            with gymtrace.verify():
+                gymtrace.record_reward(1.0)
     spans = captured.spans
     run, rollout = captured.one("run"), captured.one("rollout")
     episode, agent = captured.one("episode"), captured.one("agent_invocation")
@@ -282,7 +289,9 @@ def test_turn_and_step_numbers_count_per_invocation(captured: CapturedSpans) -> 
     with gymtrace.agent_invocation(agent_name="b"), gymtrace.step():
         pass
     turns = sorted(s.attributes[c.TURN_NUMBER] for s in captured.by_kind("turn"))
-    steps = [s.attributes[c.STEP_NUMBER] for s in sorted(captured.by_kind("step"), key=lambda s: s.start_time)]
+    steps = [
+        s.attributes[c.STEP_NUMBER] for s in sorted(captured.by_kind("step"), key=lambda s: s.start_time)
+    ]
     assert turns == [1, 2]
     assert steps == [1, 2, 3, 4, 1]
 
@@ -293,7 +302,9 @@ def test_explicit_numbers_are_kept_and_defaults_continue_after_them(captured: Ca
             pass
         with gymtrace.step():
             pass
-    steps = [s.attributes[c.STEP_NUMBER] for s in sorted(captured.by_kind("step"), key=lambda s: s.start_time)]
+    steps = [
+        s.attributes[c.STEP_NUMBER] for s in sorted(captured.by_kind("step"), key=lambda s: s.start_time)
+    ]
     assert steps == [5, 6]
 
 
@@ -307,7 +318,11 @@ def test_decorated_tool_is_named_after_its_function(captured: CapturedSpans) -> 
 
 
 def test_callable_arguments_are_applied_to_the_decorated_functions_arguments(captured: CapturedSpans) -> None:
-    @gymtrace.rollout(rollout_id=lambda row, repeat: f"{row['id']}-r{repeat}", task_id=lambda row, repeat: row["id"], repeat=lambda row, repeat: repeat)
+    @gymtrace.rollout(
+        rollout_id=lambda row, repeat: f"{row['id']}-r{repeat}",
+        task_id=lambda row, repeat: row["id"],
+        repeat=lambda row, repeat: repeat,
+    )
     def rollout(row: dict[str, str], repeat: int) -> str:
         return gymtrace.current().rollout_id or ""
 
@@ -333,9 +348,8 @@ def test_extra_attributes_are_added_without_overriding_gym_names(captured: Captu
 
 def test_scope_object_can_be_reentered(captured: CapturedSpans) -> None:
     scope = gymtrace.tool_call(tool_name="composite")  # a tool may call a tool
-    with scope:
-        with scope:
-            pass
+    with scope, scope:
+        pass
     steps = captured.by_kind("tool_call")
     assert len(steps) == 2
     inner, outer = steps  # the inner ends first

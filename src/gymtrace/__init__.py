@@ -33,6 +33,7 @@ from gymtrace._api import (
     turn,
     verify,
 )
+from gymtrace._attempts import Attempt, Attempts, attempts
 from gymtrace._errors import GymTraceError, HierarchyViolationError, InvalidArgumentError
 from gymtrace._processor import IdentitySpanProcessor
 from gymtrace._record import Current, current, current_scope, record_failure, record_reward, record_usage
@@ -42,6 +43,8 @@ from gymtrace._version import __version__
 
 __all__ = [
     "ActiveScope",
+    "Attempt",
+    "Attempts",
     "Configuration",
     "Current",
     "GymTraceError",
@@ -51,6 +54,7 @@ __all__ = [
     "Scope",
     "__version__",
     "agent_invocation",
+    "attempts",
     "configure",
     "current",
     "current_scope",

@@ -15,7 +15,7 @@ from typing import Any, ParamSpec, TypeVar, overload
 from opentelemetry.trace import SpanKind
 
 from gymtrace import _constants as c
-from gymtrace._scope import Scope, decorate
+from gymtrace._scope import ActiveScope, Scope, decorate
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -73,23 +73,43 @@ def rollout(
 @overload
 def episode(func: Callable[P, R], /) -> Callable[P, R]: ...
 @overload
-def episode(*, attempt: Int = None, restored_from: Any = None, attributes: Attributes = None) -> Scope: ...
 def episode(
-    func: Any = None, /, *, attempt: Int = None, restored_from: Any = None, attributes: Attributes = None
+    *,
+    attempt: Int = None,
+    restored_from: Any = None,
+    continue_from: Mapping[str, Any] | ActiveScope | None = None,
+    attributes: Attributes = None,
+) -> Scope: ...
+def episode(
+    func: Any = None,
+    /,
+    *,
+    attempt: Int = None,
+    restored_from: Any = None,
+    continue_from: Mapping[str, Any] | ActiveScope | None = None,
+    attributes: Attributes = None,
 ) -> Any:
     """One execution attempt of a rollout (``gym.episode``), from seed_session through verify.
 
-    ``attempt`` (0-based) defaults to the next attempt within the enclosing rollout. A new episode
-    links to the previous attempt (relation ``retry``); ``restored_from`` marks a checkpoint
-    restore (``gym.episode.restored``) and links to the episode it continues (``True`` for the
-    previous one in this rollout).
+    ``attempt`` (0-based) defaults to the next attempt within the enclosing rollout, and a new
+    episode links to the previous attempt (relation ``retry``).
+
+    ``restored_from`` marks a checkpoint restore: the episode continues the saved session state of
+    the episode given (an :class:`ActiveScope`, its :meth:`~ActiveScope.carrier`, or ``True`` for
+    the previous episode of this rollout); it gets ``gym.episode.restored=true`` and a link with
+    relation ``restore``. It is not an independent sample.
+
+    ``continue_from`` opens the next attempt of a rollout from a carrier taken in another process
+    (same rollout, task and run IDs; linked to the previous episode; in the rollout's trace).
     """
+    if restored_from is not None and restored_from is not False:
+        source: tuple[str, Any] | None = (c.RELATION_RESTORE, restored_from)
+    elif continue_from is not None:
+        source = (c.RELATION_RETRY, continue_from)
+    else:
+        source = None
     return _build(
-        c.KIND_EPISODE,
-        func,
-        "attempt",
-        {"attempt": attempt, "attributes": attributes},
-        restored_from=restored_from,
+        c.KIND_EPISODE, func, "attempt", {"attempt": attempt, "attributes": attributes}, source=source
     )
 
 

@@ -26,6 +26,15 @@ GYMTRACE_TRACE_PER: Final = "GYMTRACE_TRACE_PER"
 """``rollout`` (default): every rollout span is the root of its own trace and links to its run.
 ``run``: rollouts nest under the run span in one trace, for small runs."""
 
+GYMTRACE_SAMPLE_RATIO: Final = "GYMTRACE_SAMPLE_RATIO"
+"""A number in [0, 1]: keep that share of rollouts, whole, with
+:class:`gymtrace.sampling.RolloutSampler` (a hash of the rollout or task ID, so every process and
+every attempt of a rollout decides alike). Unset: the SDK's ``OTEL_TRACES_SAMPLER`` applies."""
+
+GYMTRACE_SAMPLE_BY: Final = "GYMTRACE_SAMPLE_BY"
+"""``rollout`` (default) or ``task``: what the rollout sampler hashes. ``task`` keeps or drops all
+repeats of a task together (a GRPO group)."""
+
 OTEL_SDK_DISABLED: Final = "OTEL_SDK_DISABLED"
 OTEL_SERVICE_NAME: Final = "OTEL_SERVICE_NAME"
 OTEL_TRACES_EXPORTER: Final = "OTEL_TRACES_EXPORTER"

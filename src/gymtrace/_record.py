@@ -14,11 +14,10 @@ from typing import Any
 
 from opentelemetry import context as otel_context
 from opentelemetry import trace
-from opentelemetry.trace import Link, Status, StatusCode
+from opentelemetry.trace import Link, SpanContext, Status, StatusCode, TraceFlags
 
 from gymtrace import _constants as c
 from gymtrace._errors import GymTraceError, contract_problem, internal_error
-from gymtrace._tracing import active_tracer
 from gymtrace._scope import (
     ActiveScope,
     check_index,
@@ -26,41 +25,124 @@ from gymtrace._scope import (
     current_frame,
     episode_id,
 )
+from gymtrace._tracing import active_tracer
 
 # Retryable unless said otherwise: an infrastructure failure or a timeout is what retries are for.
 _RETRYABLE_BY_DEFAULT = frozenset({c.FAILURE_INFRASTRUCTURE, c.FAILURE_TIMEOUT})
 
 
+CARRIER_FORMAT = "gymtrace.carrier/1"
+
+
+def make_carrier(frame: ActiveScope) -> dict[str, Any]:
+    """See :meth:`ActiveScope.carrier`. Only identity and span IDs: safe to store and log."""
+    rollout = frame.nearest(c.KIND_ROLLOUT)
+    episode = frame.nearest(c.KIND_EPISODE)
+    owner = rollout or episode or frame
+    identity = {k: v for k, v in owner.identity.items() if k in _ROLLOUT_IDENTITY}
+    if rollout is not None:
+        next_attempt = rollout._next_attempt
+    elif episode is not None and episode.attempt is not None:
+        next_attempt = episode.attempt + 1
+    else:
+        next_attempt = 0
+    carrier: dict[str, Any] = {"format": CARRIER_FORMAT, "identity": identity, "next_attempt": next_attempt}
+    parent = (
+        rollout if rollout is not None else (episode.parent_span_context if episode is not None else None)
+    )
+    if isinstance(parent, ActiveScope):
+        carrier["rollout_span"] = _span_ref(parent.span.get_span_context())
+    elif parent is not None:
+        carrier["rollout_span"] = _span_ref(parent)
+    if episode is not None:
+        carrier["episode_span"] = _span_ref(episode.span.get_span_context())
+    return carrier
+
+
+_ROLLOUT_IDENTITY = (c.RUN_ID, c.TASK_ID, c.ROLLOUT_ID, c.ROLLOUT_REPEAT)
+
+
+def _span_ref(ctx: SpanContext) -> dict[str, Any]:
+    return {
+        "trace_id": trace.format_trace_id(ctx.trace_id),
+        "span_id": trace.format_span_id(ctx.span_id),
+        "sampled": bool(ctx.trace_flags.sampled),
+    }
+
+
+def _span_context(ref: Any) -> SpanContext | None:
+    try:
+        ctx = SpanContext(
+            trace_id=int(ref["trace_id"], 16),
+            span_id=int(ref["span_id"], 16),
+            is_remote=True,
+            trace_flags=TraceFlags(TraceFlags.SAMPLED if ref.get("sampled", True) else TraceFlags.DEFAULT),
+        )
+    except (KeyError, TypeError, ValueError):
+        return None
+    return ctx if ctx.is_valid else None
+
+
+def _read_carrier(carrier: Any) -> tuple[dict[str, str | int], int, SpanContext | None, SpanContext | None]:
+    """Validate a carrier (it may have travelled through files and queues for hours)."""
+    from gymtrace.propagation import clean_identity
+
+    if not isinstance(carrier, Mapping) or carrier.get("format") != CARRIER_FORMAT:
+        raise GymTraceError(f"not a gymtrace carrier (expected format {CARRIER_FORMAT!r}): {carrier!r:.120}")
+    identity = clean_identity(carrier.get("identity") or {})
+    next_attempt = carrier.get("next_attempt", 0)
+    if isinstance(next_attempt, bool) or not isinstance(next_attempt, int) or next_attempt < 0:
+        raise GymTraceError(f"carrier 'next_attempt' must be an int >= 0, got {next_attempt!r:.40}")
+    rollout_span = _span_context(carrier.get("rollout_span") or {})
+    episode_span = _span_context(carrier.get("episode_span") or {})
+    return identity, next_attempt, rollout_span, episode_span
+
+
 def prepare_episode(
-    restored_from: Any, frame: ActiveScope, values: dict[str, Any], ctx: otel_context.Context
+    source: tuple[str, Any] | None, frame: ActiveScope, values: dict[str, Any], ctx: otel_context.Context
 ) -> tuple[str, dict[str, Any], list[Link] | None, otel_context.Context]:
     parent = frame.parent
     rollout = parent.nearest(c.KIND_ROLLOUT) if parent is not None else None
     identity = {k: v for k, v in frame.identity.items() if k not in (c.EPISODE_ATTEMPT, c.EPISODE_ID)}
     attempt = values.get("attempt")
-    links: list[Link] = []
-    previous = rollout._last_episode if rollout is not None else None
+    start_context = ctx
+    relation, previous = source if source is not None else (c.RELATION_RETRY, None)
+    if previous is True or previous is None:
+        previous = rollout._last_episode if rollout is not None else None
+    previous_span: SpanContext | None = None
+    if isinstance(previous, ActiveScope):
+        if previous.span is not trace.INVALID_SPAN:
+            previous_span = previous.span.get_span_context()
+    elif previous is not None:
+        try:
+            carried, next_attempt, rollout_span, previous_span = _read_carrier(previous)
+        except GymTraceError as error:
+            contract_problem(("carrier", relation), GymTraceError(f"gymtrace.episode(): {error}"))
+        else:
+            if attempt is None:
+                attempt = next_attempt
+            if rollout is None:
+                # Another process: the episode joins the rollout's trace, under its rollout span.
+                identity = {**identity, **carried}
+                if rollout_span is not None:
+                    start_context = trace.set_span_in_context(trace.NonRecordingSpan(rollout_span), ctx)
+                frame.parent_span_context = rollout_span
     if attempt is None:
         attempt = rollout._next_attempt if rollout is not None else 0
     if rollout is not None:
         rollout._next_attempt = max(rollout._next_attempt, attempt + 1)
         rollout._episodes += 1
         rollout._last_episode = frame
-    restored = restored_from is not None and restored_from is not False
-    if restored:
-        source = previous if restored_from is True else restored_from
-        if isinstance(source, ActiveScope) and source.span is not trace.INVALID_SPAN:
-            links.append(Link(source.span.get_span_context(), {c.LINK_RELATION: c.RELATION_RESTORE}))
-        else:
-            contract_problem(
-                ("restored_from", type(restored_from)),
-                GymTraceError(
-                    "gymtrace.episode(restored_from=...) needs the episode it continues (an"
-                    f" ActiveScope, a carrier, or True for the previous one), got {restored_from!r:.80}"
-                ),
-            )
-    elif previous is not None and previous.span is not trace.INVALID_SPAN:
-        links.append(Link(previous.span.get_span_context(), {c.LINK_RELATION: c.RELATION_RETRY}))
+    restored = relation == c.RELATION_RESTORE
+    if restored and previous_span is None:
+        contract_problem(
+            ("restored_from", type(previous)),
+            GymTraceError(
+                "gymtrace.episode(restored_from=...) needs the episode it continues (an ActiveScope,"
+                f" its carrier, or True for the previous one in this rollout), got {previous!r:.80}"
+            ),
+        )
+    links = [Link(previous_span, {c.LINK_RELATION: relation})] if previous_span is not None else None
     identity[c.EPISODE_ATTEMPT] = attempt
     rollout_id = identity.get(c.ROLLOUT_ID)
     if isinstance(rollout_id, str):
@@ -76,7 +158,7 @@ def prepare_episode(
     if extra:
         for key, value in extra.items():
             attributes.setdefault(key, value)
-    return c.SPAN_EPISODE, attributes, links or None, ctx
+    return c.SPAN_EPISODE, attributes, links, start_context
 
 
 def finish_episode(frame: ActiveScope) -> None:

@@ -97,6 +97,7 @@ class ActiveScope:
         "identity",
         "kind",
         "parent",
+        "parent_span_context",
         "restored",
         "reward",
         "span",
@@ -118,6 +119,8 @@ class ActiveScope:
         self.failure: tuple[str, bool, str | None] | None = None
         self.cancelled = False
         self.restored = False
+        # An episode continued from a carrier: the rollout span it belongs to (in another process).
+        self.parent_span_context: trace.SpanContext | None = None
 
     # -- reading -------------------------------------------------------------------------------
 
@@ -162,6 +165,14 @@ class ActiveScope:
         from gymtrace._record import record_failure
 
         record_failure(kind, retryable=retryable, exception=exception, message=message, scope=self)
+
+    def carrier(self) -> dict[str, Any]:
+        """A small JSON-safe dict from which another process, possibly hours later, opens the next
+        attempt of this rollout: ``gymtrace.episode(continue_from=carrier)`` (a retry) or
+        ``gymtrace.episode(restored_from=carrier)`` (a checkpoint restore)."""
+        from gymtrace._record import make_carrier
+
+        return make_carrier(self)
 
     def record_usage(
         self,
@@ -273,7 +284,7 @@ _RESOLVABLE = frozenset(
 class Scope:
     """A gym level with its arguments. Use it as ``with``/``async with`` or as a decorator."""
 
-    __slots__ = ("_active", "_dynamic", "_restored_from", "_reward_from", "_span_kind", "_static", "kind")
+    __slots__ = ("_active", "_dynamic", "_reward_from", "_source", "_span_kind", "_static", "kind")
 
     def __init__(
         self,
@@ -282,7 +293,7 @@ class Scope:
         *,
         span_kind: SpanKind = SpanKind.INTERNAL,
         reward_from: str | Callable[[Any], Any] | None = None,
-        restored_from: Any = None,
+        source: tuple[str, Any] | None = None,
     ) -> None:
         self.kind = kind
         static: dict[str, Any] = {}
@@ -295,7 +306,8 @@ class Scope:
         self._static = _validated(kind, static)
         self._dynamic = tuple(dynamic)
         self._reward_from = reward_from
-        self._restored_from = restored_from
+        # For episodes: (relation, previous episode or carrier); relation is retry or restore.
+        self._source = source
         self._span_kind = span_kind
         # Activations entered with `with`, innermost last (a Scope object may be re-entered).
         self._active: list[tuple[ActiveScope, object]] = []
@@ -534,7 +546,7 @@ def _prepare_episode(
 ) -> _Prepared:
     from gymtrace._record import prepare_episode
 
-    return prepare_episode(scope._restored_from, frame, values, ctx)
+    return prepare_episode(scope._source, frame, values, ctx)
 
 
 def _prepare_phase(name: str) -> Callable[..., _Prepared]:

@@ -314,6 +314,8 @@ def configure(
         logger.info("gymtrace: OTEL_SDK_DISABLED is set; tracing stays off")
         return Configuration(disabled=True)
 
+    if sampler is None and os.environ.get(env.GYMTRACE_SAMPLE_RATIO):
+        sampler = _sampler_from_env()
     exporters, endpoint_used, protocol_used, path = _resolve(
         endpoint=endpoint, protocol=protocol, file=file, console=console
     )
@@ -324,7 +326,7 @@ def configure(
         protocol_used,
         path,
         tuple(sorted((headers or {}).items())),
-        id(sampler) if sampler else None,
+        _sampler_key(sampler),
     )
     with _state.lock:
         if _state.settings == settings and _state.configuration is not None:
@@ -359,6 +361,24 @@ def configure(
         _state.settings = settings
         logger.info("gymtrace: tracing to %s", _describe(_state.configuration))
         return _state.configuration
+
+
+def _sampler_from_env() -> Sampler:
+    from gymtrace.sampling import RolloutSampler
+
+    raw = os.environ[env.GYMTRACE_SAMPLE_RATIO]
+    try:
+        ratio = float(raw)
+    except ValueError:
+        raise InvalidArgumentError(
+            f"{env.GYMTRACE_SAMPLE_RATIO} must be a number in [0, 1], got {raw!r}"
+        ) from None
+    return RolloutSampler(ratio, by=os.environ.get(env.GYMTRACE_SAMPLE_BY, "rollout").strip().lower())
+
+
+def _sampler_key(sampler: Sampler | None) -> object:
+    # Two equal env-built samplers are the same setting; a user's sampler object is itself.
+    return sampler.get_description() if sampler is not None else None
 
 
 def _new_provider(sdk_trace: Any, service_name: str | None, sampler: Sampler | None) -> TracerProvider:

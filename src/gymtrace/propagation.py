@@ -76,16 +76,21 @@ def _clean(key: str, raw: object) -> str | int | None:
     return raw
 
 
-def identity_from_context(ctx: otel_context.Context) -> dict[str, str | int]:
-    """The gym identity carried in a context's baggage, validated (bad values are dropped)."""
+def clean_identity(entries: Mapping[str, object]) -> dict[str, str | int]:
+    """Keep the gym identity keys whose values are short printable text (or small ints)."""
     identity: dict[str, str | int] = {}
-    entries = baggage.get_all(ctx)
     for key in c.IDENTITY_KEYS:
         if key in entries:
-            value = _clean(key, entries[key])
+            raw = entries[key]
+            value = _clean(key, str(raw) if isinstance(raw, int) and not isinstance(raw, bool) else raw)
             if value is not None:
                 identity[key] = value
     return identity
+
+
+def identity_from_context(ctx: otel_context.Context) -> dict[str, str | int]:
+    """The gym identity carried in a context's baggage, validated (bad values are dropped)."""
+    return clean_identity(baggage.get_all(ctx))
 
 
 def _normalized(carrier: Mapping[str, Any]) -> dict[str, str]:

@@ -1,0 +1,3 @@
+from gymtrace._cli import main
+
+raise SystemExit(main())

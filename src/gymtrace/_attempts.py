@@ -1,0 +1,183 @@
+"""``gymtrace.attempts()``: the retry loop of a rollout, one episode per attempt.
+
+Example::
+
+    with gymtrace.rollout(rollout_id=row_id):
+        for attempt in gymtrace.attempts(max_attempts=3):
+            with attempt:
+                reward = run_episode(row)     # an exception here fails this attempt
+
+Each attempt is an episode with the next attempt number (0, 1, 2, ...), linked to the previous one.
+An exception matching ``retry_on`` fails the attempt as a retryable ``infrastructure`` failure
+(``timeout`` for a ``TimeoutError``) and the loop goes on; anything else
+(or the last attempt failing) ends the loop and re-raises unless ``reraise=False``. The loop's
+decisions never depend on whether tracing is on: to fail an attempt without raising, call
+``attempt.fail(...)``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from types import TracebackType
+from typing import Any
+
+from gymtrace import _constants as c
+from gymtrace._errors import InvalidArgumentError
+from gymtrace._scope import _CANCELLATION, ActiveScope, Scope
+
+
+class Attempt:
+    """One attempt: a context manager (sync or async) around one episode."""
+
+    def __init__(self, loop: Attempts, index: int, previous: ActiveScope | None) -> None:
+        self._loop = loop
+        self.index = index
+        self._previous = previous
+        self._scope: Scope | None = None
+        self.scope: ActiveScope | None = None
+        self._failure: tuple[str, bool, str | None] | None = None
+
+    @property
+    def number(self) -> int:
+        """The attempt number (``gym.episode.attempt`` when traced, else the loop index)."""
+        if self.scope is not None and self.scope.attempt is not None:
+            return self.scope.attempt
+        return self.index
+
+    @property
+    def is_last(self) -> bool:
+        return self.index + 1 >= self._loop.max_attempts
+
+    def fail(
+        self,
+        kind: str = c.FAILURE_INFRASTRUCTURE,
+        *,
+        retryable: bool | None = None,
+        message: str | None = None,
+    ) -> None:
+        """Fail this attempt without raising; the loop retries if ``retryable`` (default: by kind)."""
+        if retryable is None:
+            retryable = kind in (c.FAILURE_INFRASTRUCTURE, c.FAILURE_TIMEOUT)
+        self._failure = (kind, retryable, message)
+        if self.scope is not None:
+            self.scope.record_failure(kind, retryable=retryable, message=message)
+
+    def __enter__(self) -> Attempt:
+        loop = self._loop
+        relation_kwargs: dict[str, Any] = {}
+        if self._previous is not None and self._previous.kind == c.KIND_EPISODE:
+            relation_kwargs = {"restored_from" if loop.restore else "continue_from": self._previous}
+        self._scope = Scope(c.KIND_EPISODE, {"attributes": loop.attributes}, source=_source(relation_kwargs))
+        self.scope = self._scope.__enter__()
+        loop._entered = True
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> bool:
+        loop = self._loop
+        retry = False
+        if isinstance(exc, Exception):
+            retryable = isinstance(exc, loop.retry_on)
+            # What the loop was told to retry on is, by the vocabulary, an infrastructure failure.
+            if isinstance(exc, TimeoutError):
+                kind = c.FAILURE_TIMEOUT
+            else:
+                kind = c.FAILURE_INFRASTRUCTURE if retryable else c.FAILURE_ERROR
+            if self._failure is None:
+                self._failure = (kind, retryable, None)
+                if (
+                    self.scope is not None
+                    and self.scope.kind == c.KIND_EPISODE
+                    and self.scope.failure is None
+                ):
+                    self.scope.failure = (kind, retryable, None)
+            retry = self._failure[1]
+        elif exc is None and self._failure is not None:
+            retry = self._failure[1]
+        if self._scope is not None:
+            self._scope.__exit__(exc_type, exc, tb)
+        if self.scope is not None and self.scope.kind == c.KIND_EPISODE:
+            loop._previous = self.scope
+        loop.attempts_made += 1
+        if exc is None and self._failure is None:
+            loop.succeeded = True
+            loop._done = True
+            return False
+        if isinstance(exc, _CANCELLATION) or not retry or self.is_last:
+            loop._done = True
+            loop.last_error = exc if isinstance(exc, Exception) else loop.last_error
+            return exc is not None and isinstance(exc, Exception) and not loop.reraise
+        loop.last_error = exc if isinstance(exc, Exception) else None
+        return exc is not None  # retrying: the exception was recorded on the failed episode
+
+    async def __aenter__(self) -> Attempt:
+        return self.__enter__()
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> bool:
+        return self.__exit__(exc_type, exc, tb)
+
+
+def _source(kwargs: dict[str, Any]) -> tuple[str, Any] | None:
+    if "restored_from" in kwargs:
+        return (c.RELATION_RESTORE, kwargs["restored_from"])
+    if "continue_from" in kwargs:
+        return (c.RELATION_RETRY, kwargs["continue_from"])
+    return None
+
+
+class Attempts:
+    """Iterator of :class:`Attempt` objects; see :func:`gymtrace.attempts`."""
+
+    def __init__(
+        self,
+        max_attempts: int,
+        *,
+        retry_on: type[BaseException] | tuple[type[BaseException], ...] = Exception,
+        restore: bool = False,
+        reraise: bool = True,
+        attributes: dict[str, Any] | None = None,
+    ) -> None:
+        if isinstance(max_attempts, bool) or not isinstance(max_attempts, int) or max_attempts < 1:
+            raise InvalidArgumentError(
+                f"gymtrace.attempts(): argument 'max_attempts' must be an int >= 1, got {max_attempts!r}"
+            )
+        self.max_attempts = max_attempts
+        self.retry_on = retry_on
+        self.restore = restore
+        self.reraise = reraise
+        self.attributes = attributes
+        self.succeeded = False
+        self.attempts_made = 0
+        self.last_error: BaseException | None = None
+        self._done = False
+        self._entered = False
+        self._previous: ActiveScope | None = None
+
+    def __iter__(self) -> Iterator[Attempt]:
+        for index in range(self.max_attempts):
+            if self._done:
+                return
+            self._entered = False
+            yield Attempt(self, index, self._previous)
+            if not self._entered:
+                return  # the loop body did not use `with attempt:`; nothing to retry
+
+
+def attempts(
+    max_attempts: int,
+    *,
+    retry_on: type[BaseException] | tuple[type[BaseException], ...] = Exception,
+    restore: bool = False,
+    reraise: bool = True,
+    attributes: dict[str, Any] | None = None,
+) -> Attempts:
+    """Up to ``max_attempts`` episodes of the enclosing rollout, stopping at the first success.
+
+    ``restore=True`` opens every attempt after the first as a checkpoint restore of the previous one
+    (``gym.episode.restored``), instead of a clean retry. ``attempts.succeeded`` tells, after the
+    loop, whether an attempt completed; a rollout whose attempts all failed is unscored.
+    """
+    return Attempts(max_attempts, retry_on=retry_on, restore=restore, reraise=reraise, attributes=attributes)

@@ -1,0 +1,184 @@
+"""The ``gymtrace`` command: ``demo``, ``tree`` and ``check``. The only module that prints."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import sys
+import time
+import uuid
+from collections.abc import Sequence
+
+from gymtrace import _constants as c
+from gymtrace._environment import DEFAULT_FILE, GYMTRACE_FILE
+from gymtrace._spandata import SpanData, TraceFileError, read_otlp_json_lines
+
+
+def _default_file() -> str:
+    return os.environ.get(GYMTRACE_FILE) or DEFAULT_FILE
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="gymtrace", description="OpenTelemetry traces of RL rollouts.")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    demo = sub.add_parser("demo", help="trace a small simulated gym run and print its span tree")
+    demo.add_argument(
+        "--file", help=f"OTLP/JSON lines file to write (default: ${GYMTRACE_FILE} or {DEFAULT_FILE})"
+    )
+    demo.add_argument(
+        "--endpoint", help="also export over OTLP to this endpoint (default: $OTEL_EXPORTER_OTLP_ENDPOINT)"
+    )
+    demo.add_argument("--protocol", choices=("grpc", "http/protobuf"), help="OTLP protocol (default: grpc)")
+    demo.add_argument("--repeats", type=int, default=2, help="num_repeats per task (default: 2)")
+    demo.add_argument("--run-id", help="the run ID (default: a new one)")
+    demo.add_argument("--quiet", action="store_true", help="print the summary only, not the tree")
+    demo.add_argument(
+        "--distributed", action="store_true", help="run agent, model and environment as separate processes"
+    )
+
+    tree = sub.add_parser("tree", help="print span trees from a trace file or from Jaeger")
+    tree.add_argument(
+        "file", nargs="?", help=f"OTLP/JSON lines file (default: {DEFAULT_FILE}); ignored with --jaeger"
+    )
+    tree.add_argument("--jaeger", metavar="URL", help="Jaeger query URL, e.g. http://127.0.0.1:16686")
+    tree.add_argument("--service", default="gymtrace", help="service to search in Jaeger (default: gymtrace)")
+    pick = tree.add_mutually_exclusive_group()
+    pick.add_argument("--trace", metavar="TRACE_ID", help="one trace by ID")
+    pick.add_argument("--rollout", metavar="ROLLOUT_ID", help="the trace(s) of one rollout (gym.rollout.id)")
+    pick.add_argument("--run", metavar="RUN_ID", help="every rollout of a run (gym.run.id)")
+    tree.add_argument("--ids", action="store_true", help="show span IDs")
+
+    check = sub.add_parser("check", help="check trace files against gymtrace's contract")
+    check.add_argument("files", nargs="*", help=f"OTLP/JSON lines files (default: {DEFAULT_FILE})")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    try:
+        if args.command == "demo":
+            return _demo(args)
+        if args.command == "tree":
+            return _tree(args)
+        return _check(args)
+    except (TraceFileError, OSError) as exc:
+        print(f"gymtrace {args.command}: {exc}", file=sys.stderr)
+        return 2
+
+
+def _demo(args: argparse.Namespace) -> int:
+    if args.repeats < 1:
+        print("gymtrace demo: --repeats must be at least 1", file=sys.stderr)
+        return 2
+    if args.distributed:
+        from gymtrace._demo_distributed import run as run_distributed
+
+        forwarded = ["--repeats", str(args.repeats)]
+        if args.file:
+            forwarded += ["--file", args.file]
+        return run_distributed(forwarded)
+
+    import gymtrace
+    from gymtrace._demo import run_demo
+    from gymtrace._render import render_tree
+
+    path = args.file or _default_file()
+    endpoint = args.endpoint or os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT")
+    config = gymtrace.configure(
+        service_name="gymtrace-demo", endpoint=endpoint, protocol=args.protocol, file=path
+    )
+    run_id = args.run_id or f"demo-{uuid.uuid4().hex[:8]}"
+    started = time.perf_counter()
+    result = asyncio.run(run_demo(run_id=run_id, repeats=args.repeats))
+    elapsed = time.perf_counter() - started
+    gymtrace.force_flush()
+
+    spans = [s for s in read_otlp_json_lines(path) if s.attributes.get(c.RUN_ID) == run_id]
+    if not args.quiet:
+        print(render_tree(spans))
+        print()
+    _print_summary(spans, result.rewards, elapsed)
+    from gymtrace._check import check_spans
+
+    problems = check_spans(spans)
+    print(f"contract check: {'OK' if not problems else f'{len(problems)} problem(s)'}")
+    for problem in problems:
+        print(f"  - {problem}")
+    targets = ", ".join(
+        f"OTLP/{config.protocol} {config.endpoint}"
+        if name == "otlp"
+        else f"{path}"
+        if name == "file"
+        else name
+        for name in config.exporters
+    )
+    print(f"spans written to: {targets}")
+    print(f"look again with: gymtrace tree {path} --run {run_id}")
+    gymtrace.shutdown()
+    return 1 if problems else 0
+
+
+def _print_summary(spans: list[SpanData], rewards: dict[str, float | None], elapsed: float) -> None:
+    rollouts = [s for s in spans if s.attributes.get(c.KIND) == c.KIND_ROLLOUT]
+    episodes = [s for s in spans if s.attributes.get(c.KIND) == c.KIND_EPISODE]
+    scored = [r for r in rollouts if r.attributes.get(c.ROLLOUT_OUTCOME) == c.OUTCOME_SCORED]
+    print(
+        f"run finished in {elapsed:.2f}s: {len(rollouts)} rollouts ({len(scored)} scored,"
+        f" {len(rollouts) - len(scored)} unscored), {len(episodes)} episodes, {len(spans)} spans"
+    )
+    for name, reward in sorted(rewards.items()):
+        print(f"  {name:<16} reward={'unscored' if reward is None else f'{reward:g}'}")
+
+
+def _load(args: argparse.Namespace) -> list[SpanData]:
+    if args.jaeger:
+        from gymtrace._jaeger import JaegerClient
+
+        client = JaegerClient(args.jaeger)
+        if args.trace:
+            return client.trace(args.trace)
+        tags = {c.ROLLOUT_ID: args.rollout} if args.rollout else {c.RUN_ID: args.run} if args.run else {}
+        return client.search(args.service, tags)
+    spans = read_otlp_json_lines(args.file or _default_file())
+    if args.trace:
+        return [s for s in spans if s.trace_id == args.trace.lower().rjust(32, "0")]
+    if args.rollout or args.run:
+        key, value = (c.ROLLOUT_ID, args.rollout) if args.rollout else (c.RUN_ID, args.run)
+        traces = {s.trace_id for s in spans if s.attributes.get(key) == value}
+        return [s for s in spans if s.trace_id in traces]
+    return spans
+
+
+def _tree(args: argparse.Namespace) -> int:
+    from gymtrace._render import render_tree
+
+    spans = _load(args)
+    if not spans:
+        print("no spans found", file=sys.stderr)
+        return 1
+    print(render_tree(spans, show_ids=args.ids))
+    return 0
+
+
+def _check(args: argparse.Namespace) -> int:
+    from gymtrace._check import check_spans
+
+    files = args.files or [_default_file()]
+    spans: list[SpanData] = []
+    for path in files:
+        spans.extend(read_otlp_json_lines(path))
+    problems = check_spans(spans)
+    rollouts = {s.attributes.get(c.ROLLOUT_ID) for s in spans if s.attributes.get(c.KIND) == c.KIND_ROLLOUT}
+    if problems:
+        print(f"{len(problems)} contract violation(s) in {len(spans)} spans:")
+        for problem in problems:
+            print(f"  - {problem}")
+        return 1
+    print(f"OK: {len(spans)} spans, {len(rollouts)} rollouts, no contract violations")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

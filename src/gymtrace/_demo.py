@@ -1,0 +1,168 @@
+"""A small simulated gym run, traced with gymtrace's decorators (``gymtrace demo``).
+
+Nothing here talks to a real model or environment: a scripted "model" answers arithmetic and
+lookup tasks, an in-memory "environment" seeds a session, runs tools and verifies the answer. The
+script makes every case of the vocabulary happen at least once, deterministically:
+
+- a clean rollout, and ``num_repeats`` > 1 (separate rollouts with their own IDs);
+- an infrastructure failure followed by a successful retry (attempt 1, linked to attempt 0);
+- a rollout that exhausts its attempts and ends *unscored* (no reward, not 0);
+- a checkpoint-restored episode (``gym.episode.restored``, linked to the episode it continues);
+- a subagent spawned by a tool call.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from dataclasses import dataclass, field
+from typing import Any
+
+import gymtrace
+
+
+class EnvironmentLost(ConnectionError):
+    """The simulated environment server went away (an infrastructure failure, retryable)."""
+
+
+class EpisodeTimeout(TimeoutError):
+    """The simulated episode ran out of time after its last checkpoint."""
+
+
+@dataclass
+class Task:
+    task_id: str
+    question: str
+    answer: str
+    tools: tuple[str, ...]
+    # What goes wrong, per repeat: {repeat: [failure of attempt 0, failure of attempt 1, ...]}
+    script: dict[int, list[str]] = field(default_factory=dict)
+    delegate: bool = False
+
+
+TASKS = [
+    Task("arith-001", "What is 17 * 23?", "391", ("calculator",), script={1: ["infrastructure"]}),
+    Task(
+        "arith-002",
+        "What is 2 ** 10 - 24?",
+        "1000",
+        ("calculator",),
+        script={0: ["infrastructure"] * 3, 1: ["timeout"]},
+    ),
+    Task("lookup-003", "Capital of Norway?", "Oslo", ("search", "delegate"), delegate=True),
+]
+MAX_ATTEMPTS = 3
+
+
+@dataclass
+class Session:
+    task: Task
+    failures: list[str]
+    attempt: int
+    notes: list[str] = field(default_factory=list)
+
+
+class Environment:
+    """An in-memory environment: seed_session, tools, verify."""
+
+    def __init__(self, rng: random.Random) -> None:
+        self.rng = rng
+
+    @gymtrace.seed_session
+    async def seed_session(self, task: Task, failures: list[str], attempt: int) -> Session:
+        await asyncio.sleep(0.002)
+        return Session(task, failures, attempt)
+
+    @gymtrace.tool_call(
+        tool_name=lambda self, session, name, argument: name,
+        call_id=lambda self, session, name, argument: f"call-{self.rng.randrange(10**6):06d}",
+    )
+    async def call_tool(self, session: Session, name: str, argument: str) -> str:
+        await asyncio.sleep(0.001)
+        failure = session.failures[session.attempt] if session.attempt < len(session.failures) else None
+        if failure == "infrastructure" and name != "delegate":
+            raise EnvironmentLost(f"environment server for {session.task.task_id} went away")
+        if name == "calculator":
+            return str(eval(argument, {"__builtins__": {}}))
+        if name == "delegate":
+            return await subagent(self, session, argument)
+        return session.task.answer if "Norway" in argument else "unknown"
+
+    @gymtrace.verify(reward_from="reward")
+    async def verify(self, session: Session, answer: str) -> dict[str, Any]:
+        await asyncio.sleep(0.001)
+        correct = answer.strip() == session.task.answer
+        return {"reward": 1.0 if correct else 0.0, "correct": correct}
+
+
+@gymtrace.model_call(model="scripted-model-1", provider="gymtrace-demo")
+async def call_model(messages: list[str], rng: random.Random) -> str:
+    await asyncio.sleep(0.002)
+    gymtrace.record_usage(
+        input_tokens=sum(len(m) for m in messages) // 4 + 12, output_tokens=rng.randrange(8, 40)
+    )
+    return messages[-1]
+
+
+@gymtrace.agent_invocation(
+    agent_name="researcher", invocation_id=lambda env, session, question: f"sub-{session.task.task_id}"
+)
+async def subagent(env: Environment, session: Session, question: str) -> str:
+    with gymtrace.turn(), gymtrace.step():
+        await call_model([question], env.rng)
+        return await env.call_tool(session, "search", question)
+
+
+@gymtrace.agent_invocation(agent_name="solver")
+async def solve(env: Environment, session: Session) -> str:
+    """A two-turn agent: think (model call), then act (model call + tool call)."""
+    task = session.task
+    messages = [task.question]
+    with gymtrace.turn(), gymtrace.step():
+        messages.append(await call_model(messages, env.rng))
+    with gymtrace.turn(), gymtrace.step():
+        await call_model(messages, env.rng)
+        if session.failures[session.attempt : session.attempt + 1] == ["timeout"]:
+            raise EpisodeTimeout(f"{task.task_id}: episode timed out after its checkpoint")
+        tool = task.tools[-1]
+        argument = task.question.split("is ")[-1].rstrip("?") if tool == "calculator" else task.question
+        return await env.call_tool(session, tool, argument)
+
+
+async def run_rollout(env: Environment, task: Task, repeat: int, run_id: str) -> float | None:
+    failures = task.script.get(repeat, [])
+    rollout_id = f"{run_id}/{task.task_id}/r{repeat}"
+    with gymtrace.rollout(rollout_id=rollout_id, task_id=task.task_id, repeat=repeat):
+        # A timeout after a checkpoint is resumed from that checkpoint, not restarted clean.
+        restore = "timeout" in failures
+        attempts = gymtrace.attempts(
+            MAX_ATTEMPTS, retry_on=(EnvironmentLost, EpisodeTimeout), restore=restore, reraise=False
+        )
+        reward: float | None = None
+        for attempt in attempts:
+            async with attempt:
+                session = await env.seed_session(task, failures, attempt.index)
+                answer = await solve(env, session)
+                result = await env.verify(session, answer)
+                reward = result["reward"]
+        return reward if attempts.succeeded else None
+
+
+@dataclass
+class DemoResult:
+    run_id: str
+    rewards: dict[str, float | None]
+
+
+async def run_demo(*, run_id: str, repeats: int = 2, seed: int = 7) -> DemoResult:
+    env = Environment(random.Random(seed))
+    rewards: dict[str, float | None] = {}
+    with gymtrace.run(run_id=run_id):
+        jobs = {
+            f"{task.task_id}/r{repeat}": run_rollout(env, task, repeat, run_id)
+            for task in TASKS
+            for repeat in range(repeats)
+        }
+        results = await asyncio.gather(*jobs.values())
+        rewards = dict(zip(jobs, results, strict=True))
+    return DemoResult(run_id, rewards)
