@@ -1,0 +1,190 @@
+"""The contract checker: for each rule a trace it must flag and one it must pass."""
+
+from __future__ import annotations
+
+import itertools
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import gymtrace
+from gymtrace import _constants as c
+from gymtrace._spandata import LinkData, SpanData
+from gymtrace.testing import CapturedSpans, check_trace
+
+_ids = itertools.count(1)
+
+
+def span(kind: str | None, parent: SpanData | None = None, *, trace: str = "t1", links: tuple[LinkData, ...] = (), start: int | None = None, **attributes: Any) -> SpanData:
+    number = next(_ids)
+    attrs = dict(attributes)
+    if kind is not None:
+        attrs[c.KIND] = kind
+    begin = start if start is not None else number * 10
+    return SpanData(
+        trace_id=trace.ljust(32, "0"),
+        span_id=f"{number:016x}",
+        parent_id=parent.span_id if parent else None,
+        name=f"gym.{kind}" if kind else "foreign",
+        start_ns=begin,
+        end_ns=begin + 1_000_000,
+        attributes=attrs,
+        links=links,
+    )
+
+
+def link(to: SpanData, relation: str) -> tuple[LinkData, ...]:
+    return (LinkData(to.trace_id, to.span_id, {c.LINK_RELATION: relation}),)
+
+
+def rollout_with(*episodes: dict[str, Any], rollout_attrs: dict[str, Any] | None = None, rid: str = "r-1") -> list[SpanData]:
+    root = span("rollout", **{c.ROLLOUT_ID: rid, **(rollout_attrs or {})}, start=0)
+    spans = [root]
+    previous = None
+    for attempt, extra in enumerate(episodes):
+        attrs = {c.ROLLOUT_ID: rid, c.EPISODE_ATTEMPT: attempt, c.EPISODE_ID: rid if attempt == 0 else f"{rid}-a{attempt}"}
+        attrs.update(extra)
+        links = link(previous, "retry") if previous is not None and "links" not in extra else extra.pop("links", ())
+        attrs.pop("links", None)
+        ep = span("episode", root, links=links, **attrs)
+        spans.append(ep)
+        previous = ep
+    return spans
+
+
+OK_EPISODE = {c.EPISODE_OUTCOME: "completed", c.REWARD: 1.0}
+FAILED = {c.EPISODE_OUTCOME: "failed", c.FAILURE_KIND: "infrastructure"}
+
+
+def test_real_trace_from_the_scopes_passes(captured: CapturedSpans) -> None:
+    with gymtrace.run(run_id="run"), gymtrace.rollout(rollout_id="r"):
+        for attempt in gymtrace.attempts(2):
+            with attempt, gymtrace.agent_invocation(agent_name="a"):
+                for _ in range(2):
+                    with gymtrace.turn(), gymtrace.step():
+                        pass
+                if attempt.index == 0:
+                    attempt.fail()
+                else:
+                    gymtrace.record_reward(1.0)
+    assert check_trace(captured) == []
+
+
+def test_missing_identity_below_a_rollout_is_flagged() -> None:
+    spans = rollout_with({c.EPISODE_OUTCOME: "completed"}, rollout_attrs={c.ROLLOUT_OUTCOME: "unscored"})
+    good_child = span("step", spans[1], **{c.ROLLOUT_ID: "r-1", c.EPISODE_ATTEMPT: 0, c.STEP_NUMBER: 1})
+    assert check_trace([*spans, good_child]) == []
+    bare_foreign = span(None, spans[1])
+    problems = check_trace([*spans, good_child, bare_foreign])
+    assert any("needs gym.rollout.id='r-1'" in p for p in problems)
+    assert any("needs gym.episode.attempt=0" in p for p in problems)
+
+
+def test_attempts_not_zero_to_n_are_flagged() -> None:
+    good = rollout_with(FAILED, OK_EPISODE, rollout_attrs={c.ROLLOUT_OUTCOME: "scored", c.REWARD: 1.0})
+    assert check_trace(good) == []
+    bad = rollout_with(FAILED, OK_EPISODE, rollout_attrs={c.ROLLOUT_OUTCOME: "scored", c.REWARD: 1.0})
+    bad[2] = SpanData(**{**bad[2].__dict__, "attributes": {**bad[2].attributes, c.EPISODE_ATTEMPT: 2, c.EPISODE_ID: "r-1-a2"}})
+    assert any("attempts are [0, 2], expected 0..1" in p for p in check_trace(bad))
+
+
+def test_more_than_one_reward_per_rollout_is_flagged() -> None:
+    bad = rollout_with(OK_EPISODE, OK_EPISODE, rollout_attrs={c.ROLLOUT_OUTCOME: "scored", c.REWARD: 1.0})
+    assert any("2 episodes carry a reward" in p for p in check_trace(bad))
+
+
+def test_reward_on_a_failed_episode_is_flagged() -> None:
+    bad = rollout_with({**FAILED, c.REWARD: 0.0}, rollout_attrs={c.ROLLOUT_OUTCOME: "unscored"})
+    assert any("failed episode" in p and "carries a reward" in p for p in check_trace(bad))
+
+
+def test_scored_rollout_whose_reward_is_not_its_final_episodes_is_flagged() -> None:
+    bad = rollout_with(FAILED, {c.EPISODE_OUTCOME: "completed", c.REWARD: 0.25}, rollout_attrs={c.ROLLOUT_OUTCOME: "scored", c.REWARD: 1.0})
+    assert any("reward 1.0 is not its final episode's" in p for p in check_trace(bad))
+    good = rollout_with(FAILED, {c.EPISODE_OUTCOME: "completed", c.REWARD: 0.25}, rollout_attrs={c.ROLLOUT_OUTCOME: "scored", c.REWARD: 0.25})
+    assert check_trace(good) == []
+
+
+def test_unscored_rollout_with_a_reward_is_flagged() -> None:
+    bad = rollout_with(FAILED, rollout_attrs={c.ROLLOUT_OUTCOME: "unscored", c.REWARD: 0.0})
+    assert any("unscored but has gym.reward" in p for p in check_trace(bad))
+    good = rollout_with(FAILED, rollout_attrs={c.ROLLOUT_OUTCOME: "unscored"})
+    assert check_trace(good) == []
+
+
+def test_inverted_nesting_is_flagged() -> None:
+    step = span("step")
+    episode = span("episode", step, **{c.EPISODE_ATTEMPT: 0})
+    assert any("inverted nesting, episode inside step" in p for p in check_trace([step, episode]))
+    tool = span("tool_call")
+    sub = span("agent_invocation", tool)
+    assert check_trace([tool, sub]) == []  # a subagent under its tool call is fine
+
+
+def test_inversion_through_a_foreign_span_is_still_flagged() -> None:
+    step = span("step")
+    http = span(None, step)
+    rollout = span("rollout", http, **{c.ROLLOUT_ID: "r"})
+    assert any("rollout inside step" in p for p in check_trace([step, http, rollout]))
+
+
+def test_restored_episode_without_its_link_is_flagged() -> None:
+    bad = rollout_with(FAILED, {**OK_EPISODE, c.EPISODE_RESTORED: True}, rollout_attrs={c.ROLLOUT_OUTCOME: "scored", c.REWARD: 1.0})
+    assert any("restored episode without a link" in p for p in check_trace(bad))
+    good = rollout_with(FAILED, {**OK_EPISODE, c.EPISODE_RESTORED: True}, rollout_attrs={c.ROLLOUT_OUTCOME: "scored", c.REWARD: 1.0})
+    good[2] = SpanData(**{**good[2].__dict__, "links": link(good[1], "restore")})
+    assert check_trace(good) == []
+
+
+def test_retry_without_a_link_to_the_previous_attempt_is_flagged() -> None:
+    bad = rollout_with(FAILED, {**OK_EPISODE, "links": ()}, rollout_attrs={c.ROLLOUT_OUTCOME: "scored", c.REWARD: 1.0})
+    assert any("attempt 1 without a link" in p for p in check_trace(bad))
+
+
+def test_turn_and_step_numbers_must_increase_within_an_invocation() -> None:
+    agent = span("agent_invocation")
+    steps = [span("step", agent, **{c.STEP_NUMBER: n}) for n in (1, 2, 2)]
+    assert any("step numbers within" in p and "[1, 2, 2]" in p for p in check_trace([agent, *steps]))
+    other = span("agent_invocation")
+    fine = [span("step", other, **{c.STEP_NUMBER: n}) for n in (1, 2, 3)]
+    assert check_trace([other, *fine]) == []
+
+
+def test_check_command_exits_nonzero_with_readable_messages(tmp_path: Path) -> None:
+    env_file = tmp_path / "bad.jsonl"
+    code = f"""
+import gymtrace
+gymtrace.configure(file={str(env_file)!r})
+with gymtrace.step():
+    with gymtrace.episode():
+        pass
+"""
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=60, capture_output=True)
+    out = subprocess.run([sys.executable, "-m", "gymtrace", "check", str(env_file)], capture_output=True, text=True, timeout=60, check=False)
+    assert out.returncode == 1
+    assert "contract violation(s)" in out.stdout
+    assert "episode inside step" in out.stdout
+
+
+def test_check_command_names_a_malformed_file_and_line(tmp_path: Path) -> None:
+    path = tmp_path / "garbage.jsonl"
+    path.write_text('{"resourceSpans": []}\nnot json\n')
+    out = subprocess.run([sys.executable, "-m", "gymtrace", "check", str(path)], capture_output=True, text=True, timeout=60, check=False)
+    assert out.returncode == 2
+    assert f"{path}:2" in out.stderr
+
+
+@pytest.mark.parametrize("argv", [["demo", "--quiet"], ["demo"]])
+def test_demo_exercises_every_case_and_passes_check(tmp_path: Path, argv: list[str]) -> None:
+    out = subprocess.run([sys.executable, "-m", "gymtrace", *argv], cwd=tmp_path, capture_output=True, text=True, timeout=120, check=False)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "contract check: OK" in out.stdout
+    assert "6 rollouts (5 scored, 1 unscored), 10 episodes" in out.stdout
+    check = subprocess.run([sys.executable, "-m", "gymtrace", "check", "gymtrace-traces.jsonl"], cwd=tmp_path, capture_output=True, text=True, timeout=60, check=False)
+    assert check.returncode == 0, check.stdout
+    if "--quiet" not in argv:
+        for expected in ("restored=True", "<-restore", "<-retry", "outcome=unscored", "invoke_agent researcher", "failure=infrastructure"):
+            assert expected in out.stdout, expected
