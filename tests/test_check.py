@@ -18,7 +18,15 @@ from gymtrace.testing import CapturedSpans, check_trace
 _ids = itertools.count(1)
 
 
-def span(kind: str | None, parent: SpanData | None = None, *, trace: str = "t1", links: tuple[LinkData, ...] = (), start: int | None = None, **attributes: Any) -> SpanData:
+def span(
+    kind: str | None,
+    parent: SpanData | None = None,
+    *,
+    trace: str = "t1",
+    links: tuple[LinkData, ...] = (),
+    start: int | None = None,
+    **attributes: Any,
+) -> SpanData:
     number = next(_ids)
     attrs = dict(attributes)
     if kind is not None:
@@ -40,14 +48,24 @@ def link(to: SpanData, relation: str) -> tuple[LinkData, ...]:
     return (LinkData(to.trace_id, to.span_id, {c.LINK_RELATION: relation}),)
 
 
-def rollout_with(*episodes: dict[str, Any], rollout_attrs: dict[str, Any] | None = None, rid: str = "r-1") -> list[SpanData]:
+def rollout_with(
+    *episodes: dict[str, Any], rollout_attrs: dict[str, Any] | None = None, rid: str = "r-1"
+) -> list[SpanData]:
     root = span("rollout", **{c.ROLLOUT_ID: rid, **(rollout_attrs or {})}, start=0)
     spans = [root]
     previous = None
     for attempt, extra in enumerate(episodes):
-        attrs = {c.ROLLOUT_ID: rid, c.EPISODE_ATTEMPT: attempt, c.EPISODE_ID: rid if attempt == 0 else f"{rid}-a{attempt}"}
+        attrs = {
+            c.ROLLOUT_ID: rid,
+            c.EPISODE_ATTEMPT: attempt,
+            c.EPISODE_ID: rid if attempt == 0 else f"{rid}-a{attempt}",
+        }
         attrs.update(extra)
-        links = link(previous, "retry") if previous is not None and "links" not in extra else extra.pop("links", ())
+        links = (
+            link(previous, "retry")
+            if previous is not None and "links" not in extra
+            else extra.pop("links", ())
+        )
         attrs.pop("links", None)
         ep = span("episode", root, links=links, **attrs)
         spans.append(ep)
@@ -87,7 +105,12 @@ def test_attempts_not_zero_to_n_are_flagged() -> None:
     good = rollout_with(FAILED, OK_EPISODE, rollout_attrs={c.ROLLOUT_OUTCOME: "scored", c.REWARD: 1.0})
     assert check_trace(good) == []
     bad = rollout_with(FAILED, OK_EPISODE, rollout_attrs={c.ROLLOUT_OUTCOME: "scored", c.REWARD: 1.0})
-    bad[2] = SpanData(**{**bad[2].__dict__, "attributes": {**bad[2].attributes, c.EPISODE_ATTEMPT: 2, c.EPISODE_ID: "r-1-a2"}})
+    bad[2] = SpanData(
+        **{
+            **bad[2].__dict__,
+            "attributes": {**bad[2].attributes, c.EPISODE_ATTEMPT: 2, c.EPISODE_ID: "r-1-a2"},
+        }
+    )
     assert any("attempts are [0, 2], expected 0..1" in p for p in check_trace(bad))
 
 
@@ -102,9 +125,17 @@ def test_reward_on_a_failed_episode_is_flagged() -> None:
 
 
 def test_scored_rollout_whose_reward_is_not_its_final_episodes_is_flagged() -> None:
-    bad = rollout_with(FAILED, {c.EPISODE_OUTCOME: "completed", c.REWARD: 0.25}, rollout_attrs={c.ROLLOUT_OUTCOME: "scored", c.REWARD: 1.0})
+    bad = rollout_with(
+        FAILED,
+        {c.EPISODE_OUTCOME: "completed", c.REWARD: 0.25},
+        rollout_attrs={c.ROLLOUT_OUTCOME: "scored", c.REWARD: 1.0},
+    )
     assert any("reward 1.0 is not its final episode's" in p for p in check_trace(bad))
-    good = rollout_with(FAILED, {c.EPISODE_OUTCOME: "completed", c.REWARD: 0.25}, rollout_attrs={c.ROLLOUT_OUTCOME: "scored", c.REWARD: 0.25})
+    good = rollout_with(
+        FAILED,
+        {c.EPISODE_OUTCOME: "completed", c.REWARD: 0.25},
+        rollout_attrs={c.ROLLOUT_OUTCOME: "scored", c.REWARD: 0.25},
+    )
     assert check_trace(good) == []
 
 
@@ -132,15 +163,25 @@ def test_inversion_through_a_foreign_span_is_still_flagged() -> None:
 
 
 def test_restored_episode_without_its_link_is_flagged() -> None:
-    bad = rollout_with(FAILED, {**OK_EPISODE, c.EPISODE_RESTORED: True}, rollout_attrs={c.ROLLOUT_OUTCOME: "scored", c.REWARD: 1.0})
+    bad = rollout_with(
+        FAILED,
+        {**OK_EPISODE, c.EPISODE_RESTORED: True},
+        rollout_attrs={c.ROLLOUT_OUTCOME: "scored", c.REWARD: 1.0},
+    )
     assert any("restored episode without a link" in p for p in check_trace(bad))
-    good = rollout_with(FAILED, {**OK_EPISODE, c.EPISODE_RESTORED: True}, rollout_attrs={c.ROLLOUT_OUTCOME: "scored", c.REWARD: 1.0})
+    good = rollout_with(
+        FAILED,
+        {**OK_EPISODE, c.EPISODE_RESTORED: True},
+        rollout_attrs={c.ROLLOUT_OUTCOME: "scored", c.REWARD: 1.0},
+    )
     good[2] = SpanData(**{**good[2].__dict__, "links": link(good[1], "restore")})
     assert check_trace(good) == []
 
 
 def test_retry_without_a_link_to_the_previous_attempt_is_flagged() -> None:
-    bad = rollout_with(FAILED, {**OK_EPISODE, "links": ()}, rollout_attrs={c.ROLLOUT_OUTCOME: "scored", c.REWARD: 1.0})
+    bad = rollout_with(
+        FAILED, {**OK_EPISODE, "links": ()}, rollout_attrs={c.ROLLOUT_OUTCOME: "scored", c.REWARD: 1.0}
+    )
     assert any("attempt 1 without a link" in p for p in check_trace(bad))
 
 
@@ -163,7 +204,13 @@ with gymtrace.step():
         pass
 """
     subprocess.run([sys.executable, "-c", code], check=True, timeout=60, capture_output=True)
-    out = subprocess.run([sys.executable, "-m", "gymtrace", "check", str(env_file)], capture_output=True, text=True, timeout=60, check=False)
+    out = subprocess.run(
+        [sys.executable, "-m", "gymtrace", "check", str(env_file)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
     assert out.returncode == 1
     assert "contract violation(s)" in out.stdout
     assert "episode inside step" in out.stdout
@@ -172,19 +219,46 @@ with gymtrace.step():
 def test_check_command_names_a_malformed_file_and_line(tmp_path: Path) -> None:
     path = tmp_path / "garbage.jsonl"
     path.write_text('{"resourceSpans": []}\nnot json\n')
-    out = subprocess.run([sys.executable, "-m", "gymtrace", "check", str(path)], capture_output=True, text=True, timeout=60, check=False)
+    out = subprocess.run(
+        [sys.executable, "-m", "gymtrace", "check", str(path)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
     assert out.returncode == 2
     assert f"{path}:2" in out.stderr
 
 
 @pytest.mark.parametrize("argv", [["demo", "--quiet"], ["demo"]])
 def test_demo_exercises_every_case_and_passes_check(tmp_path: Path, argv: list[str]) -> None:
-    out = subprocess.run([sys.executable, "-m", "gymtrace", *argv], cwd=tmp_path, capture_output=True, text=True, timeout=120, check=False)
+    out = subprocess.run(
+        [sys.executable, "-m", "gymtrace", *argv],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
     assert out.returncode == 0, out.stdout + out.stderr
     assert "contract check: OK" in out.stdout
     assert "6 rollouts (5 scored, 1 unscored), 10 episodes" in out.stdout
-    check = subprocess.run([sys.executable, "-m", "gymtrace", "check", "gymtrace-traces.jsonl"], cwd=tmp_path, capture_output=True, text=True, timeout=60, check=False)
+    check = subprocess.run(
+        [sys.executable, "-m", "gymtrace", "check", "gymtrace-traces.jsonl"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
     assert check.returncode == 0, check.stdout
     if "--quiet" not in argv:
-        for expected in ("restored=True", "<-restore", "<-retry", "outcome=unscored", "invoke_agent researcher", "failure=infrastructure"):
+        for expected in (
+            "restored=True",
+            "<-restore",
+            "<-retry",
+            "outcome=unscored",
+            "invoke_agent researcher",
+            "failure=infrastructure",
+        ):
             assert expected in out.stdout, expected

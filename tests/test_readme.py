@@ -17,16 +17,35 @@ BLOCKS = re.findall(r"```python\n(.*?)```", README.read_text(), flags=re.DOTALL)
 @pytest.mark.parametrize("code", BLOCKS, ids=[f"block{i}" for i in range(len(BLOCKS))])
 def test_readme_python_example_runs(tmp_path: Path, code: str) -> None:
     environ = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "GYMTRACE_", "PYTEST_"))}
-    out = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=environ, capture_output=True, text=True, timeout=120, check=False)
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        cwd=tmp_path,
+        env=environ,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
     assert out.returncode == 0, out.stderr
 
 
 def test_readme_main_example_traces_what_it_says(tmp_path: Path) -> None:
     environ = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "GYMTRACE_", "PYTEST_"))}
-    subprocess.run([sys.executable, "-c", BLOCKS[0]], cwd=tmp_path, env=environ, check=True, timeout=120, capture_output=True)
+    subprocess.run(
+        [sys.executable, "-c", BLOCKS[0]],
+        cwd=tmp_path,
+        env=environ,
+        check=True,
+        timeout=120,
+        capture_output=True,
+    )
     tree = subprocess.run(
         [sys.executable, "-m", "gymtrace", "tree", "gymtrace-traces.jsonl", "--run", "run-1"],
-        cwd=tmp_path, capture_output=True, text=True, timeout=60, check=True,
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
     ).stdout
     assert tree.count("gym.rollout [rollout]") == 2
     assert "outcome=scored" in tree and "reward=1" in tree

@@ -6,10 +6,10 @@ import json
 from typing import Any
 
 import pytest
-from conftest import assert_child
 from opentelemetry.trace import StatusCode
 
 import gymtrace
+from conftest import assert_child
 from gymtrace import _constants as c
 from gymtrace.testing import CapturedSpans, check_trace
 
@@ -36,7 +36,11 @@ def test_two_failed_attempts_then_success_reads_correctly_as_data(captured: Capt
     rollout = captured.one("rollout")
     assert [e.attributes[c.EPISODE_ATTEMPT] for e in (first, second, third)] == [0, 1, 2]
     assert [e.attributes[c.EPISODE_ID] for e in (first, second, third)] == ["r-1", "r-1-a1", "r-1-a2"]
-    assert [e.attributes[c.EPISODE_OUTCOME] for e in (first, second, third)] == ["failed", "failed", "completed"]
+    assert [e.attributes[c.EPISODE_OUTCOME] for e in (first, second, third)] == [
+        "failed",
+        "failed",
+        "completed",
+    ]
     for failed in (first, second):
         assert failed.attributes[c.FAILURE_KIND] == "infrastructure"
         assert failed.attributes[c.FAILURE_RETRYABLE] is True
@@ -44,7 +48,10 @@ def test_two_failed_attempts_then_success_reads_correctly_as_data(captured: Capt
         assert failed.status.status_code == StatusCode.ERROR
     assert third.attributes[c.REWARD] == 0.75
     assert [(e.name, dict(e.attributes)) for e in third.events] == [
-        (c.GEN_AI_EVALUATION_RESULT, {c.GEN_AI_EVALUATION_NAME: "reward", c.GEN_AI_EVALUATION_SCORE_VALUE: 0.75})
+        (
+            c.GEN_AI_EVALUATION_RESULT,
+            {c.GEN_AI_EVALUATION_NAME: "reward", c.GEN_AI_EVALUATION_SCORE_VALUE: 0.75},
+        )
     ]
     # Each retry links to the attempt before it.
     assert first.links == ()
@@ -230,7 +237,10 @@ def test_carrier_restore_from_another_process_is_marked_restored(captured: Captu
     [{"format": "something-else"}, {"format": "gymtrace.carrier/1", "next_attempt": -1}, "not a mapping"],
 )
 def test_malformed_carrier_is_a_clear_error_in_strict_mode(captured: CapturedSpans, carrier: Any) -> None:
-    with pytest.raises(gymtrace.GymTraceError, match=r"gymtrace\.episode\(\)"), gymtrace.episode(continue_from=carrier):
+    with (
+        pytest.raises(gymtrace.GymTraceError, match=r"gymtrace\.episode\(\)"),
+        gymtrace.episode(continue_from=carrier),
+    ):
         pass
 
 
@@ -274,6 +284,8 @@ def test_sampling_decision_is_stable_across_processes() -> None:
 
     from gymtrace.sampling import keep_rollout
 
-    code = "from gymtrace.sampling import keep_rollout; print([keep_rollout(f'r{i}', 0.3) for i in range(50)])"
+    code = (
+        "from gymtrace.sampling import keep_rollout; print([keep_rollout(f'r{i}', 0.3) for i in range(50)])"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60)
     assert out.stdout.strip() == str([keep_rollout(f"r{i}", 0.3) for i in range(50)])

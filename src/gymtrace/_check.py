@@ -127,7 +127,7 @@ def _check_rollouts(index: _Index) -> list[str]:
         if len(rewarded) > 1:
             problems.append(
                 f"rollout {rollout_id}: {len(rewarded)} episodes carry a reward (attempts"
-                f" {sorted(s.attributes.get(c.EPISODE_ATTEMPT) for s in rewarded)}); a rollout gets at most one"
+                f" {sorted(int(s.attributes.get(c.EPISODE_ATTEMPT, -1)) for s in rewarded)}); a rollout gets at most one"
             )
         for s in group:
             outcome = s.attributes.get(c.EPISODE_OUTCOME)
@@ -144,7 +144,7 @@ def _check_rollouts(index: _Index) -> list[str]:
     for rollout in index.spans:
         if rollout.attributes.get(c.KIND) != c.KIND_ROLLOUT:
             continue
-        rollout_id = rollout.attributes.get(c.ROLLOUT_ID)
+        rollout_id = str(rollout.attributes.get(c.ROLLOUT_ID))
         outcome = rollout.attributes.get(c.ROLLOUT_OUTCOME)
         reward = rollout.attributes.get(c.REWARD)
         # The episodes this rollout span knew of; an attempt continued later in another process
@@ -209,9 +209,8 @@ def _check_numbering(index: _Index) -> list[str]:
                 groups[owner.span_id if owner else "<none>"].append(span)
         for owner_id, group in groups.items():
             numbers = [s.attributes.get(key) for s in sorted(group, key=lambda s: (s.start_ns, s.span_id))]
-            if any(not isinstance(n, int) for n in numbers) or any(
-                a >= b for a, b in itertools.pairwise(numbers)
-            ):
+            ints = [n for n in numbers if isinstance(n, int)]
+            if len(ints) != len(numbers) or any(a >= b for a, b in itertools.pairwise(ints)):
                 owner = index.by_id.get(owner_id)
                 where = _label(owner) if owner else "no invocation"
                 problems.append(f"{kind} numbers within {where} are {numbers}, not increasing")

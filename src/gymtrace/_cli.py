@@ -43,7 +43,7 @@ def _parser() -> argparse.ArgumentParser:
         "file", nargs="?", help=f"OTLP/JSON lines file (default: {DEFAULT_FILE}); ignored with --jaeger"
     )
     tree.add_argument("--jaeger", metavar="URL", help="Jaeger query URL, e.g. http://127.0.0.1:16686")
-    tree.add_argument("--service", default="gymtrace", help="service to search in Jaeger (default: gymtrace)")
+    tree.add_argument("--service", help="service to search in Jaeger (default: every service)")
     pick = tree.add_mutually_exclusive_group()
     pick.add_argument("--trace", metavar="TRACE_ID", help="one trace by ID")
     pick.add_argument("--rollout", metavar="ROLLOUT_ID", help="the trace(s) of one rollout (gym.rollout.id)")
@@ -78,7 +78,8 @@ def _demo(args: argparse.Namespace) -> int:
         forwarded = ["--repeats", str(args.repeats)]
         if args.file:
             forwarded += ["--file", args.file]
-        return run_distributed(forwarded)
+        code: int = run_distributed(forwarded)
+        return code
 
     import gymtrace
     from gymtrace._demo import run_demo
@@ -140,7 +141,8 @@ def _load(args: argparse.Namespace) -> list[SpanData]:
         if args.trace:
             return client.trace(args.trace)
         tags = {c.ROLLOUT_ID: args.rollout} if args.rollout else {c.RUN_ID: args.run} if args.run else {}
-        return client.search(args.service, tags)
+        found: list[SpanData] = client.search(args.service, tags)
+        return found
     spans = read_otlp_json_lines(args.file or _default_file())
     if args.trace:
         return [s for s in spans if s.trace_id == args.trace.lower().rjust(32, "0")]

@@ -354,18 +354,26 @@ class Current:
         return keys
 
 
-def identity_of(frame: ActiveScope | None, identity: Mapping[str, Any] | None = None) -> Current:
-    ids = identity if identity is not None else (frame.identity if frame is not None else {})
+def _str(value: object) -> str | None:
+    return value if isinstance(value, str) else None
+
+
+def _int(value: object) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def identity_of(frame: ActiveScope | None) -> Current:
+    ids: Mapping[str, object] = frame.identity if frame is not None else {}
     span_context = frame.span.get_span_context() if frame is not None else None
     valid = span_context is not None and span_context.is_valid
     return Current(
         kind=frame.kind if frame is not None else None,
-        run_id=ids.get(c.RUN_ID),
-        task_id=ids.get(c.TASK_ID),
-        rollout_id=ids.get(c.ROLLOUT_ID),
-        repeat=ids.get(c.ROLLOUT_REPEAT),
-        attempt=ids.get(c.EPISODE_ATTEMPT),
-        episode_id=ids.get(c.EPISODE_ID),
+        run_id=_str(ids.get(c.RUN_ID)),
+        task_id=_str(ids.get(c.TASK_ID)),
+        rollout_id=_str(ids.get(c.ROLLOUT_ID)),
+        repeat=_int(ids.get(c.ROLLOUT_REPEAT)),
+        attempt=_int(ids.get(c.EPISODE_ATTEMPT)),
+        episode_id=_str(ids.get(c.EPISODE_ID)),
         trace_id=trace.format_trace_id(span_context.trace_id) if valid and span_context else None,
         span_id=trace.format_span_id(span_context.span_id) if valid and span_context else None,
     )

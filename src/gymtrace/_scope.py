@@ -675,7 +675,7 @@ def _reward_from_result(scope: Scope, frame: ActiveScope, result: Any) -> None:
 def decorate(scope: Scope, func: F) -> F:
     """Wrap ``func`` once, choosing the wrapper for its kind at decoration time."""
     if isinstance(func, (staticmethod, classmethod)):
-        return type(func)(decorate(scope, func.__func__))  # type: ignore[return-value]
+        return type(func)(decorate(scope, func.__func__))
     if not callable(func):
         raise TypeError(f"gymtrace.{scope.kind} decorates callables, got {type(func).__name__}")
     if (
@@ -787,7 +787,7 @@ def _generator_wrapper(scope: Scope, func: Callable[..., Any]) -> Callable[..., 
                 try:
                     to_send = yield item
                 except GeneratorExit:
-                    token = attach(body_context)  # type: ignore[arg-type]
+                    token = attach(body_context)
                     try:
                         gen.close()
                     finally:

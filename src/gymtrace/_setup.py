@@ -420,7 +420,7 @@ def _adopt(existing: trace.TracerProvider, sdk_trace: Any, settings: tuple[Any, 
     if isinstance(existing, sdk_trace.TracerProvider):
         if not getattr(existing, "_gymtrace_identity_added", False):
             existing.add_span_processor(IdentitySpanProcessor())
-            existing._gymtrace_identity_added = True  # type: ignore[attr-defined]
+            existing._gymtrace_identity_added = True
         logger.warning(
             "gymtrace: the application already set a TracerProvider; gymtrace adds its"
             " IdentitySpanProcessor to it and does not add exporters or replace it, so the"

@@ -81,7 +81,7 @@ def capture_spans(*, strict: bool = True) -> Iterator[CapturedSpans]:
 
     exporter = InMemorySpanExporter()
     provider = TracerProvider(id_generator=make_id_generator(), shutdown_on_exit=False)
-    provider.add_span_processor(IdentitySpanProcessor())
+    provider.add_span_processor(IdentitySpanProcessor())  # type: ignore[arg-type]  # duck-typed: no SDK import in the core
     provider.add_span_processor(SimpleSpanProcessor(exporter))
     previous_strict = strict_override()
     set_strict(strict)

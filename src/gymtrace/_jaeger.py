@@ -1,0 +1,124 @@
+"""A small client for Jaeger's query API (v1 HTTP JSON), for ``gymtrace tree --jaeger``.
+
+The v1 API is used because it is stable and read-only; it drops span-link attributes, so the
+relation of a link (``retry``, ``restore``, ``run``) is recovered from the span it starts at:
+a restored episode's link is a restore, another episode's a retry, a rollout's the link to its run.
+"""
+
+from __future__ import annotations
+
+import json
+import urllib.error
+import urllib.parse
+import urllib.request
+from collections.abc import Mapping
+from typing import Any
+
+from gymtrace import _constants as c
+from gymtrace._spandata import EventData, LinkData, SpanData
+
+
+class JaegerError(OSError):
+    """Jaeger could not be reached or answered with an error; the message says which URL."""
+
+
+def _tag_value(tag: Mapping[str, Any]) -> Any:
+    value = tag.get("value")
+    kind = tag.get("type")
+    if kind == "int64":
+        return int(value)  # type: ignore[arg-type]
+    if kind == "float64":
+        return float(value)  # type: ignore[arg-type]
+    if kind == "bool":
+        return bool(value) if not isinstance(value, str) else value == "true"
+    return value
+
+
+def spans_from_jaeger(trace: Mapping[str, Any]) -> list[SpanData]:
+    """One trace object of the v1 API (an element of ``data``) to SpanData records."""
+    processes = trace.get("processes") or {}
+    spans: list[SpanData] = []
+    for raw in trace.get("spans") or ():
+        tags = {t["key"]: _tag_value(t) for t in raw.get("tags") or ()}
+        parent = None
+        links: list[LinkData] = []
+        for ref in raw.get("references") or ():
+            if (
+                ref.get("refType") == "CHILD_OF"
+                and parent is None
+                and ref.get("traceID") == raw.get("traceID")
+            ):
+                parent = ref["spanID"]
+            else:
+                links.append(LinkData(ref["traceID"].rjust(32, "0"), ref["spanID"], {}))
+        kind = tags.get(c.KIND)
+        relation = (
+            c.RELATION_RUN
+            if kind == c.KIND_ROLLOUT
+            else c.RELATION_RESTORE
+            if tags.get(c.EPISODE_RESTORED) is True
+            else c.RELATION_RETRY
+        )
+        links = [LinkData(link.trace_id, link.span_id, {c.LINK_RELATION: relation}) for link in links]
+        events = []
+        for log in raw.get("logs") or ():
+            fields = {f["key"]: _tag_value(f) for f in log.get("fields") or ()}
+            name = str(fields.pop("event", "event"))
+            events.append(EventData(name, int(log.get("timestamp", 0)) * 1000, fields))
+        status = str(tags.pop("otel.status_code", "UNSET")).upper()
+        start_ns = int(raw.get("startTime", 0)) * 1000
+        process = processes.get(raw.get("processID"), {})
+        spans.append(
+            SpanData(
+                trace_id=raw["traceID"].rjust(32, "0"),
+                span_id=raw["spanID"].rjust(16, "0"),
+                parent_id=parent.rjust(16, "0") if parent else None,
+                name=raw.get("operationName", ""),
+                start_ns=start_ns,
+                end_ns=start_ns + int(raw.get("duration", 0)) * 1000,
+                attributes={
+                    k: v for k, v in tags.items() if not k.startswith(("otel.", "span.kind", "error"))
+                },
+                events=tuple(events),
+                links=tuple(links),
+                status=status if status in ("OK", "ERROR") else "UNSET",
+                status_message=str(tags.get("otel.status_description", "")),
+                service=str(process.get("serviceName", "")),
+                span_kind=str(tags.get("span.kind", "internal")).upper(),
+            )
+        )
+    return spans
+
+
+class JaegerClient:
+    def __init__(self, base_url: str, *, timeout: float = 10.0) -> None:
+        self.base_url = base_url.rstrip("/")
+        self.timeout = timeout
+
+    def _get(self, path: str, params: Mapping[str, str] | None = None) -> Any:
+        url = f"{self.base_url}{path}"
+        if params:
+            url += "?" + urllib.parse.urlencode(params)
+        try:
+            with urllib.request.urlopen(url, timeout=self.timeout) as response:
+                return json.load(response)
+        except (urllib.error.URLError, OSError, ValueError) as exc:
+            raise JaegerError(f"Jaeger query failed for {url}: {exc}") from exc
+
+    def services(self) -> list[str]:
+        return [s for s in self._get("/api/services").get("data") or [] if not s.startswith("jaeger")]
+
+    def trace(self, trace_id: str) -> list[SpanData]:
+        body = self._get(f"/api/traces/{trace_id.lower()}")
+        return [span for trace in body.get("data") or [] for span in spans_from_jaeger(trace)]
+
+    def search(self, service: str | None, tags: Mapping[str, Any], *, limit: int = 1000) -> list[SpanData]:
+        """Every trace with a span matching all ``tags`` (in ``service``, or in any service)."""
+        seen: dict[str, list[SpanData]] = {}
+        for name in [service] if service else self.services():
+            params = {"service": name, "limit": str(limit), "lookback": "2d"}
+            if tags:
+                params["tags"] = json.dumps(dict(tags))
+            for trace in self._get("/api/traces", params).get("data") or []:
+                seen.setdefault(trace["traceID"], spans_from_jaeger(trace))
+        return [span for spans in seen.values() for span in spans]
