@@ -35,6 +35,17 @@ GYMTRACE_SAMPLE_BY: Final = "GYMTRACE_SAMPLE_BY"
 """``rollout`` (default) or ``task``: what the rollout sampler hashes. ``task`` keeps or drops all
 repeats of a task together (a GRPO group)."""
 
+GYMTRACE_FLUSH_TIMEOUT: Final = "GYMTRACE_FLUSH_TIMEOUT"
+"""Seconds gymtrace waits to export what is queued when the process ends (normal exit,
+``sys.exit``, an unhandled exception, SIGTERM, a forked worker's ``os._exit``). What is still
+queued then is counted as dropped and logged. Default ``5``."""
+
+OTEL_BSP_MAX_QUEUE_SIZE: Final = "OTEL_BSP_MAX_QUEUE_SIZE"
+"""Bound of gymtrace's export queue (default 8192 spans): when full, the oldest span is dropped
+and counted."""
+OTEL_BSP_MAX_EXPORT_BATCH_SIZE: Final = "OTEL_BSP_MAX_EXPORT_BATCH_SIZE"
+OTEL_BSP_SCHEDULE_DELAY: Final = "OTEL_BSP_SCHEDULE_DELAY"
+
 OTEL_SDK_DISABLED: Final = "OTEL_SDK_DISABLED"
 OTEL_SERVICE_NAME: Final = "OTEL_SERVICE_NAME"
 OTEL_TRACES_EXPORTER: Final = "OTEL_TRACES_EXPORTER"

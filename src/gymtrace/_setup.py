@@ -88,6 +88,9 @@ class _ExportStage:
         for processor in self._processors:
             processor.on_end(span)
 
+    def processors(self) -> tuple[Any, ...]:
+        return self._processors
+
     def shutdown(self) -> None:
         self.replace(())
 
@@ -395,6 +398,19 @@ def _new_provider(sdk_trace: Any, service_name: str | None, sampler: Sampler | N
     return provider  # type: ignore[no-any-return]
 
 
+def _env_number(name: str, default: float, *, minimum: float) -> float:
+    raw = os.environ.get(name)
+    if raw is None or not raw.strip():
+        return default
+    try:
+        value = float(raw)
+    except ValueError:
+        raise InvalidArgumentError(f"{name} must be a number, got {raw!r}") from None
+    if value < minimum:
+        raise InvalidArgumentError(f"{name} must be >= {minimum}, got {raw!r}")
+    return value
+
+
 def _processors(
     exporters: Sequence[str],
     endpoint: str | None,
@@ -402,17 +418,46 @@ def _processors(
     path: str | None,
     headers: Mapping[str, str] | None,
 ) -> list[Any]:
-    from opentelemetry.sdk.trace.export import BatchSpanProcessor, ConsoleSpanExporter
+    from opentelemetry.sdk.trace.export import ConsoleSpanExporter
 
+    from gymtrace._export import DEFAULT_MAX_BATCH_SIZE, DEFAULT_MAX_QUEUE_SIZE, BatchExporter
+
+    # The standard batch-processor variables apply to gymtrace's queue too.
+    queue_size = int(_env_number(env.OTEL_BSP_MAX_QUEUE_SIZE, DEFAULT_MAX_QUEUE_SIZE, minimum=1))
+    batch_size = int(_env_number(env.OTEL_BSP_MAX_EXPORT_BATCH_SIZE, DEFAULT_MAX_BATCH_SIZE, minimum=1))
+    delay = _env_number(env.OTEL_BSP_SCHEDULE_DELAY, 500, minimum=0) / 1000
+    flush_timeout = _env_number(env.GYMTRACE_FLUSH_TIMEOUT, 5.0, minimum=0)
     processors: list[Any] = []
     for name in exporters:
         if name == "otlp":
-            processors.append(BatchSpanProcessor(_otlp_exporter(protocol, endpoint, headers)))
+            exporter: Any = _otlp_exporter(protocol, endpoint, headers)
         elif name == "console":
-            processors.append(BatchSpanProcessor(ConsoleSpanExporter()))
+            exporter = ConsoleSpanExporter()
         elif name == "file" and path is not None:
-            processors.append(BatchSpanProcessor(_file_exporter(path)))
+            exporter = _file_exporter(path)
+        else:
+            continue
+        processors.append(
+            BatchExporter(
+                exporter,
+                name=name,
+                max_queue_size=queue_size,
+                max_batch_size=batch_size,
+                schedule_delay=delay,
+                shutdown_timeout=flush_timeout,
+            )
+        )
     return processors
+
+
+def export_stats() -> list[Any]:
+    """Per exporter: spans finished, exported, queued and dropped (with why) since configure().
+
+    Every span that will never be delivered is counted here and logged at shutdown; nothing is
+    dropped silently.
+    """
+    stage = _state.stage
+    return [p.stats() for p in stage.processors()] if stage is not None else []
 
 
 def _adopt(existing: trace.TracerProvider, sdk_trace: Any, settings: tuple[Any, ...]) -> Configuration:

@@ -1,0 +1,264 @@
+"""The export queue: bounded, off the caller's thread, and honest about what it drops.
+
+``configure()`` puts every exporter behind a :class:`BatchExporter` instead of the SDK's
+``BatchSpanProcessor`` because gymtrace promises more than the SDK does:
+
+- a span is *counted* whenever it is not delivered (queue full, exporter gave up, flush timed out
+  at shutdown), readable at any time with ``gymtrace.export_stats()`` and logged at shutdown;
+- a batch the exporter could not deliver (the Collector is restarting) goes back into the queue and
+  is tried again after a backoff, so a short outage loses nothing that fits in the queue;
+- the caller pays for a lock and a deque append; encoding and network I/O happen on the worker.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import os
+import threading
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+logger = logging.getLogger("gymtrace")
+
+DEFAULT_MAX_QUEUE_SIZE = 8192
+DEFAULT_MAX_BATCH_SIZE = 512
+DEFAULT_SCHEDULE_DELAY = 0.5
+# After a failed export, wait this long (doubling up to the maximum) before the next try.
+_BACKOFF_START = 0.25
+_BACKOFF_MAX = 5.0
+# A span whose export failed this many times is given up (counted as dropped): with the backoff
+# and the exporters' own retries that is minutes of outage, and it stops a batch the Collector
+# rejects for good from circling forever.
+_MAX_TRIES = 20
+
+
+@dataclass(frozen=True)
+class ExportStats:
+    """Counts since the exporter started. ``dropped`` is every span that will never be delivered."""
+
+    exporter: str
+    finished: int  # sampled spans handed to the queue
+    exported: int  # delivered (the exporter reported success)
+    queued: int  # waiting in the queue now
+    dropped_queue_full: int  # pushed out of a full queue (the oldest go first)
+    dropped_export_failed: int  # rejected as non-retryable, or still failing at shutdown
+    retries: int  # batches put back after a failed export
+
+    @property
+    def dropped(self) -> int:
+        return self.dropped_queue_full + self.dropped_export_failed
+
+
+class BatchExporter:
+    """A span processor (duck-typed, like the SDK's) that batches spans to one exporter."""
+
+    def __init__(
+        self,
+        exporter: Any,
+        *,
+        name: str,
+        max_queue_size: int = DEFAULT_MAX_QUEUE_SIZE,
+        max_batch_size: int = DEFAULT_MAX_BATCH_SIZE,
+        schedule_delay: float = DEFAULT_SCHEDULE_DELAY,
+        shutdown_timeout: float = 5.0,
+    ) -> None:
+        self.exporter = exporter
+        self.name = name
+        self.max_queue_size = max_queue_size
+        self.max_batch_size = min(max_batch_size, max_queue_size)
+        self.schedule_delay = schedule_delay
+        self.shutdown_timeout = shutdown_timeout
+        self._queue: collections.deque[Any] = collections.deque()
+        self._lock = threading.Lock()
+        self._wake = threading.Event()
+        self._idle = threading.Condition(self._lock)
+        self._exporting = 0  # spans in the batch the worker holds right now
+        self._finished = self._exported = self._dropped_full = self._dropped_failed = self._retries = 0
+        self._shutdown = False
+        self._backoff = 0.0
+        self._tries: dict[int, int] = {}  # id(span) -> failed exports, for spans put back
+        self._pid = os.getpid()
+        self._thread: threading.Thread | None = None
+        self._start_worker()
+        os.register_at_fork(after_in_child=self._after_fork)
+
+    # -- span processor interface --------------------------------------------------------------
+
+    def on_start(self, span: Any, parent_context: Any = None) -> None:
+        return None
+
+    def _on_ending(self, span: Any) -> None:
+        return None
+
+    def on_end(self, span: Any) -> None:
+        if not span.context.trace_flags.sampled:
+            return
+        with self._lock:
+            if self._shutdown:
+                self._dropped_failed += 1
+                return
+            if len(self._queue) >= self.max_queue_size:
+                oldest = self._queue.popleft()
+                self._dropped_full += 1
+                if self._tries:
+                    self._tries.pop(id(oldest), None)
+            self._queue.append(span)
+            self._finished += 1
+            full_batch = len(self._queue) >= self.max_batch_size
+        if full_batch:
+            self._wake.set()
+
+    def force_flush(self, timeout_millis: int = 30000) -> bool:
+        """Wait until everything queued now was handed to the exporter; False on timeout."""
+        deadline = time.monotonic() + timeout_millis / 1000
+        with self._lock:
+            self._backoff = 0.0  # a flush is a reason to try again now
+            self._wake.set()
+            while self._queue or self._exporting:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    return False
+                self._idle.wait(min(remaining, 0.05))
+                self._wake.set()
+        return True
+
+    def shutdown(self, timeout_millis: int | None = None) -> None:
+        """Flush within the shutdown timeout (GYMTRACE_FLUSH_TIMEOUT), then stop; what is left is
+        counted as dropped and reported in one log line."""
+        if self._shutdown:
+            return
+        if timeout_millis is None:
+            timeout_millis = int(self.shutdown_timeout * 1000)
+        flushed = self.force_flush(timeout_millis)
+        with self._lock:
+            self._shutdown = True
+            self._dropped_failed += len(self._queue)
+            self._queue.clear()
+        self._wake.set()
+        if self._thread is not None:
+            # Bounded: a worker stuck in an export to a dead endpoint must not hold up the exit.
+            self._thread.join(timeout=1.0)
+            if self._thread.is_alive():
+                with self._lock:
+                    self._dropped_failed += self._exporting
+                    self._exporting = 0
+        try:
+            self.exporter.shutdown()
+        except Exception:  # noqa: BLE001 - an exporter failing at exit must not break the exit
+            logger.warning("gymtrace: exporter %s failed to shut down", self.name, exc_info=True)
+        stats = self.stats()
+        if stats.dropped or not flushed:
+            logger.warning(
+                "gymtrace: %s exported %d of %d spans; dropped %d (queue full: %d, export failed or"
+                " flush timed out: %d)",
+                self.name,
+                stats.exported,
+                stats.finished,
+                stats.dropped,
+                stats.dropped_queue_full,
+                stats.dropped_export_failed,
+            )
+        else:
+            logger.info("gymtrace: %s exported all %d spans", self.name, stats.exported)
+
+    # -- reading ---------------------------------------------------------------------------------
+
+    def stats(self) -> ExportStats:
+        with self._lock:
+            return ExportStats(
+                exporter=self.name,
+                finished=self._finished,
+                exported=self._exported,
+                queued=len(self._queue) + self._exporting,
+                dropped_queue_full=self._dropped_full,
+                dropped_export_failed=self._dropped_failed,
+                retries=self._retries,
+            )
+
+    # -- worker ----------------------------------------------------------------------------------
+
+    def _start_worker(self) -> None:
+        self._thread = threading.Thread(target=self._work, name=f"gymtrace-export-{self.name}", daemon=True)
+        self._thread.start()
+
+    def _after_fork(self) -> None:
+        # The child must not export what the parent queued (the parent does that); it starts empty
+        # with its own worker thread and its own counts.
+        self._lock = threading.Lock()
+        self._idle = threading.Condition(self._lock)
+        self._wake = threading.Event()
+        self._queue.clear()
+        self._tries = {}
+        self._exporting = 0
+        self._finished = self._exported = self._dropped_full = self._dropped_failed = self._retries = 0
+        self._pid = os.getpid()
+        if not self._shutdown:
+            self._start_worker()
+
+    def _take_batch(self) -> list[Any]:
+        with self._lock:
+            count = min(self.max_batch_size, len(self._queue))
+            batch = [self._queue.popleft() for _ in range(count)]
+            self._exporting = count
+            return batch
+
+    def _work(self) -> None:
+        while True:
+            self._wake.wait(self._backoff or self.schedule_delay)
+            self._wake.clear()
+            if self._shutdown:
+                return
+            while True:
+                batch = self._take_batch()
+                if not batch:
+                    break
+                delivered = self._export(batch)
+                with self._lock:
+                    self._exporting = 0
+                    if not delivered:
+                        self._requeue(batch)
+                    self._idle.notify_all()
+                if not delivered:
+                    break  # wait out the backoff before the next try
+            with self._lock:
+                self._idle.notify_all()
+
+    def _export(self, batch: Sequence[Any]) -> bool:
+        try:
+            result = self.exporter.export(batch)
+            ok = getattr(result, "name", str(result)) == "SUCCESS"
+        except Exception:  # noqa: BLE001 - the worker must survive any exporter bug
+            logger.warning("gymtrace: exporter %s raised; the batch will be retried", self.name, exc_info=True)
+            ok = False
+        with self._lock:
+            if ok:
+                self._exported += len(batch)
+                self._backoff = 0.0
+                if self._tries:
+                    for span in batch:
+                        self._tries.pop(id(span), None)
+            else:
+                self._backoff = min(_BACKOFF_MAX, max(_BACKOFF_START, self._backoff * 2))
+        return ok
+
+    def _requeue(self, batch: list[Any]) -> None:
+        """Put a failed batch back at the old end of the queue, within the bound (lock held)."""
+        self._retries += 1
+        retry = []
+        for span in batch:
+            tries = self._tries.get(id(span), 0) + 1
+            if tries >= _MAX_TRIES:
+                self._tries.pop(id(span), None)
+                self._dropped_failed += 1
+            else:
+                self._tries[id(span)] = tries
+                retry.append(span)
+        room = self.max_queue_size - len(self._queue)
+        keep = retry[len(retry) - room :] if room < len(retry) else retry
+        for span in retry[: len(retry) - len(keep)]:
+            self._tries.pop(id(span), None)
+        self._dropped_full += len(retry) - len(keep)
+        self._queue.extendleft(reversed(keep))

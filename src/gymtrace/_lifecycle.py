@@ -1,0 +1,91 @@
+"""Process endings: finished spans are exported, open spans are ended as interrupted.
+
+Installed by ``configure()`` when gymtrace owns the TracerProvider:
+
+- **normal exit, ``sys.exit``, an unhandled exception, SIGINT** (``KeyboardInterrupt`` unwinds
+  the scopes): an ``atexit`` hook ends the scopes still open (a run, rollouts in other threads) with
+  ``gym.interrupted=true``; then the SDK's own exit hook flushes the queue, bounded by
+  ``GYMTRACE_FLUSH_TIMEOUT``;
+- **SIGTERM** (what cluster schedulers send), whose default action skips ``atexit``: a handler ends
+  the open scopes, flushes, then runs the handler that was there before (a user's own handler
+  still runs) or, if that was the default, dies of SIGTERM as it would have;
+- **a forked worker leaving through ``os._exit``** (``multiprocessing`` children do), which skips
+  ``atexit``: in forked children ``os._exit`` flushes first.
+"""
+
+from __future__ import annotations
+
+import atexit
+import logging
+import os
+import signal
+import threading
+from collections.abc import Callable
+from types import FrameType
+from typing import Any
+
+from gymtrace._scope import end_open_scopes
+
+logger = logging.getLogger("gymtrace")
+
+_installed = False
+_flush: Callable[[], None] = lambda: None  # noqa: E731 - replaced by install()
+_previous_sigterm: Any = signal.SIG_DFL
+_real_os_exit = os._exit
+
+
+def install(flush: Callable[[], None]) -> None:
+    """Install the hooks once per process; ``flush`` exports what is queued, bounded in time."""
+    global _installed, _flush, _previous_sigterm
+    _flush = flush
+    if _installed:
+        return
+    _installed = True
+    atexit.register(_at_exit)
+    os.register_at_fork(after_in_child=_in_forked_child)
+    if threading.current_thread() is threading.main_thread():
+        previous = signal.getsignal(signal.SIGTERM)
+        if previous is not signal.SIG_IGN and previous is not _on_sigterm:
+            _previous_sigterm = previous
+            signal.signal(signal.SIGTERM, _on_sigterm)
+    else:
+        logger.info("gymtrace: configure() ran outside the main thread; no SIGTERM handler installed")
+
+
+def _end_and_flush(reason: str) -> None:
+    try:
+        ended = end_open_scopes(reason)
+        if ended:
+            logger.warning("gymtrace: %s: ended %d open span(s) as interrupted", reason, ended)
+        _flush()
+    except Exception:  # noqa: BLE001 - the process is ending; never turn that into a crash
+        logger.warning("gymtrace: failed to flush at %s", reason, exc_info=True)
+
+
+def _at_exit() -> None:
+    # The SDK's exit hook (registered earlier, so it runs after this one) flushes the queue.
+    try:
+        ended = end_open_scopes("exit")
+        if ended:
+            logger.warning("gymtrace: exit: ended %d open span(s) as interrupted", ended)
+    except Exception:  # noqa: BLE001
+        logger.warning("gymtrace: failed to end open spans at exit", exc_info=True)
+
+
+def _on_sigterm(signum: int, frame: FrameType | None) -> None:
+    _end_and_flush("SIGTERM")
+    previous = _previous_sigterm
+    if callable(previous):
+        previous(signum, frame)
+        return
+    # The default action: terminate by the same signal, so the exit status tells the scheduler.
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    os.kill(os.getpid(), signal.SIGTERM)
+
+
+def _in_forked_child() -> None:
+    def flushing_exit(code: int) -> None:
+        _end_and_flush("os._exit in a forked worker")
+        _real_os_exit(code)
+
+    os._exit = flushing_exit
