@@ -8,6 +8,7 @@ dictionary lookup and a comparison.
 
 from __future__ import annotations
 
+import os
 import threading
 
 from opentelemetry import trace
@@ -23,8 +24,27 @@ _overrides: list[trace.TracerProvider] = []
 _lock = threading.Lock()
 
 
+# trace.get_tracer_provider() looks up OTEL_PYTHON_TRACER_PROVIDER in os.environ on every call
+# while no global provider is set, which costs ~1 µs (os.environ raises and catches KeyError):
+# more than the whole disabled path may cost (benchmarks/overhead.py). So while no provider is set
+# and that variable was not set at import, read the API's module global directly. It is private,
+# hence the guard: if a future opentelemetry-api renames it, we fall back to the public call.
+_GLOBAL_PROVIDER_READABLE = hasattr(trace, "_TRACER_PROVIDER") and (
+    "OTEL_PYTHON_TRACER_PROVIDER" not in os.environ
+)
+
+
 def active_tracer() -> trace.Tracer | None:
-    provider = _overrides[-1] if _overrides else trace.get_tracer_provider()
+    provider: trace.TracerProvider | None
+    if _overrides:
+        provider = _overrides[-1]
+    elif _GLOBAL_PROVIDER_READABLE:
+        provider = trace._TRACER_PROVIDER
+        if provider is None:
+            # Nothing set: get_tracer_provider() would return the proxy provider, which means off.
+            return None
+    else:
+        provider = trace.get_tracer_provider()
     cache = _cache
     if provider is cache[0]:
         return cache[1]
