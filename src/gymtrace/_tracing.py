@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import threading
 
+from opentelemetry import context as otel_context
 from opentelemetry import trace
 
 from gymtrace import _constants as c
@@ -80,3 +81,27 @@ def pop_provider(provider: trace.TracerProvider) -> None:
 
 def current_provider() -> trace.TracerProvider:
     return _overrides[-1] if _overrides else trace.get_tracer_provider()
+
+
+def _span_context_key() -> str | None:
+    """The context key under which ``trace.set_span_in_context`` stores the span, or None.
+
+    The key is private to opentelemetry-api (a ``create_key`` with a random suffix), so it is
+    found through the public API: set a probe span into an empty context and see which key appeared.
+    Knowing it lets ``Scope.start`` build a scope's context with one copy of the parent context
+    instead of four (``set_value`` copies twice, and there are two values to set). ``None`` if
+    the probe is not conclusive; callers then use ``set_span_in_context`` and ``set_value``.
+    """
+    try:
+        probe = trace.NonRecordingSpan(trace.INVALID_SPAN_CONTEXT)
+        keys = list(trace.set_span_in_context(probe, otel_context.Context()))
+        if len(keys) != 1 or not isinstance(keys[0], str):
+            return None
+        if trace.get_current_span(otel_context.Context({keys[0]: probe})) is not probe:
+            return None
+        return keys[0]
+    except Exception:  # noqa: BLE001 - an unexpected API change must only cost speed
+        return None
+
+
+SPAN_CONTEXT_KEY = _span_context_key()
