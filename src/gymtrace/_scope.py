@@ -329,7 +329,8 @@ class Scope:
             if not isinstance(parent, ActiveScope):
                 parent = None
             frame = ActiveScope(self.kind, parent)
-            values = self._values(args, kwargs or {})
+            # Most scopes have no identity callables; skip the call for them.
+            values = self._values(args, kwargs or {}) if self._dynamic else self._static
             name, attributes, links, start_context = _PREPARE[self.kind](self, frame, values, parent_context)
             if parent is not None and not _allowed(parent.kind, self.kind):
                 attributes[c.HIERARCHY_VIOLATION] = f"{self.kind} inside {parent.kind}"
@@ -372,7 +373,9 @@ class Scope:
                 # GeneratorExit: the consumer stopped early (a `break`), which is not an error.
             elif self._reward_from is not None:
                 _reward_from_result(self, frame, result)
-            _FINISH[frame.kind](frame)
+            finisher = _FINISH[frame.kind]
+            if finisher is not _finish_nothing:  # most levels: save the call
+                finisher(frame)
             span.end()
         except Exception as internal:  # noqa: BLE001 - telemetry must not break the caller
             internal_error(f"ending gymtrace.{self.kind}", internal, may_raise=exc is None)
@@ -492,8 +495,7 @@ _Prepared = tuple[str, dict[str, Any], "list[Link] | None", otel_context.Context
 
 
 def _base(frame: ActiveScope, values: dict[str, Any]) -> dict[str, Any]:
-    attributes = dict(frame.identity)
-    attributes[c.KIND] = frame.kind
+    attributes = {**frame.identity, c.KIND: frame.kind}
     extra = values.get("attributes")
     if extra:
         for key, value in extra.items():
