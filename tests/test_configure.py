@@ -105,7 +105,7 @@ def test_otlp_exporters_are_built_for_each_protocol(tmp_path: Path) -> None:
     import json, gymtrace
     from gymtrace._setup import _state
     config = gymtrace.configure(endpoint="http://127.0.0.1:1", protocol={protocol!r})
-    exporters = [type(p.span_exporter).__module__ for p in _state.stage._processors]
+    exporters = [type(p.exporter).__module__ for p in _state.stage.processors()]
     print(json.dumps({{"exporters": exporters, "endpoint": config.endpoint}}))
     """
     grpc = run_python(code.format(protocol="grpc"), tmp_path)

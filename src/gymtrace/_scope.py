@@ -35,7 +35,7 @@ from gymtrace._errors import (
     contract_problem,
     internal_error,
 )
-from gymtrace._tracing import active_tracer
+from gymtrace._tracing import SPAN_CONTEXT_KEY, active_tracer
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -75,6 +75,27 @@ def set_trace_per(value: str) -> None:
 
 
 _counter_lock = threading.Lock()
+
+# Every activation whose span has started and not ended, so that a process being stopped can end
+# them as interrupted instead of losing them (see _lifecycle). Insertion order: outermost first.
+_OPEN: dict[int, ActiveScope] = {}
+
+
+def end_open_scopes(reason: str) -> int:
+    """End every open gym span, innermost first, marked ``gym.interrupted``. Returns how many."""
+    ended = 0
+    for frame in reversed(list(_OPEN.values())):
+        if _OPEN.pop(id(frame), None) is None:
+            continue  # its own code ended it meanwhile
+        try:
+            frame.cancelled = True
+            frame.span.set_attribute(c.INTERRUPTED, True)
+            _FINISH[frame.kind](frame)
+            frame.span.end()
+            ended += 1
+        except Exception as exc:  # noqa: BLE001 - the process is ending; keep ending the others
+            internal_error(f"ending open spans at {reason}", exc, may_raise=False)
+    return ended
 
 
 class ActiveScope:
@@ -341,7 +362,8 @@ class Scope:
             if not isinstance(parent, ActiveScope):
                 parent = None
             frame = ActiveScope(self.kind, parent)
-            values = self._values(args, kwargs or {})
+            # Most scopes have no identity callables; skip the call for them.
+            values = self._values(args, kwargs or {}) if self._dynamic else self._static
             name, attributes, links, start_context = _PREPARE[self.kind](self, frame, values, parent_context)
             if parent is not None and not _allowed(parent.kind, self.kind):
                 attributes[c.HIERARCHY_VIOLATION] = f"{self.kind} inside {parent.kind}"
@@ -350,9 +372,16 @@ class Scope:
                 name, context=start_context, kind=self._span_kind, attributes=attributes, links=links
             )
             frame.span = span
-            frame.context = otel_context.set_value(
-                FRAME_KEY, frame, trace.set_span_in_context(span, parent_context)
-            )
+            _OPEN[id(frame)] = frame
+            if SPAN_CONTEXT_KEY is not None:
+                # Same context as the two calls below, with one copy of the parent instead of four.
+                frame.context = otel_context.Context(
+                    parent_context, **{SPAN_CONTEXT_KEY: span, FRAME_KEY: frame}
+                )
+            else:
+                frame.context = otel_context.set_value(
+                    FRAME_KEY, frame, trace.set_span_in_context(span, parent_context)
+                )
             return frame
         except GymTraceError:
             raise
@@ -364,6 +393,8 @@ class Scope:
         """End the span like ``opentelemetry.trace.use_span`` does, then the level's outcome."""
         try:
             span = frame.span
+            if _OPEN.pop(id(frame), None) is None:
+                return  # already ended as interrupted when the process was stopped
             if exc is None:
                 if self._reward_from is not None:
                     _reward_from_result(self, frame, result)
@@ -373,8 +404,12 @@ class Scope:
                     frame.failure = (kind, kind == c.FAILURE_TIMEOUT, None)
             elif isinstance(exc, _CANCELLATION):
                 frame.cancelled = True
+                if not isinstance(exc, asyncio.CancelledError):  # KeyboardInterrupt, SystemExit
+                    span.set_attribute(c.INTERRUPTED, True)
             # GeneratorExit: the consumer stopped early (a `break`), which is not an error.
-            _FINISH[frame.kind](frame)
+            finisher = _FINISH[frame.kind]
+            if finisher is not _finish_nothing:  # most levels: save the call
+                finisher(frame)
             # Last, so the exception's description wins over the level's own failure status.
             if isinstance(exc, Exception) and span.is_recording():
                 span.record_exception(exc)
@@ -503,8 +538,7 @@ _Prepared = tuple[str, dict[str, Any], "list[Link] | None", otel_context.Context
 
 
 def _base(frame: ActiveScope, values: dict[str, Any]) -> dict[str, Any]:
-    attributes = dict(frame.identity)
-    attributes[c.KIND] = frame.kind
+    attributes = {**frame.identity, c.KIND: frame.kind}
     extra = values.get("attributes")
     if extra:
         for key, value in extra.items():

@@ -8,8 +8,10 @@ dictionary lookup and a comparison.
 
 from __future__ import annotations
 
+import os
 import threading
 
+from opentelemetry import context as otel_context
 from opentelemetry import trace
 
 from gymtrace import _constants as c
@@ -23,8 +25,27 @@ _overrides: list[trace.TracerProvider] = []
 _lock = threading.Lock()
 
 
+# trace.get_tracer_provider() looks up OTEL_PYTHON_TRACER_PROVIDER in os.environ on every call
+# while no global provider is set, which costs ~1 µs (os.environ raises and catches KeyError):
+# more than the whole disabled path may cost (benchmarks/overhead.py). So while no provider is set
+# and that variable was not set at import, read the API's module global directly. It is private,
+# hence the guard: if a future opentelemetry-api renames it, we fall back to the public call.
+_GLOBAL_PROVIDER_READABLE = hasattr(trace, "_TRACER_PROVIDER") and (
+    "OTEL_PYTHON_TRACER_PROVIDER" not in os.environ
+)
+
+
 def active_tracer() -> trace.Tracer | None:
-    provider = _overrides[-1] if _overrides else trace.get_tracer_provider()
+    provider: trace.TracerProvider | None
+    if _overrides:
+        provider = _overrides[-1]
+    elif _GLOBAL_PROVIDER_READABLE:
+        provider = trace._TRACER_PROVIDER
+        if provider is None:
+            # Nothing set: get_tracer_provider() would return the proxy provider, which means off.
+            return None
+    else:
+        provider = trace.get_tracer_provider()
     cache = _cache
     if provider is cache[0]:
         return cache[1]
@@ -60,3 +81,27 @@ def pop_provider(provider: trace.TracerProvider) -> None:
 
 def current_provider() -> trace.TracerProvider:
     return _overrides[-1] if _overrides else trace.get_tracer_provider()
+
+
+def _span_context_key() -> str | None:
+    """The context key under which ``trace.set_span_in_context`` stores the span, or None.
+
+    The key is private to opentelemetry-api (a ``create_key`` with a random suffix), so it is
+    found through the public API: set a probe span into an empty context and see which key appeared.
+    Knowing it lets ``Scope.start`` build a scope's context with one copy of the parent context
+    instead of four (``set_value`` copies twice, and there are two values to set). ``None`` if
+    the probe is not conclusive; callers then use ``set_span_in_context`` and ``set_value``.
+    """
+    try:
+        probe = trace.NonRecordingSpan(trace.INVALID_SPAN_CONTEXT)
+        keys = list(trace.set_span_in_context(probe, otel_context.Context()))
+        if len(keys) != 1 or not isinstance(keys[0], str):
+            return None
+        if trace.get_current_span(otel_context.Context({keys[0]: probe})) is not probe:
+            return None
+        return keys[0]
+    except Exception:  # noqa: BLE001 - an unexpected API change must only cost speed
+        return None
+
+
+SPAN_CONTEXT_KEY = _span_context_key()
