@@ -246,8 +246,12 @@ class Pipeline:
     def __enter__(self) -> "Pipeline":
         return self.start()
 
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
+    def __exit__(self, exc_type: object, *_: object) -> None:
+        # Keep the logs of a failed block for the post-mortem; tidy up after a clean one.
+        if exc_type is None:
+            self.cleanup()
+        else:
+            self.stop()
 
     def kill_collector(self) -> None:
         """SIGKILL the Collector: everything it buffered (tail sampling, batch, queue) is lost."""
