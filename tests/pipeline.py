@@ -31,8 +31,9 @@ import time
 import urllib.error
 import urllib.parse
 import urllib.request
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
-from typing import Any, Callable, Iterable, Mapping
+from typing import Any
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 COLLECTOR_DIR = REPO_ROOT / "collector"
@@ -217,8 +218,10 @@ class Pipeline:
             "collector",
             [
                 str(self.jaeger_bin),
-                "--config", str(c / "otelcol.yaml"),
-                "--config", str(c / "otelcol.health-jaeger.yaml"),
+                "--config",
+                str(c / "otelcol.yaml"),
+                "--config",
+                str(c / "otelcol.health-jaeger.yaml"),
             ],
             env,
             self.workdir / "collector.log",
@@ -227,7 +230,7 @@ class Pipeline:
 
     # -- lifecycle -------------------------------------------------------------------------------
 
-    def start(self) -> "Pipeline":
+    def start(self) -> Pipeline:
         if not self.jaeger_bin.is_file():
             raise PipelineError(f"{self.jaeger_bin} does not exist; build it with collector/build")
         try:
@@ -243,7 +246,7 @@ class Pipeline:
         self._collector.stop()
         self._jaeger.stop()
 
-    def __enter__(self) -> "Pipeline":
+    def __enter__(self) -> Pipeline:
         return self.start()
 
     def __exit__(self, exc_type: object, *_: object) -> None:
@@ -359,9 +362,7 @@ class Pipeline:
         stored, or ``predicate(traces)`` holds; raise ``TimeoutError`` with what was seen."""
         deadline = time.monotonic() + timeout
         while True:
-            traces = [
-                t for t in self.find_traces(service, tags) if len(t.get("spans", [])) >= min_spans
-            ]
+            traces = [t for t in self.find_traces(service, tags) if len(t.get("spans", [])) >= min_spans]
             done = predicate(traces) if predicate else len(traces) >= count
             if done:
                 return traces

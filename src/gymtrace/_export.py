@@ -147,7 +147,7 @@ class BatchExporter:
                     self._exporting = 0
         try:
             self.exporter.shutdown()
-        except Exception:  # noqa: BLE001 - an exporter failing at exit must not break the exit
+        except Exception:
             logger.warning("gymtrace: exporter %s failed to shut down", self.name, exc_info=True)
         stats = self.stats()
         if stats.dropped or not flushed:
@@ -230,8 +230,10 @@ class BatchExporter:
         try:
             result = self.exporter.export(batch)
             ok = getattr(result, "name", str(result)) == "SUCCESS"
-        except Exception:  # noqa: BLE001 - the worker must survive any exporter bug
-            logger.warning("gymtrace: exporter %s raised; the batch will be retried", self.name, exc_info=True)
+        except Exception:
+            logger.warning(
+                "gymtrace: exporter %s raised; the batch will be retried", self.name, exc_info=True
+            )
             ok = False
         with self._lock:
             if ok:

@@ -58,7 +58,7 @@ def _end_and_flush(reason: str) -> None:
         if ended:
             logger.warning("gymtrace: %s: ended %d open span(s) as interrupted", reason, ended)
         _flush()
-    except Exception:  # noqa: BLE001 - the process is ending; never turn that into a crash
+    except Exception:
         logger.warning("gymtrace: failed to flush at %s", reason, exc_info=True)
 
 
@@ -68,7 +68,7 @@ def _at_exit() -> None:
         ended = end_open_scopes("exit")
         if ended:
             logger.warning("gymtrace: exit: ended %d open span(s) as interrupted", ended)
-    except Exception:  # noqa: BLE001
+    except Exception:
         logger.warning("gymtrace: failed to end open spans at exit", exc_info=True)
 
 

@@ -5,4 +5,4 @@ from pathlib import Path
 # not a package, so put their directory on the path before importing the plugin.
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from conftest_pipeline import *  # noqa: E402,F401,F403  (fixture + hooks)
+from conftest_pipeline import *  # noqa: F403  (fixture + hooks)

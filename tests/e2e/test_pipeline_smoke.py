@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import time
 import uuid
-from typing import Iterable
+from collections.abc import Iterable
 
 import pytest
 from opentelemetry import trace as trace_api
@@ -127,10 +127,14 @@ def _check_shape(trace: dict, service: str, rollout_id: str, n_episodes: int) ->
 def test_unscored_rollout_over_grpc_is_kept_with_parentage(pipeline: Pipeline) -> None:
     service, rid = _new_ids("grpc")
     # A cancelled (not failed, attempt 0) episode: only the unscored-rollout policy can keep it.
-    trace_id = _export_rollout(pipeline, "grpc", service, rid, outcome="unscored",
-                               episodes=[(0, "cancelled")])
-    found = only(pipeline.wait_for_traces(service, {"gym.rollout.id": rid, "gym.kind": "rollout"},
-                                          min_spans=4, timeout=WAIT))
+    trace_id = _export_rollout(
+        pipeline, "grpc", service, rid, outcome="unscored", episodes=[(0, "cancelled")]
+    )
+    found = only(
+        pipeline.wait_for_traces(
+            service, {"gym.rollout.id": rid, "gym.kind": "rollout"}, min_spans=4, timeout=WAIT
+        )
+    )
     assert same_trace_id(found["traceID"], trace_id)
     trace = pipeline.get_trace(trace_id)
     assert trace is not None
@@ -147,8 +151,7 @@ def test_unscored_rollout_over_grpc_is_kept_with_parentage(pipeline: Pipeline) -
 def test_retried_episode_over_http_is_kept(pipeline: Pipeline) -> None:
     service, rid = _new_ids("http")
     # Only attempt 1, completed, scored: nothing but the retried-episode policy (attempt >= 1).
-    trace_id = _export_rollout(pipeline, "http", service, rid, outcome="scored",
-                               episodes=[(1, "completed")])
+    trace_id = _export_rollout(pipeline, "http", service, rid, outcome="scored", episodes=[(1, "completed")])
     pipeline.wait_for_traces(service, {"gym.rollout.id": rid}, min_spans=4, timeout=WAIT)
     trace = pipeline.get_trace(trace_id)
     by_name = _check_shape(trace, service, rid, n_episodes=1)
@@ -163,8 +166,9 @@ def test_retried_episode_over_http_is_kept(pipeline: Pipeline) -> None:
 
 def test_failed_then_retried_rollout_keeps_both_episodes_and_link(pipeline: Pipeline) -> None:
     service, rid = _new_ids("retry")
-    trace_id = _export_rollout(pipeline, "grpc", service, rid, outcome="scored",
-                               episodes=[(0, "failed"), (1, "completed")])
+    trace_id = _export_rollout(
+        pipeline, "grpc", service, rid, outcome="scored", episodes=[(0, "failed"), (1, "completed")]
+    )
     pipeline.wait_for_traces(service, {"gym.rollout.id": rid}, min_spans=7, timeout=WAIT)
     trace = pipeline.get_trace(trace_id)
     by_name = _check_shape(trace, service, rid, n_episodes=2)
@@ -175,13 +179,13 @@ def test_failed_then_retried_rollout_keeps_both_episodes_and_link(pipeline: Pipe
 
 def test_clean_scored_rollout_is_dropped_at_sample_percent_0(pipeline: Pipeline) -> None:
     service, rid = _new_ids("drop")
-    dropped_id = _export_rollout(pipeline, "grpc", service, rid, outcome="scored",
-                                 episodes=[(0, "completed")])
+    dropped_id = _export_rollout(
+        pipeline, "grpc", service, rid, outcome="scored", episodes=[(0, "completed")]
+    )
     # A kept marker sent afterwards is decided no earlier than the dropped trace, so once it is
     # in Jaeger the dropped trace's decision has been made (plus a tick of grace).
     _, marker = _new_ids("marker")
-    _export_rollout(pipeline, "grpc", service, marker, outcome="unscored",
-                    episodes=[(0, "failed")])
+    _export_rollout(pipeline, "grpc", service, marker, outcome="unscored", episodes=[(0, "failed")])
     pipeline.wait_for_traces(service, {"gym.rollout.id": marker}, min_spans=4, timeout=WAIT)
     time.sleep(1.5)
     assert pipeline.find_traces(service, {"gym.rollout.id": rid}) == []
@@ -192,8 +196,7 @@ def test_sample_percent_100_keeps_clean_rollout(pipeline: Pipeline, tmp_path) ->
     # Its own pipeline (the session one samples 0 %): the probabilistic share of the rest.
     with Pipeline(decision_wait="1s", sample_percent=100, workdir=tmp_path) as p100:
         service, rid = _new_ids("keep")
-        trace_id = _export_rollout(p100, "http", service, rid, outcome="scored",
-                                   episodes=[(0, "completed")])
+        trace_id = _export_rollout(p100, "http", service, rid, outcome="scored", episodes=[(0, "completed")])
         p100.wait_for_traces(service, {"gym.rollout.id": rid}, min_spans=4, timeout=WAIT)
         assert p100.get_trace(trace_id) is not None
 

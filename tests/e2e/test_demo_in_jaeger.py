@@ -1,0 +1,165 @@
+"""The demo, exported over OTLP through the real Collector into the real Jaeger, read back."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+
+from gymtrace import _constants as c
+from gymtrace._check import check_spans
+from gymtrace._jaeger import JaegerClient
+from gymtrace._spandata import SpanData
+from pipeline import Pipeline
+
+SERVICE = "gymtrace-demo"
+# With the Collector's sample percent at 0 only the policy keeps survive: the retried rollout, the
+# unscored one (failed attempts) and the restored one; the three clean rollouts and the run's own
+# trace are dropped.
+KEPT = {"arith-001/r1", "arith-002/r0", "arith-002/r1"}
+
+
+def _run_demo(pipeline: Pipeline, protocol: str, tmp_path: Path) -> str:
+    run_id = f"e2e-{protocol.split('/')[0]}-{uuid.uuid4().hex[:8]}"
+    endpoint = pipeline.otlp_grpc_endpoint if protocol == "grpc" else pipeline.otlp_http_endpoint
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "GYMTRACE_", "PYTEST_"))}
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "gymtrace",
+            "demo",
+            "--quiet",
+            "--endpoint",
+            endpoint,
+            "--protocol",
+            protocol,
+            "--run-id",
+            run_id,
+            "--file",
+            str(tmp_path / "demo.jsonl"),
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert out.returncode == 0, out.stdout + out.stderr
+    return run_id
+
+
+def _rollouts_in_jaeger(pipeline: Pipeline, run_id: str) -> dict[str, list[SpanData]]:
+    client = JaegerClient(pipeline.query_url)
+    pipeline.wait_for_traces(SERVICE, {c.RUN_ID: run_id}, count=len(KEPT), timeout=60)
+    # Past the Collector's decision_wait the dropped traces are decided too: still only these.
+    time.sleep(3)
+    spans = client.search(SERVICE, {c.RUN_ID: run_id})
+    by_trace: dict[str, list[SpanData]] = {}
+    for span in spans:
+        by_trace.setdefault(span.trace_id, []).append(span)
+    rollouts = {}
+    for trace_spans in by_trace.values():
+        (root,) = [s for s in trace_spans if s.parent_id is None]
+        assert root.attributes[c.KIND] == "rollout"
+        key = f"{root.attributes[c.TASK_ID]}/r{root.attributes[c.ROLLOUT_REPEAT]}"
+        rollouts[key] = trace_spans
+    return rollouts
+
+
+@pytest.mark.parametrize("protocol", ["grpc", "http/protobuf"])
+def test_demo_reaches_jaeger_as_one_tree_per_kept_rollout(
+    pipeline: Pipeline, protocol: str, tmp_path: Path
+) -> None:
+    run_id = _run_demo(pipeline, protocol, tmp_path)
+    rollouts = _rollouts_in_jaeger(pipeline, run_id)
+    assert set(rollouts) == KEPT  # tail sampling: failed/retried/unscored kept, clean ones dropped
+    for key, spans in rollouts.items():
+        assert check_spans(spans) == [], key
+        rollout = next(s for s in spans if s.attributes[c.KIND] == "rollout")
+        by_id = {s.span_id: s for s in spans}
+        for span in spans:
+            assert span.service == SERVICE
+            assert span.attributes[c.RUN_ID] == run_id
+            assert span.attributes[c.ROLLOUT_ID] == rollout.attributes[c.ROLLOUT_ID]
+            if span is not rollout:
+                assert span.parent_id in by_id  # every parent arrived: a complete tree
+        kinds = sorted({s.attributes[c.KIND] for s in spans})
+        assert kinds == sorted(
+            ["rollout", "episode", "seed_session", "agent_invocation", "turn", "step", "model_call"]
+            + ["tool_call"]
+            + (["verify"] if key != "arith-002/r0" else [])
+        )
+
+    retried = sorted(
+        (s for s in rollouts["arith-001/r1"] if s.attributes[c.KIND] == "episode"),
+        key=lambda s: s.attributes[c.EPISODE_ATTEMPT],
+    )
+    assert [e.attributes[c.EPISODE_OUTCOME] for e in retried] == ["failed", "completed"]
+    assert [link.span_id for link in retried[1].links] == [retried[0].span_id]
+    assert any(e.name == "exception" for e in retried[0].events)
+    (evaluation,) = [e for e in retried[1].events if e.name == c.GEN_AI_EVALUATION_RESULT]
+    assert evaluation.attributes[c.GEN_AI_EVALUATION_SCORE_VALUE] == 1.0
+    assert evaluation.attributes[c.GEN_AI_EVALUATION_NAME] == "reward"
+
+    restored = sorted(
+        (s for s in rollouts["arith-002/r1"] if s.attributes[c.KIND] == "episode"),
+        key=lambda s: s.attributes[c.EPISODE_ATTEMPT],
+    )
+    assert restored[1].attributes[c.EPISODE_RESTORED] is True
+    assert [link.span_id for link in restored[1].links] == [restored[0].span_id]
+
+    unscored = next(s for s in rollouts["arith-002/r0"] if s.attributes[c.KIND] == "rollout")
+    assert unscored.attributes[c.ROLLOUT_OUTCOME] == "unscored"
+    assert c.REWARD not in unscored.attributes
+    assert unscored.attributes[c.ROLLOUT_ATTEMPTS] == 3
+
+    tree = subprocess.run(
+        [sys.executable, "-m", "gymtrace", "tree", "--jaeger", pipeline.query_url, "--run", run_id],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    ).stdout
+    assert tree.count("gym.rollout [rollout]") == 3
+    for expected in ("outcome=unscored", "<-retry", "<-restore", "restored=True", "reward=1"):
+        assert expected in tree, expected
+    one = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "gymtrace",
+            "tree",
+            "--jaeger",
+            pipeline.query_url,
+            "--rollout",
+            unscored.attributes[c.ROLLOUT_ID],
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    ).stdout
+    assert one.count("gym.rollout [rollout]") == 1 and "outcome=unscored" in one
+    by_trace = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "gymtrace",
+            "tree",
+            "--jaeger",
+            pipeline.query_url,
+            "--trace",
+            unscored.trace_id,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    ).stdout
+    assert by_trace == one
