@@ -38,7 +38,8 @@ from gymtrace._errors import GymTraceError, HierarchyViolationError, InvalidArgu
 from gymtrace._processor import IdentitySpanProcessor
 from gymtrace._record import Current, current, current_scope, record_failure, record_reward, record_usage
 from gymtrace._scope import ActiveScope, Scope
-from gymtrace._setup import Configuration, configure, force_flush, shutdown
+from gymtrace._export import ExportStats
+from gymtrace._setup import Configuration, configure, export_stats, force_flush, shutdown
 from gymtrace._version import __version__
 
 __all__ = [
@@ -47,6 +48,7 @@ __all__ = [
     "Attempts",
     "Configuration",
     "Current",
+    "ExportStats",
     "GymTraceError",
     "HierarchyViolationError",
     "IdentitySpanProcessor",
@@ -59,6 +61,7 @@ __all__ = [
     "current",
     "current_scope",
     "episode",
+    "export_stats",
     "force_flush",
     "model_call",
     "propagation",

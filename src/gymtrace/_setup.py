@@ -343,6 +343,9 @@ def configure(
         provider = _state.provider
         assert _state.stage is not None
         _state.stage.replace(_processors(exporters, endpoint_used, protocol_used, path, headers))
+        from gymtrace import _lifecycle
+
+        _lifecycle.install(_flush_at_exit)
         resolved_name = str(provider.resource.attributes.get("service.name", ""))
         if service_name is not None and service_name != resolved_name:
             logger.warning(
@@ -448,6 +451,13 @@ def _processors(
             )
         )
     return processors
+
+
+def _flush_at_exit() -> None:
+    stage = _state.stage
+    if stage is not None:
+        timeout = _env_number(env.GYMTRACE_FLUSH_TIMEOUT, 5.0, minimum=0)
+        stage.force_flush(int(timeout * 1000))
 
 
 def export_stats() -> list[Any]:
