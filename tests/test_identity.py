@@ -9,9 +9,9 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import gymtrace
-from conftest import assert_child
 from gymtrace import _constants as c
 from gymtrace.testing import CapturedSpans
+from tree_asserts import assert_child
 
 IDENTITY = {
     c.RUN_ID: "run-1",

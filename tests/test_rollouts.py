@@ -9,9 +9,9 @@ import pytest
 from opentelemetry.trace import StatusCode
 
 import gymtrace
-from conftest import assert_child
 from gymtrace import _constants as c
 from gymtrace.testing import CapturedSpans, check_trace
+from tree_asserts import assert_child
 
 
 class EnvDown(ConnectionError):

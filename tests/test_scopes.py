@@ -11,9 +11,9 @@ import pytest
 from opentelemetry.trace import SpanKind
 
 import gymtrace
-from conftest import assert_child, by_name
 from gymtrace import _constants as c
 from gymtrace.testing import CapturedSpans
+from tree_asserts import assert_child, by_name
 
 # (factory, expected span name, expected gym.kind, called-decorator kwargs)
 LEVELS: list[tuple[Callable[..., Any], str, str, dict[str, Any]]] = [
