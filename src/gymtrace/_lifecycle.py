@@ -22,7 +22,7 @@ import signal
 import threading
 from collections.abc import Callable
 from types import FrameType
-from typing import Any
+from typing import Any, NoReturn
 
 from gymtrace._scope import end_open_scopes
 
@@ -84,8 +84,8 @@ def _on_sigterm(signum: int, frame: FrameType | None) -> None:
 
 
 def _in_forked_child() -> None:
-    def flushing_exit(code: int) -> None:
+    def flushing_exit(status: int) -> NoReturn:
         _end_and_flush("os._exit in a forked worker")
-        _real_os_exit(code)
+        _real_os_exit(status)
 
     os._exit = flushing_exit
