@@ -1,0 +1,422 @@
+"""A real local trace pipeline for end-to-end tests: Jaeger + the gymtrace Collector.
+
+Starts ``collector/bin/jaeger`` twice as real subprocesses, on free loopback ports:
+
+* Jaeger all-in-one with ``collector/jaeger.yaml`` (memory storage, query API);
+* the gymtrace Collector with ``collector/otelcol.yaml`` (tail sampling) on the same binary
+  (Jaeger v2 is an OpenTelemetry Collector distribution), exporting to that Jaeger.
+
+Ports, ``decision_wait`` and the sample percent are passed through the ``GYMTRACE_*`` environment
+variables the configs read, so the YAML files under test are the ones users run.
+
+Only the standard library is used, so this module can be imported from any test::
+
+    with Pipeline(decision_wait="2s", sample_percent=0) as p:
+        ...export spans to p.otlp_grpc_endpoint...
+        traces = p.wait_for_traces("my-service", tags={"gym.rollout.id": "r-1"})
+
+Build the binary first with ``collector/build``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import socket
+import subprocess
+import tempfile
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+from pathlib import Path
+from typing import Any, Callable, Iterable, Mapping
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+COLLECTOR_DIR = REPO_ROOT / "collector"
+JAEGER_BIN = COLLECTOR_DIR / "bin" / "jaeger"
+
+Trace = dict[str, Any]
+Span = dict[str, Any]
+
+
+class PipelineError(RuntimeError):
+    """A pipeline process failed to start, died, or did not become healthy in time."""
+
+
+def free_ports(n: int) -> list[int]:
+    """Return ``n`` distinct free TCP ports on 127.0.0.1 (all sockets held until all are picked)."""
+    socks = []
+    try:
+        for _ in range(n):
+            s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            s.bind(("127.0.0.1", 0))
+            socks.append(s)
+        return [s.getsockname()[1] for s in socks]
+    finally:
+        for s in socks:
+            s.close()
+
+
+def _tail(path: Path, lines: int = 40) -> str:
+    try:
+        text = path.read_text(errors="replace")
+    except OSError as exc:
+        return f"<no log: {exc}>"
+    return "\n".join(text.splitlines()[-lines:])
+
+
+class _Process:
+    """One pipeline process: its command, environment, log file and health URL."""
+
+    def __init__(self, name: str, cmd: list[str], env: dict[str, str], log: Path, health_url: str):
+        self.name, self.cmd, self.env, self.log, self.health_url = name, cmd, env, log, health_url
+        self.popen: subprocess.Popen[bytes] | None = None
+
+    @property
+    def running(self) -> bool:
+        return self.popen is not None and self.popen.poll() is None
+
+    def start(self, timeout: float) -> None:
+        if self.running:
+            raise PipelineError(f"{self.name} is already running (pid {self.popen.pid})")
+        with open(self.log, "ab") as log:
+            log.write(f"--- starting {self.name}: {' '.join(self.cmd)}\n".encode())
+            log.flush()
+            self.popen = subprocess.Popen(
+                self.cmd,
+                env=self.env,
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                # Own process group: a Ctrl-C in pytest does not hit it before we stop it cleanly.
+                start_new_session=True,
+            )
+        self.wait_healthy(timeout)
+
+    def wait_healthy(self, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        while True:
+            if not self.running:
+                code = self.popen.returncode if self.popen else None
+                raise PipelineError(
+                    f"{self.name} exited with code {code} before becoming healthy; "
+                    f"log {self.log}:\n{_tail(self.log)}"
+                )
+            try:
+                with urllib.request.urlopen(self.health_url, timeout=1) as resp:
+                    if resp.status == 200:
+                        return
+            except (urllib.error.URLError, OSError):
+                pass
+            if time.monotonic() > deadline:
+                raise PipelineError(
+                    f"{self.name} not healthy at {self.health_url} after {timeout:.0f}s; "
+                    f"log {self.log}:\n{_tail(self.log)}"
+                )
+            time.sleep(0.1)
+
+    def signal(self, sig: int) -> None:
+        if not self.running:
+            raise PipelineError(f"{self.name} is not running")
+        self.popen.send_signal(sig)
+
+    def stop(self, timeout: float = 20.0) -> None:
+        """SIGTERM (after SIGCONT, in case it is stalled), wait, then SIGKILL."""
+        if self.popen is None:
+            return
+        if self.popen.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                self.popen.send_signal(signal.SIGCONT)
+                self.popen.terminate()
+            try:
+                self.popen.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.popen.kill()
+                self.popen.wait(10)
+        self.popen = None
+
+    def kill(self) -> None:
+        if self.popen is None:
+            return
+        with contextlib.suppress(ProcessLookupError):
+            self.popen.kill()
+        self.popen.wait(10)
+        self.popen = None
+
+
+class Pipeline:
+    """Jaeger + gymtrace Collector as subprocesses on free loopback ports.
+
+    ``decision_wait`` and ``sample_percent`` set the Collector's tail sampling (the production
+    defaults are 300s and 10; tests want seconds). ``extra_env`` adds or overrides any
+    ``GYMTRACE_*`` variable the configs read.
+    """
+
+    def __init__(
+        self,
+        *,
+        decision_wait: str = "2s",
+        sample_percent: float = 100,
+        jaeger_bin: os.PathLike[str] | str = JAEGER_BIN,
+        collector_dir: os.PathLike[str] | str = COLLECTOR_DIR,
+        workdir: os.PathLike[str] | str | None = None,
+        startup_timeout: float = 60.0,
+        extra_env: Mapping[str, str] | None = None,
+    ):
+        self.jaeger_bin = Path(jaeger_bin)
+        self.collector_dir = Path(collector_dir)
+        self.decision_wait = decision_wait
+        self.sample_percent = sample_percent
+        self.startup_timeout = startup_timeout
+        self._own_workdir = workdir is None
+        self.workdir = Path(workdir or tempfile.mkdtemp(prefix="gymtrace-pipeline-"))
+        self.workdir.mkdir(parents=True, exist_ok=True)
+
+        (
+            self.jaeger_otlp_grpc_port,
+            self.jaeger_otlp_http_port,
+            self.jaeger_query_port,
+            self.jaeger_query_grpc_port,
+            self.jaeger_health_port,
+            self.otlp_grpc_port,
+            self.otlp_http_port,
+            self.collector_health_port,
+        ) = free_ports(8)
+
+        env = {k: v for k, v in os.environ.items() if not k.startswith("GYMTRACE_")}
+        env.update(
+            GYMTRACE_JAEGER_HOST="127.0.0.1",
+            GYMTRACE_JAEGER_OTLP_GRPC_PORT=str(self.jaeger_otlp_grpc_port),
+            GYMTRACE_JAEGER_OTLP_HTTP_PORT=str(self.jaeger_otlp_http_port),
+            GYMTRACE_JAEGER_QUERY_PORT=str(self.jaeger_query_port),
+            GYMTRACE_JAEGER_QUERY_GRPC_PORT=str(self.jaeger_query_grpc_port),
+            GYMTRACE_JAEGER_HEALTH_PORT=str(self.jaeger_health_port),
+            GYMTRACE_COLLECTOR_HOST="127.0.0.1",
+            GYMTRACE_OTLP_GRPC_PORT=str(self.otlp_grpc_port),
+            GYMTRACE_OTLP_HTTP_PORT=str(self.otlp_http_port),
+            GYMTRACE_COLLECTOR_HEALTH_PORT=str(self.collector_health_port),
+            GYMTRACE_JAEGER_OTLP_ENDPOINT=f"127.0.0.1:{self.jaeger_otlp_grpc_port}",
+            GYMTRACE_DECISION_WAIT=str(decision_wait),
+            GYMTRACE_SAMPLE_PERCENT=str(sample_percent),
+        )
+        env.update(extra_env or {})
+        self.env = env
+
+        c = self.collector_dir
+        self._jaeger = _Process(
+            "jaeger",
+            [str(self.jaeger_bin), "--config", str(c / "jaeger.yaml")],
+            env,
+            self.workdir / "jaeger.log",
+            f"http://127.0.0.1:{self.jaeger_health_port}/",
+        )
+        self._collector = _Process(
+            "collector",
+            [
+                str(self.jaeger_bin),
+                "--config", str(c / "otelcol.yaml"),
+                "--config", str(c / "otelcol.health-jaeger.yaml"),
+            ],
+            env,
+            self.workdir / "collector.log",
+            f"http://127.0.0.1:{self.collector_health_port}/",
+        )
+
+    # -- lifecycle -------------------------------------------------------------------------------
+
+    def start(self) -> "Pipeline":
+        if not self.jaeger_bin.is_file():
+            raise PipelineError(f"{self.jaeger_bin} does not exist; build it with collector/build")
+        try:
+            self._jaeger.start(self.startup_timeout)
+            self._collector.start(self.startup_timeout)
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def stop(self) -> None:
+        """Stop the Collector (it flushes to Jaeger), then Jaeger. Safe to call twice."""
+        self._collector.stop()
+        self._jaeger.stop()
+
+    def __enter__(self) -> "Pipeline":
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def kill_collector(self) -> None:
+        """SIGKILL the Collector: everything it buffered (tail sampling, batch, queue) is lost."""
+        self._collector.kill()
+
+    def start_collector(self) -> None:
+        self._collector.start(self.startup_timeout)
+
+    def restart_collector(self) -> None:
+        """Graceful stop (SIGTERM, flushes what it can) and start on the same ports."""
+        self._collector.stop()
+        self._collector.start(self.startup_timeout)
+
+    def stall_collector(self) -> None:
+        """SIGSTOP the Collector: its ports stay open but nothing is read (a hung backend)."""
+        self._collector.signal(signal.SIGSTOP)
+
+    def resume_collector(self) -> None:
+        self._collector.signal(signal.SIGCONT)
+
+    @property
+    def collector_running(self) -> bool:
+        return self._collector.running
+
+    def logs(self, lines: int = 40) -> str:
+        """Tails of both logs, for assertion messages."""
+        return "\n".join(
+            f"--- {p.name} ({p.log}):\n{_tail(p.log, lines)}" for p in (self._jaeger, self._collector)
+        )
+
+    # -- endpoints -------------------------------------------------------------------------------
+
+    @property
+    def otlp_grpc_endpoint(self) -> str:
+        """For ``OTLPSpanExporter(endpoint=..., insecure=True)`` (gRPC) or OTEL_EXPORTER_OTLP_ENDPOINT."""
+        return f"http://127.0.0.1:{self.otlp_grpc_port}"
+
+    @property
+    def otlp_http_endpoint(self) -> str:
+        """Base URL for OTLP/HTTP, as in OTEL_EXPORTER_OTLP_ENDPOINT (the SDK adds /v1/traces)."""
+        return f"http://127.0.0.1:{self.otlp_http_port}"
+
+    @property
+    def otlp_http_traces_url(self) -> str:
+        """Full URL for the HTTP ``OTLPSpanExporter(endpoint=...)``, which does not add the path."""
+        return f"{self.otlp_http_endpoint}/v1/traces"
+
+    @property
+    def query_url(self) -> str:
+        return f"http://127.0.0.1:{self.jaeger_query_port}"
+
+    # -- Jaeger query API (v1) ---------------------------------------------------------------------
+
+    def _get(self, path: str, params: Mapping[str, Any] | None = None) -> Any:
+        url = self.query_url + path
+        if params:
+            url += "?" + urllib.parse.urlencode(params)
+        try:
+            with urllib.request.urlopen(url, timeout=10) as resp:
+                return json.load(resp)
+        except urllib.error.HTTPError as exc:
+            if exc.code == 404:
+                return None
+            raise PipelineError(f"GET {url}: {exc.code} {exc.read()[:500]!r}") from exc
+
+    def services(self) -> list[str]:
+        return (self._get("/api/services") or {}).get("data") or []
+
+    def find_traces(
+        self,
+        service: str,
+        tags: Mapping[str, Any] | None = None,
+        *,
+        operation: str | None = None,
+        limit: int = 100,
+        lookback: str = "1h",
+    ) -> list[Trace]:
+        """Search ``/api/traces``. All ``tags`` must match on ONE span (Jaeger's rule)."""
+        params: dict[str, Any] = {"service": service, "limit": limit, "lookback": lookback}
+        if tags:
+            params["tags"] = json.dumps({k: str(v) for k, v in tags.items()})
+        if operation:
+            params["operation"] = operation
+        return (self._get("/api/traces", params) or {}).get("data") or []
+
+    def get_trace(self, trace_id: str | int) -> Trace | None:
+        """``/api/traces/{id}``; ``trace_id`` as hex or int. None when Jaeger has no such trace."""
+        if isinstance(trace_id, int):
+            trace_id = format(trace_id, "032x")
+        data = (self._get(f"/api/traces/{trace_id}") or {}).get("data") or []
+        return data[0] if data else None
+
+    def wait_for_traces(
+        self,
+        service: str,
+        tags: Mapping[str, Any] | None = None,
+        *,
+        count: int = 1,
+        min_spans: int = 1,
+        timeout: float = 30.0,
+        interval: float = 0.25,
+        predicate: Callable[[list[Trace]], bool] | None = None,
+    ) -> list[Trace]:
+        """Poll until at least ``count`` matching traces (each with ``min_spans`` spans) are
+        stored, or ``predicate(traces)`` holds; raise ``TimeoutError`` with what was seen."""
+        deadline = time.monotonic() + timeout
+        while True:
+            traces = [
+                t for t in self.find_traces(service, tags) if len(t.get("spans", [])) >= min_spans
+            ]
+            done = predicate(traces) if predicate else len(traces) >= count
+            if done:
+                return traces
+            if time.monotonic() > deadline:
+                raise TimeoutError(
+                    f"after {timeout:.0f}s Jaeger has {len(traces)} trace(s) for service "
+                    f"{service!r} tags {dict(tags or {})} (wanted {count} with >= {min_spans} "
+                    f"spans); services: {self.services()}\n{self.logs(20)}"
+                )
+            time.sleep(interval)
+
+    def cleanup(self) -> None:
+        """Stop and remove the temporary work directory (logs) if this object created it."""
+        self.stop()
+        if self._own_workdir:
+            import shutil
+
+            shutil.rmtree(self.workdir, ignore_errors=True)
+
+
+# -- helpers over Jaeger's v1 JSON -------------------------------------------------------------------
+
+
+def span_tags(span: Span) -> dict[str, Any]:
+    """A span's tags as a dict (Jaeger v1 JSON: a list of {key, type, value})."""
+    return {t["key"]: t["value"] for t in span.get("tags", [])}
+
+
+def span_parent_id(span: Span) -> str | None:
+    """The span ID of the CHILD_OF reference (the parent), or None for a root."""
+    for ref in span.get("references", []):
+        if ref.get("refType") == "CHILD_OF":
+            return ref["spanID"]
+    return None
+
+
+def span_links(span: Span) -> list[str]:
+    """Span IDs of FOLLOWS_FROM references (OTLP links; their attributes are dropped by v1)."""
+    return [r["spanID"] for r in span.get("references", []) if r.get("refType") == "FOLLOWS_FROM"]
+
+
+def span_service(trace: Trace, span: Span) -> str:
+    return trace["processes"][span["processID"]]["serviceName"]
+
+
+def spans_by_name(trace: Trace) -> dict[str, list[Span]]:
+    out: dict[str, list[Span]] = {}
+    for s in trace.get("spans", []):
+        out.setdefault(s["operationName"], []).append(s)
+    return out
+
+
+def same_trace_id(a: str | int, b: str | int) -> bool:
+    """Compare trace IDs across forms: Jaeger prints one with zero high 64 bits as 16 hex digits."""
+    return (a if isinstance(a, int) else int(a, 16)) == (b if isinstance(b, int) else int(b, 16))
+
+
+def only(items: Iterable[Any]) -> Any:
+    """The single element of ``items`` (AssertionError otherwise)."""
+    items = list(items)
+    assert len(items) == 1, f"expected exactly one, got {len(items)}: {items!r}"[:2000]
+    return items[0]
