@@ -309,13 +309,20 @@ def _instrument_clients() -> None:
 
 def _serve_main(argv: Sequence[str]) -> int:
     parser = argparse.ArgumentParser(prog="gymtrace._demo_distributed serve")
-    parser.add_argument("--role", choices=("agent", "model", "env"), required=True)
+    parser.add_argument("--role", choices=("agent", "model", "env", "app"), required=True)
+    parser.add_argument("--app", default=None, help="with --role app: module:factory of the ASGI app")
     parser.add_argument("--service", default=None, help="service.name; configure() is skipped when absent")
     parser.add_argument("--crash-rollout", default=None)
     parser.add_argument("--official", action="store_true", help="add the official OpenTelemetry middleware")
     parser.add_argument("--no-gymtrace", action="store_true", help="serve without gymtrace (benchmark)")
     args = parser.parse_args(argv)
-    app = {"agent": agent_app, "model": model_app, "env": lambda: env_app(args.crash_rollout)}[args.role]()
+    if args.role == "app":
+        import importlib
+
+        module, _, factory = str(args.app).partition(":")
+        app = getattr(importlib.import_module(module), factory)()
+    else:
+        app = {"agent": agent_app, "model": model_app, "env": lambda: env_app(args.crash_rollout)}[args.role]()
     return serve(
         app,
         service_name=args.service,
