@@ -42,15 +42,16 @@ async def stream(request: Request) -> StreamingResponse:
 
 async def forward(request: Request) -> JSONResponse:
     to = request.query_params["to"]
-    if request.query_params.get("client") == "aiohttp":
-        import aiohttp
+    with tracer.start_as_current_span("relay.forward"):
+        if request.query_params.get("client") == "aiohttp":
+            import aiohttp
 
-        async with aiohttp.ClientSession(trace_configs=[aiohttp_trace_config()]) as session:
-            async with session.get(f"{to}/work") as response:
-                downstream = await response.json()
-    else:
-        async with httpx.AsyncClient(transport=AsyncHttpxTransport()) as client:
-            downstream = (await client.get(f"{to}/work")).json()
+            async with aiohttp.ClientSession(trace_configs=[aiohttp_trace_config()]) as session:
+                async with session.get(f"{to}/work") as response:
+                    downstream = await response.json()
+        else:
+            async with httpx.AsyncClient(transport=AsyncHttpxTransport()) as client:
+                downstream = (await client.get(f"{to}/work")).json()
     return JSONResponse({"identity": _identity(), "downstream": downstream})
 
 

@@ -283,6 +283,10 @@ def serve(
         lifespan="off",
     )
     server = uvicorn.Server(config)
+    # uvicorn shuts down gracefully on SIGTERM and then re-raises the signal to the handler that was
+    # installed before it; with the default one the process dies before the `finally` below and the
+    # last spans are lost (opentelemetry-python#4813). This handler turns it into SystemExit.
+    signal.signal(signal.SIGTERM, _exit_on_sigterm)
     print(f"{READY_PREFIX}{port}", flush=True)
     try:
         server.run(sockets=[sock])
@@ -290,6 +294,10 @@ def serve(
         if service_name is not None:
             gymtrace.shutdown()
     return 0
+
+
+def _exit_on_sigterm(signum: int, frame: Any) -> None:
+    raise SystemExit(0)
 
 
 def _instrument_clients() -> None:
