@@ -9,11 +9,14 @@ from opentelemetry import context as otel_context
 from gymtrace import _constants as c
 from gymtrace._errors import internal_error
 from gymtrace._scope import FRAME_KEY, ActiveScope
+from gymtrace.propagation import identity_from_context
 
 
 class IdentitySpanProcessor:
     """Stamps ``gym.run.id``, ``gym.rollout.id``, ``gym.episode.attempt``, ... onto every span
-    started in a gym scope, including spans of HTTP clients and model SDKs.
+    started in a gym scope, including spans of HTTP clients and model SDKs. Outside any gym scope
+    it takes the identity from the W3C baggage of the span's parent context (validated), so spans
+    of a process that received a propagated context carry it too.
 
     ``gymtrace.configure()`` installs it. With a ``TracerProvider`` of your own, add it yourself::
 
@@ -27,12 +30,19 @@ class IdentitySpanProcessor:
         try:
             ctx = parent_context if parent_context is not None else otel_context.get_current()
             frame = ctx.get(FRAME_KEY)
-            if not isinstance(frame, ActiveScope) or not frame.identity:
+            if isinstance(frame, ActiveScope):
+                identity = frame.identity
+            else:
+                # No gym scope in this process yet: an HTTP server span that the official ASGI
+                # instrumentation starts from the extracted headers, before gymtrace's middleware
+                # runs, has only the propagated baggage (issue 6).
+                identity = identity_from_context(ctx)
+            if not identity:
                 return
             attributes = span.attributes
             if attributes is not None and c.KIND in attributes:
                 return  # a gymtrace span: it was started with its identity
-            span.set_attributes(frame.identity)
+            span.set_attributes(identity)
         except Exception as exc:  # noqa: BLE001 - telemetry must not break the caller
             internal_error("IdentitySpanProcessor.on_start", exc)
 

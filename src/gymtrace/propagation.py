@@ -1,8 +1,10 @@
 """Carry a trace and its gym identity across process boundaries.
 
 The W3C ``traceparent``/``tracestate`` headers carry the trace; W3C ``baggage`` carries the gym
-identity keys and nothing else (baggage travels on every outgoing request, model providers
-included). Both go through ``opentelemetry.propagate``, so ``OTEL_PROPAGATORS`` is honoured.
+identity keys (``gym.rollout.id``, ``gym.episode.attempt``, ...) and nothing else, because baggage
+travels on every outgoing request, model providers included. Both go through
+``opentelemetry.propagate``, so ``OTEL_PROPAGATORS`` is honoured (leave ``baggage`` in it, or the
+identity stays behind).
 
 Example::
 
@@ -10,66 +12,71 @@ Example::
     headers = gymtrace.propagation.inject({})
     requests.post(url, json=task, headers=headers)
 
-    # server side
+    # server side (or use gymtrace.asgi.GymTraceMiddleware)
     with gymtrace.propagation.attach(request.headers):
         handle(task)                      # spans here join the client's trace and rollout
 
     # child process or sandbox
     subprocess.run(cmd, env={**os.environ, **gymtrace.propagation.env_carrier()})
     # ...and in the child:  with gymtrace.propagation.attach(os.environ): ...
+
+    # thread and process pools
+    future = gymtrace.propagation.submit(pool, score, answer)
+
+Nothing here raises into the caller: a broken carrier gives a context without a remote parent,
+and identity values that are not short printable text (or small non-negative integers) are dropped.
 """
 
 from __future__ import annotations
 
+import os
 import re
-from collections.abc import Iterator, Mapping, MutableMapping
+from collections.abc import Callable, Iterable, Iterator, Mapping, MutableMapping
+from concurrent.futures import Executor, Future
 from contextlib import contextmanager
-from typing import Any
+from typing import Any, Generic, ParamSpec, TypeVar
 
 from opentelemetry import baggage, propagate
 from opentelemetry import context as otel_context
+from opentelemetry.propagators.textmap import Getter
 
 from gymtrace import _constants as c
+from gymtrace._errors import internal_error
 from gymtrace._scope import FRAME_KEY, ActiveScope, current_frame
 
-__all__ = ["attach", "env_carrier", "extract", "identity_from_context", "inject"]
+__all__ = [
+    "ContextCarrier",
+    "attach",
+    "carry",
+    "env_carrier",
+    "extract",
+    "identity_from_context",
+    "inject",
+    "map",
+    "submit",
+    "with_identity",
+]
+
+P = ParamSpec("P")
+R = TypeVar("R")
 
 # Identity values arriving from outside are bounded: an ID is short printable text.
 _MAX_ID_LENGTH = 256
 _MAX_INT = 1_000_000_000
 _PRINTABLE = re.compile(r"^[\x20-\x7e\u00a0-\U0010ffff]+$")
-_ENV_NAMES = {"traceparent": "TRACEPARENT", "tracestate": "TRACESTATE", "baggage": "BAGGAGE"}
 REMOTE_KIND = "remote"
 
 
-def _context_with_identity(ctx: otel_context.Context) -> otel_context.Context:
-    frame = ctx.get(FRAME_KEY)
-    if not isinstance(frame, ActiveScope):
-        return ctx
-    for key, value in frame.identity.items():
-        ctx = baggage.set_baggage(key, str(value), ctx)
-    return ctx
-
-
-def inject(
-    carrier: MutableMapping[str, str] | None = None, context: otel_context.Context | None = None
-) -> MutableMapping[str, str]:
-    """Write ``traceparent``, ``tracestate`` and the gym identity (``baggage``) into ``carrier``.
-
-    Returns the carrier (a new dict when none is given).
-    """
-    if carrier is None:
-        carrier = {}
-    ctx = context if context is not None else otel_context.get_current()
-    propagate.inject(carrier, context=_context_with_identity(ctx))
-    return carrier
+# -- identity <-> baggage ---------------------------------------------------------------------------
 
 
 def _clean(key: str, raw: object) -> str | int | None:
+    if isinstance(raw, int) and not isinstance(raw, bool):
+        raw = str(raw)
     if not isinstance(raw, str) or not raw or len(raw) > _MAX_ID_LENGTH or not _PRINTABLE.match(raw):
         return None
     if key in c.INT_IDENTITY_KEYS:
-        if not raw.isdigit() or len(raw) > 10:
+        if not raw.isascii() or not raw.isdigit() or len(raw) > 10:
             return None
         number = int(raw)
         return number if number <= _MAX_INT else None
@@ -81,45 +88,145 @@ def clean_identity(entries: Mapping[str, object]) -> dict[str, str | int]:
     identity: dict[str, str | int] = {}
     for key in c.IDENTITY_KEYS:
         if key in entries:
-            raw = entries[key]
-            value = _clean(key, str(raw) if isinstance(raw, int) and not isinstance(raw, bool) else raw)
+            value = _clean(key, entries[key])
             if value is not None:
                 identity[key] = value
     return identity
 
 
-def identity_from_context(ctx: otel_context.Context) -> dict[str, str | int]:
+def identity_from_context(ctx: otel_context.Context | None = None) -> dict[str, str | int]:
     """The gym identity carried in a context's baggage, validated (bad values are dropped)."""
-    return clean_identity(baggage.get_all(ctx))
+    entries = baggage.get_all(ctx)
+    return clean_identity(entries) if entries else {}
 
 
-def _normalized(carrier: Mapping[str, Any]) -> dict[str, str]:
-    # Environment variables are upper case (TRACEPARENT); HTTP header mappings may be any case.
-    out: dict[str, str] = {}
-    for key, value in carrier.items():
-        if isinstance(key, str) and key.lower() in _ENV_NAMES and isinstance(value, str):
-            out[key.lower()] = value
-    return out
+def _identity_of(ctx: otel_context.Context) -> dict[str, str | int]:
+    frame = ctx.get(FRAME_KEY)
+    if isinstance(frame, ActiveScope) and frame.kind != "disabled":
+        return frame.identity
+    return identity_from_context(ctx)
 
 
-def extract(carrier: Mapping[str, Any], context: otel_context.Context | None = None) -> otel_context.Context:
-    """A context that continues the trace and gym identity described by ``carrier``.
+def with_identity(context: otel_context.Context | None = None) -> otel_context.Context:
+    """``context`` (default: the current one) with its baggage replaced by the gym identity.
 
-    Garbage is ignored: an invalid ``traceparent`` gives a context without a remote parent, and
-    identity values that are not short printable text (or non-negative integers) are dropped.
+    Every propagator then sends the identity and nothing else as ``baggage``: attach this context
+    around a call that another instrumentation injects headers for.
     """
-    ctx = propagate.extract(_normalized(carrier), context=context)
-    identity = identity_from_context(ctx)
-    if identity:
-        frame = ActiveScope(REMOTE_KIND, None)
-        frame.identity = identity
-        ctx = otel_context.set_value(FRAME_KEY, frame, ctx)
+    ctx = context if context is not None else otel_context.get_current()
+    identity = _identity_of(ctx)
+    ctx = baggage.clear(ctx)
+    for key, value in identity.items():
+        ctx = baggage.set_baggage(key, str(value), ctx)
     return ctx
 
 
+# -- carriers ---------------------------------------------------------------------------------------
+
+
+def _folded(name: str) -> str:
+    # One spelling for header and environment names: TRACEPARENT, traceparent, X_B3_TRACEID and
+    # x-b3-traceid are the same key (specification context/env-carriers.md).
+    return name.lower().replace("_", "-")
+
+
+def _text(value: Any) -> str | None:
+    if isinstance(value, str):
+        return value
+    if isinstance(value, (bytes, bytearray)):
+        return bytes(value).decode("latin-1")
+    return None
+
+
+def _items(carrier: Any) -> Iterable[tuple[Any, Any]]:
+    if isinstance(carrier, Mapping):
+        multi = getattr(carrier, "multi_items", None)  # starlette Headers keep repeated headers
+        if callable(multi):
+            return multi()  # type: ignore[no-any-return]
+        return carrier.items()
+    return carrier  # type: ignore[no-any-return] - a list of (name, value) pairs (ASGI headers)
+
+
+def _index(carrier: Any) -> dict[str, str]:
+    """Case- and separator-insensitive view of a carrier; repeated headers are joined with ``,``
+    as HTTP allows for ``tracestate`` and ``baggage``."""
+    index: dict[str, str] = {}
+    for key, raw in _items(carrier):
+        name = _text(key)
+        if name is None:
+            continue
+        values = raw if isinstance(raw, (list, tuple)) else (raw,)
+        for item in values:
+            value = _text(item)
+            if value is None:
+                continue
+            folded = _folded(name)
+            index[folded] = f"{index[folded]},{value}" if folded in index else value
+    return index
+
+
+class _IndexGetter(Getter[Mapping[str, str]]):
+    def get(self, carrier: Mapping[str, str], key: str) -> list[str] | None:
+        value = carrier.get(_folded(key))
+        return [value] if value is not None else None
+
+    def keys(self, carrier: Mapping[str, str]) -> list[str]:
+        return list(carrier)
+
+
+_GETTER = _IndexGetter()
+
+
+def inject(
+    carrier: MutableMapping[str, str] | None = None, context: otel_context.Context | None = None
+) -> MutableMapping[str, str]:
+    """Write ``traceparent``, ``tracestate`` and the gym identity (``baggage``) into ``carrier``.
+
+    Returns the carrier (a new dict when none is given). The ``baggage`` written holds the gym
+    identity only, never other baggage entries of the context.
+    """
+    if carrier is None:
+        carrier = {}
+    try:
+        propagate.inject(carrier, context=with_identity(context))
+    except Exception as exc:  # noqa: BLE001 - telemetry must not break the caller
+        internal_error("gymtrace.propagation.inject", exc)
+    return carrier
+
+
+def extract(carrier: Any, context: otel_context.Context | None = None) -> otel_context.Context:
+    """A context that continues the trace and gym identity described by ``carrier``.
+
+    ``carrier`` is a mapping of HTTP headers or environment variables (any case), or a list of
+    ``(name, value)`` pairs such as ASGI headers. The context's baggage is the validated gym
+    identity only; scopes and other libraries' spans started under it inherit that identity.
+    """
+    base = context if context is not None else otel_context.Context()
+    try:
+        ctx = propagate.extract(_index(carrier), context=base, getter=_GETTER)
+        return _with_remote_frame(ctx, identity_from_context(ctx))
+    except Exception as exc:  # noqa: BLE001 - telemetry must not break the caller
+        internal_error("gymtrace.propagation.extract", exc)
+        return base
+
+
+def _with_remote_frame(ctx: otel_context.Context, identity: dict[str, str | int]) -> otel_context.Context:
+    ctx = baggage.clear(ctx)
+    if not identity:
+        return ctx
+    for key, value in identity.items():
+        ctx = baggage.set_baggage(key, str(value), ctx)
+    frame = ActiveScope(REMOTE_KIND, None)
+    frame.identity = identity
+    return otel_context.set_value(FRAME_KEY, frame, ctx)
+
+
 @contextmanager
-def attach(carrier: Mapping[str, Any]) -> Iterator[otel_context.Context]:
-    """Continue the remote trace and gym identity in ``carrier`` for the duration of the block."""
+def attach(carrier: Any) -> Iterator[otel_context.Context]:
+    """Continue the remote trace and gym identity in ``carrier`` for the duration of the block.
+
+    ``attach(os.environ)`` continues the trace a parent process passed with :func:`env_carrier`.
+    """
     ctx = extract(carrier)
     token = otel_context.attach(ctx)
     try:
@@ -131,13 +238,105 @@ def attach(carrier: Mapping[str, Any]) -> Iterator[otel_context.Context]:
 def env_carrier(context: otel_context.Context | None = None) -> dict[str, str]:
     """``TRACEPARENT``/``TRACESTATE``/``BAGGAGE`` for a child process's environment.
 
-    Follows the OpenTelemetry environment-variable carrier specification; the child continues with
-    ``gymtrace.propagation.attach(os.environ)``.
+    Follows the OpenTelemetry environment-variable carrier specification (names upper-cased,
+    ``-`` becomes ``_``); the child continues with ``gymtrace.propagation.attach(os.environ)``.
     """
     headers = inject({}, context)
-    return {_ENV_NAMES[k]: v for k, v in headers.items() if k in _ENV_NAMES}
+    return {key.upper().replace("-", "_"): value for key, value in headers.items()}
 
 
 def current_identity() -> dict[str, str | int]:
     frame = current_frame()
     return dict(frame.identity) if frame is not None else {}
+
+
+# -- thread and process pools ------------------------------------------------------------------------
+
+
+class ContextCarrier(Generic[P, R]):
+    """``fn`` bound to the trace context and gym identity of the moment it was wrapped.
+
+    In a thread of the same process the worker runs in exactly that context (the gym scopes keep
+    counting turns and steps). Pickled into another process (``ProcessPoolExecutor``,
+    ``multiprocessing``) it travels as a small carrier of W3C headers and continues the trace from
+    it; there the worker must have tracing configured (e.g. ``initializer=gymtrace.configure``),
+    and the finished spans are flushed after each call because pool workers exit without running
+    exit handlers.
+    """
+
+    __slots__ = ("_context", "_headers", "_pid", "fn")
+
+    def __init__(self, fn: Callable[P, R], context: otel_context.Context | None = None) -> None:
+        self.fn = fn
+        self._context: otel_context.Context | None = (
+            context if context is not None else otel_context.get_current()
+        )
+        self._headers: dict[str, str] | None = None
+        self._pid = os.getpid()
+
+    def __getstate__(self) -> dict[str, Any]:
+        headers = self._headers
+        if headers is None and self._context is not None:
+            headers = dict(inject({}, self._context))
+        return {"fn": self.fn, "headers": headers or {}, "pid": self._pid}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.fn = state["fn"]
+        self._headers = state["headers"]
+        self._pid = state["pid"]
+        self._context = None
+
+    def __call__(self, *args: P.args, **kwargs: P.kwargs) -> R:
+        if self._context is not None:
+            ctx = self._context
+        else:
+            ctx = extract(self._headers or {})
+        token = otel_context.attach(ctx)
+        try:
+            return self.fn(*args, **kwargs)
+        finally:
+            otel_context.detach(token)
+            if self._context is None and os.getpid() != self._pid:
+                _flush_quietly()
+
+    def __repr__(self) -> str:
+        return f"<gymtrace.propagation.ContextCarrier {self.fn!r}>"
+
+
+def _flush_quietly() -> None:
+    try:
+        from opentelemetry import trace
+
+        from gymtrace._tracing import current_provider
+
+        provider: Any = current_provider()
+        flush = getattr(provider, "force_flush", None)
+        if flush is None:
+            flush = getattr(trace.get_tracer_provider(), "force_flush", None)
+        if flush is not None:
+            flush()
+    except Exception as exc:  # noqa: BLE001 - telemetry must not break the caller
+        internal_error("flushing spans of a pool worker", exc, may_raise=False)
+
+
+def carry(fn: Callable[P, R], context: otel_context.Context | None = None) -> ContextCarrier[P, R]:
+    """Bind ``fn`` to the current trace context and gym identity for a thread or process worker.
+
+    ``pool.submit(gymtrace.propagation.carry(fn), *args)``; picklable when ``fn`` is.
+    """
+    return ContextCarrier(fn, context)
+
+
+def submit(executor: Executor, fn: Callable[P, R], /, *args: P.args, **kwargs: P.kwargs) -> Future[R]:
+    """``executor.submit(fn, ...)`` with the caller's trace and gym identity carried into the worker.
+
+    Works with ``ThreadPoolExecutor`` and ``ProcessPoolExecutor``.
+    """
+    return executor.submit(ContextCarrier(fn), *args, **kwargs)
+
+
+def map(
+    executor: Executor, fn: Callable[..., R], *iterables: Iterable[Any], **kwargs: Any
+) -> Iterator[R]:
+    """``executor.map(fn, ...)`` with the caller's trace and gym identity carried into every call."""
+    return executor.map(ContextCarrier(fn), *iterables, **kwargs)

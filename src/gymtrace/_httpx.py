@@ -1,0 +1,62 @@
+"""httpx transports that send the trace and the gym identity with every request."""
+
+from __future__ import annotations
+
+from typing import Any
+
+try:
+    import httpx
+except ImportError as exc:  # pragma: no cover - depends on the installed extras
+    raise ImportError("gymtrace.http.HttpxTransport needs httpx: pip install 'gymtrace[httpx]'") from exc
+
+from opentelemetry import context as otel_context
+
+from gymtrace._errors import internal_error
+from gymtrace.propagation import inject, with_identity
+
+
+def _enter(request: httpx.Request) -> object:
+    """Inject headers and attach the identity context; the token, or None if gymtrace failed."""
+    try:
+        ctx = with_identity()
+        inject(request.headers, ctx)
+        return otel_context.attach(ctx)
+    except Exception as exc:  # noqa: BLE001 - telemetry must not break the request
+        internal_error("gymtrace.http httpx transport", exc)
+        return None
+
+
+class HttpxTransport(httpx.BaseTransport):
+    """Wraps ``transport`` (default ``httpx.HTTPTransport(**kwargs)``) for ``httpx.Client``."""
+
+    def __init__(self, transport: httpx.BaseTransport | None = None, **kwargs: Any) -> None:
+        self._transport = transport if transport is not None else httpx.HTTPTransport(**kwargs)
+
+    def handle_request(self, request: httpx.Request) -> httpx.Response:
+        token = _enter(request)
+        try:
+            return self._transport.handle_request(request)
+        finally:
+            if token is not None:
+                otel_context.detach(token)  # type: ignore[arg-type]
+
+    def close(self) -> None:
+        self._transport.close()
+
+
+class AsyncHttpxTransport(httpx.AsyncBaseTransport):
+    """Wraps ``transport`` (default ``httpx.AsyncHTTPTransport(**kwargs)``) for ``httpx.AsyncClient``."""
+
+    def __init__(self, transport: httpx.AsyncBaseTransport | None = None, **kwargs: Any) -> None:
+        self._transport = transport if transport is not None else httpx.AsyncHTTPTransport(**kwargs)
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        token = _enter(request)
+        try:
+            return await self._transport.handle_async_request(request)
+        finally:
+            if token is not None:
+                otel_context.detach(token)  # type: ignore[arg-type]
+
+    async def aclose(self) -> None:
+        await self._transport.aclose()

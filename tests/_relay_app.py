@@ -1,0 +1,65 @@
+"""A small ASGI app served in its own process by the tests (``serve --role app --app _relay_app:make_app``)."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import httpx
+from opentelemetry import trace
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, StreamingResponse
+from starlette.routing import Route
+
+import gymtrace
+from gymtrace.http import AsyncHttpxTransport, aiohttp_trace_config
+
+tracer = trace.get_tracer("tests.relay")
+
+
+def _identity() -> dict[str, Any]:
+    here = gymtrace.current()
+    return {"rollout_id": here.rollout_id, "attempt": here.attempt, "run_id": here.run_id}
+
+
+async def work(request: Request) -> JSONResponse:
+    with tracer.start_as_current_span("relay.work"):
+        with gymtrace.tool_call(tool_name="relay_tool"):
+            pass
+    return JSONResponse({"identity": _identity(), "baggage": request.headers.get("baggage")})
+
+
+async def stream(request: Request) -> StreamingResponse:
+    async def chunks() -> Any:
+        for number in range(3):
+            await asyncio.sleep(0)
+            with tracer.start_as_current_span("relay.chunk"):
+                yield f"{number}:{gymtrace.current().rollout_id}\n".encode()
+
+    return StreamingResponse(chunks(), media_type="text/plain")
+
+
+async def forward(request: Request) -> JSONResponse:
+    to = request.query_params["to"]
+    with tracer.start_as_current_span("relay.forward"):
+        if request.query_params.get("client") == "aiohttp":
+            import aiohttp
+
+            async with aiohttp.ClientSession(trace_configs=[aiohttp_trace_config()]) as session:
+                async with session.get(f"{to}/work") as response:
+                    downstream = await response.json()
+        else:
+            async with httpx.AsyncClient(transport=AsyncHttpxTransport()) as client:
+                downstream = (await client.get(f"{to}/work")).json()
+    return JSONResponse({"identity": _identity(), "downstream": downstream})
+
+
+def make_app() -> Starlette:
+    return Starlette(
+        routes=[
+            Route("/work", work),
+            Route("/stream", stream),
+            Route("/forward", forward),
+        ]
+    )

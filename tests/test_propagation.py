@@ -1,0 +1,296 @@
+"""gymtrace.propagation: W3C trace context + gym identity across threads, processes and env vars."""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import pickle
+import subprocess
+import sys
+import textwrap
+from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+from opentelemetry import baggage, propagate, trace
+from opentelemetry import context as otel_context
+from opentelemetry.baggage.propagation import W3CBaggagePropagator
+from opentelemetry.propagators.composite import CompositePropagator
+from opentelemetry.propagators.textmap import TextMapPropagator
+from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+
+import gymtrace
+from gymtrace import _constants as c
+from gymtrace import propagation
+from gymtrace._spandata import read_otlp_json_lines
+
+REMOTE_TRACE = "0af7651916cd43dd8448eb211c80319c"
+REMOTE_SPAN = "b7ad6b7169203331"
+HEADERS = {
+    "traceparent": f"00-{REMOTE_TRACE}-{REMOTE_SPAN}-01",
+    "baggage": "gym.rollout.id=r-7,gym.episode.attempt=1,gym.run.id=run-1,gym.episode.id=r-7-a1",
+}
+TESTS_DIR = Path(__file__).resolve().parent
+
+
+def _id(span) -> str:
+    return trace.format_span_id(span.get_span_context().span_id)
+
+
+def _parent(span) -> str | None:
+    return trace.format_span_id(span.parent.span_id) if span.parent is not None else None
+
+
+def test_inject_writes_traceparent_and_identity_baggage():
+    with gymtrace.testing.capture_spans():
+        with gymtrace.rollout(rollout_id="r-1", task_id="t-1", repeat=0), gymtrace.episode() as episode:
+            headers = propagation.inject({})
+    assert headers["traceparent"].split("-")[1:3] == [episode.trace_id, episode.span_id]
+    carried = baggage.get_all(W3CBaggagePropagator().extract(headers))
+    assert carried == {
+        c.ROLLOUT_ID: "r-1",
+        c.TASK_ID: "t-1",
+        c.ROLLOUT_REPEAT: "0",
+        c.EPISODE_ATTEMPT: "0",
+        c.EPISODE_ID: "r-1",
+    }
+
+
+def test_inject_sends_identity_keys_only_never_other_baggage():
+    token = otel_context.attach(baggage.set_baggage("user.secret", "do-not-send"))
+    try:
+        with gymtrace.testing.capture_spans(), gymtrace.rollout(rollout_id="r-1"):
+            headers = propagation.inject({})
+    finally:
+        otel_context.detach(token)
+    assert "user.secret" not in headers["baggage"]
+    assert set(baggage.get_all(W3CBaggagePropagator().extract(headers))) == {c.ROLLOUT_ID}
+
+
+def test_inject_outside_any_scope_writes_no_baggage():
+    assert "baggage" not in propagation.inject({})
+
+
+def test_spans_under_attached_headers_continue_the_remote_trace_with_its_identity():
+    with gymtrace.testing.capture_spans() as captured:
+        with propagation.attach(HEADERS), gymtrace.tool_call(tool_name="search"):
+            here = gymtrace.current()
+    span = captured.one(c.KIND_TOOL_CALL)
+    assert format(span.context.trace_id, "032x") == REMOTE_TRACE
+    assert _parent(span) == REMOTE_SPAN
+    assert span.attributes[c.ROLLOUT_ID] == "r-7"
+    assert span.attributes[c.EPISODE_ATTEMPT] == 1
+    assert (here.rollout_id, here.attempt, here.episode_id) == ("r-7", 1, "r-7-a1")
+
+
+def test_foreign_span_in_extracted_context_gets_identity_from_baggage_alone():
+    # What the official ASGI middleware does: its server span starts from propagate.extract(),
+    # with no gym frame in the context.
+    with gymtrace.testing.capture_spans() as captured:
+        tracer = captured.tracer_provider.get_tracer("http-server")
+        tracer.start_span("GET /run", context=propagate.extract(HEADERS)).end()
+    (span,) = captured.spans
+    assert span.attributes[c.ROLLOUT_ID] == "r-7"
+    assert span.attributes[c.EPISODE_ATTEMPT] == 1
+    assert _parent(span) == REMOTE_SPAN
+
+
+@pytest.mark.parametrize(
+    "carrier",
+    [
+        {"TRACEPARENT": HEADERS["traceparent"], "BAGGAGE": HEADERS["baggage"]},
+        {"TraceParent": HEADERS["traceparent"], "Baggage": HEADERS["baggage"]},
+        [(b"traceparent", HEADERS["traceparent"].encode()), (b"baggage", HEADERS["baggage"].encode())],
+    ],
+    ids=["env-names", "mixed-case-headers", "asgi-byte-pairs"],
+)
+def test_extract_reads_env_names_any_case_and_asgi_header_pairs(carrier):
+    ctx = propagation.extract(carrier)
+    assert format(trace.get_current_span(ctx).get_span_context().span_id, "016x") == REMOTE_SPAN
+    assert propagation.identity_from_context(ctx)[c.ROLLOUT_ID] == "r-7"
+
+
+def test_repeated_baggage_headers_are_joined():
+    carrier = [(b"baggage", b"gym.rollout.id=r-7"), (b"baggage", b"gym.episode.attempt=2")]
+    assert propagation.identity_from_context(propagation.extract(carrier)) == {
+        c.ROLLOUT_ID: "r-7",
+        c.EPISODE_ATTEMPT: 2,
+    }
+
+
+@pytest.mark.parametrize(
+    "entry",
+    [
+        "gym.episode.attempt=-1",
+        "gym.episode.attempt=abc",
+        "gym.episode.attempt=99999999999",
+        "gym.episode.attempt=%D9%A3",  # an Arabic-Indic digit: isdigit() but not an attempt number
+        "gym.rollout.id=" + "x" * 300,
+        "gym.rollout.id=%01bell",
+        "gym.rollout.id=",
+    ],
+)
+def test_invalid_identity_values_are_dropped(entry):
+    ctx = propagation.extract({"baggage": entry})
+    assert propagation.identity_from_context(ctx) == {}
+
+
+def test_extracted_context_keeps_only_identity_baggage():
+    ctx = propagation.extract({"baggage": "gym.rollout.id=r-1,tenant=acme,big=" + "y" * 1000})
+    assert baggage.get_all(ctx) == {c.ROLLOUT_ID: "r-1"}
+
+
+def test_garbage_traceparent_starts_a_new_trace_and_keeps_valid_identity():
+    with gymtrace.testing.capture_spans() as captured:
+        with propagation.attach({"traceparent": "00-zz-garbage", "baggage": "gym.rollout.id=r-9"}):
+            with gymtrace.tool_call(tool_name="t"):
+                pass
+    span = captured.one(c.KIND_TOOL_CALL)
+    assert span.parent is None
+    assert span.attributes[c.ROLLOUT_ID] == "r-9"
+
+
+def test_inject_failure_never_reaches_the_caller(monkeypatch):
+    monkeypatch.delenv("PYTEST_CURRENT_TEST")  # outside pytest gymtrace swallows its own errors
+
+    class Broken(dict):
+        def __setitem__(self, key, value):
+            raise RuntimeError("read-only carrier")
+
+    with gymtrace.testing.capture_spans(strict=False), gymtrace.rollout(rollout_id="r-1"):
+        assert isinstance(propagation.inject(Broken()), Broken)
+
+
+class _EchoPropagator(TextMapPropagator):
+    """A non-W3C propagator, to see that OTEL_PROPAGATORS-style global settings are used."""
+
+    def inject(self, carrier, context=None, setter=None):
+        carrier["x-echo-trace"] = "echo"
+
+    def extract(self, carrier, context=None, getter=None):
+        values = getter.get(carrier, "x-echo-trace") if getter else None
+        return baggage.set_baggage("echo.seen", values[0] if values else "no", context)
+
+    @property
+    def fields(self):
+        return {"x-echo-trace"}
+
+
+def test_global_propagators_are_honoured_for_headers_and_env_names():
+    previous = propagate.get_global_textmap()
+    propagate.set_global_textmap(
+        CompositePropagator([TraceContextTextMapPropagator(), W3CBaggagePropagator(), _EchoPropagator()])
+    )
+    try:
+        with gymtrace.testing.capture_spans(), gymtrace.rollout(rollout_id="r-1"):
+            env = propagation.env_carrier()
+        assert env["X_ECHO_TRACE"] == "echo"
+        assert {"TRACEPARENT", "BAGGAGE"} <= set(env)
+        # The getter folds X_ECHO_TRACE back to x-echo-trace; echo.seen is not identity, so
+        # only the raw propagated context (before gymtrace's filtering) would hold it.
+        assert propagation.identity_from_context(propagation.extract(env)) == {c.ROLLOUT_ID: "r-1"}
+    finally:
+        propagate.set_global_textmap(previous)
+
+
+def test_without_the_baggage_propagator_identity_stays_behind():
+    previous = propagate.get_global_textmap()
+    propagate.set_global_textmap(TraceContextTextMapPropagator())
+    try:
+        with gymtrace.testing.capture_spans(), gymtrace.rollout(rollout_id="r-1"):
+            headers = propagation.inject({})
+        assert set(headers) == {"traceparent"}
+    finally:
+        propagate.set_global_textmap(previous)
+
+
+CHILD = textwrap.dedent(
+    """
+    import os, sys
+    import gymtrace
+    gymtrace.configure(service_name="sandbox", file=sys.argv[1])
+    with gymtrace.propagation.attach(os.environ):
+        with gymtrace.tool_call(tool_name="sandboxed"):
+            pass
+    gymtrace.shutdown()
+    """
+)
+
+
+def test_child_process_started_with_env_carrier_joins_the_trace(tmp_path):
+    out = tmp_path / "child.jsonl"
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "GYMTRACE_", "PYTEST_"))}
+    with gymtrace.testing.capture_spans() as captured:
+        with gymtrace.rollout(rollout_id="r-env"), gymtrace.episode(), gymtrace.step() as step:
+            subprocess.run(
+                [sys.executable, "-c", CHILD, str(out)],
+                env={**env, **propagation.env_carrier()},
+                check=True,
+                timeout=60,
+            )
+    (child,) = read_otlp_json_lines(out)
+    assert child.service == "sandbox"
+    assert child.trace_id == step.trace_id
+    assert child.parent_id == step.span_id
+    assert child.attributes[c.ROLLOUT_ID] == "r-env"
+    assert child.attributes[c.EPISODE_ATTEMPT] == 0
+    assert captured.one(c.KIND_STEP).name == "gym.step"
+
+
+def test_thread_pool_worker_spans_are_children_of_the_submitting_scope():
+    with gymtrace.testing.capture_spans() as captured:
+        with ThreadPoolExecutor(max_workers=2) as pool:
+            with gymtrace.rollout(rollout_id="r-t"), gymtrace.episode(attempt=2), gymtrace.step():
+                futures = [propagation.submit(pool, _threaded_tool, n) for n in range(3)]
+                mapped = list(propagation.map(pool, _threaded_tool, [7]))
+                results = [f.result() for f in futures] + mapped
+    step = captured.one(c.KIND_STEP)
+    tools = captured.by_kind(c.KIND_TOOL_CALL)
+    assert len(tools) == 4
+    assert {_parent(t) for t in tools} == {_id(step)}
+    assert {(r[0], r[1]) for r in results} == {("r-t", 2)}
+
+
+def _threaded_tool(n: int) -> tuple[str | None, int | None, int]:
+    with gymtrace.tool_call(tool_name="threaded"):
+        here = gymtrace.current()
+    return here.rollout_id, here.attempt, n
+
+
+def test_thread_pool_worker_without_helper_has_no_identity():
+    # The reason the helper exists (opentelemetry-python-contrib#1010): pools do not copy context.
+    with gymtrace.testing.capture_spans(), ThreadPoolExecutor(max_workers=1) as pool:
+        with gymtrace.rollout(rollout_id="r-t"):
+            assert pool.submit(lambda: gymtrace.current().rollout_id).result() is None
+            assert propagation.submit(pool, lambda: gymtrace.current().rollout_id).result() == "r-t"
+
+
+def test_context_carrier_pickles_as_headers_only():
+    with gymtrace.testing.capture_spans(), gymtrace.rollout(rollout_id="r-p"), gymtrace.episode():
+        carried = propagation.carry(len)
+        state = pickle.loads(pickle.dumps(carried)).__getstate__()
+    assert state["fn"] is len
+    assert set(state["headers"]) == {"traceparent", "baggage"}
+
+
+def test_process_pool_worker_spans_join_the_trace_with_identity(tmp_path):
+    sys.path.insert(0, str(TESTS_DIR))
+    import _pool_workers
+
+    out = tmp_path / "worker.jsonl"
+    with gymtrace.testing.capture_spans():
+        with ProcessPoolExecutor(
+            max_workers=2,
+            mp_context=multiprocessing.get_context("spawn"),
+            initializer=_pool_workers.configure_worker,
+            initargs=(str(out),),
+        ) as pool:
+            with gymtrace.rollout(rollout_id="r-proc"), gymtrace.episode(attempt=1), gymtrace.step() as step:
+                results = [propagation.submit(pool, _pool_workers.score, a).result(timeout=120) for a in "ab"]
+    assert {(r["rollout_id"], r["attempt"]) for r in results} == {("r-proc", 1)}
+    assert all(r["pid"] != os.getpid() for r in results)
+    spans = read_otlp_json_lines(out)
+    assert len(spans) == 2
+    assert {(s.trace_id, s.parent_id) for s in spans} == {(step.trace_id, step.span_id)}
+    assert {s.attributes[c.EPISODE_ATTEMPT] for s in spans} == {1}
+    assert {s.service for s in spans} == {"pool-worker"}
