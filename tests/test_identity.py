@@ -200,3 +200,22 @@ def test_episode_ids_follow_the_attempt(captured: CapturedSpans) -> None:
         (s.attributes[c.EPISODE_ATTEMPT], s.attributes[c.EPISODE_ID]) for s in captured.by_kind("episode")
     )
     assert ids == [(0, "r-9"), (1, "r-9-a1"), (2, "r-9-a2")]
+
+
+def test_one_scope_object_shared_by_concurrent_tasks_ends_each_span_on_time(captured: CapturedSpans) -> None:
+    shared = gymtrace.tool_call(tool_name="shared")
+    span_ids: dict[str, str] = {}
+
+    async def task(name: str, delay: float) -> None:
+        async with shared as scope:
+            span_ids[name] = scope.span_id
+            await asyncio.sleep(delay)
+
+    async def main() -> None:
+        await asyncio.gather(task("quick", 0.01), task("slow", 0.05))
+
+    asyncio.run(main())
+    by_id = {format(s.get_span_context().span_id, "016x"): s for s in captured.by_kind("tool_call")}
+    quick, slow = by_id[span_ids["quick"]], by_id[span_ids["slow"]]
+    assert quick.end_time < slow.end_time  # each task ended its own span, not the other's
+    assert quick.parent is None and slow.parent is None  # neither became the other's parent

@@ -7,7 +7,9 @@ from types import SimpleNamespace
 try:
     import aiohttp
 except ImportError as exc:  # pragma: no cover - depends on the installed extras
-    raise ImportError("gymtrace.http.aiohttp_trace_config needs aiohttp: pip install 'gymtrace[aiohttp]'") from exc
+    raise ImportError(
+        "gymtrace.http.aiohttp_trace_config needs aiohttp: pip install 'gymtrace[aiohttp]'"
+    ) from exc
 
 from gymtrace._errors import internal_error
 from gymtrace.propagation import inject

@@ -11,6 +11,7 @@ carries the gym identity too.
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import functools
 import inspect
 import math
@@ -330,8 +331,11 @@ class Scope:
         # For episodes: (relation, previous episode or carrier); relation is retry or restore.
         self._source = source
         self._span_kind = span_kind
-        # Activations entered with `with`, innermost last (a Scope object may be re-entered).
-        self._active: list[tuple[ActiveScope, object]] = []
+        # Activations entered with `with`, innermost last. A context variable, not a list: one
+        # Scope object shared by concurrent tasks or threads must give each its own stack.
+        self._active: contextvars.ContextVar[tuple[tuple[ActiveScope, object], ...]] = contextvars.ContextVar(
+            "gymtrace.scope.active", default=()
+        )
 
     # -- activation ------------------------------------------------------------------------------
 
@@ -429,7 +433,7 @@ class Scope:
             token: object = None
         else:
             token = otel_context.attach(frame.context)  # type: ignore[arg-type]
-        self._active.append((frame, token))
+        self._active.set((*self._active.get(), (frame, token)))
         return frame
 
     def __exit__(
@@ -438,7 +442,9 @@ class Scope:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        frame, token = self._active.pop()
+        stack = self._active.get()
+        frame, token = stack[-1]
+        self._active.set(stack[:-1])
         if token is not None:
             otel_context.detach(token)  # type: ignore[arg-type]
             self.finish(frame, exc)

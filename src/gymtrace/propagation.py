@@ -335,8 +335,6 @@ def submit(executor: Executor, fn: Callable[P, R], /, *args: P.args, **kwargs: P
     return executor.submit(ContextCarrier(fn), *args, **kwargs)
 
 
-def map(
-    executor: Executor, fn: Callable[..., R], *iterables: Iterable[Any], **kwargs: Any
-) -> Iterator[R]:
+def map(executor: Executor, fn: Callable[..., R], *iterables: Iterable[Any], **kwargs: Any) -> Iterator[R]:
     """``executor.map(fn, ...)`` with the caller's trace and gym identity carried into every call."""
     return executor.map(ContextCarrier(fn), *iterables, **kwargs)
