@@ -42,6 +42,10 @@ CRASH_EXIT_CODE = 17
 # Spans of the servers reach their exporter soon after they end, so a server that dies loses little.
 _SERVER_SCHEDULE_DELAY_MS = "200"
 
+# httpx writes request headers and body in separate writes; with Nagle's algorithm the body waits
+# for the server's delayed ACK, ~40 ms per request on Linux loopback.
+NODELAY = [(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)]
+
 TASKS = (
     {"id": "add-2-40", "question": "What is 2 + 40?", "expression": "2 + 40", "expected": "42"},
     {"id": "mul-6-7", "question": "What is 6 * 7?", "expression": "6 * 7", "expected": "42"},
@@ -177,7 +181,7 @@ def agent_app() -> Any:
     import gymtrace
     from gymtrace.http import AsyncHttpxTransport
 
-    client = httpx.AsyncClient(transport=AsyncHttpxTransport(), timeout=30.0)
+    client = httpx.AsyncClient(transport=AsyncHttpxTransport(socket_options=NODELAY), timeout=30.0)
 
     async def run_episode(request: Request) -> JSONResponse:
         body = await request.json()
@@ -273,6 +277,7 @@ def serve(
         _instrument_clients()
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)  # inherited by accepted connections
     sock.bind(("127.0.0.1", 0))
     sock.listen(128)  # listening before the port is announced: a client never sees a refused connection
     port = sock.getsockname()[1]
@@ -435,7 +440,9 @@ def drive(
     from gymtrace.http import HttpxTransport
 
     results: list[dict[str, Any]] = []
-    with httpx.Client(transport=HttpxTransport(), timeout=60.0) as client, gymtrace.run(run_id=run_id):
+    with httpx.Client(transport=HttpxTransport(socket_options=NODELAY), timeout=60.0) as client, gymtrace.run(
+        run_id=run_id
+    ):
         for task in tasks:
             for repeat in range(repeats):
                 rollout_id = rollout_id_for(run_id, task["id"], repeat)
