@@ -58,12 +58,22 @@ def main(argv: list[str] | None = None) -> int:
     base_env = {"OTEL_EXPORTER_OTLP_ENDPOINT": "", "OTEL_TRACES_EXPORTER": ""}
     servers: dict[str, ServiceProcess] = {}
     try:
-        servers["plain"] = ServiceProcess("model", service=None, extra=["--no-gymtrace"], log_dir=str(work),
-                                          env_overrides=base_env)
-        servers["sdk"] = ServiceProcess("model", service="bench-sdk", extra=["--no-gymtrace"], log_dir=str(work),
-                                        env_overrides={**base_env, "GYMTRACE_FILE": str(work / "sdk.jsonl")})
-        servers["gymtrace"] = ServiceProcess("model", service="bench-gymtrace", log_dir=str(work),
-                                             env_overrides={**base_env, "GYMTRACE_FILE": str(work / "gym.jsonl")})
+        servers["plain"] = ServiceProcess(
+            "model", service=None, extra=["--no-gymtrace"], log_dir=str(work), env_overrides=base_env
+        )
+        servers["sdk"] = ServiceProcess(
+            "model",
+            service="bench-sdk",
+            extra=["--no-gymtrace"],
+            log_dir=str(work),
+            env_overrides={**base_env, "GYMTRACE_FILE": str(work / "sdk.jsonl")},
+        )
+        servers["gymtrace"] = ServiceProcess(
+            "model",
+            service="bench-gymtrace",
+            log_dir=str(work),
+            env_overrides={**base_env, "GYMTRACE_FILE": str(work / "gym.jsonl")},
+        )
         gymtrace.configure(service_name="bench-client", file=work / "client.jsonl")
         plain_client = httpx.Client(transport=httpx.HTTPTransport(socket_options=NODELAY))
         gym_client = httpx.Client(transport=HttpxTransport(socket_options=NODELAY))
@@ -84,8 +94,11 @@ def main(argv: list[str] | None = None) -> int:
         gymtrace.shutdown()
     median = {name: statistics.median(values) for name, values in samples.items()}
     for name, seconds in median.items():
-        print(f"{name:9s} {seconds * 1e6:8.0f} µs/request  (rounds: "
-              + ", ".join(f"{v * 1e6:.0f}" for v in samples[name]) + ")")
+        print(
+            f"{name:9s} {seconds * 1e6:8.0f} µs/request  (rounds: "
+            + ", ".join(f"{v * 1e6:.0f}" for v in samples[name])
+            + ")"
+        )
     print(f"ratio gymtrace/plain: {median['gymtrace'] / median['plain']:.2f}x")
     print(f"ratio gymtrace/sdk:   {median['gymtrace'] / median['sdk']:.2f}x  (gymtrace's own share)")
     print(f"gymtrace - sdk:       {(median['gymtrace'] - median['sdk']) * 1e6:.0f} µs/request")

@@ -72,7 +72,9 @@ def assert_one_tree(spans: Sequence[SpanData]) -> SpanData:
     ids = {s.span_id for s in spans}
     assert len(ids) == len(spans), "duplicate span IDs"
     roots = [s for s in spans if s.parent_id is None]
-    orphans = [(s.name, s.service, s.parent_id) for s in spans if s.parent_id is not None and s.parent_id not in ids]
+    orphans = [
+        (s.name, s.service, s.parent_id) for s in spans if s.parent_id is not None and s.parent_id not in ids
+    ]
     assert len(roots) == 1, f"expected one root, got {[(s.name, s.service) for s in roots]}"
     assert orphans == [], f"spans whose parent is missing: {orphans}"
     return roots[0]
@@ -107,7 +109,9 @@ def assert_no_duplicate_http_spans(spans: Sequence[SpanData]) -> None:
             assert children[(span.span_id, "CLIENT")] == 0, f"nested client spans under {span.name}"
         if span.span_kind == "SERVER" and span.parent_id in index:
             parent = index[span.parent_id]
-            assert not (is_http(parent) and parent.span_kind == "SERVER"), f"nested server spans at {span.name}"
+            assert not (is_http(parent) and parent.span_kind == "SERVER"), (
+                f"nested server spans at {span.name}"
+            )
 
 
 def boundary_pairs(spans: Sequence[SpanData]) -> list[tuple[SpanData, SpanData]]:

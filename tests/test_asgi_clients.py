@@ -16,11 +16,6 @@ from opentelemetry import baggage
 from opentelemetry import context as otel_context
 
 import gymtrace
-from gymtrace import _constants as c
-from gymtrace._spandata import SpanData
-from gymtrace.asgi import GymTraceMiddleware
-from gymtrace.http import HttpxTransport
-
 from _distributed import (
     IDENTITY,
     RELAY,
@@ -31,8 +26,15 @@ from _distributed import (
     read_services,
     services,
 )
+from gymtrace import _constants as c
+from gymtrace._spandata import SpanData
+from gymtrace.asgi import GymTraceMiddleware
+from gymtrace.http import HttpxTransport
 
-MODES = [pytest.param([], id="gymtrace-only"), pytest.param(["--official"], id="with-official-instrumentation")]
+MODES = [
+    pytest.param([], id="gymtrace-only"),
+    pytest.param(["--official"], id="with-official-instrumentation"),
+]
 
 
 def _client_spans(captured) -> list[SpanData]:
@@ -42,7 +44,9 @@ def _client_spans(captured) -> list[SpanData]:
 @pytest.mark.parametrize("official", MODES)
 @pytest.mark.parametrize("client", ["httpx", "aiohttp"])
 def test_request_chain_is_one_tree_with_identity_on_every_span(tmp_path, official, client):
-    with services(tmp_path, [("svc-a", "app", [*RELAY, *official]), ("svc-b", "app", [*RELAY, *official])]) as (
+    with services(
+        tmp_path, [("svc-a", "app", [*RELAY, *official]), ("svc-b", "app", [*RELAY, *official])]
+    ) as (
         a,
         b,
     ):
@@ -114,7 +118,10 @@ def test_garbage_trace_headers_do_not_break_the_request(tmp_path):
     with services(tmp_path, [("svc-garbage", "app", [*RELAY, "--official"])]) as (svc,):
         response = httpx.get(
             f"{svc.url}/work",
-            headers={"traceparent": "00-not-a-trace", "baggage": "gym.episode.attempt=-3,gym.rollout.id=%01x,,="},
+            headers={
+                "traceparent": "00-not-a-trace",
+                "baggage": "gym.episode.attempt=-3,gym.rollout.id=%01x,,=",
+            },
         )
     assert response.status_code == 200
     assert response.json()["identity"] == {"rollout_id": None, "attempt": None, "run_id": None}

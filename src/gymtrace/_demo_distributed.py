@@ -54,7 +54,7 @@ TASKS = (
 
 def _official_instrumentation_available() -> bool:
     try:
-        import opentelemetry.instrumentation.asgi  # noqa: F401
+        import opentelemetry.instrumentation.asgi
         import opentelemetry.instrumentation.httpx  # noqa: F401
     except ImportError:
         return False
@@ -92,10 +92,18 @@ def model_app() -> Any:
                 "id": f"chatcmpl-{uuid.uuid4().hex[:12]}",
                 "object": "chat.completion",
                 "model": body.get("model", MODEL_NAME),
-                "choices": [{"index": 0, "message": message, "finish_reason": "tool_calls"
-                             if "tool_calls" in message else "stop"}],
-                "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": 7,
-                          "total_tokens": prompt_tokens + 7},
+                "choices": [
+                    {
+                        "index": 0,
+                        "message": message,
+                        "finish_reason": "tool_calls" if "tool_calls" in message else "stop",
+                    }
+                ],
+                "usage": {
+                    "prompt_tokens": prompt_tokens,
+                    "completion_tokens": 7,
+                    "total_tokens": prompt_tokens + 7,
+                },
             }
         )
 
@@ -103,8 +111,11 @@ def model_app() -> Any:
 
 
 def _tool_message(name: str, arguments: dict[str, Any]) -> dict[str, Any]:
-    call = {"id": f"call_{uuid.uuid4().hex[:8]}", "type": "function",
-            "function": {"name": name, "arguments": json.dumps(arguments)}}
+    call = {
+        "id": f"call_{uuid.uuid4().hex[:8]}",
+        "type": "function",
+        "function": {"name": name, "arguments": json.dumps(arguments)},
+    }
     return {"role": "assistant", "content": None, "tool_calls": [call]}
 
 
@@ -234,7 +245,8 @@ def agent_app() -> Any:
         except httpx.TransportError as exc:
             # The environment is gone: an infrastructure failure the driver may retry.
             return JSONResponse(
-                {"error": f"environment unavailable: {type(exc).__name__}", "retryable": True}, status_code=502
+                {"error": f"environment unavailable: {type(exc).__name__}", "retryable": True},
+                status_code=502,
             )
         return JSONResponse({"reward": reward, "answer": answer})
 
@@ -335,7 +347,12 @@ def _serve_main(argv: Sequence[str]) -> int:
         module, _, factory = str(args.app).partition(":")
         app = getattr(importlib.import_module(module), factory)()
     else:
-        app = {"agent": agent_app, "model": model_app, "env": lambda: env_app(args.crash_rollout)}[args.role]()
+        factories: dict[str, Any] = {
+            "agent": agent_app,
+            "model": model_app,
+            "env": lambda: env_app(args.crash_rollout),
+        }
+        app = factories[args.role]()
     return serve(
         app,
         service_name=args.service,
@@ -351,15 +368,26 @@ def _serve_main(argv: Sequence[str]) -> int:
 class ServiceProcess:
     """One service in its own process on a free loopback port; ``stop()`` always ends it."""
 
-    def __init__(self, role: str, *, service: str | None, extra: Sequence[str] = (),
-                 env_overrides: dict[str, str] | None = None, log_dir: str | None = None,
-                 startup_timeout: float = 60.0) -> None:
+    def __init__(
+        self,
+        role: str,
+        *,
+        service: str | None,
+        extra: Sequence[str] = (),
+        env_overrides: dict[str, str] | None = None,
+        log_dir: str | None = None,
+        startup_timeout: float = 60.0,
+    ) -> None:
         self.role = role
         self.service = service
         command = [sys.executable, "-m", "gymtrace._demo_distributed", "serve", "--role", role, *extra]
         if service is not None:
             command += ["--service", service]
-        environ = {**os.environ, "OTEL_BSP_SCHEDULE_DELAY": _SERVER_SCHEDULE_DELAY_MS, **(env_overrides or {})}
+        environ = {
+            **os.environ,
+            "OTEL_BSP_SCHEDULE_DELAY": _SERVER_SCHEDULE_DELAY_MS,
+            **(env_overrides or {}),
+        }
         environ.pop("PYTEST_CURRENT_TEST", None)  # a server is not under test: never raise internally
         log_dir = log_dir or tempfile.gettempdir()
         self.log_path = Path(log_dir) / f"{service or role}-{uuid.uuid4().hex[:6]}.log"
@@ -387,7 +415,7 @@ class ServiceProcess:
                 buffer += chunk
                 for line in buffer.decode(errors="replace").splitlines():
                     if line.startswith(READY_PREFIX):
-                        return int(line[len(READY_PREFIX):])
+                        return int(line[len(READY_PREFIX) :])
             elif self.process.poll() is not None:
                 break
         raise RuntimeError(
@@ -440,8 +468,9 @@ def drive(
     from gymtrace.http import HttpxTransport
 
     results: list[dict[str, Any]] = []
-    with httpx.Client(transport=HttpxTransport(socket_options=NODELAY), timeout=60.0) as client, gymtrace.run(
-        run_id=run_id
+    with (
+        httpx.Client(transport=HttpxTransport(socket_options=NODELAY), timeout=60.0) as client,
+        gymtrace.run(run_id=run_id),
     ):
         for task in tasks:
             for repeat in range(repeats):
@@ -479,10 +508,17 @@ def run(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="gymtrace demo --distributed", description=__doc__.split("\n")[0])
     parser.add_argument("--repeats", type=int, default=2, help="rollouts per task (default 2)")
     parser.add_argument("--no-crash", action="store_true", help="do not kill the environment server")
-    parser.add_argument("--no-official", action="store_true",
-                        help="do not use the official OpenTelemetry HTTP instrumentations even if installed")
-    parser.add_argument("--file", default=None, help="where the spans go (default: GYMTRACE_FILE or "
-                        f"./{env.DEFAULT_FILE}); ignored when OTEL_EXPORTER_OTLP_ENDPOINT is set")
+    parser.add_argument(
+        "--no-official",
+        action="store_true",
+        help="do not use the official OpenTelemetry HTTP instrumentations even if installed",
+    )
+    parser.add_argument(
+        "--file",
+        default=None,
+        help="where the spans go (default: GYMTRACE_FILE or "
+        f"./{env.DEFAULT_FILE}); ignored when OTEL_EXPORTER_OTLP_ENDPOINT is set",
+    )
     parser.add_argument("--run-id", default=None)
     parser.add_argument("--quiet", action="store_true", help="print the summary, not the tree")
     args = parser.parse_args(argv)
@@ -503,8 +539,10 @@ def run(argv: list[str] | None = None) -> int:
 def _run(args: argparse.Namespace) -> int:
     import gymtrace
 
-    otlp = bool(os.environ.get(env.OTEL_EXPORTER_OTLP_ENDPOINT) or
-                os.environ.get(env.OTEL_EXPORTER_OTLP_TRACES_ENDPOINT))
+    otlp = bool(
+        os.environ.get(env.OTEL_EXPORTER_OTLP_ENDPOINT)
+        or os.environ.get(env.OTEL_EXPORTER_OTLP_TRACES_ENDPOINT)
+    )
     official = _official_instrumentation_available() and not args.no_official
     run_id = args.run_id or f"demo-{uuid.uuid4().hex[:8]}"
     crash_rollout = None if args.no_crash else rollout_id_for(run_id, TASKS[-1]["id"], 0)
@@ -514,8 +552,11 @@ def _run(args: argparse.Namespace) -> int:
     def start(role: str, service: str, *extra: str) -> ServiceProcess:
         overrides = {} if otlp else {env.GYMTRACE_FILE: str(Path(work) / f"{service}-{len(processes)}.jsonl")}
         process = ServiceProcess(
-            role, service=service, extra=[*extra, *(["--official"] if official else [])],
-            env_overrides=overrides, log_dir=work,
+            role,
+            service=service,
+            extra=[*extra, *(["--official"] if official else [])],
+            env_overrides=overrides,
+            log_dir=work,
         )
         processes.append(process)
         return process
@@ -524,7 +565,9 @@ def _run(args: argparse.Namespace) -> int:
     driver_file = None if otlp else str(Path(work) / "gym-driver.jsonl")
     try:
         model = start("model", "gym-model")
-        environments = [start("env", "gym-env", *(["--crash-rollout", crash_rollout] if crash_rollout else []))]
+        environments = [
+            start("env", "gym-env", *(["--crash-rollout", crash_rollout] if crash_rollout else []))
+        ]
         agent = start("agent", "gym-agent")
 
         def restart_env() -> str:
@@ -536,8 +579,12 @@ def _run(args: argparse.Namespace) -> int:
         if official:
             _instrument_clients()
         results = drive(
-            agent_url=agent.url, model_url=model.url, env_url=environments[0].url,
-            restart_env=restart_env, run_id=run_id, repeats=args.repeats,
+            agent_url=agent.url,
+            model_url=model.url,
+            env_url=environments[0].url,
+            restart_env=restart_env,
+            run_id=run_id,
+            repeats=args.repeats,
         )
     finally:
         gymtrace.force_flush()
@@ -545,11 +592,15 @@ def _run(args: argparse.Namespace) -> int:
             process.stop()
     for summary in results:
         reward = "unscored" if summary["reward"] is None else f"reward={summary['reward']:g}"
-        print(f"rollout {summary['rollout_id']}: {summary['attempts']} attempt(s), {reward}, "
-              f"trace {summary['trace_id']}")
+        print(
+            f"rollout {summary['rollout_id']}: {summary['attempts']} attempt(s), {reward}, "
+            f"trace {summary['trace_id']}"
+        )
     if otlp:
-        print(f"spans exported to {os.environ.get(env.OTEL_EXPORTER_OTLP_ENDPOINT) or 'the OTLP endpoint'};"
-              f' search Jaeger for the tag gym.rollout.id or run id "{run_id}"')
+        print(
+            f"spans exported to {os.environ.get(env.OTEL_EXPORTER_OTLP_ENDPOINT) or 'the OTLP endpoint'};"
+            f' search Jaeger for the tag gym.rollout.id or run id "{run_id}"'
+        )
         return 0
     out = args.file or os.environ.get(env.GYMTRACE_FILE) or env.DEFAULT_FILE
     spans = merge_trace_files(sorted(Path(work).glob("*.jsonl")), out)

@@ -50,9 +50,7 @@ Send = Callable[[MutableMapping[str, Any]], Awaitable[None]]
 ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 
 
-def request_context(
-    headers: Any, current: otel_context.Context | None = None
-) -> otel_context.Context:
+def request_context(headers: Any, current: otel_context.Context | None = None) -> otel_context.Context:
     """The context a request with ``headers`` runs in: the caller's trace and gym identity.
 
     If ``current`` already has a span in the incoming trace (an outer HTTP server middleware
