@@ -24,9 +24,8 @@ def _identity() -> dict[str, Any]:
 
 
 async def work(request: Request) -> JSONResponse:
-    with tracer.start_as_current_span("relay.work"):
-        with gymtrace.tool_call(tool_name="relay_tool"):
-            pass
+    with tracer.start_as_current_span("relay.work"), gymtrace.tool_call(tool_name="relay_tool"):
+        pass
     return JSONResponse({"identity": _identity(), "baggage": request.headers.get("baggage")})
 
 

@@ -16,11 +16,6 @@ from opentelemetry import baggage
 from opentelemetry import context as otel_context
 
 import gymtrace
-from gymtrace import _constants as c
-from gymtrace._spandata import SpanData
-from gymtrace.asgi import GymTraceMiddleware
-from gymtrace.http import HttpxTransport
-
 from _distributed import (
     IDENTITY,
     RELAY,
@@ -31,6 +26,10 @@ from _distributed import (
     read_services,
     services,
 )
+from gymtrace import _constants as c
+from gymtrace._spandata import SpanData
+from gymtrace.asgi import GymTraceMiddleware
+from gymtrace.http import HttpxTransport
 
 MODES = [
     pytest.param([], id="gymtrace-only"),

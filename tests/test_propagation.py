@@ -238,12 +238,11 @@ def test_child_process_started_with_env_carrier_joins_the_trace(tmp_path):
 
 
 def test_thread_pool_worker_spans_are_children_of_the_submitting_scope():
-    with gymtrace.testing.capture_spans() as captured:
-        with ThreadPoolExecutor(max_workers=2) as pool:
-            with gymtrace.rollout(rollout_id="r-t"), gymtrace.episode(attempt=2), gymtrace.step():
-                futures = [propagation.submit(pool, _threaded_tool, n) for n in range(3)]
-                mapped = list(propagation.map(pool, _threaded_tool, [7]))
-                results = [f.result() for f in futures] + mapped
+    with gymtrace.testing.capture_spans() as captured, ThreadPoolExecutor(max_workers=2) as pool:
+        with gymtrace.rollout(rollout_id="r-t"), gymtrace.episode(attempt=2), gymtrace.step():
+            futures = [propagation.submit(pool, _threaded_tool, n) for n in range(3)]
+            mapped = list(propagation.map(pool, _threaded_tool, [7]))
+            results = [f.result() for f in futures] + mapped
     step = captured.one(c.KIND_STEP)
     tools = captured.by_kind(c.KIND_TOOL_CALL)
     assert len(tools) == 4
@@ -278,15 +277,19 @@ def test_process_pool_worker_spans_join_the_trace_with_identity(tmp_path):
     import _pool_workers
 
     out = tmp_path / "worker.jsonl"
-    with gymtrace.testing.capture_spans():
-        with ProcessPoolExecutor(
+    with (
+        gymtrace.testing.capture_spans(),
+        ProcessPoolExecutor(
             max_workers=2,
             mp_context=multiprocessing.get_context("spawn"),
             initializer=_pool_workers.configure_worker,
             initargs=(str(out),),
-        ) as pool:
-            with gymtrace.rollout(rollout_id="r-proc"), gymtrace.episode(attempt=1), gymtrace.step() as step:
-                results = [propagation.submit(pool, _pool_workers.score, a).result(timeout=120) for a in "ab"]
+        ) as pool,
+        gymtrace.rollout(rollout_id="r-proc"),
+        gymtrace.episode(attempt=1),
+        gymtrace.step() as step,
+    ):
+        results = [propagation.submit(pool, _pool_workers.score, a).result(timeout=120) for a in "ab"]
     assert {(r["rollout_id"], r["attempt"]) for r in results} == {("r-proc", 1)}
     assert all(r["pid"] != os.getpid() for r in results)
     spans = read_otlp_json_lines(out)

@@ -42,6 +42,10 @@ CRASH_EXIT_CODE = 17
 # Spans of the servers reach their exporter soon after they end, so a server that dies loses little.
 _SERVER_SCHEDULE_DELAY_MS = "200"
 
+# httpx writes request headers and body in separate writes; with Nagle's algorithm the body waits
+# for the server's delayed ACK, ~40 ms per request on Linux loopback.
+NODELAY = [(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)]
+
 TASKS = (
     {"id": "add-2-40", "question": "What is 2 + 40?", "expression": "2 + 40", "expected": "42"},
     {"id": "mul-6-7", "question": "What is 6 * 7?", "expression": "6 * 7", "expected": "42"},
@@ -50,7 +54,7 @@ TASKS = (
 
 def _official_instrumentation_available() -> bool:
     try:
-        import opentelemetry.instrumentation.asgi  # noqa: F401
+        import opentelemetry.instrumentation.asgi
         import opentelemetry.instrumentation.httpx  # noqa: F401
     except ImportError:
         return False
@@ -188,7 +192,7 @@ def agent_app() -> Any:
     import gymtrace
     from gymtrace.http import AsyncHttpxTransport
 
-    client = httpx.AsyncClient(transport=AsyncHttpxTransport(), timeout=30.0)
+    client = httpx.AsyncClient(transport=AsyncHttpxTransport(socket_options=NODELAY), timeout=30.0)
 
     async def run_episode(request: Request) -> JSONResponse:
         body = await request.json()
@@ -285,6 +289,7 @@ def serve(
         _instrument_clients()
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)  # inherited by accepted connections
     sock.bind(("127.0.0.1", 0))
     sock.listen(128)  # listening before the port is announced: a client never sees a refused connection
     port = sock.getsockname()[1]
@@ -342,9 +347,12 @@ def _serve_main(argv: Sequence[str]) -> int:
         module, _, factory = str(args.app).partition(":")
         app = getattr(importlib.import_module(module), factory)()
     else:
-        app = {"agent": agent_app, "model": model_app, "env": lambda: env_app(args.crash_rollout)}[
-            args.role
-        ]()
+        factories: dict[str, Any] = {
+            "agent": agent_app,
+            "model": model_app,
+            "env": lambda: env_app(args.crash_rollout),
+        }
+        app = factories[args.role]()
     return serve(
         app,
         service_name=args.service,
@@ -460,7 +468,10 @@ def drive(
     from gymtrace.http import HttpxTransport
 
     results: list[dict[str, Any]] = []
-    with httpx.Client(transport=HttpxTransport(), timeout=60.0) as client, gymtrace.run(run_id=run_id):
+    with (
+        httpx.Client(transport=HttpxTransport(socket_options=NODELAY), timeout=60.0) as client,
+        gymtrace.run(run_id=run_id),
+    ):
         for task in tasks:
             for repeat in range(repeats):
                 rollout_id = rollout_id_for(run_id, task["id"], repeat)

@@ -30,13 +30,10 @@ class IdentitySpanProcessor:
         try:
             ctx = parent_context if parent_context is not None else otel_context.get_current()
             frame = ctx.get(FRAME_KEY)
-            if isinstance(frame, ActiveScope):
-                identity = frame.identity
-            else:
-                # No gym scope in this process yet: an HTTP server span that the official ASGI
-                # instrumentation starts from the extracted headers, before gymtrace's middleware
-                # runs, has only the propagated baggage (issue 6).
-                identity = identity_from_context(ctx)
+            # No gym scope in this process yet: an HTTP server span that the official ASGI
+            # instrumentation starts from the extracted headers, before gymtrace's middleware runs,
+            # has only the propagated baggage (issue 6).
+            identity = frame.identity if isinstance(frame, ActiveScope) else identity_from_context(ctx)
             if not identity:
                 return
             attributes = span.attributes

@@ -144,7 +144,8 @@ def _items(carrier: Any) -> Iterable[tuple[Any, Any]]:
         if callable(multi):
             return multi()  # type: ignore[no-any-return]
         return carrier.items()
-    return carrier  # type: ignore[no-any-return] - a list of (name, value) pairs (ASGI headers)
+    pairs: Iterable[tuple[Any, Any]] = carrier  # a list of (name, value) pairs (ASGI headers)
+    return pairs
 
 
 def _index(carrier: Any) -> dict[str, str]:
@@ -287,10 +288,7 @@ class ContextCarrier(Generic[P, R]):
         self._context = None
 
     def __call__(self, *args: P.args, **kwargs: P.kwargs) -> R:
-        if self._context is not None:
-            ctx = self._context
-        else:
-            ctx = extract(self._headers or {})
+        ctx = self._context if self._context is not None else extract(self._headers or {})
         token = otel_context.attach(ctx)
         try:
             return self.fn(*args, **kwargs)

@@ -19,7 +19,7 @@ from gymtrace._demo_distributed import TASKS, rollout_id_for
 from gymtrace._spandata import SpanData, read_otlp_json_lines
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from _distributed import (  # noqa: E402
+from _distributed import (
     IDENTITY,
     ancestors,
     assert_no_duplicate_http_spans,
