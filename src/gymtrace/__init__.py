@@ -35,10 +35,10 @@ from gymtrace._api import (
 )
 from gymtrace._attempts import Attempt, Attempts, attempts
 from gymtrace._errors import GymTraceError, HierarchyViolationError, InvalidArgumentError
+from gymtrace._export import ExportStats
 from gymtrace._processor import IdentitySpanProcessor
 from gymtrace._record import Current, current, current_scope, record_failure, record_reward, record_usage
 from gymtrace._scope import ActiveScope, Scope
-from gymtrace._export import ExportStats
 from gymtrace._setup import Configuration, configure, export_stats, force_flush, shutdown
 from gymtrace._version import __version__
 
