@@ -57,3 +57,25 @@ def test_readme_starts_with_the_demo_and_test_commands() -> None:
     commands = [line.split("#")[0].strip() for line in first_block.group(1).splitlines()]
     assert commands == ["scripts/demo", "scripts/test"]
     assert "exec scripts/test" in (README.parent / ".ci" / "run").read_text()
+
+
+def test_every_gymtrace_name_the_readme_mentions_exists() -> None:
+    import importlib
+
+    text = README.read_text()
+    for module, names in re.findall(r"from (gymtrace[\w.]*) import ([\w, ]+)", text):
+        imported = importlib.import_module(module)
+        for name in names.split(","):
+            assert hasattr(imported, name.strip()), f"{module}.{name.strip()}"
+    for dotted in set(re.findall(r"\bgymtrace(?:\.[A-Za-z_]\w*)+", text)):
+        parts = dotted.split(".")
+        obj: object = importlib.import_module("gymtrace")
+        for i, part in enumerate(parts[1:], start=1):
+            if not hasattr(obj, part):
+                try:
+                    obj = importlib.import_module(".".join(parts[: i + 1]))
+                    continue
+                except ImportError:
+                    pass
+            assert hasattr(obj, part), dotted
+            obj = getattr(obj, part)
