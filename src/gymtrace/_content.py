@@ -95,6 +95,8 @@ REQUEST_OVERHEAD: Final = 64 * 1024
 SPAN_OVERHEAD: Final = 8 * 1024
 MAX_SPAN_BYTES: Final = GRPC_MESSAGE_LIMIT - REQUEST_OVERHEAD - SPAN_OVERHEAD  # one span per request
 MAX_DEPTH: Final = 32
+# UTF-8 bytes of "…[truncated N chars]" with N up to 10**16.
+_STRING_MARKER: Final = 34
 # A span with less budget left than this gets no more values (counted in gym.content.omitted).
 _MIN_PIECE: Final = 64
 # json.loads() of a string that looks like JSON (tool arguments from a model) only below this size,
@@ -372,14 +374,22 @@ class _Walk:
 
     def string(self, s: str) -> str:
         n = str.__len__(s)
-        if n + 2 <= self.left:
-            self.left -= n + 2
+        room = max(self.left - 2, 0)  # the quotes
+        if str.isascii(s):
+            size = n
+        else:  # UTF-8 size of at most room + 1 characters: bounded work whatever the length
+            size = len(str.__getitem__(s, slice(0, room + 1)).encode("utf-8", "surrogatepass"))
+        if size <= room:
+            self.left -= size + 2
             text = s if type(s) is str else str.__str__(s)
         else:
-            keep = max(self.left - 34, 0)
-            self.left -= keep + 34
+            keep = max(room - _STRING_MARKER, 0)
+            head = str.__getitem__(s, slice(0, keep))
+            if not str.isascii(head):  # cut at a byte count, never inside a character
+                head = head.encode("utf-8", "surrogatepass")[:keep].decode("utf-8", "ignore")
+            self.left -= keep + 2 + _STRING_MARKER
             self.truncated = True
-            text = str.__getitem__(s, slice(0, keep)) + f"…[truncated {n - keep} chars]"
+            text = f"{head}…[truncated {n - str.__len__(head)} chars]"
         # JSON inside a string (tool-call arguments in a message): redact its secret-looking pairs.
         return _redact_json_text(text) if '"' in text else text
 
@@ -513,8 +523,11 @@ def serialise(name: str, value: object, limit: int, redact: Redactor | None) -> 
         if _looks_like_json(text):
             with contextlib.suppress(ValueError, RecursionError):
                 value = json.loads(text)
+    # The walk's estimate leaves out JSON escapes ("\n" is two bytes): keep a margin so the text
+    # rarely needs the final cut, which would end it mid-JSON.
+    walk_limit = limit - min(256, limit // 8)
     try:
-        copy = _Walk(limit).value(value, 0)
+        copy = _Walk(walk_limit).value(value, 0)
     except RecursionError:  # called near the interpreter's recursion limit
         copy = "<too deep to capture here>"
     if redact is not None:
@@ -526,7 +539,7 @@ def serialise(name: str, value: object, limit: int, redact: Redactor | None) -> 
                 GymTraceError(f"the content redaction hook raised {type(exc).__name__}: {exc!s:.200}"),
             )
             return _HOOK_FAILED
-        copy = _Walk(limit).value(copy, 0)  # the hook's result is walked like user data
+        copy = _Walk(walk_limit).value(copy, 0)  # the hook's result is walked like user data
     if isinstance(copy, str):
         return fit(copy, limit)  # a top-level string stays text
     return fit(json.dumps(copy, ensure_ascii=False, separators=(",", ":"), allow_nan=False), limit)
