@@ -618,3 +618,25 @@ def test_a_real_otlp_grpc_export_of_full_content_stays_under_4_mib_per_request(t
     assert sum(sizes) > 4 * limit
     assert max(sizes) > limit // 2
     print(f"\n{len(sizes)} requests, largest {max(sizes)} bytes, total {sum(sizes)} bytes")
+
+
+def test_secret_keys_can_be_replaced_or_turned_off(
+    captured: CapturedSpans, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv(VAR, "SPAN_ONLY")
+    logprobs = {"content": [{"token": "Hi", "logprob": -0.1}], "key": "Enter", "pass": True, "api_key": "sk"}
+    span = model_call_with(captured, None, logprobs)
+    recorded = json.loads(span.attributes[OUTPUT])
+    assert recorded["content"][0]["token"] == "[REDACTED]"  # the default list errs on the safe side
+    assert recorded["key"] == "Enter" and recorded["pass"] is True  # "key"/"pass" alone are not secrets
+    captured.clear()
+    gymtrace.configure_content(secret_keys=["api_key", "password"])
+    recorded = json.loads(model_call_with(captured, None, logprobs).attributes[OUTPUT])
+    assert recorded["content"][0]["token"] == "Hi" and recorded["api_key"] == "[REDACTED]"
+    captured.clear()
+    gymtrace.configure_content(secret_keys=())
+    assert json.loads(model_call_with(captured, None, logprobs).attributes[OUTPUT])["api_key"] == "sk"
+    gymtrace.configure_content(secret_keys=None)
+    assert _content.is_secret_key("X-Auth-Token")
+    with pytest.raises(gymtrace.InvalidArgumentError, match="secret_keys"):
+        gymtrace.configure_content(secret_keys="api_key")

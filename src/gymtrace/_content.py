@@ -41,7 +41,7 @@ import os
 import re
 import threading
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, replace
 from typing import Any, Final
 
@@ -117,6 +117,42 @@ def export_batch_limit(max_span_bytes: int) -> int:
     return max(1, (GRPC_MESSAGE_LIMIT - REQUEST_OVERHEAD) // (max_span_bytes + SPAN_OVERHEAD))
 
 
+# -- redaction: the default secret keys ---------------------------------------------------------------
+
+# Normalised keys (lower case, only letters and digits) ending in one of these are secrets. Suffixes
+# so that "openai_api_key", "X-Api-Key", "accessToken" and "client_secret" match; "token" but not
+# "tokens", so token counts ("max_tokens", "input_tokens") stay visible. Not "key" or "pass" alone:
+# a keyboard tool's {"key": "Enter"} and an eval's {"pass": true} are not secrets. "token" does
+# match the token strings of logprobs ({"token": "Hi", "logprob": -0.1}); configure_content(
+# secret_keys=...) replaces the list.
+DEFAULT_SECRET_KEYS: Final = (
+    "apikey",
+    "token",
+    "password",
+    "passwd",
+    "pwd",
+    "passphrase",
+    "secret",
+    "secretkey",
+    "accesskey",
+    "privatekey",
+    "authorization",
+    "auth",
+    "bearer",
+    "jwt",
+    "cookie",
+    "credential",
+    "credentials",
+    "signature",
+    "sessionid",
+)
+_NOT_ALNUM: Final = re.compile(r"[^a-z0-9]")
+
+
+def _normalise_key(key: str) -> str:
+    return _NOT_ALNUM.sub("", key.lower())
+
+
 # -- the policy -------------------------------------------------------------------------------------
 
 
@@ -136,6 +172,7 @@ class _Policy:
     redact: Redactor | None = None
     max_value_bytes: int | None = None
     max_span_bytes: int | None = None
+    secret_keys: tuple[str, ...] = DEFAULT_SECRET_KEYS
 
 
 # Replaced as a whole, so readers on other threads never see half an update.
@@ -148,6 +185,7 @@ def configure_content(
     redact: Redactor | _Unchanged | None = UNCHANGED,
     max_value_bytes: int | _Unchanged | None = UNCHANGED,
     max_span_bytes: int | _Unchanged | None = UNCHANGED,
+    secret_keys: Iterable[str] | _Unchanged | None = UNCHANGED,
 ) -> None:
     """Set the content policy in code; each argument left out keeps its setting, ``None`` resets it.
 
@@ -157,6 +195,9 @@ def configure_content(
     value after the default redaction of secret-looking keys; what it returns is recorded. If it
     raises, the value is replaced by a marker (never recorded unredacted).
     ``max_value_bytes``/``max_span_bytes``: budgets; beat ``GYMTRACE_CONTENT_MAX_*_BYTES``.
+    ``secret_keys``: replaces the key names redacted by default (matched as suffixes, ignoring case
+    and separators: ``"api_key"`` matches ``"X-Api-Key"``); ``None`` restores the default list,
+    ``()`` turns default redaction off.
 
     Works under any TracerProvider. Call it before ``configure()`` (or use ``configure()``'s
     ``capture_content=``) so the OTLP export batches are sized for content.
@@ -179,6 +220,16 @@ def configure_content(
                 f"gymtrace.configure_content(): argument {name!r} must be a positive int, got {value!r:.80}"
             )
         changes[name] = value
+    if not isinstance(secret_keys, _Unchanged):
+        if secret_keys is None:
+            changes["secret_keys"] = DEFAULT_SECRET_KEYS
+        elif isinstance(secret_keys, str) or not all(isinstance(k, str) for k in secret_keys):
+            raise InvalidArgumentError(
+                "gymtrace.configure_content(): argument 'secret_keys' must be an iterable of strings,"
+                f" got {secret_keys!r:.80}"
+            )
+        else:
+            changes["secret_keys"] = tuple(n for n in (_normalise_key(k) for k in secret_keys) if n)
     _policy = replace(_policy, **changes)
 
 
@@ -286,37 +337,17 @@ def export_settings() -> tuple[bool, int]:
     return capture_mode() != NO_CONTENT, max_span_bytes()
 
 
-# -- redaction --------------------------------------------------------------------------------------
+# -- redaction: matching keys ------------------------------------------------------------------------
 
-# Normalised keys (lower case, only letters and digits) ending in one of these are secrets. Suffixes
-# so that "openai_api_key", "X-Api-Key", "accessToken" and "client_secret" match; "token" but not
-# "tokens", so token counts ("max_tokens", "input_tokens") stay visible.
-_SECRET_SUFFIXES: Final = (
-    "apikey",
-    "token",
-    "password",
-    "passwd",
-    "passphrase",
-    "secret",
-    "secretkey",
-    "accesskey",
-    "privatekey",
-    "authorization",
-    "auth",
-    "cookie",
-    "credential",
-    "credentials",
-    "signature",
-    "sessionid",
-)
-_SECRET_EXACT: Final = frozenset({"pwd", "pass", "key", "jwt", "bearer"})
-_NOT_ALNUM: Final = re.compile(r"[^a-z0-9]")
+
+@functools.lru_cache(maxsize=4096)  # the same few keys ("role", "content") come back all the time
+def _is_secret(key: str, suffixes: tuple[str, ...]) -> bool:
+    return bool(suffixes) and _normalise_key(key[-64:]).endswith(suffixes)
 
 
 def is_secret_key(key: str) -> bool:
     """True for keys that look like they hold credentials (case and separators ignored)."""
-    normal = _NOT_ALNUM.sub("", key[-64:].lower())
-    return normal in _SECRET_EXACT or normal.endswith(_SECRET_SUFFIXES)
+    return _is_secret(key, _policy.secret_keys)
 
 
 # -- the walk: a plain, bounded copy of the user's value ------------------------------------------
@@ -343,6 +374,10 @@ class _Walk:
 
     def value(self, v: object, depth: int) -> object:
         t = type(v)
+        if t is str:  # the common cases first
+            return self.string(v)  # type: ignore[arg-type]
+        if t is dict:
+            return self.mapping(v, depth)  # type: ignore[arg-type]
         if v is None or t is bool:
             self.left -= 5
             return v
