@@ -46,7 +46,9 @@ and counted."""
 OTEL_BSP_MAX_EXPORT_BATCH_SIZE: Final = "OTEL_BSP_MAX_EXPORT_BATCH_SIZE"
 OTEL_BSP_SCHEDULE_DELAY: Final = "OTEL_BSP_SCHEDULE_DELAY"
 
-OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT: Final = "OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT"
+OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT: Final = (
+    "OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT"
+)
 """Whether :func:`gymtrace.record_content` records anything (the GenAI conventions' variable):
 ``NO_CONTENT`` (default), ``SPAN_ONLY`` (span attributes), ``EVENT_ONLY`` (a span event),
 ``SPAN_AND_EVENT``. Case-insensitive. The older boolean form is accepted: ``true``/``1``/``yes``/``on``
