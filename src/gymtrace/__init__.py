@@ -34,6 +34,7 @@ from gymtrace._api import (
     verify,
 )
 from gymtrace._attempts import Attempt, Attempts, attempts
+from gymtrace._content import configure_content, record_content
 from gymtrace._errors import GymTraceError, HierarchyViolationError, InvalidArgumentError
 from gymtrace._export import ExportStats
 from gymtrace._processor import IdentitySpanProcessor
@@ -58,6 +59,7 @@ __all__ = [
     "agent_invocation",
     "attempts",
     "configure",
+    "configure_content",
     "current",
     "current_scope",
     "episode",
@@ -65,6 +67,7 @@ __all__ = [
     "force_flush",
     "model_call",
     "propagation",
+    "record_content",
     "record_failure",
     "record_reward",
     "record_usage",

@@ -113,6 +113,22 @@ GEN_AI_EVALUATION_NAME: Final = "gen_ai.evaluation.name"
 GEN_AI_EVALUATION_SCORE_VALUE: Final = "gen_ai.evaluation.score.value"
 GEN_AI_EVALUATION_SCORE_LABEL: Final = "gen_ai.evaluation.score.label"
 
+# Content, opt-in (see _content.py). Checked against open-telemetry/semantic-conventions-genai
+# model/gen-ai/registry.yaml: gen_ai.input.messages, gen_ai.output.messages (opt_in on inference and
+# invoke_agent spans, spans.yaml "attributes.gen_ai.content"), gen_ai.tool.call.arguments and
+# gen_ai.tool.call.result (type any; "MAY be recorded as a JSON string" on spans); and
+# model/gen-ai/events.yaml: event gen_ai.client.inference.operation.details (opt-in, the inference
+# span's attributes).
+GEN_AI_INPUT_MESSAGES: Final = "gen_ai.input.messages"
+GEN_AI_OUTPUT_MESSAGES: Final = "gen_ai.output.messages"
+GEN_AI_TOOL_CALL_ARGUMENTS: Final = "gen_ai.tool.call.arguments"
+GEN_AI_TOOL_CALL_RESULT: Final = "gen_ai.tool.call.result"
+GEN_AI_CLIENT_INFERENCE_OPERATION_DETAILS: Final = "gen_ai.client.inference.operation.details"
+# The conventions define no content event for agent invocations or tool calls; gymtrace's own name.
+CONTENT_EVENT: Final = "gym.content"
+# Number of captured values left out because the span's content budget was spent.
+CONTENT_OMITTED: Final = "gym.content.omitted"
+
 OPERATION_INVOKE_AGENT: Final = "invoke_agent"
 OPERATION_CHAT: Final = "chat"
 OPERATION_EXECUTE_TOOL: Final = "execute_tool"

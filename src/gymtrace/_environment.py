@@ -46,6 +46,24 @@ and counted."""
 OTEL_BSP_MAX_EXPORT_BATCH_SIZE: Final = "OTEL_BSP_MAX_EXPORT_BATCH_SIZE"
 OTEL_BSP_SCHEDULE_DELAY: Final = "OTEL_BSP_SCHEDULE_DELAY"
 
+OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT: Final = (
+    "OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT"
+)
+"""Whether :func:`gymtrace.record_content` records anything (the GenAI conventions' variable):
+``NO_CONTENT`` (default), ``SPAN_ONLY`` (span attributes), ``EVENT_ONLY`` (a span event),
+``SPAN_AND_EVENT``. Case-insensitive. The older boolean form is accepted: ``true``/``1``/``yes``/``on``
+mean ``SPAN_ONLY``, ``false``/``0``/``no``/``off`` mean ``NO_CONTENT``; anything else is logged once
+and means ``NO_CONTENT``. ``configure(capture_content=...)`` overrides it."""
+
+GYMTRACE_CONTENT_MAX_VALUE_BYTES: Final = "GYMTRACE_CONTENT_MAX_VALUE_BYTES"
+"""Largest captured value, in UTF-8 bytes of its JSON text (default 16384, at least 256). Longer
+values are cut and end with ``…[truncated N bytes]``."""
+
+GYMTRACE_CONTENT_MAX_SPAN_BYTES: Final = "GYMTRACE_CONTENT_MAX_SPAN_BYTES"
+"""Content budget of one span, in bytes, span attributes and events together (default 32768). With
+capture on, ``configure()`` sizes OTLP export batches from it so every request stays under gRPC's
+4 MiB message limit (see ``docs/content-capture.md``)."""
+
 OTEL_SDK_DISABLED: Final = "OTEL_SDK_DISABLED"
 OTEL_SERVICE_NAME: Final = "OTEL_SERVICE_NAME"
 OTEL_TRACES_EXPORTER: Final = "OTEL_TRACES_EXPORTER"

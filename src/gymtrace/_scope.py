@@ -212,6 +212,13 @@ class ActiveScope:
             scope=self,
         )
 
+    def record_content(self, input: object = None, output: object = None) -> None:
+        """Record prompts/messages or tool arguments/results on this scope; off by default
+        (see :func:`gymtrace.record_content`)."""
+        from gymtrace._content import record_content
+
+        record_content(input, output, scope=self)
+
     def _take_number(self, kind: str, explicit: int | None) -> int:
         with _counter_lock:
             if kind == c.KIND_TURN:

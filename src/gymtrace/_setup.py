@@ -12,7 +12,7 @@ import logging
 import os
 import random
 import threading
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 from opentelemetry import trace
 
 from gymtrace import _environment as env
+from gymtrace._content import UNCHANGED, configure_content, export_settings, otlp_batch_size
 from gymtrace._errors import InvalidArgumentError, set_strict
 from gymtrace._processor import IdentitySpanProcessor
 from gymtrace._scope import set_trace_per
@@ -285,6 +286,8 @@ def configure(
     sampler: Sampler | None = None,
     trace_per: str | None = None,
     strict: bool | None = None,
+    capture_content: str | bool | None = None,
+    redact_content: Callable[[str, Any], Any] | None = None,
 ) -> Configuration:
     """Set up tracing for gymtrace. Optional: instrumentation works under any TracerProvider.
 
@@ -303,6 +306,10 @@ def configure(
     ``gymtrace``. The sampler defaults to the SDK's reading of ``OTEL_TRACES_SAMPLER``. With
     ``OTEL_SDK_DISABLED=true`` nothing is set up and decorated calls cost next to nothing.
 
+    ``capture_content`` (a ``OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT`` mode or a bool) and
+    ``redact_content`` (a hook) set the content policy, see :func:`gymtrace.configure_content`.
+    With capture on, OTLP export batches are capped so every request stays under 4 MiB.
+
     Idempotent: the same call twice does nothing; a different call replaces gymtrace's exporters.
     If the application already set a TracerProvider, gymtrace never replaces it: it adds
     :class:`~gymtrace.IdentitySpanProcessor` to it and leaves exporting to the application.
@@ -313,6 +320,11 @@ def configure(
         set_trace_per(trace_per)
     elif os.environ.get(env.GYMTRACE_TRACE_PER):
         set_trace_per(os.environ[env.GYMTRACE_TRACE_PER].strip().lower())
+    if capture_content is not None or redact_content is not None:
+        configure_content(
+            capture=UNCHANGED if capture_content is None else capture_content,
+            redact=UNCHANGED if redact_content is None else redact_content,
+        )
     if env.env_flag(os.environ.get(env.OTEL_SDK_DISABLED)):
         logger.info("gymtrace: OTEL_SDK_DISABLED is set; tracing stays off")
         return Configuration(disabled=True)
@@ -330,6 +342,7 @@ def configure(
         path,
         tuple(sorted((headers or {}).items())),
         _sampler_key(sampler),
+        export_settings(),  # content capture lowers the OTLP batch size
     )
     with _state.lock:
         if _state.settings == settings and _state.configuration is not None:
@@ -445,7 +458,7 @@ def _processors(
                 exporter,
                 name=name,
                 max_queue_size=queue_size,
-                max_batch_size=batch_size,
+                max_batch_size=otlp_batch_size(batch_size) if name == "otlp" else batch_size,
                 schedule_delay=delay,
                 shutdown_timeout=flush_timeout,
             )
