@@ -11,7 +11,11 @@ from pathlib import Path
 import pytest
 
 README = Path(__file__).parent.parent / "README.md"
+DOCS = sorted((README.parent / "docs").glob("*.md"))
+# ```python blocks are complete programs and are run; ```py blocks are fragments (a server, a
+# client) whose gymtrace names are checked by test_every_gymtrace_name_the_readme_mentions_exists.
 BLOCKS = re.findall(r"```python\n(.*?)```", README.read_text(), flags=re.DOTALL)
+DOC_BLOCKS = [(doc.name, block) for doc in DOCS for block in re.findall(r"```python\n(.*?)```", doc.read_text(), flags=re.DOTALL)]
 
 
 @pytest.mark.parametrize("code", BLOCKS, ids=[f"block{i}" for i in range(len(BLOCKS))])
@@ -27,6 +31,11 @@ def test_readme_python_example_runs(tmp_path: Path, code: str) -> None:
         check=False,
     )
     assert out.returncode == 0, out.stderr
+
+
+@pytest.mark.parametrize(("doc", "code"), DOC_BLOCKS, ids=[f"{doc}-{i}" for i, (doc, _) in enumerate(DOC_BLOCKS)])
+def test_docs_python_example_runs(tmp_path: Path, doc: str, code: str) -> None:
+    test_readme_python_example_runs(tmp_path, code)
 
 
 def test_readme_main_example_traces_what_it_says(tmp_path: Path) -> None:
@@ -62,7 +71,7 @@ def test_readme_starts_with_the_demo_and_test_commands() -> None:
 def test_every_gymtrace_name_the_readme_mentions_exists() -> None:
     import importlib
 
-    text = README.read_text()
+    text = "\n".join(path.read_text() for path in [README, *DOCS])
     for module, names in re.findall(r"from (gymtrace[\w.]*) import ([\w, ]+)", text):
         imported = importlib.import_module(module)
         for name in names.split(","):
