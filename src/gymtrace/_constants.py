@@ -43,11 +43,9 @@ SPAN_SEED_SESSION: Final = "gym.seed_session"
 SPAN_TURN: Final = "gym.turn"
 SPAN_STEP: Final = "gym.step"
 SPAN_VERIFY: Final = "gym.verify"
-# GenAI spans are named "{operation} {subject}"; the subject is low-cardinality (a model or tool
-# name, never an ID). Without a subject the name is the bare operation.
-SPAN_PREFIX_AGENT: Final = "invoke_agent"
-SPAN_PREFIX_MODEL: Final = "chat"
-SPAN_PREFIX_TOOL: Final = "execute_tool"
+# GenAI spans are named "{gen_ai.operation.name} {subject}" (OPERATION_* below); the subject is
+# low-cardinality (an agent, model or tool name, never an ID). Without a subject the name is the
+# bare operation.
 
 # -- gym identity: on the span of its own level and on every span below it -------------------------
 

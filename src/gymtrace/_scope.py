@@ -605,17 +605,24 @@ def _prepare_phase(name: str) -> Callable[..., _Prepared]:
     return prepare
 
 
-def _prepare_agent(
-    scope: Scope, frame: ActiveScope, values: dict[str, Any], ctx: otel_context.Context
-) -> _Prepared:
-    attributes = _base(frame, values)
-    attributes[c.GEN_AI_OPERATION_NAME] = c.OPERATION_INVOKE_AGENT
-    name = values.get("agent_name")
-    if name is not None:
-        attributes[c.GEN_AI_AGENT_NAME] = name
-    if "invocation_id" in values:
-        attributes[c.GEN_AI_AGENT_ID] = values["invocation_id"]
-    return (f"{c.SPAN_PREFIX_AGENT} {name}" if name else c.SPAN_PREFIX_AGENT), attributes, None, ctx
+def _prepare_genai(
+    operation: str, subject_argument: str, subject_attribute: str, id_argument: str, id_attribute: str
+) -> Callable[..., _Prepared]:
+    """GenAI spans are named "{operation} {subject}" (the agent, model or tool name)."""
+
+    def prepare(
+        scope: Scope, frame: ActiveScope, values: dict[str, Any], ctx: otel_context.Context
+    ) -> _Prepared:
+        attributes = _base(frame, values)
+        attributes[c.GEN_AI_OPERATION_NAME] = operation
+        subject = values.get(subject_argument)
+        if subject is not None:
+            attributes[subject_attribute] = subject
+        if id_argument in values:
+            attributes[id_attribute] = values[id_argument]
+        return (f"{operation} {subject}" if subject else operation), attributes, None, ctx
+
+    return prepare
 
 
 def _prepare_numbered(kind: str, span_name: str, attribute: str) -> Callable[..., _Prepared]:
@@ -635,43 +642,24 @@ def _prepare_numbered(kind: str, span_name: str, attribute: str) -> Callable[...
     return prepare
 
 
-def _prepare_model(
-    scope: Scope, frame: ActiveScope, values: dict[str, Any], ctx: otel_context.Context
-) -> _Prepared:
-    attributes = _base(frame, values)
-    attributes[c.GEN_AI_OPERATION_NAME] = c.OPERATION_CHAT
-    model = values.get("model")
-    if model is not None:
-        attributes[c.GEN_AI_REQUEST_MODEL] = model
-    if "provider" in values:
-        attributes[c.GEN_AI_PROVIDER_NAME] = values["provider"]
-    return (f"{c.SPAN_PREFIX_MODEL} {model}" if model else c.SPAN_PREFIX_MODEL), attributes, None, ctx
-
-
-def _prepare_tool(
-    scope: Scope, frame: ActiveScope, values: dict[str, Any], ctx: otel_context.Context
-) -> _Prepared:
-    attributes = _base(frame, values)
-    attributes[c.GEN_AI_OPERATION_NAME] = c.OPERATION_EXECUTE_TOOL
-    tool = values.get("tool_name")
-    if tool is not None:
-        attributes[c.GEN_AI_TOOL_NAME] = tool
-    if "call_id" in values:
-        attributes[c.GEN_AI_TOOL_CALL_ID] = values["call_id"]
-    return (f"{c.SPAN_PREFIX_TOOL} {tool}" if tool else c.SPAN_PREFIX_TOOL), attributes, None, ctx
-
-
 _PREPARE: dict[str, Callable[..., _Prepared]] = {
     c.KIND_RUN: _prepare_run,
     c.KIND_ROLLOUT: _prepare_rollout,
     c.KIND_EPISODE: _prepare_episode,
     c.KIND_SEED_SESSION: _prepare_phase(c.SPAN_SEED_SESSION),
     c.KIND_VERIFY: _prepare_phase(c.SPAN_VERIFY),
-    c.KIND_AGENT_INVOCATION: _prepare_agent,
+    c.KIND_AGENT_INVOCATION: _prepare_genai(
+        c.OPERATION_INVOKE_AGENT, "agent_name", c.GEN_AI_AGENT_NAME, "invocation_id", c.GEN_AI_AGENT_ID
+    ),
     c.KIND_TURN: _prepare_numbered(c.KIND_TURN, c.SPAN_TURN, c.TURN_NUMBER),
     c.KIND_STEP: _prepare_numbered(c.KIND_STEP, c.SPAN_STEP, c.STEP_NUMBER),
-    c.KIND_MODEL_CALL: _prepare_model,
-    c.KIND_TOOL_CALL: _prepare_tool,
+    # The model call's second argument is the provider, not an ID; same shape all the same.
+    c.KIND_MODEL_CALL: _prepare_genai(
+        c.OPERATION_CHAT, "model", c.GEN_AI_REQUEST_MODEL, "provider", c.GEN_AI_PROVIDER_NAME
+    ),
+    c.KIND_TOOL_CALL: _prepare_genai(
+        c.OPERATION_EXECUTE_TOOL, "tool_name", c.GEN_AI_TOOL_NAME, "call_id", c.GEN_AI_TOOL_CALL_ID
+    ),
 }
 
 
