@@ -82,7 +82,9 @@ def processors() -> Iterator[list[BatchExporter]]:
         p.shutdown(timeout_millis=100)
 
 
-def make(processors: list[BatchExporter], exporter: SpanExporter, **kwargs: float) -> tuple[BatchExporter, TracerProvider]:
+def make(
+    processors: list[BatchExporter], exporter: SpanExporter, **kwargs: float
+) -> tuple[BatchExporter, TracerProvider]:
     options = {"schedule_delay": 0.01, "shutdown_timeout": 1.0, **kwargs}
     bex = BatchExporter(
         exporter,

@@ -260,7 +260,9 @@ def test_multiprocessing_fork_worker_exports_before_os_exit(tmp_path: Path) -> N
     code, spans, _ = run_both(tmp_path, "multiprocessing_fork")
     assert code == 0
     rollouts = Counter(s.attributes.get("gym.rollout.id") for s in spans if s.name == "gym.rollout")
-    assert rollouts == Counter({"mp-parent-0": 1, "mp-parent-1": 1, "mp-child-0": 1, "mp-child-1": 1, "mp-child-open": 1})
+    assert rollouts == Counter(
+        {"mp-parent-0": 1, "mp-parent-1": 1, "mp-child-0": 1, "mp-child-1": 1, "mp-child-open": 1}
+    )
     # The child ends only its own open rollout; the parent's run is the parent's (exported once).
     assert interrupted(spans) == {"rollout:mp-child-open"}
     assert names(spans)["gym.run"] == 1

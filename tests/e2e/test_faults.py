@@ -76,7 +76,15 @@ def pipeline_ok(pipe: Pipeline) -> Iterator[Pipeline]:
 class Worker:
     """One ``fault_worker.py`` subprocess and its control directory."""
 
-    def __init__(self, tmp: Path, endpoint: str, *, phases: str, env: dict[str, str] | None = None, extra: tuple[str, ...] = ()):
+    def __init__(
+        self,
+        tmp: Path,
+        endpoint: str,
+        *,
+        phases: str,
+        env: dict[str, str] | None = None,
+        extra: tuple[str, ...] = (),
+    ):
         self.service = f"faults-{uuid.uuid4().hex[:10]}"
         self.control = tmp / "control"
         self.control.mkdir()
@@ -155,7 +163,9 @@ def received_spans(p: Pipeline, service: str) -> dict[int, dict[str, Any]]:
     return spans
 
 
-def wait_received(p: Pipeline, service: str, at_least: int, timeout: float = JAEGER_WAIT) -> dict[int, dict[str, Any]]:
+def wait_received(
+    p: Pipeline, service: str, at_least: int, timeout: float = JAEGER_WAIT
+) -> dict[int, dict[str, Any]]:
     """Poll Jaeger until it holds ``at_least`` distinct spans of ``service``, then let late
     arrivals settle (so a duplicate or an unexpected span would be seen too)."""
     deadline = time.monotonic() + timeout
@@ -199,7 +209,9 @@ def wait_drained(p: Pipeline, worker: Worker, phase_state: dict[str, Any]) -> No
     assert len(received) == finished, (len(received), phase_state)
 
 
-def test_collector_not_up_at_start_gets_everything_once_it_starts(pipeline_ok: Pipeline, tmp_path: Path) -> None:
+def test_collector_not_up_at_start_gets_everything_once_it_starts(
+    pipeline_ok: Pipeline, tmp_path: Path
+) -> None:
     p = pipeline_ok
     p.kill_collector()
     # ~2 s of rollouts before the Collector is up: the queue tries (and fails) several times.
@@ -221,9 +233,13 @@ def test_collector_not_up_at_start_gets_everything_once_it_starts(pipeline_ok: P
     assert stats["retries"] > 0, stats
 
 
-def test_collector_killed_mid_run_and_restarted_loses_nothing_that_fit(pipeline_ok: Pipeline, tmp_path: Path) -> None:
+def test_collector_killed_mid_run_and_restarted_loses_nothing_that_fit(
+    pipeline_ok: Pipeline, tmp_path: Path
+) -> None:
     p = pipeline_ok
-    worker = Worker(tmp_path, p.otlp_grpc_endpoint, phases="15,15,15", env={"OTEL_EXPORTER_OTLP_TIMEOUT": "1"})
+    worker = Worker(
+        tmp_path, p.otlp_grpc_endpoint, phases="15,15,15", env={"OTEL_EXPORTER_OTLP_TIMEOUT": "1"}
+    )
     wait_drained(p, worker, worker.wait_phase(0))
     p.kill_collector()
     worker.go(0)
@@ -239,7 +255,9 @@ def test_collector_killed_mid_run_and_restarted_loses_nothing_that_fit(pipeline_
     assert stats["retries"] > 0, stats
 
 
-def test_stalled_collector_with_a_small_queue_drops_are_counted(pipeline_ok: Pipeline, tmp_path: Path) -> None:
+def test_stalled_collector_with_a_small_queue_drops_are_counted(
+    pipeline_ok: Pipeline, tmp_path: Path
+) -> None:
     p = pipeline_ok
     worker = Worker(
         tmp_path,
@@ -263,7 +281,9 @@ def test_stalled_collector_with_a_small_queue_drops_are_counted(pipeline_ok: Pip
     assert result["max_rollout_seconds"] < 1.0, result
 
 
-def test_sigterm_mid_rollout_delivers_finished_and_interrupted_spans(pipeline_ok: Pipeline, tmp_path: Path) -> None:
+def test_sigterm_mid_rollout_delivers_finished_and_interrupted_spans(
+    pipeline_ok: Pipeline, tmp_path: Path
+) -> None:
     p = pipeline_ok
     worker = Worker(tmp_path, p.otlp_grpc_endpoint, phases="5", extra=("--hang",))
     worker.wait_phase(0)
