@@ -30,8 +30,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-import gymtrace
 from opentelemetry import trace
+
+import gymtrace
 
 SPANS_PER_ROLLOUT = 9
 

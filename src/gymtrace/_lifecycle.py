@@ -22,7 +22,7 @@ import signal
 import threading
 from collections.abc import Callable
 from types import FrameType
-from typing import Any
+from typing import Any, NoReturn
 
 from gymtrace._scope import _OPEN, end_open_scopes
 
@@ -89,8 +89,8 @@ def _in_forked_child() -> None:
     # the same span ID, marked interrupted (tests/test_process_endings.py, fork scenarios).
     _OPEN.clear()
 
-    def flushing_exit(code: int) -> None:
+    def flushing_exit(status: int) -> NoReturn:
         _end_and_flush("os._exit in a forked worker")
-        _real_os_exit(code)
+        _real_os_exit(status)
 
     os._exit = flushing_exit

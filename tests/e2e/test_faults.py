@@ -23,6 +23,7 @@ Bounded: workloads are fixed counts, every wait and subprocess has a timeout.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -65,10 +66,8 @@ def pipe(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Pipeline]:
 def pipeline_ok(pipe: Pipeline) -> Iterator[Pipeline]:
     """Every test leaves the Collector running and not stalled, whatever it did to it."""
     yield pipe
-    try:
+    with contextlib.suppress(PipelineError):  # not running
         pipe.resume_collector()
-    except PipelineError:
-        pass  # not running
     if not pipe.collector_running:
         pipe.start_collector()
 
