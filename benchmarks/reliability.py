@@ -191,7 +191,15 @@ def restart(quick: bool) -> None:
             return dict(json.loads(path.read_text())["stats"][0])
 
         before = phase(0)
-        time.sleep(2.0)  # everything so far reaches Jaeger before the kill
+
+        def in_jaeger() -> set[str]:
+            return {s["spanID"] for t in p.find_traces(service, limit=100_000) for s in t["spans"]}
+
+        # Kill only once Jaeger holds everything so far: what the Collector acknowledged and still
+        # held (tail sampling waits decision_wait) dies with it, and no client can count that.
+        deadline = time.monotonic() + 30
+        while len(in_jaeger()) < before["finished"] and time.monotonic() < deadline:
+            time.sleep(0.25)
         p.kill_collector()
         (control / "go-0").write_text("")
         down = phase(1)
@@ -201,8 +209,13 @@ def restart(quick: bool) -> None:
         (control / "go-1").write_text("")
         out, _ = proc.communicate(timeout=300)
         final = json.loads(out.strip().splitlines()[-1])["stats"][0]
-        time.sleep(2.5)  # > decision_wait
-        received = {s["spanID"] for t in p.find_traces(service, limit=100_000) for s in t["spans"]}
+        # Poll: the restarted Collector forwards the burst over a few decision_wait periods.
+        deadline = time.monotonic() + 60
+        while True:
+            received = in_jaeger()
+            if len(received) >= final["exported"] or time.monotonic() > deadline:
+                break
+            time.sleep(0.5)
     finished_while_down = down["finished"] - before["finished"]
     print("(iii) Collector killed (SIGKILL) mid-run, started again")
     print(
