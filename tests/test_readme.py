@@ -15,7 +15,11 @@ DOCS = sorted((README.parent / "docs").glob("*.md"))
 # ```python blocks are complete programs and are run; ```py blocks are fragments (a server, a
 # client) whose gymtrace names are checked by test_every_gymtrace_name_the_readme_mentions_exists.
 BLOCKS = re.findall(r"```python\n(.*?)```", README.read_text(), flags=re.DOTALL)
-DOC_BLOCKS = [(doc.name, block) for doc in DOCS for block in re.findall(r"```python\n(.*?)```", doc.read_text(), flags=re.DOTALL)]
+DOC_BLOCKS = [
+    (doc.name, block)
+    for doc in DOCS
+    for block in re.findall(r"```python\n(.*?)```", doc.read_text(), flags=re.DOTALL)
+]
 
 
 @pytest.mark.parametrize("code", BLOCKS, ids=[f"block{i}" for i in range(len(BLOCKS))])
@@ -33,7 +37,9 @@ def test_readme_python_example_runs(tmp_path: Path, code: str) -> None:
     assert out.returncode == 0, out.stderr
 
 
-@pytest.mark.parametrize(("doc", "code"), DOC_BLOCKS, ids=[f"{doc}-{i}" for i, (doc, _) in enumerate(DOC_BLOCKS)])
+@pytest.mark.parametrize(
+    ("doc", "code"), DOC_BLOCKS, ids=[f"{doc}-{i}" for i, (doc, _) in enumerate(DOC_BLOCKS)]
+)
 def test_docs_python_example_runs(tmp_path: Path, doc: str, code: str) -> None:
     test_readme_python_example_runs(tmp_path, code)
 

@@ -76,6 +76,7 @@ class BatchExporter:
         self._wake = threading.Event()
         self._idle = threading.Condition(self._lock)
         self._exporting = 0  # spans in the batch the worker holds right now
+        self._abandoned = False  # shutdown gave up waiting for the worker's batch
         self._finished = self._exported = self._dropped_full = self._dropped_failed = self._retries = 0
         self._shutdown = False
         self._backoff = 0.0
@@ -98,6 +99,8 @@ class BatchExporter:
             return
         with self._lock:
             if self._shutdown:
+                # Still a finished span: count it, or finished != exported + dropped + queued.
+                self._finished += 1
                 self._dropped_failed += 1
                 return
             if len(self._queue) >= self.max_queue_size:
@@ -141,10 +144,15 @@ class BatchExporter:
         if self._thread is not None:
             # Bounded: a worker stuck in an export to a dead endpoint must not hold up the exit.
             self._thread.join(timeout=1.0)
-            if self._thread.is_alive():
-                with self._lock:
-                    self._dropped_failed += self._exporting
-                    self._exporting = 0
+        with self._lock:
+            # A batch the worker still holds will never be delivered now. The worker's own
+            # accounting (_settle) skips a batch abandoned here, so it is counted exactly once.
+            if self._exporting:
+                self._dropped_failed += self._exporting
+                self._exporting = 0
+                self._abandoned = True
+            self._dropped_failed += len(self._queue)
+            self._queue.clear()
         try:
             self.exporter.shutdown()
         except Exception:
@@ -193,6 +201,7 @@ class BatchExporter:
         self._queue.clear()
         self._tries = {}
         self._exporting = 0
+        self._abandoned = False
         self._finished = self._exported = self._dropped_full = self._dropped_failed = self._retries = 0
         self._pid = os.getpid()
         if not self._shutdown:
@@ -217,9 +226,7 @@ class BatchExporter:
                     break
                 delivered = self._export(batch)
                 with self._lock:
-                    self._exporting = 0
-                    if not delivered:
-                        self._requeue(batch)
+                    self._settle(batch, delivered)
                     self._idle.notify_all()
                 if not delivered:
                     break  # wait out the backoff before the next try
@@ -235,16 +242,29 @@ class BatchExporter:
                 "gymtrace: exporter %s raised; the batch will be retried", self.name, exc_info=True
             )
             ok = False
-        with self._lock:
-            if ok:
-                self._exported += len(batch)
-                self._backoff = 0.0
-                if self._tries:
-                    for span in batch:
-                        self._tries.pop(id(span), None)
-            else:
-                self._backoff = min(_BACKOFF_MAX, max(_BACKOFF_START, self._backoff * 2))
         return ok
+
+    def _settle(self, batch: list[Any], delivered: bool) -> None:
+        """Count the outcome of one export (lock held)."""
+        if self._abandoned:
+            return  # shutdown already counted this batch as dropped
+        self._exporting = 0
+        if delivered:
+            self._exported += len(batch)
+            self._backoff = 0.0
+            if self._tries:
+                for span in batch:
+                    self._tries.pop(id(span), None)
+            return
+        self._backoff = min(_BACKOFF_MAX, max(_BACKOFF_START, self._backoff * 2))
+        if self._shutdown:
+            # Nobody will take it from the queue again (shutdown before issue 5 requeued it
+            # here after counting the queue, and the spans vanished from every count).
+            self._dropped_failed += len(batch)
+            for span in batch:
+                self._tries.pop(id(span), None)
+        else:
+            self._requeue(batch)
 
     def _requeue(self, batch: list[Any]) -> None:
         """Put a failed batch back at the old end of the queue, within the bound (lock held)."""

@@ -1,0 +1,278 @@
+"""The export queue (``gymtrace._export.BatchExporter``) against real exporter stand-ins.
+
+The stand-ins are real :class:`~opentelemetry.sdk.trace.export.SpanExporter` objects (one that
+fails N times then succeeds, one that blocks until released, one that raises), fed real SDK spans
+from a private ``TracerProvider``. Every test checks the books: ``finished == exported + dropped +
+queued``.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from collections.abc import Iterator, Sequence
+
+import pytest
+from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
+from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
+from opentelemetry.sdk.trace.sampling import ALWAYS_OFF
+
+from gymtrace import _export
+from gymtrace._export import BatchExporter, ExportStats
+
+
+class FlakyExporter(SpanExporter):
+    """Fails the first ``failures`` exports (``FAILURE`` or, with ``raise_=True``, an exception)."""
+
+    def __init__(self, failures: int = 0, *, raise_: bool = False) -> None:
+        self.failures = failures
+        self.raise_ = raise_
+        self.calls = 0
+        self.attempts: list[str] = []  # span names, every time a span was offered
+        self.delivered: list[str] = []
+        self.shut_down = False
+
+    def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
+        self.calls += 1
+        self.attempts.extend(s.name for s in spans)
+        if self.calls <= self.failures:
+            if self.raise_:
+                raise ConnectionError("collector is restarting")
+            return SpanExportResult.FAILURE
+        self.delivered.extend(s.name for s in spans)
+        return SpanExportResult.SUCCESS
+
+    def shutdown(self) -> None:
+        self.shut_down = True
+
+
+class BlockingExporter(SpanExporter):
+    """Blocks in ``export`` until ``release`` is set (a Collector that accepts and never answers)."""
+
+    def __init__(self, result: SpanExportResult = SpanExportResult.SUCCESS) -> None:
+        self.entered = threading.Event()
+        self.release = threading.Event()
+        self.result = result
+        self.delivered: list[str] = []
+
+    def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
+        self.entered.set()
+        self.release.wait(30)
+        if self.result is SpanExportResult.SUCCESS:
+            self.delivered.extend(s.name for s in spans)
+        return self.result
+
+    def shutdown(self) -> None:
+        return None
+
+
+@pytest.fixture(autouse=True)
+def fast_backoff(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(_export, "_BACKOFF_START", 0.01)
+    monkeypatch.setattr(_export, "_BACKOFF_MAX", 0.05)
+
+
+@pytest.fixture
+def processors() -> Iterator[list[BatchExporter]]:
+    made: list[BatchExporter] = []
+    yield made
+    for p in made:
+        p.shutdown(timeout_millis=100)
+
+
+def make(
+    processors: list[BatchExporter], exporter: SpanExporter, **kwargs: float
+) -> tuple[BatchExporter, TracerProvider]:
+    options = {"schedule_delay": 0.01, "shutdown_timeout": 1.0, **kwargs}
+    bex = BatchExporter(
+        exporter,
+        name="test",
+        max_queue_size=int(options.pop("max_queue_size", 100)),
+        max_batch_size=int(options.pop("max_batch_size", 10)),
+        **options,
+    )
+    processors.append(bex)
+    provider = TracerProvider(shutdown_on_exit=False)
+    provider.add_span_processor(bex)  # type: ignore[arg-type]
+    return bex, provider
+
+
+def end_spans(provider: TracerProvider, names: Sequence[str]) -> None:
+    tracer = provider.get_tracer("test")
+    for name in names:
+        tracer.start_span(name).end()
+
+
+def balanced(stats: ExportStats) -> bool:
+    return stats.finished == stats.exported + stats.dropped + stats.queued
+
+
+def wait_until(predicate: object, timeout: float = 5.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():  # type: ignore[operator]
+        assert time.monotonic() < deadline, "condition not reached in time"
+        time.sleep(0.005)
+
+
+def test_queue_is_bounded_and_drops_the_oldest_counting_each(processors: list[BatchExporter]) -> None:
+    exporter = BlockingExporter()
+    bex, provider = make(processors, exporter, max_queue_size=10, max_batch_size=5)
+    end_spans(provider, [f"a{i}" for i in range(5)])
+    assert exporter.entered.wait(5)  # the worker holds a-batch; the queue is empty
+    end_spans(provider, [f"b{i}" for i in range(30)])
+    stats = bex.stats()
+    assert (stats.finished, stats.queued, stats.dropped_queue_full) == (35, 15, 20)
+    assert balanced(stats)
+    exporter.release.set()
+    assert bex.force_flush(5000)
+    assert exporter.delivered == [f"a{i}" for i in range(5)] + [f"b{i}" for i in range(20, 30)]
+    stats = bex.stats()
+    assert (stats.exported, stats.dropped, stats.queued) == (15, 20, 0)
+
+
+def test_failed_batches_are_requeued_and_delivered_once_the_exporter_recovers(
+    processors: list[BatchExporter],
+) -> None:
+    exporter = FlakyExporter(failures=3)
+    bex, provider = make(processors, exporter)
+    names = [f"s{i}" for i in range(25)]
+    end_spans(provider, names)
+    assert bex.force_flush(5000)
+    stats = bex.stats()
+    assert stats.retries == 3 and stats.dropped == 0 and stats.exported == 25
+    assert exporter.delivered == names  # every span once, in order
+    assert balanced(stats)
+
+
+def test_an_exporter_that_raises_is_retried_and_nothing_reaches_the_caller(
+    processors: list[BatchExporter], caplog: pytest.LogCaptureFixture
+) -> None:
+    exporter = FlakyExporter(failures=2, raise_=True)
+    bex, provider = make(processors, exporter)
+    with caplog.at_level(logging.WARNING, logger="gymtrace"):
+        end_spans(provider, ["x", "y"])
+        assert bex.force_flush(5000)
+    assert exporter.delivered == ["x", "y"]
+    assert bex.stats().retries == 2
+    assert "will be retried" in caplog.text
+
+
+def test_a_span_is_given_up_after_max_tries_and_counted(
+    processors: list[BatchExporter], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(_export, "_MAX_TRIES", 3)
+    exporter = FlakyExporter(failures=10**9)
+    bex, provider = make(processors, exporter)
+    end_spans(provider, [f"s{i}" for i in range(7)])
+    wait_until(lambda: bex.stats().dropped_export_failed == 7)
+    stats = bex.stats()
+    assert stats.exported == 0 and stats.queued == 0 and balanced(stats)
+    assert sorted(exporter.attempts) == sorted([f"s{i}" for i in range(7)] * 3)
+    assert not bex._tries  # no memory kept for spans given up
+
+
+def test_a_requeued_batch_stays_within_the_bound(processors: list[BatchExporter]) -> None:
+    exporter = BlockingExporter(result=SpanExportResult.FAILURE)
+    bex, provider = make(processors, exporter, max_queue_size=10, max_batch_size=5)
+    end_spans(provider, [f"a{i}" for i in range(5)])
+    assert exporter.entered.wait(5)
+    end_spans(provider, [f"b{i}" for i in range(10)])  # the queue is full while a-batch fails
+    exporter.release.set()
+    wait_until(lambda: bex.stats().retries >= 1)
+    stats = bex.stats()
+    assert len(bex._queue) <= 10 and stats.dropped_queue_full >= 5 and balanced(stats)
+
+
+def test_unsampled_spans_are_not_queued(processors: list[BatchExporter]) -> None:
+    bex = BatchExporter(FlakyExporter(), name="test", schedule_delay=0.01)
+    processors.append(bex)
+    provider = TracerProvider(sampler=ALWAYS_OFF, shutdown_on_exit=False)
+    provider.add_span_processor(bex)  # type: ignore[arg-type]
+    end_spans(provider, ["x"] * 5)
+    assert bex.stats().finished == 0
+
+
+def test_force_flush_returns_false_when_the_exporter_hangs(processors: list[BatchExporter]) -> None:
+    exporter = BlockingExporter()
+    bex, provider = make(processors, exporter)
+    end_spans(provider, ["x"])
+    t0 = time.monotonic()
+    assert bex.force_flush(200) is False
+    assert time.monotonic() - t0 < 2
+    exporter.release.set()
+
+
+def test_shutdown_is_bounded_with_a_hung_exporter_and_counts_the_batch_once(
+    processors: list[BatchExporter], caplog: pytest.LogCaptureFixture
+) -> None:
+    exporter = BlockingExporter()
+    bex, provider = make(processors, exporter, shutdown_timeout=0.3, max_batch_size=4)
+    end_spans(provider, [f"s{i}" for i in range(10)])
+    assert exporter.entered.wait(5)
+    t0 = time.monotonic()
+    with caplog.at_level(logging.WARNING, logger="gymtrace"):
+        bex.shutdown()
+    elapsed = time.monotonic() - t0
+    assert elapsed < 0.3 + 1.0 + 1.0  # flush timeout + the bounded worker join + slack
+    stats = bex.stats()
+    assert (stats.finished, stats.exported, stats.dropped, stats.queued) == (10, 0, 10, 0)
+    assert "exported 0 of 10 spans; dropped 10" in caplog.text
+    # The hung export completes after the process gave up on it: not counted a second time.
+    exporter.release.set()
+    wait_until(lambda: not bex._thread.is_alive())  # type: ignore[union-attr]
+    assert bex.stats() == stats
+
+
+def test_a_batch_failing_during_shutdown_is_counted_dropped_not_requeued(
+    processors: list[BatchExporter], caplog: pytest.LogCaptureFixture
+) -> None:
+    exporter = BlockingExporter(result=SpanExportResult.FAILURE)
+    bex, provider = make(processors, exporter, shutdown_timeout=0.2, max_batch_size=4)
+    end_spans(provider, [f"s{i}" for i in range(10)])
+    assert exporter.entered.wait(5)
+    # The export fails while shutdown() waits for the worker (within its 1 s join).
+    threading.Timer(0.4, exporter.release.set).start()
+    with caplog.at_level(logging.WARNING, logger="gymtrace"):
+        bex.shutdown()
+    stats = bex.stats()
+    assert (stats.exported, stats.dropped, stats.queued) == (0, 10, 0), stats
+    assert not bex._queue
+    assert "dropped 10" in caplog.text
+
+
+def test_spans_ending_after_shutdown_count_as_finished_and_dropped(processors: list[BatchExporter]) -> None:
+    bex, provider = make(processors, FlakyExporter())
+    end_spans(provider, ["before"])
+    bex.shutdown()
+    end_spans(provider, ["after"])
+    stats = bex.stats()
+    assert (stats.finished, stats.exported, stats.dropped_export_failed) == (2, 1, 1)
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
+def test_a_forked_child_starts_empty_with_its_own_worker(processors: list[BatchExporter]) -> None:
+    exporter = FlakyExporter()
+    bex, provider = make(processors, exporter, schedule_delay=60.0)  # the parent's spans wait
+    end_spans(provider, ["parent-0", "parent-1"])
+    assert bex.stats().queued == 2
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - runs in the child
+        ok = False
+        try:
+            fresh = bex.stats()
+            end_spans(provider, ["child"])
+            ok = (
+                fresh.finished == 0
+                and fresh.queued == 0
+                and bex.force_flush(5000)
+                and exporter.delivered == ["child"]
+                and bex._pid == os.getpid()
+            )
+        finally:
+            os._exit(0 if ok else 1)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    assert bex.force_flush(5000)
+    assert exporter.delivered == ["parent-0", "parent-1"]
