@@ -72,7 +72,7 @@ class BatchExporter:
         self.schedule_delay = schedule_delay
         self.shutdown_timeout = shutdown_timeout
         self._queue: collections.deque[Any] = collections.deque()
-        self._lock = threading.Lock()
+        self._lock = threading.RLock()
         self._wake = threading.Event()
         self._idle = threading.Condition(self._lock)
         self._exporting = 0  # spans in the batch the worker holds right now
@@ -110,7 +110,8 @@ class BatchExporter:
                     self._tries.pop(id(oldest), None)
             self._queue.append(span)
             self._finished += 1
-            full_batch = len(self._queue) >= self.max_batch_size
+            # While backing off after a failed export, a full batch is no reason to try again early.
+            full_batch = len(self._queue) >= self.max_batch_size and not self._backoff
         if full_batch:
             self._wake.set()
 
@@ -195,7 +196,7 @@ class BatchExporter:
     def _after_fork(self) -> None:
         # The child must not export what the parent queued (the parent does that); it starts empty
         # with its own worker thread and its own counts.
-        self._lock = threading.Lock()
+        self._lock = threading.RLock()
         self._idle = threading.Condition(self._lock)
         self._wake = threading.Event()
         self._queue.clear()

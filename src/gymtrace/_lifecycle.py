@@ -6,9 +6,11 @@ Installed by ``configure()`` when gymtrace owns the TracerProvider:
   the scopes): an ``atexit`` hook ends the scopes still open (a run, rollouts in other threads) with
   ``gym.interrupted=true``; then the SDK's own exit hook flushes the queue, bounded by
   ``GYMTRACE_FLUSH_TIMEOUT``;
-- **SIGTERM** (what cluster schedulers send), whose default action skips ``atexit``: a handler ends
-  the open scopes, flushes, then runs the handler that was there before (a user's own handler
-  still runs) or, if that was the default, dies of SIGTERM as it would have;
+- **SIGTERM** (what cluster schedulers send), whose default action skips ``atexit``: with no
+  handler of the application's, gymtrace ends the open scopes as interrupted, flushes, and dies of
+  SIGTERM as the default would; with one installed before ``configure()``, it flushes what has
+  finished and runs that handler, which decides (a stop flag keeps the spans open; ``sys.exit``
+  unwinds them, and exit ends the rest as interrupted);
 - **a forked worker leaving through ``os._exit``** (``multiprocessing`` children do), which skips
   ``atexit``: in forked children ``os._exit`` flushes first.
 """
@@ -73,11 +75,18 @@ def _at_exit() -> None:
 
 
 def _on_sigterm(signum: int, frame: FrameType | None) -> None:
-    _end_and_flush("SIGTERM")
     previous = _previous_sigterm
     if callable(previous):
+        # The application decides what SIGTERM means (a stop flag, a graceful drain, sys.exit):
+        # deliver what has finished, leave open spans to end as the application unwinds (or at
+        # exit, as interrupted), then run its handler.
+        try:
+            _flush()
+        except Exception:  # noqa: BLE001 - never stand between a signal and its handler
+            logger.warning("gymtrace: failed to flush at SIGTERM", exc_info=True)
         previous(signum, frame)
         return
+    _end_and_flush("SIGTERM")
     # The default action: terminate by the same signal, so the exit status tells the scheduler.
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     os.kill(os.getpid(), signal.SIGTERM)

@@ -30,7 +30,6 @@ and identity values that are not short printable text (or small non-negative int
 from __future__ import annotations
 
 import os
-import re
 from collections.abc import Callable, Iterable, Iterator, Mapping, MutableMapping
 from concurrent.futures import Executor, Future
 from contextlib import contextmanager
@@ -63,7 +62,6 @@ R = TypeVar("R")
 # Identity values arriving from outside are bounded: an ID is short printable text.
 _MAX_ID_LENGTH = 256
 _MAX_INT = 1_000_000_000
-_PRINTABLE = re.compile(r"^[\x20-\x7e\u00a0-\U0010ffff]+$")
 REMOTE_KIND = "remote"
 
 
@@ -73,7 +71,9 @@ REMOTE_KIND = "remote"
 def _clean(key: str, raw: object) -> str | int | None:
     if isinstance(raw, int) and not isinstance(raw, bool):
         raw = str(raw)
-    if not isinstance(raw, str) or not raw or len(raw) > _MAX_ID_LENGTH or not _PRINTABLE.match(raw):
+    # str.isprintable() also refuses format characters (U+202E right-to-left override, zero-width
+    # spaces) and line separators, which percent-decoding can smuggle into an ID.
+    if not isinstance(raw, str) or not raw or len(raw) > _MAX_ID_LENGTH or not raw.isprintable():
         return None
     if key in c.INT_IDENTITY_KEYS:
         if not raw.isascii() or not raw.isdigit() or len(raw) > 10:
@@ -132,6 +132,12 @@ def _folded(name: str) -> str:
 
 def _text(value: Any) -> str | None:
     if isinstance(value, str):
+        # os.environ turns every byte that is not UTF-8 into a lone surrogate, which the SDK's
+        # propagators cannot encode: such a value is garbage, so it is ignored, not raised.
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:
+            return None
         return value
     if isinstance(value, (bytes, bytearray)):
         return bytes(value).decode("latin-1")
