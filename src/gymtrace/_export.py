@@ -17,6 +17,7 @@ import logging
 import os
 import threading
 import time
+import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -33,6 +34,19 @@ _BACKOFF_MAX = 5.0
 # and the exporters' own retries that is minutes of outage, and it stops a batch the Collector
 # rejects for good from circling forever.
 _MAX_TRIES = 20
+
+
+# Every exporter queue alive in this process. One fork hook serves them all; a hook per instance
+# could never be unregistered and would keep every replaced queue alive.
+_LIVE: weakref.WeakSet[BatchExporter] = weakref.WeakSet()
+
+
+def _after_fork_in_child() -> None:
+    for exporter in list(_LIVE):
+        exporter._after_fork()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 @dataclass(frozen=True)
@@ -84,7 +98,7 @@ class BatchExporter:
         self._pid = os.getpid()
         self._thread: threading.Thread | None = None
         self._start_worker()
-        os.register_at_fork(after_in_child=self._after_fork)
+        _LIVE.add(self)
 
     # -- span processor interface --------------------------------------------------------------
 

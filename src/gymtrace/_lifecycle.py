@@ -82,7 +82,7 @@ def _on_sigterm(signum: int, frame: FrameType | None) -> None:
         # exit, as interrupted), then run its handler.
         try:
             _flush()
-        except Exception:  # noqa: BLE001 - never stand between a signal and its handler
+        except Exception:  # never stand between a signal and its handler
             logger.warning("gymtrace: failed to flush at SIGTERM", exc_info=True)
         previous(signum, frame)
         return
