@@ -15,6 +15,7 @@ from typing import Any
 
 import pytest
 
+from clean_env import clean_env
 from gymtrace._setup import _resolve
 from gymtrace._spandata import read_otlp_json_lines
 
@@ -22,8 +23,7 @@ _OTEL_VARS = [k for k in os.environ if k.startswith(("OTEL_", "GYMTRACE_"))]
 
 
 def run_python(code: str, cwd: Path, **env: str) -> dict[str, Any]:
-    environ = {k: v for k, v in os.environ.items() if k not in _OTEL_VARS and k != "PYTEST_CURRENT_TEST"}
-    environ.update(env)
+    environ = clean_env(**env)
     out = subprocess.run(
         [sys.executable, "-c", textwrap.dedent(code)],
         cwd=cwd,

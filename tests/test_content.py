@@ -7,7 +7,6 @@ import copy
 import json
 import logging
 import math
-import os
 import subprocess
 import sys
 import textwrap
@@ -20,6 +19,7 @@ from typing import Any
 import pytest
 
 import gymtrace
+from clean_env import clean_env
 from gymtrace import _constants as c
 from gymtrace import _content
 from gymtrace.testing import CapturedSpans, capture_spans
@@ -595,7 +595,7 @@ def test_a_real_otlp_grpc_export_of_full_content_stays_under_4_mib_per_request(t
     server.start()
     try:
         pairs = 400  # 800 content spans + run, rollout, episode
-        environ = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "GYMTRACE_"))}
+        environ = clean_env()
         environ.pop("PYTEST_CURRENT_TEST", None)
         environ[VAR] = "SPAN_AND_EVENT"
         out = subprocess.run(

@@ -8,6 +8,8 @@ import textwrap
 
 import pytest
 
+from clean_env import clean_env
+
 CODE = """
 import asyncio, os, gymtrace
 from gymtrace._tracing import active_tracer
@@ -55,10 +57,8 @@ print("ok")
     "env", [{}, {"WITH_SDK": "1", "OTEL_SDK_DISABLED": "true"}], ids=["no-sdk-configured", "sdk-disabled"]
 )
 def test_disabled_tracing_returns_and_raises_exactly_like_the_function(env: dict[str, str]) -> None:
-    import os
 
-    environ = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "PYTEST_"))}
-    environ.update(env)
+    environ = clean_env(**env)
     out = subprocess.run(
         [sys.executable, "-c", textwrap.dedent(CODE)],
         env=environ,

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 
@@ -10,12 +9,13 @@ from opentelemetry import context as otel_context
 from opentelemetry import trace
 
 import gymtrace
+from clean_env import clean_env
 from gymtrace._tracing import SPAN_CONTEXT_KEY
 from gymtrace.testing import capture_spans
 
 
 def _run(code: str, **env: str) -> None:
-    clean = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "GYMTRACE_"))}
+    clean = clean_env()
     subprocess.run([sys.executable, "-c", code], check=True, env={**clean, **env})
 
 

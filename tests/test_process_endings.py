@@ -14,7 +14,6 @@ the trace file back with :func:`gymtrace._spandata.read_otlp_json_lines` and che
 
 from __future__ import annotations
 
-import os
 import signal
 import subprocess
 import sys
@@ -25,6 +24,7 @@ from pathlib import Path
 
 import pytest
 
+from clean_env import clean_env
 from gymtrace._spandata import SpanData, read_otlp_json_lines
 
 TIMEOUT = 60
@@ -154,7 +154,7 @@ def run_child(tmp: Path, scenario: str, *, tracing: bool, stop: int | None = Non
     script = tmp / f"{scenario}.py"
     script.write_text(PRELUDE + textwrap.dedent(SCENARIOS[scenario]))
     ready = tmp / f"ready-{tracing}"
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "GYMTRACE_"))}
+    env = clean_env()
     env["GYMTRACE_FLUSH_TIMEOUT"] = "5"
     if not tracing:
         env["ENDINGS_NO_GYMTRACE"] = "1"

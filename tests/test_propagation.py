@@ -20,6 +20,7 @@ from opentelemetry.propagators.textmap import TextMapPropagator
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
 import gymtrace
+from clean_env import clean_env
 from gymtrace import _constants as c
 from gymtrace import propagation
 from gymtrace._spandata import read_otlp_json_lines
@@ -219,7 +220,7 @@ CHILD = textwrap.dedent(
 
 def test_child_process_started_with_env_carrier_joins_the_trace(tmp_path):
     out = tmp_path / "child.jsonl"
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "GYMTRACE_", "PYTEST_"))}
+    env = clean_env()
     with gymtrace.testing.capture_spans() as captured:
         with gymtrace.rollout(rollout_id="r-env"), gymtrace.episode(), gymtrace.step() as step:
             subprocess.run(

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
-import os
 import re
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+
+from clean_env import clean_env
 
 README = Path(__file__).parent.parent / "README.md"
 DOCS = sorted((README.parent / "docs").glob("*.md"))
@@ -24,7 +25,7 @@ DOC_BLOCKS = [
 
 @pytest.mark.parametrize("code", BLOCKS, ids=[f"block{i}" for i in range(len(BLOCKS))])
 def test_readme_python_example_runs(tmp_path: Path, code: str) -> None:
-    environ = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "GYMTRACE_", "PYTEST_"))}
+    environ = clean_env()
     out = subprocess.run(
         [sys.executable, "-c", code],
         cwd=tmp_path,
@@ -45,7 +46,7 @@ def test_docs_python_example_runs(tmp_path: Path, doc: str, code: str) -> None:
 
 
 def test_readme_main_example_traces_what_it_says(tmp_path: Path) -> None:
-    environ = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "GYMTRACE_", "PYTEST_"))}
+    environ = clean_env()
     subprocess.run(
         [sys.executable, "-c", BLOCKS[0]],
         cwd=tmp_path,

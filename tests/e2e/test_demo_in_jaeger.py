@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 import time
@@ -11,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from clean_env import clean_env
 from gymtrace import _constants as c
 from gymtrace._check import check_spans
 from gymtrace._jaeger import JaegerClient
@@ -27,7 +27,7 @@ KEPT = {"arith-001/r1", "arith-002/r0", "arith-002/r1"}
 def _run_demo(pipeline: Pipeline, protocol: str, tmp_path: Path) -> str:
     run_id = f"e2e-{protocol.split('/')[0]}-{uuid.uuid4().hex[:8]}"
     endpoint = pipeline.otlp_grpc_endpoint if protocol == "grpc" else pipeline.otlp_http_endpoint
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "GYMTRACE_", "PYTEST_"))}
+    env = clean_env()
     out = subprocess.run(
         [
             sys.executable,

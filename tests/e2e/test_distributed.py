@@ -7,13 +7,13 @@ retries it (attempt 1) against a restarted server.
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
+from clean_env import clean_env
 from gymtrace import _constants as c
 from gymtrace._demo_distributed import TASKS, rollout_id_for
 from gymtrace._spandata import SpanData, read_otlp_json_lines
@@ -33,8 +33,7 @@ SERVICES = {"gym-driver", "gym-agent", "gym-model", "gym-env"}
 
 
 def _run_demo(args: list[str], env_overrides: dict[str, str]) -> str:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "GYMTRACE_", "PYTEST_"))}
-    env.update(env_overrides)
+    env = clean_env(**env_overrides)
     done = subprocess.run(
         [
             sys.executable,

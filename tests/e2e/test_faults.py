@@ -38,6 +38,7 @@ from typing import Any
 
 import pytest
 
+from clean_env import clean_env
 from pipeline import JAEGER_BIN, Pipeline, PipelineError, span_tags
 
 TESTS = Path(__file__).resolve().parent.parent
@@ -90,8 +91,7 @@ class Worker:
         self.ids = tmp / "ids.txt"
         self.stdout = tmp / "stdout.txt"
         self.stderr = tmp / "stderr.txt"
-        full_env = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "GYMTRACE_"))}
-        full_env.update(env or {})
+        full_env = clean_env(**(env or {}))
         with open(self.stdout, "wb") as out, open(self.stderr, "wb") as err:
             self.proc = subprocess.Popen(
                 [
