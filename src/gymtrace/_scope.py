@@ -248,6 +248,9 @@ def _bad(scope_kind: str, argument: str, problem: str) -> None:
     )
 
 
+MAX_ID_LENGTH = 256
+
+
 def check_id(scope_kind: str, argument: str, value: object) -> str | None:
     """A valid identifier string, or None (after a warning, or an error in strict mode)."""
     if value is None:
@@ -257,6 +260,14 @@ def check_id(scope_kind: str, argument: str, value: object) -> str | None:
         return None
     if not value:
         _bad(scope_kind, argument, "must not be empty")
+        return None
+    # IDs travel in baggage and are searched in Jaeger: short, printable, one line. The same bound
+    # applies to IDs arriving from other processes (gymtrace.propagation).
+    if len(value) > MAX_ID_LENGTH:
+        _bad(scope_kind, argument, f"must be at most {MAX_ID_LENGTH} characters, got {len(value)}")
+        return None
+    if not value.isprintable():
+        _bad(scope_kind, argument, f"must be printable text without control characters, got {value[:40]!r}")
         return None
     return value
 

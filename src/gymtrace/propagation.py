@@ -41,7 +41,7 @@ from opentelemetry.propagators.textmap import Getter
 
 from gymtrace import _constants as c
 from gymtrace._errors import internal_error
-from gymtrace._scope import FRAME_KEY, ActiveScope, current_frame
+from gymtrace._scope import FRAME_KEY, MAX_ID_LENGTH, ActiveScope, current_frame
 
 __all__ = [
     "ContextCarrier",
@@ -60,7 +60,6 @@ P = ParamSpec("P")
 R = TypeVar("R")
 
 # Identity values arriving from outside are bounded: an ID is short printable text.
-_MAX_ID_LENGTH = 256
 _MAX_INT = 1_000_000_000
 REMOTE_KIND = "remote"
 
@@ -73,7 +72,7 @@ def _clean(key: str, raw: object) -> str | int | None:
         raw = str(raw)
     # str.isprintable() also refuses format characters (U+202E right-to-left override, zero-width
     # spaces) and line separators, which percent-decoding can smuggle into an ID.
-    if not isinstance(raw, str) or not raw or len(raw) > _MAX_ID_LENGTH or not raw.isprintable():
+    if not isinstance(raw, str) or not raw or len(raw) > MAX_ID_LENGTH or not raw.isprintable():
         return None
     if key in c.INT_IDENTITY_KEYS:
         if not raw.isascii() or not raw.isdigit() or len(raw) > 10:
