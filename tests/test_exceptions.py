@@ -311,3 +311,42 @@ def test_internal_error_is_loud_under_pytest() -> None:
 
     with gymtrace.testing.capture_spans(strict=False), pytest.raises(RuntimeError, match="identity callable"):
         rollout(1)
+
+
+@pytest.mark.parametrize(("factory", "kind"), KINDS, ids=[k for _, k in KINDS])
+def test_cancellation_ends_span_without_error_for_every_level_and_async_kind(
+    captured: CapturedSpans, factory: Callable[..., Any], kind: str
+) -> None:
+    @factory
+    async def coro() -> None:
+        await asyncio.sleep(10)
+
+    @factory
+    async def agen() -> Any:
+        yield 1
+        await asyncio.sleep(10)
+        yield 2
+
+    async def drain() -> None:
+        async for _ in agen():
+            pass
+
+    async def main() -> None:
+        for target in (coro, drain):
+            task = asyncio.ensure_future(target())
+            await asyncio.sleep(0.01)
+            task.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await task
+
+    before = otel_context.get_current()
+    asyncio.run(main())
+    assert otel_context.get_current() == before
+    spans = captured.by_kind(kind)
+    assert len(spans) == 2
+    for span in spans:
+        assert span.status.status_code == StatusCode.UNSET
+        assert span.end_time is not None
+        assert c.INTERRUPTED not in span.attributes  # cancellation is not a process interruption
+        if kind == "episode":
+            assert span.attributes[c.EPISODE_OUTCOME] == "cancelled"
