@@ -3,14 +3,13 @@
 from __future__ import annotations
 
 import itertools
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 import gymtrace
+from child_process import run_gymtrace, run_python
 from gymtrace import _constants as c
 from gymtrace._spandata import LinkData, SpanData
 from gymtrace.testing import CapturedSpans, check_trace
@@ -203,14 +202,8 @@ with gymtrace.step():
     with gymtrace.episode():
         pass
 """
-    subprocess.run([sys.executable, "-c", code], check=True, timeout=60, capture_output=True)
-    out = subprocess.run(
-        [sys.executable, "-m", "gymtrace", "check", str(env_file)],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
+    run_python(code=code, check=True)
+    out = run_gymtrace("check", str(env_file))
     assert out.returncode == 1
     assert "contract violation(s)" in out.stdout
     assert "episode inside step" in out.stdout
@@ -219,38 +212,18 @@ with gymtrace.step():
 def test_check_command_names_a_malformed_file_and_line(tmp_path: Path) -> None:
     path = tmp_path / "garbage.jsonl"
     path.write_text('{"resourceSpans": []}\nnot json\n')
-    out = subprocess.run(
-        [sys.executable, "-m", "gymtrace", "check", str(path)],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
+    out = run_gymtrace("check", str(path))
     assert out.returncode == 2
     assert f"{path}:2" in out.stderr
 
 
 @pytest.mark.parametrize("argv", [["demo", "--quiet"], ["demo"]])
 def test_demo_exercises_every_case_and_passes_check(tmp_path: Path, argv: list[str]) -> None:
-    out = subprocess.run(
-        [sys.executable, "-m", "gymtrace", *argv],
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
+    out = run_gymtrace(*argv, cwd=tmp_path)
     assert out.returncode == 0, out.stdout + out.stderr
     assert "contract check: OK" in out.stdout
     assert "6 rollouts (5 scored, 1 unscored), 10 episodes" in out.stdout
-    check = subprocess.run(
-        [sys.executable, "-m", "gymtrace", "check", "gymtrace-traces.jsonl"],
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
+    check = run_gymtrace("check", "gymtrace-traces.jsonl", cwd=tmp_path)
     assert check.returncode == 0, check.stdout
     if "--quiet" not in argv:
         for expected in (

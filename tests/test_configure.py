@@ -7,15 +7,12 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
-import textwrap
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from clean_env import clean_env
+from child_process import run_python as run_child  # this module's run_python returns JSON
 from gymtrace._setup import _resolve
 from gymtrace._spandata import read_otlp_json_lines
 
@@ -23,16 +20,7 @@ _OTEL_VARS = [k for k in os.environ if k.startswith(("OTEL_", "GYMTRACE_"))]
 
 
 def run_python(code: str, cwd: Path, **env: str) -> dict[str, Any]:
-    environ = clean_env(**env)
-    out = subprocess.run(
-        [sys.executable, "-c", textwrap.dedent(code)],
-        cwd=cwd,
-        env=environ,
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
+    out = run_child(code=code, cwd=cwd, env=env)
     assert out.returncode == 0, out.stderr
     lines = [line for line in out.stdout.splitlines() if line.startswith("{")]
     return json.loads(lines[-1]) if lines else {"stderr": out.stderr}

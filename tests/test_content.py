@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 
 import gymtrace
-from clean_env import clean_env
+from child_process import clean_env
 from gymtrace import _constants as c
 from gymtrace import _content
 from gymtrace.testing import CapturedSpans, capture_spans

@@ -2,13 +2,9 @@
 
 from __future__ import annotations
 
-import subprocess
-import sys
-import textwrap
-
 import pytest
 
-from clean_env import clean_env
+from child_process import run_python
 
 CODE = """
 import asyncio, os, gymtrace
@@ -58,14 +54,6 @@ print("ok")
 )
 def test_disabled_tracing_returns_and_raises_exactly_like_the_function(env: dict[str, str]) -> None:
 
-    environ = clean_env(**env)
-    out = subprocess.run(
-        [sys.executable, "-c", textwrap.dedent(CODE)],
-        env=environ,
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
+    out = run_python(code=CODE, env=env)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "ok"

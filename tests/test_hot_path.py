@@ -9,7 +9,7 @@ from opentelemetry import context as otel_context
 from opentelemetry import trace
 
 import gymtrace
-from clean_env import clean_env
+from child_process import clean_env
 from gymtrace._tracing import SPAN_CONTEXT_KEY
 from gymtrace.testing import capture_spans
 

@@ -24,7 +24,7 @@ from pathlib import Path
 
 import pytest
 
-from clean_env import clean_env
+from child_process import clean_env
 from gymtrace._spandata import SpanData, read_otlp_json_lines
 
 TIMEOUT = 60

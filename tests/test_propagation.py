@@ -20,7 +20,7 @@ from opentelemetry.propagators.textmap import TextMapPropagator
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
 import gymtrace
-from clean_env import clean_env
+from child_process import clean_env
 from gymtrace import _constants as c
 from gymtrace import propagation
 from gymtrace._spandata import read_otlp_json_lines

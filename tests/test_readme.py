@@ -3,13 +3,11 @@
 from __future__ import annotations
 
 import re
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-from clean_env import clean_env
+from child_process import run_gymtrace, run_python
 
 README = Path(__file__).parent.parent / "README.md"
 DOCS = sorted((README.parent / "docs").glob("*.md"))
@@ -25,16 +23,7 @@ DOC_BLOCKS = [
 
 @pytest.mark.parametrize("code", BLOCKS, ids=[f"block{i}" for i in range(len(BLOCKS))])
 def test_readme_python_example_runs(tmp_path: Path, code: str) -> None:
-    environ = clean_env()
-    out = subprocess.run(
-        [sys.executable, "-c", code],
-        cwd=tmp_path,
-        env=environ,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
+    out = run_python(code=code, cwd=tmp_path)
     assert out.returncode == 0, out.stderr
 
 
@@ -46,23 +35,8 @@ def test_docs_python_example_runs(tmp_path: Path, doc: str, code: str) -> None:
 
 
 def test_readme_main_example_traces_what_it_says(tmp_path: Path) -> None:
-    environ = clean_env()
-    subprocess.run(
-        [sys.executable, "-c", BLOCKS[0]],
-        cwd=tmp_path,
-        env=environ,
-        check=True,
-        timeout=120,
-        capture_output=True,
-    )
-    tree = subprocess.run(
-        [sys.executable, "-m", "gymtrace", "tree", "gymtrace-traces.jsonl", "--run", "run-1"],
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=True,
-    ).stdout
+    run_python(code=BLOCKS[0], cwd=tmp_path, check=True)
+    tree = run_gymtrace("tree", "gymtrace-traces.jsonl", "--run", "run-1", cwd=tmp_path, check=True).stdout
     assert tree.count("gym.rollout [rollout]") == 2
     assert "outcome=scored" in tree and "reward=1" in tree
 

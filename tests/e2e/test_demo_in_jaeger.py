@@ -2,15 +2,13 @@
 
 from __future__ import annotations
 
-import subprocess
-import sys
 import time
 import uuid
 from pathlib import Path
 
 import pytest
 
-from clean_env import clean_env
+from child_process import run_gymtrace
 from gymtrace import _constants as c
 from gymtrace._check import check_spans
 from gymtrace._jaeger import JaegerClient
@@ -27,28 +25,17 @@ KEPT = {"arith-001/r1", "arith-002/r0", "arith-002/r1"}
 def _run_demo(pipeline: Pipeline, protocol: str, tmp_path: Path) -> str:
     run_id = f"e2e-{protocol.split('/')[0]}-{uuid.uuid4().hex[:8]}"
     endpoint = pipeline.otlp_grpc_endpoint if protocol == "grpc" else pipeline.otlp_http_endpoint
-    env = clean_env()
-    out = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "gymtrace",
-            "demo",
-            "--quiet",
-            "--endpoint",
-            endpoint,
-            "--protocol",
-            protocol,
-            "--run-id",
-            run_id,
-            "--file",
-            str(tmp_path / "demo.jsonl"),
-        ],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
+    out = run_gymtrace(
+        "demo",
+        "--quiet",
+        "--endpoint",
+        endpoint,
+        "--protocol",
+        protocol,
+        "--run-id",
+        run_id,
+        "--file",
+        str(tmp_path / "demo.jsonl"),
     )
     assert out.returncode == 0, out.stdout + out.stderr
     return run_id
@@ -119,47 +106,14 @@ def test_demo_reaches_jaeger_as_one_tree_per_kept_rollout(
     assert c.REWARD not in unscored.attributes
     assert unscored.attributes[c.ROLLOUT_ATTEMPTS] == 3
 
-    tree = subprocess.run(
-        [sys.executable, "-m", "gymtrace", "tree", "--jaeger", pipeline.query_url, "--run", run_id],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=True,
-    ).stdout
+    tree = run_gymtrace("tree", "--jaeger", pipeline.query_url, "--run", run_id, check=True).stdout
     assert tree.count("gym.rollout [rollout]") == 3
     for expected in ("outcome=unscored", "<-retry", "<-restore", "restored=True", "reward=1"):
         assert expected in tree, expected
-    one = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "gymtrace",
-            "tree",
-            "--jaeger",
-            pipeline.query_url,
-            "--rollout",
-            unscored.attributes[c.ROLLOUT_ID],
-        ],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=True,
-    ).stdout
+    rollout_id = unscored.attributes[c.ROLLOUT_ID]
+    one = run_gymtrace("tree", "--jaeger", pipeline.query_url, "--rollout", rollout_id, check=True).stdout
     assert one.count("gym.rollout [rollout]") == 1 and "outcome=unscored" in one
-    by_trace = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "gymtrace",
-            "tree",
-            "--jaeger",
-            pipeline.query_url,
-            "--trace",
-            unscored.trace_id,
-        ],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=True,
+    by_trace = run_gymtrace(
+        "tree", "--jaeger", pipeline.query_url, "--trace", unscored.trace_id, check=True
     ).stdout
     assert by_trace == one

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from clean_env import clean_env
+from child_process import clean_env
 from gymtrace import _constants as c
 from gymtrace._demo_distributed import TASKS, rollout_id_for
 from gymtrace._spandata import SpanData, read_otlp_json_lines

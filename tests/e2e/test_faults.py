@@ -38,7 +38,7 @@ from typing import Any
 
 import pytest
 
-from clean_env import clean_env
+from child_process import clean_env
 from pipeline import JAEGER_BIN, Pipeline, PipelineError, span_tags
 
 TESTS = Path(__file__).resolve().parent.parent

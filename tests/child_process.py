@@ -1,0 +1,50 @@
+"""Child processes the tests start: a clean environment and one way to run them."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+
+def clean_env(**overrides: str) -> dict[str, str]:
+    """This process's environment without ``OTEL_*``, ``GYMTRACE_*`` and ``PYTEST_*``, plus overrides.
+
+    A child must not inherit the test run's tracing settings, and must not believe it runs under
+    pytest (gymtrace raises its own internal errors there instead of logging them).
+    """
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "GYMTRACE_", "PYTEST_"))}
+    env.update(overrides)
+    return env
+
+
+def run_python(
+    *args: str,
+    code: str | None = None,
+    cwd: Path | None = None,
+    env: dict[str, str] | None = None,
+    check: bool = False,
+    timeout: float = 120,
+) -> subprocess.CompletedProcess[str]:
+    """``python -c CODE`` (dedented) or ``python ARGS...`` in a clean environment, output captured."""
+    argv = (
+        [sys.executable, "-c", textwrap.dedent(code), *args] if code is not None else [sys.executable, *args]
+    )
+    return subprocess.run(
+        argv,
+        cwd=cwd,
+        env=clean_env(**(env or {})),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=check,
+    )
+
+
+def run_gymtrace(
+    *argv: str, cwd: Path | None = None, check: bool = False, timeout: float = 120
+) -> subprocess.CompletedProcess[str]:
+    """The ``gymtrace`` command line, as a user would run it."""
+    return run_python("-m", "gymtrace", *argv, cwd=cwd, check=check, timeout=timeout)
