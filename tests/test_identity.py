@@ -219,3 +219,15 @@ def test_one_scope_object_shared_by_concurrent_tasks_ends_each_span_on_time(capt
     quick, slow = by_id[span_ids["quick"]], by_id[span_ids["slow"]]
     assert quick.end_time < slow.end_time  # each task ended its own span, not the other's
     assert quick.parent is None and slow.parent is None  # neither became the other's parent
+
+
+def test_with_blocks_leave_nothing_behind_in_a_long_lived_context(captured: CapturedSpans) -> None:
+    # A training loop runs for days in one context; each `with gymtrace.step():` is a new Scope.
+    def loop() -> int:
+        before = len(contextvars.copy_context())
+        for _ in range(1000):
+            with gymtrace.step():
+                pass
+        return len(contextvars.copy_context()) - before
+
+    assert contextvars.copy_context().run(loop) <= 1

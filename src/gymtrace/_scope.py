@@ -77,6 +77,13 @@ def set_trace_per(value: str) -> None:
 
 _counter_lock = threading.Lock()
 
+# The `with` blocks open in this context, innermost last: (scope, activation, context token). One
+# context variable for all scopes: a Scope object shared by concurrent tasks or threads gets one
+# stack per context, and no per-Scope variable accumulates in long-lived contexts.
+_WITH_BLOCKS: contextvars.ContextVar[tuple[tuple[Scope, ActiveScope, object], ...]] = contextvars.ContextVar(
+    "gymtrace.with_blocks", default=()
+)
+
 # Every activation whose span has started and not ended, so that a process being stopped can end
 # them as interrupted instead of losing them (see _lifecycle). Insertion order: outermost first.
 _OPEN: dict[int, ActiveScope] = {}
@@ -324,7 +331,7 @@ _RESOLVABLE = frozenset(
 class Scope:
     """A gym level with its arguments. Use it as ``with``/``async with`` or as a decorator."""
 
-    __slots__ = ("_active", "_dynamic", "_reward_from", "_source", "_span_kind", "_static", "kind")
+    __slots__ = ("_dynamic", "_reward_from", "_source", "_span_kind", "_static", "kind")
 
     def __init__(
         self,
@@ -349,11 +356,6 @@ class Scope:
         # For episodes: (relation, previous episode or carrier); relation is retry or restore.
         self._source = source
         self._span_kind = span_kind
-        # Activations entered with `with`, innermost last. A context variable, not a list: one
-        # Scope object shared by concurrent tasks or threads must give each its own stack.
-        self._active: contextvars.ContextVar[tuple[tuple[ActiveScope, object], ...]] = contextvars.ContextVar(
-            "gymtrace.scope.active", default=()
-        )
 
     # -- activation ------------------------------------------------------------------------------
 
@@ -451,7 +453,7 @@ class Scope:
             token: object = None
         else:
             token = otel_context.attach(frame.context)  # type: ignore[arg-type]
-        self._active.set((*self._active.get(), (frame, token)))
+        _WITH_BLOCKS.set((*_WITH_BLOCKS.get(), (self, frame, token)))
         return frame
 
     def __exit__(
@@ -460,9 +462,12 @@ class Scope:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        stack = self._active.get()
-        frame, token = stack[-1]
-        self._active.set(stack[:-1])
+        stack = _WITH_BLOCKS.get()
+        # Normally the innermost entry; searched so that a Scope exited out of order still finds
+        # its own activation.
+        index = next(i for i in range(len(stack) - 1, -1, -1) if stack[i][0] is self)
+        _, frame, token = stack[index]
+        _WITH_BLOCKS.set(stack[:index] + stack[index + 1 :])
         if token is not None:
             otel_context.detach(token)  # type: ignore[arg-type]
             self.finish(frame, exc)
