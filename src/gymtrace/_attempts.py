@@ -64,10 +64,10 @@ class Attempt:
 
     def __enter__(self) -> Attempt:
         loop = self._loop
-        relation_kwargs: dict[str, Any] = {}
+        source = None
         if self._previous is not None and self._previous.kind == c.KIND_EPISODE:
-            relation_kwargs = {"restored_from" if loop.restore else "continue_from": self._previous}
-        self._scope = Scope(c.KIND_EPISODE, {"attributes": loop.attributes}, source=_source(relation_kwargs))
+            source = (c.RELATION_RESTORE if loop.restore else c.RELATION_RETRY, self._previous)
+        self._scope = Scope(c.KIND_EPISODE, {"attributes": loop.attributes}, source=source)
         self.scope = self._scope.__enter__()
         loop._entered = True
         return self
@@ -118,14 +118,6 @@ class Attempt:
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> bool:
         return self.__exit__(exc_type, exc, tb)
-
-
-def _source(kwargs: dict[str, Any]) -> tuple[str, Any] | None:
-    if "restored_from" in kwargs:
-        return (c.RELATION_RESTORE, kwargs["restored_from"])
-    if "continue_from" in kwargs:
-        return (c.RELATION_RETRY, kwargs["continue_from"])
-    return None
 
 
 class Attempts:

@@ -656,7 +656,7 @@ def record_content(input: object = None, output: object = None, *, scope: Active
     try:
         from gymtrace._record import _target
 
-        target = _target(scope, _TARGET_KINDS, "record_content")
+        _, target = _target(scope, _TARGET_KINDS, "record_content")
         if target is None:
             return
         span = target.span

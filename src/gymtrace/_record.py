@@ -202,19 +202,23 @@ def finish_rollout(frame: ActiveScope) -> None:
         span.set_attribute(c.REWARD, reward)
 
 
-def _target(scope: ActiveScope | None, kinds: tuple[str, ...], caller: str) -> ActiveScope | None:
+def _target(
+    scope: ActiveScope | None, kinds: tuple[str, ...], caller: str
+) -> tuple[ActiveScope | None, ActiveScope | None]:
+    """(the frame to record from, its nearest frame of ``kinds``); both None when there is nothing
+    to record: tracing is off, or the frame is the stand-in a ``with`` block gets while it is off."""
     if scope is None and active_tracer() is None:
-        return None  # tracing is off: nothing to record, nothing to warn about
+        return None, None
     frame = scope if scope is not None else current_frame()
+    if frame is not None and frame.kind == "disabled":
+        return None, None
     target = frame.nearest(*kinds) if frame is not None else None
-    if target is None and (frame is None or frame.kind != "disabled"):
+    if target is None:
         contract_problem(
             (caller, "no target"),
             GymTraceError(f"gymtrace.{caller}() was called outside any {' or '.join(kinds)} scope; ignored"),
         )
-    if target is not None and target.kind == "disabled":
-        return None
-    return target
+    return frame, target
 
 
 def record_reward(value: float, *, scope: ActiveScope | None = None) -> None:
@@ -228,15 +232,10 @@ def record_reward(value: float, *, scope: ActiveScope | None = None) -> None:
         number = check_reward("value", value)
         if number is None:
             return
-        if scope is None and active_tracer() is None:
+        frame, target = _target(scope, (c.KIND_EPISODE, c.KIND_ROLLOUT), "record_reward")
+        if frame is None or target is None:
             return
-        frame = scope if scope is not None else current_frame()
-        if frame is not None and frame.kind == "disabled":
-            return
-        verify = frame.nearest(c.KIND_VERIFY) if frame is not None else None
-        target = _target(frame, (c.KIND_EPISODE, c.KIND_ROLLOUT), "record_reward")
-        if target is None:
-            return
+        verify = frame.nearest(c.KIND_VERIFY)
         if target.reward is not None:
             contract_problem(
                 ("second reward", target.kind),
@@ -276,7 +275,7 @@ def record_failure(
                 ),
             )
             kind = c.FAILURE_ERROR
-        target = _target(scope, (c.KIND_EPISODE,), "record_failure")
+        _, target = _target(scope, (c.KIND_EPISODE,), "record_failure")
         if target is None:
             return
         if retryable is None:
@@ -300,7 +299,7 @@ def record_usage(
 ) -> None:
     """Record token usage (and the model that answered) on the current model call."""
     try:
-        target = _target(scope, (c.KIND_MODEL_CALL,), "record_usage")
+        _, target = _target(scope, (c.KIND_MODEL_CALL,), "record_usage")
         if target is None:
             return
         span = target.span
