@@ -111,7 +111,7 @@ class _State:
 _state = _State()
 
 
-def _make_id_generator() -> Any:
+def make_id_generator() -> Any:
     from opentelemetry.sdk.trace.id_generator import IdGenerator
 
     class UnseedableIdGenerator(IdGenerator):
@@ -144,10 +144,6 @@ def _make_id_generator() -> Any:
             return True
 
     return UnseedableIdGenerator()
-
-
-def make_id_generator() -> Any:
-    return _make_id_generator()
 
 
 def _file_exporter(path: str) -> SpanExporter:
@@ -406,7 +402,7 @@ def _new_provider(sdk_trace: Any, service_name: str | None, sampler: Sampler | N
     resource = Resource.create({SERVICE_NAME: service_name} if service_name else {})
     if str(resource.attributes.get(SERVICE_NAME, "")).startswith("unknown_service"):
         resource = resource.merge(Resource({SERVICE_NAME: env.DEFAULT_SERVICE_NAME}))
-    provider = sdk_trace.TracerProvider(resource=resource, sampler=sampler, id_generator=_make_id_generator())
+    provider = sdk_trace.TracerProvider(resource=resource, sampler=sampler, id_generator=make_id_generator())
     provider.add_span_processor(IdentitySpanProcessor())
     _state.stage = _ExportStage()
     provider.add_span_processor(_state.stage)
@@ -467,10 +463,12 @@ def _processors(
 
 
 def _flush_at_exit() -> None:
+    # Each queue flushes within the GYMTRACE_FLUSH_TIMEOUT it was built with (read once, in
+    # _processors); an exit is no time to parse the environment again.
     stage = _state.stage
     if stage is not None:
-        timeout = _env_number(env.GYMTRACE_FLUSH_TIMEOUT, 5.0, minimum=0)
-        stage.force_flush(int(timeout * 1000))
+        for processor in stage.processors():
+            processor.force_flush(int(processor.shutdown_timeout * 1000))
 
 
 def export_stats() -> list[Any]:
@@ -521,14 +519,6 @@ def _describe(configuration: Configuration) -> str:
         else:
             parts.append(name)
     return ", ".join(parts) or "no exporter"
-
-
-def is_configured() -> bool:
-    return _state.configuration is not None
-
-
-def configuration() -> Configuration | None:
-    return _state.configuration
 
 
 def force_flush(timeout_millis: int = 30000) -> bool:

@@ -41,7 +41,7 @@ from opentelemetry.propagators.textmap import Getter
 
 from gymtrace import _constants as c
 from gymtrace._errors import internal_error
-from gymtrace._scope import FRAME_KEY, MAX_ID_LENGTH, ActiveScope, current_frame
+from gymtrace._scope import FRAME_KEY, MAX_ID_LENGTH, ActiveScope
 
 __all__ = [
     "ContextCarrier",
@@ -249,11 +249,6 @@ def env_carrier(context: otel_context.Context | None = None) -> dict[str, str]:
     """
     headers = inject({}, context)
     return {key.upper().replace("-", "_"): value for key, value in headers.items()}
-
-
-def current_identity() -> dict[str, str | int]:
-    frame = current_frame()
-    return dict(frame.identity) if frame is not None else {}
 
 
 # -- thread and process pools ------------------------------------------------------------------------
