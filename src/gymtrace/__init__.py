@@ -17,7 +17,7 @@ Example::
                 gymtrace.record_reward(env.score(answer))
 
 Every span carries ``gym.kind`` and the gym identity (``gym.rollout.id``,
-``gym.episode.attempt``, ...); see ``shared/DESIGN.md`` for the contract.
+``gym.episode.attempt``, ...); the README's "Span tree" and "Attributes" sections list them.
 """
 
 from gymtrace import propagation, testing
@@ -40,7 +40,7 @@ from gymtrace._export import ExportStats
 from gymtrace._processor import IdentitySpanProcessor
 from gymtrace._record import Current, current, current_scope, record_failure, record_reward, record_usage
 from gymtrace._scope import ActiveScope, Scope
-from gymtrace._setup import Configuration, configure, export_stats, force_flush, shutdown
+from gymtrace._setup import Configuration, configure, export_stats, force_flush, is_configured, shutdown
 from gymtrace._version import __version__
 
 __all__ = [
@@ -65,6 +65,7 @@ __all__ = [
     "episode",
     "export_stats",
     "force_flush",
+    "is_configured",
     "model_call",
     "propagation",
     "record_content",

@@ -15,20 +15,12 @@ import threading
 
 from gymtrace._environment import GYMTRACE_STRICT, env_flag
 
+# Defined below the settings object, which raises InvalidArgumentError; re-exported from here.
+from gymtrace._exceptions import GymTraceError as GymTraceError
+from gymtrace._exceptions import HierarchyViolationError as HierarchyViolationError
+from gymtrace._exceptions import InvalidArgumentError as InvalidArgumentError
+
 logger = logging.getLogger("gymtrace")
-
-
-class GymTraceError(Exception):
-    """Base class of the exceptions gymtrace raises (only in strict mode or under pytest)."""
-
-
-class HierarchyViolationError(GymTraceError):
-    """A gym level was opened inside a level it belongs above (an episode inside a step, ...)."""
-
-
-class InvalidArgumentError(GymTraceError, ValueError):
-    """An identity or outcome argument has the wrong type or value; the message names it."""
-
 
 _strict_override: bool | None = None
 _seen: set[object] = set()

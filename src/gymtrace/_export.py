@@ -22,11 +22,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from gymtrace import _settings
+
 logger = logging.getLogger("gymtrace")
 
-DEFAULT_MAX_QUEUE_SIZE = 8192
-DEFAULT_MAX_BATCH_SIZE = 512
-DEFAULT_SCHEDULE_DELAY = 0.5
+DEFAULT_MAX_QUEUE_SIZE = _settings.DEFAULT_MAX_QUEUE_SIZE
+DEFAULT_MAX_BATCH_SIZE = _settings.DEFAULT_MAX_EXPORT_BATCH_SIZE
+DEFAULT_SCHEDULE_DELAY = _settings.DEFAULT_SCHEDULE_DELAY
 # After a failed export, wait this long (doubling up to the maximum) before the next try.
 _BACKOFF_START = 0.25
 _BACKOFF_MAX = 5.0

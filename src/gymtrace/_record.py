@@ -85,7 +85,7 @@ def _span_context(ref: Any) -> SpanContext | None:
 
 def _read_carrier(carrier: Any) -> tuple[dict[str, str | int], int, SpanContext | None, SpanContext | None]:
     """Validate a carrier (it may have travelled through files and queues for hours)."""
-    from gymtrace.propagation import clean_identity
+    from gymtrace.propagation import _clean_identity as clean_identity
 
     if not isinstance(carrier, Mapping) or carrier.get("format") != CARRIER_FORMAT:
         raise GymTraceError(f"not a gymtrace carrier (expected format {CARRIER_FORMAT!r}): {carrier!r:.120}")

@@ -56,12 +56,12 @@ __all__ = [
     "with_identity",
 ]
 
-P = ParamSpec("P")
-R = TypeVar("R")
+_P = ParamSpec("_P")
+_R = TypeVar("_R")
 
 # Identity values arriving from outside are bounded: an ID is short printable text.
 _MAX_INT = 1_000_000_000
-REMOTE_KIND = "remote"
+_REMOTE_KIND = "remote"
 
 
 # -- identity <-> baggage ---------------------------------------------------------------------------
@@ -82,7 +82,7 @@ def _clean(key: str, raw: object) -> str | int | None:
     return raw
 
 
-def clean_identity(entries: Mapping[str, object]) -> dict[str, str | int]:
+def _clean_identity(entries: Mapping[str, object]) -> dict[str, str | int]:
     """Keep the gym identity keys whose values are short printable text (or small ints)."""
     identity: dict[str, str | int] = {}
     for key in c.IDENTITY_KEYS:
@@ -96,7 +96,7 @@ def clean_identity(entries: Mapping[str, object]) -> dict[str, str | int]:
 def identity_from_context(ctx: otel_context.Context | None = None) -> dict[str, str | int]:
     """The gym identity carried in a context's baggage, validated (bad values are dropped)."""
     entries = baggage.get_all(ctx)
-    return clean_identity(entries) if entries else {}
+    return _clean_identity(entries) if entries else {}
 
 
 def _identity_of(ctx: otel_context.Context) -> dict[str, str | int]:
@@ -222,7 +222,7 @@ def _with_remote_frame(ctx: otel_context.Context, identity: dict[str, str | int]
         return ctx
     for key, value in identity.items():
         ctx = baggage.set_baggage(key, str(value), ctx)
-    frame = ActiveScope(REMOTE_KIND, None)
+    frame = ActiveScope(_REMOTE_KIND, None)
     frame.identity = identity
     return otel_context.set_value(FRAME_KEY, frame, ctx)
 
@@ -254,7 +254,7 @@ def env_carrier(context: otel_context.Context | None = None) -> dict[str, str]:
 # -- thread and process pools ------------------------------------------------------------------------
 
 
-class ContextCarrier(Generic[P, R]):
+class ContextCarrier(Generic[_P, _R]):
     """``fn`` bound to the trace context and gym identity of the moment it was wrapped.
 
     In a thread of the same process the worker runs in exactly that context (the gym scopes keep
@@ -267,7 +267,7 @@ class ContextCarrier(Generic[P, R]):
 
     __slots__ = ("_context", "_headers", "_pid", "fn")
 
-    def __init__(self, fn: Callable[P, R], context: otel_context.Context | None = None) -> None:
+    def __init__(self, fn: Callable[_P, _R], context: otel_context.Context | None = None) -> None:
         self.fn = fn
         self._context: otel_context.Context | None = (
             context if context is not None else otel_context.get_current()
@@ -287,7 +287,7 @@ class ContextCarrier(Generic[P, R]):
         self._pid = state["pid"]
         self._context = None
 
-    def __call__(self, *args: P.args, **kwargs: P.kwargs) -> R:
+    def __call__(self, *args: _P.args, **kwargs: _P.kwargs) -> _R:
         ctx = self._context if self._context is not None else extract(self._headers or {})
         token = otel_context.attach(ctx)
         try:
@@ -317,7 +317,7 @@ def _flush_quietly() -> None:
         internal_error("flushing spans of a pool worker", exc, may_raise=False)
 
 
-def carry(fn: Callable[P, R], context: otel_context.Context | None = None) -> ContextCarrier[P, R]:
+def carry(fn: Callable[_P, _R], context: otel_context.Context | None = None) -> ContextCarrier[_P, _R]:
     """Bind ``fn`` to the current trace context and gym identity for a thread or process worker.
 
     ``pool.submit(gymtrace.propagation.carry(fn), *args)``; picklable when ``fn`` is.
@@ -325,7 +325,7 @@ def carry(fn: Callable[P, R], context: otel_context.Context | None = None) -> Co
     return ContextCarrier(fn, context)
 
 
-def submit(executor: Executor, fn: Callable[P, R], /, *args: P.args, **kwargs: P.kwargs) -> Future[R]:
+def submit(executor: Executor, fn: Callable[_P, _R], /, *args: _P.args, **kwargs: _P.kwargs) -> Future[_R]:
     """``executor.submit(fn, ...)`` with the caller's trace and gym identity carried into the worker.
 
     Works with ``ThreadPoolExecutor`` and ``ProcessPoolExecutor``.
@@ -333,6 +333,6 @@ def submit(executor: Executor, fn: Callable[P, R], /, *args: P.args, **kwargs: P
     return executor.submit(ContextCarrier(fn), *args, **kwargs)
 
 
-def map(executor: Executor, fn: Callable[..., R], *iterables: Iterable[Any], **kwargs: Any) -> Iterator[R]:
+def map(executor: Executor, fn: Callable[..., _R], *iterables: Iterable[Any], **kwargs: Any) -> Iterator[_R]:
     """``executor.map(fn, ...)`` with the caller's trace and gym identity carried into every call."""
     return executor.map(ContextCarrier(fn), *iterables, **kwargs)
