@@ -18,10 +18,14 @@ PUBLIC_MODULES = [
     "gymtrace.propagation",
     "gymtrace.testing",
     "gymtrace.sampling",
+    "gymtrace.integrations.aiohttp",
+    "gymtrace.integrations.asgi",
+    "gymtrace.integrations.concurrent",
+    "gymtrace.integrations.httpx",
 ]
 
 
-def _bound_names(body: list[ast.stmt], *, facade: bool) -> set[str]:
+def _bound_names(body: list[ast.stmt], *, facade: bool, lazy: bool = False) -> set[str]:
     names: set[str] = set()
     for node in body:
         if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
@@ -30,12 +34,14 @@ def _bound_names(body: list[ast.stmt], *, facade: bool) -> set[str]:
             names.update(t.id for t in node.targets if isinstance(t, ast.Name))
         elif isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
             names.add(node.target.id)
-        elif isinstance(node, ast.ImportFrom) and facade:
+        elif isinstance(node, ast.ImportFrom) and (
+            facade or (lazy and (node.module or "").startswith("gymtrace"))
+        ):
             # The package re-exports what its private modules implement; other modules import
             # for their own use, so only what they define is their surface.
             names.update(alias.asname or alias.name for alias in node.names)
-        elif isinstance(node, ast.If):  # `if TYPE_CHECKING:` imports of lazily loaded names
-            names.update(_bound_names(node.body, facade=facade))
+        elif isinstance(node, ast.If):  # `if TYPE_CHECKING:` imports of names loaded on first use
+            names.update(_bound_names(node.body, facade=facade, lazy=True))
     return names
 
 

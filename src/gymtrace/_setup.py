@@ -34,6 +34,7 @@ from gymtrace._errors import InvalidArgumentError, reset_seen, set_strict
 from gymtrace._export import BatchExporter
 from gymtrace._processor import IdentitySpanProcessor
 from gymtrace._scope import set_trace_per
+from gymtrace._tracing import current_provider
 
 if TYPE_CHECKING:
     from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
@@ -501,8 +502,12 @@ def _describe(configuration: Configuration) -> str:
 
 
 def force_flush(timeout_millis: int = 30000) -> bool:
-    """Export every finished span now. True when all exporters finished within the timeout."""
-    provider = _state.provider if _state.provider is not None else trace.get_tracer_provider()
+    """Export every finished span now. True when all exporters finished within the timeout.
+
+    Flushes the provider gymtrace's spans go to: inside ``gymtrace.testing.capture_spans()`` its
+    private one, else the global one.
+    """
+    provider = current_provider()
     flush = getattr(provider, "force_flush", None)
     return bool(flush(timeout_millis)) if flush is not None else True
 

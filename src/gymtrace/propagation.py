@@ -12,7 +12,7 @@ Example::
     headers = gymtrace.propagation.inject({})
     requests.post(url, json=task, headers=headers)
 
-    # server side (or use gymtrace.asgi.GymTraceMiddleware)
+    # server side (or use gymtrace.integrations.asgi.GymTraceMiddleware)
     with gymtrace.propagation.attach(request.headers):
         handle(task)                      # spans here join the client's trace and rollout
 
@@ -20,7 +20,7 @@ Example::
     subprocess.run(cmd, env={**os.environ, **gymtrace.propagation.env_carrier()})
     # ...and in the child:  with gymtrace.propagation.attach(os.environ): ...
 
-    # thread and process pools
+    # thread and process pools (implemented in gymtrace.integrations.concurrent)
     future = gymtrace.propagation.submit(pool, score, answer)
 
 Nothing here raises into the caller: a broken carrier gives a context without a remote parent,
@@ -29,11 +29,9 @@ and identity values that are not short printable text (or small non-negative int
 
 from __future__ import annotations
 
-import os
-from collections.abc import Callable, Iterable, Iterator, Mapping, MutableMapping
-from concurrent.futures import Executor, Future
+from collections.abc import Iterable, Iterator, Mapping, MutableMapping
 from contextlib import contextmanager
-from typing import Any, Generic, ParamSpec, TypeVar
+from typing import TYPE_CHECKING, Any
 
 from opentelemetry import baggage, propagate
 from opentelemetry import context as otel_context
@@ -56,8 +54,21 @@ __all__ = [
     "with_identity",
 ]
 
-_P = ParamSpec("_P")
-_R = TypeVar("_R")
+if TYPE_CHECKING:
+    from gymtrace.integrations.concurrent import ContextCarrier, carry, map, submit
+
+_POOL_HELPERS = frozenset({"ContextCarrier", "carry", "map", "submit"})
+
+
+def __getattr__(name: str) -> Any:
+    # The pool helpers live in gymtrace.integrations.concurrent, which builds on this module;
+    # loading them on first use keeps the import graph pointing one way.
+    if name in _POOL_HELPERS:
+        from gymtrace.integrations import concurrent
+
+        return getattr(concurrent, name)
+    raise AttributeError(f"module 'gymtrace.propagation' has no attribute {name!r}")
+
 
 # Identity values arriving from outside are bounded: an ID is short printable text.
 _MAX_INT = 1_000_000_000
@@ -249,90 +260,3 @@ def env_carrier(context: otel_context.Context | None = None) -> dict[str, str]:
     """
     headers = inject({}, context)
     return {key.upper().replace("-", "_"): value for key, value in headers.items()}
-
-
-# -- thread and process pools ------------------------------------------------------------------------
-
-
-class ContextCarrier(Generic[_P, _R]):
-    """``fn`` bound to the trace context and gym identity of the moment it was wrapped.
-
-    In a thread of the same process the worker runs in exactly that context (the gym scopes keep
-    counting turns and steps). Pickled into another process (``ProcessPoolExecutor``,
-    ``multiprocessing``) it travels as a small carrier of W3C headers and continues the trace from
-    it; there the worker must have tracing configured (e.g. ``initializer=gymtrace.configure``),
-    and the finished spans are flushed after each call because pool workers exit without running
-    exit handlers.
-    """
-
-    __slots__ = ("_context", "_headers", "_pid", "fn")
-
-    def __init__(self, fn: Callable[_P, _R], context: otel_context.Context | None = None) -> None:
-        self.fn = fn
-        self._context: otel_context.Context | None = (
-            context if context is not None else otel_context.get_current()
-        )
-        self._headers: dict[str, str] | None = None
-        self._pid = os.getpid()
-
-    def __getstate__(self) -> dict[str, Any]:
-        headers = self._headers
-        if headers is None and self._context is not None:
-            headers = dict(inject({}, self._context))
-        return {"fn": self.fn, "headers": headers or {}, "pid": self._pid}
-
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        self.fn = state["fn"]
-        self._headers = state["headers"]
-        self._pid = state["pid"]
-        self._context = None
-
-    def __call__(self, *args: _P.args, **kwargs: _P.kwargs) -> _R:
-        ctx = self._context if self._context is not None else extract(self._headers or {})
-        token = otel_context.attach(ctx)
-        try:
-            return self.fn(*args, **kwargs)
-        finally:
-            otel_context.detach(token)
-            if self._context is None and os.getpid() != self._pid:
-                _flush_quietly()
-
-    def __repr__(self) -> str:
-        return f"<gymtrace.propagation.ContextCarrier {self.fn!r}>"
-
-
-def _flush_quietly() -> None:
-    try:
-        from opentelemetry import trace
-
-        from gymtrace._tracing import current_provider
-
-        provider: Any = current_provider()
-        flush = getattr(provider, "force_flush", None)
-        if flush is None:
-            flush = getattr(trace.get_tracer_provider(), "force_flush", None)
-        if flush is not None:
-            flush()
-    except Exception as exc:  # noqa: BLE001 - telemetry must not break the caller
-        internal_error("flushing spans of a pool worker", exc, may_raise=False)
-
-
-def carry(fn: Callable[_P, _R], context: otel_context.Context | None = None) -> ContextCarrier[_P, _R]:
-    """Bind ``fn`` to the current trace context and gym identity for a thread or process worker.
-
-    ``pool.submit(gymtrace.propagation.carry(fn), *args)``; picklable when ``fn`` is.
-    """
-    return ContextCarrier(fn, context)
-
-
-def submit(executor: Executor, fn: Callable[_P, _R], /, *args: _P.args, **kwargs: _P.kwargs) -> Future[_R]:
-    """``executor.submit(fn, ...)`` with the caller's trace and gym identity carried into the worker.
-
-    Works with ``ThreadPoolExecutor`` and ``ProcessPoolExecutor``.
-    """
-    return executor.submit(ContextCarrier(fn), *args, **kwargs)
-
-
-def map(executor: Executor, fn: Callable[..., _R], *iterables: Iterable[Any], **kwargs: Any) -> Iterator[_R]:
-    """``executor.map(fn, ...)`` with the caller's trace and gym identity carried into every call."""
-    return executor.map(ContextCarrier(fn), *iterables, **kwargs)

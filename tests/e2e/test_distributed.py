@@ -9,18 +9,11 @@ from __future__ import annotations
 
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
-
-from child_process import clean_env
-from gymtrace import _constants as c
-from gymtrace._demo_distributed import TASKS, rollout_id_for
-from gymtrace._spandata import SpanData, read_otlp_json_lines
-
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from _distributed import (
     IDENTITY,
+    SERVICES_OF_THE_DEMO,
     ancestors,
     assert_no_duplicate_http_spans,
     assert_one_tree,
@@ -28,8 +21,13 @@ from _distributed import (
     by_trace,
     missing_identity,
 )
+from child_process import clean_env
 
-SERVICES = {"gym-driver", "gym-agent", "gym-model", "gym-env"}
+from gymtrace import _constants as c
+from gymtrace._spandata import SpanData, read_otlp_json_lines
+from gymtrace.demo.distributed import TASKS, rollout_id_for
+
+SERVICES = SERVICES_OF_THE_DEMO
 
 
 def _run_demo(args: list[str], env_overrides: dict[str, str]) -> str:
@@ -37,8 +35,10 @@ def _run_demo(args: list[str], env_overrides: dict[str, str]) -> str:
     done = subprocess.run(
         [
             sys.executable,
-            "-c",
-            "import sys; from gymtrace._demo_distributed import run; sys.exit(run(sys.argv[1:]))",
+            "-m",
+            "gymtrace",
+            "demo",
+            "--distributed",
             "--quiet",
             "--repeats",
             "1",
