@@ -1,4 +1,4 @@
-"""Content capture (issue 5, item 4): off by default, the capture modes, budgets that keep every OTLP
+"""Content capture: off by default, the capture modes, budgets that keep every OTLP
 export request under gRPC's 4 MiB limit, redaction, and values that never hurt the caller."""
 
 from __future__ import annotations

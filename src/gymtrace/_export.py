@@ -275,8 +275,8 @@ class BatchExporter:
             return
         self._backoff = min(_BACKOFF_MAX, max(_BACKOFF_START, self._backoff * 2))
         if self._shutdown:
-            # Nobody will take it from the queue again (shutdown before issue 5 requeued it
-            # here after counting the queue, and the spans vanished from every count).
+            # Nobody will take it from the queue again (requeued here after shutdown counted the
+            # queue, the spans would vanish from every count).
             self._dropped_failed += len(batch)
             for span in batch:
                 self._tries.pop(id(span), None)

@@ -32,7 +32,7 @@ class IdentitySpanProcessor:
             frame = ctx.get(FRAME_KEY)
             # No gym scope in this process yet: an HTTP server span that the official ASGI
             # instrumentation starts from the extracted headers, before gymtrace's middleware runs,
-            # has only the propagated baggage (issue 6).
+            # has only the propagated baggage.
             identity = frame.identity if isinstance(frame, ActiveScope) else identity_from_context(ctx)
             if not identity:
                 return

@@ -1,4 +1,4 @@
-"""Issue 6 end to end: the distributed demo's processes (driver, agent, model, environment) and
+"""End to end: the distributed demo's processes (driver, agent, model, environment) and
 the traces they leave, read back from the embedded default file and from a real Jaeger.
 
 The demo kills the environment server in the middle of the first episode of one rollout; the driver
