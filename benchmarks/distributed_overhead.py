@@ -29,9 +29,8 @@ from pathlib import Path
 import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "support"))  # serve_app.py
-import serve_app
-
 import gymtrace
+import serve_app
 from gymtrace.demo.distributed import ServiceProcess
 from gymtrace.integrations.httpx import HttpxTransport
 

@@ -7,8 +7,8 @@ import importlib
 import sys
 
 import pytest
-from child_process import run_python
 
+from child_process import run_python
 from gymtrace.integrations import aiohttp, asgi, httpx
 
 

@@ -7,6 +7,8 @@ import asyncio
 from typing import Any
 
 import aiohttp
+
+import gymtrace
 from _distributed import (
     IDENTITY,
     RELAY,
@@ -16,8 +18,6 @@ from _distributed import (
     read_services,
     services,
 )
-
-import gymtrace
 from gymtrace import _constants as c
 from gymtrace.integrations.aiohttp import aiohttp_trace_config
 

@@ -13,6 +13,8 @@ import asyncio
 
 import httpx
 import pytest
+
+import gymtrace
 from _distributed import (
     IDENTITY,
     RELAY,
@@ -23,8 +25,6 @@ from _distributed import (
     read_services,
     services,
 )
-
-import gymtrace
 from gymtrace import _constants as c
 from gymtrace._spandata import SpanData
 from gymtrace.integrations.asgi import GymTraceMiddleware

@@ -8,9 +8,9 @@ import os
 import pickle
 from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
 
-import _pool_workers
 from opentelemetry import trace
 
+import _pool_workers
 import gymtrace
 from gymtrace import _constants as c
 from gymtrace import propagation

@@ -4,11 +4,11 @@ identity as baggage, to a real server process."""
 from __future__ import annotations
 
 import httpx
-from _distributed import RELAY, services
 from opentelemetry import baggage
 from opentelemetry import context as otel_context
 
 import gymtrace
+from _distributed import RELAY, services
 from gymtrace import _constants as c
 from gymtrace.integrations.httpx import HttpxTransport
 

@@ -7,7 +7,6 @@ import sys
 import textwrap
 
 import pytest
-from child_process import clean_env
 from opentelemetry import baggage, propagate, trace
 from opentelemetry import context as otel_context
 from opentelemetry.baggage.propagation import W3CBaggagePropagator
@@ -16,6 +15,7 @@ from opentelemetry.propagators.textmap import TextMapPropagator
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
 import gymtrace
+from child_process import clean_env
 from gymtrace import _constants as c
 from gymtrace import propagation
 from gymtrace._spandata import read_otlp_json_lines

@@ -11,6 +11,7 @@ import subprocess
 import sys
 
 import pytest
+
 from _distributed import (
     IDENTITY,
     SERVICES_OF_THE_DEMO,
@@ -22,7 +23,6 @@ from _distributed import (
     missing_identity,
 )
 from child_process import clean_env
-
 from gymtrace import _constants as c
 from gymtrace._spandata import SpanData, read_otlp_json_lines
 from gymtrace.demo.distributed import TASKS, rollout_id_for

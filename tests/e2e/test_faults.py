@@ -37,6 +37,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
 from child_process import clean_env
 from pipeline import JAEGER_BIN, Pipeline, PipelineError, span_tags
 

@@ -13,7 +13,6 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import serve_app
-
 from gymtrace import _constants as c
 from gymtrace._spandata import SpanData, read_otlp_json_lines
 from gymtrace.demo.distributed import ServiceProcess

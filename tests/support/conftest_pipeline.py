@@ -16,6 +16,7 @@ import time
 from collections.abc import Iterator
 
 import pytest
+
 from pipeline import JAEGER_BIN, Pipeline
 
 __all__ = ["pipeline", "pytest_configure", "pytest_collection_modifyitems"]
