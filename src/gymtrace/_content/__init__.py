@@ -39,15 +39,10 @@ from gymtrace._content.policy import (
     DEFAULT_MAX_SPAN_BYTES,
     DEFAULT_MAX_VALUE_BYTES,
     DEFAULT_SECRET_KEYS,
-    EVENT_ONLY,
     GRPC_MESSAGE_LIMIT,
     MAX_SPAN_BYTES,
     MIN_VALUE_BYTES,
-    MODES,
-    NO_CONTENT,
     REQUEST_OVERHEAD,
-    SPAN_AND_EVENT,
-    SPAN_ONLY,
     SPAN_OVERHEAD,
     UNCHANGED,
     apply_content_changes,
@@ -63,6 +58,8 @@ from gymtrace._content.policy import (
 from gymtrace._content.recording import record_content
 from gymtrace._content.redaction import REDACTED
 from gymtrace._content.serialising import fit, serialise
+from gymtrace._settings import CAPTURE_MODES as MODES
+from gymtrace._settings import EVENT_ONLY, NO_CONTENT, SPAN_AND_EVENT, SPAN_ONLY
 
 __all__ = [
     "DEFAULT_MAX_SPAN_BYTES",

@@ -7,13 +7,13 @@ import logging
 from gymtrace import _settings
 from gymtrace._content.policy import (
     GRPC_MESSAGE_LIMIT,
-    NO_CONTENT,
     REQUEST_OVERHEAD,
     SPAN_OVERHEAD,
     capture_mode,
     max_span_bytes,
 )
 from gymtrace._errors import first_time
+from gymtrace._settings import NO_CONTENT
 
 logger = logging.getLogger("gymtrace")
 

@@ -16,37 +16,10 @@ from typing import Any, Final
 from gymtrace import _settings
 from gymtrace._errors import InvalidArgumentError, first_time
 from gymtrace._settings import CAPTURE_MODES as MODES
-from gymtrace._settings import EVENT_ONLY, NO_CONTENT, SPAN_AND_EVENT, SPAN_ONLY, parse_capture
+from gymtrace._settings import NO_CONTENT, SPAN_ONLY, parse_capture
 
 logger = logging.getLogger("gymtrace")
 
-__all__ = [
-    "DEFAULT_MAX_SPAN_BYTES",
-    "DEFAULT_MAX_VALUE_BYTES",
-    "DEFAULT_SECRET_KEYS",
-    "EVENT_ONLY",
-    "GRPC_MESSAGE_LIMIT",
-    "MAX_SPAN_BYTES",
-    "MIN_PIECE",
-    "MIN_VALUE_BYTES",
-    "MODES",
-    "NO_CONTENT",
-    "REQUEST_OVERHEAD",
-    "SPAN_AND_EVENT",
-    "SPAN_ONLY",
-    "SPAN_OVERHEAD",
-    "UNCHANGED",
-    "Redactor",
-    "capture_mode",
-    "configure_content",
-    "content_changes",
-    "apply_content_changes",
-    "current_policy",
-    "is_secret_key",
-    "max_span_bytes",
-    "max_value_bytes",
-    "reset_content_policy",
-]
 
 # -- budgets ------------------------------------------------------------------------------------------
 

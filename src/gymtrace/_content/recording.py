@@ -7,11 +7,7 @@ from typing import Any, Final
 from gymtrace import _constants as c
 from gymtrace._content.ledger import ledger_of, ledgers_lock
 from gymtrace._content.policy import (
-    EVENT_ONLY,
     MIN_PIECE,
-    NO_CONTENT,
-    SPAN_AND_EVENT,
-    SPAN_ONLY,
     capture_mode,
     current_policy,
     max_span_bytes,
@@ -20,6 +16,7 @@ from gymtrace._content.policy import (
 from gymtrace._content.serialising import fit, serialise, utf8
 from gymtrace._errors import GymTraceError, internal_error
 from gymtrace._scope import ActiveScope
+from gymtrace._settings import EVENT_ONLY, NO_CONTENT, SPAN_AND_EVENT, SPAN_ONLY
 
 __all__ = ["record_content"]
 
