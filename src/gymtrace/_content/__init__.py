@@ -55,7 +55,7 @@ from gymtrace._content.policy import (
     max_value_bytes,
     reset_content_policy,
 )
-from gymtrace._content.recording import record_content
+from gymtrace._content.recording import capturing, record_content, record_on
 from gymtrace._content.redaction import REDACTED
 from gymtrace._content.serialising import fit, serialise
 from gymtrace._settings import CAPTURE_MODES as MODES
@@ -79,6 +79,7 @@ __all__ = [
     "UNCHANGED",
     "apply_content_changes",
     "capture_mode",
+    "capturing",
     "configure_content",
     "content_changes",
     "current_policy",
@@ -90,6 +91,7 @@ __all__ = [
     "max_value_bytes",
     "otlp_batch_size",
     "record_content",
+    "record_on",
     "reset_content_policy",
     "serialise",
 ]

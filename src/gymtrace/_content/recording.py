@@ -18,19 +18,37 @@ from gymtrace._errors import GymTraceError, internal_error
 from gymtrace._scope import ActiveScope
 from gymtrace._settings import EVENT_ONLY, NO_CONTENT, SPAN_AND_EVENT, SPAN_ONLY
 
-__all__ = ["record_content"]
+__all__ = ["capturing", "record_content", "record_on"]
 
 _TARGET_KINDS: Final = (c.KIND_MODEL_CALL, c.KIND_TOOL_CALL, c.KIND_AGENT_INVOCATION)
+# Per level: (input attribute, output attribute, the event that carries both when events are on).
 _KEYS: Final = {
-    c.KIND_MODEL_CALL: (c.GEN_AI_INPUT_MESSAGES, c.GEN_AI_OUTPUT_MESSAGES),
-    c.KIND_AGENT_INVOCATION: (c.GEN_AI_INPUT_MESSAGES, c.GEN_AI_OUTPUT_MESSAGES),
-    c.KIND_TOOL_CALL: (c.GEN_AI_TOOL_CALL_ARGUMENTS, c.GEN_AI_TOOL_CALL_RESULT),
+    c.KIND_MODEL_CALL: (
+        c.GEN_AI_INPUT_MESSAGES,
+        c.GEN_AI_OUTPUT_MESSAGES,
+        c.GEN_AI_CLIENT_INFERENCE_OPERATION_DETAILS,
+    ),
+    c.KIND_AGENT_INVOCATION: (c.GEN_AI_INPUT_MESSAGES, c.GEN_AI_OUTPUT_MESSAGES, c.CONTENT_EVENT),
+    c.KIND_TOOL_CALL: (c.GEN_AI_TOOL_CALL_ARGUMENTS, c.GEN_AI_TOOL_CALL_RESULT, c.CONTENT_EVENT),
 }
-_EVENT_NAMES: Final = {
-    c.KIND_MODEL_CALL: c.GEN_AI_CLIENT_INFERENCE_OPERATION_DETAILS,
-    c.KIND_AGENT_INVOCATION: c.CONTENT_EVENT,
-    c.KIND_TOOL_CALL: c.CONTENT_EVENT,
-}
+
+
+def capturing() -> bool:
+    """Whether content capture is on at all (the cheap check before finding a target)."""
+    return capture_mode() != NO_CONTENT
+
+
+def record_on(span: Any, keys: tuple[str, str, str], input: object, output: object) -> None:
+    """Record ``input``/``output`` on ``span`` under the capture mode, budgets and redaction in force.
+
+    ``keys``: the input and output attribute and the event that carries both when events are on.
+    """
+    mode = capture_mode()
+    if mode == NO_CONTENT or (input is None and output is None):
+        return
+    if not span.is_recording():
+        return  # sampled out: skip the work
+    _record(keys, span, mode, input, output)
 
 
 def record_content(input: object = None, output: object = None, *, scope: ActiveScope | None = None) -> None:
@@ -46,8 +64,7 @@ def record_content(input: object = None, output: object = None, *, scope: Active
     ``gym.content`` otherwise) or both. Values are redacted and cut to their budgets; nothing of
     the caller's is mutated. Never raises (except in strict mode, for misuse).
     """
-    mode = capture_mode()
-    if mode == NO_CONTENT or (input is None and output is None):
+    if not capturing() or (input is None and output is None):
         return
     try:
         from gymtrace._record import _target
@@ -55,24 +72,21 @@ def record_content(input: object = None, output: object = None, *, scope: Active
         _, target = _target(scope, _TARGET_KINDS, "record_content")
         if target is None:
             return
-        span = target.span
-        if not span.is_recording():
-            return  # sampled out: skip the work
-        _record(target, span, mode, input, output)
+        record_on(target.span, _KEYS[target.kind], input, output)
     except GymTraceError:
         raise
     except Exception as exc:  # noqa: BLE001 - telemetry must not break the caller
         internal_error("record_content", exc)
 
 
-def _record(target: ActiveScope, span: Any, mode: str, input: object, output: object) -> None:
+def _record(keys: tuple[str, str, str], span: Any, mode: str, input: object, output: object) -> None:
     policy = current_policy()
     on_span = mode in (SPAN_ONLY, SPAN_AND_EVENT)
     on_event = mode in (EVENT_ONLY, SPAN_AND_EVENT)
     copies = 2 if on_span and on_event else 1  # SPAN_AND_EVENT stores each value twice
     value_limit = max_value_bytes()
     span_limit = max_span_bytes()
-    input_key, output_key = _KEYS[target.kind]
+    input_key, output_key, event_name = keys
 
     # Serialise outside the lock, against a snapshot of the span's budget ...
     with ledgers_lock:
@@ -111,6 +125,6 @@ def _record(target: ActiveScope, span: Any, mode: str, input: object, output: ob
         for key, text in final.items():
             span.set_attribute(key, text)
     if on_event and final:
-        span.add_event(_EVENT_NAMES[target.kind], final)
+        span.add_event(event_name, final)
     if omitted:
         span.set_attribute(c.CONTENT_OMITTED, omitted)
