@@ -6,9 +6,7 @@
 from __future__ import annotations
 
 import argparse
-import asyncio
 import sys
-import time
 import uuid
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
@@ -92,44 +90,26 @@ def _demo(args: argparse.Namespace) -> int:
     if args.distributed:
         return _demo_distributed(args)
 
-    import gymtrace
     from gymtrace._render import render_tree
-    from gymtrace.demo.local import run_demo
+    from gymtrace.demo.local import run_local
 
-    path = args.file or _default_file()
-    endpoint = args.endpoint  # None: configure() reads OTEL_EXPORTER_OTLP_ENDPOINT
-    config = gymtrace.configure(
-        service_name="gymtrace-demo", endpoint=endpoint, protocol=args.protocol, file=path
+    result = run_local(
+        run_id=args.run_id or f"demo-{uuid.uuid4().hex[:8]}",
+        file=args.file or _default_file(),
+        repeats=args.repeats,
+        endpoint=args.endpoint,  # None: configure() reads OTEL_EXPORTER_OTLP_ENDPOINT
+        protocol=args.protocol,
     )
-    run_id = args.run_id or f"demo-{uuid.uuid4().hex[:8]}"
-    started = time.perf_counter()
-    result = asyncio.run(run_demo(run_id=run_id, repeats=args.repeats))
-    elapsed = time.perf_counter() - started
-    gymtrace.force_flush()
-
-    spans = [s for s in read_otlp_json_lines(path) if s.attributes.get(c.RUN_ID) == run_id]
     if not args.quiet:
-        print(render_tree(spans))
+        print(render_tree(result.spans))
         print()
-    _print_summary(spans, result.rewards, elapsed)
-    from gymtrace._check import check_spans
-
-    problems = check_spans(spans)
-    print(f"contract check: {'OK' if not problems else f'{len(problems)} problem(s)'}")
-    for problem in problems:
+    _print_summary(result.spans, result.rewards, result.elapsed)
+    print(f"contract check: {'OK' if not result.problems else f'{len(result.problems)} problem(s)'}")
+    for problem in result.problems:
         print(f"  - {problem}")
-    targets = ", ".join(
-        f"OTLP/{config.protocol} {config.endpoint}"
-        if name == "otlp"
-        else f"{path}"
-        if name == "file"
-        else name
-        for name in config.exporters
-    )
-    print(f"spans written to: {targets}")
-    print(f"look again with: gymtrace tree {path} --run {run_id}")
-    gymtrace.shutdown()
-    return 1 if problems else 0
+    print(f"spans written to: {', '.join(result.targets)}")
+    print(f"look again with: gymtrace tree {result.file} --run {result.run_id}")
+    return 1 if result.problems else 0
 
 
 def _demo_distributed(args: argparse.Namespace) -> int:
