@@ -28,7 +28,7 @@ from opentelemetry import trace
 from opentelemetry.trace import SpanKind, Status, StatusCode
 
 from gymtrace import _constants as c
-from gymtrace._errors import GymTraceError, HierarchyViolationError, contract_problem, guard, internal_error
+from gymtrace._errors import GymTraceError, HierarchyViolationError, contract_problem, guard
 from gymtrace._failures import qualified_name
 from gymtrace._frame import DISABLED_FRAME, FRAME_KEY, ActiveScope
 from gymtrace._levels import LEVELS, allowed
@@ -50,7 +50,8 @@ _WITH_BLOCKS: contextvars.ContextVar[tuple[tuple[Scope, ActiveScope, object], ..
 # them as interrupted instead of losing them (see _lifecycle). Insertion order: outermost first.
 _OPEN: dict[int, ActiveScope] = {}
 
-# One guard per level and situation, made once: the finish path runs for every span.
+# One guard per level and situation, made once: these paths run for every span.
+_START_GUARDS = {kind: guard(f"starting gymtrace.{kind}") for kind in LEVELS}
 _FINISH_GUARDS = {kind: guard(f"ending gymtrace.{kind}") for kind in LEVELS}
 _FINISH_GUARDS_UNWINDING = {kind: guard(f"ending gymtrace.{kind}", may_raise=False) for kind in LEVELS}
 
@@ -67,13 +68,13 @@ def end_open_scopes(reason: str) -> int:
         if _OPEN.pop(id(frame), None) is None:
             continue  # its own code ended it meanwhile
         try:
-            frame.cancelled = True
-            frame.span.set_attribute(c.INTERRUPTED, True)
-            finish = frame.level.finish if frame.level is not None else None
-            if finish is not None:
-                finish(frame)
-        except Exception as exc:  # noqa: BLE001 - the process is ending; keep ending the others
-            internal_error(f"ending open spans at {reason}", exc, may_raise=False)
+            # The process is ending: a failure here must not stop the others from ending.
+            with guard(f"ending open spans at {reason}", may_raise=False):
+                frame.cancelled = True
+                frame.span.set_attribute(c.INTERRUPTED, True)
+                finish = frame.level.finish if frame.level is not None else None
+                if finish is not None:
+                    finish(frame)
         finally:
             frame.span.end()
             ended += 1
@@ -130,10 +131,9 @@ class Scope:
         values = dict(self._static)
         resolved: dict[str, Any] = {}
         for name, fn in self._dynamic:
-            try:
+            # A failing identity callable must not break the call it describes.
+            with guard(f"gymtrace.{self.kind}({name}=<callable>)"):
                 resolved[name] = fn(*args, **kwargs)
-            except Exception as exc:  # noqa: BLE001 - a failing identity callable must not break the call
-                internal_error(f"gymtrace.{self.kind}({name}=<callable>)", exc)
         values.update(self._level.validate(resolved))
         return values
 
@@ -145,7 +145,7 @@ class Scope:
         site: object = None,
     ) -> ActiveScope | None:
         """Start the span and build its context. ``None`` if gymtrace itself failed."""
-        try:
+        with _START_GUARDS[self.kind]:
             parent_context = otel_context.get_current()
             parent = parent_context.get(FRAME_KEY)
             if not isinstance(parent, ActiveScope):
@@ -175,11 +175,7 @@ class Scope:
                     FRAME_KEY, frame, trace.set_span_in_context(span, parent_context)
                 )
             return frame
-        except GymTraceError:
-            raise
-        except Exception as exc:  # noqa: BLE001 - telemetry must not break the caller
-            internal_error(f"starting gymtrace.{self.kind}", exc)
-            return None
+        return None
 
     def finish(self, frame: ActiveScope, exc: BaseException | None, result: Any = None) -> None:
         """The level's outcome, then the span's end, like ``opentelemetry.trace.use_span``: an
