@@ -27,7 +27,7 @@ from gymtrace import _constants as c
 from gymtrace._environment import GYMTRACE_TRACE_PER
 from gymtrace._errors import GymTraceError, InvalidArgumentError, contract_problem
 from gymtrace._failures import classify
-from gymtrace._frame import ActiveScope, read_carrier
+from gymtrace._frame import ActiveScope, emit_outcome, read_carrier
 from gymtrace._ids import check_id, check_index, episode_id, report
 
 # What a level's prepare() returns: span name, start attributes, links, the context to start it in.
@@ -275,6 +275,14 @@ def _finish_episode(frame: ActiveScope) -> None:
                 c.GEN_AI_EVALUATION_SCORE_VALUE: frame.reward,
             },
         )
+
+    rollout = frame.parent.nearest(c.KIND_ROLLOUT) if frame.parent is not None else None
+    if rollout is None and frame.parent_span_context is not None:
+        # Continued from a carrier in another process: the rollout span ended elsewhere and cannot
+        # learn this attempt's outcome; a record in the rollout's trace carries it.
+        emit_outcome(frame, c.SOURCE_CONTINUED)
+    elif rollout is not None and rollout.remote:
+        emit_outcome(frame, c.SOURCE_REMOTE)
 
 
 def _episode_failed(frame: ActiveScope, exc: Exception) -> None:
