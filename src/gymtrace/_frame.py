@@ -315,6 +315,9 @@ class ActiveScope:
             carrier["rollout_span"] = span_ref(rollout.span.get_span_context())
         elif episode is not None and episode.parent_span_context is not None:
             carrier["rollout_span"] = span_ref(episode.parent_span_context)
+        if episode is None and rollout is not None and rollout.last_episode is not None:
+            # Taken between attempts: the next attempt links to the last one.
+            carrier["episode_span"] = span_ref(rollout.last_episode.span.get_span_context())
         if episode is not None:
             carrier["episode_span"] = span_ref(episode.span.get_span_context())
             if episode.attempt is not None:
