@@ -311,6 +311,18 @@ _ATTRIBUTES: Mapping[str, Validator] = {"attributes": _a_mapping}
 _TOKENS = ((c.GEN_AI_USAGE_INPUT_TOKENS, "in_tokens"), (c.GEN_AI_USAGE_OUTPUT_TOKENS, "out_tokens"))
 _MESSAGES = (c.GEN_AI_INPUT_MESSAGES, c.GEN_AI_OUTPUT_MESSAGES)
 
+
+def _numbered(kind: str, rank: int, span_name: str, attribute: str) -> Level:
+    """A level numbered 1, 2, 3... per agent invocation (turns and steps)."""
+    return Level(
+        kind,
+        rank=rank,
+        prepare=_prepare_numbered(kind, span_name, attribute),
+        arguments={"number": _a_number, **_ATTRIBUTES},
+        shown=((attribute, "#"),),
+    )
+
+
 LEVELS: Mapping[str, Level] = {
     level.kind: level
     for level in (
@@ -366,20 +378,8 @@ LEVELS: Mapping[str, Level] = {
             arguments={"agent_name": _an_id, "invocation_id": _an_id, **_ATTRIBUTES},
             content=(*_MESSAGES, c.CONTENT_EVENT),
         ),
-        Level(
-            c.KIND_TURN,
-            rank=5,
-            prepare=_prepare_numbered(c.KIND_TURN, c.SPAN_TURN, c.TURN_NUMBER),
-            arguments={"number": _a_number, **_ATTRIBUTES},
-            shown=((c.TURN_NUMBER, "#"),),
-        ),
-        Level(
-            c.KIND_STEP,
-            rank=6,
-            prepare=_prepare_numbered(c.KIND_STEP, c.SPAN_STEP, c.STEP_NUMBER),
-            arguments={"number": _a_number, **_ATTRIBUTES},
-            shown=((c.STEP_NUMBER, "#"),),
-        ),
+        _numbered(c.KIND_TURN, 5, c.SPAN_TURN, c.TURN_NUMBER),
+        _numbered(c.KIND_STEP, 6, c.SPAN_STEP, c.STEP_NUMBER),
         Level(
             c.KIND_MODEL_CALL,
             rank=7,
