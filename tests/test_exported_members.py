@@ -25,6 +25,10 @@ PUBLIC_MODULES = [
 ]
 
 
+# Modules whose surface is what they re-export.
+FACADES = {"gymtrace", "gymtrace.integrations.concurrent"}
+
+
 def _bound_names(body: list[ast.stmt], *, facade: bool, lazy: bool = False) -> set[str]:
     names: set[str] = set()
     for node in body:
@@ -34,8 +38,10 @@ def _bound_names(body: list[ast.stmt], *, facade: bool, lazy: bool = False) -> s
             names.update(t.id for t in node.targets if isinstance(t, ast.Name))
         elif isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
             names.add(node.target.id)
-        elif isinstance(node, ast.ImportFrom) and (
-            facade or (lazy and (node.module or "").startswith("gymtrace"))
+        elif (
+            isinstance(node, ast.ImportFrom)
+            and (node.module or "").startswith("gymtrace")
+            and (facade or lazy)
         ):
             # The package re-exports what its private modules implement; other modules import
             # for their own use, so only what they define is their surface.
@@ -47,7 +53,7 @@ def _bound_names(body: list[ast.stmt], *, facade: bool, lazy: bool = False) -> s
 
 def public_names(module: ModuleType) -> list[str]:
     """Every public name the module's own source binds at top level."""
-    facade = module.__name__ == "gymtrace"
+    facade = module.__name__ in FACADES
     names = _bound_names(ast.parse(inspect.getsource(module)).body, facade=facade)
     return sorted(n for n in names if not n.startswith("_") or n == "__version__")
 

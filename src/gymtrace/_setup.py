@@ -30,10 +30,10 @@ from gymtrace._content import (
     otlp_batch_size,
     reset_content_policy,
 )
-from gymtrace._errors import InvalidArgumentError, reset_seen, set_strict
+from gymtrace._errors import InvalidArgumentError, reset_seen
 from gymtrace._export import BatchExporter
 from gymtrace._processor import IdentitySpanProcessor
-from gymtrace._scope import set_trace_per
+from gymtrace._spandata import encode_otlp_json
 from gymtrace._tracing import current_provider
 
 if TYPE_CHECKING:
@@ -173,8 +173,6 @@ def make_id_generator() -> Any:
 
 def _file_exporter(path: str) -> SpanExporter:
     from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
-
-    from gymtrace._spandata import encode_otlp_json
 
     class OtlpJsonLinesExporter(SpanExporter):
         """Appends one OTLP/JSON ``ExportTraceServiceRequest`` per batch to a file.
@@ -374,10 +372,6 @@ def _apply(settings: _settings.Settings, overrides: dict[str, Any], policy_chang
     """Make validated settings and content policy changes the active ones."""
     _settings.apply(settings, overrides)
     apply_content_changes(policy_changes)
-    # The engine keeps its own copies of these two until it reads the settings object directly.
-    if "strict" in overrides:
-        set_strict(overrides["strict"])
-    set_trace_per("run" if settings.trace_per_run else "rollout")
 
 
 def _keep_sampler(provider: Any, sampler: Sampler | None) -> None:
@@ -526,10 +520,8 @@ def reset() -> None:
     sets it once per process.
     """
     shutdown()
-    _settings.reset()
     reset_content_policy()
-    set_strict(None)
-    set_trace_per("run" if _settings.active.trace_per_run else "rollout")
+    _settings.reset()
     reset_seen()
 
 

@@ -26,6 +26,7 @@ from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
 from gymtrace import _constants as c
+from gymtrace._check import check_spans
 from gymtrace._errors import set_strict, strict_override
 from gymtrace._processor import IdentitySpanProcessor
 from gymtrace._render import render_tree
@@ -102,8 +103,6 @@ def check_trace(spans: Any) -> list[str]:
 
     Accepts SDK ``ReadableSpan`` objects, :class:`SpanData` records, or a :class:`CapturedSpans`.
     """
-    from gymtrace._check import check_spans
-
     if isinstance(spans, CapturedSpans):
         spans = spans.spans
     return check_spans(spans)

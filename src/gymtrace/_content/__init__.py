@@ -31,7 +31,7 @@ The budgets are what keeps an OTLP export request under gRPC's 4 MiB limit; see
 
 The modules, in import order: ``policy`` (modes, budgets, the redaction hook and keys),
 ``redaction``, ``copying``, ``serialising``, ``ledger`` (per-span budgets), ``batching`` (OTLP
-batch sizing) and ``recording`` (:func:`record_content`).
+batch sizing) and ``recording`` (:func:`record_on`, what ``gymtrace.record_content`` calls).
 """
 
 from gymtrace._content.batching import export_batch_limit, export_settings, otlp_batch_size
@@ -55,7 +55,7 @@ from gymtrace._content.policy import (
     max_value_bytes,
     reset_content_policy,
 )
-from gymtrace._content.recording import capturing, record_content, record_on
+from gymtrace._content.recording import capturing, record_on
 from gymtrace._content.redaction import REDACTED
 from gymtrace._content.serialising import fit, serialise
 from gymtrace._settings import CAPTURE_MODES as MODES
@@ -90,7 +90,6 @@ __all__ = [
     "max_span_bytes",
     "max_value_bytes",
     "otlp_batch_size",
-    "record_content",
     "record_on",
     "reset_content_policy",
     "serialise",

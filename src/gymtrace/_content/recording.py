@@ -1,8 +1,8 @@
-"""``record_content``: content on the current model call, tool call or agent invocation."""
+"""Recording content on a span: what ``gymtrace.record_content`` does once it found its target."""
 
 from __future__ import annotations
 
-from typing import Any, Final
+from typing import Any
 
 from gymtrace import _constants as c
 from gymtrace._content.ledger import ledger_of, ledgers_lock
@@ -14,23 +14,9 @@ from gymtrace._content.policy import (
     max_value_bytes,
 )
 from gymtrace._content.serialising import fit, serialise, utf8
-from gymtrace._errors import GymTraceError, internal_error
-from gymtrace._scope import ActiveScope
 from gymtrace._settings import EVENT_ONLY, NO_CONTENT, SPAN_AND_EVENT, SPAN_ONLY
 
-__all__ = ["capturing", "record_content", "record_on"]
-
-_TARGET_KINDS: Final = (c.KIND_MODEL_CALL, c.KIND_TOOL_CALL, c.KIND_AGENT_INVOCATION)
-# Per level: (input attribute, output attribute, the event that carries both when events are on).
-_KEYS: Final = {
-    c.KIND_MODEL_CALL: (
-        c.GEN_AI_INPUT_MESSAGES,
-        c.GEN_AI_OUTPUT_MESSAGES,
-        c.GEN_AI_CLIENT_INFERENCE_OPERATION_DETAILS,
-    ),
-    c.KIND_AGENT_INVOCATION: (c.GEN_AI_INPUT_MESSAGES, c.GEN_AI_OUTPUT_MESSAGES, c.CONTENT_EVENT),
-    c.KIND_TOOL_CALL: (c.GEN_AI_TOOL_CALL_ARGUMENTS, c.GEN_AI_TOOL_CALL_RESULT, c.CONTENT_EVENT),
-}
+__all__ = ["capturing", "record_on"]
 
 
 def capturing() -> bool:
@@ -49,34 +35,6 @@ def record_on(span: Any, keys: tuple[str, str, str], input: object, output: obje
     if not span.is_recording():
         return  # sampled out: skip the work
     _record(keys, span, mode, input, output)
-
-
-def record_content(input: object = None, output: object = None, *, scope: ActiveScope | None = None) -> None:
-    """Record content on the current model call, tool call or agent invocation. Off by default.
-
-    On a model call or agent invocation ``input``/``output`` become ``gen_ai.input.messages`` /
-    ``gen_ai.output.messages``; on a tool call, ``gen_ai.tool.call.arguments`` /
-    ``gen_ai.tool.call.result``. ``None`` means "not given". Pass plain data (dicts, lists,
-    strings, numbers): other objects are recorded as ``"<ClassName>"``, never by calling their
-    methods. Recorded only when ``OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT`` (or
-    ``configure(capture_content=...)``) turns capture on; then as span attributes (``SPAN_ONLY``),
-    one span event (``EVENT_ONLY``: ``gen_ai.client.inference.operation.details`` on model calls,
-    ``gym.content`` otherwise) or both. Values are redacted and cut to their budgets; nothing of
-    the caller's is mutated. Never raises (except in strict mode, for misuse).
-    """
-    if not capturing() or (input is None and output is None):
-        return
-    try:
-        from gymtrace._record import _target
-
-        _, target = _target(scope, _TARGET_KINDS, "record_content")
-        if target is None:
-            return
-        record_on(target.span, _KEYS[target.kind], input, output)
-    except GymTraceError:
-        raise
-    except Exception as exc:  # noqa: BLE001 - telemetry must not break the caller
-        internal_error("record_content", exc)
 
 
 def _record(keys: tuple[str, str, str], span: Any, mode: str, input: object, output: object) -> None:

@@ -33,7 +33,7 @@ async def _on_request_start(
     # trace config ran first: either way the right parent. Its trace config, appended after ours
     # by the instrumentor, injects again with its span and keeps our baggage unless the context
     # has baggage of its own.
-    inject(params.headers)  # never raises: inject() contains its own failures
+    inject(params.headers, continuation=False)  # never raises: inject() contains its own failures
 
 
 def aiohttp_trace_config() -> aiohttp.TraceConfig:

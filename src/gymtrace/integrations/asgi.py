@@ -40,7 +40,9 @@ from typing import Any
 from opentelemetry import context as otel_context
 from opentelemetry import trace
 
-from gymtrace.propagation import extract
+# _with_remote_frame is the one private name an integration uses: the caller's scope continued on
+# a chosen parent span, which no public function offers yet.
+from gymtrace.propagation import _with_remote_frame, extract, identity_from_context
 
 __all__ = ["GymTraceMiddleware"]
 
@@ -60,19 +62,19 @@ def _request_context(headers: Any, current: otel_context.Context | None = None) 
     """
     if current is None:
         current = otel_context.get_current()
-    local_span = trace.get_current_span(current)
-    local = local_span.get_span_context()
-    # extract() puts the caller's span (when the headers carry a valid one) and identity on top
-    # of the current context; without a traceparent the current span stays.
-    ctx = extract(headers, current)
-    incoming_span = trace.get_current_span(ctx)
-    incoming = incoming_span.get_span_context()
-    has_incoming = incoming_span is not local_span and incoming.is_valid
-    if local.is_valid and (not has_incoming or incoming.trace_id == local.trace_id):
-        return trace.set_span_in_context(local_span, ctx)
-    if not has_incoming:
-        return trace.set_span_in_context(trace.INVALID_SPAN, ctx)
-    return ctx
+    remote = extract(headers)
+    identity = identity_from_context(remote)
+    local = trace.get_current_span(current).get_span_context()
+    incoming = trace.get_current_span(remote).get_span_context()
+    if local.is_valid and (not incoming.is_valid or incoming.trace_id == local.trace_id):
+        base = current
+    elif incoming.is_valid:
+        base = trace.set_span_in_context(trace.get_current_span(remote), current)
+    else:
+        base = trace.set_span_in_context(trace.INVALID_SPAN, current)
+    # The caller's episode continues here with the chosen parent as its span (outcome records
+    # recorded in this request hang under it).
+    return _with_remote_frame(base, identity)
 
 
 class GymTraceMiddleware:

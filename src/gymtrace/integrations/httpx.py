@@ -39,7 +39,7 @@ def _enter(request: httpx.Request) -> object:
     """Inject headers and attach the identity context; the token, or None if gymtrace failed."""
     try:
         ctx = with_identity()
-        inject(request.headers, ctx)
+        inject(request.headers, ctx, continuation=False)
         return otel_context.attach(ctx)
     except Exception:
         _logger.warning("gymtrace: the httpx transport could not attach the trace context", exc_info=True)
