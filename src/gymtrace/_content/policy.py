@@ -102,18 +102,17 @@ def current_policy() -> _Policy:
     return _policy
 
 
-def content_changes(
-    *,
-    capture: str | bool | _Unchanged | None = UNCHANGED,
-    redact: Redactor | _Unchanged | None = UNCHANGED,
-    max_value_bytes: int | _Unchanged | None = UNCHANGED,
-    max_span_bytes: int | _Unchanged | None = UNCHANGED,
-    secret_keys: Iterable[str] | _Unchanged | None = UNCHANGED,
-) -> tuple[dict[str, Any], dict[str, Any]]:
-    """Validate content arguments without applying them: (settings overrides, policy changes).
+def content_changes(**arguments: Any) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Validate :func:`configure_content`'s arguments without applying them: (settings overrides,
+    policy changes). An argument left out (or ``UNCHANGED``) changes nothing.
 
     Raises :class:`~gymtrace.InvalidArgumentError` naming the first bad argument.
     """
+    capture = arguments.get("capture", UNCHANGED)
+    redact = arguments.get("redact", UNCHANGED)
+    max_value_bytes = arguments.get("max_value_bytes", UNCHANGED)
+    max_span_bytes = arguments.get("max_span_bytes", UNCHANGED)
+    secret_keys = arguments.get("secret_keys", UNCHANGED)
     overrides: dict[str, Any] = {}
     changes: dict[str, Any] = {}
     if not isinstance(capture, _Unchanged):
