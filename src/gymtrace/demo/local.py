@@ -8,20 +8,26 @@ script makes every case of the vocabulary happen at least once, deterministicall
 - an infrastructure failure followed by a successful retry (attempt 1, linked to attempt 0);
 - a rollout that exhausts its attempts and ends *unscored* (no reward, not 0);
 - a checkpoint-restored episode (``gym.episode.restored``, linked to the episode it continues);
-- a subagent spawned by a tool call.
+- a subagent spawned by a tool call;
+- a rollout scored in another process (a scorer in a process pool continues the episode's context),
+  and one scored in a later phase, after its rollout span ended: both become ``gym.outcome`` records
+  and read back as scored.
 """
 
 from __future__ import annotations
 
 import asyncio
+import multiprocessing
 import random
 import time
+from concurrent.futures import Executor, ProcessPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
 import gymtrace
 from gymtrace import _constants as c
 from gymtrace._spandata import SpanData, read_otlp_json_lines
+from gymtrace.integrations.concurrent import submit
 from gymtrace.testing import check_trace
 
 
@@ -42,6 +48,9 @@ class Task:
     # What goes wrong, per repeat: {repeat: [failure of attempt 0, failure of attempt 1, ...]}
     script: dict[int, list[str]] = field(default_factory=dict)
     delegate: bool = False
+    # Who scores it: "inline" (verify inside the episode), "remote" (a scorer process continues the
+    # episode's context), "late" (a scoring phase after the rollout span ended).
+    scorer: str = "inline"
 
 
 TASKS = [
@@ -54,6 +63,8 @@ TASKS = [
         script={0: ["infrastructure"] * 3, 1: ["timeout"]},
     ),
     Task("lookup-003", "Capital of Norway?", "Oslo", ("search", "delegate"), delegate=True),
+    Task("arith-004", "What is 6 * 7?", "42", ("calculator",), scorer="remote"),
+    Task("arith-005", "What is 99 + 1?", "100", ("calculator",), scorer="late"),
 ]
 MAX_ATTEMPTS = 3
 
@@ -99,6 +110,20 @@ class Environment:
         return {"reward": 1.0 if correct else 0.0, "correct": correct}
 
 
+def start_scorer(file: str) -> None:
+    """A scorer process of the demo's pool: its spans go to the same file."""
+    gymtrace.configure(service_name="gymtrace-demo-scorer", file=file)
+
+
+def score_remotely(answer: str, expected: str) -> float:
+    """Runs in the scorer process, inside the episode's context carried there: this verify and its
+    reward belong to that episode, and become the rollout's outcome record."""
+    with gymtrace.verify():
+        reward = 1.0 if answer.strip() == expected else 0.0
+        gymtrace.record_reward(reward)
+    return reward
+
+
 @gymtrace.model_call(model="scripted-model-1", provider="gymtrace-demo")
 async def call_model(messages: list[str], rng: random.Random) -> str:
     await asyncio.sleep(0.002)
@@ -133,10 +158,21 @@ async def solve(env: Environment, session: Session) -> str:
         return await env.call_tool(session, tool, argument)
 
 
-async def run_rollout(env: Environment, task: Task, repeat: int, run_id: str) -> float | None:
+@dataclass
+class Pending:
+    """A rollout whose answer is scored after its span ended (the late phase)."""
+
+    rollout: gymtrace.ActiveScope
+    answer: str
+    expected: str
+
+
+async def run_rollout(
+    env: Environment, task: Task, repeat: int, run_id: str, scorers: Executor, pending: list[Pending]
+) -> float | None:
     failures = task.script.get(repeat, [])
     rollout_id = f"{run_id}/{task.task_id}/r{repeat}"
-    with gymtrace.rollout(rollout_id=rollout_id, task_id=task.task_id, repeat=repeat):
+    with gymtrace.rollout(rollout_id=rollout_id, task_id=task.task_id, repeat=repeat) as rollout:
         # A timeout after a checkpoint is resumed from that checkpoint, not restarted clean.
         restore = "timeout" in failures
         attempts = gymtrace.attempts(
@@ -147,8 +183,13 @@ async def run_rollout(env: Environment, task: Task, repeat: int, run_id: str) ->
             async with attempt:
                 session = await env.seed_session(task, failures, attempt.index)
                 answer = await solve(env, session)
-                result = await env.verify(session, answer)
-                reward = result["reward"]
+                if task.scorer == "remote":
+                    reward = await asyncio.wrap_future(submit(scorers, score_remotely, answer, task.answer))
+                elif task.scorer == "late":
+                    pending.append(Pending(rollout, answer, task.answer))
+                else:
+                    result = await env.verify(session, answer)
+                    reward = result["reward"]
         return reward if attempts.succeeded else None
 
 
@@ -158,17 +199,24 @@ class DemoResult:
     rewards: dict[str, float | None]
 
 
-async def run_demo(*, run_id: str, repeats: int = 2, seed: int = 7) -> DemoResult:
+async def run_demo(*, run_id: str, scorers: Executor, repeats: int = 2, seed: int = 7) -> DemoResult:
     env = Environment(random.Random(seed))
     rewards: dict[str, float | None] = {}
+    pending: list[Pending] = []
     with gymtrace.run(run_id=run_id):
         jobs = {
-            f"{task.task_id}/r{repeat}": run_rollout(env, task, repeat, run_id)
+            f"{task.task_id}/r{repeat}": run_rollout(env, task, repeat, run_id, scorers, pending)
             for task in TASKS
             for repeat in range(repeats)
         }
         results = await asyncio.gather(*jobs.values())
         rewards = dict(zip(jobs, results, strict=True))
+    # The scoring phase, after every rollout span has ended (as evaluation frameworks do).
+    for late in pending:
+        reward = 1.0 if late.answer.strip() == late.expected else 0.0
+        gymtrace.record_reward(reward, scope=late.rollout)
+        rollout_id = str(late.rollout.identity[c.ROLLOUT_ID])
+        rewards[rollout_id.removeprefix(f"{run_id}/")] = reward
     return DemoResult(run_id, rewards)
 
 
@@ -192,7 +240,14 @@ def run_local(
     config = gymtrace.configure(service_name="gymtrace-demo", endpoint=endpoint, protocol=protocol, file=file)
     try:
         started = time.perf_counter()
-        result = asyncio.run(run_demo(run_id=run_id, repeats=repeats))
+        # A fresh interpreter per scorer (spawn): it configures its own tracing, as a worker would.
+        with ProcessPoolExecutor(
+            max_workers=1,
+            mp_context=multiprocessing.get_context("spawn"),
+            initializer=start_scorer,
+            initargs=(file,),
+        ) as scorers:
+            result = asyncio.run(run_demo(run_id=run_id, scorers=scorers, repeats=repeats))
         elapsed = time.perf_counter() - started
         gymtrace.force_flush()
         spans = [s for s in read_otlp_json_lines(file) if s.attributes.get(c.RUN_ID) == run_id]
