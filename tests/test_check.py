@@ -222,7 +222,8 @@ def test_demo_exercises_every_case_and_passes_check(tmp_path: Path, argv: list[s
     out = run_gymtrace(*argv, cwd=tmp_path)
     assert out.returncode == 0, out.stdout + out.stderr
     assert "contract check: OK" in out.stdout
-    assert "6 rollouts (5 scored, 1 unscored), 10 episodes" in out.stdout
+    # One rollout scored in a scorer process, one after its rollout ended: both count as scored.
+    assert "10 rollouts (9 scored, 1 unscored), 14 episodes" in out.stdout
     check = run_gymtrace("check", "gymtrace-traces.jsonl", cwd=tmp_path)
     assert check.returncode == 0, check.stdout
     if "--quiet" not in argv:
@@ -233,5 +234,6 @@ def test_demo_exercises_every_case_and_passes_check(tmp_path: Path, argv: list[s
             "outcome=unscored",
             "invoke_agent researcher",
             "failure=infrastructure",
+            "gym.outcome [outcome]",
         ):
             assert expected in out.stdout, expected
