@@ -50,7 +50,10 @@ def link(to: SpanData, relation: str) -> tuple[LinkData, ...]:
 def rollout_with(
     *episodes: dict[str, Any], rollout_attrs: dict[str, Any] | None = None, rid: str = "r-1"
 ) -> list[SpanData]:
-    root = span("rollout", **{c.ROLLOUT_ID: rid, **(rollout_attrs or {})}, start=0)
+    # Like the engine, the root knows how many episodes it ran (gym.rollout.attempts).
+    root = span(
+        "rollout", **{c.ROLLOUT_ID: rid, c.ROLLOUT_ATTEMPTS: len(episodes), **(rollout_attrs or {})}, start=0
+    )
     spans = [root]
     previous = None
     for attempt, extra in enumerate(episodes):

@@ -22,6 +22,9 @@ KIND_STEP: Final = "step"
 KIND_MODEL_CALL: Final = "model_call"
 KIND_TOOL_CALL: Final = "tool_call"
 KIND_VERIFY: Final = "verify"
+# A short span recording a rollout's outcome decided outside the rollout span (README, "Late and
+# remote outcomes"): in another process, after the rollout span ended, or by a continued episode.
+KIND_OUTCOME: Final = "outcome"
 
 ALL_KINDS: Final = (
     KIND_RUN,
@@ -34,6 +37,7 @@ ALL_KINDS: Final = (
     KIND_MODEL_CALL,
     KIND_TOOL_CALL,
     KIND_VERIFY,
+    KIND_OUTCOME,
 )
 
 SPAN_RUN: Final = "gym.run"
@@ -43,6 +47,7 @@ SPAN_SEED_SESSION: Final = "gym.seed_session"
 SPAN_TURN: Final = "gym.turn"
 SPAN_STEP: Final = "gym.step"
 SPAN_VERIFY: Final = "gym.verify"
+SPAN_OUTCOME: Final = "gym.outcome"
 # GenAI spans are named "{gen_ai.operation.name} {subject}" (OPERATION_* below); the subject is
 # low-cardinality (an agent, model or tool name, never an ID). Without a subject the name is the
 # bare operation.
@@ -72,6 +77,8 @@ FAILURE_RETRYABLE: Final = "gym.failure.retryable"
 TURN_NUMBER: Final = "gym.turn.number"
 STEP_NUMBER: Final = "gym.step.number"
 HIERARCHY_VIOLATION: Final = "gym.hierarchy.violation"
+# On an outcome record span: where the outcome was decided (OUTCOME_SOURCE_* below).
+OUTCOME_SOURCE: Final = "gym.outcome.source"
 # Not in the fixed table: set on spans that were still open when the process was stopped.
 INTERRUPTED: Final = "gym.interrupted"
 # On a span link: why two episodes are linked (``retry`` or ``restore``), or ``run`` on the link
@@ -93,6 +100,15 @@ FAILURE_ERROR: Final = "error"
 RELATION_RETRY: Final = "retry"
 RELATION_RESTORE: Final = "restore"
 RELATION_RUN: Final = "run"
+# On the link from an outcome record to the episode it concludes.
+RELATION_OUTCOME: Final = "outcome"
+
+# The value of gym.outcome.source: recorded in another process (that attached the rollout's
+# carrier), after the rollout span ended, or by an episode opened from a carrier elsewhere.
+OUTCOME_SOURCE_REMOTE: Final = "remote"
+OUTCOME_SOURCE_LATE: Final = "late"
+OUTCOME_SOURCE_CONTINUED: Final = "continued"
+OUTCOME_SOURCES: Final = (OUTCOME_SOURCE_REMOTE, OUTCOME_SOURCE_LATE, OUTCOME_SOURCE_CONTINUED)
 
 # -- OpenTelemetry GenAI semantic conventions (experimental) ------------------------------------------
 
@@ -135,6 +151,7 @@ EVALUATION_NAME_REWARD: Final = "reward"
 # Stable OpenTelemetry conventions.
 ERROR_TYPE: Final = "error.type"
 SERVICE_NAME: Final = "service.name"
+SERVICE_INSTANCE_ID: Final = "service.instance.id"
 
 # -- instrumentation scope ----------------------------------------------------------------------------
 
