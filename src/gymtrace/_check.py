@@ -407,7 +407,13 @@ def _check_final_outcome(group: RolloutSpans) -> list[Problem]:
     fix = "" if is_outcome_record(decider) else " and no outcome record fixes it"
     if concluded < final_attempt:
         return [("stale rollout outcome", f"rollout {rollout_id}: {what} {says}, but {found}{fix}")]
-    if outcome != expected:
+    late_score = (
+        is_outcome_record(decider)
+        and final.attributes.get(c.EPISODE_OUTCOME) == c.OUTCOME_COMPLETED
+        and expected_reward is None
+    )
+    # A record may score a completed episode that ended without a reward: the reward came later.
+    if outcome != expected and not late_score:
         return [("stale rollout outcome", f"rollout {rollout_id}: {what} {says}, but {found}{fix}")]
     if (
         expected == c.OUTCOME_SCORED

@@ -1,18 +1,26 @@
-"""The ``gymtrace`` command: ``demo``, ``tree`` and ``check``. The only module that prints."""
+"""The ``gymtrace`` command: ``demo``, ``tree``, ``check``, ``rollouts`` and ``stats``.
+
+The only module that prints.
+"""
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import os
 import sys
 import time
 import uuid
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 from gymtrace import _constants as c
 from gymtrace._environment import DEFAULT_FILE, GYMTRACE_FILE
 from gymtrace._spandata import SpanData, TraceFileError, read_otlp_json_lines
+
+if TYPE_CHECKING:
+    from gymtrace._outcomes import RunStats
 
 
 def _default_file() -> str:
@@ -52,7 +60,46 @@ def _parser() -> argparse.ArgumentParser:
 
     check = sub.add_parser("check", help="check trace files against gymtrace's contract")
     check.add_argument("files", nargs="*", help=f"OTLP/JSON lines files (default: {DEFAULT_FILE})")
+
+    rollouts = sub.add_parser(
+        "rollouts", help="one line per rollout: its final outcome, reward, attempts and where they ran"
+    )
+    _add_reader_arguments(rollouts)
+    rollouts.add_argument(
+        "--json",
+        action="store_true",
+        help="one JSON object per line (run_id, task_id, rollout_id, repeat, outcome, reward, attempts, ...)",
+    )
+
+    stats = sub.add_parser("stats", help="per run: rollouts scored and unscored, mean reward, pass@k")
+    _add_reader_arguments(stats)
+    stats.add_argument(
+        "--failed-as-zero",
+        action="store_true",
+        help="count each unscored rollout as a reward of 0 in the mean (default: mean over scored only)",
+    )
+    stats.add_argument(
+        "--pass-threshold",
+        type=float,
+        default=0.0,
+        metavar="X",
+        help="pass@k: a repeat passes when its reward is above X (default: 0)",
+    )
+    stats.add_argument(
+        "--json",
+        action="store_true",
+        help="one JSON object per run (run_id, scored, unscored, inputs, mean_reward, ...)",
+    )
     return parser
+
+
+def _add_reader_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("files", nargs="*", help=f"OTLP/JSON lines files (default: {DEFAULT_FILE})")
+    parser.add_argument(
+        "--jaeger", metavar="URL", help="read from Jaeger's query API instead, e.g. http://127.0.0.1:16686"
+    )
+    parser.add_argument("--service", help="service to search in Jaeger (default: every service)")
+    parser.add_argument("--run", metavar="RUN_ID", help="only this run (gym.run.id)")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -62,6 +109,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _demo(args)
         if args.command == "tree":
             return _tree(args)
+        if args.command == "rollouts":
+            return _rollouts(args)
+        if args.command == "stats":
+            return _stats(args)
         return _check(args)
     except (TraceFileError, OSError) as exc:
         print(f"gymtrace {args.command}: {exc}", file=sys.stderr)
@@ -180,6 +231,90 @@ def _check(args: argparse.Namespace) -> int:
         return 1
     print(f"OK: {len(spans)} spans, {len(rollouts)} rollouts, no contract violations")
     return 0
+
+
+def _read(args: argparse.Namespace) -> list[SpanData]:
+    """The spans ``rollouts`` and ``stats`` read: files, or Jaeger (searched by run ID if given)."""
+    if args.jaeger:
+        from gymtrace._jaeger import JaegerClient
+
+        if args.files:
+            raise TraceFileError("give trace files or --jaeger, not both")
+        found: list[SpanData] = JaegerClient(args.jaeger).search(
+            args.service, {c.RUN_ID: args.run} if args.run else {}
+        )
+        return found
+    spans: list[SpanData] = []
+    for path in args.files or [_default_file()]:
+        spans.extend(read_otlp_json_lines(path))
+    return spans
+
+
+def _reward_text(reward: float | None) -> str:
+    return "-" if reward is None else f"{reward:g}"
+
+
+def _rollouts(args: argparse.Namespace) -> int:
+    from gymtrace._outcomes import final_outcomes
+
+    outcomes = final_outcomes(_read(args), run_id=args.run)
+    if not outcomes:
+        print("no rollouts found", file=sys.stderr)
+        return 1
+    if args.json:
+        for o in outcomes:
+            print(json.dumps(o.as_json()))
+        return 0
+    rows = [
+        (
+            o.run_id or "-",
+            o.task_id or "-",
+            o.rollout_id,
+            "-" if o.repeat is None else str(o.repeat),
+            o.outcome,
+            _reward_text(o.reward),
+            str(o.attempts),
+            " ".join(f"{attempt}@{service or '?'}" for attempt, service in enumerate(o.services)) or "-",
+            o.source,
+        )
+        for o in outcomes
+    ]
+    header = ("RUN", "TASK", "ROLLOUT", "REPEAT", "OUTCOME", "REWARD", "ATTEMPTS", "RAN IN", "DECIDED BY")
+    widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
+    for row in [header, *rows]:
+        print("  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip())
+    return 0
+
+
+def _stats(args: argparse.Namespace) -> int:
+    from gymtrace._outcomes import summarise
+
+    stats = summarise(
+        _read(args), run_id=args.run, failed_as_zero=args.failed_as_zero, pass_threshold=args.pass_threshold
+    )
+    if not stats:
+        print("no rollouts found", file=sys.stderr)
+        return 1
+    for run in stats:
+        if args.json:
+            print(json.dumps(run.as_json()))
+            continue
+        print(_stats_line(run, failed_as_zero=args.failed_as_zero))
+        for p in run.pass_at_k:
+            print(f"  pass@{p.k} {p.task_id}: {p.value:g} ({p.passed}/{p.k} repeats passed)")
+    return 0
+
+
+def _stats_line(run: RunStats, *, failed_as_zero: bool) -> str:
+    mean = "n/a" if run.mean_reward is None else f"{run.mean_reward:.4g}"
+    over = "scored and unscored as 0" if failed_as_zero else "scored only"
+    line = (
+        f"run {run.run_id or '(no run)'}: {run.rollouts} rollouts, {run.scored} scored, {run.unscored} unscored;"
+        f" mean {mean} over {run.inputs} input{'s' if run.inputs != 1 else ''} ({over})"
+    )
+    if run.runs_sharing_id > 1:
+        line += f" [{run.runs_sharing_id} runs share run ID {run.run_id}: appended re-run? this one is run span {run.run_span_id}]"
+    return line
 
 
 if __name__ == "__main__":

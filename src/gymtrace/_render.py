@@ -27,6 +27,7 @@ _OUTCOME_SHORT = (
     (c.REWARD, "reward"),
     (c.GEN_AI_USAGE_INPUT_TOKENS, "in_tokens"),
     (c.GEN_AI_USAGE_OUTPUT_TOKENS, "out_tokens"),
+    (c.OUTCOME_SOURCE, "source"),
     (c.HIERARCHY_VIOLATION, "VIOLATION"),
     (c.INTERRUPTED, "interrupted"),
 )
@@ -59,8 +60,24 @@ def describe(span: SpanData, parent: SpanData | None, *, services: bool) -> str:
     return " ".join(p for p in parts if p)
 
 
+def _overridden(spans: list[SpanData]) -> dict[str, str]:
+    """For each rollout root whose final outcome an outcome record decided, that final outcome."""
+    from gymtrace._outcomes import final_outcomes
+
+    marks = {}
+    for o in final_outcomes(spans):
+        if o.root is not None and o.decided_by is not None and o.decided_by is not o.root:
+            reward = f" reward={o.reward:g}" if o.reward is not None else ""
+            marks[o.root.span_id] = (
+                f"=> final: outcome={o.outcome}{reward} attempts={o.attempts}"
+                f" (from outcome record {o.decided_by.span_id}, {o.source})"
+            )
+    return marks
+
+
 def render_tree(spans: Iterable[SpanData], *, show_ids: bool = False) -> str:
     spans = sorted(spans, key=lambda s: (s.start_ns, s.end_ns))
+    marks = _overridden(spans)
     by_id = {s.span_id: s for s in spans}
     children: dict[str | None, list[SpanData]] = defaultdict(list)
     for s in spans:
@@ -71,6 +88,9 @@ def render_tree(spans: Iterable[SpanData], *, show_ids: bool = False) -> str:
 
     def walk(span: SpanData, depth: int, parent: SpanData | None) -> None:
         line = "  " * depth + describe(span, parent, services=services)
+        if span.span_id in marks:
+            # The root's own attributes are stale: say what every reader takes as final.
+            line += "  " + marks[span.span_id]
         if show_ids:
             line += f"  span={span.span_id}"
         lines.append(line)
