@@ -399,3 +399,45 @@ gymtrace.shutdown()
     assert len(lines) == 4, out.stdout
     assert all("verify span outside any rollout" in line for line in lines[:3])
     assert lines[3] == "  - ... and 47 more: reward outside any rollout"
+
+
+_POOL_HARNESS = """
+import os, subprocess, sys
+import gymtrace
+from gymtrace import propagation
+gymtrace.configure(service_name="harness", file={path!r})
+with gymtrace.run(run_id="run-1"), gymtrace.rollout(rollout_id="r-pool", task_id="t", repeat=0):
+    with gymtrace.episode():
+        env = {{**os.environ, **propagation.env_carrier()}}
+        workers = [
+            subprocess.Popen([sys.executable, "-c", {worker!r}, f"{{os.path.dirname({path!r})}}/w{{n}}.jsonl"], env=env)
+            for n in range(2)
+        ]
+        assert [w.wait() for w in workers] == [0, 0]
+        gymtrace.record_reward(1.0)
+gymtrace.shutdown()
+"""
+
+_POOL_WORKER = """
+import os, sys
+import gymtrace
+from gymtrace import propagation
+gymtrace.configure(service_name="worker", file=sys.argv[1])
+with propagation.attach(dict(os.environ)):
+    # One step per worker: numbering several steps under one attach() is the writer's (issue 10).
+    with gymtrace.step():
+        pass
+gymtrace.shutdown()
+"""
+
+
+def test_steps_of_worker_processes_of_one_service_pass_check(tmp_path: Path) -> None:
+    harness = tmp_path / "harness.jsonl"
+    out = run_python(code=_POOL_HARNESS.format(path=str(harness), worker=_POOL_WORKER))
+    assert out.returncode == 0, out.stderr
+    files = [str(harness), str(tmp_path / "w0.jsonl"), str(tmp_path / "w1.jsonl")]
+    check = run_gymtrace("check", *files)
+    assert check.returncode == 0, check.stdout
+    assert "OK:" in check.stdout
+    tree = _tree_of(*(Path(f) for f in files))
+    assert tree.count("gym.step [step]") == 2 and "@worker" in tree
