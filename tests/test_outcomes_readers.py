@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 from opentelemetry import trace
@@ -286,10 +287,10 @@ def test_rollouts_command_prints_one_line_per_rollout(failed_and_scored: Path) -
         "unscored",
         "-",
         "1",
-        "0@harness",
+        "harness",
         "root",
     ]
-    assert text[2].split() == ["run-1", "r-scored", "r-scored", "0", "scored", "1", "1", "0@harness", "root"]
+    assert text[2].split() == ["run-1", "r-scored", "r-scored", "0", "scored", "1", "1", "harness", "root"]
     other = run_gymtrace("rollouts", str(failed_and_scored), "--run", "run-2")
     assert other.returncode == 1 and "no rollouts found" in other.stderr
 
@@ -441,3 +442,50 @@ def test_steps_of_worker_processes_of_one_service_pass_check(tmp_path: Path) -> 
     assert "OK:" in check.stdout
     tree = _tree_of(*(Path(f) for f in files))
     assert tree.count("gym.step [step]") == 2 and "@worker" in tree
+
+
+def test_jaeger_reader_keeps_error_type_and_knows_outcome_links() -> None:
+    from gymtrace._jaeger import spans_from_jaeger
+
+    def tag(key: str, value: Any, kind: str = "string") -> dict[str, Any]:
+        return {"key": key, "type": kind, "value": value}
+
+    # The shape of one element of "data" in Jaeger's v1 /api/traces answer.
+    trace_json = {
+        "traceID": "ab" * 16,
+        "processes": {"p1": {"serviceName": "harness", "tags": [tag(c.SERVICE_INSTANCE_ID, "i-1")]}},
+        "spans": [
+            {
+                "traceID": "ab" * 16,
+                "spanID": "01" * 8,
+                "operationName": "gym.episode",
+                "processID": "p1",
+                "startTime": 1,
+                "duration": 2,
+                "references": [],
+                "tags": [
+                    tag(c.KIND, "episode"),
+                    tag("error", True, "bool"),
+                    tag(c.ERROR_TYPE, "builtins.ConnectionError"),
+                    tag("otel.status_code", "ERROR"),
+                ],
+            },
+            {
+                "traceID": "ab" * 16,
+                "spanID": "02" * 8,
+                "operationName": "gym.outcome",
+                "processID": "p1",
+                "startTime": 5,
+                "duration": 1,
+                "references": [{"refType": "FOLLOWS_FROM", "traceID": "ab" * 16, "spanID": "01" * 8}],
+                "tags": [tag(c.KIND, "outcome")],
+            },
+        ],
+    }
+    episode, record = spans_from_jaeger(trace_json)
+    assert episode.attributes[c.ERROR_TYPE] == "builtins.ConnectionError"
+    assert "error" not in episode.attributes and episode.status == "ERROR"
+    assert episode.service_instance == "i-1"
+    assert [(link.span_id, link.attributes[c.LINK_RELATION]) for link in record.links] == [
+        ("01" * 8, "outcome")
+    ]

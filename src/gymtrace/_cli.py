@@ -173,15 +173,23 @@ def _demo(args: argparse.Namespace) -> int:
 
 
 def _print_summary(spans: list[SpanData], rewards: dict[str, float | None], elapsed: float) -> None:
-    rollouts = [s for s in spans if s.attributes.get(c.KIND) == c.KIND_ROLLOUT]
+    """The demo's summary, computed by the same code as ``gymtrace stats`` and ``rollouts``."""
+    from gymtrace._outcomes import final_outcomes, summarise
+
+    outcomes = final_outcomes(spans)
     episodes = [s for s in spans if s.attributes.get(c.KIND) == c.KIND_EPISODE]
-    scored = [r for r in rollouts if r.attributes.get(c.ROLLOUT_OUTCOME) == c.OUTCOME_SCORED]
+    scored = sum(1 for o in outcomes if o.outcome == c.OUTCOME_SCORED)
     print(
-        f"run finished in {elapsed:.2f}s: {len(rollouts)} rollouts ({len(scored)} scored,"
-        f" {len(rollouts) - len(scored)} unscored), {len(episodes)} episodes, {len(spans)} spans"
+        f"run finished in {elapsed:.2f}s: {len(outcomes)} rollouts ({scored} scored,"
+        f" {len(outcomes) - scored} unscored), {len(episodes)} episodes, {len(spans)} spans"
     )
-    for name, reward in sorted(rewards.items()):
-        print(f"  {name:<16} reward={'unscored' if reward is None else f'{reward:g}'}")
+    for run in summarise(outcomes=outcomes):
+        _print_stats(run, failed_as_zero=False, indent="  ")
+    by_name = {f"{o.task_id}/r{o.repeat}": o for o in outcomes}
+    for name in sorted(rewards):
+        o = by_name.get(name)
+        final = "missing" if o is None else "unscored" if o.reward is None else f"{o.reward:g}"
+        print(f"  {name:<16} reward={final}")
 
 
 def _load(args: argparse.Namespace) -> list[SpanData]:
@@ -274,7 +282,7 @@ def _rollouts(args: argparse.Namespace) -> int:
             o.outcome,
             _reward_text(o.reward),
             str(o.attempts),
-            " ".join(f"{attempt}@{service or '?'}" for attempt, service in enumerate(o.services)) or "-",
+            _ran_in(o.services),
             o.source,
         )
         for o in outcomes
@@ -284,6 +292,15 @@ def _rollouts(args: argparse.Namespace) -> int:
     for row in [header, *rows]:
         print("  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip())
     return 0
+
+
+def _ran_in(services: tuple[str, ...]) -> str:
+    """One service name when every attempt ran there, else ``attempt@service`` per attempt."""
+    if not services:
+        return "-"
+    if len(set(services)) == 1 and services[0]:
+        return services[0]
+    return " ".join(f"{attempt}@{service or '?'}" for attempt, service in enumerate(services))
 
 
 def _stats(args: argparse.Namespace) -> int:
@@ -299,10 +316,14 @@ def _stats(args: argparse.Namespace) -> int:
         if args.json:
             print(json.dumps(run.as_json()))
             continue
-        print(_stats_line(run, failed_as_zero=args.failed_as_zero))
-        for p in run.pass_at_k:
-            print(f"  pass@{p.k} {p.task_id}: {p.value:g} ({p.passed}/{p.k} repeats passed)")
+        _print_stats(run, failed_as_zero=args.failed_as_zero)
     return 0
+
+
+def _print_stats(run: RunStats, *, failed_as_zero: bool, indent: str = "") -> None:
+    print(indent + _stats_line(run, failed_as_zero=failed_as_zero))
+    for p in run.pass_at_k:
+        print(f"{indent}  pass@{p.k} {p.task_id}: {p.value:g} ({p.passed}/{p.k} repeats passed)")
 
 
 def _stats_line(run: RunStats, *, failed_as_zero: bool) -> str:
