@@ -152,6 +152,25 @@ def test_a_rollout_known_only_from_its_outcome_record_still_counts(captured: Cap
     assert [s.run_id for s in summarise(captured.spans)] == ["run-9"]
 
 
+def test_a_record_without_the_run_id_still_joins_its_rollout_in_the_same_trace(
+    captured: CapturedSpans,
+) -> None:
+    with gymtrace.run(run_id="run-1"):
+        rollout_ctx, episode_ctx = _unverified_rollout("r-5")
+    record_outcome(
+        _tracer(captured),
+        parent=rollout_ctx,
+        episode=episode_ctx,
+        rollout_id="r-5",
+        attempt=0,
+        attempts=1,
+        reward=0.5,
+        source="late",
+    )
+    (outcome,) = final_outcomes(captured.spans)
+    assert (outcome.run_id, outcome.outcome, outcome.reward) == ("run-1", "scored", 0.5)
+
+
 def test_mean_reward_is_over_scored_rollouts_unless_failed_count_as_zero(captured: CapturedSpans) -> None:
     with gymtrace.run(run_id="run-1"):
         _rollout("r-failed", reward=None)  # its only attempt failed with an infrastructure error

@@ -133,9 +133,10 @@ class RolloutSpans:
 def group_rollouts(spans: Iterable[Any]) -> list[RolloutSpans]:
     """Rollout roots, outcome records and episodes grouped by run ID, rollout ID and trace.
 
-    Expects deduplicated spans (:func:`dedupe`). A group without a root whose run and rollout ID
-    match exactly one group with a root joins it: an outcome record written under a context that
-    lost the trace still belongs to its rollout.
+    Expects deduplicated spans (:func:`dedupe`). A group without a root joins the one group with a
+    root of the same rollout in the same trace (its spans lack the run ID), or else of the same run
+    and rollout: an outcome record written under a context that lost the trace still belongs to
+    its rollout.
     """
     groups: dict[tuple[str | None, str, str], RolloutSpans] = {}
     for span in spans:
@@ -158,13 +159,19 @@ def group_rollouts(spans: Iterable[Any]) -> list[RolloutSpans]:
         else:
             group.episodes.append(span)
     with_root: dict[tuple[str | None, str], list[RolloutSpans]] = defaultdict(list)
+    in_trace: dict[tuple[str, str], list[RolloutSpans]] = defaultdict(list)
     for group in groups.values():
         if group.roots:
             with_root[(group.run_id, group.rollout_id)].append(group)
+            in_trace[(group.rollout_id, group.trace_id)].append(group)
     result = []
     for group in groups.values():
         if not group.roots:
-            owners = with_root.get((group.run_id, group.rollout_id), [])
+            # Same rollout in the same trace (a span that lacks the run ID), else same run and
+            # rollout in another trace.
+            owners = in_trace.get((group.rollout_id, group.trace_id)) or with_root.get(
+                (group.run_id, group.rollout_id), []
+            )
             if len(owners) == 1:
                 owners[0].records.extend(group.records)
                 owners[0].episodes.extend(group.episodes)
