@@ -230,8 +230,10 @@ def _check(args: argparse.Namespace) -> int:
     spans: list[SpanData] = []
     for path in files:
         spans.extend(read_otlp_json_lines(path))
+    from gymtrace._outcomes import final_outcomes
+
     problems = check_spans(spans)
-    rollouts = {s.attributes.get(c.ROLLOUT_ID) for s in spans if s.attributes.get(c.KIND) == c.KIND_ROLLOUT}
+    rollouts = final_outcomes(spans)
     if problems:
         print(f"{len(problems)} contract violation(s) in {len(spans)} spans:")
         for problem in problems:
