@@ -1,9 +1,11 @@
 """The contract checker behind ``gymtrace.testing.check_trace`` and ``gymtrace check FILE``.
 
-Each rule is a rule of ``shared/DESIGN.md``; each message names the rollout or span it is about.
-A rule reports at most :data:`EXAMPLES` examples and then a count, so a systematic problem in a
-big trace stays readable. Rollout outcomes are judged by the rule every reader applies
-(``_outcomes.py``), so the checker never contradicts ``gymtrace rollouts`` or ``stats``.
+Each rule is a rule of the vocabulary the README describes; each message names the rollout or span
+it is about. Nesting comes from the level table (``_levels.LEVELS``), so a new level is checked
+without touching this module. A rule reports at most :data:`EXAMPLES` examples and then a count, so
+a systematic problem in a big trace stays readable. Rollout outcomes are judged by the rule every
+reader applies (``_outcomes.py``), so the checker never contradicts ``gymtrace rollouts`` or
+``stats``.
 """
 
 from __future__ import annotations
@@ -15,6 +17,8 @@ from collections.abc import Iterable
 from typing import Any
 
 from gymtrace import _constants as c
+from gymtrace._ids import episode_id
+from gymtrace._levels import LEVELS, NUMBERING_OWNERS, allowed
 from gymtrace._outcomes import (
     RolloutSpans,
     concluded_attempt,
@@ -23,7 +27,6 @@ from gymtrace._outcomes import (
     group_rollouts,
     is_outcome_record,
 )
-from gymtrace._scope import _allowed, episode_id
 from gymtrace._spandata import SpanData, normalize
 
 # Examples shown per rule before "... and N more".
@@ -145,7 +148,8 @@ def _check_kinds_and_nesting(index: _Index) -> list[Problem]:
         kind = span.attributes.get(c.KIND)
         if kind is None:
             continue
-        if kind not in c.ALL_KINDS:
+        # An outcome record is no level (nothing opens inside it); it is checked on its own below.
+        if kind not in LEVELS and kind != c.KIND_OUTCOME:
             problems.append(("unknown gym.kind", f"{_label(span)}: unknown gym.kind {kind!r}"))
             continue
         parent = index.gym_ancestor(span)
@@ -155,7 +159,7 @@ def _check_kinds_and_nesting(index: _Index) -> list[Problem]:
                 problems.append(
                     ("inverted nesting", f"{_label(span)}: {kind} inside an outcome record {_label(parent)}")
                 )
-            elif parent_kind in c.ALL_KINDS and not _allowed(str(parent_kind), str(kind)):
+            elif parent_kind in LEVELS and not allowed(str(parent_kind), str(kind)):
                 problems.append(
                     (
                         "inverted nesting",
@@ -468,7 +472,7 @@ def _check_numbering(index: _Index) -> list[Problem]:
     siblings of one owner recorded by one process are compared.
     """
     problems: list[Problem] = []
-    owners = (c.KIND_AGENT_INVOCATION, c.KIND_EPISODE, c.KIND_ROLLOUT, c.KIND_RUN)
+    owners = NUMBERING_OWNERS
     for kind, key in ((c.KIND_TURN, c.TURN_NUMBER), (c.KIND_STEP, c.STEP_NUMBER)):
         groups: dict[tuple[str, str], list[SpanData]] = defaultdict(list)
         for span in index.spans:
