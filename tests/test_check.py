@@ -305,8 +305,8 @@ def test_outcome_record_must_carry_identity_and_a_valid_outcome() -> None:
     for expected, overrides in cases.items():
         bad = outcome_record(spans[0], spans[1], attempt=0, reward=1.0, **overrides)
         assert any(expected in p for p in check_trace([*spans, bad])), expected
-    unlinked = outcome_record(spans[0], None, attempt=0, reward=1.0)
-    assert any("without a link (relation outcome)" in p for p in check_trace([*spans, unlinked]))
+    # Written in another process, a record may have no episode span to link to.
+    assert check_trace([*spans, outcome_record(spans[0], None, attempt=0, reward=1.0)]) == []
 
 
 def test_reward_or_verify_outside_any_rollout_is_flagged(captured: CapturedSpans) -> None:

@@ -22,9 +22,10 @@ KIND_STEP: Final = "step"
 KIND_MODEL_CALL: Final = "model_call"
 KIND_TOOL_CALL: Final = "tool_call"
 KIND_VERIFY: Final = "verify"
-# A short span recording a rollout's outcome decided outside the rollout span (README, "Late and
-# remote outcomes"): in another process, after the rollout span ended, or by a continued episode.
+# A rollout's outcome decided outside its span (another process, a later phase, an attempt continued
+# elsewhere): spans are immutable once ended, so the outcome travels in a record of its own.
 KIND_OUTCOME: Final = "outcome"
+SPAN_OUTCOME: Final = "gym.outcome"
 
 ALL_KINDS: Final = (
     KIND_RUN,
@@ -47,7 +48,6 @@ SPAN_SEED_SESSION: Final = "gym.seed_session"
 SPAN_TURN: Final = "gym.turn"
 SPAN_STEP: Final = "gym.step"
 SPAN_VERIFY: Final = "gym.verify"
-SPAN_OUTCOME: Final = "gym.outcome"
 # GenAI spans are named "{gen_ai.operation.name} {subject}" (OPERATION_* below); the subject is
 # low-cardinality (an agent, model or tool name, never an ID). Without a subject the name is the
 # bare operation.
@@ -77,8 +77,6 @@ FAILURE_RETRYABLE: Final = "gym.failure.retryable"
 TURN_NUMBER: Final = "gym.turn.number"
 STEP_NUMBER: Final = "gym.step.number"
 HIERARCHY_VIOLATION: Final = "gym.hierarchy.violation"
-# On an outcome record span: where the outcome was decided (OUTCOME_SOURCE_* below).
-OUTCOME_SOURCE: Final = "gym.outcome.source"
 # Not in the fixed table: set on spans that were still open when the process was stopped.
 INTERRUPTED: Final = "gym.interrupted"
 # On a span link: why two episodes are linked (``retry`` or ``restore``), or ``run`` on the link
@@ -100,15 +98,21 @@ FAILURE_ERROR: Final = "error"
 RELATION_RETRY: Final = "retry"
 RELATION_RESTORE: Final = "restore"
 RELATION_RUN: Final = "run"
-# On the link from an outcome record to the episode it concludes.
+# On an outcome record's link to the episode it concludes.
 RELATION_OUTCOME: Final = "outcome"
 
-# The value of gym.outcome.source: recorded in another process (that attached the rollout's
-# carrier), after the rollout span ended, or by an episode opened from a carrier elsewhere.
-OUTCOME_SOURCE_REMOTE: Final = "remote"
-OUTCOME_SOURCE_LATE: Final = "late"
-OUTCOME_SOURCE_CONTINUED: Final = "continued"
-OUTCOME_SOURCES: Final = (OUTCOME_SOURCE_REMOTE, OUTCOME_SOURCE_LATE, OUTCOME_SOURCE_CONTINUED)
+# On an outcome record: where the outcome was decided. ``remote``: in another process that continued
+# the rollout's context; ``late``: after the rollout span ended; ``continued``: in an attempt opened
+# elsewhere from a carrier.
+OUTCOME_SOURCE: Final = "gym.outcome.source"
+SOURCE_REMOTE: Final = "remote"
+SOURCE_LATE: Final = "late"
+SOURCE_CONTINUED: Final = "continued"
+OUTCOME_SOURCES: Final = (SOURCE_REMOTE, SOURCE_LATE, SOURCE_CONTINUED)
+
+# Baggage entry (not identity): the step number a continuation in another process starts at, reserved
+# from the caller's numbering when it injected its context outside any step.
+STEP_BASE: Final = "gym.step.base"
 
 # -- OpenTelemetry GenAI semantic conventions (experimental) ------------------------------------------
 

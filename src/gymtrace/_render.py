@@ -7,6 +7,7 @@ from collections.abc import Iterable
 
 from gymtrace import _constants as c
 from gymtrace._levels import LEVELS
+from gymtrace._outcomes import final_outcomes
 from gymtrace._spandata import SpanData
 
 _IDENTITY_SHORT = (
@@ -61,8 +62,6 @@ def describe(span: SpanData, parent: SpanData | None, *, services: bool) -> str:
 
 def _overridden(spans: list[SpanData]) -> dict[str, str]:
     """For each rollout root whose final outcome an outcome record decided, that final outcome."""
-    from gymtrace._outcomes import final_outcomes
-
     marks = {}
     for o in final_outcomes(spans):
         if o.root is not None and o.decided_by is not None and o.decided_by is not o.root:
