@@ -61,21 +61,11 @@ def test_a_rollout_without_records_is_what_its_root_says(captured: CapturedSpans
 
 def test_a_late_outcome_record_decides_over_the_stale_root(captured: CapturedSpans) -> None:
     with gymtrace.run(run_id="run-1"):
-        rollout_ctx, episode_ctx = _unverified_rollout("r-late")
-    # A later phase scores the rollout after its span ended.
-    record_outcome(
-        _tracer(captured),
-        parent=rollout_ctx,
-        episode=episode_ctx,
-        run_id="run-1",
-        task_id="t",
-        repeat=0,
-        rollout_id="r-late",
-        attempt=0,
-        attempts=1,
-        reward=1.0,
-        source="late",
-    )
+        with gymtrace.rollout(rollout_id="r-late", task_id="t", repeat=0) as rollout:
+            with gymtrace.episode():
+                pass  # the solver; the scorer runs in a later phase
+    gymtrace.record_reward(1.0, scope=rollout)  # gymtrace writes the outcome record
+    assert len(captured.by_kind(c.KIND_OUTCOME)) == 1
     root = captured.one("rollout")
     assert root.attributes[c.ROLLOUT_OUTCOME] == "unscored"  # immutable once ended
     (outcome,) = final_outcomes(captured.spans)
@@ -330,19 +320,15 @@ gymtrace.shutdown()
 
 _REWARD_SERVER = """
 import os
-from opentelemetry import trace
 import gymtrace
 from gymtrace import propagation
-from outcome_records import record_outcome
 gymtrace.configure(service_name="reward-server", file={path!r})
+# Continue the harness's episode from the propagated context and score it here.
 with propagation.attach(dict(os.environ)):
-    parent = trace.get_current_span().get_span_context()
-    record_outcome(
-        trace.get_tracer("reward-server"), parent=parent, episode=parent, run_id="run-1", task_id="t",
-        repeat=0, rollout_id="r-remote", attempt=0, attempts=1, reward=1.0, source="remote",
-    )
     with gymtrace.step():
         pass
+    with gymtrace.verify():
+        gymtrace.record_reward(1.0)
 gymtrace.shutdown()
 """
 
@@ -350,11 +336,7 @@ gymtrace.shutdown()
 def test_a_reward_recorded_in_another_process_is_the_rollouts(tmp_path: Path) -> None:
     harness, server = tmp_path / "harness.jsonl", tmp_path / "server.jsonl"
     child = _REWARD_SERVER.format(path=str(server))
-    tests = str(Path(__file__).parent)
-    out = run_python(
-        code=_HARNESS.format(path=str(harness), child=f"import sys; sys.path.insert(0, {tests!r})\n{child}"),
-        check=False,
-    )
+    out = run_python(code=_HARNESS.format(path=str(harness), child=child))
     assert out.returncode == 0, out.stderr
     rows = [
         json.loads(line)
