@@ -490,3 +490,45 @@ def test_jaeger_reader_keeps_error_type_and_knows_outcome_links() -> None:
     assert [(link.span_id, link.attributes[c.LINK_RELATION]) for link in record.links] == [
         ("01" * 8, "outcome")
     ]
+
+
+_FIRST_ATTEMPT = """
+import json, sys
+import gymtrace
+gymtrace.configure(service_name="node-a", file=sys.argv[1])
+with gymtrace.run(run_id="run-1"), gymtrace.rollout(rollout_id="r-moved", task_id="t", repeat=0) as rollout:
+    with gymtrace.episode():
+        gymtrace.record_failure("infrastructure")
+    carrier = rollout.carrier()
+gymtrace.shutdown()
+print(json.dumps(carrier))
+"""
+
+_NEXT_ATTEMPT = """
+import json, sys
+import gymtrace
+gymtrace.configure(service_name="node-b", file=sys.argv[1])
+with gymtrace.episode(continue_from=json.loads(sys.argv[2])), gymtrace.verify():
+    gymtrace.record_reward(0.75)
+gymtrace.shutdown()
+"""
+
+
+def test_an_attempt_continued_in_another_process_is_the_final_outcome(tmp_path: Path) -> None:
+    first, second = tmp_path / "a.jsonl", tmp_path / "b.jsonl"
+    carrier = run_python(str(first), code=_FIRST_ATTEMPT, check=True).stdout.strip()
+    run_python(str(second), carrier, code=_NEXT_ATTEMPT, check=True)
+    (row,) = map(
+        json.loads,
+        run_gymtrace("rollouts", str(first), str(second), "--json", check=True).stdout.splitlines(),
+    )
+    assert (row["outcome"], row["reward"], row["attempts"], row["source"]) == ("scored", 0.75, 2, "continued")
+    assert row["services"] == ["node-a", "node-b"]
+    text = run_gymtrace("rollouts", str(first), str(second), check=True).stdout
+    assert "0@node-a 1@node-b" in text
+    stats = json.loads(run_gymtrace("stats", str(first), str(second), "--json", check=True).stdout)
+    assert (stats["scored"], stats["unscored"], stats["mean_reward"]) == (1, 0, 0.75)
+    assert run_gymtrace("check", str(first), str(second)).returncode == 0
+    # The root alone (node-a's file) still says what node-a knew.
+    alone = json.loads(run_gymtrace("rollouts", str(first), "--json", check=True).stdout)
+    assert (alone["outcome"], alone["attempts"]) == ("unscored", 1)
