@@ -63,6 +63,7 @@ class Browser:
             stderr=self._log_file,
         )
         self._ids = itertools.count(1)
+        self._exit = contextlib.ExitStack()
         try:
             self._ws = self._connect_page(timeout=30)
         except BaseException:
@@ -85,7 +86,10 @@ class Browser:
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/json/list", timeout=5) as resp:
             targets = json.load(resp)
         page = next(t for t in targets if t.get("type") == "page")
-        return connect(page["webSocketDebuggerUrl"], max_size=64 * 1024 * 1024, open_timeout=10)
+        # Entered here and exited in close(): the connection lives as long as this object.
+        return self._exit.enter_context(
+            connect(page["webSocketDebuggerUrl"], max_size=64 * 1024 * 1024, open_timeout=10)
+        )
 
     def call(self, method: str, **params: Any) -> dict[str, Any]:
         """Send one DevTools command and return its result (events in between are skipped)."""
@@ -131,7 +135,7 @@ class Browser:
 
     def close(self) -> None:
         with contextlib.suppress(Exception):
-            self._ws.close()
+            self._exit.close()
         if self._process.poll() is None:
             self._process.terminate()
             try:

@@ -134,11 +134,27 @@ def test_the_real_ui_finds_the_retried_rollout_shows_its_tree_and_leads_to_its_r
     browser.open(href)  # the UI opens it in a new tab; the same URL in this one
     browser.wait_for("document.querySelectorAll('.span-row').length === 1", what="the run trace")
     assert [name for _, name in browser.evaluate(ROWS_JS)] == ["gym.run"]
-    _click_row(browser, "gym.run")
+    # The reference's uiFind highlights the run span; open its details unless the UI already did.
+    if not browser.evaluate("!!document.querySelector('.detail-row')"):
+        _click_row(browser, "gym.run")
     browser.wait_for("!!document.querySelector('.detail-row')", what="run details")
     run_details = browser.evaluate("document.querySelector('.detail-row').innerText").replace(" ", "")
     assert f"gym.run.id={run_id}" in run_details
     browser.screenshot(shots / "5-run.png")
+
+    # 5. From the run to its rollouts in one search (the documented one): its gym.run.id tag.
+    query = {
+        "service": SERVICE,
+        "tags": json.dumps({c.RUN_ID: run_id, c.KIND: c.KIND_ROLLOUT}),
+        "lookback": "1h",
+    }
+    browser.open(f"{ui_pipeline.query_url}/search?{urllib.parse.urlencode(query)}")
+    browser.wait_for("document.querySelectorAll('.ResultItem').length >= 3", what="the run's rollouts")
+    titles = browser.evaluate(
+        "Array.from(document.querySelectorAll('.ResultItem')).map(e => e.innerText.split('\\n')[1])"
+    )
+    assert titles and all("gym.rollout" in t for t in titles), titles  # kept ones: 3 + the 10 % share
+    browser.screenshot(shots / "6-run-rollouts.png")
     (rollout_span,) = [s for s in trace["spans"] if span_tags(s).get(c.KIND) == c.KIND_ROLLOUT]
     assert span_tags(rollout_span)[c.RUN_ID] == run_id
     print(f"\nbrowser test: {time.monotonic() - t0:.1f}s, screenshots in {shots}")
