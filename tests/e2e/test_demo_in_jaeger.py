@@ -17,8 +17,8 @@ from pipeline import Pipeline
 
 SERVICE = "gymtrace-demo"
 # With the Collector's sample percent at 0 only the policy keeps survive: the retried rollout, the
-# unscored one (failed attempts) and the restored one; the three clean rollouts and the run's own
-# trace are dropped.
+# unscored one (failed attempts) and the restored one, and the run's own trace (always kept, so
+# every rollout's run reference leads somewhere); the three clean rollouts are dropped.
 KEPT = {"arith-001/r1", "arith-002/r0", "arith-002/r1"}
 
 
@@ -51,8 +51,12 @@ def _rollouts_in_jaeger(pipeline: Pipeline, run_id: str) -> dict[str, list[SpanD
     for span in spans:
         by_trace.setdefault(span.trace_id, []).append(span)
     rollouts = {}
+    runs = [spans for spans in by_trace.values() if [s.attributes[c.KIND] for s in spans] == ["run"]]
+    assert len(runs) == 1, by_trace  # the run's one-span trace, kept by the run-trace rule
     for trace_spans in by_trace.values():
         (root,) = [s for s in trace_spans if s.parent_id is None]
+        if root.attributes[c.KIND] == "run":
+            continue
         assert root.attributes[c.KIND] == "rollout"
         key = f"{root.attributes[c.TASK_ID]}/r{root.attributes[c.ROLLOUT_REPEAT]}"
         rollouts[key] = trace_spans
