@@ -6,7 +6,7 @@ attributes, so the relation of each link (``retry``, ``restore``, ``run``, ``out
 at most once per client: Jaeger v1.76.0's memory store can mutate a stored trace on repeated v3
 reads. Where v3 is unavailable or lacks the attribute, the relation is inferred from the span the
 link starts at: a restored episode's link is a restore, another episode's a retry, a rollout's the
-link to its run.
+link to its run, an outcome record's the episode it concludes.
 """
 
 from __future__ import annotations
@@ -45,6 +45,8 @@ def _inferred_relation(tags: Mapping[str, Any]) -> str:
     kind = tags.get(c.KIND)
     if kind == c.KIND_ROLLOUT:
         return c.RELATION_RUN
+    if kind == c.KIND_OUTCOME:
+        return c.RELATION_OUTCOME
     return c.RELATION_RESTORE if tags.get(c.EPISODE_RESTORED) is True else c.RELATION_RETRY
 
 

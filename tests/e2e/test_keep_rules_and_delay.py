@@ -24,9 +24,8 @@ from gymtrace import _constants as c
 from gymtrace._jaeger import JaegerClient
 from pipeline import JAEGER_BIN, OTELCOL_BIN, Pipeline
 
-# The outcome record design (DESIGN.md); spelled here so this test does not wait for the library.
-KIND_OUTCOME = "outcome"
-SPAN_OUTCOME = "gym.outcome"
+KIND_OUTCOME = c.KIND_OUTCOME
+SPAN_OUTCOME = c.SPAN_OUTCOME
 
 
 def _provider(pipeline: Pipeline, service: str) -> TracerProvider:
@@ -52,7 +51,7 @@ def _rollout_with_record(
         ) as episode:
             pass
         if record is not None:
-            link = trace_api.Link(episode.get_span_context(), {c.LINK_RELATION: "outcome"})
+            link = trace_api.Link(episode.get_span_context(), {c.LINK_RELATION: c.RELATION_OUTCOME})
             attributes = {**identity, c.KIND: KIND_OUTCOME, c.EPISODE_ATTEMPT: 0, **record}
             with tracer.start_as_current_span(SPAN_OUTCOME, links=[link], attributes=attributes):  # type: ignore[arg-type]
                 pass
