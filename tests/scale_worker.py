@@ -5,7 +5,9 @@
 Runs COUNT rollouts of run RUN_ID, 8 at a time, exported over OTLP/gRPC to ENDPOINT and to the
 OTLP/JSON lines FILE (what was sent, span for span, for the test to compare with Jaeger). The
 rollout's index picks its shape (see ``shape``): clean and scored, retried (attempt 0 fails), long
-and retried (outlives the Collector's wait after a root), or unscored (no reward).
+and retried (outlives the Collector's wait after a root), unscored (no reward), or late (scored 2 s
+after the rollout ended, through its carrier: a ``gym.outcome`` record arriving after the
+Collector decided the trace).
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import asyncio
 import sys
 
 import gymtrace
+from gymtrace import propagation
 
 
 class EnvironmentLost(ConnectionError):
@@ -21,11 +24,12 @@ class EnvironmentLost(ConnectionError):
 
 
 def shape(index: int) -> str:
-    return {0: "retried", 1: "unscored", 2: "long"}.get(index % 10, "clean")
+    return {0: "retried", 1: "unscored", 2: "long", 3: "late"}.get(index % 10, "clean")
 
 
 async def one_rollout(run_id: str, index: int, long_seconds: float, gate: asyncio.Semaphore) -> None:
     kind = shape(index)
+    headers: dict[str, str] = {}
     async with gate:
         with gymtrace.rollout(rollout_id=f"{run_id}/{kind}-{index}", task_id=f"task-{index % 7}", repeat=0):
             for attempt in gymtrace.attempts(max_attempts=2, retry_on=EnvironmentLost):
@@ -35,9 +39,14 @@ async def one_rollout(run_id: str, index: int, long_seconds: float, gate: asynci
                             await asyncio.sleep(long_seconds if kind == "long" and attempt.number else 0.05)
                         if kind in ("retried", "long") and attempt.number == 0:
                             raise EnvironmentLost("sandbox went away")
+                    headers = propagation.inject({})
                     with gymtrace.verify():
-                        if kind != "unscored":
+                        if kind not in ("unscored", "late"):
                             gymtrace.record_reward(1.0)
+    if kind == "late":
+        await asyncio.sleep(2.0)
+        with propagation.attach(headers), gymtrace.verify():
+            gymtrace.record_reward(0.5)
 
 
 async def main(run_id: str, count: int, long_seconds: float) -> None:

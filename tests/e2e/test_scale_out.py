@@ -1,8 +1,9 @@
 """The two-tier Collector, run for real: a load-balancing front routing by trace ID to three
 tail-sampling Collectors, 500 rollouts from four processes, and one sampler killed mid-run.
 
-Checked in Jaeger, per trace: every kept trace is whole (as many spans as the worker sent), every
-retried and unscored rollout and every run is kept, clean ones are dropped (sample share 0), and
+Checked in Jaeger, per trace: every kept trace is whole (as many spans as the worker sent, including
+outcome records that arrive after the decision), every retried and unscored rollout and every run
+is kept, clean ones are dropped (sample share 0), and
 the only traces lost or cut are ones the killed sampler held when it died. The numbers are printed.
 """
 
@@ -20,6 +21,7 @@ import pytest
 
 from child_process import clean_env
 from gymtrace import _constants as c
+from gymtrace._check import check_spans
 from gymtrace._spandata import read_otlp_json_lines
 from pipeline import JAEGER_BIN, OTELCOL_BIN, Pipeline
 
@@ -100,6 +102,7 @@ def test_scale_out_keeps_traces_whole_and_a_killed_sampler_loses_only_what_it_he
         sent_done = time.monotonic()
 
         sent = [s for f in files for s in read_otlp_json_lines(f)]
+        assert check_spans(sent) == []
         spans_sent = Counter(s.trace_id for s in sent)
         roots = {s.trace_id: s for s in sent if s.parent_id is None}
         must_keep = {
@@ -138,4 +141,7 @@ def test_scale_out_keeps_traces_whole_and_a_killed_sampler_loses_only_what_it_he
     assert lost <= held, f"lost traces the killed sampler never held: {sorted(lost - held)[:5]}{report}"
     assert not clean_stored, report  # sample share 0: whole-trace decisions, no stray fragments
     shapes = Counter(roots[t].attributes.get(c.ROLLOUT_ID, "run").split("/")[-1].split("-")[0] for t in whole)
-    assert shapes["long"] > 0 and shapes["retried"] > 0 and shapes["unscored"] > 0, shapes
+    assert all(shapes[shape] > 0 for shape in ("long", "retried", "unscored", "late")), shapes
+    # A late outcome record joined its already-kept trace (the decision cache), not a fragment.
+    late_records = [s for s in sent if s.attributes[c.KIND] == c.KIND_OUTCOME and s.trace_id in whole]
+    assert late_records, "no late outcome record reached a whole trace"
