@@ -31,7 +31,7 @@ SAMPLERS = 3
 KILLED = 1
 # A "long" rollout's second attempt outlives the wait after its root several times over.
 LONG_SECONDS = 4.0
-WORKER = Path(__file__).resolve().parent.parent / "scale_worker.py"
+WORKER = Path(__file__).resolve().parent.parent / "support" / "scale_worker.py"
 
 # Test-only overlay for the sampler that gets killed: a second pipeline on the same receiver logs
 # the trace ID of every span it accepts, so the test knows which traces it held when it died.

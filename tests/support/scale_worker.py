@@ -1,6 +1,6 @@
 """One load-generating process of the scale-out test: many rollouts over OTLP, and a local copy.
 
-    python tests/scale_worker.py ENDPOINT RUN_ID COUNT FILE LONG_SECONDS
+    python tests/support/scale_worker.py ENDPOINT RUN_ID COUNT FILE LONG_SECONDS
 
 Runs COUNT rollouts of run RUN_ID, 8 at a time, exported over OTLP/gRPC to ENDPOINT and to the
 OTLP/JSON lines FILE (what was sent, span for span, for the test to compare with Jaeger). The
