@@ -162,3 +162,14 @@ STEPS_DURATION_MAX_MS: Final = "gym.steps.duration.max_ms"
 STEPS_SLOWEST_NUMBER: Final = "gym.steps.slowest.number"
 # On a step span made after the fact (a step that raised under the aggregate policy): its real length.
 STEP_DURATION_MS: Final = "gym.step.duration_ms"
+
+# Ray (gymtrace.integrations.ray): one span per task or actor-method execution in a worker, in the
+# caller's trace. ``ray.task.attempt`` is Ray's attempt number (0 first; >0 when Ray re-ran the task
+# after a worker died or, with retry_exceptions, after it raised); a re-run carries a
+# ``ray.task.retry`` event, so an attempt whose worker died without a trace is never hidden.
+SPAN_RAY_TASK: Final = "ray.task"
+RAY_TASK_NAME: Final = "ray.task.name"
+RAY_TASK_ID: Final = "ray.task.id"
+RAY_TASK_ATTEMPT: Final = "ray.task.attempt"
+RAY_WORKER_PID: Final = "ray.worker.pid"
+EVENT_RAY_TASK_RETRY: Final = "ray.task.retry"
