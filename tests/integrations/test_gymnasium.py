@@ -327,3 +327,13 @@ def test_a_vector_env_inside_a_rollout_is_left_untraced(
     env.close()
     assert [attrs(s)[c.ROLLOUT_ID] for s in captured.by_kind("rollout")] == ["outer"]
     assert "not traced" in caplog.text
+
+
+def test_readme_tree_is_what_trace_env_writes(captured: CapturedSpans) -> None:
+    from _readme_tree import check_readme_tree, excerpt
+
+    env = TraceEnv(gym.make("CartPole-v1"), rollout_id=lambda n: f"cartpole-{n}")
+    play(env, seed=0)
+    play(env, seed=1)
+    assert check_trace(captured) == []
+    check_readme_tree("gymnasium", excerpt(captured.spans))

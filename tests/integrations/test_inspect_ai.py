@@ -123,6 +123,18 @@ def test_each_sample_epoch_is_a_rollout_scored_from_its_score(
         assert verify.parent is not None and verify.parent.span_id in episode_ids
     assert check_trace(captured) == []
 
+    from _readme_tree import check_readme_tree, excerpt
+
+    # One trace at a time: samples run concurrently, so their start order varies.
+    shown = [
+        excerpt(
+            [s for s in captured.spans if s.context.trace_id == roots[r].context.trace_id],
+            [(log.eval.run_id, "RUN_ID")],
+        )
+        for r in ("arith.2.r1", "arith.3.r1")
+    ]
+    check_readme_tree("inspect_ai", "".join(shown))
+
 
 def test_a_sample_ending_in_error_is_unscored(captured: CapturedSpans, tmp_path: Path) -> None:
     run_eval(tmp_path, {(1, 1): 5}, retries=1)

@@ -47,7 +47,7 @@ from typing import Any
 import gymtrace
 from gymtrace import _constants as c
 
-__all__ = ["instrument", "reward_of"]
+__all__ = ["SampleError", "instrument", "reward_of"]
 
 logger = logging.getLogger("gymtrace")
 
@@ -94,8 +94,9 @@ class _Sample:
         self.attached: list[tuple[Any, Any]] = []
 
 
-class _Error(Exception):
-    """An Inspect sample error, as the exception recorded on the failed episode."""
+class SampleError(Exception):
+    """An Inspect sample's error (Inspect keeps its message, not the exception), recorded on the
+    failed episode: ``error.type`` is ``gymtrace.integrations.inspect_ai.SampleError``."""
 
 
 class _Tracer:
@@ -160,7 +161,7 @@ class _Tracer:
             _exit(sample.verify)
             sample.verify = None
         assert sample.episode is not None and sample.frame is not None
-        error = _Error(message)
+        error = SampleError(message)
         sample.frame.record_failure(c.FAILURE_ERROR, retryable=retryable, exception=error, message=message)
         _exit(sample.episode, error)
         sample.episode = sample.frame = None
