@@ -188,12 +188,27 @@ def test_a_reset_before_the_episode_ended_cancels_it(captured: CapturedSpans) ->
     assert check_trace(captured) == []
 
 
+def test_inside_a_harness_episode_the_env_is_left_untraced(
+    captured: CapturedSpans, caplog: pytest.LogCaptureFixture
+) -> None:
+    env = TraceEnv(gym.make("CartPole-v1"))
+    with gymtrace.rollout(rollout_id="harness"), gymtrace.episode():
+        play(env, 0)
+    assert [s.name for s in captured.by_kind("episode")] == ["gym.episode"]
+    assert captured.by_kind("step") == [] and captured.by_kind("seed_session") == []
+    assert "inside an open gymtrace.episode()" in caplog.text
+    assert check_trace(captured) == []
+
+
 def test_untraced_without_a_provider_and_results_unchanged() -> None:
     plain = gym.make("CartPole-v1")
     traced = TraceEnv(gym.make("CartPole-v1"))
     assert play(plain, 7) == play(traced, 7)
     assert isinstance(traced, gym.Env)
     assert traced.unwrapped.spec.id == "CartPole-v1"
+    # Other wrappers accept it as the environment it proxies.
+    stats = gym.wrappers.RecordEpisodeStatistics(traced)
+    assert play(stats, 7) == play(plain, 7)
 
 
 def test_bad_arguments_name_the_argument() -> None:

@@ -42,6 +42,12 @@ def play(seed):
     return {"rollout": gymtrace.current().rollout_id, "attempt": gymtrace.current().attempt, "pid": os.getpid()}
 
 
+@ray.remote
+def outer():
+    # A task that calls a task: the worker passes on the identity it was carried with.
+    return ray.get(play.remote(9))
+
+
 @ray.remote(max_retries=2)
 def dies_once(marker):
     # The first attempt kills its worker the way a segfault or the OOM killer would.
@@ -85,6 +91,7 @@ with gymtrace.run(run_id="ray-run"):
     with gymtrace.rollout(rollout_id="ray-rollout", task_id="ray-task", repeat=0):
         with gymtrace.episode():
             result["play"] = ray.get([play.remote(i) for i in range(3)])
+            result["nested"] = ray.get(outer.remote())
             result["dies_once"] = ray.get(dies_once.remote(os.path.join(out, "marker")))
             result["ping"] = ray.get(judge.ping.remote())
             with gymtrace.verify():
@@ -145,7 +152,8 @@ def test_tasks_and_actor_methods_continue_the_callers_episode(
     assert rollout.attributes[c.REWARD] == 1.0
     tasks = named(spans, "ray.task ")
     names = sorted(s.name for s in tasks)
-    assert names.count("ray.task play") == 3
+    assert names.count("ray.task play") == 4
+    assert result["nested"]["rollout"] == "ray-rollout"
     assert "ray.task Judge.score" in names and "ray.task Judge.ping" in names
     for task in tasks:
         # Child of the span that was current in the driver; same trace; the identity stamped.
@@ -157,10 +165,12 @@ def test_tasks_and_actor_methods_continue_the_callers_episode(
         assert task.service == "ray-driver"
     by_id = {s.span_id: s for s in spans}
     simulated = [s for s in spans if s.attributes.get(c.GEN_AI_TOOL_NAME) == "simulate"]
-    assert len(simulated) == 3
+    assert len(simulated) == 4
+    (outer,) = named(spans, "ray.task outer")
     for tool in simulated:
         assert tool.parent_id is not None and by_id[tool.parent_id].name == "ray.task play"
-        assert by_id[tool.parent_id].parent_id == episode.span_id
+        assert by_id[tool.parent_id].parent_id in (episode.span_id, outer.span_id)
+    assert sum(by_id[t.parent_id].parent_id == outer.span_id for t in simulated) == 1  # type: ignore[index]
     # The verify's actor call nests under the verify span.
     (judge_task,) = named(spans, "ray.task Judge.score")
     assert by_id[judge_task.parent_id].attributes[c.KIND] == "verify"  # type: ignore[index]

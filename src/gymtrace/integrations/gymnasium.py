@@ -21,7 +21,9 @@ What each call records:
   reset opens its own rollout, with ``rollout_id`` from the callable given (called with the
   wrapper's episode index 0, 1, 2...) or generated (``{env id}-{8 hex}-{index}``), ``task_id`` the
   environment's ID (``CartPole-v1``) unless given, and ``repeat`` the episode index. A reset while
-  an episode is still open ends that episode ``cancelled`` (unscored).
+  an episode is still open ends that episode ``cancelled`` (unscored). Inside an open
+  ``gymtrace.episode()`` (the harness's own) the environment is not traced (logged once): TraceEnv
+  opens the episode itself.
 - ``step()`` counts a step. ``terminated`` or ``truncated`` (a ``TimeLimit`` too) completes the
   episode: a ``gym.verify`` span records the episode return as the reward. An exception in the
   environment's ``step`` fails the episode (``gym.failure.kind=error``, the rollout unscored) and
@@ -167,6 +169,18 @@ def _env_id(env: Any) -> str:
                 spec = None
     env_id = getattr(spec, "id", None)
     return str(env_id) if env_id else type(getattr(env, "unwrapped", env)).__name__
+
+
+_warned: set[str] = set()
+
+
+def _warn_inside_episode() -> None:
+    if "episode" not in _warned:
+        _warned.add("episode")
+        logger.warning(
+            "gymtrace: TraceEnv.reset() inside an open gymtrace.episode(): TraceEnv opens the episode"
+            " itself (use it inside a rollout or no scope); this environment's episodes are not traced"
+        )
 
 
 def _recording(frame: gymtrace.ActiveScope) -> bool:
@@ -319,6 +333,11 @@ class TraceEnv(wrapt.ObjectProxy):  # type: ignore[type-arg]  # proxies any envi
             self._self_open = None
             self._self_end(previous, asyncio.CancelledError("reset before the episode ended"))
         current = gymtrace.current_scope()
+        if current is not None and current.nearest(c.KIND_EPISODE) is not None:
+            # The harness opened the episode itself (and scores it): an episode inside it would
+            # invert the hierarchy, so the environment runs untraced there.
+            _warn_inside_episode()
+            return env.reset(seed=seed, options=options)
         own_rollout = current is None or current.nearest(c.KIND_ROLLOUT) is None
         ep = self._self_open_episode(None, own_rollout)
         if ep is None:

@@ -80,10 +80,21 @@ def _exit(scope: gymtrace.Scope, exc: BaseException | None = None) -> None:
 class _Sample:
     """The open spans of one sample x epoch (a rollout): held between hook calls."""
 
-    __slots__ = ("attached", "context", "episode", "frame", "model_calls", "rollout", "uuid", "verify")
+    __slots__ = (
+        "attached",
+        "context",
+        "episode",
+        "frame",
+        "model_calls",
+        "rollout",
+        "run_id",
+        "uuid",
+        "verify",
+    )
 
-    def __init__(self, uuid: str, context: contextvars.Context, rollout: gymtrace.Scope) -> None:
+    def __init__(self, uuid: str, run_id: str, context: contextvars.Context, rollout: gymtrace.Scope) -> None:
         self.uuid = uuid
+        self.run_id = run_id
         self.context = context
         self.rollout = rollout
         self.episode: gymtrace.Scope | None = None
@@ -117,6 +128,12 @@ class _Tracer:
         self.runs[run_id] = (context, scope)
 
     def run_end(self, run_id: str, exception: BaseException | None) -> None:
+        # Samples Inspect never ended (the eval was cancelled or crashed): end them cancelled, so
+        # their spans are exported and nothing accumulates across runs.
+        for uuid, sample in list(self.samples.items()):
+            if sample.run_id == run_id:
+                del self.samples[uuid]
+                sample.context.run(_cancel, sample)
         opened = self.runs.pop(run_id, None)
         if opened is not None:
             context, scope = opened
@@ -141,7 +158,7 @@ class _Tracer:
             task_id = f"{task}.{_safe(summary.id)}"
             rollout = gymtrace.rollout(rollout_id=f"{task_id}.r{repeat}", task_id=task_id, repeat=repeat)
             context.run(rollout.__enter__)
-            sample = self.samples[uuid] = _Sample(uuid, context, rollout)
+            sample = self.samples[uuid] = _Sample(uuid, run_id, context, rollout)
         episode = gymtrace.episode(attempt=max(attempt - 1, 0))
         sample.frame = sample.context.run(episode.__enter__)
         sample.episode = episode
@@ -254,6 +271,16 @@ class _Tracer:
         if usage is not None:
             frame.record_usage(input_tokens=usage.input_tokens, output_tokens=usage.output_tokens)
         context.run(_exit, scope, None)
+
+
+def _cancel(sample: _Sample) -> None:
+    import asyncio
+
+    _close_model_calls(sample)
+    for scope in (sample.verify, sample.episode):
+        if scope is not None:
+            _exit(scope, asyncio.CancelledError("the Inspect run ended before the sample"))
+    _exit(sample.rollout)
 
 
 def _close_model_calls(sample: _Sample) -> None:

@@ -94,9 +94,15 @@ def _settings(configuration: gymtrace.Configuration | None) -> dict[str, Any]:
 def _payload() -> dict[str, Any] | None:
     """What a call made here carries to the worker, or None outside a recording gym scope."""
     scope = gymtrace.current_scope()
-    if scope is None or not scope.span.is_recording():
+    # No identity: outside gym scopes, or tracing is off. A task calling another task from a
+    # worker has the identity it was carried with, and passes it on.
+    if scope is None or not scope.identity:
         return None
-    return {"headers": dict(gymtrace.propagation.inject({})), "settings": _state.get("settings", {})}
+    return {
+        "headers": dict(gymtrace.propagation.inject({})),
+        "settings": _state.get("settings", {}),
+        "pid": os.getpid(),
+    }
 
 
 def _with_parameter(parameters: list[inspect.Parameter]) -> list[inspect.Parameter]:
@@ -273,6 +279,10 @@ def instrument(configuration: gymtrace.Configuration | None = None) -> None:
             f" got {type(configuration).__name__}"
         )
     _state["settings"] = _settings(configuration)
+    _patch()
+
+
+def _patch() -> None:
     if _state.get("patched"):
         return
     _state["patched"] = True
@@ -289,22 +299,33 @@ def instrument(configuration: gymtrace.Configuration | None = None) -> None:
 # -- the worker side ---------------------------------------------------------------------------------
 
 
-def _ensure_configured(settings: dict[str, Any]) -> None:
-    if _state.get("worker_configured") == os.getpid():
-        return
+_ENDPOINT_VARIABLES = ("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "OTEL_EXPORTER_OTLP_ENDPOINT")
+
+
+def _ensure_configured(settings: dict[str, Any], caller_pid: int | None) -> None:
+    pid = os.getpid()
+    if _state.get("worker_configured") == pid or pid == caller_pid:
+        return  # configured already, or running in the calling process itself (no worker)
     with _lock:
-        if _state.get("worker_configured") == os.getpid():
+        if _state.get("worker_configured") == pid:
             return
         options = dict(settings)
         file = options.get("file")
         if isinstance(file, str):
             options["file"] = worker_file(file)
-        elif file is None and not options.get("endpoint"):
-            inherited = os.environ.get("GYMTRACE_FILE")
-            if inherited:
-                options["file"] = worker_file(inherited)
+        elif (
+            file is None
+            and not options.get("endpoint")
+            and not any(os.environ.get(v) for v in _ENDPOINT_VARIABLES)
+        ):
+            # The embedded default file, as configure() would pick it, but one per worker: processes
+            # appending to one file could interleave their lines.
+            options["file"] = worker_file(os.environ.get("GYMTRACE_FILE") or "gymtrace-traces.jsonl")
         gymtrace.configure(**options)
-        _state["worker_configured"] = os.getpid()
+        _state["worker_configured"] = pid
+        # Tasks this worker calls carry the identity on, with the same settings.
+        _state["settings"] = settings
+        _patch()
 
 
 def _attempt_number() -> int | None:
@@ -340,7 +361,7 @@ class _Execution:
 
     def __enter__(self) -> None:
         try:
-            _ensure_configured(self._payload.get("settings") or {})
+            _ensure_configured(self._payload.get("settings") or {}, self._payload.get("pid"))
             from opentelemetry import trace
 
             self._attach = gymtrace.propagation.attach(self._payload.get("headers") or {})
