@@ -9,13 +9,19 @@ strict mode (``GYMTRACE_STRICT=true`` or ``configure(strict=True)``).
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import threading
+from collections.abc import Callable
+from types import TracebackType
+from typing import Any, TypeVar
 
 from gymtrace._environment import GYMTRACE_STRICT, env_flag
 
 logger = logging.getLogger("gymtrace")
+
+F = TypeVar("F", bound=Callable[..., Any])
 
 
 class GymTraceError(Exception):
@@ -81,9 +87,54 @@ def internal_error(where: str, exc: BaseException, *, may_raise: bool = True) ->
         logger.warning("gymtrace: internal error in %s; tracing continues", where, exc_info=exc)
 
 
+def data_lost(error: GymTraceError) -> None:
+    """Something user code recorded cannot be attributed and is dropped: raise in strict mode, else
+    a WARNING every time (each loss is a different datum; logging it once would hide the rest)."""
+    if is_strict():
+        raise error
+    logger.warning("gymtrace: %s", error)
+
+
 def contract_problem(key: object, error: GymTraceError) -> None:
     """Report a problem in how user code uses gymtrace: raise in strict mode, else warn once per key."""
     if is_strict():
         raise error
     if first_time(key):
         logger.warning("gymtrace: %s", error)
+
+
+class guard:
+    """Contain gymtrace's own failures: a context manager and a decorator.
+
+    An ``Exception`` raised inside is handed to :func:`internal_error` (logged once, swallowed;
+    raised under pytest and in strict mode); a decorated function then returns ``None``.
+    :class:`GymTraceError` passes through: it is a contract problem that strict mode raised on
+    purpose. ``BaseException`` (``KeyboardInterrupt``, cancellation) always passes through.
+    ``may_raise=False`` is for code that runs while a user exception propagates.
+    """
+
+    __slots__ = ("may_raise", "where")
+
+    def __init__(self, where: str, *, may_raise: bool = True) -> None:
+        self.where = where
+        self.may_raise = may_raise
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> bool:
+        if exc is None or not isinstance(exc, Exception) or isinstance(exc, GymTraceError):
+            return False
+        internal_error(self.where, exc, may_raise=self.may_raise)
+        return True
+
+    def __call__(self, func: F) -> F:
+        @functools.wraps(func)
+        def guarded(*args: Any, **kwargs: Any) -> Any:
+            with self:
+                return func(*args, **kwargs)
+            return None
+
+        return guarded  # type: ignore[return-value]  # same signature; None only after a contained error

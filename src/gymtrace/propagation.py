@@ -35,13 +35,16 @@ from concurrent.futures import Executor, Future
 from contextlib import contextmanager
 from typing import Any, Generic, ParamSpec, TypeVar
 
-from opentelemetry import baggage, propagate
+from opentelemetry import baggage, propagate, trace
 from opentelemetry import context as otel_context
 from opentelemetry.propagators.textmap import Getter
 
 from gymtrace import _constants as c
-from gymtrace._errors import internal_error
-from gymtrace._scope import FRAME_KEY, MAX_ID_LENGTH, ActiveScope
+from gymtrace._errors import guard
+from gymtrace._frame import CARRIER_FORMAT, DISABLED_KIND, FRAME_KEY, REMOTE_KIND, ActiveScope, read_carrier
+from gymtrace._ids import clean_identity, clean_value, episode_id
+from gymtrace._levels import NUMBERING_OWNERS
+from gymtrace._tracing import current_provider
 
 __all__ = [
     "ContextCarrier",
@@ -59,38 +62,7 @@ __all__ = [
 P = ParamSpec("P")
 R = TypeVar("R")
 
-# Identity values arriving from outside are bounded: an ID is short printable text.
-_MAX_INT = 1_000_000_000
-REMOTE_KIND = "remote"
-
-
 # -- identity <-> baggage ---------------------------------------------------------------------------
-
-
-def _clean(key: str, raw: object) -> str | int | None:
-    if isinstance(raw, int) and not isinstance(raw, bool):
-        raw = str(raw)
-    # str.isprintable() also refuses format characters (U+202E right-to-left override, zero-width
-    # spaces) and line separators, which percent-decoding can smuggle into an ID.
-    if not isinstance(raw, str) or not raw or len(raw) > MAX_ID_LENGTH or not raw.isprintable():
-        return None
-    if key in c.INT_IDENTITY_KEYS:
-        if not raw.isascii() or not raw.isdigit() or len(raw) > 10:
-            return None
-        number = int(raw)
-        return number if number <= _MAX_INT else None
-    return raw
-
-
-def clean_identity(entries: Mapping[str, object]) -> dict[str, str | int]:
-    """Keep the gym identity keys whose values are short printable text (or small ints)."""
-    identity: dict[str, str | int] = {}
-    for key in c.IDENTITY_KEYS:
-        if key in entries:
-            value = _clean(key, entries[key])
-            if value is not None:
-                identity[key] = value
-    return identity
 
 
 def identity_from_context(ctx: otel_context.Context | None = None) -> dict[str, str | int]:
@@ -101,12 +73,14 @@ def identity_from_context(ctx: otel_context.Context | None = None) -> dict[str, 
 
 def _identity_of(ctx: otel_context.Context) -> dict[str, str | int]:
     frame = ctx.get(FRAME_KEY)
-    if isinstance(frame, ActiveScope) and frame.kind != "disabled":
+    if isinstance(frame, ActiveScope) and frame.kind != DISABLED_KIND:
         return frame.identity
     return identity_from_context(ctx)
 
 
-def with_identity(context: otel_context.Context | None = None) -> otel_context.Context:
+def with_identity(
+    context: otel_context.Context | None = None, *, reserve_step: bool = False
+) -> otel_context.Context:
     """``context`` (default: the current one) with its baggage replaced by the gym identity.
 
     Every propagator then sends the identity and nothing else as ``baggage``: attach this context
@@ -114,10 +88,24 @@ def with_identity(context: otel_context.Context | None = None) -> otel_context.C
     """
     ctx = context if context is not None else otel_context.get_current()
     identity = _identity_of(ctx)
+    step_base = baggage.get_baggage(c.STEP_BASE, ctx) or (_reserve_step(ctx) if reserve_step else None)
     ctx = baggage.clear(ctx)
     for key, value in identity.items():
         ctx = baggage.set_baggage(key, str(value), ctx)
+    if step_base is not None:
+        ctx = baggage.set_baggage(c.STEP_BASE, str(step_base), ctx)
     return ctx
+
+
+def _reserve_step(ctx: otel_context.Context) -> int | None:
+    """Called directly at the level that numbers steps (an episode or agent invocation, not inside
+    a step): the work continued elsewhere is a step of its own, so it gets the caller's next step
+    number, and the caller's later steps number after it. Inside a step nothing is reserved: what runs
+    elsewhere is part of that step (a model or tool request)."""
+    frame = ctx.get(FRAME_KEY)
+    if isinstance(frame, ActiveScope) and not frame.remote and frame.kind in NUMBERING_OWNERS:
+        return frame.take_number(c.KIND_STEP, None)
+    return None
 
 
 # -- carriers ---------------------------------------------------------------------------------------
@@ -184,19 +172,23 @@ _GETTER = _IndexGetter()
 
 
 def inject(
-    carrier: MutableMapping[str, str] | None = None, context: otel_context.Context | None = None
+    carrier: MutableMapping[str, str] | None = None,
+    context: otel_context.Context | None = None,
+    *,
+    continuation: bool = True,
 ) -> MutableMapping[str, str]:
     """Write ``traceparent``, ``tracestate`` and the gym identity (``baggage``) into ``carrier``.
 
     Returns the carrier (a new dict when none is given). The ``baggage`` written holds the gym
-    identity only, never other baggage entries of the context.
+    identity only, never other baggage entries of the context; called directly at an episode or
+    agent invocation (outside any step) it also holds ``gym.step.base``, the step number reserved for
+    the work continued elsewhere, so steps in other processes never repeat the caller's numbers.
+    ``continuation=False`` (what the HTTP helpers use for requests) reserves nothing.
     """
     if carrier is None:
         carrier = {}
-    try:
-        propagate.inject(carrier, context=with_identity(context))
-    except Exception as exc:  # noqa: BLE001 - telemetry must not break the caller
-        internal_error("gymtrace.propagation.inject", exc)
+    with guard("gymtrace.propagation.inject"):
+        propagate.inject(carrier, context=with_identity(context, reserve_step=continuation))
     return carrier
 
 
@@ -208,28 +200,65 @@ def extract(carrier: Any, context: otel_context.Context | None = None) -> otel_c
     identity only; scopes and other libraries' spans started under it inherit that identity.
     """
     base = context if context is not None else otel_context.Context()
-    try:
+    with guard("gymtrace.propagation.extract"):
+        if isinstance(carrier, Mapping) and carrier.get("format") == CARRIER_FORMAT:
+            return _from_scope_carrier(carrier, base)
         ctx = propagate.extract(_index(carrier), context=base, getter=_GETTER)
         return _with_remote_frame(ctx, identity_from_context(ctx))
-    except Exception as exc:  # noqa: BLE001 - telemetry must not break the caller
-        internal_error("gymtrace.propagation.extract", exc)
-        return base
+    return base
 
 
 def _with_remote_frame(ctx: otel_context.Context, identity: dict[str, str | int]) -> otel_context.Context:
+    """The caller's gym scope, continued here: a frame that stands for the caller's episode (or
+    rollout) so that verify(), record_reward(), record_failure(), step() and turn() work as in the
+    caller's process. It has no span here; outcomes recorded on it become outcome records."""
+    step_base = clean_value(c.EPISODE_ATTEMPT, baggage.get_baggage(c.STEP_BASE, ctx))  # a small int
     ctx = baggage.clear(ctx)
     if not identity:
         return ctx
     for key, value in identity.items():
         ctx = baggage.set_baggage(key, str(value), ctx)
-    frame = ActiveScope(REMOTE_KIND, None)
+    if c.EPISODE_ATTEMPT in identity:
+        kind = c.KIND_EPISODE
+    elif c.ROLLOUT_ID in identity:
+        kind = c.KIND_ROLLOUT
+    else:
+        kind = REMOTE_KIND
+    frame = ActiveScope(kind, None)
+    frame.remote = True
     frame.identity = identity
+    frame.span = trace.NonRecordingSpan(trace.get_current_span(ctx).get_span_context())
+    attempt = identity.get(c.EPISODE_ATTEMPT)
+    if isinstance(attempt, int):
+        frame.attempt = attempt
+    if isinstance(step_base, int) and step_base > 0:
+        frame.take_number(c.KIND_STEP, step_base - 1)  # the next step here is step_base
     return otel_context.set_value(FRAME_KEY, frame, ctx)
+
+
+def _from_scope_carrier(carrier: Mapping[str, Any], base: otel_context.Context) -> otel_context.Context:
+    """A context from :meth:`gymtrace.ActiveScope.carrier`: a later phase scoring the attempt the
+    carrier was taken in (or, taken outside an episode, the rollout)."""
+    identity, _, rollout_span, episode_span = read_carrier(carrier)
+    attempt = carrier.get("attempt")
+    if isinstance(attempt, int) and not isinstance(attempt, bool) and attempt >= 0:
+        identity[c.EPISODE_ATTEMPT] = attempt
+        rollout_id = identity.get(c.ROLLOUT_ID)
+        if isinstance(rollout_id, str):
+            identity[c.EPISODE_ID] = episode_id(rollout_id, attempt)
+    parent = rollout_span if rollout_span is not None else episode_span
+    ctx = trace.set_span_in_context(trace.NonRecordingSpan(parent), base) if parent is not None else base
+    return _with_remote_frame(ctx, identity)
 
 
 @contextmanager
 def attach(carrier: Any) -> Iterator[otel_context.Context]:
     """Continue the remote trace and gym identity in ``carrier`` for the duration of the block.
+
+    ``carrier`` is what :func:`inject` or :func:`env_carrier` wrote (headers, environment), or an
+    :meth:`ActiveScope.carrier` dict. Inside, the caller's episode continues: ``verify()``,
+    ``record_reward()``, ``record_failure()``, ``step()`` and ``turn()`` work as in the caller's
+    process, and a reward or failure recorded here becomes the rollout's outcome record.
 
     ``attach(os.environ)`` continues the trace a parent process passed with :func:`env_carrier`.
     """
@@ -301,20 +330,14 @@ class ContextCarrier(Generic[P, R]):
         return f"<gymtrace.propagation.ContextCarrier {self.fn!r}>"
 
 
+@guard("flushing spans of a pool worker", may_raise=False)
 def _flush_quietly() -> None:
-    try:
-        from opentelemetry import trace
-
-        from gymtrace._tracing import current_provider
-
-        provider: Any = current_provider()
-        flush = getattr(provider, "force_flush", None)
-        if flush is None:
-            flush = getattr(trace.get_tracer_provider(), "force_flush", None)
-        if flush is not None:
-            flush()
-    except Exception as exc:  # noqa: BLE001 - telemetry must not break the caller
-        internal_error("flushing spans of a pool worker", exc, may_raise=False)
+    provider: Any = current_provider()
+    flush = getattr(provider, "force_flush", None)
+    if flush is None:
+        flush = getattr(trace.get_tracer_provider(), "force_flush", None)
+    if flush is not None:
+        flush()
 
 
 def carry(fn: Callable[P, R], context: otel_context.Context | None = None) -> ContextCarrier[P, R]:
