@@ -172,3 +172,14 @@ def test_score_values_map_to_rewards_by_inspects_rule() -> None:
 def test_bad_scorer_argument_is_named() -> None:
     with pytest.raises(TypeError, match="'scorer'"):
         gymtrace.integrations.inspect_ai.instrument(scorer="")
+
+
+def test_an_eval_inside_the_callers_run_adds_its_rollouts_to_that_run(
+    captured: CapturedSpans, tmp_path: Path
+) -> None:
+    with gymtrace.run(run_id="campaign-7"):
+        run_eval(tmp_path, {}, retries=0)
+    assert [attrs(s)[c.RUN_ID] for s in captured.by_kind("run")] == ["campaign-7"]
+    rollouts = captured.by_kind("rollout")
+    assert len(rollouts) == 8 and {attrs(s)[c.RUN_ID] for s in rollouts} == {"campaign-7"}
+    assert check_trace(captured) == []

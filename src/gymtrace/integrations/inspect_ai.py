@@ -11,7 +11,8 @@ Example::
 
 How an evaluation maps onto the gym vocabulary (``shared/DESIGN.md``):
 
-- An Inspect run (one ``eval()`` call) is a ``gym.run``; ``gym.run.id`` is Inspect's run ID.
+- An Inspect run (one ``eval()`` call) is a ``gym.run``; ``gym.run.id`` is Inspect's run ID. Inside
+  the caller's own ``gymtrace.run()`` the samples are that run's rollouts instead.
 - Each sample x epoch is a rollout. ``gym.task.id`` is ``{task name}.{sample id}`` and
   ``gym.rollout.id`` is ``{task name}.{sample id}.r{repeat}``, where ``repeat`` = epoch - 1
   (Inspect's epochs are 1-based, repeats 0-based). Characters other than ``A-Z a-z 0-9 . _ -``
@@ -116,13 +117,18 @@ class _Tracer:
     def __init__(self, scorer: str | None) -> None:
         self.scorer = scorer
         self.tasks: dict[str, str] = {}  # eval_id -> task name
-        self.runs: dict[str, tuple[contextvars.Context, gymtrace.Scope]] = {}
+        self.runs: dict[str, tuple[contextvars.Context, gymtrace.Scope | None]] = {}
         self.samples: dict[str, _Sample] = {}
 
     # -- run and task ------------------------------------------------------------------------------
 
     def run_start(self, run_id: str) -> None:
         context = contextvars.copy_context()
+        current = gymtrace.current_scope()
+        if current is not None and current.nearest(c.KIND_RUN) is not None:
+            # eval() called inside the caller's own gymtrace.run(): the samples are its rollouts.
+            self.runs[run_id] = (context, None)
+            return
         scope = gymtrace.run(run_id=run_id)
         context.run(scope.__enter__)
         self.runs[run_id] = (context, scope)
@@ -134,9 +140,8 @@ class _Tracer:
             if sample.run_id == run_id:
                 del self.samples[uuid]
                 sample.context.run(_cancel, sample)
-        opened = self.runs.pop(run_id, None)
-        if opened is not None:
-            context, scope = opened
+        context, scope = self.runs.pop(run_id, (None, None))
+        if context is not None and scope is not None:
             context.run(_exit, scope, exception)
 
     def task_start(self, eval_id: str, task_name: str) -> None:
