@@ -214,6 +214,20 @@ def test_steps_and_reward_recorded_in_workers_count_as_in_the_driver(
     assert check_trace(mine) == []
 
 
+def test_gymtrace_check_passes_on_the_driver_and_worker_files(
+    scenario: tuple[dict[str, Any], list[SpanData], list[Path]],
+) -> None:
+    _, _, files = scenario
+    done = subprocess.run(
+        [sys.executable, "-m", "gymtrace", "check", *map(str, files)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "no contract violations" in done.stdout
+
+
 def test_calls_outside_gym_scopes_carry_nothing(
     scenario: tuple[dict[str, Any], list[SpanData], list[Path]],
 ) -> None:
