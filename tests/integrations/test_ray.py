@@ -24,15 +24,26 @@ from gymtrace.testing import check_trace
 pytest.importorskip("ray")
 
 SCENARIO = r"""
-import json, os, sys, time
+import io, json, logging, os, sys, time
 import ray
 import gymtrace
 import gymtrace.integrations.ray
 
 out = sys.argv[1]
+log = io.StringIO()
+logging.getLogger("gymtrace").addHandler(logging.StreamHandler(log))
 config = gymtrace.configure(service_name="ray-driver", file=os.path.join(out, "traces.jsonl"))
-gymtrace.integrations.ray.instrument(config)
+# Ray already running, and one function already called, before instrument().
 ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+
+
+@ray.remote
+def early():
+    return gymtrace.current().rollout_id
+
+
+ray.get(early.remote())
+gymtrace.integrations.ray.instrument(config)
 
 
 @ray.remote
@@ -94,6 +105,7 @@ with gymtrace.run(run_id="ray-run"):
             result["nested"] = ray.get(outer.remote())
             result["dies_once"] = ray.get(dies_once.remote(os.path.join(out, "marker")))
             result["ping"] = ray.get(judge.ping.remote())
+            result["early"] = ray.get(early.remote())  # exported before instrument(): untraced
             with gymtrace.verify():
                 reward = ray.get(judge.score.remote(result["dies_once"]))
                 gymtrace.record_reward(reward)
@@ -102,6 +114,7 @@ with gymtrace.run(run_id="ray-run"):
             ray.get([rollout_in_worker.remote(i) for i in range(2)])
 ray.shutdown()
 gymtrace.shutdown()
+result["log"] = log.getvalue()
 print(json.dumps(result))
 """
 
@@ -234,6 +247,15 @@ def test_calls_outside_gym_scopes_carry_nothing(
     result, spans, _ = scenario
     assert result["outside"] == 42
     assert named(spans, "ray.task untouched") == []
+
+
+def test_a_function_called_before_instrument_runs_untraced_and_says_so(
+    scenario: tuple[dict[str, Any], list[SpanData], list[Path]],
+) -> None:
+    result, spans, _ = scenario
+    assert result["early"] is None
+    assert named(spans, "ray.task early") == []
+    assert "called before gymtrace.integrations.ray.instrument()" in result["log"]
 
 
 def test_bad_configuration_argument_is_named() -> None:
