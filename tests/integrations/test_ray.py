@@ -53,6 +53,15 @@ def play(seed):
     return {"rollout": gymtrace.current().rollout_id, "attempt": gymtrace.current().attempt, "pid": os.getpid()}
 
 
+@ray.remote(num_returns="streaming")
+def stream(n):
+    # A generator task stays one (Ray streams it because it is a generator function).
+    for i in range(n):
+        with gymtrace.tool_call(tool_name="chunk"):
+            pass
+        yield i
+
+
 @ray.remote
 def outer():
     # A task that calls a task: the worker passes on the identity it was carried with.
@@ -103,6 +112,7 @@ with gymtrace.run(run_id="ray-run"):
         with gymtrace.episode():
             result["play"] = ray.get([play.remote(i) for i in range(3)])
             result["nested"] = ray.get(outer.remote())
+            result["stream"] = [ray.get(ref) for ref in stream.remote(3)]
             result["dies_once"] = ray.get(dies_once.remote(os.path.join(out, "marker")))
             result["ping"] = ray.get(judge.ping.remote())
             result["early"] = ray.get(early.remote())  # exported before instrument(): untraced
@@ -167,6 +177,10 @@ def test_tasks_and_actor_methods_continue_the_callers_episode(
     names = sorted(s.name for s in tasks)
     assert names.count("ray.task play") == 4
     assert result["nested"]["rollout"] == "ray-rollout"
+    assert result["stream"] == [0, 1, 2]
+    (streamed,) = named(spans, "ray.task stream")
+    chunks = [s for s in spans if s.attributes.get(c.GEN_AI_TOOL_NAME) == "chunk"]
+    assert len(chunks) == 3 and all(s.parent_id == streamed.span_id for s in chunks)
     assert "ray.task Judge.score" in names and "ray.task Judge.ping" in names
     for task in tasks:
         # Child of the span that was current in the driver; same trace; the identity stamped.

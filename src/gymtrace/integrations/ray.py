@@ -162,28 +162,58 @@ def _prepare_function(remote: Any) -> dict[str, Any] | None:
 
 
 def _task_wrapper(function: Callable[..., Any]) -> Callable[..., Any]:
-    name = getattr(function, "__qualname__", "task")
-    if inspect.iscoroutinefunction(function):
+    return _traced(function, getattr(function, "__qualname__", "task"))
+
+
+def _traced(function: Callable[..., Any], name: str) -> Callable[..., Any]:
+    """``function`` accepting ``_gymtrace=`` and running under it, of the same kind (function,
+    coroutine, generator, async generator): Ray decides how to run a task or method (e.g. streaming
+    generators) by what kind of function it is. Arguments pass through unchanged, ``self`` too."""
+    if inspect.isasyncgenfunction(function):
 
         @functools.wraps(function)
-        async def async_task(*args: Any, _gymtrace: dict[str, Any] | None = None, **kwargs: Any) -> Any:
+        async def async_generator(*args: Any, _gymtrace: dict[str, Any] | None = None, **kwargs: Any) -> Any:
+            if _gymtrace is None:
+                async for item in function(*args, **kwargs):
+                    yield item
+                return
+            with _Execution(_gymtrace, name):
+                async for item in function(*args, **kwargs):
+                    yield item
+
+        traced: Callable[..., Any] = async_generator
+    elif inspect.isgeneratorfunction(function):
+
+        @functools.wraps(function)
+        def generator(*args: Any, _gymtrace: dict[str, Any] | None = None, **kwargs: Any) -> Any:
+            if _gymtrace is None:
+                return (yield from function(*args, **kwargs))
+            with _Execution(_gymtrace, name):
+                return (yield from function(*args, **kwargs))
+
+        traced = generator
+    elif inspect.iscoroutinefunction(function):
+
+        @functools.wraps(function)
+        async def coroutine(*args: Any, _gymtrace: dict[str, Any] | None = None, **kwargs: Any) -> Any:
             if _gymtrace is None:
                 return await function(*args, **kwargs)
             with _Execution(_gymtrace, name):
                 return await function(*args, **kwargs)
 
-        async_task.__signature__ = _signature_with_parameter(function)  # type: ignore[attr-defined]
-        return async_task
+        traced = coroutine
+    else:
 
-    @functools.wraps(function)
-    def task(*args: Any, _gymtrace: dict[str, Any] | None = None, **kwargs: Any) -> Any:
-        if _gymtrace is None:
-            return function(*args, **kwargs)
-        with _Execution(_gymtrace, name):
-            return function(*args, **kwargs)
+        @functools.wraps(function)
+        def plain(*args: Any, _gymtrace: dict[str, Any] | None = None, **kwargs: Any) -> Any:
+            if _gymtrace is None:
+                return function(*args, **kwargs)
+            with _Execution(_gymtrace, name):
+                return function(*args, **kwargs)
 
-    task.__signature__ = _signature_with_parameter(function)  # type: ignore[attr-defined]
-    return task
+        traced = plain
+    traced.__signature__ = _signature_with_parameter(function)  # type: ignore[attr-defined]
+    return traced
 
 
 def _actor_creation(wrapped: Any, instance: Any, args: Any, kwargs: Any) -> Any:
@@ -214,37 +244,11 @@ def _prepare_actor_class(actor_class: Any) -> None:
         for method_name, method in list(method_meta.methods.items()):
             if method_name.startswith("__") or method_name not in method_meta.signatures:
                 continue  # __init__ and Ray's own __ray_*__ methods
-            wrapper = _method_wrapper(method, f"{name}.{method_name}")
+            wrapper = _traced(method, f"{name}.{method_name}")
             setattr(meta.modified_class, method_name, wrapper)
             method_meta.methods[method_name] = wrapper
             method_meta.signatures[method_name] = _with_parameter(list(method_meta.signatures[method_name]))
         meta._gymtrace_prepared = True
-
-
-def _method_wrapper(method: Callable[..., Any], name: str) -> Callable[..., Any]:
-    if inspect.iscoroutinefunction(method):
-
-        @functools.wraps(method)
-        async def async_method(
-            self: Any, *args: Any, _gymtrace: dict[str, Any] | None = None, **kwargs: Any
-        ) -> Any:
-            if _gymtrace is None:
-                return await method(self, *args, **kwargs)
-            with _Execution(_gymtrace, name):
-                return await method(self, *args, **kwargs)
-
-        async_method.__signature__ = _signature_with_parameter(method)  # type: ignore[attr-defined]
-        return async_method
-
-    @functools.wraps(method)
-    def sync_method(self: Any, *args: Any, _gymtrace: dict[str, Any] | None = None, **kwargs: Any) -> Any:
-        if _gymtrace is None:
-            return method(self, *args, **kwargs)
-        with _Execution(_gymtrace, name):
-            return method(self, *args, **kwargs)
-
-    sync_method.__signature__ = _signature_with_parameter(method)  # type: ignore[attr-defined]
-    return sync_method
 
 
 def _actor_method(wrapped: Any, instance: Any, args: Any, kwargs: Any) -> Any:
