@@ -228,7 +228,7 @@ def test_bad_arguments_name_the_argument() -> None:
 # -- vector ------------------------------------------------------------------------------------------
 
 
-def drive_vector(env: Any, steps: int, seed: int) -> list[list[float]]:
+def drive_vector(env: Any, steps: int, seed: int, split: bool = False) -> list[list[float]]:
     """Step a vector env with seeded random actions; per sub-environment, the returns of the
     episodes that ended, computed from what the env returned (independently of gymtrace)."""
     mode = env.metadata["autoreset_mode"].value
@@ -239,7 +239,11 @@ def drive_vector(env: Any, steps: int, seed: int) -> list[list[float]]:
     running = [0.0] * num
     resetting = np.zeros(num, dtype=bool)
     for _ in range(steps):
-        _, rewards, terminated, truncated, _ = env.step(env.action_space.sample())
+        if split:  # AsyncVectorEnv's two halves, as code overlapping its own work calls them
+            env.step_async(env.action_space.sample())
+            _, rewards, terminated, truncated, _ = env.step_wait()
+        else:
+            _, rewards, terminated, truncated, _ = env.step(env.action_space.sample())
         for i in range(num):
             if mode == "NextStep" and resetting[i]:
                 continue  # this step reset sub-environment i; its reward is not a step's
@@ -301,10 +305,11 @@ def test_sync_vector_frozenlake_same_step_autoreset(captured: CapturedSpans) -> 
         assert numbers == list(range(1, a[c.STEPS_COUNT] + 1))
 
 
-def test_async_vector_cartpole_traces_from_the_driver(captured: CapturedSpans) -> None:
+@pytest.mark.parametrize("split", [False, True], ids=["step", "step_async-step_wait"])
+def test_async_vector_cartpole_traces_from_the_driver(captured: CapturedSpans, split: bool) -> None:
     env = TraceEnv(gym.vector.AsyncVectorEnv([lambda: gym.make("CartPole-v1")] * 2))
     try:
-        returns = drive_vector(env, 60, seed=9)
+        returns = drive_vector(env, 60, seed=9, split=split)
     finally:
         env.close()
     assert sum(len(r) for r in returns) >= 2

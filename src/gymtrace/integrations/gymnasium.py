@@ -44,8 +44,8 @@ What each call records:
 
 The episode's spans live in a context of their own, held by the wrapper between calls: spans the
 environment itself opens inside ``reset``/``step`` nest under the episode, but code between two
-``step()`` calls runs in the caller's context. ``step_async``/``step_wait`` called directly are not
-traced; call ``step``.
+``step()`` calls runs in the caller's context. ``AsyncVectorEnv``'s ``step_async``/``step_wait``
+called directly are traced as one step, from ``step_async`` to ``step_wait``.
 """
 
 from __future__ import annotations
@@ -413,6 +413,26 @@ class TraceEnv(wrapt.ObjectProxy):  # type: ignore[type-arg]  # proxies any envi
         return f"<TraceEnv {self.__wrapped__!r}>"
 
 
+class _Batch:
+    """One vector step in flight: what ``step`` (or ``step_async``) opened before the call."""
+
+    __slots__ = ("resetting", "sessions", "spans", "start", "stepped")
+
+    def __init__(
+        self,
+        resetting: list[int],
+        sessions: list[tuple[_Open, gymtrace.Scope]],
+        stepped: list[int],
+        spans: list[tuple[_Open, gymtrace.Scope]],
+        start: float,
+    ) -> None:
+        self.resetting = resetting
+        self.sessions = sessions
+        self.stepped = stepped
+        self.spans = spans
+        self.start = start
+
+
 class _TraceVectorEnv(TraceEnv):
     """``TraceEnv`` of a vector environment: one rollout per sub-environment episode."""
 
@@ -432,6 +452,7 @@ class _TraceVectorEnv(TraceEnv):
         # the next step() therefore resets instead of stepping.
         self._self_pending: list[bool] = [False] * self._self_num
         self._self_traced = True
+        self._self_batch: _Batch | None = None
 
     def _self_open_sub(self, index: int) -> _Open | None:
         try:
@@ -505,6 +526,44 @@ class _TraceVectorEnv(TraceEnv):
         env = self.__wrapped__
         if not self._self_traced:
             return env.step(actions)
+        batch = self._self_before_step()
+        try:
+            result = env.step(actions)
+        except BaseException as exc:
+            self._self_step_failed(batch, exc)
+            raise
+        self._self_after_step(batch, result)
+        return result
+
+    # AsyncVectorEnv's two halves of step(), for code that overlaps them with its own work.
+
+    def step_async(self, actions: Any) -> None:
+        env = self.__wrapped__
+        if not self._self_traced:
+            return env.step_async(actions)  # type: ignore[no-any-return]
+        batch = self._self_before_step()
+        try:
+            env.step_async(actions)
+        except BaseException as exc:
+            self._self_step_failed(batch, exc)
+            raise
+        self._self_batch = batch
+        return None
+
+    def step_wait(self, *args: Any, **kwargs: Any) -> Any:
+        env = self.__wrapped__
+        batch, self._self_batch = getattr(self, "_self_batch", None), None
+        if batch is None:
+            return env.step_wait(*args, **kwargs)
+        try:
+            result = env.step_wait(*args, **kwargs)
+        except BaseException as exc:
+            self._self_step_failed(batch, exc)
+            raise
+        self._self_after_step(batch, result)
+        return result
+
+    def _self_before_step(self) -> _Batch:
         num = self._self_num
         eps = self._self_eps
         pending = self._self_pending
@@ -525,52 +584,54 @@ class _TraceVectorEnv(TraceEnv):
                 scope = gymtrace.step(number=number)
                 ep.context.run(scope.__enter__)
                 spans.append((ep, scope))
-        start = _perf_counter()
-        try:
-            result = env.step(actions)
-        except BaseException as exc:
-            seconds = _perf_counter() - start
-            for ep, scope in sessions:
-                ep.context.run(_exit, scope, exc)
-            spanned = {id(ep) for ep, _ in spans}
-            for ep, scope in spans:
-                ep.stats.add(ep.stats.count + 1, seconds)
-                ep.stats.sampled += 1
-                ep.context.run(_exit, scope, exc)
-            for index in stepped:
-                ep = eps[index]
-                if ep is not None and id(ep) not in spanned:
-                    self._self_failed_step(ep, ep.stats.count + 1, seconds, exc)
-            self._self_fail_all(exc, range(num))
-            raise
-        seconds = _perf_counter() - start
-        for ep, scope in sessions:
+        return _Batch(resetting, sessions, stepped, spans, _perf_counter())
+
+    def _self_step_failed(self, batch: _Batch, exc: BaseException) -> None:
+        seconds = _perf_counter() - batch.start
+        eps = self._self_eps
+        for ep, scope in batch.sessions:
+            ep.context.run(_exit, scope, exc)
+        spanned = {id(ep) for ep, _ in batch.spans}
+        for ep, scope in batch.spans:
+            ep.stats.add(ep.stats.count + 1, seconds)
+            ep.stats.sampled += 1
+            ep.context.run(_exit, scope, exc)
+        for index in batch.stepped:
+            sub = eps[index]
+            if sub is not None and id(sub) not in spanned:
+                self._self_failed_step(sub, sub.stats.count + 1, seconds, exc)
+        self._self_fail_all(exc, range(self._self_num))
+
+    def _self_after_step(self, batch: _Batch, result: Any) -> None:
+        seconds = _perf_counter() - batch.start
+        eps = self._self_eps
+        resetting = batch.resetting
+        for ep, scope in batch.sessions:
             ep.context.run(_exit, scope, None)
-        for ep, scope in spans:
+        for ep, scope in batch.spans:
             ep.stats.sampled += 1
             ep.context.run(_exit, scope, None)
         rewards = result[1].tolist()
         ended = (result[2] | result[3]).tolist()
-        for index in stepped:
-            ep = eps[index]
-            assert ep is not None
-            ep.stats.add(ep.stats.count + 1, seconds)
-            ep.reward += rewards[index]
+        for index in batch.stepped:
+            sub = eps[index]
+            assert sub is not None
+            sub.stats.add(sub.stats.count + 1, seconds)
+            sub.reward += rewards[index]
         mode = self._self_mode
-        for index in range(num):
+        for index in range(self._self_num):
             if not ended[index] or (resetting and index in resetting):
                 continue
-            ep, eps[index] = eps[index], None
-            if ep is not None:
-                self._self_end(ep, None)
+            ended_ep, eps[index] = eps[index], None
+            if ended_ep is not None:
+                self._self_end(ended_ep, None)
             if mode == "NextStep":
-                pending[index] = True
+                self._self_pending[index] = True
             elif mode == "SameStep":
                 # The sub-environment was reset inside this very step: its next episode starts now.
                 eps[index] = self._self_open_sub(index)
                 for new, session in self._self_sessions([index], None):
                     new.context.run(_exit, session, None)
-        return result
 
     def _self_cancel_all(self, why: str) -> None:
         for index in range(self._self_num):
