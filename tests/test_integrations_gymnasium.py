@@ -350,7 +350,7 @@ def test_a_vector_env_inside_a_rollout_is_left_untraced(
 
 
 def test_readme_tree_is_what_trace_env_writes(captured: CapturedSpans) -> None:
-    from _readme_tree import check_readme_tree, excerpt
+    from readme_tree import check_readme_tree, excerpt
 
     env = TraceEnv(gym.make("CartPole-v1"), rollout_id=lambda n: f"cartpole-{n}")
     play(env, seed=0)

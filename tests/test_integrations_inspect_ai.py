@@ -123,7 +123,7 @@ def test_each_sample_epoch_is_a_rollout_scored_from_its_score(
         assert verify.parent is not None and verify.parent.span_id in episode_ids
     assert check_trace(captured) == []
 
-    from _readme_tree import check_readme_tree, excerpt
+    from readme_tree import check_readme_tree, excerpt
 
     # One trace at a time: samples run concurrently, so their start order varies.
     shown = [

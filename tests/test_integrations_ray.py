@@ -203,7 +203,7 @@ def test_tasks_and_actor_methods_continue_the_callers_episode(
     assert by_id[judge_task.parent_id].attributes[c.KIND] == "verify"  # type: ignore[index]
     assert check_trace(spans) == []
 
-    from _readme_tree import check_readme_tree, excerpt
+    from readme_tree import check_readme_tree, excerpt
 
     check_readme_tree("ray", excerpt(spans))
 
