@@ -160,3 +160,37 @@ SERVICE_INSTANCE_ID: Final = "service.instance.id"
 # -- instrumentation scope ----------------------------------------------------------------------------
 
 INSTRUMENTATION_NAME: Final = "gymtrace"
+
+# -- integrations (issue 11) ---------------------------------------------------------------------------
+
+# Gymnasium (gymtrace.integrations.gymnasium): which environment an episode ran in, and, for a vector
+# environment, which sub-environment. ``gym.env.seed`` is on the seed_session span when a seed was given.
+ENV_ID: Final = "gym.env.id"
+ENV_INDEX: Final = "gym.env.index"
+ENV_SEED: Final = "gym.env.seed"
+# The step policy on the episode span, so a reader knows whether every step is a span (issue 13):
+# ``all`` (every step a span) or ``aggregate`` (the first N steps and every step that raised are
+# spans; the others are only counted in the statistics below).
+STEPS_POLICY: Final = "gym.steps.policy"
+STEPS_POLICY_ALL: Final = "all"
+STEPS_POLICY_AGGREGATE: Final = "aggregate"
+STEPS_COUNT: Final = "gym.steps.count"
+STEPS_SAMPLED: Final = "gym.steps.sampled"
+STEPS_DURATION_TOTAL_MS: Final = "gym.steps.duration.total_ms"
+STEPS_DURATION_MEAN_MS: Final = "gym.steps.duration.mean_ms"
+STEPS_DURATION_MIN_MS: Final = "gym.steps.duration.min_ms"
+STEPS_DURATION_MAX_MS: Final = "gym.steps.duration.max_ms"
+STEPS_SLOWEST_NUMBER: Final = "gym.steps.slowest.number"
+# On a step span made after the fact (a step that raised under the aggregate policy): its real length.
+STEP_DURATION_MS: Final = "gym.step.duration_ms"
+
+# Ray (gymtrace.integrations.ray): one span per task or actor-method execution in a worker, in the
+# caller's trace. ``ray.task.attempt`` is Ray's attempt number (0 first; >0 when Ray re-ran the task
+# after a worker died or, with retry_exceptions, after it raised); a re-run carries a
+# ``ray.task.retry`` event, so an attempt whose worker died without a trace is never hidden.
+SPAN_RAY_TASK: Final = "ray.task"
+RAY_TASK_NAME: Final = "ray.task.name"
+RAY_TASK_ID: Final = "ray.task.id"
+RAY_TASK_ATTEMPT: Final = "ray.task.attempt"
+RAY_WORKER_PID: Final = "ray.worker.pid"
+EVENT_RAY_TASK_RETRY: Final = "ray.task.retry"

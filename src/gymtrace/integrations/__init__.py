@@ -9,5 +9,11 @@ and its own library. Importing this package imports none of them.
 - ``gymtrace.integrations.asgi``: ``GymTraceMiddleware`` continues the caller's trace and identity
   in an ASGI server (Starlette, FastAPI; extra ``asgi``);
 - ``gymtrace.integrations.concurrent``: ``submit``/``map``/``carry`` carry them into thread and
-  process pools (standard library only).
+  process pools (standard library only);
+- ``gymtrace.integrations.gymnasium``: ``TraceEnv(env)`` turns Gymnasium episodes (scalar and
+  vector environments) into rollouts (extra ``gymnasium``);
+- ``gymtrace.integrations.ray``: ``instrument()`` carries gym scopes into Ray tasks and actor
+  methods (extra ``ray``);
+- ``gymtrace.integrations.inspect_ai``: ``instrument()`` traces Inspect AI evaluations through its
+  hooks (extra ``inspect-ai``).
 """

@@ -1,0 +1,644 @@
+"""Trace Gymnasium environments: ``TraceEnv(env)`` turns episodes into gym rollouts.
+
+Example::
+
+    import gymnasium as gym
+    import gymtrace
+    from gymtrace.integrations.gymnasium import TraceEnv
+
+    gymtrace.configure(service_name="cartpole")
+    env = TraceEnv(gym.make("CartPole-v1"))
+    obs, info = env.reset(seed=0)          # opens rollout > episode, the reset is its seed_session
+    while True:
+        obs, reward, terminated, truncated, info = env.step(env.action_space.sample())
+        if terminated or truncated:        # the episode return becomes the reward at verify
+            break
+
+What each call records:
+
+- ``reset()`` opens an episode whose ``gym.seed_session`` span covers the reset. Inside an open
+  ``gymtrace.rollout()`` scope it is the next episode (attempt) of that rollout; otherwise every
+  reset opens its own rollout, with ``rollout_id`` from the callable given (called with the
+  wrapper's episode index 0, 1, 2...) or generated (``{env id}-{8 hex}-{index}``), ``task_id`` the
+  environment's ID (``CartPole-v1``) unless given, and ``repeat`` the episode index. A reset while
+  an episode is still open ends that episode ``cancelled`` (unscored). Inside an open
+  ``gymtrace.episode()`` (the harness's own) the environment is not traced (logged once): TraceEnv
+  opens the episode itself.
+- ``step()`` counts a step. ``terminated`` or ``truncated`` (a ``TimeLimit`` too) completes the
+  episode: a ``gym.verify`` span records the episode return as the reward. An exception in the
+  environment's ``step`` fails the episode (``gym.failure.kind=error``, the rollout unscored) and
+  is re-raised unchanged.
+- Steps follow the step policy, visible on the episode span as ``gym.steps.policy``. ``"aggregate"``
+  (the default, for simulators whose steps take microseconds): the first ``sample_first`` steps and
+  every step that raised are ``gym.step`` spans; every step is counted in ``gym.steps.count`` with
+  the duration statistics ``gym.steps.duration.{total,mean,min,max}_ms`` and
+  ``gym.steps.slowest.number``. ``"all"``: every step is a span (for environments whose steps take
+  milliseconds, e.g. an LLM agent loop).
+- A vector environment (``SyncVectorEnv``, ``AsyncVectorEnv``, any ``gymnasium.vector.VectorEnv``)
+  gets one rollout per sub-environment episode, each in its own context, so identities never mix;
+  the sub-environment index is ``gym.env.index``. Every autoreset mode is followed: ``NextStep``
+  (the sub-environment's next episode, seed_session included, starts in the step that resets it),
+  ``SameStep`` (it starts at once) and ``Disabled`` (at ``reset(options={"reset_mask": ...})``). A
+  vector step's duration counts for each sub-environment stepped. A vector environment always
+  opens its own rollouts: inside a ``gymtrace.rollout()`` scope it is not traced (logged).
+
+The episode's spans live in a context of their own, held by the wrapper between calls: spans the
+environment itself opens inside ``reset``/``step`` nest under the episode, but code between two
+``step()`` calls runs in the caller's context. ``AsyncVectorEnv``'s ``step_async``/``step_wait``
+called directly are traced as one step, from ``step_async`` to ``step_wait``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+import itertools
+import logging
+import time
+import uuid
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import wrapt
+
+import gymtrace
+from gymtrace import _constants as c
+
+__all__ = ["DEFAULT_SAMPLE_FIRST", "TraceEnv"]
+
+logger = logging.getLogger("gymtrace")
+
+DEFAULT_SAMPLE_FIRST = 1
+"""Steps of each episode recorded as spans under the ``aggregate`` policy (then only failures).
+
+Chosen from ``benchmarks/gymnasium_steps.py``: every step span costs about as much as five
+CartPole steps, and a random CartPole episode lasts ~20 steps."""
+
+_perf_counter = time.perf_counter
+
+
+class _StepStats:
+    """The step policy of one episode: which steps become spans, and the aggregate of all of them.
+
+    Kept in one small class so the engine-level step policy (issue 13) can replace it.
+    """
+
+    __slots__ = ("count", "every", "first", "max", "min", "sampled", "slowest", "total")
+
+    def __init__(self, every: bool, first: int) -> None:
+        self.every = every
+        self.first = first
+        self.count = 0
+        self.sampled = 0
+        self.total = 0.0
+        self.min = float("inf")
+        self.max = -1.0
+        self.slowest = 0
+
+    def wants_span(self, number: int) -> bool:
+        return self.every or number <= self.first
+
+    def add(self, number: int, seconds: float) -> None:
+        self.count = number
+        self.total += seconds
+        if seconds > self.max:
+            self.max = seconds
+            self.slowest = number
+        if seconds < self.min:
+            self.min = seconds
+
+    def attributes(self) -> dict[str, Any]:
+        attributes: dict[str, Any] = {
+            c.STEPS_POLICY: c.STEPS_POLICY_ALL if self.every else c.STEPS_POLICY_AGGREGATE,
+            c.STEPS_COUNT: self.count,
+            c.STEPS_SAMPLED: self.sampled,
+        }
+        if self.count:
+            attributes[c.STEPS_DURATION_TOTAL_MS] = self.total * 1e3
+            attributes[c.STEPS_DURATION_MEAN_MS] = self.total * 1e3 / self.count
+            attributes[c.STEPS_DURATION_MIN_MS] = self.min * 1e3
+            attributes[c.STEPS_DURATION_MAX_MS] = self.max * 1e3
+            attributes[c.STEPS_SLOWEST_NUMBER] = self.slowest
+        return attributes
+
+
+class _Open:
+    """One open episode (and the rollout the wrapper opened for it), held outside any ``with``.
+
+    ``Scope.__enter__``/``__exit__`` keep their state in the context they ran in, so every call on
+    these scopes goes through ``context.run``.
+    """
+
+    __slots__ = ("context", "episode", "frame", "reward", "rollout", "stats")
+
+    def __init__(
+        self,
+        context: contextvars.Context,
+        rollout: gymtrace.Scope | None,
+        episode: gymtrace.Scope,
+        frame: gymtrace.ActiveScope,
+        stats: _StepStats,
+    ) -> None:
+        self.context = context
+        self.rollout = rollout
+        self.episode = episode
+        self.frame = frame
+        self.stats = stats
+        self.reward = 0.0
+
+
+def _exit(scope: gymtrace.Scope, exc: BaseException | None) -> None:
+    if exc is None:
+        scope.__exit__(None, None, None)
+    else:
+        scope.__exit__(type(exc), exc, exc.__traceback__)
+
+
+def _env_id(env: Any) -> str:
+    """The registered ID (``CartPole-v1``) of an environment or of a vector environment's
+    sub-environments; the class name when it was not made by ``gymnasium.make``."""
+    spec = getattr(env, "spec", None)
+    if getattr(spec, "id", None) is None:
+        subs = getattr(env, "envs", None)  # SyncVectorEnv
+        if subs:
+            spec = getattr(subs[0], "spec", None)
+        elif callable(getattr(env, "get_attr", None)):  # AsyncVectorEnv: asks the workers once
+            try:
+                spec = env.get_attr("spec")[0]
+            except Exception:  # noqa: BLE001 - a worker that cannot answer: the class name will do
+                spec = None
+    env_id = getattr(spec, "id", None)
+    return str(env_id) if env_id else type(getattr(env, "unwrapped", env)).__name__
+
+
+_warned: set[str] = set()
+
+
+def _warn_inside_episode() -> None:
+    if "episode" not in _warned:
+        _warned.add("episode")
+        logger.warning(
+            "gymtrace: TraceEnv.reset() inside an open gymtrace.episode(): TraceEnv opens the episode"
+            " itself (use it inside a rollout or no scope); this environment's episodes are not traced"
+        )
+
+
+def _recording(frame: gymtrace.ActiveScope) -> bool:
+    return frame.span.is_recording()
+
+
+class TraceEnv(wrapt.ObjectProxy):  # type: ignore[type-arg]  # proxies any environment
+    """A transparent proxy of a Gymnasium ``Env`` or ``VectorEnv`` that traces its episodes.
+
+    ``rollout_id``: a callable of the wrapper's episode index (0, 1, ...) returning the rollout ID;
+    default ``{env id}-{8 hex}-{index}``. ``task_id``: default the environment's ID.
+    ``steps``: ``"aggregate"`` (default) or ``"all"``; ``sample_first``: steps per episode recorded
+    as spans under ``"aggregate"``. Everything else (attributes, ``isinstance``, other wrappers
+    around it) behaves as the wrapped environment.
+    """
+
+    def __new__(cls, env: Any, *args: Any, **kwargs: Any) -> Any:
+        if cls is TraceEnv:
+            from gymnasium.vector import VectorEnv
+
+            if isinstance(env, VectorEnv):
+                cls = _TraceVectorEnv
+        return super().__new__(cls)
+
+    def __init__(
+        self,
+        env: Any,
+        *,
+        rollout_id: Callable[[int], str] | None = None,
+        task_id: str | None = None,
+        steps: str = c.STEPS_POLICY_AGGREGATE,
+        sample_first: int = DEFAULT_SAMPLE_FIRST,
+    ) -> None:
+        import gymnasium
+        from gymnasium.vector import VectorEnv
+
+        if not isinstance(env, (gymnasium.Env, VectorEnv)):
+            raise TypeError(
+                f"TraceEnv(env): argument 'env' must be a gymnasium.Env or gymnasium.vector.VectorEnv,"
+                f" got {type(env).__name__}"
+            )
+        if rollout_id is not None and not callable(rollout_id):
+            raise TypeError(
+                "TraceEnv(): argument 'rollout_id' must be a callable of the episode index returning"
+                f" a string, got {type(rollout_id).__name__}"
+            )
+        if task_id is not None and (not isinstance(task_id, str) or not task_id):
+            raise TypeError(f"TraceEnv(): argument 'task_id' must be a non-empty string, got {task_id!r:.60}")
+        if steps not in (c.STEPS_POLICY_AGGREGATE, c.STEPS_POLICY_ALL):
+            raise ValueError(
+                f"TraceEnv(): argument 'steps' must be {c.STEPS_POLICY_AGGREGATE!r} or"
+                f" {c.STEPS_POLICY_ALL!r}, got {steps!r:.60}"
+            )
+        if isinstance(sample_first, bool) or not isinstance(sample_first, int) or sample_first < 0:
+            raise ValueError(
+                f"TraceEnv(): argument 'sample_first' must be an int >= 0, got {sample_first!r:.60}"
+            )
+        super().__init__(env)
+        self._self_env_id = _env_id(env)
+        self._self_task_id = task_id or self._self_env_id
+        self._self_rollout_id = rollout_id
+        self._self_prefix = f"{self._self_env_id}-{uuid.uuid4().hex[:8]}"
+        self._self_counter = itertools.count()
+        self._self_every = steps == c.STEPS_POLICY_ALL
+        self._self_first = sample_first
+        self._self_open: _Open | None = None
+
+    # -- opening and ending episodes ----------------------------------------------------------------
+
+    def _self_new_rollout_id(self, n: int) -> str:
+        if self._self_rollout_id is None:
+            return f"{self._self_prefix}-{n}"
+        value = self._self_rollout_id(n)  # a bug here is the caller's: it propagates, nothing is open yet
+        if not isinstance(value, str) or not value:
+            raise TypeError(
+                f"TraceEnv(): argument 'rollout_id' returned {value!r:.60} for episode {n}; it must"
+                " return a non-empty string"
+            )
+        return value
+
+    def _self_open_episode(self, index: int | None, own_rollout: bool) -> _Open | None:
+        """Open rollout (when ``own_rollout``) and episode in a copy of the caller's context."""
+        n = next(self._self_counter)
+        rollout_id = self._self_new_rollout_id(n) if own_rollout else None
+        context = contextvars.copy_context()
+        return context.run(self._self_open_in, context, index, rollout_id, n)
+
+    def _self_open_in(
+        self, context: contextvars.Context, index: int | None, rollout_id: str | None, n: int
+    ) -> _Open | None:
+        rollout: gymtrace.Scope | None = None
+        if rollout_id is not None:
+            rollout = gymtrace.rollout(rollout_id=rollout_id, task_id=self._self_task_id, repeat=n)
+            if not _recording(rollout.__enter__()):
+                _exit(rollout, None)  # tracing is off (or this rollout is sampled out): pass through
+                return None
+        attributes: dict[str, Any] = {c.ENV_ID: self._self_env_id}
+        if index is not None:
+            attributes[c.ENV_INDEX] = index
+        episode = gymtrace.episode(attributes=attributes)
+        frame = episode.__enter__()
+        if not _recording(frame):
+            _exit(episode, None)
+            if rollout is not None:
+                _exit(rollout, None)
+            return None
+        return _Open(context, rollout, episode, frame, _StepStats(self._self_every, self._self_first))
+
+    def _self_end(self, ep: _Open, exc: BaseException | None) -> None:
+        """End the episode: completed with its return as the reward, failed with ``exc``, or
+        cancelled when ``exc`` is a ``CancelledError``. Never raises."""
+        try:
+            ep.context.run(self._self_end_in, ep, exc)
+        except Exception as error:
+            logger.warning("gymtrace: internal error ending a Gymnasium episode", exc_info=error)
+
+    @staticmethod
+    def _self_end_in(ep: _Open, exc: BaseException | None) -> None:
+        for key, value in ep.stats.attributes().items():
+            ep.frame.set_attribute(key, value)
+        if exc is None:
+            verify = gymtrace.verify()
+            verify.__enter__()
+            try:
+                gymtrace.record_reward(float(ep.reward))
+            finally:
+                _exit(verify, None)
+        _exit(ep.episode, exc)
+        if ep.rollout is not None:
+            # A cancelled episode leaves its rollout unscored, not cancelled: nothing failed.
+            _exit(ep.rollout, None if isinstance(exc, asyncio.CancelledError) else exc)
+
+    def _self_failed_step(self, ep: _Open, number: int, seconds: float, exc: BaseException) -> None:
+        """Under the aggregate policy a step that raised had no span: it gets one now (always)."""
+        try:
+            ep.stats.add(number, seconds)
+            ep.stats.sampled += 1
+            scope = gymtrace.step(number=number, attributes={c.STEP_DURATION_MS: seconds * 1e3})
+            ep.context.run(scope.__enter__)
+            ep.context.run(_exit, scope, exc)
+        except Exception as error:
+            logger.warning("gymtrace: internal error recording a failed Gymnasium step", exc_info=error)
+
+    # -- the Env API ----------------------------------------------------------------------------------
+
+    def reset(self, *, seed: Any = None, options: Any = None) -> Any:
+        env = self.__wrapped__
+        previous = self._self_open
+        if previous is not None:
+            self._self_open = None
+            self._self_end(previous, asyncio.CancelledError("reset before the episode ended"))
+        current = gymtrace.current_scope()
+        if current is not None and current.nearest(c.KIND_EPISODE) is not None:
+            # The harness opened the episode itself (and scores it): an episode inside it would
+            # invert the hierarchy, so the environment runs untraced there.
+            _warn_inside_episode()
+            return env.reset(seed=seed, options=options)
+        own_rollout = current is None or current.nearest(c.KIND_ROLLOUT) is None
+        ep = self._self_open_episode(None, own_rollout)
+        if ep is None:
+            return env.reset(seed=seed, options=options)
+        session = gymtrace.seed_session(attributes={c.ENV_SEED: seed} if isinstance(seed, int) else None)
+        ep.context.run(session.__enter__)
+        try:
+            result = ep.context.run(env.reset, seed=seed, options=options)
+        except BaseException as exc:
+            ep.context.run(_exit, session, exc)
+            self._self_end(ep, exc)
+            raise
+        ep.context.run(_exit, session, None)
+        self._self_open = ep
+        return result
+
+    def step(self, action: Any) -> Any:
+        ep = self._self_open
+        if ep is None:  # no reset yet, tracing off, or the episode already ended
+            return self.__wrapped__.step(action)
+        stats = ep.stats
+        number = stats.count + 1
+        if stats.wants_span(number):
+            return self._self_step_span(ep, number, action)
+        start = _perf_counter()
+        try:
+            result = ep.context.run(self.__wrapped__.step, action)
+        except BaseException as exc:
+            self._self_open = None
+            self._self_failed_step(ep, number, _perf_counter() - start, exc)
+            self._self_end(ep, exc)
+            raise
+        stats.add(number, _perf_counter() - start)
+        ep.reward += result[1]
+        if result[2] or result[3]:
+            self._self_open = None
+            self._self_end(ep, None)
+        return result
+
+    def _self_step_span(self, ep: _Open, number: int, action: Any) -> Any:
+        scope = gymtrace.step(number=number)
+        context = ep.context
+        context.run(scope.__enter__)
+        start = _perf_counter()
+        try:
+            result = context.run(self.__wrapped__.step, action)
+        except BaseException as exc:
+            ep.stats.add(number, _perf_counter() - start)
+            ep.stats.sampled += 1
+            context.run(_exit, scope, exc)
+            self._self_open = None
+            self._self_end(ep, exc)
+            raise
+        ep.stats.add(number, _perf_counter() - start)
+        ep.stats.sampled += 1
+        context.run(_exit, scope, None)
+        ep.reward += float(result[1])
+        if result[2] or result[3]:
+            self._self_open = None
+            self._self_end(ep, None)
+        return result
+
+    def close(self, *args: Any, **kwargs: Any) -> Any:
+        self._self_cancel_all("environment closed before the episode ended")
+        return self.__wrapped__.close(*args, **kwargs)
+
+    def _self_cancel_all(self, why: str) -> None:
+        ep, self._self_open = self._self_open, None
+        if ep is not None:
+            self._self_end(ep, asyncio.CancelledError(why))
+
+    def __repr__(self) -> str:
+        return f"<TraceEnv {self.__wrapped__!r}>"
+
+
+class _Batch:
+    """One vector step in flight: what ``step`` (or ``step_async``) opened before the call."""
+
+    __slots__ = ("resetting", "sessions", "spans", "start", "stepped")
+
+    def __init__(
+        self,
+        resetting: list[int],
+        sessions: list[tuple[_Open, gymtrace.Scope]],
+        stepped: list[int],
+        spans: list[tuple[_Open, gymtrace.Scope]],
+        start: float,
+    ) -> None:
+        self.resetting = resetting
+        self.sessions = sessions
+        self.stepped = stepped
+        self.spans = spans
+        self.start = start
+
+
+class _TraceVectorEnv(TraceEnv):
+    """``TraceEnv`` of a vector environment: one rollout per sub-environment episode."""
+
+    def __init__(self, env: Any, **kwargs: Any) -> None:
+        super().__init__(env, **kwargs)
+        from gymnasium.vector import AutoresetMode
+
+        mode = getattr(env, "autoreset_mode", None) or env.metadata.get("autoreset_mode")
+        try:
+            mode = AutoresetMode(mode) if mode is not None else AutoresetMode.NEXT_STEP
+        except ValueError:
+            mode = AutoresetMode.NEXT_STEP
+        self._self_mode = mode.value
+        self._self_num = int(env.num_envs)
+        self._self_eps: list[_Open | None] = [None] * self._self_num
+        # NextStep autoreset: sub-environments whose episode ended in the previous step, and which
+        # the next step() therefore resets instead of stepping.
+        self._self_pending: list[bool] = [False] * self._self_num
+        self._self_traced = True
+        self._self_batch: _Batch | None = None
+
+    def _self_open_sub(self, index: int) -> _Open | None:
+        try:
+            return self._self_open_episode(index, own_rollout=True)
+        except (TypeError, ValueError):
+            raise  # the user's rollout_id callable
+        except Exception as error:
+            logger.warning("gymtrace: internal error opening a Gymnasium episode", exc_info=error)
+            return None
+
+    def _self_sessions(self, indices: Sequence[int], seed: Any) -> list[tuple[_Open, gymtrace.Scope]]:
+        sessions = []
+        for index in indices:
+            ep = self._self_eps[index]
+            if ep is None:
+                continue
+            sub_seed = None
+            if isinstance(seed, int):
+                sub_seed = seed + index  # what the vector envs give each sub-environment
+            elif isinstance(seed, (list, tuple)) and isinstance(seed[index], int):
+                sub_seed = seed[index]
+            session = gymtrace.seed_session(
+                attributes={c.ENV_SEED: sub_seed} if sub_seed is not None else None
+            )
+            ep.context.run(session.__enter__)
+            sessions.append((ep, session))
+        return sessions
+
+    def _self_fail_all(self, exc: BaseException, indices: Sequence[int]) -> None:
+        for index in indices:
+            ep, self._self_eps[index] = self._self_eps[index], None
+            if ep is not None:
+                self._self_end(ep, exc)
+
+    def reset(self, *, seed: Any = None, options: Any = None) -> Any:
+        env = self.__wrapped__
+        mask = options.get("reset_mask") if isinstance(options, dict) else None
+        indices = [i for i in range(self._self_num) if mask is None or bool(mask[i])]
+        current = gymtrace.current_scope()
+        if current is not None and current.nearest(c.KIND_ROLLOUT) is not None:
+            if self._self_traced:
+                logger.warning(
+                    "gymtrace: TraceEnv of a vector environment opens one rollout per sub-environment"
+                    " episode; inside gymtrace.rollout() it would nest rollouts, so it is not traced."
+                    " Use it inside gymtrace.run() or no scope."
+                )
+            self._self_traced = False
+            self._self_cancel_all("environment reset inside a rollout")
+            return env.reset(seed=seed, options=options)
+        self._self_traced = True
+        for index in indices:
+            self._self_pending[index] = False
+            ep, self._self_eps[index] = self._self_eps[index], None
+            if ep is not None:
+                self._self_end(ep, asyncio.CancelledError("reset before the episode ended"))
+        for index in indices:
+            self._self_eps[index] = self._self_open_sub(index)
+        sessions = self._self_sessions(indices, seed)
+        try:
+            result = env.reset(seed=seed, options=options)
+        except BaseException as exc:
+            for ep, session in sessions:
+                ep.context.run(_exit, session, exc)
+            self._self_fail_all(exc, indices)
+            raise
+        for ep, session in sessions:
+            ep.context.run(_exit, session, None)
+        return result
+
+    def step(self, actions: Any) -> Any:
+        env = self.__wrapped__
+        if not self._self_traced:
+            return env.step(actions)
+        batch = self._self_before_step()
+        try:
+            result = env.step(actions)
+        except BaseException as exc:
+            self._self_step_failed(batch, exc)
+            raise
+        self._self_after_step(batch, result)
+        return result
+
+    # AsyncVectorEnv's two halves of step(), for code that overlaps them with its own work.
+
+    def step_async(self, actions: Any) -> None:
+        env = self.__wrapped__
+        if not self._self_traced:
+            return env.step_async(actions)  # type: ignore[no-any-return]
+        batch = self._self_before_step()
+        try:
+            env.step_async(actions)
+        except BaseException as exc:
+            self._self_step_failed(batch, exc)
+            raise
+        self._self_batch = batch
+        return None
+
+    def step_wait(self, *args: Any, **kwargs: Any) -> Any:
+        env = self.__wrapped__
+        batch, self._self_batch = getattr(self, "_self_batch", None), None
+        if batch is None:
+            return env.step_wait(*args, **kwargs)
+        try:
+            result = env.step_wait(*args, **kwargs)
+        except BaseException as exc:
+            self._self_step_failed(batch, exc)
+            raise
+        self._self_after_step(batch, result)
+        return result
+
+    def _self_before_step(self) -> _Batch:
+        num = self._self_num
+        eps = self._self_eps
+        pending = self._self_pending
+        # NextStep: the sub-environments that ended last step are reset by this call; their next
+        # episode starts here with the reset as its seed_session.
+        resetting = [i for i in range(num) if pending[i]]
+        for index in resetting:
+            pending[index] = False
+            eps[index] = self._self_open_sub(index)
+        sessions = self._self_sessions(resetting, None) if resetting else []
+        stepped = [i for i in range(num) if eps[i] is not None and not (resetting and i in resetting)]
+        spans: list[tuple[_Open, gymtrace.Scope]] = []
+        for index in stepped:
+            ep = eps[index]
+            assert ep is not None
+            number = ep.stats.count + 1
+            if ep.stats.wants_span(number):
+                scope = gymtrace.step(number=number)
+                ep.context.run(scope.__enter__)
+                spans.append((ep, scope))
+        return _Batch(resetting, sessions, stepped, spans, _perf_counter())
+
+    def _self_step_failed(self, batch: _Batch, exc: BaseException) -> None:
+        seconds = _perf_counter() - batch.start
+        eps = self._self_eps
+        for ep, scope in batch.sessions:
+            ep.context.run(_exit, scope, exc)
+        spanned = {id(ep) for ep, _ in batch.spans}
+        for ep, scope in batch.spans:
+            ep.stats.add(ep.stats.count + 1, seconds)
+            ep.stats.sampled += 1
+            ep.context.run(_exit, scope, exc)
+        for index in batch.stepped:
+            sub = eps[index]
+            if sub is not None and id(sub) not in spanned:
+                self._self_failed_step(sub, sub.stats.count + 1, seconds, exc)
+        self._self_fail_all(exc, range(self._self_num))
+
+    def _self_after_step(self, batch: _Batch, result: Any) -> None:
+        seconds = _perf_counter() - batch.start
+        eps = self._self_eps
+        resetting = batch.resetting
+        for ep, scope in batch.sessions:
+            ep.context.run(_exit, scope, None)
+        for ep, scope in batch.spans:
+            ep.stats.sampled += 1
+            ep.context.run(_exit, scope, None)
+        rewards = result[1].tolist()
+        ended = (result[2] | result[3]).tolist()
+        for index in batch.stepped:
+            sub = eps[index]
+            assert sub is not None
+            sub.stats.add(sub.stats.count + 1, seconds)
+            sub.reward += rewards[index]
+        mode = self._self_mode
+        for index in range(self._self_num):
+            if not ended[index] or (resetting and index in resetting):
+                continue
+            ended_ep, eps[index] = eps[index], None
+            if ended_ep is not None:
+                self._self_end(ended_ep, None)
+            if mode == "NextStep":
+                self._self_pending[index] = True
+            elif mode == "SameStep":
+                # The sub-environment was reset inside this very step: its next episode starts now.
+                eps[index] = self._self_open_sub(index)
+                for new, session in self._self_sessions([index], None):
+                    new.context.run(_exit, session, None)
+
+    def _self_cancel_all(self, why: str) -> None:
+        for index in range(self._self_num):
+            self._self_pending[index] = False
+            ep, self._self_eps[index] = self._self_eps[index], None
+            if ep is not None:
+                self._self_end(ep, asyncio.CancelledError(why))
+
+    def __repr__(self) -> str:
+        return f"<TraceEnv {self.__wrapped__!r}>"

@@ -1,0 +1,406 @@
+"""Trace Ray tasks and actors inside gym scopes: ``gymtrace.integrations.ray.instrument()``.
+
+Example::
+
+    import gymtrace
+    import gymtrace.integrations.ray
+
+    config = gymtrace.configure(service_name="collector")
+    gymtrace.integrations.ray.instrument(config)     # before the first .remote() of each function
+
+    @ray.remote(max_retries=2)
+    def play(seed):
+        with gymtrace.step():                        # in the worker: the caller's episode
+            ...
+
+    with gymtrace.rollout(rollout_id="r1"), gymtrace.episode():
+        ray.get(play.remote(0))
+
+What it does:
+
+- A remote function's first ``.remote()`` after ``instrument()`` (and an actor class's first
+  ``.remote()`` creation) prepares it: gymtrace wraps the function (the actor's methods) with a
+  keyword-only parameter, ``_gymtrace``, that Ray carries like any argument. A call made inside a
+  gym scope passes the caller's trace context and gym identity in it (W3C headers from
+  ``gymtrace.propagation.inject``); outside a gym scope nothing is passed. Functions and actor
+  classes that were already called before ``instrument()`` run untraced in the workers (Ray
+  exported them already; logged once each).
+- In the worker the call runs under ``gymtrace.propagation.attach``: spans the task opens join the
+  caller's trace with its identity. The execution itself is a ``ray.task {name}`` span with
+  ``ray.task.attempt`` (Ray's attempt number, 0 first), ``ray.task.id`` and ``ray.worker.pid``; a
+  re-run by Ray (``max_retries`` after a worker died, ``retry_exceptions``) carries a
+  ``ray.task.retry`` event naming the attempt, so a lost attempt is never one clean attempt 0.
+- Each worker configures gymtrace on its first traced call, from the ``Configuration`` given to
+  ``instrument()`` (service name, OTLP endpoint and protocol, headers) or, without one, from the
+  environment it inherited. A trace file becomes one file per worker process,
+  ``{stem}.ray-{pid}{suffix}`` beside the driver's (processes must not interleave lines in one
+  file); ``gymtrace tree``/``check`` take them all. Each traced call flushes its spans when it
+  returns, because Ray reuses and kills workers without running exit handlers.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import logging
+import os
+import threading
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import wrapt
+
+import gymtrace
+from gymtrace import _constants as c
+
+__all__ = ["instrument", "worker_file"]
+
+logger = logging.getLogger("gymtrace")
+
+PARAMETER = "_gymtrace"
+_state: dict[str, Any] = {}
+_lock = threading.Lock()
+_warned: set[str] = set()
+
+
+def worker_file(path: str | os.PathLike[str], pid: int | None = None) -> str:
+    """The trace file a worker process writes when the driver writes ``path``."""
+    p = Path(path)
+    return str(p.with_name(f"{p.stem}.ray-{pid if pid is not None else os.getpid()}{p.suffix}"))
+
+
+# -- the driver side ---------------------------------------------------------------------------------
+
+
+def _settings(configuration: gymtrace.Configuration | None) -> dict[str, Any]:
+    if configuration is None:
+        return {}
+    settings: dict[str, Any] = {}
+    if configuration.service_name:
+        settings["service_name"] = configuration.service_name
+    if configuration.endpoint:
+        settings["endpoint"] = configuration.endpoint
+        settings["protocol"] = configuration.protocol
+        if configuration.headers:
+            settings["headers"] = dict(configuration.headers)
+    if configuration.file:
+        settings["file"] = str(Path(configuration.file).resolve())
+    elif configuration.endpoint:
+        settings["file"] = False
+    return settings
+
+
+def _payload() -> dict[str, Any] | None:
+    """What a call made here carries to the worker, or None outside a recording gym scope."""
+    scope = gymtrace.current_scope()
+    # No identity: outside gym scopes, or tracing is off. A task calling another task from a
+    # worker has the identity it was carried with, and passes it on.
+    if scope is None or not scope.identity:
+        return None
+    return {
+        "headers": dict(gymtrace.propagation.inject({})),
+        "settings": _state.get("settings", {}),
+        "pid": os.getpid(),
+    }
+
+
+def _with_parameter(parameters: list[inspect.Parameter]) -> list[inspect.Parameter]:
+    """Ray's signature (a list of parameters) plus ``_gymtrace=None``, keyword-only."""
+    extra = inspect.Parameter(PARAMETER, inspect.Parameter.KEYWORD_ONLY, default=None)
+    if parameters and parameters[-1].kind is inspect.Parameter.VAR_KEYWORD:
+        return [*parameters[:-1], extra, parameters[-1]]
+    return [*parameters, extra]
+
+
+def _signature_with_parameter(function: Callable[..., Any]) -> inspect.Signature:
+    signature = inspect.signature(function)
+    return signature.replace(parameters=_with_parameter(list(signature.parameters.values())))
+
+
+def _warn_once(key: str, message: str) -> None:
+    if key not in _warned:
+        _warned.add(key)
+        logger.warning("gymtrace: %s", message)
+
+
+def _remote_function(wrapped: Any, instance: Any, args: Any, kwargs: Any) -> Any:
+    try:
+        payload = _prepare_function(instance)
+        if payload is not None:
+            call_kwargs = kwargs.get("kwargs") if "kwargs" in kwargs else (args[1] if len(args) > 1 else None)
+            call_kwargs = dict(call_kwargs or {})
+            call_kwargs[PARAMETER] = payload
+            if len(args) > 1:
+                args = (args[0], call_kwargs, *args[2:])
+            else:
+                kwargs = {**kwargs, "kwargs": call_kwargs}
+    except Exception as exc:
+        logger.warning("gymtrace: internal error preparing a Ray task", exc_info=exc)
+    return wrapped(*args, **kwargs)
+
+
+def _prepare_function(remote: Any) -> dict[str, Any] | None:
+    with _lock:
+        if not getattr(remote, "_gymtrace_prepared", False):
+            if getattr(remote, "_function_signature", None) is not None or getattr(
+                remote, "_is_cross_language", False
+            ):
+                name = getattr(getattr(remote, "_function", None), "__qualname__", repr(remote))
+                _warn_once(
+                    name,
+                    f"Ray function {name} was called before gymtrace.integrations.ray.instrument();"
+                    " its tasks run untraced in the workers",
+                )
+                remote._gymtrace_prepared = "untraced"
+            else:
+                remote._function = _task_wrapper(remote._function)
+                remote._gymtrace_prepared = True
+    if remote._gymtrace_prepared is not True:
+        return None
+    return _payload()
+
+
+def _task_wrapper(function: Callable[..., Any]) -> Callable[..., Any]:
+    return _traced(function, getattr(function, "__qualname__", "task"))
+
+
+def _traced(function: Callable[..., Any], name: str) -> Callable[..., Any]:
+    """``function`` accepting ``_gymtrace=`` and running under it, of the same kind (function,
+    coroutine, generator, async generator): Ray decides how to run a task or method (e.g. streaming
+    generators) by what kind of function it is. Arguments pass through unchanged, ``self`` too."""
+    if inspect.isasyncgenfunction(function):
+
+        @functools.wraps(function)
+        async def async_generator(*args: Any, _gymtrace: dict[str, Any] | None = None, **kwargs: Any) -> Any:
+            if _gymtrace is None:
+                async for item in function(*args, **kwargs):
+                    yield item
+                return
+            with _Execution(_gymtrace, name):
+                async for item in function(*args, **kwargs):
+                    yield item
+
+        traced: Callable[..., Any] = async_generator
+    elif inspect.isgeneratorfunction(function):
+
+        @functools.wraps(function)
+        def generator(*args: Any, _gymtrace: dict[str, Any] | None = None, **kwargs: Any) -> Any:
+            if _gymtrace is None:
+                return (yield from function(*args, **kwargs))
+            with _Execution(_gymtrace, name):
+                return (yield from function(*args, **kwargs))
+
+        traced = generator
+    elif inspect.iscoroutinefunction(function):
+
+        @functools.wraps(function)
+        async def coroutine(*args: Any, _gymtrace: dict[str, Any] | None = None, **kwargs: Any) -> Any:
+            if _gymtrace is None:
+                return await function(*args, **kwargs)
+            with _Execution(_gymtrace, name):
+                return await function(*args, **kwargs)
+
+        traced = coroutine
+    else:
+
+        @functools.wraps(function)
+        def plain(*args: Any, _gymtrace: dict[str, Any] | None = None, **kwargs: Any) -> Any:
+            if _gymtrace is None:
+                return function(*args, **kwargs)
+            with _Execution(_gymtrace, name):
+                return function(*args, **kwargs)
+
+        traced = plain
+    traced.__signature__ = _signature_with_parameter(function)  # type: ignore[attr-defined]
+    return traced
+
+
+def _actor_creation(wrapped: Any, instance: Any, args: Any, kwargs: Any) -> Any:
+    try:
+        _prepare_actor_class(instance)
+    except Exception as exc:
+        logger.warning("gymtrace: internal error preparing a Ray actor class", exc_info=exc)
+    return wrapped(*args, **kwargs)
+
+
+def _prepare_actor_class(actor_class: Any) -> None:
+    meta = getattr(actor_class, "__ray_metadata__", None)
+    if meta is None or getattr(meta, "modified_class", None) is None:
+        return
+    with _lock:
+        if getattr(meta, "_gymtrace_prepared", None) is not None:
+            return
+        name = meta.modified_class.__name__
+        if meta.last_export_cluster_and_job is not None:
+            _warn_once(
+                name,
+                f"Ray actor class {name} was created before gymtrace.integrations.ray.instrument();"
+                " its methods run untraced",
+            )
+            meta._gymtrace_prepared = False
+            return
+        method_meta = meta.method_meta
+        for method_name, method in list(method_meta.methods.items()):
+            if method_name.startswith("__") or method_name not in method_meta.signatures:
+                continue  # __init__ and Ray's own __ray_*__ methods
+            wrapper = _traced(method, f"{name}.{method_name}")
+            setattr(meta.modified_class, method_name, wrapper)
+            method_meta.methods[method_name] = wrapper
+            method_meta.signatures[method_name] = _with_parameter(list(method_meta.signatures[method_name]))
+        meta._gymtrace_prepared = True
+
+
+def _actor_method(wrapped: Any, instance: Any, args: Any, kwargs: Any) -> Any:
+    try:
+        parameters = getattr(instance, "_signature", None) or ()
+        if any(p.name == PARAMETER for p in parameters):
+            payload = _payload()
+            if payload is not None:
+                call_kwargs = (
+                    kwargs.get("kwargs") if "kwargs" in kwargs else (args[1] if len(args) > 1 else None)
+                )
+                call_kwargs = {**(call_kwargs or {}), PARAMETER: payload}
+                if len(args) > 1:
+                    args = (args[0], call_kwargs, *args[2:])
+                else:
+                    kwargs = {**kwargs, "kwargs": call_kwargs}
+    except Exception as exc:
+        logger.warning("gymtrace: internal error preparing a Ray actor call", exc_info=exc)
+    return wrapped(*args, **kwargs)
+
+
+def instrument(configuration: gymtrace.Configuration | None = None) -> None:
+    """Carry gym scopes into Ray tasks and actor methods (idempotent; ``ray`` may be imported and
+    initialised before or after).
+
+    ``configuration``: what ``gymtrace.configure()`` returned in the driver; each worker configures
+    gymtrace alike. Without it, workers configure from the environment they inherited.
+    """
+    if configuration is not None and not isinstance(configuration, gymtrace.Configuration):
+        raise TypeError(
+            "instrument(): argument 'configuration' must be what gymtrace.configure() returned,"
+            f" got {type(configuration).__name__}"
+        )
+    _state["settings"] = _settings(configuration)
+    _patch()
+
+
+def _patch() -> None:
+    if _state.get("patched"):
+        return
+    _state["patched"] = True
+
+    def patch(module: Any) -> None:
+        wrapt.wrap_function_wrapper("ray.remote_function", "RemoteFunction._remote", _remote_function)
+        wrapt.wrap_function_wrapper("ray.actor", "ActorClass._remote", _actor_creation)
+        wrapt.wrap_function_wrapper("ray.actor", "ActorMethod._remote", _actor_method)
+
+    # Now if ray is imported, else when it is.
+    wrapt.register_post_import_hook(patch, "ray")
+
+
+# -- the worker side ---------------------------------------------------------------------------------
+
+
+_ENDPOINT_VARIABLES = ("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "OTEL_EXPORTER_OTLP_ENDPOINT")
+
+
+def _ensure_configured(settings: dict[str, Any], caller_pid: int | None) -> None:
+    pid = os.getpid()
+    if _state.get("worker_configured") == pid or pid == caller_pid:
+        return  # configured already, or running in the calling process itself (no worker)
+    with _lock:
+        if _state.get("worker_configured") == pid:
+            return
+        options = dict(settings)
+        file = options.get("file")
+        if isinstance(file, str):
+            options["file"] = worker_file(file)
+        elif (
+            file is None
+            and not options.get("endpoint")
+            and not any(os.environ.get(v) for v in _ENDPOINT_VARIABLES)
+        ):
+            # The embedded default file, as configure() would pick it, but one per worker: processes
+            # appending to one file could interleave their lines.
+            options["file"] = worker_file(os.environ.get("GYMTRACE_FILE") or "gymtrace-traces.jsonl")
+        gymtrace.configure(**options)
+        _state["worker_configured"] = pid
+        # Tasks this worker calls carry the identity on, with the same settings.
+        _state["settings"] = settings
+        _patch()
+
+
+def _attempt_number() -> int | None:
+    # Ray keeps the attempt number in its core worker and has no public accessor for it.
+    try:
+        import ray
+
+        core = getattr(ray._private.worker.global_worker, "core_worker", None)
+        return int(core.get_current_task_attempt_number()) if core is not None else None
+    except Exception:  # noqa: BLE001 - an older or newer Ray: the attempt is then unknown
+        return None
+
+
+def _task_id() -> str | None:
+    try:
+        import ray
+
+        return ray.get_runtime_context().get_task_id()
+    except Exception:  # noqa: BLE001
+        return None
+
+
+class _Execution:
+    """One traced execution of a task or actor method in a worker."""
+
+    __slots__ = ("_attach", "_name", "_payload", "_span_cm")
+
+    def __init__(self, payload: dict[str, Any], name: str) -> None:
+        self._payload = payload
+        self._name = name
+        self._attach: Any = None
+        self._span_cm: Any = None
+
+    def __enter__(self) -> None:
+        try:
+            _ensure_configured(self._payload.get("settings") or {}, self._payload.get("pid"))
+            from opentelemetry import trace
+
+            self._attach = gymtrace.propagation.attach(self._payload.get("headers") or {})
+            self._attach.__enter__()
+            attempt = _attempt_number()
+            attributes: dict[str, Any] = {c.RAY_TASK_NAME: self._name, c.RAY_WORKER_PID: os.getpid()}
+            task_id = _task_id()
+            if task_id:
+                attributes[c.RAY_TASK_ID] = task_id
+            if attempt is not None:
+                attributes[c.RAY_TASK_ATTEMPT] = attempt
+            tracer = trace.get_tracer(c.INSTRUMENTATION_NAME)
+            self._span_cm = tracer.start_as_current_span(
+                f"{c.SPAN_RAY_TASK} {self._name}", kind=trace.SpanKind.CONSUMER, attributes=attributes
+            )
+            span = self._span_cm.__enter__()
+            if attempt:
+                span.add_event(
+                    c.EVENT_RAY_TASK_RETRY,
+                    {
+                        c.RAY_TASK_ATTEMPT: attempt,
+                        "message": f"Ray re-ran this task: attempt {attempt - 1} ended without a result"
+                        " (its worker died, or it raised and retry_exceptions is on)",
+                    },
+                )
+        except Exception as exc:
+            logger.warning("gymtrace: internal error entering a Ray task", exc_info=exc)
+
+    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
+        try:
+            if self._span_cm is not None:
+                self._span_cm.__exit__(exc_type, exc, tb)
+            if self._attach is not None:
+                self._attach.__exit__(exc_type, exc, tb)
+            # Ray reuses workers and kills idle ones without exit handlers: flush each call.
+            gymtrace.force_flush()
+        except Exception as error:
+            logger.warning("gymtrace: internal error ending a Ray task", exc_info=error)

@@ -1,0 +1,45 @@
+"""The README's ``gymtrace tree`` excerpts of the integrations are written by their tests.
+
+Each excerpt sits between ``<!-- tree:NAME -->`` and ``<!-- /tree:NAME -->`` in README.md. A test
+renders the trace it just produced, normalised (durations, IDs that change every run), and compares;
+``GYMTRACE_WRITE_README=1`` rewrites the block instead, so the excerpt can never go stale.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+from gymtrace._render import render_tree
+from gymtrace._spandata import normalize
+
+README = Path(__file__).parent.parent.parent / "README.md"
+_DURATION = re.compile(r" \d+(?:\.\d+)?(?:ms|s)\b")
+_HEX = re.compile(r"\b[0-9a-f]{16}(?:[0-9a-f]{16})?\b")
+
+
+def excerpt(spans: Iterable[Any], replace: Iterable[tuple[str, str]] = ()) -> str:
+    text = render_tree(normalize(spans))
+    text = _DURATION.sub("", text)
+    text = _HEX.sub("…", text)
+    for old, new in replace:
+        text = text.replace(old, new)
+    return text.rstrip("\n") + "\n"
+
+
+def check_readme_tree(name: str, text: str) -> None:
+    readme = README.read_text()
+    start, end = f"<!-- tree:{name} -->\n```\n", f"```\n<!-- /tree:{name} -->"
+    assert start in readme and end in readme, f"README.md has no block {start.strip()!r}"
+    before, rest = readme.split(start, 1)
+    current, after = rest.split(end, 1)
+    if os.environ.get("GYMTRACE_WRITE_README"):
+        README.write_text(before + start + text + end + after)
+        return
+    assert current == text, (
+        f"README.md's {name} tree is stale; regenerate with GYMTRACE_WRITE_README=1 pytest {name}\n"
+        f"--- README\n{current}--- now\n{text}"
+    )

@@ -1,0 +1,359 @@
+"""TraceEnv against the real gymnasium package: CartPole and FrozenLake, scalar and vector."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pytest
+
+import gymtrace
+from gymtrace import _constants as c
+from gymtrace.testing import CapturedSpans, capture_spans, check_trace
+
+gym = pytest.importorskip("gymnasium")
+
+from gymtrace.integrations.gymnasium import TraceEnv  # noqa: E402 - after the importorskip
+
+
+def attrs(span: Any) -> dict[str, Any]:
+    return dict(span.attributes or {})
+
+
+def rollouts(captured: CapturedSpans) -> dict[str, dict[str, Any]]:
+    """Rollout ID -> the rollout root's attributes."""
+    return {attrs(s)[c.ROLLOUT_ID]: attrs(s) for s in captured.by_kind("rollout")}
+
+
+def spans_of(captured: CapturedSpans, rollout_id: str, kind: str) -> list[Any]:
+    return [s for s in captured.by_kind(kind) if attrs(s).get(c.ROLLOUT_ID) == rollout_id]
+
+
+def play(env: Any, seed: int, policy: Any = None) -> tuple[float, int]:
+    """One episode with a seeded random (or given) policy: (return, steps) as the caller sees them."""
+    env.reset(seed=seed)
+    env.action_space.seed(seed)
+    total, steps = 0.0, 0
+    while True:
+        action = policy() if policy is not None else env.action_space.sample()
+        _, reward, terminated, truncated, _ = env.step(action)
+        total += float(reward)
+        steps += 1
+        if terminated or truncated:
+            return total, steps
+
+
+class Broken(Exception):
+    pass
+
+
+class BreaksOnThirdStep(gym.Wrapper):  # type: ignore[misc]
+    def __init__(self, env: Any) -> None:
+        super().__init__(env)
+        self.steps = 0
+
+    def reset(self, **kwargs: Any) -> Any:
+        self.steps = 0
+        return self.env.reset(**kwargs)
+
+    def step(self, action: Any) -> Any:
+        self.steps += 1
+        if self.steps == 3:
+            raise Broken("simulator crashed")
+        return self.env.step(action)
+
+
+# -- scalar ---------------------------------------------------------------------------------------
+
+
+def test_each_cartpole_reset_is_a_scored_rollout_with_its_return_as_reward(captured: CapturedSpans) -> None:
+    env = TraceEnv(gym.make("CartPole-v1"), rollout_id=lambda n: f"cartpole-{n}")
+    played = [play(env, seed) for seed in range(3)]
+
+    found = rollouts(captured)
+    assert sorted(found) == ["cartpole-0", "cartpole-1", "cartpole-2"]
+    for n, (total, steps) in enumerate(played):
+        root = found[f"cartpole-{n}"]
+        assert root[c.TASK_ID] == "CartPole-v1"
+        assert root[c.ROLLOUT_REPEAT] == n
+        assert root[c.ROLLOUT_OUTCOME] == "scored"
+        assert root[c.REWARD] == total
+        (episode,) = spans_of(captured, f"cartpole-{n}", "episode")
+        ep = attrs(episode)
+        assert ep[c.EPISODE_OUTCOME] == "completed"
+        assert ep[c.STEPS_POLICY] == "aggregate"
+        assert ep[c.STEPS_COUNT] == steps
+        assert ep[c.STEPS_SAMPLED] == 1
+        assert 1 <= ep[c.STEPS_SLOWEST_NUMBER] <= steps
+        assert ep[c.STEPS_DURATION_MIN_MS] <= ep[c.STEPS_DURATION_MEAN_MS] <= ep[c.STEPS_DURATION_MAX_MS]
+        # The tree: seed_session, the sampled first step, verify, all children of the episode.
+        children = [s for s in captured.spans if s.parent and s.parent.span_id == episode.context.span_id]
+        assert sorted(s.name for s in children) == ["gym.seed_session", "gym.step", "gym.verify"]
+        (step,) = spans_of(captured, f"cartpole-{n}", "step")
+        assert attrs(step)[c.STEP_NUMBER] == 1
+        (verify,) = spans_of(captured, f"cartpole-{n}", "verify")
+        assert attrs(verify)[c.REWARD] == total
+    assert check_trace(captured) == []
+
+
+def test_steps_all_makes_every_frozenlake_step_a_numbered_span(captured: CapturedSpans) -> None:
+    env = TraceEnv(gym.make("FrozenLake-v1", is_slippery=True), rollout_id=lambda n: f"lake-{n}", steps="all")
+    played = [play(env, seed) for seed in range(4)]
+
+    found = rollouts(captured)
+    for n, (total, steps) in enumerate(played):
+        assert found[f"lake-{n}"][c.REWARD] == total
+        numbers = sorted(attrs(s)[c.STEP_NUMBER] for s in spans_of(captured, f"lake-{n}", "step"))
+        assert numbers == list(range(1, steps + 1))
+        (episode,) = spans_of(captured, f"lake-{n}", "episode")
+        assert attrs(episode)[c.STEPS_POLICY] == "all"
+        assert attrs(episode)[c.STEPS_SAMPLED] == steps
+    assert check_trace(captured) == []
+
+
+def test_resets_inside_a_rollout_scope_are_its_attempts(captured: CapturedSpans) -> None:
+    crashing = TraceEnv(BreaksOnThirdStep(gym.make("FrozenLake-v1", is_slippery=False)))
+    env = TraceEnv(gym.make("FrozenLake-v1", is_slippery=False))
+    right, down = 2, 1
+    path = iter([down, down, right, right, down, right])  # reaches the goal: reward 1
+
+    with gymtrace.rollout(rollout_id="lake-task", task_id="FrozenLake-4x4"):
+        with pytest.raises(Broken):
+            play(crashing, 0, lambda: down)  # attempt 0: the simulator crashes
+        total, _ = play(env, 0, lambda: next(path))  # attempt 1, the retry
+    assert total == 1.0
+
+    (root,) = captured.by_kind("rollout")
+    assert attrs(root)[c.ROLLOUT_ATTEMPTS] == 2
+    assert attrs(root)[c.ROLLOUT_OUTCOME] == "scored"
+    assert attrs(root)[c.REWARD] == 1.0
+    outcomes = sorted(
+        (attrs(s)[c.EPISODE_ATTEMPT], attrs(s)[c.EPISODE_OUTCOME]) for s in captured.by_kind("episode")
+    )
+    assert outcomes == [(0, "failed"), (1, "completed")]
+    assert all(s.parent and s.parent.span_id == root.context.span_id for s in captured.by_kind("episode"))
+    assert check_trace(captured) == []
+
+
+def test_time_limit_truncation_is_a_completed_scored_episode(captured: CapturedSpans) -> None:
+    env = TraceEnv(gym.make("CartPole-v1", max_episode_steps=5), rollout_id=lambda n: f"short-{n}")
+    env.reset(seed=3)
+    result = None
+    for _ in range(5):
+        result = env.step(0 if _ % 2 else 1)  # alternate pushes: upright for five steps
+    assert result is not None and result[3] and not result[2]
+
+    (episode,) = captured.by_kind("episode")
+    assert attrs(episode)[c.EPISODE_OUTCOME] == "completed"
+    assert attrs(episode)[c.STEPS_COUNT] == 5
+    assert rollouts(captured)["short-0"][c.REWARD] == 5.0
+    assert check_trace(captured) == []
+
+
+def test_an_exception_in_step_fails_the_episode_and_leaves_the_rollout_unscored(
+    captured: CapturedSpans,
+) -> None:
+    env = TraceEnv(BreaksOnThirdStep(gym.make("CartPole-v1")), rollout_id=lambda n: f"broken-{n}")
+    env.reset(seed=0)
+    env.step(0)
+    env.step(1)
+    with pytest.raises(Broken, match="simulator crashed"):
+        env.step(0)
+
+    root = rollouts(captured)["broken-0"]
+    assert root[c.ROLLOUT_OUTCOME] == "unscored"
+    assert c.REWARD not in root
+    (episode,) = captured.by_kind("episode")
+    assert attrs(episode)[c.EPISODE_OUTCOME] == "failed"
+    assert attrs(episode)[c.FAILURE_KIND] == "error"
+    assert attrs(episode)[c.STEPS_COUNT] == 3
+    # The step that raised is a span even under the aggregate policy (which samples only step 1).
+    steps = {attrs(s)[c.STEP_NUMBER]: s for s in captured.by_kind("step")}
+    assert sorted(steps) == [1, 3]
+    assert attrs(steps[3])[c.ERROR_TYPE].endswith("Broken")
+    assert captured.by_kind("verify") == []
+    assert check_trace(captured) == []
+
+
+def test_a_reset_before_the_episode_ended_cancels_it(captured: CapturedSpans) -> None:
+    env = TraceEnv(gym.make("CartPole-v1"), rollout_id=lambda n: f"cut-{n}")
+    env.reset(seed=0)
+    env.step(0)
+    play(env, 1)
+
+    assert rollouts(captured)["cut-0"][c.ROLLOUT_OUTCOME] == "unscored"
+    assert rollouts(captured)["cut-1"][c.ROLLOUT_OUTCOME] == "scored"
+    (cut,) = spans_of(captured, "cut-0", "episode")
+    assert attrs(cut)[c.EPISODE_OUTCOME] == "cancelled"
+    assert check_trace(captured) == []
+
+
+def test_inside_a_harness_episode_the_env_is_left_untraced(
+    captured: CapturedSpans, caplog: pytest.LogCaptureFixture
+) -> None:
+    env = TraceEnv(gym.make("CartPole-v1"))
+    with gymtrace.rollout(rollout_id="harness"), gymtrace.episode():
+        play(env, 0)
+    assert [s.name for s in captured.by_kind("episode")] == ["gym.episode"]
+    assert captured.by_kind("step") == [] and captured.by_kind("seed_session") == []
+    assert "inside an open gymtrace.episode()" in caplog.text
+    assert check_trace(captured) == []
+
+
+def test_untraced_without_a_provider_and_results_unchanged() -> None:
+    plain = gym.make("CartPole-v1")
+    traced = TraceEnv(gym.make("CartPole-v1"))
+    assert play(plain, 7) == play(traced, 7)
+    assert isinstance(traced, gym.Env)
+    assert traced.unwrapped.spec.id == "CartPole-v1"
+    # Other wrappers accept it as the environment it proxies.
+    stats = gym.wrappers.RecordEpisodeStatistics(traced)
+    assert play(stats, 7) == play(plain, 7)
+
+
+def test_bad_arguments_name_the_argument() -> None:
+    with pytest.raises(TypeError, match="'env'"):
+        TraceEnv(object())
+    with pytest.raises(ValueError, match="'steps'"):
+        TraceEnv(gym.make("CartPole-v1"), steps="some")
+    with pytest.raises(ValueError, match="'sample_first'"):
+        TraceEnv(gym.make("CartPole-v1"), sample_first=-1)
+    with pytest.raises(TypeError, match="'rollout_id'"):
+        TraceEnv(gym.make("CartPole-v1"), rollout_id="fixed")  # type: ignore[arg-type]
+    env = TraceEnv(gym.make("CartPole-v1"), rollout_id=lambda n: n)  # type: ignore[arg-type,return-value]
+    with capture_spans(), pytest.raises(TypeError, match="'rollout_id' returned 0"):
+        env.reset(seed=0)
+
+
+# -- vector ------------------------------------------------------------------------------------------
+
+
+def drive_vector(env: Any, steps: int, seed: int, split: bool = False) -> list[list[float]]:
+    """Step a vector env with seeded random actions; per sub-environment, the returns of the
+    episodes that ended, computed from what the env returned (independently of gymtrace)."""
+    mode = env.metadata["autoreset_mode"].value
+    num = env.num_envs
+    env.reset(seed=seed)
+    env.action_space.seed(seed)
+    returns: list[list[float]] = [[] for _ in range(num)]
+    running = [0.0] * num
+    resetting = np.zeros(num, dtype=bool)
+    for _ in range(steps):
+        if split:  # AsyncVectorEnv's two halves, as code overlapping its own work calls them
+            env.step_async(env.action_space.sample())
+            _, rewards, terminated, truncated, _ = env.step_wait()
+        else:
+            _, rewards, terminated, truncated, _ = env.step(env.action_space.sample())
+        for i in range(num):
+            if mode == "NextStep" and resetting[i]:
+                continue  # this step reset sub-environment i; its reward is not a step's
+            running[i] += float(rewards[i])
+            if terminated[i] or truncated[i]:
+                returns[i].append(running[i])
+                running[i] = 0.0
+        resetting = terminated | truncated
+    return returns
+
+
+def assert_one_rollout_per_sub_episode(captured: CapturedSpans, returns: list[list[float]]) -> None:
+    by_index: dict[int, list[tuple[int, float]]] = {}
+    for root in captured.by_kind("rollout"):
+        a = attrs(root)
+        (episode,) = spans_of(captured, a[c.ROLLOUT_ID], "episode")
+        if a[c.ROLLOUT_OUTCOME] == "scored":
+            by_index.setdefault(attrs(episode)[c.ENV_INDEX], []).append((a[c.ROLLOUT_REPEAT], a[c.REWARD]))
+        else:  # the episode still running when the env closed
+            assert attrs(episode)[c.EPISODE_OUTCOME] == "cancelled"
+        # No cross-talk: every span of the trace has this rollout's identity and sub-environment.
+        for span in captured.spans:
+            if span.context.trace_id == root.context.trace_id:
+                assert attrs(span)[c.ROLLOUT_ID] == a[c.ROLLOUT_ID]
+                if attrs(span)[c.KIND] in ("episode",):
+                    assert attrs(span)[c.ENV_INDEX] == attrs(episode)[c.ENV_INDEX]
+    for index, expected in enumerate(returns):
+        assert [reward for _, reward in sorted(by_index.get(index, []))] == expected
+    assert check_trace(captured) == []
+
+
+def test_sync_vector_cartpole_next_step_autoreset_one_rollout_per_sub_episode(
+    captured: CapturedSpans,
+) -> None:
+    env = TraceEnv(gym.vector.SyncVectorEnv([lambda: gym.make("CartPole-v1")] * 3))
+    returns = drive_vector(env, 120, seed=5)
+    env.close()
+    assert sum(len(r) for r in returns) >= 6
+    assert_one_rollout_per_sub_episode(captured, returns)
+    assert {attrs(s)[c.TASK_ID] for s in captured.by_kind("rollout")} == {"CartPole-v1"}
+    # Every episode opened by an autoreset has its seed_session.
+    assert len(captured.by_kind("seed_session")) == len(captured.by_kind("episode"))
+
+
+def test_sync_vector_frozenlake_same_step_autoreset(captured: CapturedSpans) -> None:
+    env = TraceEnv(
+        gym.vector.SyncVectorEnv(
+            [lambda: gym.make("FrozenLake-v1", is_slippery=True)] * 2, autoreset_mode="SameStep"
+        ),
+        steps="all",
+    )
+    returns = drive_vector(env, 80, seed=2)
+    env.close()
+    assert sum(len(r) for r in returns) >= 4
+    assert_one_rollout_per_sub_episode(captured, returns)
+    for episode in captured.by_kind("episode"):
+        a = attrs(episode)
+        numbers = sorted(attrs(s)[c.STEP_NUMBER] for s in spans_of(captured, a[c.ROLLOUT_ID], "step"))
+        assert numbers == list(range(1, a[c.STEPS_COUNT] + 1))
+
+
+@pytest.mark.parametrize("split", [False, True], ids=["step", "step_async-step_wait"])
+def test_async_vector_cartpole_traces_from_the_driver(captured: CapturedSpans, split: bool) -> None:
+    env = TraceEnv(gym.vector.AsyncVectorEnv([lambda: gym.make("CartPole-v1")] * 2))
+    try:
+        returns = drive_vector(env, 60, seed=9, split=split)
+    finally:
+        env.close()
+    assert sum(len(r) for r in returns) >= 2
+    assert_one_rollout_per_sub_episode(captured, returns)
+
+
+def test_disabled_autoreset_follows_the_reset_mask(captured: CapturedSpans) -> None:
+    makers = [lambda: gym.make("CartPole-v1", max_episode_steps=2), lambda: gym.make("CartPole-v1")]
+    env = TraceEnv(
+        gym.vector.SyncVectorEnv(makers, autoreset_mode="Disabled"), rollout_id=lambda n: f"masked-{n}"
+    )
+    env.reset(seed=0)
+    for _ in range(2):
+        env.step(np.array([0, 1]))  # sub-environment 0 reaches its time limit
+    env.reset(options={"reset_mask": np.array([True, False])})  # resets only 0
+    env.step(np.array([1, 0]))
+    env.close()
+
+    found = rollouts(captured)
+    outcomes = [found[f"masked-{n}"][c.ROLLOUT_OUTCOME] for n in range(3)]
+    assert outcomes == ["scored", "unscored", "unscored"]  # 1 and 2 were still running at close()
+    assert found["masked-0"][c.REWARD] == 2.0
+    indices = {attrs(e)[c.ROLLOUT_ID]: attrs(e)[c.ENV_INDEX] for e in captured.by_kind("episode")}
+    assert indices == {"masked-0": 0, "masked-1": 1, "masked-2": 0}
+    assert check_trace(captured) == []
+
+
+def test_a_vector_env_inside_a_rollout_is_left_untraced(
+    captured: CapturedSpans, caplog: pytest.LogCaptureFixture
+) -> None:
+    env = TraceEnv(gym.vector.SyncVectorEnv([lambda: gym.make("CartPole-v1")] * 2))
+    with gymtrace.rollout(rollout_id="outer"):
+        env.reset(seed=0)
+        env.step(env.action_space.sample())
+    env.close()
+    assert [attrs(s)[c.ROLLOUT_ID] for s in captured.by_kind("rollout")] == ["outer"]
+    assert "not traced" in caplog.text
+
+
+def test_readme_tree_is_what_trace_env_writes(captured: CapturedSpans) -> None:
+    from readme_tree import check_readme_tree, excerpt
+
+    env = TraceEnv(gym.make("CartPole-v1"), rollout_id=lambda n: f"cartpole-{n}")
+    play(env, seed=0)
+    play(env, seed=1)
+    assert check_trace(captured) == []
+    check_readme_tree("gymnasium", excerpt(captured.spans))

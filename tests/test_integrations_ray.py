@@ -1,0 +1,279 @@
+"""instrument() against the real ray package: a local cluster (``ray.init(num_cpus=2)``) with tasks,
+an actor, a worker that dies (``os._exit``) and a task Ray retries.
+
+Ray starts in a child process of its own (one ``ray.init`` for the whole scenario, ~20 s on this
+machine), which writes the trace files the test then reads, as a user's driver and workers would.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from gymtrace import _constants as c
+from gymtrace._spandata import SpanData, read_otlp_json_lines
+from gymtrace.testing import check_trace
+
+pytest.importorskip("ray")
+
+SCENARIO = r"""
+import io, json, logging, os, sys, time
+import ray
+import gymtrace
+import gymtrace.integrations.ray
+
+out = sys.argv[1]
+log = io.StringIO()
+logging.getLogger("gymtrace").addHandler(logging.StreamHandler(log))
+config = gymtrace.configure(service_name="ray-driver", file=os.path.join(out, "traces.jsonl"))
+# Ray already running, and one function already called, before instrument().
+ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+
+
+@ray.remote
+def early():
+    return gymtrace.current().rollout_id
+
+
+ray.get(early.remote())
+gymtrace.integrations.ray.instrument(config)
+
+
+@ray.remote
+def play(seed):
+    with gymtrace.tool_call(tool_name="simulate"):
+        time.sleep(0.001)
+    return {"rollout": gymtrace.current().rollout_id, "attempt": gymtrace.current().attempt, "pid": os.getpid()}
+
+
+@ray.remote(num_returns="streaming")
+def stream(n):
+    # A generator task stays one (Ray streams it because it is a generator function).
+    for i in range(n):
+        with gymtrace.tool_call(tool_name="chunk"):
+            pass
+        yield i
+
+
+@ray.remote
+def outer():
+    # A task that calls a task: the worker passes on the identity it was carried with.
+    return ray.get(play.remote(9))
+
+
+@ray.remote(max_retries=2)
+def dies_once(marker):
+    # The first attempt kills its worker the way a segfault or the OOM killer would.
+    if not os.path.exists(marker):
+        open(marker, "w").close()
+        with gymtrace.tool_call(tool_name="doomed"):
+            os._exit(1)
+    with gymtrace.tool_call(tool_name="survivor"):
+        return "ok"
+
+
+@ray.remote
+def untouched(x):
+    return x * 2
+
+
+@ray.remote
+class Judge:
+    def score(self, answer):
+        with gymtrace.tool_call(tool_name="judge"):
+            return 1.0 if answer == "ok" else 0.0
+
+    async def ping(self):
+        return gymtrace.current().rollout_id
+
+
+@ray.remote
+def rollout_in_worker(seed):
+    # A step and (in one of them) the reward of the caller's episode, recorded in a worker: each
+    # call made at the episode level is a step of its own (issue 10 reserves its number).
+    with gymtrace.step():
+        pass
+    if seed == 0:
+        with gymtrace.verify():
+            gymtrace.record_reward(0.5)
+
+
+judge = Judge.remote()
+result = {"outside": ray.get(untouched.remote(21))}
+with gymtrace.run(run_id="ray-run"):
+    with gymtrace.rollout(rollout_id="ray-rollout", task_id="ray-task", repeat=0):
+        with gymtrace.episode():
+            result["play"] = ray.get([play.remote(i) for i in range(3)])
+            result["nested"] = ray.get(outer.remote())
+            result["stream"] = [ray.get(ref) for ref in stream.remote(3)]
+            result["dies_once"] = ray.get(dies_once.remote(os.path.join(out, "marker")))
+            result["ping"] = ray.get(judge.ping.remote())
+            result["early"] = ray.get(early.remote())  # exported before instrument(): untraced
+            with gymtrace.verify():
+                reward = ray.get(judge.score.remote(result["dies_once"]))
+                gymtrace.record_reward(reward)
+    with gymtrace.rollout(rollout_id="remote-reward", task_id="ray-task", repeat=1):
+        with gymtrace.episode():
+            ray.get([rollout_in_worker.remote(i) for i in range(2)])
+ray.shutdown()
+gymtrace.shutdown()
+result["log"] = log.getvalue()
+print(json.dumps(result))
+"""
+
+
+@pytest.fixture(scope="module")
+def scenario(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict[str, Any], list[SpanData], list[Path]]:
+    out = tmp_path_factory.mktemp("ray")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "GYMTRACE_", "PYTEST_"))}
+    env["RAY_AUTH_MODE"] = "disabled"  # a throwaway local cluster on loopback
+    done = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(SCENARIO), str(out)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=out,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    files = sorted(out.glob("traces*.jsonl"))
+    spans = [span for path in files for span in read_otlp_json_lines(path)]
+    return result, spans, files
+
+
+def named(spans: list[SpanData], prefix: str) -> list[SpanData]:
+    return [s for s in spans if s.name.startswith(prefix)]
+
+
+def test_tasks_and_actor_methods_continue_the_callers_episode(
+    scenario: tuple[dict[str, Any], list[SpanData], list[Path]],
+) -> None:
+    result, spans, files = scenario
+    # The worker saw the caller's identity; the driver's trace files and one per worker process.
+    assert [r["rollout"] for r in result["play"]] == ["ray-rollout"] * 3
+    assert [r["attempt"] for r in result["play"]] == [0, 0, 0]
+    assert result["ping"] == "ray-rollout"
+    assert files[0].name == "traces.jsonl" and len(files) >= 2
+    assert all(f.name.startswith("traces.ray-") for f in files[1:])
+
+    (rollout,) = [
+        s
+        for s in spans
+        if s.attributes.get(c.ROLLOUT_ID) == "ray-rollout" and s.attributes.get(c.KIND) == "rollout"
+    ]
+    spans = [s for s in spans if s.trace_id == rollout.trace_id]
+    (episode,) = [s for s in spans if s.attributes.get(c.KIND) == "episode"]
+    assert rollout.attributes[c.ROLLOUT_OUTCOME] == "scored"
+    assert rollout.attributes[c.REWARD] == 1.0
+    tasks = named(spans, "ray.task ")
+    names = sorted(s.name for s in tasks)
+    assert names.count("ray.task play") == 4
+    assert result["nested"]["rollout"] == "ray-rollout"
+    assert result["stream"] == [0, 1, 2]
+    (streamed,) = named(spans, "ray.task stream")
+    chunks = [s for s in spans if s.attributes.get(c.GEN_AI_TOOL_NAME) == "chunk"]
+    assert len(chunks) == 3 and all(s.parent_id == streamed.span_id for s in chunks)
+    assert "ray.task Judge.score" in names and "ray.task Judge.ping" in names
+    for task in tasks:
+        # Child of the span that was current in the driver; same trace; the identity stamped.
+        assert task.trace_id == rollout.trace_id
+        assert task.attributes[c.ROLLOUT_ID] == "ray-rollout"
+        assert task.attributes[c.RUN_ID] == "ray-run"
+        assert task.attributes[c.EPISODE_ATTEMPT] == 0
+        assert task.attributes[c.RAY_WORKER_PID] != 0
+        assert task.service == "ray-driver"
+    by_id = {s.span_id: s for s in spans}
+    simulated = [s for s in spans if s.attributes.get(c.GEN_AI_TOOL_NAME) == "simulate"]
+    assert len(simulated) == 4
+    (outer,) = named(spans, "ray.task outer")
+    for tool in simulated:
+        assert tool.parent_id is not None and by_id[tool.parent_id].name == "ray.task play"
+        assert by_id[tool.parent_id].parent_id in (episode.span_id, outer.span_id)
+    assert sum(by_id[t.parent_id].parent_id == outer.span_id for t in simulated) == 1  # type: ignore[index]
+    # The verify's actor call nests under the verify span.
+    (judge_task,) = named(spans, "ray.task Judge.score")
+    assert by_id[judge_task.parent_id].attributes[c.KIND] == "verify"  # type: ignore[index]
+    assert check_trace(spans) == []
+
+    from readme_tree import check_readme_tree, excerpt
+
+    check_readme_tree("ray", excerpt(spans))
+
+
+def test_a_task_whose_worker_died_and_that_ray_retried_is_visible(
+    scenario: tuple[dict[str, Any], list[SpanData], list[Path]],
+) -> None:
+    result, spans, _ = scenario
+    assert result["dies_once"] == "ok"
+    (retry,) = named(spans, "ray.task dies_once")  # the dead worker's span never ended
+    assert retry.attributes[c.RAY_TASK_ATTEMPT] == 1
+    (event,) = [e for e in retry.events if e.name == c.EVENT_RAY_TASK_RETRY]
+    assert event.attributes[c.RAY_TASK_ATTEMPT] == 1
+    assert "attempt 0 ended without a result" in event.attributes["message"]
+    tools = [s.attributes[c.GEN_AI_TOOL_NAME] for s in spans if s.attributes.get(c.KIND) == "tool_call"]
+    assert "survivor" in tools and "doomed" not in tools  # os._exit lost what it had not flushed
+    other = [s for s in named(spans, "ray.task ") if s.name != "ray.task dies_once"]
+    assert all(s.attributes[c.RAY_TASK_ATTEMPT] == 0 for s in other)
+
+
+def test_steps_and_reward_recorded_in_workers_count_as_in_the_driver(
+    scenario: tuple[dict[str, Any], list[SpanData], list[Path]],
+) -> None:
+    _, spans, _ = scenario
+    (root,) = [
+        s
+        for s in spans
+        if s.attributes.get(c.ROLLOUT_ID) == "remote-reward" and s.attributes.get(c.KIND) == "rollout"
+    ]
+    mine = [s for s in spans if s.trace_id == root.trace_id]
+    steps = [s for s in mine if s.attributes.get(c.KIND) == "step"]
+    assert sorted(s.attributes[c.STEP_NUMBER] for s in steps) == [1, 2]
+    outcomes = [s for s in mine if s.name == "gym.outcome"]
+    assert outcomes and outcomes[-1].attributes[c.REWARD] == 0.5
+    assert check_trace(mine) == []
+
+
+def test_gymtrace_check_passes_on_the_driver_and_worker_files(
+    scenario: tuple[dict[str, Any], list[SpanData], list[Path]],
+) -> None:
+    _, _, files = scenario
+    done = subprocess.run(
+        [sys.executable, "-m", "gymtrace", "check", *map(str, files)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "no contract violations" in done.stdout
+
+
+def test_calls_outside_gym_scopes_carry_nothing(
+    scenario: tuple[dict[str, Any], list[SpanData], list[Path]],
+) -> None:
+    result, spans, _ = scenario
+    assert result["outside"] == 42
+    assert named(spans, "ray.task untouched") == []
+
+
+def test_a_function_called_before_instrument_runs_untraced_and_says_so(
+    scenario: tuple[dict[str, Any], list[SpanData], list[Path]],
+) -> None:
+    result, spans, _ = scenario
+    assert result["early"] is None
+    assert named(spans, "ray.task early") == []
+    assert "called before gymtrace.integrations.ray.instrument()" in result["log"]
+
+
+def test_bad_configuration_argument_is_named() -> None:
+    import gymtrace.integrations.ray
+
+    with pytest.raises(TypeError, match="'configuration'"):
+        gymtrace.integrations.ray.instrument({"file": "x"})  # type: ignore[arg-type]
