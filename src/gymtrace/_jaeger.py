@@ -124,6 +124,7 @@ def spans_from_jaeger(trace: Mapping[str, Any]) -> list[SpanData]:
         status = str(tags.pop("otel.status_code", "UNSET")).upper()
         start_ns = int(raw.get("startTime", 0)) * 1000
         process = processes.get(raw.get("processID"), {})
+        process_tags = {t["key"]: _tag_value(t) for t in process.get("tags") or ()}
         spans.append(
             SpanData(
                 trace_id=raw["traceID"].rjust(32, "0"),
@@ -132,14 +133,19 @@ def spans_from_jaeger(trace: Mapping[str, Any]) -> list[SpanData]:
                 name=raw.get("operationName", ""),
                 start_ns=start_ns,
                 end_ns=start_ns + int(raw.get("duration", 0)) * 1000,
+                # Jaeger's own additions: otel.* status tags, span.kind, and a bare "error" flag
+                # on error spans. Anything else starting with "error" (error.type) is the span's.
                 attributes={
-                    k: v for k, v in tags.items() if not k.startswith(("otel.", "span.kind")) and k != "error"
+                    k: v
+                    for k, v in tags.items()
+                    if not k.startswith("otel.") and k not in ("span.kind", "error")
                 },
                 events=tuple(events),
                 links=tuple(links),
                 status=status if status in ("OK", "ERROR") else "UNSET",
                 status_message=str(tags.get("otel.status_description", "")),
                 service=str(process.get("serviceName", "")),
+                service_instance=str(process_tags.get(c.SERVICE_INSTANCE_ID, "")),
                 span_kind=str(tags.get("span.kind", "internal")).upper(),
             )
         )
