@@ -15,8 +15,9 @@ from gymtrace.propagation import identity_from_context
 class IdentitySpanProcessor:
     """Stamps ``gym.run.id``, ``gym.rollout.id``, ``gym.episode.attempt``, ... onto every span
     started in a gym scope, including spans of HTTP clients and model SDKs. Outside any gym scope
-    it takes the identity from the W3C baggage of the span's parent context (validated), so spans
-    of a process that received a propagated context carry it too.
+    it takes the identity from the W3C baggage of the span's parent context (validated, and only
+    as far as ``GYMTRACE_TRUST_IDENTITY`` believes it), so spans of a process that received a
+    propagated context carry it too.
 
     ``gymtrace.configure()`` installs it. With a ``TracerProvider`` of your own, add it yourself::
 
@@ -32,7 +33,7 @@ class IdentitySpanProcessor:
             frame = ctx.get(FRAME_KEY)
             # No gym scope in this process yet: an HTTP server span that the official ASGI
             # instrumentation starts from the extracted headers, before gymtrace's middleware runs,
-            # has only the propagated baggage (issue 6).
+            # has only the propagated baggage (issue 6), believed per the trust setting (issue 12).
             identity = frame.identity if isinstance(frame, ActiveScope) else identity_from_context(ctx)
             if not identity:
                 return

@@ -24,6 +24,7 @@ from gymtrace._content import UNCHANGED, configure_content, export_settings, otl
 from gymtrace._errors import InvalidArgumentError, set_strict
 from gymtrace._processor import IdentitySpanProcessor
 from gymtrace._scope import set_trace_per
+from gymtrace._trust import configure_trust
 
 if TYPE_CHECKING:
     from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
@@ -284,6 +285,9 @@ def configure(
     strict: bool | None = None,
     capture_content: str | bool | None = None,
     redact_content: Callable[[str, Any], Any] | None = None,
+    trust_identity: str | None = None,
+    identity_secret: str | None = None,
+    baggage_allow: str | Sequence[str] | None = None,
 ) -> Configuration:
     """Set up tracing for gymtrace. Optional: instrumentation works under any TracerProvider.
 
@@ -306,6 +310,11 @@ def configure(
     ``redact_content`` (a hook) set the content policy, see :func:`gymtrace.configure_content`.
     With capture on, OTLP export batches are capped so every request stays under 4 MiB.
 
+    ``trust_identity`` (``all``, ``none``, ``signed``; ``GYMTRACE_TRUST_IDENTITY``),
+    ``identity_secret`` (``GYMTRACE_IDENTITY_SECRET``) and ``baggage_allow``
+    (``GYMTRACE_BAGGAGE_ALLOW``) set which incoming gym identity is believed and which application
+    baggage is forwarded; see the README's "Trusting incoming identity".
+
     Idempotent: the same call twice does nothing; a different call replaces gymtrace's exporters.
     If the application already set a TracerProvider, gymtrace never replaces it: it adds
     :class:`~gymtrace.IdentitySpanProcessor` to it and leaves exporting to the application.
@@ -316,6 +325,14 @@ def configure(
         set_trace_per(trace_per)
     elif os.environ.get(env.GYMTRACE_TRACE_PER):
         set_trace_per(os.environ[env.GYMTRACE_TRACE_PER].strip().lower())
+    if trust_identity is not None or identity_secret is not None or baggage_allow is not None:
+        configure_trust(
+            mode=trust_identity,
+            secret=identity_secret,
+            allow=baggage_allow
+            if baggage_allow is None or isinstance(baggage_allow, str)
+            else tuple(baggage_allow),
+        )
     if capture_content is not None or redact_content is not None:
         configure_content(
             capture=UNCHANGED if capture_content is None else capture_content,

@@ -20,9 +20,9 @@ adds the gym identity to the request's context. So there is never a duplicate se
 or without the official middleware:
 
 - with ``OpenTelemetryMiddleware`` outside this one (recommended; ``FastAPIInstrumentor`` puts it
-  outermost), that middleware extracts ``traceparent`` and starts a SERVER span; this middleware
-  sees that span continuing the incoming trace, keeps it as the parent and adds the identity.
-  ``IdentitySpanProcessor`` stamps the identity onto the server span from the request's baggage.
+  outermost), that middleware extracts the headers and starts a SERVER span; this middleware
+  reuses that extraction (the headers are parsed once), keeps the span as the parent, adds the
+  identity to the request's context and to the server span.
 - without it, this middleware attaches the extracted remote context: the handler's spans are
   children of the caller's span.
 - with it *inside* this one, the official middleware finds a current span and records an
@@ -40,7 +40,7 @@ from opentelemetry import context as otel_context
 from opentelemetry import trace
 
 from gymtrace._errors import internal_error
-from gymtrace.propagation import _with_remote_frame, extract, identity_from_context
+from gymtrace.propagation import extract, incoming_identity, remote_context
 
 __all__ = ["GymTraceMiddleware"]
 
@@ -50,25 +50,36 @@ Send = Callable[[MutableMapping[str, Any]], Awaitable[None]]
 ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 
 
+def _first_baggage(headers: Any) -> str | None:
+    """The first ``baggage`` header of ASGI ``(name, value)`` byte pairs, as the official
+    middleware's getter takes it."""
+    for name, value in headers:
+        if isinstance(name, (bytes, bytearray)) and bytes(name).lower() == b"baggage":
+            return bytes(value).decode("latin-1")
+    return None
+
+
 def request_context(headers: Any, current: otel_context.Context | None = None) -> otel_context.Context:
     """The context a request with ``headers`` runs in: the caller's trace and gym identity.
 
-    If ``current`` already has a span in the incoming trace (an outer HTTP server middleware
-    made it), that span stays the parent; otherwise the remote caller's span is the parent.
+    One extraction per request (issue 12). If ``current`` already has a span (an outer HTTP
+    server middleware extracted the headers and made it), that extraction is reused: the span stays
+    the parent, the application baggage it extracted stays, and only the gym identity is read
+    from the first ``baggage`` header (as the outer middleware read it), believed per
+    ``GYMTRACE_TRUST_IDENTITY``, and stamped onto that span. Otherwise the headers are extracted
+    here and the remote caller's span is the parent.
     """
     if current is None:
         current = otel_context.get_current()
-    remote = extract(headers)
-    identity = identity_from_context(remote)
-    local = trace.get_current_span(current).get_span_context()
-    incoming = trace.get_current_span(remote).get_span_context()
-    if local.is_valid and (not incoming.is_valid or incoming.trace_id == local.trace_id):
-        base = current
-    elif incoming.is_valid:
-        base = trace.set_span_in_context(trace.get_current_span(remote), current)
-    else:
-        base = trace.set_span_in_context(trace.INVALID_SPAN, current)
-    return _with_remote_frame(base, identity)
+    local = trace.get_current_span(current)
+    if not local.get_span_context().is_valid:
+        return extract(headers, current)
+    identity, _ = incoming_identity(_first_baggage(headers))
+    if identity and local.is_recording():
+        # The outer middleware's span got what OpenTelemetry's propagator decoded (a baggage
+        # property inside the value, "+" as a space); this is the identity the request runs with.
+        local.set_attributes(identity)
+    return remote_context(current, identity)
 
 
 class GymTraceMiddleware:

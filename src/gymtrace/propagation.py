@@ -30,17 +30,21 @@ and identity values that are not short printable text (or small non-negative int
 from __future__ import annotations
 
 import os
+import re
+import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, MutableMapping
 from concurrent.futures import Executor, Future
 from contextlib import contextmanager
-from typing import Any, Generic, ParamSpec, TypeVar
+from typing import Any, Generic, NamedTuple, ParamSpec, TypeVar
+from urllib.parse import quote, unquote
 
 from opentelemetry import baggage, propagate
 from opentelemetry import context as otel_context
 from opentelemetry.propagators.textmap import Getter
 
 from gymtrace import _constants as c
-from gymtrace._errors import internal_error
+from gymtrace import _trust
+from gymtrace._errors import internal_error, logger
 from gymtrace._scope import FRAME_KEY, MAX_ID_LENGTH, ActiveScope
 
 __all__ = [
@@ -93,10 +97,39 @@ def clean_identity(entries: Mapping[str, object]) -> dict[str, str | int]:
     return identity
 
 
+# A context whose baggage came from some other extraction (the official ASGI middleware's, a user's
+# propagate.extract()) holds whatever the caller sent: what of it is believed is decided once per
+# baggage mapping. Spans started under one request context share that mapping, so the last answer
+# is kept (with a reference to the mapping, so its id cannot be reused).
+_last_foreign: tuple[object, dict[str, str | int]] = (None, {})
+
+
 def identity_from_context(ctx: otel_context.Context | None = None) -> dict[str, str | int]:
-    """The gym identity carried in a context's baggage, validated (bad values are dropped)."""
+    """The gym identity this context carries and this process believes.
+
+    Inside gym scopes and contexts made by :func:`extract` that is their (already trusted)
+    identity; otherwise the ``gym.*`` entries of the context's baggage, validated and subject to
+    ``GYMTRACE_TRUST_IDENTITY`` (``none``: nothing; ``signed``: only with a valid ``gym.sig``).
+    """
+    if ctx is None:
+        ctx = otel_context.get_current()
+    frame = ctx.get(FRAME_KEY)
+    if isinstance(frame, ActiveScope):
+        return frame.identity if frame.kind != "disabled" else {}
     entries = baggage.get_all(ctx)
-    return clean_identity(entries) if entries else {}
+    if not entries:
+        return {}
+    global _last_foreign
+    seen, identity = _last_foreign
+    if seen is entries:
+        return identity
+    # OpenTelemetry's baggage propagator keeps a property in the value (``r-1;ttl=30``).
+    identity = clean_identity(
+        {k: v.split(";", 1)[0].strip() if isinstance(v, str) else v for k, v in entries.items()}
+    )
+    identity = _trust.accept(identity, entries.get(_trust.SIGNATURE_KEY))
+    _last_foreign = (entries, identity)
+    return identity
 
 
 def _identity_of(ctx: otel_context.Context) -> dict[str, str | int]:
@@ -107,16 +140,28 @@ def _identity_of(ctx: otel_context.Context) -> dict[str, str | int]:
 
 
 def with_identity(context: otel_context.Context | None = None) -> otel_context.Context:
-    """``context`` (default: the current one) with its baggage replaced by the gym identity.
+    """``context`` (default: the current one) with the baggage that may leave the process.
 
-    Every propagator then sends the identity and nothing else as ``baggage``: attach this context
-    around a call that another instrumentation injects headers for.
+    That is the gym identity (signed with ``gym.sig`` when ``GYMTRACE_IDENTITY_SECRET`` is set)
+    plus the application baggage keys listed in ``GYMTRACE_BAGGAGE_ALLOW``; every other entry stays
+    behind. Every propagator sends exactly that as ``baggage``: attach this context around a call
+    that another instrumentation injects headers for.
     """
     ctx = context if context is not None else otel_context.get_current()
     identity = _identity_of(ctx)
+    allow = _trust.settings().allow
+    kept = {}
+    if allow:
+        entries = baggage.get_all(ctx)
+        kept = {k: v for k, v in entries.items() if k in allow}
     ctx = baggage.clear(ctx)
+    for key, value in kept.items():
+        ctx = baggage.set_baggage(key, value, ctx)
     for key, value in identity.items():
         ctx = baggage.set_baggage(key, str(value), ctx)
+    sig = _trust.signature(identity)
+    if sig is not None:
+        ctx = baggage.set_baggage(_trust.SIGNATURE_KEY, sig, ctx)
     return ctx
 
 
@@ -153,10 +198,11 @@ def _items(carrier: Any) -> Iterable[tuple[Any, Any]]:
     return pairs
 
 
-def _index(carrier: Any) -> dict[str, str]:
-    """Case- and separator-insensitive view of a carrier; repeated headers are joined with ``,``
-    as HTTP allows for ``tracestate`` and ``baggage``."""
-    index: dict[str, str] = {}
+def _index(carrier: Any) -> dict[str, list[str]]:
+    """Case- and separator-insensitive view of a carrier. Repeated headers keep every value, in
+    order, so each propagator takes them as it takes them from the official instrumentations'
+    getters: the first ``traceparent``, the first ``baggage``, all ``tracestate`` (issue 12)."""
+    index: dict[str, list[str]] = {}
     for key, raw in _items(carrier):
         name = _text(key)
         if name is None:
@@ -164,23 +210,105 @@ def _index(carrier: Any) -> dict[str, str]:
         values = raw if isinstance(raw, (list, tuple)) else (raw,)
         for item in values:
             value = _text(item)
-            if value is None:
-                continue
-            folded = _folded(name)
-            index[folded] = f"{index[folded]},{value}" if folded in index else value
+            if value is not None:
+                index.setdefault(_folded(name), []).append(value)
     return index
 
 
-class _IndexGetter(Getter[Mapping[str, str]]):
-    def get(self, carrier: Mapping[str, str], key: str) -> list[str] | None:
-        value = carrier.get(_folded(key))
-        return [value] if value is not None else None
+class _IndexGetter(Getter[Mapping[str, list[str]]]):
+    def get(self, carrier: Mapping[str, list[str]], key: str) -> list[str] | None:
+        return carrier.get(_folded(key))
 
-    def keys(self, carrier: Mapping[str, str]) -> list[str]:
+    def keys(self, carrier: Mapping[str, list[str]]) -> list[str]:
         return list(carrier)
 
 
 _GETTER = _IndexGetter()
+
+# W3C Baggage limits, as OpenTelemetry's propagator applies them: a longer header is dropped whole.
+_MAX_BAGGAGE_BYTES = 8192
+_MAX_BAGGAGE_ENTRIES = 180
+_MAX_ENTRY_BYTES = 4096
+# W3C Baggage grammar: key is an RFC 7230 token; value is baggage-octets, percent-encoded.
+_TOKEN = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
+_VALUE = re.compile(r"[\x21\x23-\x2b\x2d-\x3a\x3c-\x5b\x5d-\x7e]*")
+
+
+class Baggage(NamedTuple):
+    """One ``baggage`` header split the W3C way: the ``gym.*`` entries (values decoded, properties
+    stripped, ``+`` kept), the other well-formed entries re-joined, and how many were malformed."""
+
+    gym: dict[str, str]
+    other: str
+    dropped: int
+
+
+# baggage-octet minus "%" (the escape itself): these stay as they are, everything else is encoded.
+_SAFE = "!#$&'()*+-./:<=>?@[]^_`{|}~"
+
+
+def _format_baggage(entries: Mapping[str, object]) -> str:
+    return ",".join(f"{quote(str(k), safe=_SAFE)}={quote(str(v), safe=_SAFE)}" for k, v in entries.items())
+
+
+def split_baggage(header: str | None) -> Baggage:
+    if not header:
+        return Baggage({}, "", 0)
+    if len(header.encode("utf-8", "surrogatepass")) > _MAX_BAGGAGE_BYTES:
+        return Baggage({}, "", 1)
+    gym: dict[str, str] = {}
+    other: list[str] = []
+    dropped = 0
+    for number, member in enumerate(header.split(",")):
+        member = member.strip(" \t")
+        if not member:
+            continue
+        if number >= _MAX_BAGGAGE_ENTRIES or len(member) > _MAX_ENTRY_BYTES:
+            dropped += 1
+            continue
+        pair, _, _properties = member.partition(";")
+        key, eq, value = pair.partition("=")
+        key, value = key.strip(" \t"), value.strip(" \t")
+        if not eq or not _TOKEN.fullmatch(key) or not _VALUE.fullmatch(value):
+            dropped += 1
+            continue
+        if key.startswith("gym."):
+            # W3C Baggage percent-decodes values and gives "+" no meaning (unquote_plus would
+            # turn an ID's "+" into a space). The first entry of a key wins, like the header.
+            try:
+                decoded = unquote(value, errors="strict") if "%" in value else value
+            except UnicodeDecodeError:
+                dropped += 1
+                continue
+            gym.setdefault(key, decoded)
+        else:
+            # Properties (";ttl=30") are metadata about an entry, not part of its value.
+            other.append(f"{key}={value}")
+    return Baggage(gym, ",".join(other), dropped)
+
+
+def _report_dropped(dropped: int) -> None:
+    # At most one line per process per minute, whatever a caller sends.
+    global _last_report
+    now = time.monotonic()
+    if dropped and now - _last_report > 60.0:
+        _last_report = now
+        logger.warning("gymtrace: ignored %d malformed or oversized incoming baggage entries", dropped)
+
+
+_last_report = -1e9
+
+
+def incoming_identity(
+    header: str | None, *, trusted: bool | None = None
+) -> tuple[dict[str, str | int], Baggage]:
+    """The identity in a raw ``baggage`` header that this process believes, and the split header."""
+    parsed = split_baggage(header)
+    _report_dropped(parsed.dropped)
+    identity = _trust.accept(
+        clean_identity(parsed.gym), parsed.gym.get(_trust.SIGNATURE_KEY), trusted=trusted
+    )
+    return identity, parsed
 
 
 def inject(
@@ -189,35 +317,57 @@ def inject(
     """Write ``traceparent``, ``tracestate`` and the gym identity (``baggage``) into ``carrier``.
 
     Returns the carrier (a new dict when none is given). The ``baggage`` written holds the gym
-    identity only, never other baggage entries of the context.
+    identity and the keys of ``GYMTRACE_BAGGAGE_ALLOW``, never other baggage entries of the context.
     """
     if carrier is None:
         carrier = {}
     try:
-        propagate.inject(carrier, context=with_identity(context))
+        ctx = with_identity(context)
+        propagate.inject(carrier, context=ctx)
+        if "baggage" in carrier:
+            # OpenTelemetry Python writes a space as "+", which W3C Baggage gives no meaning (and
+            # which receivers must keep as "+"): gymtrace writes the same entries percent-encoded.
+            carrier["baggage"] = _format_baggage(baggage.get_all(ctx))
     except Exception as exc:  # noqa: BLE001 - telemetry must not break the caller
         internal_error("gymtrace.propagation.inject", exc)
     return carrier
 
 
-def extract(carrier: Any, context: otel_context.Context | None = None) -> otel_context.Context:
+def extract(
+    carrier: Any, context: otel_context.Context | None = None, *, trusted: bool | None = None
+) -> otel_context.Context:
     """A context that continues the trace and gym identity described by ``carrier``.
 
     ``carrier`` is a mapping of HTTP headers or environment variables (any case), or a list of
-    ``(name, value)`` pairs such as ASGI headers. The context's baggage is the validated gym
-    identity only; scopes and other libraries' spans started under it inherit that identity.
+    ``(name, value)`` pairs such as ASGI headers. Repeated headers are taken as OpenTelemetry takes
+    them (the first ``traceparent`` and ``baggage``). The gym identity is believed as
+    ``GYMTRACE_TRUST_IDENTITY`` says, unless ``trusted=True`` (a carrier this application made
+    itself); the caller's other baggage stays in the context for the application, and is forwarded
+    only for keys in ``GYMTRACE_BAGGAGE_ALLOW``.
     """
     base = context if context is not None else otel_context.Context()
     try:
-        ctx = propagate.extract(_index(carrier), context=base, getter=_GETTER)
-        return _with_remote_frame(ctx, identity_from_context(ctx))
+        index = _index(carrier)
+        raw = index.get("baggage")
+        identity, parsed = incoming_identity(raw[0] if raw else None, trusted=trusted)
+        if raw:
+            # OpenTelemetry's propagator sees the well-formed application entries only: the gym ones
+            # are read above, and nothing it parses can make it log.
+            index["baggage"] = [parsed.other] if parsed.other else []
+        ctx = propagate.extract(index, context=base, getter=_GETTER)
+        return remote_context(ctx, identity)
     except Exception as exc:  # noqa: BLE001 - telemetry must not break the caller
         internal_error("gymtrace.propagation.extract", exc)
         return base
 
 
-def _with_remote_frame(ctx: otel_context.Context, identity: dict[str, str | int]) -> otel_context.Context:
-    ctx = baggage.clear(ctx)
+def remote_context(ctx: otel_context.Context, identity: dict[str, str | int]) -> otel_context.Context:
+    """``ctx`` with its ``gym.*`` baggage replaced by ``identity`` (already believed) and, when there
+    is one, a remote frame holding it. Application baggage stays."""
+    entries = baggage.get_all(ctx)
+    for key in entries:
+        if key.startswith("gym."):
+            ctx = baggage.remove_baggage(key, ctx)
     if not identity:
         return ctx
     for key, value in identity.items():
@@ -227,13 +377,19 @@ def _with_remote_frame(ctx: otel_context.Context, identity: dict[str, str | int]
     return otel_context.set_value(FRAME_KEY, frame, ctx)
 
 
+# Kept for callers of the old private name.
+_with_remote_frame = remote_context
+
+
 @contextmanager
-def attach(carrier: Any) -> Iterator[otel_context.Context]:
+def attach(carrier: Any, *, trusted: bool | None = None) -> Iterator[otel_context.Context]:
     """Continue the remote trace and gym identity in ``carrier`` for the duration of the block.
 
-    ``attach(os.environ)`` continues the trace a parent process passed with :func:`env_carrier`.
+    ``attach(os.environ)`` continues the trace a parent process passed with :func:`env_carrier`;
+    the process environment is trusted (whoever sets it controls the process anyway), other
+    carriers follow ``GYMTRACE_TRUST_IDENTITY`` unless ``trusted`` says otherwise.
     """
-    ctx = extract(carrier)
+    ctx = extract(carrier, trusted=True if carrier is os.environ and trusted is None else trusted)
     token = otel_context.attach(ctx)
     try:
         yield ctx
@@ -288,7 +444,8 @@ class ContextCarrier(Generic[P, R]):
         self._context = None
 
     def __call__(self, *args: P.args, **kwargs: P.kwargs) -> R:
-        ctx = self._context if self._context is not None else extract(self._headers or {})
+        # The headers were made by this application's own submit(): no trust boundary is crossed.
+        ctx = self._context if self._context is not None else extract(self._headers or {}, trusted=True)
         token = otel_context.attach(ctx)
         try:
             return self.fn(*args, **kwargs)
