@@ -8,7 +8,8 @@ all (never an invented 0).
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import math
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -17,7 +18,7 @@ from opentelemetry import trace
 from opentelemetry.trace import Link, SpanContext, Status, StatusCode, TraceFlags
 
 from gymtrace import _constants as c
-from gymtrace._errors import GymTraceError, contract_problem, internal_error
+from gymtrace._errors import GymTraceError, InvalidArgumentError, contract_problem, internal_error
 from gymtrace._scope import (
     ActiveScope,
     check_index,
@@ -295,9 +296,19 @@ def record_usage(
     input_tokens: int | None = None,
     output_tokens: int | None = None,
     response_model: str | None = None,
+    cached_input_tokens: int | None = None,
+    response_id: str | None = None,
+    finish_reasons: Sequence[str] | None = None,
+    time_to_first_token: float | None = None,
     scope: ActiveScope | None = None,
 ) -> None:
-    """Record token usage (and the model that answered) on the current model call."""
+    """Record token usage and response details on the current model call.
+
+    ``cached_input_tokens`` (served from the provider's prefix cache, part of ``input_tokens``),
+    ``response_id``, ``finish_reasons`` (one per choice) and ``time_to_first_token`` (seconds from
+    request to first streamed chunk) are what tell server queueing from prefix-cache misses from the
+    agent itself.
+    """
     try:
         _, target = _target(scope, (c.KIND_MODEL_CALL,), "record_usage")
         if target is None:
@@ -305,12 +316,43 @@ def record_usage(
         span = target.span
         tokens_in = check_index("record_usage", "input_tokens", input_tokens, 0)
         tokens_out = check_index("record_usage", "output_tokens", output_tokens, 0)
+        tokens_cached = check_index("record_usage", "cached_input_tokens", cached_input_tokens, 0)
         if tokens_in is not None:
             span.set_attribute(c.GEN_AI_USAGE_INPUT_TOKENS, tokens_in)
         if tokens_out is not None:
             span.set_attribute(c.GEN_AI_USAGE_OUTPUT_TOKENS, tokens_out)
+        if tokens_cached is not None:
+            span.set_attribute(c.GEN_AI_USAGE_CACHE_READ_INPUT_TOKENS, tokens_cached)
         if response_model is not None:
             span.set_attribute(c.GEN_AI_RESPONSE_MODEL, str(response_model))
+        if response_id is not None:
+            span.set_attribute(c.GEN_AI_RESPONSE_ID, str(response_id))
+        if finish_reasons is not None:
+            if isinstance(finish_reasons, str) or not all(isinstance(r, str) for r in finish_reasons):
+                contract_problem(
+                    ("record_usage", "finish_reasons"),
+                    InvalidArgumentError(
+                        f"record_usage(): finish_reasons must be a list of strings, got {finish_reasons!r}"
+                    ),
+                )
+            else:
+                span.set_attribute(c.GEN_AI_RESPONSE_FINISH_REASONS, list(finish_reasons))
+        if time_to_first_token is not None:
+            if (
+                isinstance(time_to_first_token, bool)
+                or not isinstance(time_to_first_token, (int, float))
+                or not math.isfinite(time_to_first_token)
+                or time_to_first_token < 0
+            ):
+                contract_problem(
+                    ("record_usage", "time_to_first_token"),
+                    InvalidArgumentError(
+                        "record_usage(): time_to_first_token must be a finite number of seconds >= 0, "
+                        f"got {time_to_first_token!r}"
+                    ),
+                )
+            else:
+                span.set_attribute(c.GEN_AI_RESPONSE_TIME_TO_FIRST_CHUNK, float(time_to_first_token))
     except GymTraceError:
         raise
     except Exception as exc:  # noqa: BLE001

@@ -19,7 +19,7 @@ import os
 import sys
 import threading
 import uuid
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from types import TracebackType
 from typing import Any, TypeVar
 
@@ -209,6 +209,10 @@ class ActiveScope:
         input_tokens: int | None = None,
         output_tokens: int | None = None,
         response_model: str | None = None,
+        cached_input_tokens: int | None = None,
+        response_id: str | None = None,
+        finish_reasons: Sequence[str] | None = None,
+        time_to_first_token: float | None = None,
     ) -> None:
         from gymtrace._record import record_usage
 
@@ -216,6 +220,10 @@ class ActiveScope:
             input_tokens=input_tokens,
             output_tokens=output_tokens,
             response_model=response_model,
+            cached_input_tokens=cached_input_tokens,
+            response_id=response_id,
+            finish_reasons=finish_reasons,
+            time_to_first_token=time_to_first_token,
             scope=self,
         )
 
