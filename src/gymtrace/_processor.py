@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from opentelemetry import context as otel_context
@@ -10,6 +11,15 @@ from gymtrace import _constants as c
 from gymtrace._errors import internal_error
 from gymtrace._scope import FRAME_KEY, ActiveScope
 from gymtrace.propagation import identity_from_context
+
+# Extra attributes derived from the identity (NeMo Gym's names, when
+# gymtrace.integrations.nemo_gym.instrument(aliases=True) asks for them); None: none.
+_aliases: Callable[[Mapping[str, Any]], Mapping[str, Any]] | None = None
+
+
+def set_aliases(derive: Callable[[Mapping[str, Any]], Mapping[str, Any]] | None) -> None:
+    global _aliases
+    _aliases = derive
 
 
 class IdentitySpanProcessor:
@@ -35,12 +45,20 @@ class IdentitySpanProcessor:
             # instrumentation starts from the extracted headers, before gymtrace's middleware runs,
             # has only the propagated baggage (issue 6), believed per the trust setting (issue 12).
             identity = frame.identity if isinstance(frame, ActiveScope) else identity_from_context(ctx)
-            if not identity:
+            derive = _aliases
+            if not identity and derive is None:
                 return
             attributes = span.attributes
             if attributes is not None and c.KIND in attributes:
-                return  # a gymtrace span: it was started with its identity
+                # A gymtrace span: it was started with its identity.
+                if derive is not None:
+                    span.set_attributes(derive(attributes))
+                return
+            if not identity:
+                return
             span.set_attributes(identity)
+            if derive is not None:
+                span.set_attributes(derive(identity))
         except Exception as exc:  # noqa: BLE001 - telemetry must not break the caller
             internal_error("IdentitySpanProcessor.on_start", exc)
 

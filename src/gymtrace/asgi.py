@@ -40,6 +40,7 @@ from opentelemetry import context as otel_context
 from opentelemetry import trace
 
 from gymtrace._errors import internal_error
+from gymtrace._scope import FRAME_KEY, ActiveScope
 from gymtrace.propagation import extract, incoming_identity, remote_context
 
 __all__ = ["GymTraceMiddleware"]
@@ -59,6 +60,24 @@ def _first_baggage(headers: Any) -> str | None:
     return None
 
 
+# Where identity comes from when a request carries no believed gym baggage: NeMo Gym's headers once
+# gymtrace.integrations.nemo_gym.instrument() ran. None: nowhere else.
+_fallback: Callable[[Any], dict[str, str | int]] | None = None
+
+
+def set_fallback_identity(read: Callable[[Any], dict[str, str | int]] | None) -> None:
+    global _fallback
+    _fallback = read
+
+
+def _with_fallback(ctx: otel_context.Context, headers: Any) -> otel_context.Context:
+    read = _fallback
+    if read is None or isinstance(ctx.get(FRAME_KEY), ActiveScope):
+        return ctx
+    identity = read(headers)
+    return remote_context(ctx, identity) if identity else ctx
+
+
 def request_context(headers: Any, current: otel_context.Context | None = None) -> otel_context.Context:
     """The context a request with ``headers`` runs in: the caller's trace and gym identity.
 
@@ -73,8 +92,10 @@ def request_context(headers: Any, current: otel_context.Context | None = None) -
         current = otel_context.get_current()
     local = trace.get_current_span(current)
     if not local.get_span_context().is_valid:
-        return extract(headers, current)
+        return _with_fallback(extract(headers, current), headers)
     identity, _ = incoming_identity(_first_baggage(headers))
+    if not identity and _fallback is not None:
+        identity = _fallback(headers)
     if identity and local.is_recording():
         # The outer middleware's span got what OpenTelemetry's propagator decoded (a baggage
         # property inside the value, "+" as a space); this is the identity the request runs with.
