@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import os
 from typing import Any
 
 import httpx
@@ -54,11 +55,34 @@ async def forward(request: Request) -> JSONResponse:
     return JSONResponse({"identity": _identity(), "downstream": downstream})
 
 
+async def forward_local(request: Request) -> JSONResponse:
+    """An aiohttp request from a gym scope opened here, with the application's own baggage set."""
+    import aiohttp
+    from opentelemetry import baggage
+    from opentelemetry import context as otel_context
+
+    to = request.query_params["to"]
+    token = otel_context.attach(baggage.set_baggage("user.email", "someone@example.com"))
+    try:
+        with gymtrace.rollout(rollout_id="r-local"), gymtrace.episode():
+            async with aiohttp.ClientSession(trace_configs=[aiohttp_trace_config()]) as session:
+                async with session.get(f"{to}/work") as response:
+                    downstream = await response.json()
+    finally:
+        otel_context.detach(token)
+    return JSONResponse({"downstream": downstream})
+
+
 def make_app() -> Starlette:
+    if os.environ.get("RELAY_AIOHTTP_INSTRUMENT"):
+        from gymtrace.http import instrument_aiohttp
+
+        instrument_aiohttp()
     return Starlette(
         routes=[
             Route("/work", work),
             Route("/stream", stream),
             Route("/forward", forward),
+            Route("/forward-local", forward_local),
         ]
     )
