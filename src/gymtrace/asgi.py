@@ -40,7 +40,7 @@ from opentelemetry import context as otel_context
 from opentelemetry import trace
 
 from gymtrace._errors import internal_error
-from gymtrace._scope import FRAME_KEY, ActiveScope
+from gymtrace._frame import FRAME_KEY, ActiveScope
 from gymtrace.propagation import extract, incoming_identity, remote_context
 
 __all__ = ["GymTraceMiddleware"]

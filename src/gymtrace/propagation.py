@@ -38,14 +38,15 @@ from contextlib import contextmanager
 from typing import Any, Generic, NamedTuple, ParamSpec, TypeVar
 from urllib.parse import quote, unquote
 
-from opentelemetry import baggage, propagate
+from opentelemetry import baggage, propagate, trace
 from opentelemetry import context as otel_context
 from opentelemetry.propagators.textmap import Getter
 
-from gymtrace import _constants as c
 from gymtrace import _trust
-from gymtrace._errors import internal_error, logger
-from gymtrace._scope import FRAME_KEY, MAX_ID_LENGTH, ActiveScope
+from gymtrace._errors import guard, internal_error, logger
+from gymtrace._frame import DISABLED_KIND, FRAME_KEY, REMOTE_KIND, ActiveScope
+from gymtrace._ids import clean_identity
+from gymtrace._tracing import current_provider
 
 __all__ = [
     "ContextCarrier",
@@ -63,38 +64,8 @@ __all__ = [
 P = ParamSpec("P")
 R = TypeVar("R")
 
-# Identity values arriving from outside are bounded: an ID is short printable text.
-_MAX_INT = 1_000_000_000
-REMOTE_KIND = "remote"
-
 
 # -- identity <-> baggage ---------------------------------------------------------------------------
-
-
-def _clean(key: str, raw: object) -> str | int | None:
-    if isinstance(raw, int) and not isinstance(raw, bool):
-        raw = str(raw)
-    # str.isprintable() also refuses format characters (U+202E right-to-left override, zero-width
-    # spaces) and line separators, which percent-decoding can smuggle into an ID.
-    if not isinstance(raw, str) or not raw or len(raw) > MAX_ID_LENGTH or not raw.isprintable():
-        return None
-    if key in c.INT_IDENTITY_KEYS:
-        if not raw.isascii() or not raw.isdigit() or len(raw) > 10:
-            return None
-        number = int(raw)
-        return number if number <= _MAX_INT else None
-    return raw
-
-
-def clean_identity(entries: Mapping[str, object]) -> dict[str, str | int]:
-    """Keep the gym identity keys whose values are short printable text (or small ints)."""
-    identity: dict[str, str | int] = {}
-    for key in c.IDENTITY_KEYS:
-        if key in entries:
-            value = _clean(key, entries[key])
-            if value is not None:
-                identity[key] = value
-    return identity
 
 
 # A context whose baggage came from some other extraction (the official ASGI middleware's, a user's
@@ -115,7 +86,7 @@ def identity_from_context(ctx: otel_context.Context | None = None) -> dict[str, 
         ctx = otel_context.get_current()
     frame = ctx.get(FRAME_KEY)
     if isinstance(frame, ActiveScope):
-        return frame.identity if frame.kind != "disabled" else {}
+        return frame.identity if frame.kind != DISABLED_KIND else {}
     entries = baggage.get_all(ctx)
     if not entries:
         return {}
@@ -134,7 +105,7 @@ def identity_from_context(ctx: otel_context.Context | None = None) -> dict[str, 
 
 def _identity_of(ctx: otel_context.Context) -> dict[str, str | int]:
     frame = ctx.get(FRAME_KEY)
-    if isinstance(frame, ActiveScope) and frame.kind != "disabled":
+    if isinstance(frame, ActiveScope) and frame.kind != DISABLED_KIND:
         return frame.identity
     return identity_from_context(ctx)
 
@@ -458,20 +429,14 @@ class ContextCarrier(Generic[P, R]):
         return f"<gymtrace.propagation.ContextCarrier {self.fn!r}>"
 
 
+@guard("flushing spans of a pool worker", may_raise=False)
 def _flush_quietly() -> None:
-    try:
-        from opentelemetry import trace
-
-        from gymtrace._tracing import current_provider
-
-        provider: Any = current_provider()
-        flush = getattr(provider, "force_flush", None)
-        if flush is None:
-            flush = getattr(trace.get_tracer_provider(), "force_flush", None)
-        if flush is not None:
-            flush()
-    except Exception as exc:  # noqa: BLE001 - telemetry must not break the caller
-        internal_error("flushing spans of a pool worker", exc, may_raise=False)
+    provider: Any = current_provider()
+    flush = getattr(provider, "force_flush", None)
+    if flush is None:
+        flush = getattr(trace.get_tracer_provider(), "force_flush", None)
+    if flush is not None:
+        flush()
 
 
 def carry(fn: Callable[P, R], context: otel_context.Context | None = None) -> ContextCarrier[P, R]:

@@ -47,7 +47,7 @@ from opentelemetry import context as otel_context
 from gymtrace import _constants as c
 from gymtrace import _trust
 from gymtrace._errors import internal_error
-from gymtrace._scope import FRAME_KEY, ActiveScope
+from gymtrace._frame import FRAME_KEY, ActiveScope
 
 __all__ = [
     "body_fields",

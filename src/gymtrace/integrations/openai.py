@@ -57,7 +57,8 @@ from opentelemetry import trace
 from gymtrace import _constants as c
 from gymtrace._api import model_call
 from gymtrace._errors import internal_error, logger
-from gymtrace._scope import FRAME_KEY, ActiveScope, Scope
+from gymtrace._frame import FRAME_KEY, ActiveScope
+from gymtrace._scope import Scope
 from gymtrace._tracing import active_tracer
 from gymtrace.propagation import inject
 
