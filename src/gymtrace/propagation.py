@@ -1,8 +1,11 @@
 """Carry a trace and its gym identity across process boundaries.
 
 The W3C ``traceparent``/``tracestate`` headers carry the trace; W3C ``baggage`` carries the gym
-identity keys (``gym.rollout.id``, ``gym.episode.attempt``, ...) and nothing else, because baggage
-travels on every outgoing request, model providers included. Both go through
+identity keys (``gym.rollout.id``, ``gym.episode.attempt``, ...), signed with ``gym.sig`` when
+``GYMTRACE_IDENTITY_SECRET`` is set, plus only the application keys listed in
+``GYMTRACE_BAGGAGE_ALLOW``, because baggage travels on every outgoing request, model providers
+included. Incoming identity is believed as ``GYMTRACE_TRUST_IDENTITY`` says (``all``, ``none``,
+``signed``); the caller's other baggage stays in the context for the application. Both go through
 ``opentelemetry.propagate``, so ``OTEL_PROPAGATORS`` is honoured (leave ``baggage`` in it, or the
 identity stays behind).
 
