@@ -44,7 +44,7 @@ async def _on_request_start(
     # trace config ran first: either way the right parent.
     try:
         if otel_context.get_value(_OUTGOING_KEY) is None:  # instrument() already injected
-            inject(params.headers)
+            inject(params.headers, continuation=False)
     except Exception as exc:  # noqa: BLE001 - telemetry must not break the request
         internal_error("gymtrace.http aiohttp trace config", exc)
 
@@ -71,7 +71,7 @@ async def _request_with_identity(
     try:
         ctx = otel_context.set_value(_OUTGOING_KEY, True, with_identity())
         headers: CIMultiDict[str] = CIMultiDict(kwargs.get("headers") or {})
-        inject(headers, ctx)
+        inject(headers, ctx, continuation=False)
         kwargs["headers"] = headers
         # Attached for the whole request, so the official instrumentor's attach nests inside.
         token = otel_context.attach(ctx)

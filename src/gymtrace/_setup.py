@@ -20,10 +20,13 @@ from typing import TYPE_CHECKING, Any
 from opentelemetry import trace
 
 from gymtrace import _environment as env
+from gymtrace import _lifecycle
 from gymtrace._content import UNCHANGED, configure_content, export_settings, otlp_batch_size
 from gymtrace._errors import InvalidArgumentError, set_strict
+from gymtrace._export import DEFAULT_MAX_BATCH_SIZE, DEFAULT_MAX_QUEUE_SIZE, BatchExporter
 from gymtrace._levels import set_trace_per
 from gymtrace._processor import IdentitySpanProcessor
+from gymtrace._spandata import encode_otlp_json
 from gymtrace._trust import configure_trust
 
 if TYPE_CHECKING:
@@ -149,8 +152,6 @@ def make_id_generator() -> Any:
 
 def _file_exporter(path: str) -> SpanExporter:
     from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
-
-    from gymtrace._spandata import encode_otlp_json
 
     class OtlpJsonLinesExporter(SpanExporter):
         """Appends one OTLP/JSON ``ExportTraceServiceRequest`` per batch to a file.
@@ -369,8 +370,6 @@ def configure(
         provider = _state.provider
         assert _state.stage is not None
         _state.stage.replace(_processors(exporters, endpoint_used, protocol_used, path, headers))
-        from gymtrace import _lifecycle
-
         _lifecycle.install(_flush_at_exit)
         resolved_name = str(provider.resource.attributes.get("service.name", ""))
         if service_name is not None and service_name != resolved_name:
@@ -448,8 +447,6 @@ def _processors(
     headers: Mapping[str, str] | None,
 ) -> list[Any]:
     from opentelemetry.sdk.trace.export import ConsoleSpanExporter
-
-    from gymtrace._export import DEFAULT_MAX_BATCH_SIZE, DEFAULT_MAX_QUEUE_SIZE, BatchExporter
 
     # The standard batch-processor variables apply to gymtrace's queue too.
     queue_size = int(_env_number(env.OTEL_BSP_MAX_QUEUE_SIZE, DEFAULT_MAX_QUEUE_SIZE, minimum=1))

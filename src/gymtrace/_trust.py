@@ -30,7 +30,7 @@ from dataclasses import dataclass
 
 from gymtrace import _constants as c
 from gymtrace import _environment as env
-from gymtrace._errors import InvalidArgumentError
+from gymtrace._errors import InvalidArgumentError, logger
 
 TRUST_ALL = "all"
 TRUST_NONE = "none"
@@ -64,8 +64,6 @@ def _resolve() -> TrustSettings:
     raw_mode = _overrides.get("mode", os.environ.get(env.GYMTRACE_TRUST_IDENTITY))
     mode = str(raw_mode).strip().lower() if raw_mode else (TRUST_SIGNED if secrets else TRUST_ALL)
     if mode not in TRUST_MODES:
-        from gymtrace._errors import logger
-
         # A typo must not silently open the door: an unknown setting trusts nobody.
         logger.warning(
             "gymtrace: %s=%r is not one of all, none, signed; trusting no incoming identity",
@@ -74,8 +72,6 @@ def _resolve() -> TrustSettings:
         )
         mode = TRUST_NONE
     if mode == TRUST_SIGNED and not secrets:
-        from gymtrace._errors import logger
-
         logger.warning(
             "gymtrace: %s=signed without %s; no incoming identity can be verified",
             env.GYMTRACE_TRUST_IDENTITY,

@@ -45,10 +45,12 @@ from opentelemetry import baggage, propagate, trace
 from opentelemetry import context as otel_context
 from opentelemetry.propagators.textmap import Getter
 
+from gymtrace import _constants as c
 from gymtrace import _trust
 from gymtrace._errors import guard, internal_error, logger
-from gymtrace._frame import DISABLED_KIND, FRAME_KEY, REMOTE_KIND, ActiveScope
-from gymtrace._ids import clean_identity
+from gymtrace._frame import CARRIER_FORMAT, DISABLED_KIND, FRAME_KEY, REMOTE_KIND, ActiveScope, read_carrier
+from gymtrace._ids import clean_identity, clean_value, episode_id
+from gymtrace._levels import NUMBERING_OWNERS
 from gymtrace._tracing import current_provider
 
 __all__ = [
@@ -113,7 +115,9 @@ def _identity_of(ctx: otel_context.Context) -> dict[str, str | int]:
     return identity_from_context(ctx)
 
 
-def with_identity(context: otel_context.Context | None = None) -> otel_context.Context:
+def with_identity(
+    context: otel_context.Context | None = None, *, reserve_step: bool = False
+) -> otel_context.Context:
     """``context`` (default: the current one) with the baggage that may leave the process.
 
     That is the gym identity (signed with ``gym.sig`` when ``GYMTRACE_IDENTITY_SECRET`` is set)
@@ -123,6 +127,7 @@ def with_identity(context: otel_context.Context | None = None) -> otel_context.C
     """
     ctx = context if context is not None else otel_context.get_current()
     identity = _identity_of(ctx)
+    step_base = baggage.get_baggage(c.STEP_BASE, ctx) or (_reserve_step(ctx) if reserve_step else None)
     allow = _trust.settings().allow
     kept = {}
     if allow:
@@ -136,7 +141,20 @@ def with_identity(context: otel_context.Context | None = None) -> otel_context.C
     sig = _trust.signature(identity)
     if sig is not None:
         ctx = baggage.set_baggage(_trust.SIGNATURE_KEY, sig, ctx)
+    if step_base is not None:
+        ctx = baggage.set_baggage(c.STEP_BASE, str(step_base), ctx)
     return ctx
+
+
+def _reserve_step(ctx: otel_context.Context) -> int | None:
+    """Called directly at the level that numbers steps (an episode or agent invocation, not inside
+    a step): the work continued elsewhere is a step of its own, so it gets the caller's next step
+    number, and the caller's later steps number after it. Inside a step nothing is reserved: what runs
+    elsewhere is part of that step (a model or tool request)."""
+    frame = ctx.get(FRAME_KEY)
+    if isinstance(frame, ActiveScope) and not frame.remote and frame.kind in NUMBERING_OWNERS:
+        return frame.take_number(c.KIND_STEP, None)
+    return None
 
 
 # -- carriers ---------------------------------------------------------------------------------------
@@ -286,17 +304,24 @@ def incoming_identity(
 
 
 def inject(
-    carrier: MutableMapping[str, str] | None = None, context: otel_context.Context | None = None
+    carrier: MutableMapping[str, str] | None = None,
+    context: otel_context.Context | None = None,
+    *,
+    continuation: bool = True,
 ) -> MutableMapping[str, str]:
     """Write ``traceparent``, ``tracestate`` and the gym identity (``baggage``) into ``carrier``.
 
     Returns the carrier (a new dict when none is given). The ``baggage`` written holds the gym
-    identity and the keys of ``GYMTRACE_BAGGAGE_ALLOW``, never other baggage entries of the context.
+    identity and the keys of ``GYMTRACE_BAGGAGE_ALLOW``, never other baggage entries of the context;
+    called directly at an episode or agent invocation (outside any step) it also holds
+    ``gym.step.base``, the step number reserved for the work continued elsewhere, so steps in other
+    processes never repeat the caller's numbers. ``continuation=False`` (what the HTTP helpers use
+    for requests) reserves nothing.
     """
     if carrier is None:
         carrier = {}
     try:
-        ctx = with_identity(context)
+        ctx = with_identity(context, reserve_step=continuation)
         propagate.inject(carrier, context=ctx)
         if "baggage" in carrier:
             # OpenTelemetry Python writes a space as "+", which W3C Baggage gives no meaning (and
@@ -312,15 +337,18 @@ def extract(
 ) -> otel_context.Context:
     """A context that continues the trace and gym identity described by ``carrier``.
 
-    ``carrier`` is a mapping of HTTP headers or environment variables (any case), or a list of
-    ``(name, value)`` pairs such as ASGI headers. Repeated headers are taken as OpenTelemetry takes
-    them (the first ``traceparent`` and ``baggage``). The gym identity is believed as
-    ``GYMTRACE_TRUST_IDENTITY`` says, unless ``trusted=True`` (a carrier this application made
-    itself); the caller's other baggage stays in the context for the application, and is forwarded
-    only for keys in ``GYMTRACE_BAGGAGE_ALLOW``.
+    ``carrier`` is a mapping of HTTP headers or environment variables (any case), a list of
+    ``(name, value)`` pairs such as ASGI headers, or an :meth:`ActiveScope.carrier` dict. Repeated
+    headers are taken as OpenTelemetry takes them (the first ``traceparent`` and ``baggage``). The
+    gym identity is believed as ``GYMTRACE_TRUST_IDENTITY`` says, unless ``trusted=True`` (a
+    carrier this application made itself); the caller's other baggage stays in the context for the
+    application, and is forwarded only for keys in ``GYMTRACE_BAGGAGE_ALLOW``.
     """
     base = context if context is not None else otel_context.Context()
     try:
+        if isinstance(carrier, Mapping) and carrier.get("format") == CARRIER_FORMAT:
+            # A scope carrier is made by this application's own code (ActiveScope.carrier()).
+            return _from_scope_carrier(carrier, base)
         index = _index(carrier)
         raw = index.get("baggage")
         identity, parsed = incoming_identity(raw[0] if raw else None, trusted=trusted)
@@ -329,35 +357,75 @@ def extract(
             # are read above, and nothing it parses can make it log.
             index["baggage"] = [parsed.other] if parsed.other else []
         ctx = propagate.extract(index, context=base, getter=_GETTER)
-        return remote_context(ctx, identity)
+        return remote_context(ctx, identity, parsed.gym.get(c.STEP_BASE))
     except Exception as exc:  # noqa: BLE001 - telemetry must not break the caller
         internal_error("gymtrace.propagation.extract", exc)
         return base
 
 
-def remote_context(ctx: otel_context.Context, identity: dict[str, str | int]) -> otel_context.Context:
+def remote_context(
+    ctx: otel_context.Context, identity: dict[str, str | int], step_base: object = None
+) -> otel_context.Context:
     """``ctx`` with its ``gym.*`` baggage replaced by ``identity`` (already believed) and, when there
-    is one, a remote frame holding it. Application baggage stays."""
-    entries = baggage.get_all(ctx)
-    for key in entries:
+    is one, the caller's gym scope continued here: a frame that stands for the caller's episode (or
+    rollout) so that verify(), record_reward(), record_failure(), step() and turn() work as in the
+    caller's process. It has no span here; outcomes recorded on it become outcome records.
+    Application baggage stays."""
+    if step_base is None:
+        step_base = baggage.get_baggage(c.STEP_BASE, ctx)
+    base_number = clean_value(c.EPISODE_ATTEMPT, step_base)  # a small int
+    for key in baggage.get_all(ctx):
         if key.startswith("gym."):
             ctx = baggage.remove_baggage(key, ctx)
     if not identity:
         return ctx
     for key, value in identity.items():
         ctx = baggage.set_baggage(key, str(value), ctx)
-    frame = ActiveScope(REMOTE_KIND, None)
+    if c.EPISODE_ATTEMPT in identity:
+        kind = c.KIND_EPISODE
+    elif c.ROLLOUT_ID in identity:
+        kind = c.KIND_ROLLOUT
+    else:
+        kind = REMOTE_KIND
+    frame = ActiveScope(kind, None)
+    frame.remote = True
     frame.identity = identity
+    frame.span = trace.NonRecordingSpan(trace.get_current_span(ctx).get_span_context())
+    attempt = identity.get(c.EPISODE_ATTEMPT)
+    if isinstance(attempt, int):
+        frame.attempt = attempt
+    if isinstance(base_number, int) and base_number > 0:
+        frame.take_number(c.KIND_STEP, base_number - 1)  # the next step here is base_number
     return otel_context.set_value(FRAME_KEY, frame, ctx)
 
 
-# Kept for callers of the old private name.
+# The old private name, for callers inside gymtrace.
 _with_remote_frame = remote_context
+
+
+def _from_scope_carrier(carrier: Mapping[str, Any], base: otel_context.Context) -> otel_context.Context:
+    """A context from :meth:`gymtrace.ActiveScope.carrier`: a later phase scoring the attempt the
+    carrier was taken in (or, taken outside an episode, the rollout)."""
+    identity, _, rollout_span, episode_span = read_carrier(carrier)
+    attempt = carrier.get("attempt")
+    if isinstance(attempt, int) and not isinstance(attempt, bool) and attempt >= 0:
+        identity[c.EPISODE_ATTEMPT] = attempt
+        rollout_id = identity.get(c.ROLLOUT_ID)
+        if isinstance(rollout_id, str):
+            identity[c.EPISODE_ID] = episode_id(rollout_id, attempt)
+    parent = rollout_span if rollout_span is not None else episode_span
+    ctx = trace.set_span_in_context(trace.NonRecordingSpan(parent), base) if parent is not None else base
+    return _with_remote_frame(ctx, identity)
 
 
 @contextmanager
 def attach(carrier: Any, *, trusted: bool | None = None) -> Iterator[otel_context.Context]:
     """Continue the remote trace and gym identity in ``carrier`` for the duration of the block.
+
+    ``carrier`` is what :func:`inject` or :func:`env_carrier` wrote (headers, environment), or an
+    :meth:`ActiveScope.carrier` dict. Inside, the caller's episode continues: ``verify()``,
+    ``record_reward()``, ``record_failure()``, ``step()`` and ``turn()`` work as in the caller's
+    process, and a reward or failure recorded here becomes the rollout's outcome record.
 
     ``attach(os.environ)`` continues the trace a parent process passed with :func:`env_carrier`;
     the process environment is trusted (whoever sets it controls the process anyway), other

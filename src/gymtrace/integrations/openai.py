@@ -219,7 +219,7 @@ def _headers(kwargs: dict[str, Any], context: Any) -> None:
     # extra_headers is openai's own per-request option: the request carries the trace and identity
     # whatever HTTP client the OpenAI client was built with.
     headers = dict(kwargs.get("extra_headers") or {})
-    inject(headers, context)
+    inject(headers, context, continuation=False)
     kwargs["extra_headers"] = headers
 
 
