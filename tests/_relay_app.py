@@ -7,7 +7,7 @@ import os
 from typing import Any
 
 import httpx
-from opentelemetry import trace
+from opentelemetry import baggage, trace
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, StreamingResponse
@@ -52,13 +52,14 @@ async def forward(request: Request) -> JSONResponse:
         else:
             async with httpx.AsyncClient(transport=AsyncHttpxTransport()) as client:
                 downstream = (await client.get(f"{to}/work")).json()
-    return JSONResponse({"identity": _identity(), "downstream": downstream})
+    return JSONResponse(
+        {"identity": _identity(), "downstream": downstream, "context_baggage": sorted(baggage.get_all())}
+    )
 
 
 async def forward_local(request: Request) -> JSONResponse:
     """An aiohttp request from a gym scope opened here, with the application's own baggage set."""
     import aiohttp
-    from opentelemetry import baggage
     from opentelemetry import context as otel_context
 
     to = request.query_params["to"]

@@ -226,3 +226,21 @@ def test_signature_and_allow_list_settings_come_from_configure():
         assert baggage.get_baggage("tenant") == "acme"
     with pytest.raises(gymtrace.InvalidArgumentError, match="trust_identity"):
         _trust.configure_trust(mode="some")
+
+
+def test_allow_listed_application_baggage_is_forwarded_across_services_and_nothing_else(
+    tmp_path, monkeypatch
+):
+    monkeypatch.setenv("GYMTRACE_BAGGAGE_ALLOW", "tenant")
+    incoming = "gym.rollout.id=r-1,tenant=acme,user.email=someone%40example.com"
+    with _chain(tmp_path, ["--official"]) as (a, b):
+        reply = httpx.get(
+            f"{a.url}/forward",
+            params={"to": b.url},
+            headers={"traceparent": TRACEPARENT, "baggage": incoming},
+        ).json()
+    forwarded = dict(entry.split("=", 1) for entry in reply["downstream"]["baggage"].split(","))
+    assert forwarded == {c.ROLLOUT_ID: "r-1", "tenant": "acme"}
+    assert reply["downstream"]["identity"]["rollout_id"] == "r-1"
+    # The handler that received the request still sees all of the caller's baggage.
+    assert {"tenant", "user.email", c.ROLLOUT_ID} <= set(reply["context_baggage"])
