@@ -8,7 +8,7 @@ configured and exporting every span to a file:
 - ``official``: the official ASGI middleware (SERVER span) on the server, the official httpx
   instrumentation (CLIENT span) on a client used inside an episode scope;
 - ``gymtrace``: the same, plus ``GymTraceMiddleware`` inside the official middleware and the
-  client's requests sent through ``gymtrace.http.HttpxTransport`` (traceparent + identity baggage,
+  client's requests sent through ``gymtrace.integrations.httpx.HttpxTransport`` (traceparent + identity baggage,
   trust check, identity stamped on the server's spans).
 
 Like for like: the same server code, the same spans, the same exporter. Requests alternate between
@@ -34,9 +34,11 @@ from pathlib import Path
 import httpx
 from opentelemetry.instrumentation.httpx import HTTPXClientInstrumentor
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "support"))  # serve_app.py
 import gymtrace
-from gymtrace._demo_distributed import ServiceProcess
-from gymtrace.http import HttpxTransport
+import serve_app
+from gymtrace.demo.distributed import ServiceProcess
+from gymtrace.integrations.httpx import HttpxTransport
 
 # httpx writes request headers and body separately; with Nagle's algorithm on, the body waits for
 # the server's delayed ACK (~40 ms on Linux loopback), which would swamp everything measured here.
@@ -79,20 +81,19 @@ def main(argv: list[str] | None = None) -> int:
     servers: dict[str, ServiceProcess] = {}
     clients: dict[str, httpx.Client] = {}
     try:
+        model = [serve_app.PATH, "--app", "gymtrace.demo.services:model_app"]
         servers["plain"] = ServiceProcess(
-            "model", service=None, extra=["--no-gymtrace"], log_dir=str(work), env_overrides=base_env
+            [*model, "--no-gymtrace"], name="plain", log_dir=str(work), env_overrides=base_env
         )
         servers["official"] = ServiceProcess(
-            "model",
-            service="bench-official",
-            extra=["--no-gymtrace", "--official"],
+            [*model, "--no-gymtrace", "--official", "--service", "bench-official"],
+            name="bench-official",
             log_dir=str(work),
             env_overrides={**base_env, "GYMTRACE_FILE": str(work / "official.jsonl")},
         )
         servers["gymtrace"] = ServiceProcess(
-            "model",
-            service="bench-gymtrace",
-            extra=["--official"],
+            [*model, "--official", "--service", "bench-gymtrace"],
+            name="bench-gymtrace",
             log_dir=str(work),
             env_overrides={**base_env, "GYMTRACE_FILE": str(work / "gymtrace.jsonl")},
         )

@@ -14,7 +14,7 @@ from gymtrace.testing import CapturedSpans, capture_spans
 def _fresh_warning_memory() -> Iterator[None]:
     # "Logged once" is per process; each test starts with a clean memory of what was logged.
     _errors.reset_seen()
-    _trust.reset_trust()  # trust settings are read from the environment once, then cached
+    _trust.reset_trust()  # forget trust overrides made in code; read GYMTRACE_TRUST_* again
     yield
     _errors.reset_seen()
     _trust.reset_trust()

@@ -1,6 +1,6 @@
 """The trust boundary for incoming gym identity (issue 12), with services as real processes.
 
-Each test starts relay services (tests/_relay_app.py) with a trust setting in their environment
+Each test starts relay services (tests/support/_relay_app.py) with a trust setting in their environment
 and sends them requests as a caller on the network would: spoofed, signed, tampered, duplicated,
 oversized and badly encoded headers. What must hold: status codes as for any request, no
 tracebacks, a bounded number of log lines per request, and no identity the setting does not
@@ -17,7 +17,7 @@ import gymtrace
 from _distributed import RELAY, read_services, services
 from gymtrace import _constants as c
 from gymtrace import _trust, propagation
-from gymtrace.http import HttpxTransport
+from gymtrace.integrations.httpx import HttpxTransport
 
 SECRET = "test-secret-7f1c"
 TRACEPARENT = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
@@ -165,8 +165,8 @@ def test_hostile_headers_get_ordinary_answers_bounded_logs_and_no_spoofed_identi
     ("official", "instrument"),
     [
         pytest.param([], False, id="trace-config"),
-        pytest.param([], True, id="instrument_aiohttp"),
-        pytest.param(["--official"], True, id="instrument_aiohttp-with-official"),
+        pytest.param([], True, id="aiohttp-instrument"),
+        pytest.param(["--official"], True, id="aiohttp-instrument-with-official"),
     ],
 )
 def test_aiohttp_sends_gym_identity_and_never_the_applications_baggage(
@@ -186,7 +186,7 @@ def test_aiohttp_sends_gym_identity_and_never_the_applications_baggage(
 def test_the_official_aiohttp_instrumentor_alone_overwrote_identity_with_application_baggage(
     tmp_path,
 ):
-    # The bug instrument_aiohttp() exists for (issue 12), pinned so the workaround stays needed
+    # The bug gymtrace.integrations.aiohttp.instrument() exists for (issue 12), pinned so the workaround stays needed
     # only as long as the instrumentor behaves this way.
     with _chain(tmp_path, ["--official"]) as (a, b):
         reply = httpx.get(f"{a.url}/forward-local", params={"to": b.url}).json()

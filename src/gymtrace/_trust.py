@@ -3,7 +3,7 @@
 Anyone who can reach a server can send ``baggage: gym.rollout.id=...``. The identity decides which
 searches a span turns up in, what ``gymtrace.current()`` returns to handler code that stores join
 keys, and (through ``gym.episode.attempt``) which traces the Collector keeps. So incoming identity
-is believed only as the operator says (``GYMTRACE_TRUST_IDENTITY``):
+is believed only as the operator says (``GYMTRACE_TRUST_IDENTITY``, resolved in ``_settings``):
 
 - ``all``: every peer is trusted (a single-tenant cluster; the default without a secret);
 - ``none``: the trace context is continued, the identity is not;
@@ -23,78 +23,28 @@ from __future__ import annotations
 import base64
 import hashlib
 import hmac
-import os
-import threading
 from collections.abc import Mapping
-from dataclasses import dataclass
 
 from gymtrace import _constants as c
-from gymtrace import _environment as env
-from gymtrace._errors import InvalidArgumentError, logger
+from gymtrace import _settings
+from gymtrace._errors import InvalidArgumentError
 
-TRUST_ALL = "all"
-TRUST_NONE = "none"
-TRUST_SIGNED = "signed"
-TRUST_MODES = (TRUST_ALL, TRUST_NONE, TRUST_SIGNED)
+TRUST_ALL = _settings.TRUST_ALL
+TRUST_NONE = _settings.TRUST_NONE
+TRUST_SIGNED = _settings.TRUST_SIGNED
+SIGNATURE_KEY = c.IDENTITY_SIGNATURE
 
 _SIGNATURE_VERSION = "v1."
 _SIGNATURE_CHARS = 22  # 128 bits of the HMAC: forging stays out of reach, the header stays short
 
-
-@dataclass(frozen=True)
-class TrustSettings:
-    mode: str
-    secrets: tuple[bytes, ...]
-    allow: frozenset[str]
+# Signatures of the identities this process sends, per secret set (a process sends the same few
+# identities many times). Replaced whole when the secrets change.
+_signatures: tuple[tuple[str, ...], dict[tuple[tuple[str, str | int], ...], str]] = ((), {})
 
 
-_lock = threading.Lock()
-_settings: TrustSettings | None = None
-_overrides: dict[str, object] = {}
-_signatures: dict[tuple[tuple[str, str | int], ...], str] = {}
-
-
-def _split(value: str | None) -> list[str]:
-    return [part.strip() for part in (value or "").split(",") if part.strip()]
-
-
-def _resolve() -> TrustSettings:
-    raw_secret = _overrides.get("secret", os.environ.get(env.GYMTRACE_IDENTITY_SECRET))
-    secrets = tuple(s.encode() for s in _split(raw_secret if isinstance(raw_secret, str) else None))
-    raw_mode = _overrides.get("mode", os.environ.get(env.GYMTRACE_TRUST_IDENTITY))
-    mode = str(raw_mode).strip().lower() if raw_mode else (TRUST_SIGNED if secrets else TRUST_ALL)
-    if mode not in TRUST_MODES:
-        # A typo must not silently open the door: an unknown setting trusts nobody.
-        logger.warning(
-            "gymtrace: %s=%r is not one of all, none, signed; trusting no incoming identity",
-            env.GYMTRACE_TRUST_IDENTITY,
-            raw_mode,
-        )
-        mode = TRUST_NONE
-    if mode == TRUST_SIGNED and not secrets:
-        logger.warning(
-            "gymtrace: %s=signed without %s; no incoming identity can be verified",
-            env.GYMTRACE_TRUST_IDENTITY,
-            env.GYMTRACE_IDENTITY_SECRET,
-        )
-    raw_allow = _overrides.get("allow", os.environ.get(env.GYMTRACE_BAGGAGE_ALLOW))
-    if isinstance(raw_allow, str) or raw_allow is None:
-        allow = frozenset(_split(raw_allow))
-    else:
-        allow = frozenset(str(k) for k in raw_allow)  # type: ignore[attr-defined]
-    # gym.* keys are identity: never forwarded as application baggage, whatever the list says.
-    allow = frozenset(k for k in allow if not k.startswith("gym."))
-    return TrustSettings(mode, secrets, allow)
-
-
-def settings() -> TrustSettings:
-    """The settings in force (read from the environment on first use, then cached)."""
-    global _settings
-    current = _settings
-    if current is None:
-        with _lock:
-            current = _settings = _settings or _resolve()
-    return current
+def allowed_baggage() -> frozenset[str]:
+    """Application baggage keys forwarded beside the identity (``GYMTRACE_BAGGAGE_ALLOW``)."""
+    return _settings.active.baggage_allow
 
 
 def configure_trust(
@@ -102,69 +52,87 @@ def configure_trust(
     mode: str | None = None,
     secret: str | None = None,
     allow: str | list[str] | tuple[str, ...] | frozenset[str] | None = None,
-) -> TrustSettings:
-    """Override the environment (``configure(trust_identity=..., identity_secret=..., baggage_allow=...)``)."""
-    global _settings
-    if mode is not None and (not isinstance(mode, str) or mode.strip().lower() not in TRUST_MODES):
-        raise InvalidArgumentError(
-            f"configure(): trust_identity must be one of all, none, signed; got {mode!r}"
-        )
-    if secret is not None and (not isinstance(secret, str) or not secret.strip()):
-        raise InvalidArgumentError("configure(): identity_secret must be a non-empty string")
-    if allow is not None and not isinstance(allow, (str, list, tuple, frozenset)):
-        raise InvalidArgumentError(
-            f"configure(): baggage_allow must be a comma-separated string or a list of keys; got {allow!r}"
-        )
-    with _lock:
-        if mode is not None:
-            _overrides["mode"] = mode.strip().lower()
-        if secret is not None:
-            _overrides["secret"] = secret
-        if allow is not None:
-            _overrides["allow"] = allow
-        _settings = _resolve()
-        _signatures.clear()
-        return _settings
+) -> None:
+    """Override the environment in code (``configure(trust_identity=..., identity_secret=...,
+    baggage_allow=...)`` calls this). Raises :class:`~gymtrace.InvalidArgumentError` naming the
+    argument for a bad value."""
+    _settings.override(**trust_overrides(mode=mode, secret=secret, allow=allow))
+
+
+def trust_overrides(
+    *,
+    mode: str | None = None,
+    secret: str | None = None,
+    allow: str | list[str] | tuple[str, ...] | frozenset[str] | None = None,
+) -> dict[str, object]:
+    """Validated ``_settings`` overrides for the trust arguments of ``configure()``."""
+    overrides: dict[str, object] = {}
+    if mode is not None:
+        if not isinstance(mode, str) or mode.strip().lower() not in _settings.TRUST_MODES:
+            raise InvalidArgumentError(
+                f"gymtrace.configure(): argument 'trust_identity' must be one of {_settings.TRUST_MODES},"
+                f" got {mode!r:.80}"
+            )
+        overrides["trust_identity"] = mode.strip().lower()
+    if secret is not None:
+        secrets = _settings.split_list(secret) if isinstance(secret, str) else ()
+        if not secrets:
+            raise InvalidArgumentError(
+                "gymtrace.configure(): argument 'identity_secret' must be a non-empty string"
+            )
+        overrides["identity_secrets"] = secrets
+    if allow is not None:
+        if isinstance(allow, str):
+            keys: tuple[str, ...] = _settings.split_list(allow)
+        elif isinstance(allow, (list, tuple, frozenset)) and all(isinstance(k, str) for k in allow):
+            keys = tuple(k.strip() for k in allow if k.strip())
+        else:
+            raise InvalidArgumentError(
+                "gymtrace.configure(): argument 'baggage_allow' must be a comma-separated string or"
+                f" a list of keys, got {allow!r:.80}"
+            )
+        overrides["baggage_allow"] = frozenset(keys)
+    return overrides
 
 
 def reset_trust() -> None:
-    """Forget overrides and cached settings (tests; the environment is read again on next use)."""
-    global _settings
-    with _lock:
-        _overrides.clear()
-        _settings = None
-        _signatures.clear()
+    """Forget code overrides of the trust settings and read the environment again (tests)."""
+    _settings.override(trust_identity=None, identity_secrets=None, baggage_allow=None)
 
 
 def _message(identity: Mapping[str, object]) -> bytes:
     return "\n".join(f"{k}={identity[k]}" for k in c.IDENTITY_KEYS if k in identity).encode()
 
 
-def _mac(secret: bytes, identity: Mapping[str, object]) -> str:
-    digest = hmac.new(secret, _message(identity), hashlib.sha256).digest()
+def _mac(secret: str, identity: Mapping[str, object]) -> str:
+    digest = hmac.new(secret.encode(), _message(identity), hashlib.sha256).digest()
     return _SIGNATURE_VERSION + base64.urlsafe_b64encode(digest).decode()[:_SIGNATURE_CHARS]
 
 
 def signature(identity: Mapping[str, str | int]) -> str | None:
-    """``gym.sig`` for ``identity`` with the first secret, or None without a secret. Cached per
-    identity: a process sends the same few identities many times."""
-    secrets = settings().secrets
+    """``gym.sig`` for ``identity`` with the first secret, or None without a secret."""
+    global _signatures
+    secrets = _settings.active.identity_secrets
     if not secrets or not identity:
         return None
+    owner, cache = _signatures
+    if owner != secrets:
+        cache = {}
+        _signatures = (secrets, cache)
     key = tuple(identity.items())
-    sig = _signatures.get(key)
+    sig = cache.get(key)
     if sig is None:
         sig = _mac(secrets[0], identity)
-        if len(_signatures) > 4096:
-            _signatures.clear()
-        _signatures[key] = sig
+        if len(cache) > 4096:
+            cache.clear()
+        cache[key] = sig
     return sig
 
 
 def verified(identity: Mapping[str, str | int], sig: object) -> bool:
     if not isinstance(sig, str) or not sig.startswith(_SIGNATURE_VERSION):
         return False
-    return any(hmac.compare_digest(_mac(secret, identity), sig) for secret in settings().secrets)
+    return any(hmac.compare_digest(_mac(s, identity), sig) for s in _settings.active.identity_secrets)
 
 
 def accept(
@@ -177,12 +145,9 @@ def accept(
     """
     if not identity or trusted:
         return identity
-    mode = settings().mode
+    mode = _settings.active.trust_identity
     if mode == TRUST_ALL:
         return identity
     if mode == TRUST_SIGNED and verified(identity, sig):
         return identity
     return {}
-
-
-SIGNATURE_KEY = c.IDENTITY_SIGNATURE

@@ -15,7 +15,7 @@ Example::
     headers = gymtrace.propagation.inject({})
     requests.post(url, json=task, headers=headers)
 
-    # server side (or use gymtrace.asgi.GymTraceMiddleware)
+    # server side (or use gymtrace.integrations.asgi.GymTraceMiddleware)
     with gymtrace.propagation.attach(request.headers):
         handle(task)                      # spans here join the client's trace and rollout
 
@@ -23,7 +23,7 @@ Example::
     subprocess.run(cmd, env={**os.environ, **gymtrace.propagation.env_carrier()})
     # ...and in the child:  with gymtrace.propagation.attach(os.environ): ...
 
-    # thread and process pools
+    # thread and process pools (also gymtrace.integrations.concurrent)
     future = gymtrace.propagation.submit(pool, score, answer)
 
 Nothing here raises into the caller: a broken carrier gives a context without a remote parent,
@@ -66,9 +66,8 @@ __all__ = [
     "with_identity",
 ]
 
-P = ParamSpec("P")
-R = TypeVar("R")
-
+_P = ParamSpec("_P")
+_R = TypeVar("_R")
 
 # -- identity <-> baggage ---------------------------------------------------------------------------
 
@@ -128,7 +127,7 @@ def with_identity(
     ctx = context if context is not None else otel_context.get_current()
     identity = _identity_of(ctx)
     step_base = baggage.get_baggage(c.STEP_BASE, ctx) or (_reserve_step(ctx) if reserve_step else None)
-    allow = _trust.settings().allow
+    allow = _trust.allowed_baggage()
     kept = {}
     if allow:
         entries = baggage.get_all(ctx)
@@ -226,7 +225,7 @@ _TOKEN = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
 _VALUE = re.compile(r"[\x21\x23-\x2b\x2d-\x3a\x3c-\x5b\x5d-\x7e]*")
 
 
-class Baggage(NamedTuple):
+class _Baggage(NamedTuple):
     """One ``baggage`` header split the W3C way: the ``gym.*`` entries (values decoded, properties
     stripped, ``+`` kept), the other well-formed entries re-joined, and how many were malformed."""
 
@@ -243,11 +242,11 @@ def _format_baggage(entries: Mapping[str, object]) -> str:
     return ",".join(f"{quote(str(k), safe=_SAFE)}={quote(str(v), safe=_SAFE)}" for k, v in entries.items())
 
 
-def split_baggage(header: str | None) -> Baggage:
+def _split_baggage(header: str | None) -> _Baggage:
     if not header:
-        return Baggage({}, "", 0)
+        return _Baggage({}, "", 0)
     if len(header.encode("utf-8", "surrogatepass")) > _MAX_BAGGAGE_BYTES:
-        return Baggage({}, "", 1)
+        return _Baggage({}, "", 1)
     gym: dict[str, str] = {}
     other: list[str] = []
     dropped = 0
@@ -276,7 +275,7 @@ def split_baggage(header: str | None) -> Baggage:
         else:
             # Properties (";ttl=30") are metadata about an entry, not part of its value.
             other.append(f"{key}={value}")
-    return Baggage(gym, ",".join(other), dropped)
+    return _Baggage(gym, ",".join(other), dropped)
 
 
 def _report_dropped(dropped: int) -> None:
@@ -291,11 +290,11 @@ def _report_dropped(dropped: int) -> None:
 _last_report = -1e9
 
 
-def incoming_identity(
+def _incoming_identity(
     header: str | None, *, trusted: bool | None = None
-) -> tuple[dict[str, str | int], Baggage]:
+) -> tuple[dict[str, str | int], _Baggage]:
     """The identity in a raw ``baggage`` header that this process believes, and the split header."""
-    parsed = split_baggage(header)
+    parsed = _split_baggage(header)
     _report_dropped(parsed.dropped)
     identity = _trust.accept(
         clean_identity(parsed.gym), parsed.gym.get(_trust.SIGNATURE_KEY), trusted=trusted
@@ -351,19 +350,19 @@ def extract(
             return _from_scope_carrier(carrier, base)
         index = _index(carrier)
         raw = index.get("baggage")
-        identity, parsed = incoming_identity(raw[0] if raw else None, trusted=trusted)
+        identity, parsed = _incoming_identity(raw[0] if raw else None, trusted=trusted)
         if raw:
             # OpenTelemetry's propagator sees the well-formed application entries only: the gym ones
             # are read above, and nothing it parses can make it log.
             index["baggage"] = [parsed.other] if parsed.other else []
         ctx = propagate.extract(index, context=base, getter=_GETTER)
-        return remote_context(ctx, identity, parsed.gym.get(c.STEP_BASE))
+        return _remote_context(ctx, identity, parsed.gym.get(c.STEP_BASE))
     except Exception as exc:  # noqa: BLE001 - telemetry must not break the caller
         internal_error("gymtrace.propagation.extract", exc)
         return base
 
 
-def remote_context(
+def _remote_context(
     ctx: otel_context.Context, identity: dict[str, str | int], step_base: object = None
 ) -> otel_context.Context:
     """``ctx`` with its ``gym.*`` baggage replaced by ``identity`` (already believed) and, when there
@@ -400,7 +399,7 @@ def remote_context(
 
 
 # The old private name, for callers inside gymtrace.
-_with_remote_frame = remote_context
+_with_remote_frame = _remote_context
 
 
 def _from_scope_carrier(carrier: Mapping[str, Any], base: otel_context.Context) -> otel_context.Context:
@@ -452,7 +451,7 @@ def env_carrier(context: otel_context.Context | None = None) -> dict[str, str]:
 # -- thread and process pools ------------------------------------------------------------------------
 
 
-class ContextCarrier(Generic[P, R]):
+class ContextCarrier(Generic[_P, _R]):
     """``fn`` bound to the trace context and gym identity of the moment it was wrapped.
 
     In a thread of the same process the worker runs in exactly that context (the gym scopes keep
@@ -465,7 +464,7 @@ class ContextCarrier(Generic[P, R]):
 
     __slots__ = ("_context", "_headers", "_pid", "fn")
 
-    def __init__(self, fn: Callable[P, R], context: otel_context.Context | None = None) -> None:
+    def __init__(self, fn: Callable[_P, _R], context: otel_context.Context | None = None) -> None:
         self.fn = fn
         self._context: otel_context.Context | None = (
             context if context is not None else otel_context.get_current()
@@ -485,7 +484,7 @@ class ContextCarrier(Generic[P, R]):
         self._pid = state["pid"]
         self._context = None
 
-    def __call__(self, *args: P.args, **kwargs: P.kwargs) -> R:
+    def __call__(self, *args: _P.args, **kwargs: _P.kwargs) -> _R:
         # The headers were made by this application's own submit(): no trust boundary is crossed.
         ctx = self._context if self._context is not None else extract(self._headers or {}, trusted=True)
         token = otel_context.attach(ctx)
@@ -510,7 +509,7 @@ def _flush_quietly() -> None:
         flush()
 
 
-def carry(fn: Callable[P, R], context: otel_context.Context | None = None) -> ContextCarrier[P, R]:
+def carry(fn: Callable[_P, _R], context: otel_context.Context | None = None) -> ContextCarrier[_P, _R]:
     """Bind ``fn`` to the current trace context and gym identity for a thread or process worker.
 
     ``pool.submit(gymtrace.propagation.carry(fn), *args)``; picklable when ``fn`` is.
@@ -518,7 +517,7 @@ def carry(fn: Callable[P, R], context: otel_context.Context | None = None) -> Co
     return ContextCarrier(fn, context)
 
 
-def submit(executor: Executor, fn: Callable[P, R], /, *args: P.args, **kwargs: P.kwargs) -> Future[R]:
+def submit(executor: Executor, fn: Callable[_P, _R], /, *args: _P.args, **kwargs: _P.kwargs) -> Future[_R]:
     """``executor.submit(fn, ...)`` with the caller's trace and gym identity carried into the worker.
 
     Works with ``ThreadPoolExecutor`` and ``ProcessPoolExecutor``.
@@ -526,6 +525,6 @@ def submit(executor: Executor, fn: Callable[P, R], /, *args: P.args, **kwargs: P
     return executor.submit(ContextCarrier(fn), *args, **kwargs)
 
 
-def map(executor: Executor, fn: Callable[..., R], *iterables: Iterable[Any], **kwargs: Any) -> Iterator[R]:
+def map(executor: Executor, fn: Callable[..., _R], *iterables: Iterable[Any], **kwargs: Any) -> Iterator[_R]:
     """``executor.map(fn, ...)`` with the caller's trace and gym identity carried into every call."""
     return executor.map(ContextCarrier(fn), *iterables, **kwargs)

@@ -22,7 +22,7 @@ Example::
 ``instrument(aliases=True)`` records NeMo Gym's own attribute names beside gymtrace's
 (``nemo.gym.rollout.id`` = the attempt-qualified key, ``nemo.gym.run.id``, ``nemo.gym.task.id``)
 so one Jaeger search finds both. In a server, the ASGI middleware
-(:class:`gymtrace.asgi.GymTraceMiddleware`) then reads the two headers when a request carries
+(:class:`gymtrace.integrations.asgi.GymTraceMiddleware`) then reads the two headers when a request carries
 no believed gym baggage, so a NeMo Gym client's request runs in its rollout and attempt. NeMo Gym
 headers carry no signature: they are believed only under ``GYMTRACE_TRUST_IDENTITY=all``.
 
@@ -50,6 +50,8 @@ from gymtrace._errors import internal_error
 from gymtrace._frame import FRAME_KEY, ActiveScope
 
 __all__ = [
+    "NEMO_ID",
+    "alias_attributes",
     "body_fields",
     "from_nemo_id",
     "headers",
@@ -296,7 +298,7 @@ async def _aiohttp_request(wrapped: Any, instance: Any, args: tuple[Any, ...], k
 
 def instrument(*, body: bool = False, path: bool = False, aliases: bool = False) -> None:
     """Add the NeMo Gym headers to every httpx and aiohttp request made inside a gym scope (unless
-    the caller set one), and read them on incoming requests in :class:`~gymtrace.asgi.GymTraceMiddleware`.
+    the caller set one), and read them on incoming requests in :class:`~gymtrace.integrations.asgi.GymTraceMiddleware`.
 
     ``body``: also add the ``_ng_*`` fields to JSON object bodies (fields the caller set win);
     ``path``: also put ``/ng-rollout/<key>`` in front of the path; ``aliases``: stamp
@@ -309,12 +311,12 @@ def instrument(*, body: bool = False, path: bool = False, aliases: bool = False)
 
             raise InvalidArgumentError(f"nemo_gym.instrument(): {name} must be a bool, got {value!r}")
     from gymtrace import _processor
-    from gymtrace import asgi as _asgi
+    from gymtrace.integrations import asgi as _asgi
 
     with _lock:
         _options.body, _options.path = body, path
         _processor.set_aliases(alias_attributes if aliases else None)
-        _asgi.set_fallback_identity(identity_from_headers)
+        _asgi._set_fallback_identity(identity_from_headers)
         if _patched:
             return
         try:
@@ -336,11 +338,11 @@ def instrument(*, body: bool = False, path: bool = False, aliases: bool = False)
 
 def uninstrument() -> None:
     from gymtrace import _processor
-    from gymtrace import asgi as _asgi
+    from gymtrace.integrations import asgi as _asgi
 
     with _lock:
         _processor.set_aliases(None)
-        _asgi.set_fallback_identity(None)
+        _asgi._set_fallback_identity(None)
         _options.body = _options.path = False
         for owner, name in reversed(_patched):
             wrapper = owner.__dict__[name]

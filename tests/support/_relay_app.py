@@ -1,4 +1,4 @@
-"""A small ASGI app served in its own process by the tests (``serve --role app --app _relay_app:make_app``)."""
+"""A small ASGI app served in its own process by the tests (``serve_app.py --app _relay_app:make_app``)."""
 
 from __future__ import annotations
 
@@ -14,7 +14,8 @@ from starlette.responses import JSONResponse, StreamingResponse
 from starlette.routing import Route
 
 import gymtrace
-from gymtrace.http import AsyncHttpxTransport, aiohttp_trace_config
+from gymtrace.integrations.aiohttp import aiohttp_trace_config
+from gymtrace.integrations.httpx import AsyncHttpxTransport
 
 tracer = trace.get_tracer("tests.relay")
 
@@ -76,9 +77,9 @@ async def forward_local(request: Request) -> JSONResponse:
 
 def make_app() -> Starlette:
     if os.environ.get("RELAY_AIOHTTP_INSTRUMENT"):
-        from gymtrace.http import instrument_aiohttp
+        from gymtrace.integrations.aiohttp import instrument
 
-        instrument_aiohttp()
+        instrument()
     return Starlette(
         routes=[
             Route("/work", work),

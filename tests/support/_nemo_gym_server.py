@@ -23,7 +23,7 @@ from opentelemetry import trace
 
 import gymtrace
 import gymtrace.integrations.nemo_gym as nemo_gym
-from gymtrace.asgi import GymTraceMiddleware
+from gymtrace.integrations.asgi import GymTraceMiddleware
 
 ROLLOUT = "x-nemo-gym-rollout-id"
 ATTEMPT = "x-nemo-gym-attempt-index"

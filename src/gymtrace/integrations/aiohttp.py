@@ -1,6 +1,17 @@
 """aiohttp: send the trace and the gym identity with every request.
 
-Two ways, for two set-ups:
+Example::
+
+    import aiohttp
+    from gymtrace.integrations.aiohttp import aiohttp_trace_config, instrument
+
+    session = aiohttp.ClientSession(trace_configs=[aiohttp_trace_config()])
+    instrument()      # instead, or as well, beside opentelemetry-instrumentation-aiohttp-client
+
+Each request gets ``traceparent``/``tracestate`` and a ``baggage`` header with the gym identity
+(and the keys of ``GYMTRACE_BAGGAGE_ALLOW``) only; the official
+``opentelemetry-instrumentation-aiohttp-client`` makes the CLIENT spans beside it. Needs
+``gymtrace[aiohttp]``. Two ways, for two set-ups:
 
 - ``aiohttp_trace_config()`` for ``ClientSession(trace_configs=[...])``, enough on its own;
 - ``instrument()``, which runs every ``ClientSession`` request inside the context whose baggage is
@@ -23,9 +34,7 @@ from typing import Any
 try:
     import aiohttp
 except ImportError as exc:  # pragma: no cover - depends on the installed extras
-    raise ImportError(
-        "gymtrace.http.aiohttp_trace_config needs aiohttp: pip install 'gymtrace[aiohttp]'"
-    ) from exc
+    raise ImportError("gymtrace.integrations.aiohttp needs aiohttp: pip install 'gymtrace[aiohttp]'") from exc
 
 import wrapt
 from multidict import CIMultiDict
@@ -33,6 +42,8 @@ from opentelemetry import context as otel_context
 
 from gymtrace._errors import internal_error
 from gymtrace.propagation import inject, with_identity
+
+__all__ = ["aiohttp_trace_config", "instrument", "uninstrument"]
 
 _OUTGOING_KEY = otel_context.create_key("gymtrace.aiohttp.outgoing")
 
