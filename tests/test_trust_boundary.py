@@ -16,7 +16,7 @@ from opentelemetry import baggage
 import gymtrace
 from _distributed import RELAY, read_services, services
 from gymtrace import _constants as c
-from gymtrace import _trust, propagation
+from gymtrace import _settings, _trust, propagation
 from gymtrace.integrations.httpx import HttpxTransport
 
 SECRET = "test-secret-7f1c"
@@ -244,3 +244,27 @@ def test_allow_listed_application_baggage_is_forwarded_across_services_and_nothi
     assert reply["downstream"]["identity"]["rollout_id"] == "r-1"
     # The handler that received the request still sees all of the caller's baggage.
     assert {"tenant", "user.email", c.ROLLOUT_ID} <= set(reply["context_baggage"])
+
+
+def test_a_bad_trust_argument_raises_naming_it_and_changes_nothing():
+    with pytest.raises(gymtrace.InvalidArgumentError, match="trust_identity"):
+        gymtrace.configure(trust_identity="everyone", file=False)
+    with pytest.raises(gymtrace.InvalidArgumentError, match="baggage_allow"):
+        gymtrace.configure(baggage_allow=42, file=False)  # type: ignore[arg-type]
+    assert _settings.active.trust_identity == "all"
+
+
+def test_an_unknown_trust_setting_in_the_environment_trusts_nobody(monkeypatch, caplog):
+    monkeypatch.setenv("GYMTRACE_TRUST_IDENTITY", "yes-please")
+    _trust.reset_trust()
+    assert _settings.active.trust_identity == "none"
+    assert "GYMTRACE_TRUST_IDENTITY" in caplog.text
+    with gymtrace.testing.capture_spans(), propagation.attach({"baggage": SPOOF}):
+        assert gymtrace.current().rollout_id is None
+
+
+def test_the_secret_never_appears_in_the_settings_repr(monkeypatch):
+    monkeypatch.setenv("GYMTRACE_IDENTITY_SECRET", SECRET)
+    _trust.reset_trust()
+    assert _settings.active.trust_identity == "signed"  # a secret alone switches signing on
+    assert SECRET not in repr(_settings.active)

@@ -293,15 +293,7 @@ def configure(
         overrides["strict"] = strict
     if trace_per is not None:
         overrides["trace_per_run"] = trace_per == "run"
-    overrides.update(
-        trust_overrides(
-            mode=trust_identity,
-            secret=identity_secret,
-            allow=baggage_allow
-            if baggage_allow is None or isinstance(baggage_allow, str)
-            else tuple(baggage_allow),
-        )
-    )
+    overrides.update(trust_overrides(mode=trust_identity, secret=identity_secret, allow=baggage_allow))
     settings = _settings.resolve(
         endpoint=endpoint,
         protocol=protocol,

@@ -23,7 +23,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import hmac
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 
 from gymtrace import _constants as c
 from gymtrace import _settings
@@ -51,7 +51,7 @@ def configure_trust(
     *,
     mode: str | None = None,
     secret: str | None = None,
-    allow: str | list[str] | tuple[str, ...] | frozenset[str] | None = None,
+    allow: str | Iterable[str] | None = None,
 ) -> None:
     """Override the environment in code (``configure(trust_identity=..., identity_secret=...,
     baggage_allow=...)`` calls this). Raises :class:`~gymtrace.InvalidArgumentError` naming the
@@ -61,9 +61,9 @@ def configure_trust(
 
 def trust_overrides(
     *,
-    mode: str | None = None,
-    secret: str | None = None,
-    allow: str | list[str] | tuple[str, ...] | frozenset[str] | None = None,
+    mode: object = None,
+    secret: object = None,
+    allow: object = None,
 ) -> dict[str, object]:
     """Validated ``_settings`` overrides for the trust arguments of ``configure()``."""
     overrides: dict[str, object] = {}
@@ -84,7 +84,7 @@ def trust_overrides(
     if allow is not None:
         if isinstance(allow, str):
             keys: tuple[str, ...] = _settings.split_list(allow)
-        elif isinstance(allow, (list, tuple, frozenset)) and all(isinstance(k, str) for k in allow):
+        elif isinstance(allow, (list, tuple, set, frozenset)) and all(isinstance(k, str) for k in allow):
             keys = tuple(k.strip() for k in allow if k.strip())
         else:
             raise InvalidArgumentError(
