@@ -6,7 +6,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from gymtrace import _errors
+from gymtrace import _errors, _trust
 from gymtrace.testing import CapturedSpans, capture_spans
 
 
@@ -14,8 +14,10 @@ from gymtrace.testing import CapturedSpans, capture_spans
 def _fresh_warning_memory() -> Iterator[None]:
     # "Logged once" is per process; each test starts with a clean memory of what was logged.
     _errors.reset_seen()
+    _trust.reset_trust()  # forget trust overrides made in code; read GYMTRACE_TRUST_* again
     yield
     _errors.reset_seen()
+    _trust.reset_trust()
 
 
 @pytest.fixture

@@ -22,6 +22,8 @@ PUBLIC_MODULES = [
     "gymtrace.integrations.asgi",
     "gymtrace.integrations.concurrent",
     "gymtrace.integrations.httpx",
+    "gymtrace.integrations.nemo_gym",
+    "gymtrace.integrations.openai",
 ]
 
 

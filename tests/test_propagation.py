@@ -17,7 +17,7 @@ from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapProp
 import gymtrace
 from child_process import clean_env
 from gymtrace import _constants as c
-from gymtrace import propagation
+from gymtrace import _trust, propagation
 from gymtrace._spandata import read_otlp_json_lines
 
 REMOTE_TRACE = "0af7651916cd43dd8448eb211c80319c"
@@ -108,12 +108,67 @@ def test_extract_reads_env_names_any_case_and_asgi_header_pairs(carrier):
     assert propagation.identity_from_context(ctx)[c.ROLLOUT_ID] == "r-7"
 
 
-def test_repeated_baggage_headers_are_joined():
-    carrier = [(b"baggage", b"gym.rollout.id=r-7"), (b"baggage", b"gym.episode.attempt=2")]
-    assert propagation.identity_from_context(propagation.extract(carrier)) == {
-        c.ROLLOUT_ID: "r-7",
-        c.EPISODE_ATTEMPT: 2,
-    }
+def test_repeated_baggage_headers_give_one_identity_the_first_as_opentelemetry_takes_it():
+    # Issue 12: joining them let the SERVER span (OpenTelemetry's getter: first header) and the
+    # handler (joined, last entry wins) see two different rollouts.
+    carrier = [
+        (b"traceparent", HEADERS["traceparent"].encode()),
+        (b"baggage", b"gym.rollout.id=r-7"),
+        (b"baggage", b"gym.rollout.id=r-evil,gym.episode.attempt=2"),
+    ]
+    ctx = propagation.extract(carrier)
+    assert propagation.identity_from_context(ctx) == {c.ROLLOUT_ID: "r-7"}
+    official = propagate.extract(carrier, getter=_AsgiLikeGetter())
+    assert baggage.get_baggage(c.ROLLOUT_ID, official) == "r-7"
+
+
+def _sent(headers) -> dict[str, object]:
+    """The baggage a receiver gets from ``headers``."""
+    return dict(baggage.get_all(W3CBaggagePropagator().extract(headers, context=otel_context.Context())))
+
+
+class _AsgiLikeGetter:
+    """What opentelemetry-instrumentation-asgi's getter returns: every value of a header."""
+
+    def get(self, carrier, key):
+        values = [v.decode() for k, v in carrier if k.decode().lower() == key]
+        return values or None
+
+    def keys(self, carrier):
+        return [k.decode() for k, _ in carrier]
+
+
+def test_baggage_property_is_stripped_and_plus_is_kept():
+    ctx = propagation.extract({"baggage": "gym.rollout.id=r+1;ttl=30,gym.task.id=t%2F1,tenant=acme;p"})
+    assert propagation.identity_from_context(ctx) == {c.ROLLOUT_ID: "r+1", c.TASK_ID: "t/1"}
+    assert baggage.get_baggage("tenant", ctx) == "acme"
+
+
+def test_application_baggage_stays_in_the_context_but_is_forwarded_only_when_allowed(monkeypatch):
+    incoming = {"baggage": "gym.rollout.id=r-1,tenant=acme,user.email=a%40b.c,flag=on"}
+    with gymtrace.testing.capture_spans(), propagation.attach(incoming):
+        assert baggage.get_all() == {
+            c.ROLLOUT_ID: "r-1",
+            "tenant": "acme",
+            "user.email": "a@b.c",
+            "flag": "on",
+        }
+        default = _sent(propagation.inject({}))
+        _trust.configure_trust(allow="tenant, flag")
+        allowed = _sent(propagation.inject({}))
+    assert default == {c.ROLLOUT_ID: "r-1"}
+    assert allowed == {c.ROLLOUT_ID: "r-1", "tenant": "acme", "flag": "on"}
+
+
+def test_allow_list_comes_from_the_environment_and_never_lets_gym_keys_through(monkeypatch):
+    monkeypatch.setenv("GYMTRACE_BAGGAGE_ALLOW", "tenant,gym.episode.attempt")
+    _trust.reset_trust()
+    token = otel_context.attach(baggage.set_baggage("tenant", "acme", baggage.set_baggage("other", "x")))
+    try:
+        sent = _sent(propagation.inject({}))
+    finally:
+        otel_context.detach(token)
+    assert sent == {"tenant": "acme"}
 
 
 @pytest.mark.parametrize(
@@ -133,9 +188,9 @@ def test_invalid_identity_values_are_dropped(entry):
     assert propagation.identity_from_context(ctx) == {}
 
 
-def test_extracted_context_keeps_only_identity_baggage():
+def test_extracted_context_keeps_application_baggage_beside_identity():
     ctx = propagation.extract({"baggage": "gym.rollout.id=r-1,tenant=acme,big=" + "y" * 1000})
-    assert baggage.get_all(ctx) == {c.ROLLOUT_ID: "r-1"}
+    assert baggage.get_all(ctx) == {c.ROLLOUT_ID: "r-1", "tenant": "acme", "big": "y" * 1000}
 
 
 def test_garbage_traceparent_starts_a_new_trace_and_keeps_valid_identity():

@@ -372,3 +372,42 @@ def test_generator_wrapper_is_still_a_generator_function() -> None:
     assert inspect.isgeneratorfunction(gen)
     assert inspect.isasyncgenfunction(agen)
     assert inspect.iscoroutinefunction(coro)
+
+
+def test_record_usage_records_cache_hits_response_id_finish_reasons_and_time_to_first_token(
+    captured: CapturedSpans,
+) -> None:
+    with gymtrace.step(), gymtrace.model_call(model="m") as call:
+        call.record_usage(
+            input_tokens=900,
+            output_tokens=12,
+            cached_input_tokens=768,
+            response_id="chatcmpl-1",
+            finish_reasons=["tool_calls"],
+            time_to_first_token=0.25,
+        )
+    span = captured.one(c.KIND_MODEL_CALL)
+    assert span.attributes[c.GEN_AI_USAGE_CACHE_READ_INPUT_TOKENS] == 768
+    assert span.attributes[c.GEN_AI_RESPONSE_ID] == "chatcmpl-1"
+    assert tuple(span.attributes[c.GEN_AI_RESPONSE_FINISH_REASONS]) == ("tool_calls",)
+    assert span.attributes[c.GEN_AI_RESPONSE_TIME_TO_FIRST_CHUNK] == 0.25
+
+
+@pytest.mark.parametrize(
+    ("argument", "value"),
+    [("finish_reasons", "stop"), ("time_to_first_token", -1.0), ("cached_input_tokens", -3)],
+)
+def test_record_usage_names_the_bad_argument_in_strict_mode(
+    captured: CapturedSpans, argument: str, value: object
+) -> None:
+    from gymtrace._errors import set_strict
+
+    set_strict(True)
+    try:
+        with (
+            gymtrace.model_call(model="m") as call,
+            pytest.raises(gymtrace.InvalidArgumentError, match=argument),
+        ):
+            call.record_usage(**{argument: value})  # type: ignore[arg-type]
+    finally:
+        set_strict(None)

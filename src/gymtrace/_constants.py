@@ -63,6 +63,9 @@ EPISODE_ID: Final = "gym.episode.id"
 
 IDENTITY_KEYS: Final = (RUN_ID, TASK_ID, ROLLOUT_ID, ROLLOUT_REPEAT, EPISODE_ATTEMPT, EPISODE_ID)
 INT_IDENTITY_KEYS: Final = frozenset({ROLLOUT_REPEAT, EPISODE_ATTEMPT})
+# Baggage entry beside the identity entries: their HMAC, when GYMTRACE_IDENTITY_SECRET is set
+# (gymtrace/_trust.py). Never stamped on spans.
+IDENTITY_SIGNATURE: Final = "gym.sig"
 
 # -- outcome and structure ---------------------------------------------------------------------------
 
@@ -151,6 +154,31 @@ OPERATION_INVOKE_AGENT: Final = "invoke_agent"
 OPERATION_CHAT: Final = "chat"
 OPERATION_EXECUTE_TOOL: Final = "execute_tool"
 EVALUATION_NAME_REWARD: Final = "reward"
+
+# Response details (GenAI conventions): what tells server queueing from prefix-cache misses from the
+# agent itself. gen_ai.usage.cache_read.input_tokens is the conventions' name for input tokens served
+# from the provider's prompt/prefix cache. The conventions measure time to first token only as a
+# metric (gen_ai.server.time_to_first_token); gymtrace records the client-side time from request to
+# first streamed chunk on the span, in seconds, as gen_ai.response.time_to_first_chunk.
+GEN_AI_RESPONSE_ID: Final = "gen_ai.response.id"
+GEN_AI_RESPONSE_FINISH_REASONS: Final = "gen_ai.response.finish_reasons"
+GEN_AI_USAGE_CACHE_READ_INPUT_TOKENS: Final = "gen_ai.usage.cache_read.input_tokens"
+GEN_AI_RESPONSE_TIME_TO_FIRST_CHUNK: Final = "gen_ai.response.time_to_first_chunk"
+GEN_AI_REQUEST_STREAM: Final = "gen_ai.request.stream"
+
+# -- NeMo Gym's wire identity (gymtrace.integrations.nemo_gym) -----------------------------------------
+
+NEMO_GYM_ROLLOUT_HEADER: Final = "x-nemo-gym-rollout-id"
+NEMO_GYM_ATTEMPT_HEADER: Final = "x-nemo-gym-attempt-index"
+NEMO_GYM_BODY_ROLLOUT_ID: Final = "_ng_rollout_id"
+NEMO_GYM_BODY_TASK_INDEX: Final = "_ng_task_index"
+NEMO_GYM_BODY_ROLLOUT_INDEX: Final = "_ng_rollout_index"
+NEMO_GYM_BODY_ATTEMPT_INDEX: Final = "_ng_attempt_index"
+NEMO_GYM_PATH_PREFIX: Final = "/ng-rollout/"
+# NeMo Gym's own span attributes, recorded as aliases on request so one Jaeger search finds both.
+NEMO_GYM_ROLLOUT_ID: Final = "nemo.gym.rollout.id"  # the attempt-qualified key ({id}-a{n} after 0)
+NEMO_GYM_RUN_ID: Final = "nemo.gym.run.id"
+NEMO_GYM_TASK_ID: Final = "nemo.gym.task.id"
 
 # Stable OpenTelemetry conventions.
 ERROR_TYPE: Final = "error.type"

@@ -44,6 +44,24 @@ GYMTRACE_FLUSH_TIMEOUT: Final = "GYMTRACE_FLUSH_TIMEOUT"
 ``sys.exit``, an unhandled exception, SIGTERM, a forked worker's ``os._exit``). What is still
 queued then is counted as dropped and logged. Default ``5``."""
 
+GYMTRACE_TRUST_IDENTITY: Final = "GYMTRACE_TRUST_IDENTITY"
+"""Which incoming gym identity (``gym.*`` baggage, NeMo Gym headers) a process believes: ``all``
+(every peer; the default without a secret, so a single-tenant cluster works out of the box),
+``none`` (the trace is continued, the identity is not) or ``signed`` (only identity carrying a valid
+``gym.sig`` HMAC made with ``GYMTRACE_IDENTITY_SECRET``; the default when a secret is set). An
+unknown value is logged and means ``none``. ``configure(trust_identity=...)`` overrides it."""
+
+GYMTRACE_IDENTITY_SECRET: Final = "GYMTRACE_IDENTITY_SECRET"
+"""Shared secret that signs outgoing gym identity and verifies incoming identity under ``signed``.
+Comma-separated secrets all verify and the first signs, for rotation. Never logged.
+``configure(identity_secret=...)`` overrides it."""
+
+GYMTRACE_BAGGAGE_ALLOW: Final = "GYMTRACE_BAGGAGE_ALLOW"
+"""Comma-separated application baggage keys forwarded beside the gym identity on outgoing requests
+(default empty: only identity leaves the process). Other application baggage stays in the
+application's context and is never sent. ``gym.*`` keys cannot be listed.
+``configure(baggage_allow=...)`` overrides it."""
+
 OTEL_BSP_MAX_QUEUE_SIZE: Final = "OTEL_BSP_MAX_QUEUE_SIZE"
 """Bound of gymtrace's export queue (default 8192 spans): when full, the oldest span is dropped
 and counted."""

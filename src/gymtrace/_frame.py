@@ -12,8 +12,9 @@ the OpenTelemetry context (``contextvars.copy_context()``, asyncio tasks) carrie
 
 from __future__ import annotations
 
+import math
 import threading
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from opentelemetry import context as otel_context
@@ -22,7 +23,7 @@ from opentelemetry.trace import SpanContext, TraceFlags
 
 from gymtrace import _constants as c
 from gymtrace import _content
-from gymtrace._errors import GymTraceError, contract_problem, data_lost, guard
+from gymtrace._errors import GymTraceError, InvalidArgumentError, contract_problem, data_lost, guard
 from gymtrace._failures import qualified_name, retryable_by_default
 from gymtrace._ids import ROLLOUT_IDENTITY, check_index, check_reward, clean_identity, episode_id
 from gymtrace._tracing import active_tracer
@@ -253,6 +254,10 @@ class ActiveScope:
         input_tokens: int | None = None,
         output_tokens: int | None = None,
         response_model: str | None = None,
+        cached_input_tokens: int | None = None,
+        response_id: str | None = None,
+        finish_reasons: Sequence[str] | None = None,
+        time_to_first_token: float | None = None,
     ) -> None:
         """See :func:`gymtrace.record_usage`; recorded on this scope's model call."""
         with guard("record_usage"):
@@ -264,12 +269,43 @@ class ActiveScope:
             span = target.span
             tokens_in = check_index("record_usage", "input_tokens", input_tokens, 0)
             tokens_out = check_index("record_usage", "output_tokens", output_tokens, 0)
+            tokens_cached = check_index("record_usage", "cached_input_tokens", cached_input_tokens, 0)
             if tokens_in is not None:
                 span.set_attribute(c.GEN_AI_USAGE_INPUT_TOKENS, tokens_in)
             if tokens_out is not None:
                 span.set_attribute(c.GEN_AI_USAGE_OUTPUT_TOKENS, tokens_out)
+            if tokens_cached is not None:
+                span.set_attribute(c.GEN_AI_USAGE_CACHE_READ_INPUT_TOKENS, tokens_cached)
             if response_model is not None:
                 span.set_attribute(c.GEN_AI_RESPONSE_MODEL, str(response_model))
+            if response_id is not None:
+                span.set_attribute(c.GEN_AI_RESPONSE_ID, str(response_id))
+            if finish_reasons is not None:
+                if isinstance(finish_reasons, str) or not all(isinstance(r, str) for r in finish_reasons):
+                    contract_problem(
+                        ("record_usage", "finish_reasons"),
+                        InvalidArgumentError(
+                            f"record_usage(): finish_reasons must be a list of strings, got {finish_reasons!r:.80}"
+                        ),
+                    )
+                else:
+                    span.set_attribute(c.GEN_AI_RESPONSE_FINISH_REASONS, list(finish_reasons))
+            if time_to_first_token is not None:
+                if (
+                    isinstance(time_to_first_token, bool)
+                    or not isinstance(time_to_first_token, (int, float))
+                    or not math.isfinite(time_to_first_token)
+                    or time_to_first_token < 0
+                ):
+                    contract_problem(
+                        ("record_usage", "time_to_first_token"),
+                        InvalidArgumentError(
+                            "record_usage(): time_to_first_token must be a finite number of seconds >= 0,"
+                            f" got {time_to_first_token!r:.40}"
+                        ),
+                    )
+                else:
+                    span.set_attribute(c.GEN_AI_RESPONSE_TIME_TO_FIRST_CHUNK, float(time_to_first_token))
 
     def record_content(self, input: object = None, output: object = None) -> None:
         """Record prompts/messages or tool arguments/results on this scope; off by default

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from opentelemetry import context as otel_context
@@ -13,12 +14,22 @@ from gymtrace.propagation import identity_from_context
 
 _ON_START_GUARD = guard("IdentitySpanProcessor.on_start")
 
+# Extra attributes derived from the identity (NeMo Gym's names, when
+# gymtrace.integrations.nemo_gym.instrument(aliases=True) asks for them); None: none.
+_aliases: Callable[[Mapping[str, Any]], Mapping[str, Any]] | None = None
+
+
+def set_aliases(derive: Callable[[Mapping[str, Any]], Mapping[str, Any]] | None) -> None:
+    global _aliases
+    _aliases = derive
+
 
 class IdentitySpanProcessor:
     """Stamps ``gym.run.id``, ``gym.rollout.id``, ``gym.episode.attempt``, ... onto every span
     started in a gym scope, including spans of HTTP clients and model SDKs. Outside any gym scope
-    it takes the identity from the W3C baggage of the span's parent context (validated), so spans
-    of a process that received a propagated context carry it too.
+    it takes the identity from the W3C baggage of the span's parent context (validated, and only
+    as far as ``GYMTRACE_TRUST_IDENTITY`` believes it), so spans of a process that received a
+    propagated context carry it too.
 
     ``gymtrace.configure()`` installs it. With a ``TracerProvider`` of your own, add it yourself::
 
@@ -34,14 +45,22 @@ class IdentitySpanProcessor:
             frame = ctx.get(FRAME_KEY)
             # No gym scope in this process yet: an HTTP server span that the official ASGI
             # instrumentation starts from the extracted headers, before gymtrace's middleware runs,
-            # has only the propagated baggage.
+            # has only the propagated baggage, believed per the trust setting (issue 12).
             identity = frame.identity if isinstance(frame, ActiveScope) else identity_from_context(ctx)
-            if not identity:
+            derive = _aliases
+            if not identity and derive is None:
                 return
             attributes = span.attributes
             if attributes is not None and c.KIND in attributes:
-                return  # a gymtrace span: it was started with its identity
+                # A gymtrace span: it was started with its identity.
+                if derive is not None:
+                    span.set_attributes(derive(attributes))
+                return
+            if not identity:
+                return
             span.set_attributes(identity)
+            if derive is not None:
+                span.set_attributes(derive(identity))
 
     def _on_ending(self, span: Any) -> None:
         return None

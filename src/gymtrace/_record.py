@@ -8,7 +8,7 @@ never scored; an unscored rollout has no reward at all, never an invented 0).
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from opentelemetry import trace
@@ -65,13 +65,29 @@ def record_usage(
     input_tokens: int | None = None,
     output_tokens: int | None = None,
     response_model: str | None = None,
+    cached_input_tokens: int | None = None,
+    response_id: str | None = None,
+    finish_reasons: Sequence[str] | None = None,
+    time_to_first_token: float | None = None,
     scope: ActiveScope | None = None,
 ) -> None:
-    """Record token usage (and the model that answered) on the current model call."""
+    """Record token usage and response details on the current model call.
+
+    ``cached_input_tokens`` (served from the provider's prefix cache, part of ``input_tokens``),
+    ``response_id``, ``finish_reasons`` (one per choice) and ``time_to_first_token`` (seconds from
+    request to first streamed chunk) are what tell server queueing from prefix-cache misses from the
+    agent itself.
+    """
     frame = frame_for(scope, "record_usage", (c.KIND_MODEL_CALL,))
     if frame is not None:
         frame.record_usage(
-            input_tokens=input_tokens, output_tokens=output_tokens, response_model=response_model
+            input_tokens=input_tokens,
+            output_tokens=output_tokens,
+            response_model=response_model,
+            cached_input_tokens=cached_input_tokens,
+            response_id=response_id,
+            finish_reasons=finish_reasons,
+            time_to_first_token=time_to_first_token,
         )
 
 

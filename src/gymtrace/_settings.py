@@ -27,7 +27,7 @@ import logging
 import os
 import threading
 from collections.abc import Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any, Final
 
 from gymtrace import _environment as env
@@ -59,6 +59,12 @@ _LENIENT_CAPTURE: Final = {
     "": NO_CONTENT,
 }
 
+# Which incoming gym identity a process believes (GYMTRACE_TRUST_IDENTITY; see _trust.py).
+TRUST_ALL: Final = "all"
+TRUST_NONE: Final = "none"
+TRUST_SIGNED: Final = "signed"
+TRUST_MODES: Final = (TRUST_ALL, TRUST_NONE, TRUST_SIGNED)
+
 DEFAULT_MAX_QUEUE_SIZE: Final = 8192
 DEFAULT_MAX_EXPORT_BATCH_SIZE: Final = 512
 DEFAULT_SCHEDULE_DELAY: Final = 0.5  # seconds (OTEL_BSP_SCHEDULE_DELAY is in milliseconds)
@@ -89,12 +95,25 @@ class Settings:
     capture_content: str = NO_CONTENT
     content_max_value_bytes: int = DEFAULT_CONTENT_MAX_VALUE_BYTES
     content_max_span_bytes: int = DEFAULT_CONTENT_MAX_SPAN_BYTES
+    trust_identity: str = TRUST_ALL
+    # The first signs, all verify. Never in repr(): settings get logged.
+    identity_secrets: tuple[str, ...] = field(default=(), repr=False)
+    baggage_allow: frozenset[str] = frozenset()
 
 
 # Settings made in code (configure(strict=...), configure_content(capture=...), ...): they outlive
 # a later configure() that does not mention them, and beat the environment. Field name -> value.
 OVERRIDABLE: Final = frozenset(
-    {"strict", "trace_per_run", "capture_content", "content_max_value_bytes", "content_max_span_bytes"}
+    {
+        "strict",
+        "trace_per_run",
+        "capture_content",
+        "content_max_value_bytes",
+        "content_max_span_bytes",
+        "trust_identity",
+        "identity_secrets",
+        "baggage_allow",
+    }
 )
 _overrides: dict[str, Any] = {}
 _lock = threading.RLock()
@@ -153,6 +172,47 @@ def parse_capture(raw: str) -> str | None:
     if text.upper() in CAPTURE_MODES:
         return text.upper()
     return _LENIENT_CAPTURE.get(text.lower())
+
+
+def split_list(raw: str | None) -> tuple[str, ...]:
+    """A comma-separated variable as its non-empty, stripped items."""
+    return tuple(part.strip() for part in (raw or "").split(",") if part.strip())
+
+
+def _trust(read: _Reader, given: Mapping[str, Any]) -> tuple[str, tuple[str, ...], frozenset[str]]:
+    secrets = (
+        tuple(given["identity_secrets"])
+        if given.get("identity_secrets") is not None
+        else split_list(read.environ.get(env.GYMTRACE_IDENTITY_SECRET))
+    )
+    if given.get("trust_identity") is not None:
+        mode = str(given["trust_identity"])
+    else:
+        raw = read.raw(env.GYMTRACE_TRUST_IDENTITY)
+        # Without a setting: a single-tenant cluster works out of the box, and setting a secret
+        # is all it takes to require signatures.
+        mode = raw.strip().lower() if raw is not None else (TRUST_SIGNED if secrets else TRUST_ALL)
+        if mode not in TRUST_MODES:
+            # A typo must not open the door: an unknown setting trusts nobody.
+            read.bad(env.GYMTRACE_TRUST_IDENTITY, raw or "", f"one of {TRUST_MODES}", TRUST_NONE)
+            mode = TRUST_NONE
+    if mode == TRUST_SIGNED and not secrets:
+        with _lock:
+            first = ("signed without secret", "") not in _warned
+            _warned.add(("signed without secret", ""))
+        if first:
+            logger.warning(
+                "gymtrace: %s=signed without %s; no incoming identity can be verified",
+                env.GYMTRACE_TRUST_IDENTITY,
+                env.GYMTRACE_IDENTITY_SECRET,
+            )
+    allow = (
+        frozenset(given["baggage_allow"])
+        if given.get("baggage_allow") is not None
+        else frozenset(split_list(read.environ.get(env.GYMTRACE_BAGGAGE_ALLOW)))
+    )
+    # gym.* keys are identity: never forwarded as application baggage, whatever the list says.
+    return mode, secrets, frozenset(k for k in allow if not k.startswith("gym."))
 
 
 def _http_traces_url(base: str) -> str:
@@ -268,6 +328,8 @@ def resolve(
                 NO_CONTENT,
             )
 
+    trust_identity, identity_secrets, baggage_allow = _trust(read, given)
+
     def budget(field: str, name: str, default: int) -> int:
         if given.get(field) is not None:
             return int(given[field])
@@ -303,6 +365,9 @@ def resolve(
         content_max_span_bytes=budget(
             "content_max_span_bytes", env.GYMTRACE_CONTENT_MAX_SPAN_BYTES, DEFAULT_CONTENT_MAX_SPAN_BYTES
         ),
+        trust_identity=trust_identity,
+        identity_secrets=identity_secrets,
+        baggage_allow=baggage_allow,
     )
 
 

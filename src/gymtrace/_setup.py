@@ -37,6 +37,7 @@ from gymtrace._export import BatchExporter
 from gymtrace._processor import IdentitySpanProcessor
 from gymtrace._spandata import encode_otlp_json
 from gymtrace._tracing import current_provider
+from gymtrace._trust import trust_overrides
 
 if TYPE_CHECKING:
     from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
@@ -242,6 +243,9 @@ def configure(
     strict: bool | None = None,
     capture_content: str | bool | None = None,
     redact_content: Callable[[str, Any], Any] | None = None,
+    trust_identity: str | None = None,
+    identity_secret: str | None = None,
+    baggage_allow: str | Sequence[str] | None = None,
 ) -> Configuration:
     """Set up tracing for gymtrace. Optional: instrumentation works under any TracerProvider.
 
@@ -263,6 +267,11 @@ def configure(
     ``capture_content`` (a ``OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT`` mode or a bool) and
     ``redact_content`` (a hook) set the content policy, see :func:`gymtrace.configure_content`.
     With capture on, OTLP export batches are capped so every request stays under 4 MiB.
+
+    ``trust_identity`` (``all``, ``none``, ``signed``; ``GYMTRACE_TRUST_IDENTITY``),
+    ``identity_secret`` (``GYMTRACE_IDENTITY_SECRET``) and ``baggage_allow``
+    (``GYMTRACE_BAGGAGE_ALLOW``) set which incoming gym identity is believed and which application
+    baggage is forwarded; see the README's "Trusting incoming identity".
 
     Idempotent: the same call twice does nothing; a different call replaces gymtrace's exporters.
     If the application already set a TracerProvider, gymtrace never replaces it: it adds
@@ -286,6 +295,7 @@ def configure(
         overrides["strict"] = strict
     if trace_per is not None:
         overrides["trace_per_run"] = trace_per == "run"
+    overrides.update(trust_overrides(mode=trust_identity, secret=identity_secret, allow=baggage_allow))
     settings = _settings.resolve(
         endpoint=endpoint,
         protocol=protocol,

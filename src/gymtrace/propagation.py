@@ -1,8 +1,11 @@
 """Carry a trace and its gym identity across process boundaries.
 
 The W3C ``traceparent``/``tracestate`` headers carry the trace; W3C ``baggage`` carries the gym
-identity keys (``gym.rollout.id``, ``gym.episode.attempt``, ...) and nothing else, because baggage
-travels on every outgoing request, model providers included. Both go through
+identity keys (``gym.rollout.id``, ``gym.episode.attempt``, ...), signed with ``gym.sig`` when
+``GYMTRACE_IDENTITY_SECRET`` is set, plus only the application keys listed in
+``GYMTRACE_BAGGAGE_ALLOW``, because baggage travels on every outgoing request, model providers
+included. Incoming identity is believed as ``GYMTRACE_TRUST_IDENTITY`` says (``all``, ``none``,
+``signed``); the caller's other baggage stays in the context for the application. Both go through
 ``opentelemetry.propagate``, so ``OTEL_PROPAGATORS`` is honoured (leave ``baggage`` in it, or the
 identity stays behind).
 
@@ -30,17 +33,21 @@ and identity values that are not short printable text (or small non-negative int
 from __future__ import annotations
 
 import os
+import re
+import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, MutableMapping
 from concurrent.futures import Executor, Future
 from contextlib import contextmanager
-from typing import Any, Generic, ParamSpec, TypeVar
+from typing import Any, Generic, NamedTuple, ParamSpec, TypeVar
+from urllib.parse import quote, unquote
 
 from opentelemetry import baggage, propagate, trace
 from opentelemetry import context as otel_context
 from opentelemetry.propagators.textmap import Getter
 
 from gymtrace import _constants as c
-from gymtrace._errors import guard
+from gymtrace import _trust
+from gymtrace._errors import guard, internal_error, logger
 from gymtrace._frame import CARRIER_FORMAT, DISABLED_KIND, FRAME_KEY, REMOTE_KIND, ActiveScope, read_carrier
 from gymtrace._ids import clean_identity, clean_value, episode_id
 from gymtrace._levels import NUMBERING_OWNERS
@@ -65,10 +72,39 @@ _R = TypeVar("_R")
 # -- identity <-> baggage ---------------------------------------------------------------------------
 
 
+# A context whose baggage came from some other extraction (the official ASGI middleware's, a user's
+# propagate.extract()) holds whatever the caller sent: what of it is believed is decided once per
+# baggage mapping. Spans started under one request context share that mapping, so the last answer
+# is kept (with a reference to the mapping, so its id cannot be reused).
+_last_foreign: tuple[object, dict[str, str | int]] = (None, {})
+
+
 def identity_from_context(ctx: otel_context.Context | None = None) -> dict[str, str | int]:
-    """The gym identity carried in a context's baggage, validated (bad values are dropped)."""
+    """The gym identity this context carries and this process believes.
+
+    Inside gym scopes and contexts made by :func:`extract` that is their (already trusted)
+    identity; otherwise the ``gym.*`` entries of the context's baggage, validated and subject to
+    ``GYMTRACE_TRUST_IDENTITY`` (``none``: nothing; ``signed``: only with a valid ``gym.sig``).
+    """
+    if ctx is None:
+        ctx = otel_context.get_current()
+    frame = ctx.get(FRAME_KEY)
+    if isinstance(frame, ActiveScope):
+        return frame.identity if frame.kind != DISABLED_KIND else {}
     entries = baggage.get_all(ctx)
-    return clean_identity(entries) if entries else {}
+    if not entries:
+        return {}
+    global _last_foreign
+    seen, identity = _last_foreign
+    if seen is entries:
+        return identity
+    # OpenTelemetry's baggage propagator keeps a property in the value (``r-1;ttl=30``).
+    identity = clean_identity(
+        {k: v.split(";", 1)[0].strip() if isinstance(v, str) else v for k, v in entries.items()}
+    )
+    identity = _trust.accept(identity, entries.get(_trust.SIGNATURE_KEY))
+    _last_foreign = (entries, identity)
+    return identity
 
 
 def _identity_of(ctx: otel_context.Context) -> dict[str, str | int]:
@@ -81,17 +117,29 @@ def _identity_of(ctx: otel_context.Context) -> dict[str, str | int]:
 def with_identity(
     context: otel_context.Context | None = None, *, reserve_step: bool = False
 ) -> otel_context.Context:
-    """``context`` (default: the current one) with its baggage replaced by the gym identity.
+    """``context`` (default: the current one) with the baggage that may leave the process.
 
-    Every propagator then sends the identity and nothing else as ``baggage``: attach this context
-    around a call that another instrumentation injects headers for.
+    That is the gym identity (signed with ``gym.sig`` when ``GYMTRACE_IDENTITY_SECRET`` is set)
+    plus the application baggage keys listed in ``GYMTRACE_BAGGAGE_ALLOW``; every other entry stays
+    behind. Every propagator sends exactly that as ``baggage``: attach this context around a call
+    that another instrumentation injects headers for.
     """
     ctx = context if context is not None else otel_context.get_current()
     identity = _identity_of(ctx)
     step_base = baggage.get_baggage(c.STEP_BASE, ctx) or (_reserve_step(ctx) if reserve_step else None)
+    allow = _trust.allowed_baggage()
+    kept = {}
+    if allow:
+        entries = baggage.get_all(ctx)
+        kept = {k: v for k, v in entries.items() if k in allow}
     ctx = baggage.clear(ctx)
+    for key, value in kept.items():
+        ctx = baggage.set_baggage(key, value, ctx)
     for key, value in identity.items():
         ctx = baggage.set_baggage(key, str(value), ctx)
+    sig = _trust.signature(identity)
+    if sig is not None:
+        ctx = baggage.set_baggage(_trust.SIGNATURE_KEY, sig, ctx)
     if step_base is not None:
         ctx = baggage.set_baggage(c.STEP_BASE, str(step_base), ctx)
     return ctx
@@ -141,10 +189,11 @@ def _items(carrier: Any) -> Iterable[tuple[Any, Any]]:
     return pairs
 
 
-def _index(carrier: Any) -> dict[str, str]:
-    """Case- and separator-insensitive view of a carrier; repeated headers are joined with ``,``
-    as HTTP allows for ``tracestate`` and ``baggage``."""
-    index: dict[str, str] = {}
+def _index(carrier: Any) -> dict[str, list[str]]:
+    """Case- and separator-insensitive view of a carrier. Repeated headers keep every value, in
+    order, so each propagator takes them as it takes them from the official instrumentations'
+    getters: the first ``traceparent``, the first ``baggage``, all ``tracestate`` (issue 12)."""
+    index: dict[str, list[str]] = {}
     for key, raw in _items(carrier):
         name = _text(key)
         if name is None:
@@ -152,23 +201,105 @@ def _index(carrier: Any) -> dict[str, str]:
         values = raw if isinstance(raw, (list, tuple)) else (raw,)
         for item in values:
             value = _text(item)
-            if value is None:
-                continue
-            folded = _folded(name)
-            index[folded] = f"{index[folded]},{value}" if folded in index else value
+            if value is not None:
+                index.setdefault(_folded(name), []).append(value)
     return index
 
 
-class _IndexGetter(Getter[Mapping[str, str]]):
-    def get(self, carrier: Mapping[str, str], key: str) -> list[str] | None:
-        value = carrier.get(_folded(key))
-        return [value] if value is not None else None
+class _IndexGetter(Getter[Mapping[str, list[str]]]):
+    def get(self, carrier: Mapping[str, list[str]], key: str) -> list[str] | None:
+        return carrier.get(_folded(key))
 
-    def keys(self, carrier: Mapping[str, str]) -> list[str]:
+    def keys(self, carrier: Mapping[str, list[str]]) -> list[str]:
         return list(carrier)
 
 
 _GETTER = _IndexGetter()
+
+# W3C Baggage limits, as OpenTelemetry's propagator applies them: a longer header is dropped whole.
+_MAX_BAGGAGE_BYTES = 8192
+_MAX_BAGGAGE_ENTRIES = 180
+_MAX_ENTRY_BYTES = 4096
+# W3C Baggage grammar: key is an RFC 7230 token; value is baggage-octets, percent-encoded.
+_TOKEN = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
+_VALUE = re.compile(r"[\x21\x23-\x2b\x2d-\x3a\x3c-\x5b\x5d-\x7e]*")
+
+
+class _Baggage(NamedTuple):
+    """One ``baggage`` header split the W3C way: the ``gym.*`` entries (values decoded, properties
+    stripped, ``+`` kept), the other well-formed entries re-joined, and how many were malformed."""
+
+    gym: dict[str, str]
+    other: str
+    dropped: int
+
+
+# baggage-octet minus "%" (the escape itself): these stay as they are, everything else is encoded.
+_SAFE = "!#$&'()*+-./:<=>?@[]^_`{|}~"
+
+
+def _format_baggage(entries: Mapping[str, object]) -> str:
+    return ",".join(f"{quote(str(k), safe=_SAFE)}={quote(str(v), safe=_SAFE)}" for k, v in entries.items())
+
+
+def _split_baggage(header: str | None) -> _Baggage:
+    if not header:
+        return _Baggage({}, "", 0)
+    if len(header.encode("utf-8", "surrogatepass")) > _MAX_BAGGAGE_BYTES:
+        return _Baggage({}, "", 1)
+    gym: dict[str, str] = {}
+    other: list[str] = []
+    dropped = 0
+    for number, member in enumerate(header.split(",")):
+        member = member.strip(" \t")
+        if not member:
+            continue
+        if number >= _MAX_BAGGAGE_ENTRIES or len(member) > _MAX_ENTRY_BYTES:
+            dropped += 1
+            continue
+        pair, _, _properties = member.partition(";")
+        key, eq, value = pair.partition("=")
+        key, value = key.strip(" \t"), value.strip(" \t")
+        if not eq or not _TOKEN.fullmatch(key) or not _VALUE.fullmatch(value):
+            dropped += 1
+            continue
+        if key.startswith("gym."):
+            # W3C Baggage percent-decodes values and gives "+" no meaning (unquote_plus would
+            # turn an ID's "+" into a space). The first entry of a key wins, like the header.
+            try:
+                decoded = unquote(value, errors="strict") if "%" in value else value
+            except UnicodeDecodeError:
+                dropped += 1
+                continue
+            gym.setdefault(key, decoded)
+        else:
+            # Properties (";ttl=30") are metadata about an entry, not part of its value.
+            other.append(f"{key}={value}")
+    return _Baggage(gym, ",".join(other), dropped)
+
+
+def _report_dropped(dropped: int) -> None:
+    # At most one line per process per minute, whatever a caller sends.
+    global _last_report
+    now = time.monotonic()
+    if dropped and now - _last_report > 60.0:
+        _last_report = now
+        logger.warning("gymtrace: ignored %d malformed or oversized incoming baggage entries", dropped)
+
+
+_last_report = -1e9
+
+
+def _incoming_identity(
+    header: str | None, *, trusted: bool | None = None
+) -> tuple[dict[str, str | int], _Baggage]:
+    """The identity in a raw ``baggage`` header that this process believes, and the split header."""
+    parsed = _split_baggage(header)
+    _report_dropped(parsed.dropped)
+    identity = _trust.accept(
+        clean_identity(parsed.gym), parsed.gym.get(_trust.SIGNATURE_KEY), trusted=trusted
+    )
+    return identity, parsed
 
 
 def inject(
@@ -180,40 +311,71 @@ def inject(
     """Write ``traceparent``, ``tracestate`` and the gym identity (``baggage``) into ``carrier``.
 
     Returns the carrier (a new dict when none is given). The ``baggage`` written holds the gym
-    identity only, never other baggage entries of the context; called directly at an episode or
-    agent invocation (outside any step) it also holds ``gym.step.base``, the step number reserved for
-    the work continued elsewhere, so steps in other processes never repeat the caller's numbers.
-    ``continuation=False`` (what the HTTP helpers use for requests) reserves nothing.
+    identity and the keys of ``GYMTRACE_BAGGAGE_ALLOW``, never other baggage entries of the context;
+    called directly at an episode or agent invocation (outside any step) it also holds
+    ``gym.step.base``, the step number reserved for the work continued elsewhere, so steps in other
+    processes never repeat the caller's numbers. ``continuation=False`` (what the HTTP helpers use
+    for requests) reserves nothing.
     """
     if carrier is None:
         carrier = {}
-    with guard("gymtrace.propagation.inject"):
-        propagate.inject(carrier, context=with_identity(context, reserve_step=continuation))
+    try:
+        ctx = with_identity(context, reserve_step=continuation)
+        propagate.inject(carrier, context=ctx)
+        if "baggage" in carrier:
+            # OpenTelemetry Python writes a space as "+", which W3C Baggage gives no meaning (and
+            # which receivers must keep as "+"): gymtrace writes the same entries percent-encoded.
+            carrier["baggage"] = _format_baggage(baggage.get_all(ctx))
+    except Exception as exc:  # noqa: BLE001 - telemetry must not break the caller
+        internal_error("gymtrace.propagation.inject", exc)
     return carrier
 
 
-def extract(carrier: Any, context: otel_context.Context | None = None) -> otel_context.Context:
+def extract(
+    carrier: Any, context: otel_context.Context | None = None, *, trusted: bool | None = None
+) -> otel_context.Context:
     """A context that continues the trace and gym identity described by ``carrier``.
 
-    ``carrier`` is a mapping of HTTP headers or environment variables (any case), or a list of
-    ``(name, value)`` pairs such as ASGI headers. The context's baggage is the validated gym
-    identity only; scopes and other libraries' spans started under it inherit that identity.
+    ``carrier`` is a mapping of HTTP headers or environment variables (any case), a list of
+    ``(name, value)`` pairs such as ASGI headers, or an :meth:`ActiveScope.carrier` dict. Repeated
+    headers are taken as OpenTelemetry takes them (the first ``traceparent`` and ``baggage``). The
+    gym identity is believed as ``GYMTRACE_TRUST_IDENTITY`` says, unless ``trusted=True`` (a
+    carrier this application made itself); the caller's other baggage stays in the context for the
+    application, and is forwarded only for keys in ``GYMTRACE_BAGGAGE_ALLOW``.
     """
     base = context if context is not None else otel_context.Context()
-    with guard("gymtrace.propagation.extract"):
+    try:
         if isinstance(carrier, Mapping) and carrier.get("format") == CARRIER_FORMAT:
+            # A scope carrier is made by this application's own code (ActiveScope.carrier()).
             return _from_scope_carrier(carrier, base)
-        ctx = propagate.extract(_index(carrier), context=base, getter=_GETTER)
-        return _with_remote_frame(ctx, identity_from_context(ctx))
-    return base
+        index = _index(carrier)
+        raw = index.get("baggage")
+        identity, parsed = _incoming_identity(raw[0] if raw else None, trusted=trusted)
+        if raw:
+            # OpenTelemetry's propagator sees the well-formed application entries only: the gym ones
+            # are read above, and nothing it parses can make it log.
+            index["baggage"] = [parsed.other] if parsed.other else []
+        ctx = propagate.extract(index, context=base, getter=_GETTER)
+        return _remote_context(ctx, identity, parsed.gym.get(c.STEP_BASE))
+    except Exception as exc:  # noqa: BLE001 - telemetry must not break the caller
+        internal_error("gymtrace.propagation.extract", exc)
+        return base
 
 
-def _with_remote_frame(ctx: otel_context.Context, identity: dict[str, str | int]) -> otel_context.Context:
-    """The caller's gym scope, continued here: a frame that stands for the caller's episode (or
+def _remote_context(
+    ctx: otel_context.Context, identity: dict[str, str | int], step_base: object = None
+) -> otel_context.Context:
+    """``ctx`` with its ``gym.*`` baggage replaced by ``identity`` (already believed) and, when there
+    is one, the caller's gym scope continued here: a frame that stands for the caller's episode (or
     rollout) so that verify(), record_reward(), record_failure(), step() and turn() work as in the
-    caller's process. It has no span here; outcomes recorded on it become outcome records."""
-    step_base = clean_value(c.EPISODE_ATTEMPT, baggage.get_baggage(c.STEP_BASE, ctx))  # a small int
-    ctx = baggage.clear(ctx)
+    caller's process. It has no span here; outcomes recorded on it become outcome records.
+    Application baggage stays."""
+    if step_base is None:
+        step_base = baggage.get_baggage(c.STEP_BASE, ctx)
+    base_number = clean_value(c.EPISODE_ATTEMPT, step_base)  # a small int
+    for key in baggage.get_all(ctx):
+        if key.startswith("gym."):
+            ctx = baggage.remove_baggage(key, ctx)
     if not identity:
         return ctx
     for key, value in identity.items():
@@ -231,9 +393,13 @@ def _with_remote_frame(ctx: otel_context.Context, identity: dict[str, str | int]
     attempt = identity.get(c.EPISODE_ATTEMPT)
     if isinstance(attempt, int):
         frame.attempt = attempt
-    if isinstance(step_base, int) and step_base > 0:
-        frame.take_number(c.KIND_STEP, step_base - 1)  # the next step here is step_base
+    if isinstance(base_number, int) and base_number > 0:
+        frame.take_number(c.KIND_STEP, base_number - 1)  # the next step here is base_number
     return otel_context.set_value(FRAME_KEY, frame, ctx)
+
+
+# The old private name, for callers inside gymtrace.
+_with_remote_frame = _remote_context
 
 
 def _from_scope_carrier(carrier: Mapping[str, Any], base: otel_context.Context) -> otel_context.Context:
@@ -252,7 +418,7 @@ def _from_scope_carrier(carrier: Mapping[str, Any], base: otel_context.Context) 
 
 
 @contextmanager
-def attach(carrier: Any) -> Iterator[otel_context.Context]:
+def attach(carrier: Any, *, trusted: bool | None = None) -> Iterator[otel_context.Context]:
     """Continue the remote trace and gym identity in ``carrier`` for the duration of the block.
 
     ``carrier`` is what :func:`inject` or :func:`env_carrier` wrote (headers, environment), or an
@@ -260,9 +426,11 @@ def attach(carrier: Any) -> Iterator[otel_context.Context]:
     ``record_reward()``, ``record_failure()``, ``step()`` and ``turn()`` work as in the caller's
     process, and a reward or failure recorded here becomes the rollout's outcome record.
 
-    ``attach(os.environ)`` continues the trace a parent process passed with :func:`env_carrier`.
+    ``attach(os.environ)`` continues the trace a parent process passed with :func:`env_carrier`;
+    the process environment is trusted (whoever sets it controls the process anyway), other
+    carriers follow ``GYMTRACE_TRUST_IDENTITY`` unless ``trusted`` says otherwise.
     """
-    ctx = extract(carrier)
+    ctx = extract(carrier, trusted=True if carrier is os.environ and trusted is None else trusted)
     token = otel_context.attach(ctx)
     try:
         yield ctx
@@ -317,7 +485,8 @@ class ContextCarrier(Generic[_P, _R]):
         self._context = None
 
     def __call__(self, *args: _P.args, **kwargs: _P.kwargs) -> _R:
-        ctx = self._context if self._context is not None else extract(self._headers or {})
+        # The headers were made by this application's own submit(): no trust boundary is crossed.
+        ctx = self._context if self._context is not None else extract(self._headers or {}, trusted=True)
         token = otel_context.attach(ctx)
         try:
             return self.fn(*args, **kwargs)

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import os
 from typing import Any
 
 import httpx
-from opentelemetry import trace
+from opentelemetry import baggage, trace
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, StreamingResponse
@@ -52,14 +53,38 @@ async def forward(request: Request) -> JSONResponse:
         else:
             async with httpx.AsyncClient(transport=AsyncHttpxTransport()) as client:
                 downstream = (await client.get(f"{to}/work")).json()
-    return JSONResponse({"identity": _identity(), "downstream": downstream})
+    return JSONResponse(
+        {"identity": _identity(), "downstream": downstream, "context_baggage": sorted(baggage.get_all())}
+    )
+
+
+async def forward_local(request: Request) -> JSONResponse:
+    """An aiohttp request from a gym scope opened here, with the application's own baggage set."""
+    import aiohttp
+    from opentelemetry import context as otel_context
+
+    to = request.query_params["to"]
+    token = otel_context.attach(baggage.set_baggage("user.email", "someone@example.com"))
+    try:
+        with gymtrace.rollout(rollout_id="r-local"), gymtrace.episode():
+            async with aiohttp.ClientSession(trace_configs=[aiohttp_trace_config()]) as session:
+                async with session.get(f"{to}/work") as response:
+                    downstream = await response.json()
+    finally:
+        otel_context.detach(token)
+    return JSONResponse({"downstream": downstream})
 
 
 def make_app() -> Starlette:
+    if os.environ.get("RELAY_AIOHTTP_INSTRUMENT"):
+        from gymtrace.integrations.aiohttp import instrument
+
+        instrument()
     return Starlette(
         routes=[
             Route("/work", work),
             Route("/stream", stream),
             Route("/forward", forward),
+            Route("/forward-local", forward_local),
         ]
     )

@@ -20,9 +20,12 @@ adds the gym identity to the request's context. So there is never a duplicate se
 or without the official middleware:
 
 - with ``OpenTelemetryMiddleware`` outside this one (recommended; ``FastAPIInstrumentor`` puts it
-  outermost), that middleware extracts ``traceparent`` and starts a SERVER span; this middleware
-  sees that span continuing the incoming trace, keeps it as the parent and adds the identity.
-  ``IdentitySpanProcessor`` stamps the identity onto the server span from the request's baggage.
+  outermost), that middleware extracts the headers and starts a SERVER span; this middleware
+  reuses that extraction (the headers are parsed once), keeps the span as the parent, adds the
+  identity (believed per ``GYMTRACE_TRUST_IDENTITY``) to the request's context and to the span.
+- with FastAPI, add it with ``app.add_middleware``: FastAPI's own telemetry extracts the headers
+  again and attaches a fresh context around its middleware stack, so a middleware wrapped around
+  the FastAPI app from outside is lost.
 - without it, this middleware attaches the extracted remote context: the handler's spans are
   children of the caller's span.
 - with it *inside* this one, the official middleware finds a current span and records an
@@ -40,9 +43,11 @@ from typing import Any
 from opentelemetry import context as otel_context
 from opentelemetry import trace
 
-# _with_remote_frame is the one private name an integration uses: the caller's scope continued on
-# a chosen parent span, which no public function offers yet.
-from gymtrace.propagation import _with_remote_frame, extract, identity_from_context
+# _remote_context and _incoming_identity are what an integration needs beyond the public API: the
+# caller's scope continued on a chosen parent span, and the identity in a raw baggage header
+# believed per GYMTRACE_TRUST_IDENTITY (issue 12). FRAME_KEY tells whether a scope is continued.
+from gymtrace._frame import FRAME_KEY, ActiveScope
+from gymtrace.propagation import _incoming_identity, _remote_context, extract
 
 __all__ = ["GymTraceMiddleware"]
 
@@ -54,27 +59,56 @@ _Send = Callable[[MutableMapping[str, Any]], Awaitable[None]]
 _ASGIApp = Callable[[_Scope, _Receive, _Send], Awaitable[None]]
 
 
+def _first_baggage(headers: Any) -> str | None:
+    """The first ``baggage`` header of ASGI ``(name, value)`` byte pairs, as the official
+    middleware's getter takes it."""
+    for name, value in headers:
+        if isinstance(name, (bytes, bytearray)) and bytes(name).lower() == b"baggage":
+            return bytes(value).decode("latin-1")
+    return None
+
+
+# Where identity comes from when a request carries no believed gym baggage: NeMo Gym's headers once
+# gymtrace.integrations.nemo_gym.instrument() ran. None: nowhere else.
+_fallback: Callable[[Any], dict[str, str | int]] | None = None
+
+
+def _set_fallback_identity(read: Callable[[Any], dict[str, str | int]] | None) -> None:
+    global _fallback
+    _fallback = read
+
+
+def _with_fallback(ctx: otel_context.Context, headers: Any) -> otel_context.Context:
+    read = _fallback
+    if read is None or isinstance(ctx.get(FRAME_KEY), ActiveScope):
+        return ctx
+    identity = read(headers)
+    return _remote_context(ctx, identity) if identity else ctx
+
+
 def _request_context(headers: Any, current: otel_context.Context | None = None) -> otel_context.Context:
     """The context a request with ``headers`` runs in: the caller's trace and gym identity.
 
-    If ``current`` already has a span in the incoming trace (an outer HTTP server middleware
-    made it), that span stays the parent; otherwise the remote caller's span is the parent.
+    One extraction per request (issue 12). If ``current`` already has a span (an outer HTTP
+    server middleware extracted the headers and made it), that extraction is reused: the span stays
+    the parent, the application baggage it extracted stays, and only the gym identity is read
+    from the first ``baggage`` header (as the outer middleware read it), believed per
+    ``GYMTRACE_TRUST_IDENTITY``, and stamped onto that span. Otherwise the headers are extracted
+    here and the remote caller's span is the parent.
     """
     if current is None:
         current = otel_context.get_current()
-    remote = extract(headers)
-    identity = identity_from_context(remote)
-    local = trace.get_current_span(current).get_span_context()
-    incoming = trace.get_current_span(remote).get_span_context()
-    if local.is_valid and (not incoming.is_valid or incoming.trace_id == local.trace_id):
-        base = current
-    elif incoming.is_valid:
-        base = trace.set_span_in_context(trace.get_current_span(remote), current)
-    else:
-        base = trace.set_span_in_context(trace.INVALID_SPAN, current)
-    # The caller's episode continues here with the chosen parent as its span (outcome records
-    # recorded in this request hang under it).
-    return _with_remote_frame(base, identity)
+    local = trace.get_current_span(current)
+    if not local.get_span_context().is_valid:
+        return _with_fallback(extract(headers, current), headers)
+    identity, _ = _incoming_identity(_first_baggage(headers))
+    if not identity and _fallback is not None:
+        identity = _fallback(headers)
+    if identity and local.is_recording():
+        # The outer middleware's span got what OpenTelemetry's propagator decoded (a baggage
+        # property inside the value, "+" as a space); this is the identity the request runs with.
+        local.set_attributes(identity)
+    return _remote_context(current, identity)
 
 
 class GymTraceMiddleware:

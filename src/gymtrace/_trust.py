@@ -1,0 +1,153 @@
+"""Which incoming gym identity a process believes, and the signature that proves it (issue 12).
+
+Anyone who can reach a server can send ``baggage: gym.rollout.id=...``. The identity decides which
+searches a span turns up in, what ``gymtrace.current()`` returns to handler code that stores join
+keys, and (through ``gym.episode.attempt``) which traces the Collector keeps. So incoming identity
+is believed only as the operator says (``GYMTRACE_TRUST_IDENTITY``, resolved in ``_settings``):
+
+- ``all``: every peer is trusted (a single-tenant cluster; the default without a secret);
+- ``none``: the trace context is continued, the identity is not;
+- ``signed``: the identity is believed when it comes with ``gym.sig``, an HMAC-SHA256 over the
+  identity entries keyed with ``GYMTRACE_IDENTITY_SECRET`` (the default when a secret is set).
+
+The signature (``v1.`` + 22 base64url characters, 128 bits of HMAC-SHA256) covers the identity
+entries that travel beside it, in the fixed order of ``IDENTITY_KEYS``, as ``key=value`` lines: a
+peer can neither change, add nor drop an entry without the secret. It does not cover the trace
+context: a caller that captured a signed header can replay that same identity (see the README).
+Senders sign whenever they have a secret, whatever they trust themselves. Several secrets,
+comma-separated, verify; the first signs (key rotation).
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import hmac
+from collections.abc import Iterable, Mapping
+
+from gymtrace import _constants as c
+from gymtrace import _settings
+from gymtrace._errors import InvalidArgumentError
+
+TRUST_ALL = _settings.TRUST_ALL
+TRUST_NONE = _settings.TRUST_NONE
+TRUST_SIGNED = _settings.TRUST_SIGNED
+SIGNATURE_KEY = c.IDENTITY_SIGNATURE
+
+_SIGNATURE_VERSION = "v1."
+_SIGNATURE_CHARS = 22  # 128 bits of the HMAC: forging stays out of reach, the header stays short
+
+# Signatures of the identities this process sends, per secret set (a process sends the same few
+# identities many times). Replaced whole when the secrets change.
+_signatures: tuple[tuple[str, ...], dict[tuple[tuple[str, str | int], ...], str]] = ((), {})
+
+
+def allowed_baggage() -> frozenset[str]:
+    """Application baggage keys forwarded beside the identity (``GYMTRACE_BAGGAGE_ALLOW``)."""
+    return _settings.active.baggage_allow
+
+
+def configure_trust(
+    *,
+    mode: str | None = None,
+    secret: str | None = None,
+    allow: str | Iterable[str] | None = None,
+) -> None:
+    """Override the environment in code (``configure(trust_identity=..., identity_secret=...,
+    baggage_allow=...)`` calls this). Raises :class:`~gymtrace.InvalidArgumentError` naming the
+    argument for a bad value."""
+    _settings.override(**trust_overrides(mode=mode, secret=secret, allow=allow))
+
+
+def trust_overrides(
+    *,
+    mode: object = None,
+    secret: object = None,
+    allow: object = None,
+) -> dict[str, object]:
+    """Validated ``_settings`` overrides for the trust arguments of ``configure()``."""
+    overrides: dict[str, object] = {}
+    if mode is not None:
+        if not isinstance(mode, str) or mode.strip().lower() not in _settings.TRUST_MODES:
+            raise InvalidArgumentError(
+                f"gymtrace.configure(): argument 'trust_identity' must be one of {_settings.TRUST_MODES},"
+                f" got {mode!r:.80}"
+            )
+        overrides["trust_identity"] = mode.strip().lower()
+    if secret is not None:
+        secrets = _settings.split_list(secret) if isinstance(secret, str) else ()
+        if not secrets:
+            raise InvalidArgumentError(
+                "gymtrace.configure(): argument 'identity_secret' must be a non-empty string"
+            )
+        overrides["identity_secrets"] = secrets
+    if allow is not None:
+        if isinstance(allow, str):
+            keys: tuple[str, ...] = _settings.split_list(allow)
+        elif isinstance(allow, (list, tuple, set, frozenset)) and all(isinstance(k, str) for k in allow):
+            keys = tuple(k.strip() for k in allow if k.strip())
+        else:
+            raise InvalidArgumentError(
+                "gymtrace.configure(): argument 'baggage_allow' must be a comma-separated string or"
+                f" a list of keys, got {allow!r:.80}"
+            )
+        overrides["baggage_allow"] = frozenset(keys)
+    return overrides
+
+
+def reset_trust() -> None:
+    """Forget code overrides of the trust settings and read the environment again (tests)."""
+    _settings.override(trust_identity=None, identity_secrets=None, baggage_allow=None)
+
+
+def _message(identity: Mapping[str, object]) -> bytes:
+    return "\n".join(f"{k}={identity[k]}" for k in c.IDENTITY_KEYS if k in identity).encode()
+
+
+def _mac(secret: str, identity: Mapping[str, object]) -> str:
+    digest = hmac.new(secret.encode(), _message(identity), hashlib.sha256).digest()
+    return _SIGNATURE_VERSION + base64.urlsafe_b64encode(digest).decode()[:_SIGNATURE_CHARS]
+
+
+def signature(identity: Mapping[str, str | int]) -> str | None:
+    """``gym.sig`` for ``identity`` with the first secret, or None without a secret."""
+    global _signatures
+    secrets = _settings.active.identity_secrets
+    if not secrets or not identity:
+        return None
+    owner, cache = _signatures
+    if owner != secrets:
+        cache = {}
+        _signatures = (secrets, cache)
+    key = tuple(identity.items())
+    sig = cache.get(key)
+    if sig is None:
+        sig = _mac(secrets[0], identity)
+        if len(cache) > 4096:
+            cache.clear()
+        cache[key] = sig
+    return sig
+
+
+def verified(identity: Mapping[str, str | int], sig: object) -> bool:
+    if not isinstance(sig, str) or not sig.startswith(_SIGNATURE_VERSION):
+        return False
+    return any(hmac.compare_digest(_mac(s, identity), sig) for s in _settings.active.identity_secrets)
+
+
+def accept(
+    identity: dict[str, str | int], sig: object, *, trusted: bool | None = None
+) -> dict[str, str | int]:
+    """The part of an incoming (already validated) identity this process believes.
+
+    ``trusted=True`` is for carriers this process's own code made (a pool task, a child's
+    environment): they cross no trust boundary.
+    """
+    if not identity or trusted:
+        return identity
+    mode = _settings.active.trust_identity
+    if mode == TRUST_ALL:
+        return identity
+    if mode == TRUST_SIGNED and verified(identity, sig):
+        return identity
+    return {}
