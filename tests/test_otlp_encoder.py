@@ -7,6 +7,7 @@ equal, so a Collector cannot tell which encoder sent a batch.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator, Sequence
 
 import pytest
@@ -19,6 +20,7 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor, SpanExporter, Sp
 from opentelemetry.trace import Link, SpanContext, SpanKind, Status, StatusCode, TraceFlags, TraceState
 
 from gymtrace import _otlp
+from gymtrace._spandata import decode_otlp_json, encode_otlp_json
 
 
 class Keep(SpanExporter):
@@ -152,3 +154,21 @@ def test_repeated_identity_attributes_come_from_the_cache_and_still_decode(provi
         tracer.start_span("gym.step", attributes={"gym.run.id": "r", "gym.step.number": step % 5}).end()
     assert lean(keep.spans) == encode_spans(keep.spans)
     assert lean(keep.spans) == encode_spans(keep.spans)  # second pass: every attribute cached
+
+
+def test_the_file_exporters_json_line_is_the_json_of_the_reference_encoding(provider) -> None:
+    tp, keep = provider
+    tracer = tp.get_tracer("gymtrace.test", "1.2.3")
+    linked = SpanContext(trace_id=0x1234, span_id=0x5678, is_remote=False)
+    with tracer.start_as_current_span(
+        "gym.rollout", kind=SpanKind.CLIENT, attributes=EVERY_TYPE, links=[Link(linked, {"why": "retry"})]
+    ) as root:
+        root.add_event("gym.reward", {"value": 1.5, "note": 'quote " and \\ and \ud800'})
+        root.set_status(Status(StatusCode.ERROR, "broke ✓"))
+        with tracer.start_as_current_span("child \n name"):
+            pass
+    tp.get_tracer("other.scope").start_span("lonely").end()
+    line = _otlp.encode_json_line(keep.spans)
+    assert "\n" not in line
+    assert json.loads(line) == json.loads(json.dumps(encode_otlp_json(keep.spans)))
+    assert [s.name for s in decode_otlp_json(json.loads(line))] == ["child \n name", "gym.rollout", "lonely"]

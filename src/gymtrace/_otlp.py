@@ -16,10 +16,13 @@ same message the SDK encoder builds (``tests/test_otlp_encoder.py``).
 
 from __future__ import annotations
 
+import json
 import logging
 import struct
 from collections.abc import Mapping, Sequence
 from typing import Any
+
+from gymtrace._spandata import _any_value as _json_any_value
 
 logger = logging.getLogger("gymtrace")
 
@@ -314,6 +317,132 @@ def _schema(url: str | None) -> bytes:
 def encode_request(spans: Sequence[Any]) -> bytes:
     """All ``spans`` as one serialised ``ExportTraceServiceRequest``, whatever its size."""
     return b"".join(body for _, body in encode_requests(spans, max_bytes=2**62))
+
+
+# -- OTLP/JSON lines (the file exporter) ----------------------------------------------------------------
+
+# ASCII escapes like json.dumps: a lone surrogate in an attribute must not break the file write.
+_dumps = json.JSONEncoder(separators=(",", ":")).encode
+_JSON_CACHE: dict[tuple[str, type, Any], str] = {}
+
+
+def _json_attributes(attributes: Mapping[str, Any] | None) -> str:
+    """``"attributes":[...]`` text; each key/value fragment is cached like the protobuf ones."""
+    if not attributes:
+        return "[]"
+    cache = _JSON_CACHE
+    parts = []
+    for key, value in attributes.items():
+        kind = type(value)
+        cacheable = kind in _KV_CACHEABLE and (kind is not str or len(value) <= _KV_CACHE_MAX_STR)
+        if cacheable:
+            encoded = cache.get((key, kind, value))
+            if encoded is not None:
+                parts.append(encoded)
+                continue
+        encoded = _dumps({"key": key, "value": _json_any_value(value)})
+        if cacheable:
+            if len(cache) >= _KV_CACHE_MAX:
+                cache.clear()
+            cache[(key, kind, value)] = encoded
+        parts.append(encoded)
+    return "[" + ",".join(parts) + "]"
+
+
+def _json_resource_spans(resource: Any, scopes: dict[Any, list[str]]) -> str:
+    scope_parts = []
+    for scope, spans in scopes.items():
+        name = scope.name if scope is not None else ""
+        version = (scope.version or "") if scope is not None else ""
+        scope_parts.append(
+            '{"scope":' + _dumps({"name": name, "version": version}) + ',"spans":[' + ",".join(spans) + "]}"
+        )
+    return (
+        '{"resource":{"attributes":'
+        + _json_attributes(resource.attributes)
+        + '},"scopeSpans":['
+        + ",".join(scope_parts)
+        + "]}"
+    )
+
+
+def encode_json_line(spans: Sequence[Any]) -> str:
+    """SDK spans as one OTLP/JSON ``ExportTraceServiceRequest`` on one line (no newline).
+
+    The same JSON as ``json.dumps(_spandata.encode_otlp_json(spans))`` (the Collector's ``file``
+    exporter format), written as text with cached attribute fragments: a third of the time.
+    """
+    by_resource: dict[int, tuple[Any, dict[Any, list[str]]]] = {}
+    for span in spans:
+        resource = span.resource
+        entry = by_resource.get(id(resource))
+        if entry is None:
+            entry = by_resource[id(resource)] = (resource, {})
+        scope = span.instrumentation_scope
+        ctx = span.get_span_context()
+        text = (
+            f'{{"traceId":"{ctx.trace_id:032x}","spanId":"{ctx.span_id:016x}","name":{_dumps(span.name)},'
+            f'"kind":{span.kind.value + 1},"startTimeUnixNano":"{span.start_time or 0}",'
+            f'"endTimeUnixNano":"{span.end_time or 0}","attributes":{_json_attributes(_span_attributes(span))},'
+            f'"flags":{int(ctx.trace_flags)}'
+        )
+        parent = span.parent
+        if parent is not None:
+            text += f',"parentSpanId":"{parent.span_id:016x}"'
+        events = span.events
+        if events:
+            text += (
+                ',"events":['
+                + ",".join(
+                    f'{{"timeUnixNano":"{e.timestamp}","name":{_dumps(e.name)},'
+                    f'"attributes":{_json_attributes(e.attributes)}}}'
+                    for e in events
+                )
+                + "]"
+            )
+        links = span.links
+        if links:
+            text += (
+                ',"links":['
+                + ",".join(
+                    f'{{"traceId":"{link.context.trace_id:032x}","spanId":"{link.context.span_id:016x}",'
+                    f'"attributes":{_json_attributes(link.attributes)}}}'
+                    for link in links
+                )
+                + "]"
+            )
+        status = span.status
+        if status.description:
+            text += (
+                f',"status":{{"code":{status.status_code.value},"message":{_dumps(status.description)}}}}}'
+            )
+        else:
+            text += f',"status":{{"code":{status.status_code.value}}}}}'
+        # Scopes are grouped by (name, version) like encode_otlp_json.
+        key = _ScopeKey(scope)
+        entry[1].setdefault(key, []).append(text)
+    return (
+        '{"resourceSpans":['
+        + ",".join(_json_resource_spans(resource, scopes) for resource, scopes in by_resource.values())
+        + "]}"
+    )
+
+
+class _ScopeKey:
+    """Groups scopes by (name, version), keeping one scope object to read them from."""
+
+    __slots__ = ("_key", "name", "version")
+
+    def __init__(self, scope: Any) -> None:
+        self.name = scope.name if scope is not None else ""
+        self.version = (scope.version or "") if scope is not None else ""
+        self._key = (self.name, self.version)
+
+    def __hash__(self) -> int:
+        return hash(self._key)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, _ScopeKey) and other._key == self._key
 
 
 # -- exporters -----------------------------------------------------------------------------------------

@@ -7,7 +7,6 @@ that have none. It never replaces a provider the application already set: it add
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import random
@@ -149,7 +148,7 @@ def make_id_generator() -> Any:
 def _file_exporter(path: str) -> SpanExporter:
     from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 
-    from gymtrace._spandata import encode_otlp_json
+    from gymtrace._otlp import encode_json_line
 
     class OtlpJsonLinesExporter(SpanExporter):
         """Appends one OTLP/JSON ``ExportTraceServiceRequest`` per batch to a file.
@@ -164,7 +163,7 @@ def _file_exporter(path: str) -> SpanExporter:
             self._file: Any = None
 
         def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
-            line = json.dumps(encode_otlp_json(spans), separators=(",", ":"))
+            line = encode_json_line(spans)
             with self._lock:
                 if self._file is None:
                     Path(self.path).parent.mkdir(parents=True, exist_ok=True)
