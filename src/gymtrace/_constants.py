@@ -72,6 +72,22 @@ FAILURE_RETRYABLE: Final = "gym.failure.retryable"
 TURN_NUMBER: Final = "gym.turn.number"
 STEP_NUMBER: Final = "gym.step.number"
 HIERARCHY_VIOLATION: Final = "gym.hierarchy.violation"
+# The step policy (issue 13; see _steps.py). Not in the fixed table. On the span that owns the
+# steps (agent invocation, else episode) when the policy is ``aggregate``: the policy and its
+# parameters, how many steps ran, how many became spans, how many raised, and step durations in
+# seconds. On a step span written under that policy: why it was kept (first, slowest, raised,
+# episode).
+STEPS_POLICY: Final = "gym.steps.policy"
+STEPS_COUNT: Final = "gym.steps.count"
+STEPS_SPANS: Final = "gym.steps.spans"
+STEPS_ERRORS: Final = "gym.steps.errors"
+STEPS_DURATION_SUM: Final = "gym.steps.duration.sum"
+STEPS_DURATION_MIN: Final = "gym.steps.duration.min"
+STEPS_DURATION_MAX: Final = "gym.steps.duration.max"
+STEPS_DURATION_MEAN: Final = "gym.steps.duration.mean"
+STEPS_EVERY_STEP: Final = "gym.steps.every_step"
+STEP_SAMPLED: Final = "gym.step.sampled"
+
 # Not in the fixed table: set on spans that were still open when the process was stopped.
 INTERRUPTED: Final = "gym.interrupted"
 # On a span link: why two episodes are linked (``retry`` or ``restore``), or ``run`` on the link

@@ -1,0 +1,260 @@
+"""The step policy: what a ``gymtrace.step`` records when steps are too fast to trace one by one.
+
+A span costs ~25 µs; a Gymnasium CartPole step ~8 µs (REFERENCE.md). ``all`` (the default) makes
+every step a span, which fits an LLM agent loop whose steps take milliseconds. ``aggregate`` fits a
+simulator: the step owner's span (the agent invocation, else the episode) carries the step count and
+duration statistics, and only a bounded sample of steps become spans, each with its true number and
+true start and end time:
+
+- the first ``first`` steps of each owner (live spans: their children nest under them);
+- the ``slowest`` slowest of the rest, written when the owner ends (no children: those ran inside
+  the owner's span while the step was timed);
+- every step of a sampled share ``episode_share`` of owners;
+- always a step that raised (with its exception, written when it ends).
+
+The owner's span says which policy applied (``gym.steps.policy``), so a reader, the contract
+checker and ``gymtrace tree`` know the step spans are a sample.
+"""
+
+from __future__ import annotations
+
+import heapq
+import os
+import random
+import threading
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from opentelemetry import trace
+from opentelemetry.trace import Status, StatusCode
+
+from gymtrace import _constants as c
+from gymtrace import _environment as env
+from gymtrace._errors import InvalidArgumentError
+
+POLICY_ALL = "all"
+POLICY_AGGREGATE = "aggregate"
+POLICIES = (POLICY_ALL, POLICY_AGGREGATE)
+
+
+@dataclass(frozen=True)
+class StepPolicy:
+    """What a step records; see the module docstring. ``StepPolicy()`` is every step a span."""
+
+    policy: str = POLICY_ALL
+    first: int = 10
+    slowest: int = 5
+    episode_share: float = 0.0
+
+    def __post_init__(self) -> None:
+        if self.policy not in POLICIES:
+            raise InvalidArgumentError(
+                f"gymtrace.StepPolicy(): argument 'policy' must be one of {POLICIES}, got {self.policy!r}"
+            )
+        for name in ("first", "slowest"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise InvalidArgumentError(
+                    f"gymtrace.StepPolicy(): argument {name!r} must be an int >= 0, got {value!r}"
+                )
+        share = self.episode_share
+        if isinstance(share, bool) or not isinstance(share, (int, float)) or not 0.0 <= share <= 1.0:
+            raise InvalidArgumentError(
+                f"gymtrace.StepPolicy(): argument 'episode_share' must be a number in [0, 1], got {share!r}"
+            )
+
+    @property
+    def aggregate(self) -> bool:
+        return self.policy == POLICY_AGGREGATE
+
+    def describe(self) -> str:
+        """The value of ``gym.steps.policy``: the policy and its sampling parameters."""
+        if not self.aggregate:
+            return POLICY_ALL
+        return f"aggregate(first={self.first},slowest={self.slowest},episode_share={self.episode_share:g})"
+
+
+def _env_int(name: str, default: int) -> int:
+    raw = os.environ.get(name, "").strip()
+    if not raw:
+        return default
+    try:
+        return int(raw)
+    except ValueError:
+        raise InvalidArgumentError(f"{name} must be an int >= 0, got {raw!r}") from None
+
+
+def _env_share(name: str, default: float) -> float:
+    raw = os.environ.get(name, "").strip()
+    if not raw:
+        return default
+    try:
+        return float(raw)
+    except ValueError:
+        raise InvalidArgumentError(f"{name} must be a number in [0, 1], got {raw!r}") from None
+
+
+def policy_from(value: str | StepPolicy | Mapping[str, Any] | None) -> StepPolicy:
+    """The policy for ``configure(step_policy=...)``: a StepPolicy, a policy name (parameters from
+    the ``GYMTRACE_STEP_*`` variables) or None (everything from the environment)."""
+    if isinstance(value, StepPolicy):
+        return value
+    if isinstance(value, Mapping):
+        return StepPolicy(**value)
+    if value is not None and not isinstance(value, str):
+        raise InvalidArgumentError(
+            "gymtrace.configure(): argument 'step_policy' must be 'all', 'aggregate' or a"
+            f" gymtrace.StepPolicy, got {type(value).__name__}"
+        )
+    name = (value or os.environ.get(env.GYMTRACE_STEP_POLICY, "") or POLICY_ALL).strip().lower()
+    if name not in POLICIES:
+        raise InvalidArgumentError(
+            f"step policy must be one of {POLICIES} (argument 'step_policy' or"
+            f" {env.GYMTRACE_STEP_POLICY}), got {name!r}"
+        )
+    return StepPolicy(
+        policy=name,
+        first=_env_int(env.GYMTRACE_STEP_FIRST, StepPolicy.first),
+        slowest=_env_int(env.GYMTRACE_STEP_SLOWEST, StepPolicy.slowest),
+        episode_share=_env_share(env.GYMTRACE_STEP_EPISODE_SHARE, StepPolicy.episode_share),
+    )
+
+
+_policy = policy_from(None) if os.environ.get(env.GYMTRACE_STEP_POLICY) else StepPolicy()
+
+
+def current_policy() -> StepPolicy:
+    return _policy
+
+
+def set_policy(policy: StepPolicy) -> None:
+    global _policy
+    _policy = policy
+
+
+# A private RNG for the episode share: RL code seeds the global one in every worker.
+_random = random.Random(os.urandom(16))
+os.register_at_fork(after_in_child=lambda: _random.seed(os.urandom(16)))
+
+
+class StepStats:
+    """The steps of one owner (agent invocation or episode) under the aggregate policy."""
+
+    __slots__ = (
+        "_lock",
+        "count",
+        "errors",
+        "everything",
+        "first",
+        "max_ns",
+        "min_ns",
+        "policy",
+        "slow",
+        "slowest",
+        "spans",
+        "total_ns",
+    )
+
+    def __init__(self, policy: StepPolicy) -> None:
+        self.policy = policy
+        self.first = policy.first
+        self.slowest = policy.slowest
+        # Every step of this owner is a span (the sampled share of owners).
+        self.everything = policy.episode_share > 0 and _random.random() < policy.episode_share
+        self.count = 0
+        self.errors = 0
+        self.spans = 0
+        self.total_ns = 0
+        self.min_ns = -1
+        self.max_ns = 0
+        # Min-heap of (duration, number, start, end) of the slowest steps that are not spans yet.
+        self.slow: list[tuple[int, int, int, int]] = []
+        self._lock = threading.Lock()
+
+    def wants_span(self, number: int) -> bool:
+        """Whether the step with this number becomes a live span."""
+        return self.everything or number <= self.first
+
+    def record(self, number: int, start_ns: int, end_ns: int, as_span: bool) -> None:
+        duration = end_ns - start_ns
+        with self._lock:
+            self.count += 1
+            self.total_ns += duration
+            if duration > self.max_ns:
+                self.max_ns = duration
+            if self.min_ns < 0 or duration < self.min_ns:
+                self.min_ns = duration
+            if as_span:
+                self.spans += 1
+            elif self.slowest:
+                entry = (duration, number, start_ns, end_ns)
+                if len(self.slow) < self.slowest:
+                    heapq.heappush(self.slow, entry)
+                elif duration > self.slow[0][0]:
+                    heapq.heapreplace(self.slow, entry)
+
+    def finish(
+        self, owner_span: Any, tracer: trace.Tracer | None, context: Any, identity: Mapping[str, Any]
+    ) -> None:
+        """Write the slowest steps as spans, then the statistics onto the owner's span."""
+        with self._lock:
+            slow, self.slow = sorted(self.slow, key=lambda e: e[2]), []
+        if tracer is not None:
+            for _, number, start_ns, end_ns in slow:
+                span = tracer.start_span(
+                    c.SPAN_STEP,
+                    context=context,
+                    attributes={
+                        **identity,
+                        c.KIND: c.KIND_STEP,
+                        c.STEP_NUMBER: number,
+                        c.STEP_SAMPLED: "slowest",
+                    },
+                    start_time=start_ns,
+                )
+                span.end(end_time=end_ns)
+                self.spans += 1
+        owner_span.set_attributes(self.attributes())
+
+    def attributes(self) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            c.STEPS_POLICY: self.policy.describe(),
+            c.STEPS_COUNT: self.count,
+            c.STEPS_SPANS: self.spans,
+        }
+        if self.errors:
+            out[c.STEPS_ERRORS] = self.errors
+        if self.count:
+            out[c.STEPS_DURATION_SUM] = self.total_ns / 1e9
+            out[c.STEPS_DURATION_MIN] = self.min_ns / 1e9
+            out[c.STEPS_DURATION_MAX] = self.max_ns / 1e9
+            out[c.STEPS_DURATION_MEAN] = self.total_ns / self.count / 1e9
+        if self.everything:
+            out[c.STEPS_EVERY_STEP] = True
+        return out
+
+
+def write_raised_step(
+    tracer: trace.Tracer,
+    context: Any,
+    identity: Mapping[str, Any],
+    number: int,
+    start_ns: int,
+    end_ns: int,
+    exc: BaseException,
+) -> None:
+    """A step that was not a span raised: it becomes one now, with its exception, like a live one."""
+    span = tracer.start_span(
+        c.SPAN_STEP,
+        context=context,
+        attributes={**identity, c.KIND: c.KIND_STEP, c.STEP_NUMBER: number, c.STEP_SAMPLED: "raised"},
+        start_time=start_ns,
+    )
+    if isinstance(exc, Exception):
+        span.record_exception(exc, timestamp=end_ns)
+        span.set_status(Status(StatusCode.ERROR, f"{type(exc).__name__}: {exc}"))
+        span.set_attribute(c.ERROR_TYPE, type(exc).__qualname__)
+    else:
+        span.set_attribute(c.INTERRUPTED, True)
+    span.end(end_time=end_ns)
