@@ -400,7 +400,11 @@ def _new_provider(sdk_trace: Any, service_name: str | None, sampler: Sampler | N
     resource = Resource.create({SERVICE_NAME: service_name} if service_name else {})
     if str(resource.attributes.get(SERVICE_NAME, "")).startswith("unknown_service"):
         resource = resource.merge(Resource({SERVICE_NAME: env.DEFAULT_SERVICE_NAME}))
-    provider = sdk_trace.TracerProvider(resource=resource, sampler=sampler, id_generator=make_id_generator())
+    from gymtrace._leanspan import GymTracerProvider
+
+    # The SDK's provider, with gymtrace's own spans on the lean path (_leanspan.py): only here,
+    # where gymtrace owns the provider; an application's provider is never changed.
+    provider: Any = GymTracerProvider(resource=resource, sampler=sampler, id_generator=make_id_generator())
     provider.add_span_processor(IdentitySpanProcessor())
     _state.stage = _ExportStage()
     provider.add_span_processor(_state.stage)
