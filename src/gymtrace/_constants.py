@@ -72,22 +72,6 @@ FAILURE_RETRYABLE: Final = "gym.failure.retryable"
 TURN_NUMBER: Final = "gym.turn.number"
 STEP_NUMBER: Final = "gym.step.number"
 HIERARCHY_VIOLATION: Final = "gym.hierarchy.violation"
-# The step policy (issue 13; see _steps.py). Not in the fixed table. On the span that owns the
-# steps (agent invocation, else episode) when the policy is ``aggregate``: the policy and its
-# parameters, how many steps ran, how many became spans, how many raised, and step durations in
-# seconds. On a step span written under that policy: why it was kept (first, slowest, raised,
-# episode).
-STEPS_POLICY: Final = "gym.steps.policy"
-STEPS_COUNT: Final = "gym.steps.count"
-STEPS_SPANS: Final = "gym.steps.spans"
-STEPS_ERRORS: Final = "gym.steps.errors"
-STEPS_DURATION_SUM: Final = "gym.steps.duration.sum"
-STEPS_DURATION_MIN: Final = "gym.steps.duration.min"
-STEPS_DURATION_MAX: Final = "gym.steps.duration.max"
-STEPS_DURATION_MEAN: Final = "gym.steps.duration.mean"
-STEPS_EVERY_STEP: Final = "gym.steps.every_step"
-STEP_SAMPLED: Final = "gym.step.sampled"
-
 # Not in the fixed table: set on spans that were still open when the process was stopped.
 INTERRUPTED: Final = "gym.interrupted"
 # On a span link: why two episodes are linked (``retry`` or ``restore``), or ``run`` on the link
@@ -155,3 +139,40 @@ SERVICE_NAME: Final = "service.name"
 # -- instrumentation scope ----------------------------------------------------------------------------
 
 INSTRUMENTATION_NAME: Final = "gymtrace"
+
+# -- integrations (issue 11) ---------------------------------------------------------------------------
+
+# Gymnasium (gymtrace.integrations.gymnasium): which environment an episode ran in, and, for a vector
+# environment, which sub-environment. ``gym.env.seed`` is on the seed_session span when a seed was given.
+ENV_ID: Final = "gym.env.id"
+ENV_INDEX: Final = "gym.env.index"
+ENV_SEED: Final = "gym.env.seed"
+# The step policy on the episode span, so a reader knows whether every step is a span (issue 13):
+# ``all`` (every step a span) or ``aggregate`` (the first N steps and every step that raised are
+# spans; the others are only counted in the statistics below).
+STEPS_POLICY: Final = "gym.steps.policy"
+STEPS_POLICY_ALL: Final = "all"
+STEPS_POLICY_AGGREGATE: Final = "aggregate"
+STEPS_COUNT: Final = "gym.steps.count"
+STEPS_SAMPLED: Final = "gym.steps.sampled"
+STEPS_DURATION_TOTAL_MS: Final = "gym.steps.duration.total_ms"
+STEPS_DURATION_MEAN_MS: Final = "gym.steps.duration.mean_ms"
+STEPS_DURATION_MIN_MS: Final = "gym.steps.duration.min_ms"
+STEPS_DURATION_MAX_MS: Final = "gym.steps.duration.max_ms"
+STEPS_SLOWEST_NUMBER: Final = "gym.steps.slowest.number"
+# On a step span made after the fact (a step that raised under the aggregate policy): its real length.
+STEP_DURATION_MS: Final = "gym.step.duration_ms"
+
+# -- the engine's step policy (issue 13, _steps.py) -----------------------------------------------------
+
+# Beside the gym.steps.* statistics above, on the span that owns the steps (agent invocation, else
+# episode) under the aggregate policy: its sampling parameters, and how many steps raised.
+STEPS_FIRST: Final = "gym.steps.policy.first"
+STEPS_SLOWEST: Final = "gym.steps.policy.slowest"
+STEPS_EPISODE_SHARE: Final = "gym.steps.policy.episode_share"
+STEPS_ERRORS: Final = "gym.steps.errors"
+# On a step span kept under the aggregate policy: why (first, slowest, raised).
+STEP_KEPT: Final = "gym.step.kept"
+STEP_KEPT_FIRST: Final = "first"
+STEP_KEPT_SLOWEST: Final = "slowest"
+STEP_KEPT_RAISED: Final = "raised"

@@ -33,8 +33,8 @@ from gymtrace import _constants as c
 from gymtrace import _environment as env
 from gymtrace._errors import InvalidArgumentError
 
-POLICY_ALL = "all"
-POLICY_AGGREGATE = "aggregate"
+POLICY_ALL = c.STEPS_POLICY_ALL
+POLICY_AGGREGATE = c.STEPS_POLICY_AGGREGATE
 POLICIES = (POLICY_ALL, POLICY_AGGREGATE)
 
 
@@ -43,8 +43,10 @@ class StepPolicy:
     """What a step records; see the module docstring. ``StepPolicy()`` is every step a span."""
 
     policy: str = POLICY_ALL
-    first: int = 10
-    slowest: int = 5
+    # Defaults as the Gymnasium integration's (DEFAULT_SAMPLE_FIRST): a span costs about five
+    # CartPole steps and a random CartPole episode lasts ~20 steps.
+    first: int = 1
+    slowest: int = 1
     episode_share: float = 0.0
 
     def __post_init__(self) -> None:
@@ -67,12 +69,6 @@ class StepPolicy:
     @property
     def aggregate(self) -> bool:
         return self.policy == POLICY_AGGREGATE
-
-    def describe(self) -> str:
-        """The value of ``gym.steps.policy``: the policy and its sampling parameters."""
-        if not self.aggregate:
-            return POLICY_ALL
-        return f"aggregate(first={self.first},slowest={self.slowest},episode_share={self.episode_share:g})"
 
 
 def _env_int(name: str, default: int) -> int:
@@ -152,6 +148,7 @@ class StepStats:
         "policy",
         "slow",
         "slowest",
+        "slowest_number",
         "spans",
         "total_ns",
     )
@@ -167,7 +164,8 @@ class StepStats:
         self.spans = 0
         self.total_ns = 0
         self.min_ns = -1
-        self.max_ns = 0
+        self.max_ns = -1
+        self.slowest_number = 0
         # Min-heap of (duration, number, start, end) of the slowest steps that are not spans yet.
         self.slow: list[tuple[int, int, int, int]] = []
         self._lock = threading.Lock()
@@ -183,6 +181,7 @@ class StepStats:
             self.total_ns += duration
             if duration > self.max_ns:
                 self.max_ns = duration
+                self.slowest_number = number
             if self.min_ns < 0 or duration < self.min_ns:
                 self.min_ns = duration
             if as_span:
@@ -209,7 +208,7 @@ class StepStats:
                         **identity,
                         c.KIND: c.KIND_STEP,
                         c.STEP_NUMBER: number,
-                        c.STEP_SAMPLED: "slowest",
+                        c.STEP_KEPT: c.STEP_KEPT_SLOWEST,
                     },
                     start_time=start_ns,
                 )
@@ -218,20 +217,25 @@ class StepStats:
         owner_span.set_attributes(self.attributes())
 
     def attributes(self) -> dict[str, Any]:
+        """The statistics, named as the Gymnasium integration names them (gym.steps.*)."""
+        policy = self.policy
         out: dict[str, Any] = {
-            c.STEPS_POLICY: self.policy.describe(),
+            # An owner of the sampled share had every step as a span: for its reader that is "all".
+            c.STEPS_POLICY: POLICY_ALL if self.everything else POLICY_AGGREGATE,
+            c.STEPS_FIRST: policy.first,
+            c.STEPS_SLOWEST: policy.slowest,
+            c.STEPS_EPISODE_SHARE: float(policy.episode_share),
             c.STEPS_COUNT: self.count,
-            c.STEPS_SPANS: self.spans,
+            c.STEPS_SAMPLED: self.spans,
         }
         if self.errors:
             out[c.STEPS_ERRORS] = self.errors
         if self.count:
-            out[c.STEPS_DURATION_SUM] = self.total_ns / 1e9
-            out[c.STEPS_DURATION_MIN] = self.min_ns / 1e9
-            out[c.STEPS_DURATION_MAX] = self.max_ns / 1e9
-            out[c.STEPS_DURATION_MEAN] = self.total_ns / self.count / 1e9
-        if self.everything:
-            out[c.STEPS_EVERY_STEP] = True
+            out[c.STEPS_DURATION_TOTAL_MS] = self.total_ns / 1e6
+            out[c.STEPS_DURATION_MEAN_MS] = self.total_ns / self.count / 1e6
+            out[c.STEPS_DURATION_MIN_MS] = self.min_ns / 1e6
+            out[c.STEPS_DURATION_MAX_MS] = self.max_ns / 1e6
+            out[c.STEPS_SLOWEST_NUMBER] = self.slowest_number
         return out
 
 
@@ -248,7 +252,7 @@ def write_raised_step(
     span = tracer.start_span(
         c.SPAN_STEP,
         context=context,
-        attributes={**identity, c.KIND: c.KIND_STEP, c.STEP_NUMBER: number, c.STEP_SAMPLED: "raised"},
+        attributes={**identity, c.KIND: c.KIND_STEP, c.STEP_NUMBER: number, c.STEP_KEPT: c.STEP_KEPT_RAISED},
         start_time=start_ns,
     )
     if isinstance(exc, Exception):
