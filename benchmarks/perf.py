@@ -247,28 +247,37 @@ def forms(quick: bool) -> dict[str, Any]:
 
 CARTPOLE_CODE = r"""
 import gymnasium
-mode, n = sys.argv[1], int(sys.argv[2])
-traced = mode != "untraced"
+loop_kind, n = sys.argv[1], int(sys.argv[2])
+kwargs = json.loads(sys.argv[3])
+traced = loop_kind != "untraced"
 if traced:
     import gymtrace
-    kwargs = json.loads(sys.argv[3])
     gymtrace.configure(service_name="bench-cartpole", **kwargs)
 env = gymnasium.make("CartPole-v1")
+if loop_kind.startswith("integration"):
+    # The Gymnasium integration: rollout > episode per env episode, steps by its step policy.
+    from gymtrace.integrations.gymnasium import TraceEnv
+    steps = loop_kind.partition(":")[2]
+    env = TraceEnv(env, **({"steps": steps} if steps else {}))
 env.reset(seed=0)
+env.action_space.seed(0)
+sample = env.action_space.sample
 
-def untraced_loop(steps):
-    done, i = 0, 0
+def plain_loop(steps):
+    # Untraced, or the integration (which traces inside env.step/reset).
+    done = 0
     while done < steps:
         env.reset()
         while True:
-            _, _, term, trunc, _ = env.step(i % 2)
-            i += 1; done += 1
+            _, _, term, trunc, _ = env.step(sample())
+            done += 1
             if term or trunc or done >= steps:
                 break
 
-def traced_loop(steps):
+def hand_loop(steps):
+    # As a new user writes it: a rollout and episode per env episode, a step per env.step().
     step = gymtrace.step
-    done, i, k = 0, 0, 0
+    done, k = 0, 0
     while done < steps:
         k += 1
         with gymtrace.rollout(rollout_id=f"cartpole-{k}", task_id="CartPole-v1", repeat=0):
@@ -276,12 +285,12 @@ def traced_loop(steps):
                 env.reset()
                 while True:
                     with step():
-                        _, _, term, trunc, _ = env.step(i % 2)
-                    i += 1; done += 1
+                        _, _, term, trunc, _ = env.step(sample())
+                    done += 1
                     if term or trunc or done >= steps:
                         break
 
-loop = traced_loop if traced else untraced_loop
+loop = hand_loop if loop_kind == "hand" else plain_loop
 loop(2000)  # warm up
 if traced:
     gymtrace.force_flush()
@@ -297,41 +306,66 @@ print(json.dumps({"steps_per_s": n / cpu, "dropped": sum(s.dropped for s in stat
 """
 
 
-def cartpole(quick: bool, endpoint: str | None, policies: Sequence[str]) -> dict[str, Any]:
+def _has_integration() -> bool:
+    try:
+        import gymtrace.integrations.gymnasium  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def _has_step_policy() -> bool:
+    from gymtrace import _environment
+
+    return hasattr(_environment, "GYMTRACE_STEP_POLICY") and "step_policy" in _configure_arguments()
+
+
+def _configure_arguments() -> set[str]:
+    import inspect
+
+    import gymtrace
+
+    return set(inspect.signature(gymtrace.configure).parameters)
+
+
+def cartpole(quick: bool, endpoint: str | None) -> dict[str, Any]:
     n, rounds = (10_000, 3) if quick else (50_000, 5)
-    variants: dict[str, tuple[dict[str, Any], dict[str, str]]] = {
-        "untraced": ({}, {}),
-        "disabled (OTEL_SDK_DISABLED)": ({}, {"OTEL_SDK_DISABLED": "true"}),
-        "no exporter, every step": ({"file": False}, {}),
+    file = {"file": "trace.jsonl"}
+    otlp = {"endpoint": endpoint, "file": False}
+    aggregate = {"GYMTRACE_STEP_POLICY": "aggregate"}
+    # name -> (loop, configure() kwargs, environment)
+    variants: dict[str, tuple[str, dict[str, Any], dict[str, str]]] = {
+        "untraced": ("untraced", {}, {}),
+        "with step(), OTEL_SDK_DISABLED=true": ("hand", {}, {"OTEL_SDK_DISABLED": "true"}),
+        "with step(), every step, no exporter": ("hand", {"file": False}, {}),
+        "with step(), every step, file exporter": ("hand", file, {}),
     }
-    for policy in policies:
-        extra = {} if policy == "default" else {"GYMTRACE_STEP_POLICY": policy}
-        variants[f"file exporter, step policy {policy}"] = ({"file": "trace.jsonl"}, extra)
+    if _has_step_policy():
+        variants["with step(), step policy aggregate, file"] = ("hand", file, aggregate)
+    if _has_integration():
+        variants["integration default policy, file exporter"] = ("integration", file, {})
+        variants["integration every step, file exporter"] = ("integration:all", file, {})
     if endpoint is not None:
-        variants["OTLP live Collector, every step"] = ({"endpoint": endpoint, "file": False}, {})
-        for policy in policies:
-            if policy != "default":
-                variants[f"OTLP live Collector, step policy {policy}"] = (
-                    {"endpoint": endpoint, "file": False},
-                    {"GYMTRACE_STEP_POLICY": policy},
-                )
+        variants["with step(), every step, OTLP live Collector"] = ("hand", otlp, {})
+        if _has_integration():
+            variants["integration every step, OTLP live Collector"] = ("integration:all", otlp, {})
+            variants["integration default policy, OTLP live Collector"] = ("integration", otlp, {})
     results: dict[str, list[dict[str, Any]]] = {name: [] for name in variants}
     names = list(variants)
     for r in range(rounds):
         for name in names if r % 2 == 0 else names[::-1]:
-            kwargs, extra = variants[name]
-            mode = "untraced" if name == "untraced" else "traced"
+            loop, kwargs, extra = variants[name]
             results[name].append(
-                run_child(CARTPOLE_CODE, mode, str(n), json.dumps(kwargs), env=child_env(**extra))
+                run_child(CARTPOLE_CODE, loop, str(n), json.dumps(kwargs), env=child_env(**extra))
             )
     base = [r["steps_per_s"] for r in results["untraced"]]
-    print(f"cartpole ({n} steps x {rounds} rounds; steps per CPU-second, slowdown vs untraced)")
+    print(f"cartpole ({n} random-action steps x {rounds} rounds; steps per CPU-second, slowdown vs untraced)")
     out: dict[str, Any] = {}
     for name in names:
         rates = [r["steps_per_s"] for r in results[name]]
         slow = med([b / x for b, x in zip(base, rates, strict=True)])
         dropped = max(r["dropped"] for r in results[name])
-        print(f"  {name:<44} {med(rates):>10,.0f} steps/s  {slow:5.2f}x  dropped {dropped}")
+        print(f"  {name:<48} {med(rates):>10,.0f} steps/s  {slow:5.2f}x  dropped {dropped}")
         out[name] = (slow, dropped)
     return out
 
@@ -592,7 +626,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         f" CPU time, medians of interleaved rounds)"
     )
     rows: list[tuple[str, str, str, str, bool | None]] = []
-    na = ("n/a", None)
     if "forms" in only:
         f = forms(args.quick)
         rows += [
@@ -611,16 +644,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"(no {receiver.binary}: run collector/build for the live-Collector rows)")
     with receiver if live else _nothing():
         if "cartpole" in only:
-            from gymtrace import _environment
-
-            policies = ["default"] + [p for p in getattr(_environment, "STEP_POLICIES", ()) if p != "default"]
-            c = cartpole(args.quick, receiver.endpoint if live else None, policies)
-            default = c.get("file exporter, step policy default", na)
+            c = cartpole(args.quick, receiver.endpoint if live else None)
+            default = c.get("integration default policy, file exporter") or c.get(
+                "with step(), step policy aggregate, file", (float("nan"), 0)
+            )
             rows.append(
                 ("CartPole, Gymnasium integration's default step policy, file exporter", "11.8x", "<= 1.3x",
                  f"{default[0]:.2f}x", default[0] <= 1.3)
             )  # fmt: skip
-            every = c.get("OTLP live Collector, every step")
+            every = c.get("integration every step, OTLP live Collector") or c.get(
+                "with step(), every step, OTLP live Collector"
+            )
             if every is not None:
                 rows.append(
                     ("CartPole, every step a span, OTLP to a live Collector", "15x, drops", "<= 4x, 0 drops",
