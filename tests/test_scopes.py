@@ -266,7 +266,7 @@ def test_full_hierarchy_forms_one_tree_per_rollout(captured: CapturedSpans) -> N
 
 
 def test_trace_per_run_nests_rollouts_under_the_run(captured: CapturedSpans) -> None:
-    from gymtrace._scope import set_trace_per
+    from gymtrace._levels import set_trace_per
 
     set_trace_per("run")
     try:

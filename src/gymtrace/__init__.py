@@ -17,7 +17,7 @@ Example::
                 gymtrace.record_reward(env.score(answer))
 
 Every span carries ``gym.kind`` and the gym identity (``gym.rollout.id``,
-``gym.episode.attempt``, ...); see ``shared/DESIGN.md`` for the contract.
+``gym.episode.attempt``, ...); the README describes the vocabulary and every attribute.
 """
 
 from gymtrace import propagation, testing
@@ -34,12 +34,21 @@ from gymtrace._api import (
     verify,
 )
 from gymtrace._attempts import Attempt, Attempts, attempts
-from gymtrace._content import configure_content, record_content
+from gymtrace._content import configure_content
 from gymtrace._errors import GymTraceError, HierarchyViolationError, InvalidArgumentError
 from gymtrace._export import ExportStats
+from gymtrace._frame import ActiveScope
 from gymtrace._processor import IdentitySpanProcessor
-from gymtrace._record import Current, current, current_scope, record_failure, record_reward, record_usage
-from gymtrace._scope import ActiveScope, Scope
+from gymtrace._record import (
+    Current,
+    current,
+    current_scope,
+    record_content,
+    record_failure,
+    record_reward,
+    record_usage,
+)
+from gymtrace._scope import Scope
 from gymtrace._setup import Configuration, configure, export_stats, force_flush, shutdown
 from gymtrace._version import __version__
 

@@ -15,7 +15,8 @@ from typing import Any, ParamSpec, TypeVar, overload
 from opentelemetry.trace import SpanKind
 
 from gymtrace import _constants as c
-from gymtrace._scope import ActiveScope, Scope, decorate
+from gymtrace._frame import ActiveScope
+from gymtrace._scope import Scope, decorate
 
 P = ParamSpec("P")
 R = TypeVar("R")

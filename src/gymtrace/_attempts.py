@@ -8,9 +8,13 @@ Example::
                 reward = run_episode(row)     # an exception here fails this attempt
 
 Each attempt is an episode with the next attempt number (0, 1, 2, ...), linked to the previous one.
-An exception matching ``retry_on`` fails the attempt as a retryable ``infrastructure`` failure
-(``timeout`` for a ``TimeoutError``) and the loop goes on; anything else
-(or the last attempt failing) ends the loop and re-raises unless ``reraise=False``. The loop's
+Only infrastructure is retried: by default a ``TimeoutError`` (failure kind ``timeout``), any other
+``OSError`` such as a ``ConnectionError``, and httpx/aiohttp transport errors and 5xx/429 responses
+(kind ``infrastructure``). Anything else is a bug that would fail the same way again: it fails the
+attempt with kind ``error`` (``gym.failure.retryable=false``), ends the loop at once, and the
+rollout is unscored. ``retry_on=`` replaces the default: what matches it is retried as
+``infrastructure`` (``timeout`` for a ``TimeoutError``). The last attempt failing also ends the loop;
+the exception is re-raised unless ``reraise=False``. The loop's
 decisions never depend on whether tracing is on: to fail an attempt without raising, call
 ``attempt.fail(...)``.
 """
@@ -23,7 +27,9 @@ from typing import Any
 
 from gymtrace import _constants as c
 from gymtrace._errors import InvalidArgumentError
-from gymtrace._scope import _CANCELLATION, ActiveScope, Scope
+from gymtrace._failures import classify, classify_as_told, retryable_by_default
+from gymtrace._frame import ActiveScope
+from gymtrace._scope import CANCELLATION, Scope
 
 
 class Attempt:
@@ -57,7 +63,7 @@ class Attempt:
     ) -> None:
         """Fail this attempt without raising; the loop retries if ``retryable`` (default: by kind)."""
         if retryable is None:
-            retryable = kind in (c.FAILURE_INFRASTRUCTURE, c.FAILURE_TIMEOUT)
+            retryable = retryable_by_default(kind)
         self._failure = (kind, retryable, message)
         if self.scope is not None:
             self.scope.record_failure(kind, retryable=retryable, message=message)
@@ -78,20 +84,11 @@ class Attempt:
         loop = self._loop
         retry = False
         if isinstance(exc, Exception):
-            retryable = isinstance(exc, loop.retry_on)
-            # What the loop was told to retry on is, by the vocabulary, an infrastructure failure.
-            if isinstance(exc, TimeoutError):
-                kind = c.FAILURE_TIMEOUT
-            else:
-                kind = c.FAILURE_INFRASTRUCTURE if retryable else c.FAILURE_ERROR
+            kind, retryable = classify(exc) if loop.retry_on is None else classify_as_told(exc, loop.retry_on)
             if self._failure is None:
                 self._failure = (kind, retryable, None)
-                if (
-                    self.scope is not None
-                    and self.scope.kind == c.KIND_EPISODE
-                    and self.scope.failure is None
-                ):
-                    self.scope.failure = (kind, retryable, None)
+                if self.scope is not None and self.scope.kind == c.KIND_EPISODE:
+                    self.scope.fail_unless_classified(kind, retryable)
             retry = self._failure[1]
         elif exc is None and self._failure is not None:
             retry = self._failure[1]
@@ -104,7 +101,7 @@ class Attempt:
             loop.succeeded = True
             loop._done = True
             return False
-        if isinstance(exc, _CANCELLATION) or not retry or self.is_last:
+        if isinstance(exc, CANCELLATION) or not retry or self.is_last:
             loop._done = True
             loop.last_error = exc if isinstance(exc, Exception) else loop.last_error
             return exc is not None and isinstance(exc, Exception) and not loop.reraise
@@ -127,7 +124,7 @@ class Attempts:
         self,
         max_attempts: int,
         *,
-        retry_on: type[BaseException] | tuple[type[BaseException], ...] = Exception,
+        retry_on: type[BaseException] | tuple[type[BaseException], ...] | None = None,
         restore: bool = False,
         reraise: bool = True,
         attributes: dict[str, Any] | None = None,
@@ -161,12 +158,17 @@ class Attempts:
 def attempts(
     max_attempts: int,
     *,
-    retry_on: type[BaseException] | tuple[type[BaseException], ...] = Exception,
+    retry_on: type[BaseException] | tuple[type[BaseException], ...] | None = None,
     restore: bool = False,
     reraise: bool = True,
     attributes: dict[str, Any] | None = None,
 ) -> Attempts:
     """Up to ``max_attempts`` episodes of the enclosing rollout, stopping at the first success.
+
+    ``retry_on`` (default ``None``: connection errors, timeouts and other ``OSError``, and httpx /
+    aiohttp transport errors and 5xx/429 responses when those libraries are in use) says which
+    exceptions are infrastructure failures worth another attempt; any other exception ends the
+    rollout at once, unscored, with failure kind ``error``.
 
     ``restore=True`` opens every attempt after the first as a checkpoint restore of the previous one
     (``gym.episode.restored``), instead of a clean retry. ``attempts.succeeded`` tells, after the

@@ -1,6 +1,8 @@
 """The contract checker behind ``gymtrace.testing.check_trace`` and ``gymtrace check FILE``.
 
-Each rule is a rule of ``shared/DESIGN.md``; each message names the rollout or span it is about.
+Each rule is a rule of the vocabulary the README describes; each message names the rollout or span
+it is about. Nesting comes from the level table (``_levels.LEVELS``), so a new level is checked
+without touching this module.
 """
 
 from __future__ import annotations
@@ -12,7 +14,8 @@ from collections.abc import Iterable
 from typing import Any
 
 from gymtrace import _constants as c
-from gymtrace._scope import _allowed, episode_id
+from gymtrace._ids import episode_id
+from gymtrace._levels import LEVELS, NUMBERING_OWNERS, allowed
 from gymtrace._spandata import SpanData, normalize
 
 
@@ -68,13 +71,13 @@ def _check_kinds_and_nesting(index: _Index) -> list[str]:
         kind = span.attributes.get(c.KIND)
         if kind is None:
             continue
-        if kind not in c.ALL_KINDS:
+        if kind not in LEVELS:
             problems.append(f"{_label(span)}: unknown gym.kind {kind!r}")
             continue
         parent = index.gym_ancestor(span)
         if parent is not None:
             parent_kind = parent.attributes.get(c.KIND)
-            if parent_kind in c.ALL_KINDS and not _allowed(str(parent_kind), str(kind)):
+            if parent_kind in LEVELS and not allowed(str(parent_kind), str(kind)):
                 problems.append(
                     f"{_label(span)}: inverted nesting, {kind} inside {parent_kind} {_label(parent)}"
                 )
@@ -200,7 +203,7 @@ def _check_episode_links(index: _Index) -> list[str]:
 
 def _check_numbering(index: _Index) -> list[str]:
     problems = []
-    owners = (c.KIND_AGENT_INVOCATION, c.KIND_EPISODE, c.KIND_ROLLOUT, c.KIND_RUN)
+    owners = NUMBERING_OWNERS
     for kind, key in ((c.KIND_TURN, c.TURN_NUMBER), (c.KIND_STEP, c.STEP_NUMBER)):
         groups: dict[str, list[SpanData]] = defaultdict(list)
         for span in index.spans:

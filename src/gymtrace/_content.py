@@ -12,7 +12,7 @@ Example::
         result = search(**arguments)
         gymtrace.record_content(input=arguments, output=result)
 
-The trace is not the trajectory record (``shared/DESIGN.md`` §1): by default nothing is recorded.
+The trace is not the trajectory record (README, "The vocabulary"): by default nothing is recorded.
 ``OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT`` (or ``configure(capture_content=...)``) turns
 it on. Then every value is
 
@@ -52,9 +52,7 @@ from gymtrace._errors import (
     InvalidArgumentError,
     contract_problem,
     first_time,
-    internal_error,
 )
-from gymtrace._scope import ActiveScope
 
 logger = logging.getLogger("gymtrace")
 
@@ -624,59 +622,34 @@ def _ledger(span: Any) -> _Ledger:
 
 # -- recording ----------------------------------------------------------------------------------------
 
-_TARGET_KINDS: Final = (c.KIND_MODEL_CALL, c.KIND_TOOL_CALL, c.KIND_AGENT_INVOCATION)
-_KEYS: Final = {
-    c.KIND_MODEL_CALL: (c.GEN_AI_INPUT_MESSAGES, c.GEN_AI_OUTPUT_MESSAGES),
-    c.KIND_AGENT_INVOCATION: (c.GEN_AI_INPUT_MESSAGES, c.GEN_AI_OUTPUT_MESSAGES),
-    c.KIND_TOOL_CALL: (c.GEN_AI_TOOL_CALL_ARGUMENTS, c.GEN_AI_TOOL_CALL_RESULT),
-}
-_EVENT_NAMES: Final = {
-    c.KIND_MODEL_CALL: c.GEN_AI_CLIENT_INFERENCE_OPERATION_DETAILS,
-    c.KIND_AGENT_INVOCATION: c.CONTENT_EVENT,
-    c.KIND_TOOL_CALL: c.CONTENT_EVENT,
-}
+
+def capturing() -> bool:
+    """Whether content capture is on at all (the cheap check before finding a target)."""
+    return capture_mode() != NO_CONTENT
 
 
-def record_content(input: object = None, output: object = None, *, scope: ActiveScope | None = None) -> None:
-    """Record content on the current model call, tool call or agent invocation. Off by default.
+def record_on(span: Any, keys: tuple[str, str, str], input: object, output: object) -> None:
+    """Record ``input``/``output`` on ``span`` under the capture mode, budgets and redaction in force.
 
-    On a model call or agent invocation ``input``/``output`` become ``gen_ai.input.messages`` /
-    ``gen_ai.output.messages``; on a tool call, ``gen_ai.tool.call.arguments`` /
-    ``gen_ai.tool.call.result``. ``None`` means "not given". Pass plain data (dicts, lists,
-    strings, numbers): other objects are recorded as ``"<ClassName>"``, never by calling their
-    methods. Recorded only when ``OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT`` (or
-    ``configure(capture_content=...)``) turns capture on; then as span attributes (``SPAN_ONLY``),
-    one span event (``EVENT_ONLY``: ``gen_ai.client.inference.operation.details`` on model calls,
-    ``gym.content`` otherwise) or both. Values are redacted and cut to their budgets; nothing of
-    the caller's is mutated. Never raises (except in strict mode, for misuse).
+    ``keys`` are the level's content names (its ``Level.content``): the input and output attribute
+    and the event that carries both when events are on.
     """
     mode = capture_mode()
     if mode == NO_CONTENT or (input is None and output is None):
         return
-    try:
-        from gymtrace._record import _target
-
-        _, target = _target(scope, _TARGET_KINDS, "record_content")
-        if target is None:
-            return
-        span = target.span
-        if not span.is_recording():
-            return  # sampled out: skip the work
-        _record(target, span, mode, input, output)
-    except GymTraceError:
-        raise
-    except Exception as exc:  # noqa: BLE001 - telemetry must not break the caller
-        internal_error("record_content", exc)
+    if not span.is_recording():
+        return  # sampled out: skip the work
+    _record(keys, span, mode, input, output)
 
 
-def _record(target: ActiveScope, span: Any, mode: str, input: object, output: object) -> None:
+def _record(keys: tuple[str, str, str], span: Any, mode: str, input: object, output: object) -> None:
     policy = _policy
     on_span = mode in (SPAN_ONLY, SPAN_AND_EVENT)
     on_event = mode in (EVENT_ONLY, SPAN_AND_EVENT)
     copies = 2 if on_span and on_event else 1  # SPAN_AND_EVENT stores each value twice
     value_limit = max_value_bytes()
     span_limit = max_span_bytes()
-    input_key, output_key = _KEYS[target.kind]
+    input_key, output_key, event_name = keys
 
     # Serialise outside the lock, against a snapshot of the span's budget ...
     with _ledgers_lock:
@@ -715,6 +688,6 @@ def _record(target: ActiveScope, span: Any, mode: str, input: object, output: ob
         for key, text in final.items():
             span.set_attribute(key, text)
     if on_event and final:
-        span.add_event(_EVENT_NAMES[target.kind], final)
+        span.add_event(event_name, final)
     if omitted:
         span.set_attribute(c.CONTENT_OMITTED, omitted)

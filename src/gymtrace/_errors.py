@@ -9,13 +9,19 @@ strict mode (``GYMTRACE_STRICT=true`` or ``configure(strict=True)``).
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import threading
+from collections.abc import Callable
+from types import TracebackType
+from typing import Any, TypeVar
 
 from gymtrace._environment import GYMTRACE_STRICT, env_flag
 
 logger = logging.getLogger("gymtrace")
+
+F = TypeVar("F", bound=Callable[..., Any])
 
 
 class GymTraceError(Exception):
@@ -87,3 +93,40 @@ def contract_problem(key: object, error: GymTraceError) -> None:
         raise error
     if first_time(key):
         logger.warning("gymtrace: %s", error)
+
+
+class guard:
+    """Contain gymtrace's own failures: a context manager and a decorator.
+
+    An ``Exception`` raised inside is handed to :func:`internal_error` (logged once, swallowed;
+    raised under pytest and in strict mode); a decorated function then returns ``None``.
+    :class:`GymTraceError` passes through: it is a contract problem that strict mode raised on
+    purpose. ``BaseException`` (``KeyboardInterrupt``, cancellation) always passes through.
+    ``may_raise=False`` is for code that runs while a user exception propagates.
+    """
+
+    __slots__ = ("may_raise", "where")
+
+    def __init__(self, where: str, *, may_raise: bool = True) -> None:
+        self.where = where
+        self.may_raise = may_raise
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> bool:
+        if exc is None or not isinstance(exc, Exception) or isinstance(exc, GymTraceError):
+            return False
+        internal_error(self.where, exc, may_raise=self.may_raise)
+        return True
+
+    def __call__(self, func: F) -> F:
+        @functools.wraps(func)
+        def guarded(*args: Any, **kwargs: Any) -> Any:
+            with self:
+                return func(*args, **kwargs)
+            return None
+
+        return guarded  # type: ignore[return-value]  # same signature; None only after a contained error

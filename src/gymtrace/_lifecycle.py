@@ -26,7 +26,7 @@ from collections.abc import Callable
 from types import FrameType
 from typing import Any, NoReturn
 
-from gymtrace._scope import _OPEN, end_open_scopes
+from gymtrace._scope import end_open_scopes, forget_open_scopes
 
 logger = logging.getLogger("gymtrace")
 
@@ -96,7 +96,7 @@ def _in_forked_child() -> None:
     # The scopes open at the fork (the run, the rollout that forked) are the parent's: it ends and
     # exports them. Ended here too, at os._exit or exit, each would be exported a second time with
     # the same span ID, marked interrupted (tests/test_process_endings.py, fork scenarios).
-    _OPEN.clear()
+    forget_open_scopes()
 
     def flushing_exit(status: int) -> NoReturn:
         _end_and_flush("os._exit in a forked worker")

@@ -7,9 +7,11 @@ from typing import Any
 from opentelemetry import context as otel_context
 
 from gymtrace import _constants as c
-from gymtrace._errors import internal_error
-from gymtrace._scope import FRAME_KEY, ActiveScope
+from gymtrace._errors import guard
+from gymtrace._frame import FRAME_KEY, ActiveScope
 from gymtrace.propagation import identity_from_context
+
+_ON_START_GUARD = guard("IdentitySpanProcessor.on_start")
 
 
 class IdentitySpanProcessor:
@@ -27,12 +29,12 @@ class IdentitySpanProcessor:
     """
 
     def on_start(self, span: Any, parent_context: otel_context.Context | None = None) -> None:
-        try:
+        with _ON_START_GUARD:
             ctx = parent_context if parent_context is not None else otel_context.get_current()
             frame = ctx.get(FRAME_KEY)
             # No gym scope in this process yet: an HTTP server span that the official ASGI
             # instrumentation starts from the extracted headers, before gymtrace's middleware runs,
-            # has only the propagated baggage (issue 6).
+            # has only the propagated baggage.
             identity = frame.identity if isinstance(frame, ActiveScope) else identity_from_context(ctx)
             if not identity:
                 return
@@ -40,8 +42,6 @@ class IdentitySpanProcessor:
             if attributes is not None and c.KIND in attributes:
                 return  # a gymtrace span: it was started with its identity
             span.set_attributes(identity)
-        except Exception as exc:  # noqa: BLE001 - telemetry must not break the caller
-            internal_error("IdentitySpanProcessor.on_start", exc)
 
     def _on_ending(self, span: Any) -> None:
         return None

@@ -1,226 +1,30 @@
-"""Outcomes: attempts, rewards, failures, token usage, and reading the current identity.
+"""The module-level recording functions and reading the current identity.
 
-The rules come from the vocabulary (``shared/DESIGN.md`` §1): attempts are 0-based retry numbers of
-a rollout's episodes; only the final episode's result becomes the rollout's reward; a failed
-episode is never scored; a rollout whose final episode failed is *unscored* and has no reward at
-all (never an invented 0).
+``gymtrace.record_reward(0.8)`` acts on the innermost gym scope of the current context; each
+function here finds that scope and hands the work to its :class:`~gymtrace._frame.ActiveScope`,
+which owns the rules (a rollout gets at most one reward, from its final episode; a failed episode is
+never scored; an unscored rollout has no reward at all, never an invented 0).
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
 
-from opentelemetry import context as otel_context
 from opentelemetry import trace
-from opentelemetry.trace import Link, SpanContext, Status, StatusCode, TraceFlags
 
 from gymtrace import _constants as c
-from gymtrace._errors import GymTraceError, contract_problem, internal_error
-from gymtrace._scope import (
-    ActiveScope,
-    check_index,
-    check_reward,
-    current_frame,
-    episode_id,
-)
-from gymtrace._tracing import active_tracer
+from gymtrace import _content
+from gymtrace._errors import guard
+from gymtrace._frame import DISABLED_KIND, ActiveScope, current_frame, frame_for
+from gymtrace._ids import check_reward
+from gymtrace._levels import LEVELS
 
-# Retryable unless said otherwise: an infrastructure failure or a timeout is what retries are for.
-_RETRYABLE_BY_DEFAULT = frozenset({c.FAILURE_INFRASTRUCTURE, c.FAILURE_TIMEOUT})
+_REWARD_TARGETS = (c.KIND_EPISODE, c.KIND_ROLLOUT)
+_CONTENT_TARGETS = tuple(kind for kind, level in LEVELS.items() if level.content is not None)
 
 
-CARRIER_FORMAT = "gymtrace.carrier/1"
-
-
-def make_carrier(frame: ActiveScope) -> dict[str, Any]:
-    """See :meth:`ActiveScope.carrier`. Only identity and span IDs: safe to store and log."""
-    rollout = frame.nearest(c.KIND_ROLLOUT)
-    episode = frame.nearest(c.KIND_EPISODE)
-    owner = rollout or episode or frame
-    identity = {k: v for k, v in owner.identity.items() if k in _ROLLOUT_IDENTITY}
-    if rollout is not None:
-        next_attempt = rollout._next_attempt
-    elif episode is not None and episode.attempt is not None:
-        next_attempt = episode.attempt + 1
-    else:
-        next_attempt = 0
-    carrier: dict[str, Any] = {"format": CARRIER_FORMAT, "identity": identity, "next_attempt": next_attempt}
-    parent = (
-        rollout if rollout is not None else (episode.parent_span_context if episode is not None else None)
-    )
-    if isinstance(parent, ActiveScope):
-        carrier["rollout_span"] = _span_ref(parent.span.get_span_context())
-    elif parent is not None:
-        carrier["rollout_span"] = _span_ref(parent)
-    if episode is not None:
-        carrier["episode_span"] = _span_ref(episode.span.get_span_context())
-    return carrier
-
-
-_ROLLOUT_IDENTITY = (c.RUN_ID, c.TASK_ID, c.ROLLOUT_ID, c.ROLLOUT_REPEAT)
-
-
-def _span_ref(ctx: SpanContext) -> dict[str, Any]:
-    return {
-        "trace_id": trace.format_trace_id(ctx.trace_id),
-        "span_id": trace.format_span_id(ctx.span_id),
-        "sampled": bool(ctx.trace_flags.sampled),
-    }
-
-
-def _span_context(ref: Any) -> SpanContext | None:
-    try:
-        ctx = SpanContext(
-            trace_id=int(ref["trace_id"], 16),
-            span_id=int(ref["span_id"], 16),
-            is_remote=True,
-            trace_flags=TraceFlags(TraceFlags.SAMPLED if ref.get("sampled", True) else TraceFlags.DEFAULT),
-        )
-    except (KeyError, TypeError, ValueError):
-        return None
-    return ctx if ctx.is_valid else None
-
-
-def _read_carrier(carrier: Any) -> tuple[dict[str, str | int], int, SpanContext | None, SpanContext | None]:
-    """Validate a carrier (it may have travelled through files and queues for hours)."""
-    from gymtrace.propagation import clean_identity
-
-    if not isinstance(carrier, Mapping) or carrier.get("format") != CARRIER_FORMAT:
-        raise GymTraceError(f"not a gymtrace carrier (expected format {CARRIER_FORMAT!r}): {carrier!r:.120}")
-    identity = clean_identity(carrier.get("identity") or {})
-    next_attempt = carrier.get("next_attempt", 0)
-    if isinstance(next_attempt, bool) or not isinstance(next_attempt, int) or next_attempt < 0:
-        raise GymTraceError(f"carrier 'next_attempt' must be an int >= 0, got {next_attempt!r:.40}")
-    rollout_span = _span_context(carrier.get("rollout_span") or {})
-    episode_span = _span_context(carrier.get("episode_span") or {})
-    return identity, next_attempt, rollout_span, episode_span
-
-
-def prepare_episode(
-    source: tuple[str, Any] | None, frame: ActiveScope, values: dict[str, Any], ctx: otel_context.Context
-) -> tuple[str, dict[str, Any], list[Link] | None, otel_context.Context]:
-    parent = frame.parent
-    rollout = parent.nearest(c.KIND_ROLLOUT) if parent is not None else None
-    identity = {k: v for k, v in frame.identity.items() if k not in (c.EPISODE_ATTEMPT, c.EPISODE_ID)}
-    attempt = values.get("attempt")
-    start_context = ctx
-    relation, previous = source if source is not None else (c.RELATION_RETRY, None)
-    if previous is True or previous is None:
-        previous = rollout._last_episode if rollout is not None else None
-    previous_span: SpanContext | None = None
-    if isinstance(previous, ActiveScope):
-        if previous.span is not trace.INVALID_SPAN:
-            previous_span = previous.span.get_span_context()
-    elif previous is not None:
-        try:
-            carried, next_attempt, rollout_span, previous_span = _read_carrier(previous)
-        except GymTraceError as error:
-            contract_problem(("carrier", relation), GymTraceError(f"gymtrace.episode(): {error}"))
-        else:
-            if attempt is None:
-                attempt = next_attempt
-            if rollout is None:
-                # Another process: the episode joins the rollout's trace, under its rollout span.
-                identity = {**identity, **carried}
-                if rollout_span is not None:
-                    start_context = trace.set_span_in_context(trace.NonRecordingSpan(rollout_span), ctx)
-                frame.parent_span_context = rollout_span
-    if attempt is None:
-        attempt = rollout._next_attempt if rollout is not None else 0
-    if rollout is not None:
-        rollout._next_attempt = max(rollout._next_attempt, attempt + 1)
-        rollout._episodes += 1
-        rollout._last_episode = frame
-    restored = relation == c.RELATION_RESTORE
-    if restored and previous_span is None:
-        contract_problem(
-            ("restored_from", type(previous)),
-            GymTraceError(
-                "gymtrace.episode(restored_from=...) needs the episode it continues (an ActiveScope,"
-                f" its carrier, or True for the previous one in this rollout), got {previous!r:.80}"
-            ),
-        )
-    links = [Link(previous_span, {c.LINK_RELATION: relation})] if previous_span is not None else None
-    identity[c.EPISODE_ATTEMPT] = attempt
-    rollout_id = identity.get(c.ROLLOUT_ID)
-    if isinstance(rollout_id, str):
-        identity[c.EPISODE_ID] = episode_id(rollout_id, attempt)
-    frame.identity = identity
-    frame.attempt = attempt
-    attributes = dict(identity)
-    attributes[c.KIND] = c.KIND_EPISODE
-    if restored:
-        frame.restored = True
-        attributes[c.EPISODE_RESTORED] = True
-    extra = values.get("attributes")
-    if extra:
-        for key, value in extra.items():
-            attributes.setdefault(key, value)
-    return c.SPAN_EPISODE, attributes, links, start_context
-
-
-def finish_episode(frame: ActiveScope) -> None:
-    span = frame.span
-    if frame.cancelled:
-        outcome = c.OUTCOME_CANCELLED
-    elif frame.failure is not None:
-        outcome = c.OUTCOME_FAILED
-    else:
-        outcome = c.OUTCOME_COMPLETED
-    span.set_attribute(c.EPISODE_OUTCOME, outcome)
-    if outcome == c.OUTCOME_FAILED and frame.failure is not None:
-        kind, retryable, message = frame.failure
-        span.set_attribute(c.FAILURE_KIND, kind)
-        span.set_attribute(c.FAILURE_RETRYABLE, retryable)
-        span.set_status(Status(StatusCode.ERROR, message or f"episode failed: {kind}"))
-    elif outcome == c.OUTCOME_COMPLETED and frame.reward is not None:
-        span.set_attribute(c.REWARD, frame.reward)
-        span.add_event(
-            c.GEN_AI_EVALUATION_RESULT,
-            {
-                c.GEN_AI_EVALUATION_NAME: c.EVALUATION_NAME_REWARD,
-                c.GEN_AI_EVALUATION_SCORE_VALUE: frame.reward,
-            },
-        )
-
-
-def finish_rollout(frame: ActiveScope) -> None:
-    span = frame.span
-    final = frame._last_episode
-    if final is not None:
-        reward = final.reward if final.failure is None and not final.cancelled else None
-    else:
-        # No episode scopes: the rollout itself was scored directly.
-        reward = frame.reward
-    span.set_attribute(c.ROLLOUT_ATTEMPTS, frame._episodes)
-    if reward is None:
-        span.set_attribute(c.ROLLOUT_OUTCOME, c.OUTCOME_UNSCORED)
-    else:
-        span.set_attribute(c.ROLLOUT_OUTCOME, c.OUTCOME_SCORED)
-        span.set_attribute(c.REWARD, reward)
-
-
-def _target(
-    scope: ActiveScope | None, kinds: tuple[str, ...], caller: str
-) -> tuple[ActiveScope | None, ActiveScope | None]:
-    """(the frame to record from, its nearest frame of ``kinds``); both None when there is nothing
-    to record: tracing is off, or the frame is the stand-in a ``with`` block gets while it is off."""
-    if scope is None and active_tracer() is None:
-        return None, None
-    frame = scope if scope is not None else current_frame()
-    if frame is not None and frame.kind == "disabled":
-        return None, None
-    target = frame.nearest(*kinds) if frame is not None else None
-    if target is None:
-        contract_problem(
-            (caller, "no target"),
-            GymTraceError(f"gymtrace.{caller}() was called outside any {' or '.join(kinds)} scope; ignored"),
-        )
-    return frame, target
-
-
+@guard("record_reward")
 def record_reward(value: float, *, scope: ActiveScope | None = None) -> None:
     """Record the reward of the current episode (or of the current rollout if it has no episodes).
 
@@ -228,31 +32,14 @@ def record_reward(value: float, *, scope: ActiveScope | None = None) -> None:
     the episode span with a ``gen_ai.evaluation.result`` event; the rollout takes its final
     episode's reward. A failed episode keeps no reward: failed episodes are never scored.
     """
-    try:
-        number = check_reward("value", value)
-        if number is None:
-            return
-        frame, target = _target(scope, (c.KIND_EPISODE, c.KIND_ROLLOUT), "record_reward")
-        if frame is None or target is None:
-            return
-        verify = frame.nearest(c.KIND_VERIFY)
-        if target.reward is not None:
-            contract_problem(
-                ("second reward", target.kind),
-                GymTraceError(
-                    f"a second reward was recorded for one {target.kind} ({target.reward} then {number});"
-                    " the last one counts"
-                ),
-            )
-        target.reward = number
-        if verify is not None:
-            verify.reward = number
-    except GymTraceError:
-        raise
-    except Exception as exc:  # noqa: BLE001 - telemetry must not break the caller
-        internal_error("record_reward", exc)
+    if check_reward("value", value) is None:
+        return
+    frame = frame_for(scope, "record_reward", _REWARD_TARGETS)
+    if frame is not None:
+        frame.record_reward(value)
 
 
+@guard("record_failure")
 def record_failure(
     kind: str = c.FAILURE_INFRASTRUCTURE,
     *,
@@ -265,31 +52,14 @@ def record_failure(
 
     ``kind`` is free text; the conventional values are ``infrastructure``, ``timeout`` and
     ``terminal``. ``retryable`` defaults to true for infrastructure failures and timeouts.
+    ``exception`` is recorded on the episode span, with ``error.type`` its fully qualified name.
     """
-    try:
-        if not isinstance(kind, str) or not kind:
-            contract_problem(
-                ("record_failure", "kind"),
-                GymTraceError(
-                    f"gymtrace.record_failure(): argument 'kind' must be a non-empty string, got {kind!r:.80}"
-                ),
-            )
-            kind = c.FAILURE_ERROR
-        _, target = _target(scope, (c.KIND_EPISODE,), "record_failure")
-        if target is None:
-            return
-        if retryable is None:
-            retryable = kind in _RETRYABLE_BY_DEFAULT
-        target.failure = (kind, bool(retryable), message)
-        if exception is not None and target.span.is_recording():
-            target.span.record_exception(exception)
-            target.span.set_attribute(c.ERROR_TYPE, type(exception).__qualname__)
-    except GymTraceError:
-        raise
-    except Exception as exc:  # noqa: BLE001
-        internal_error("record_failure", exc)
+    frame = frame_for(scope, "record_failure", (c.KIND_EPISODE,))
+    if frame is not None:
+        frame.record_failure(kind, retryable=retryable, exception=exception, message=message)
 
 
+@guard("record_usage")
 def record_usage(
     *,
     input_tokens: int | None = None,
@@ -298,23 +68,32 @@ def record_usage(
     scope: ActiveScope | None = None,
 ) -> None:
     """Record token usage (and the model that answered) on the current model call."""
-    try:
-        _, target = _target(scope, (c.KIND_MODEL_CALL,), "record_usage")
-        if target is None:
-            return
-        span = target.span
-        tokens_in = check_index("record_usage", "input_tokens", input_tokens, 0)
-        tokens_out = check_index("record_usage", "output_tokens", output_tokens, 0)
-        if tokens_in is not None:
-            span.set_attribute(c.GEN_AI_USAGE_INPUT_TOKENS, tokens_in)
-        if tokens_out is not None:
-            span.set_attribute(c.GEN_AI_USAGE_OUTPUT_TOKENS, tokens_out)
-        if response_model is not None:
-            span.set_attribute(c.GEN_AI_RESPONSE_MODEL, str(response_model))
-    except GymTraceError:
-        raise
-    except Exception as exc:  # noqa: BLE001
-        internal_error("record_usage", exc)
+    frame = frame_for(scope, "record_usage", (c.KIND_MODEL_CALL,))
+    if frame is not None:
+        frame.record_usage(
+            input_tokens=input_tokens, output_tokens=output_tokens, response_model=response_model
+        )
+
+
+def record_content(input: object = None, output: object = None, *, scope: ActiveScope | None = None) -> None:
+    """Record content on the current model call, tool call or agent invocation. Off by default.
+
+    On a model call or agent invocation ``input``/``output`` become ``gen_ai.input.messages`` /
+    ``gen_ai.output.messages``; on a tool call, ``gen_ai.tool.call.arguments`` /
+    ``gen_ai.tool.call.result``. ``None`` means "not given". Pass plain data (dicts, lists,
+    strings, numbers): other objects are recorded as ``"<ClassName>"``, never by calling their
+    methods. Recorded only when ``OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT`` (or
+    ``configure(capture_content=...)``) turns capture on; then as span attributes (``SPAN_ONLY``),
+    one span event (``EVENT_ONLY``: ``gen_ai.client.inference.operation.details`` on model calls,
+    ``gym.content`` otherwise) or both. Values are redacted and cut to their budgets; nothing of
+    the caller's is mutated. Never raises (except in strict mode, for misuse).
+    """
+    if not _content.capturing() or (input is None and output is None):
+        return  # capture off: no work, no complaint
+    with guard("record_content"):
+        frame = frame_for(scope, "record_content", _CONTENT_TARGETS)
+        if frame is not None:
+            frame.record_content(input, output)
 
 
 @dataclass(frozen=True, slots=True)
@@ -362,6 +141,8 @@ def _int(value: object) -> int | None:
 
 
 def identity_of(frame: ActiveScope | None) -> Current:
+    if frame is not None and frame.kind == DISABLED_KIND:
+        frame = None
     ids: Mapping[str, object] = frame.identity if frame is not None else {}
     span_context = frame.span.get_span_context() if frame is not None else None
     valid = span_context is not None and span_context.is_valid

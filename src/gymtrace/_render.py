@@ -6,6 +6,7 @@ from collections import defaultdict
 from collections.abc import Iterable
 
 from gymtrace import _constants as c
+from gymtrace._levels import LEVELS
 from gymtrace._spandata import SpanData
 
 _IDENTITY_SHORT = (
@@ -15,21 +16,12 @@ _IDENTITY_SHORT = (
     (c.ROLLOUT_REPEAT, "repeat"),
     (c.EPISODE_ATTEMPT, "attempt"),
 )
-_OUTCOME_SHORT = (
-    (c.TURN_NUMBER, "#"),
-    (c.STEP_NUMBER, "#"),
-    (c.ROLLOUT_OUTCOME, "outcome"),
-    (c.ROLLOUT_ATTEMPTS, "attempts"),
-    (c.EPISODE_OUTCOME, "outcome"),
-    (c.EPISODE_RESTORED, "restored"),
-    (c.FAILURE_KIND, "failure"),
-    (c.FAILURE_RETRYABLE, "retryable"),
-    (c.REWARD, "reward"),
-    (c.GEN_AI_USAGE_INPUT_TOKENS, "in_tokens"),
-    (c.GEN_AI_USAGE_OUTPUT_TOKENS, "out_tokens"),
-    (c.HIERARCHY_VIOLATION, "VIOLATION"),
-    (c.INTERRUPTED, "interrupted"),
-)
+# Attributes shown on every kind of span; each level adds its own (``Level.shown``).
+_ALWAYS_SHOWN = ((c.HIERARCHY_VIOLATION, "VIOLATION"), (c.INTERRUPTED, "interrupted"))
+_SHOWN = {kind: (*level.shown, *_ALWAYS_SHOWN) for kind, level in LEVELS.items()}
+# Another library's span (no gym.kind): whatever of the levels' attributes it carries (token counts
+# on a model SDK's chat span).
+_FOREIGN_SHOWN = tuple(dict.fromkeys(pair for shown in _SHOWN.values() for pair in shown))
 
 
 def _duration(ns: int) -> str:
@@ -47,7 +39,7 @@ def describe(span: SpanData, parent: SpanData | None, *, services: bool) -> str:
         # Identity is shown where it changes, not repeated on every line below.
         if key in attrs and (parent is None or parent.attributes.get(key) != attrs[key]):
             parts.append(f"{short}={attrs[key]}")
-    for key, short in _OUTCOME_SHORT:
+    for key, short in _SHOWN.get(str(kind), _FOREIGN_SHOWN):
         if key in attrs:
             value = attrs[key]
             parts.append(f"{short}={value:g}" if isinstance(value, float) else f"{short}={value}")

@@ -1,11 +1,15 @@
-"""The scope object behind every gym level: one object that is a context manager and a decorator.
+"""The scope engine: one object that is a context manager and a decorator, for every gym level.
 
-A :class:`Scope` describes a level (``run``, ``rollout``, ..., ``tool_call``) and its arguments. Each
-activation (a ``with`` block or one call of a decorated function) creates an :class:`ActiveScope`:
-the span, the gym identity every span below it inherits, and the per-level state (attempt and turn
-counters, reward, failure). Both live in the OpenTelemetry context under one private key, so
-anything that carries the OpenTelemetry context (``contextvars.copy_context()``, asyncio tasks)
-carries the gym identity too.
+A :class:`Scope` is a level (see ``_levels.LEVELS``) with its arguments. Each activation (a ``with``
+block or one call of a decorated function) creates an :class:`~gymtrace._frame.ActiveScope` holding
+the span, the identity and the level's state, and puts it in the OpenTelemetry context. The engine
+knows nothing of any particular level: it validates arguments, asks the level to prepare the span,
+starts it, attaches it, and at the end hands the outcome to the level and ends the span, exactly like
+``opentelemetry.trace.use_span``.
+
+Wrappers are chosen once, at decoration time, by the kind of callable (function, coroutine function,
+generator function, async generator function), and the disabled path (no tracer) calls the function
+directly.
 """
 
 from __future__ import annotations
@@ -14,68 +18,26 @@ import asyncio
 import contextvars
 import functools
 import inspect
-import math
-import os
 import sys
-import threading
-import uuid
 from collections.abc import Callable, Mapping
 from types import TracebackType
 from typing import Any, TypeVar
 
 from opentelemetry import context as otel_context
 from opentelemetry import trace
-from opentelemetry.trace import Link, SpanKind, Status, StatusCode
+from opentelemetry.trace import SpanKind, Status, StatusCode
 
 from gymtrace import _constants as c
-from gymtrace._environment import GYMTRACE_TRACE_PER
-from gymtrace._errors import (
-    GymTraceError,
-    HierarchyViolationError,
-    InvalidArgumentError,
-    contract_problem,
-    internal_error,
-)
+from gymtrace._errors import GymTraceError, HierarchyViolationError, contract_problem, guard
+from gymtrace._failures import qualified_name
+from gymtrace._frame import DISABLED_FRAME, FRAME_KEY, ActiveScope
+from gymtrace._levels import LEVELS, allowed
 from gymtrace._tracing import SPAN_CONTEXT_KEY, active_tracer
 
 F = TypeVar("F", bound=Callable[..., Any])
 
-FRAME_KEY = otel_context.create_key("gymtrace.frame")
-
-# Outermost first. A level may open only below a level of lower rank (levels may be skipped);
-# seed_session and verify are phases of an episode and share a rank.
-_RANK = {
-    c.KIND_RUN: 0,
-    c.KIND_ROLLOUT: 1,
-    c.KIND_EPISODE: 2,
-    c.KIND_SEED_SESSION: 3,
-    c.KIND_VERIFY: 3,
-    c.KIND_AGENT_INVOCATION: 4,
-    c.KIND_TURN: 5,
-    c.KIND_STEP: 6,
-    c.KIND_MODEL_CALL: 7,
-    c.KIND_TOOL_CALL: 7,
-}
-# Allowed exceptions to the rank order: a tool call can spawn a subagent, call a model (an LLM
-# tool) or call another tool (a composite tool).
-_ALSO_ALLOWED_UNDER = {
-    c.KIND_TOOL_CALL: frozenset({c.KIND_AGENT_INVOCATION, c.KIND_MODEL_CALL, c.KIND_TOOL_CALL}),
-}
-
-_CANCELLATION = (asyncio.CancelledError, KeyboardInterrupt, SystemExit)
-
-_trace_per_run = os.environ.get(GYMTRACE_TRACE_PER, "rollout").strip().lower() == "run"
-
-
-def set_trace_per(value: str) -> None:
-    """``"rollout"`` (default): each rollout is its own trace. ``"run"``: one trace per run."""
-    global _trace_per_run
-    if value not in ("rollout", "run"):
-        raise InvalidArgumentError(f"trace_per must be 'rollout' or 'run', got {value!r}")
-    _trace_per_run = value == "run"
-
-
-_counter_lock = threading.Lock()
+# Cancellation and interruption end a span without an error status (like use_span).
+CANCELLATION = (asyncio.CancelledError, KeyboardInterrupt, SystemExit)
 
 # The `with` blocks open in this context, innermost last: (scope, activation, context token). One
 # context variable for all scopes: a Scope object shared by concurrent tasks or threads gets one
@@ -88,6 +50,16 @@ _WITH_BLOCKS: contextvars.ContextVar[tuple[tuple[Scope, ActiveScope, object], ..
 # them as interrupted instead of losing them (see _lifecycle). Insertion order: outermost first.
 _OPEN: dict[int, ActiveScope] = {}
 
+# One guard per level and situation, made once: these paths run for every span.
+_START_GUARDS = {kind: guard(f"starting gymtrace.{kind}") for kind in LEVELS}
+_FINISH_GUARDS = {kind: guard(f"ending gymtrace.{kind}") for kind in LEVELS}
+_FINISH_GUARDS_UNWINDING = {kind: guard(f"ending gymtrace.{kind}", may_raise=False) for kind in LEVELS}
+
+
+def forget_open_scopes() -> None:
+    """In a forked child: the open scopes are the parent's, which ends and exports them."""
+    _OPEN.clear()
+
 
 def end_open_scopes(reason: str) -> int:
     """End every open gym span, innermost first, marked ``gym.interrupted``. Returns how many."""
@@ -96,280 +68,73 @@ def end_open_scopes(reason: str) -> int:
         if _OPEN.pop(id(frame), None) is None:
             continue  # its own code ended it meanwhile
         try:
-            frame.cancelled = True
-            frame.span.set_attribute(c.INTERRUPTED, True)
-            _FINISH[frame.kind](frame)
+            # The process is ending: a failure here must not stop the others from ending.
+            with guard(f"ending open spans at {reason}", may_raise=False):
+                frame.cancelled = True
+                frame.span.set_attribute(c.INTERRUPTED, True)
+                finish = frame.level.finish if frame.level is not None else None
+                if finish is not None:
+                    finish(frame)
+        finally:
             frame.span.end()
             ended += 1
-        except Exception as exc:  # noqa: BLE001 - the process is ending; keep ending the others
-            internal_error(f"ending open spans at {reason}", exc, may_raise=False)
     return ended
-
-
-class ActiveScope:
-    """One activation of a gym scope: its span, its identity and its outcome state.
-
-    ``with gymtrace.episode() as ep:`` binds ``ep`` to one; decorated functions reach theirs with
-    :func:`gymtrace.current_scope`.
-    """
-
-    __slots__ = (
-        "_episodes",
-        "_last_episode",
-        "_next_attempt",
-        "_next_step",
-        "_next_turn",
-        "attempt",
-        "cancelled",
-        "context",
-        "failure",
-        "identity",
-        "kind",
-        "parent",
-        "parent_span_context",
-        "restored",
-        "reward",
-        "span",
-    )
-
-    def __init__(self, kind: str, parent: ActiveScope | None) -> None:
-        self.kind = kind
-        self.parent = parent
-        self.span: trace.Span = trace.INVALID_SPAN
-        self.identity: dict[str, str | int] = parent.identity if parent is not None else {}
-        self.context: otel_context.Context | None = None
-        self._next_turn = 1
-        self._next_step = 1
-        self._next_attempt = 0
-        self._episodes = 0
-        self._last_episode: ActiveScope | None = None
-        self.attempt: int | None = None
-        self.reward: float | None = None
-        self.failure: tuple[str, bool, str | None] | None = None
-        self.cancelled = False
-        self.restored = False
-        # An episode continued from a carrier: the rollout span it belongs to (in another process).
-        self.parent_span_context: trace.SpanContext | None = None
-
-    # -- reading -------------------------------------------------------------------------------
-
-    @property
-    def trace_id(self) -> str:
-        return trace.format_trace_id(self.span.get_span_context().trace_id)
-
-    @property
-    def span_id(self) -> str:
-        return trace.format_span_id(self.span.get_span_context().span_id)
-
-    def nearest(self, *kinds: str) -> ActiveScope | None:
-        frame: ActiveScope | None = self
-        while frame is not None:
-            if frame.kind in kinds:
-                return frame
-            frame = frame.parent
-        return None
-
-    # -- writing -------------------------------------------------------------------------------
-
-    def set_attribute(self, key: str, value: Any) -> None:
-        """Set an attribute on this scope's span (never raises)."""
-        try:
-            self.span.set_attribute(key, value)
-        except Exception as exc:  # noqa: BLE001 - telemetry must not break the caller
-            internal_error("ActiveScope.set_attribute", exc)
-
-    def record_reward(self, value: float) -> None:
-        from gymtrace._record import record_reward
-
-        record_reward(value, scope=self)
-
-    def record_failure(
-        self,
-        kind: str = c.FAILURE_INFRASTRUCTURE,
-        *,
-        retryable: bool | None = None,
-        exception: BaseException | None = None,
-        message: str | None = None,
-    ) -> None:
-        from gymtrace._record import record_failure
-
-        record_failure(kind, retryable=retryable, exception=exception, message=message, scope=self)
-
-    def carrier(self) -> dict[str, Any]:
-        """A small JSON-safe dict from which another process, possibly hours later, opens the next
-        attempt of this rollout: ``gymtrace.episode(continue_from=carrier)`` (a retry) or
-        ``gymtrace.episode(restored_from=carrier)`` (a checkpoint restore)."""
-        from gymtrace._record import make_carrier
-
-        return make_carrier(self)
-
-    def record_usage(
-        self,
-        *,
-        input_tokens: int | None = None,
-        output_tokens: int | None = None,
-        response_model: str | None = None,
-    ) -> None:
-        from gymtrace._record import record_usage
-
-        record_usage(
-            input_tokens=input_tokens,
-            output_tokens=output_tokens,
-            response_model=response_model,
-            scope=self,
-        )
-
-    def record_content(self, input: object = None, output: object = None) -> None:
-        """Record prompts/messages or tool arguments/results on this scope; off by default
-        (see :func:`gymtrace.record_content`)."""
-        from gymtrace._content import record_content
-
-        record_content(input, output, scope=self)
-
-    def _take_number(self, kind: str, explicit: int | None) -> int:
-        with _counter_lock:
-            if kind == c.KIND_TURN:
-                number = self._next_turn if explicit is None else explicit
-                self._next_turn = max(self._next_turn, number + 1)
-            else:
-                number = self._next_step if explicit is None else explicit
-                self._next_step = max(self._next_step, number + 1)
-        return number
-
-    def __repr__(self) -> str:
-        return f"<ActiveScope {self.kind} {self.identity}>"
-
-
-def current_frame() -> ActiveScope | None:
-    value = otel_context.get_current().get(FRAME_KEY)
-    return value if isinstance(value, ActiveScope) else None
-
-
-# -- argument checks ------------------------------------------------------------------------------
-
-
-def _bad(scope_kind: str, argument: str, problem: str) -> None:
-    contract_problem(
-        ("argument", scope_kind, argument, problem),
-        InvalidArgumentError(f"gymtrace.{scope_kind}(): argument {argument!r} {problem}"),
-    )
-
-
-MAX_ID_LENGTH = 256
-
-
-def check_id(scope_kind: str, argument: str, value: object) -> str | None:
-    """A valid identifier string, or None (after a warning, or an error in strict mode)."""
-    if value is None:
-        return None
-    if not isinstance(value, str):
-        _bad(scope_kind, argument, f"must be a string, got {type(value).__name__} {value!r:.80}")
-        return None
-    if not value:
-        _bad(scope_kind, argument, "must not be empty")
-        return None
-    # IDs travel in baggage and are searched in Jaeger: short, printable, one line. The same bound
-    # applies to IDs arriving from other processes (gymtrace.propagation).
-    if len(value) > MAX_ID_LENGTH:
-        _bad(scope_kind, argument, f"must be at most {MAX_ID_LENGTH} characters, got {len(value)}")
-        return None
-    if not value.isprintable():
-        _bad(scope_kind, argument, f"must be printable text without control characters, got {value[:40]!r}")
-        return None
-    return value
-
-
-def check_index(scope_kind: str, argument: str, value: object, minimum: int) -> int | None:
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, int):
-        _bad(scope_kind, argument, f"must be an int >= {minimum}, got {type(value).__name__} {value!r:.80}")
-        return None
-    if value < minimum:
-        _bad(scope_kind, argument, f"must be >= {minimum}, got {value}")
-        return None
-    return value
-
-
-def check_reward(argument: str, value: object) -> float | None:
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        _bad("record_reward", argument, f"must be a real number, got {type(value).__name__} {value!r:.80}")
-        return None
-    number = float(value)
-    if not math.isfinite(number):
-        _bad("record_reward", argument, f"must be finite, got {number}")
-        return None
-    return number
-
-
-def episode_id(rollout_id: str, attempt: int) -> str:
-    return rollout_id if attempt == 0 else f"{rollout_id}-a{attempt}"
-
-
-# -- the scope ------------------------------------------------------------------------------------
-
-# Per-kind arguments that may be given as a callable applied to the decorated function's arguments.
-_RESOLVABLE = frozenset(
-    {
-        "run_id",
-        "rollout_id",
-        "task_id",
-        "repeat",
-        "attempt",
-        "agent_name",
-        "invocation_id",
-        "number",
-        "model",
-        "provider",
-        "tool_name",
-        "call_id",
-        "attributes",
-    }
-)
 
 
 class Scope:
     """A gym level with its arguments. Use it as ``with``/``async with`` or as a decorator."""
 
-    __slots__ = ("_dynamic", "_reward_from", "_source", "_span_kind", "_static", "kind")
+    __slots__ = ("_dynamic", "_level", "_reward_from", "_source", "_span_kind", "_static", "kind")
 
     def __init__(
         self,
         kind: str,
         arguments: Mapping[str, Any],
         *,
-        span_kind: SpanKind = SpanKind.INTERNAL,
+        span_kind: SpanKind | None = None,
         reward_from: str | Callable[[Any], Any] | None = None,
         source: tuple[str, Any] | None = None,
     ) -> None:
+        level = LEVELS[kind]
         self.kind = kind
+        self._level = level
         static: dict[str, Any] = {}
         dynamic: list[tuple[str, Callable[..., Any]]] = []
         for name, value in arguments.items():
-            if name in _RESOLVABLE and callable(value):
+            if name in level.arguments and callable(value):
                 dynamic.append((name, value))
             elif value is not None:
                 static[name] = value
-        self._static = _validated(kind, static)
+        self._static = level.validate(static)
         self._dynamic = tuple(dynamic)
         self._reward_from = reward_from
         # For episodes: (relation, previous episode or carrier); relation is retry or restore.
         self._source = source
-        self._span_kind = span_kind
+        self._span_kind = span_kind if span_kind is not None else level.span_kind
+
+    def with_default(self, name: str, value: Any) -> Scope:
+        """This scope with argument ``name`` set to ``value`` unless it was given (statically or as
+        a callable)."""
+        if name in self._static or any(n == name for n, _ in self._dynamic) or value is None:
+            return self
+        return Scope(
+            self.kind,
+            {**self._static, **dict(self._dynamic), name: value},
+            span_kind=self._span_kind,
+            reward_from=self._reward_from,
+            source=self._source,
+        )
 
     # -- activation ------------------------------------------------------------------------------
 
     def _values(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[str, Any]:
-        if not self._dynamic:
-            return self._static
         values = dict(self._static)
         resolved: dict[str, Any] = {}
         for name, fn in self._dynamic:
-            try:
+            # A failing identity callable must not break the call it describes.
+            with guard(f"gymtrace.{self.kind}({name}=<callable>)"):
                 resolved[name] = fn(*args, **kwargs)
-            except Exception as exc:  # noqa: BLE001 - a failing identity callable must not break the call
-                internal_error(f"gymtrace.{self.kind}({name}=<callable>)", exc)
-        values.update(_validated(self.kind, resolved))
+        values.update(self._level.validate(resolved))
         return values
 
     def start(
@@ -380,16 +145,19 @@ class Scope:
         site: object = None,
     ) -> ActiveScope | None:
         """Start the span and build its context. ``None`` if gymtrace itself failed."""
-        try:
+        with _START_GUARDS[self.kind]:
             parent_context = otel_context.get_current()
             parent = parent_context.get(FRAME_KEY)
             if not isinstance(parent, ActiveScope):
                 parent = None
-            frame = ActiveScope(self.kind, parent)
+            level = self._level
+            frame = ActiveScope(self.kind, parent, self, level)
             # Most scopes have no identity callables; skip the call for them.
             values = self._values(args, kwargs or {}) if self._dynamic else self._static
-            name, attributes, links, start_context = _PREPARE[self.kind](self, frame, values, parent_context)
-            if parent is not None and not _allowed(parent.kind, self.kind):
+            name, attributes, links, start_context = level.prepare(
+                frame, values, parent_context, self._source
+            )
+            if parent is not None and not allowed(parent.kind, self.kind):
                 attributes[c.HIERARCHY_VIOLATION] = f"{self.kind} inside {parent.kind}"
                 _report_violation(self.kind, parent.kind, site)
             span = tracer.start_span(
@@ -407,41 +175,59 @@ class Scope:
                     FRAME_KEY, frame, trace.set_span_in_context(span, parent_context)
                 )
             return frame
-        except GymTraceError:
-            raise
-        except Exception as exc:  # noqa: BLE001 - telemetry must not break the caller
-            internal_error(f"starting gymtrace.{self.kind}", exc)
-            return None
+        return None
 
     def finish(self, frame: ActiveScope, exc: BaseException | None, result: Any = None) -> None:
-        """End the span like ``opentelemetry.trace.use_span`` does, then the level's outcome."""
+        """The level's outcome, then the span's end, like ``opentelemetry.trace.use_span``: an
+        ``Exception`` is recorded with an ERROR status; cancellation, ``KeyboardInterrupt`` and
+        ``GeneratorExit`` (a consumer's early ``break``) are not errors. The span always ends."""
+        if _OPEN.pop(id(frame), None) is None:
+            return  # already ended as interrupted when the process was stopped
+        span = frame.span
+        level = self._level
         try:
-            span = frame.span
-            if _OPEN.pop(id(frame), None) is None:
-                return  # already ended as interrupted when the process was stopped
-            if exc is None:
-                if self._reward_from is not None:
-                    _reward_from_result(self, frame, result)
-            elif isinstance(exc, Exception):
-                if frame.kind == c.KIND_EPISODE and frame.failure is None:
-                    kind = c.FAILURE_TIMEOUT if isinstance(exc, TimeoutError) else c.FAILURE_ERROR
-                    frame.failure = (kind, kind == c.FAILURE_TIMEOUT, None)
-            elif isinstance(exc, _CANCELLATION):
-                frame.cancelled = True
-                if not isinstance(exc, asyncio.CancelledError):  # KeyboardInterrupt, SystemExit
-                    span.set_attribute(c.INTERRUPTED, True)
-            # GeneratorExit: the consumer stopped early (a `break`), which is not an error.
-            finisher = _FINISH[frame.kind]
-            if finisher is not _finish_nothing:  # most levels: save the call
-                finisher(frame)
-            # Last, so the exception's description wins over the level's own failure status.
-            if isinstance(exc, Exception) and span.is_recording():
-                span.record_exception(exc)
-                span.set_status(Status(StatusCode.ERROR, f"{type(exc).__name__}: {exc}"))
-                span.set_attribute(c.ERROR_TYPE, _qualified_name(type(exc)))
+            with (_FINISH_GUARDS if exc is None else _FINISH_GUARDS_UNWINDING)[self.kind]:
+                if exc is None:
+                    if self._reward_from is not None:
+                        self._take_reward(frame, result)
+                elif isinstance(exc, Exception):
+                    if level.failed is not None:
+                        level.failed(frame, exc)
+                elif isinstance(exc, CANCELLATION):
+                    frame.cancelled = True
+                    if not isinstance(exc, asyncio.CancelledError):  # KeyboardInterrupt, SystemExit
+                        span.set_attribute(c.INTERRUPTED, True)
+                if level.finish is not None:
+                    level.finish(frame)
+                # Last, so the exception's description wins over the level's own failure status.
+                if isinstance(exc, Exception) and span.is_recording():
+                    _record_error(span, exc)
+        finally:
             span.end()
-        except Exception as internal:  # noqa: BLE001 - telemetry must not break the caller
-            internal_error(f"ending gymtrace.{self.kind}", internal, may_raise=exc is None)
+
+    def _take_reward(self, frame: ActiveScope, result: Any) -> None:
+        """``verify(reward_from=...)``: the reward from the decorated function's return value."""
+        source = self._reward_from
+        try:
+            if callable(source):
+                value = source(result)
+            elif isinstance(result, Mapping):
+                value = result.get(source)
+            else:
+                value = getattr(result, str(source), None)
+        except Exception as exc:  # noqa: BLE001 - the user's callable failed: their error, reported as such
+            if frame.span.is_recording():
+                _record_error(frame.span, exc)
+            contract_problem(
+                ("reward_from", self.kind, type(exc)),
+                GymTraceError(
+                    f"gymtrace.{self.kind}(reward_from=...) raised {qualified_name(type(exc))}: {exc!s:.200};"
+                    " no reward was recorded"
+                ),
+            )
+            return
+        if value is not None:
+            frame.record_reward(value)
 
     # -- context manager ------------------------------------------------------------------------
 
@@ -449,7 +235,7 @@ class Scope:
         tracer = active_tracer()
         frame = self.start(tracer) if tracer is not None else None
         if frame is None:
-            frame = _DISABLED_FRAME
+            frame = DISABLED_FRAME
             token: object = None
         else:
             token = otel_context.attach(frame.context)  # type: ignore[arg-type]
@@ -465,12 +251,32 @@ class Scope:
         stack = _WITH_BLOCKS.get()
         # Normally the innermost entry; searched so that a Scope exited out of order still finds
         # its own activation.
-        index = next(i for i in range(len(stack) - 1, -1, -1) if stack[i][0] is self)
-        _, frame, token = stack[index]
-        _WITH_BLOCKS.set(stack[:index] + stack[index + 1 :])
-        if token is not None:
-            otel_context.detach(token)  # type: ignore[arg-type]
-            self.finish(frame, exc)
+        for index in range(len(stack) - 1, -1, -1):
+            if stack[index][0] is self:
+                _, frame, token = stack[index]
+                _WITH_BLOCKS.set(stack[:index] + stack[index + 1 :])
+                if token is not None:
+                    otel_context.detach(token)  # type: ignore[arg-type]
+                    self.finish(frame, exc)
+                return
+        self._exit_elsewhere(exc)
+
+    def _exit_elsewhere(self, exc: BaseException | None) -> None:
+        """``__exit__`` in another context than ``__enter__`` (an ``ExitStack`` handed across asyncio
+        tasks or threads): the entering context's token cannot be detached here, but the span is
+        still ended, and nothing is raised into user code."""
+        frame = next((f for f in reversed(list(_OPEN.values())) if f.owner is self), None)
+        if frame is None:
+            return  # tracing was off when it was entered, or the span already ended
+        contract_problem(
+            ("exit elsewhere", self.kind),
+            GymTraceError(
+                f"gymtrace.{self.kind}() was exited in another context than the one it was entered in"
+                " (an ExitStack or a context manager handed to another task or thread); its span is"
+                " ended, but the context it entered keeps it as current"
+            ),
+        )
+        self.finish(frame, exc)
 
     async def __aenter__(self) -> ActiveScope:
         return self.__enter__()
@@ -492,23 +298,10 @@ class Scope:
         return f"<gymtrace.{self.kind} scope>"
 
 
-# A stand-in handed to `with ... as s` while tracing is off, so user code that calls
-# s.record_reward() or reads s.identity keeps working at no cost.
-_DISABLED_FRAME = ActiveScope("disabled", None)
-
-
-def _qualified_name(cls: type) -> str:
-    module = cls.__module__
-    return cls.__qualname__ if module in ("builtins", "__main__") else f"{module}.{cls.__qualname__}"
-
-
-def _allowed(parent_kind: str, kind: str) -> bool:
-    parent_rank = _RANK.get(parent_kind)
-    if parent_rank is None:  # a level in another process: its kind did not travel
-        return True
-    if _RANK[kind] > parent_rank:
-        return True
-    return kind in _ALSO_ALLOWED_UNDER.get(parent_kind, ())
+def _record_error(span: trace.Span, exc: BaseException) -> None:
+    span.record_exception(exc)
+    span.set_status(Status(StatusCode.ERROR, f"{type(exc).__name__}: {exc}"))
+    span.set_attribute(c.ERROR_TYPE, qualified_name(type(exc)))
 
 
 def _report_violation(kind: str, parent_kind: str, site: object) -> None:
@@ -531,195 +324,6 @@ def _report_violation(kind: str, parent_kind: str, site: object) -> None:
     )
 
 
-def _validated(kind: str, values: dict[str, Any]) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for name, value in values.items():
-        if name in (
-            "run_id",
-            "rollout_id",
-            "task_id",
-            "agent_name",
-            "invocation_id",
-            "model",
-            "provider",
-            "tool_name",
-            "call_id",
-        ):
-            value = check_id(kind, name, value)
-        elif name in ("repeat", "attempt"):
-            value = check_index(kind, name, value, 0)
-        elif name == "number":
-            value = check_index(kind, name, value, 1)
-        elif name == "attributes":
-            if not isinstance(value, Mapping):
-                _bad(kind, name, f"must be a mapping, got {type(value).__name__}")
-                value = None
-            else:
-                value = dict(value)
-        if value is not None:
-            out[name] = value
-    return out
-
-
-# -- per-kind span preparation ----------------------------------------------------------------------
-
-_Prepared = tuple[str, dict[str, Any], "list[Link] | None", otel_context.Context]
-
-
-def _base(frame: ActiveScope, values: dict[str, Any]) -> dict[str, Any]:
-    attributes = {**frame.identity, c.KIND: frame.kind}
-    extra = values.get("attributes")
-    if extra:
-        for key, value in extra.items():
-            attributes.setdefault(key, value)
-    return attributes
-
-
-def _prepare_run(
-    scope: Scope, frame: ActiveScope, values: dict[str, Any], ctx: otel_context.Context
-) -> _Prepared:
-    run_id = values.get("run_id") or f"run-{uuid.uuid4().hex[:12]}"
-    frame.identity = {c.RUN_ID: run_id}
-    return c.SPAN_RUN, _base(frame, values), None, ctx
-
-
-def _prepare_rollout(
-    scope: Scope, frame: ActiveScope, values: dict[str, Any], ctx: otel_context.Context
-) -> _Prepared:
-    identity = {k: v for k, v in frame.identity.items() if k == c.RUN_ID}
-    identity[c.ROLLOUT_ID] = values.get("rollout_id") or uuid.uuid4().hex
-    if "task_id" in values:
-        identity[c.TASK_ID] = values["task_id"]
-    if "repeat" in values:
-        identity[c.ROLLOUT_REPEAT] = values["repeat"]
-    frame.identity = identity
-    links = None
-    start_context = ctx
-    run = frame.parent.nearest(c.KIND_RUN) if frame.parent is not None else None
-    if run is not None and not _trace_per_run:
-        # One trace per rollout: the rollout is a trace root that links to its run. A root span in
-        # the run's trace would be invisible until the run ends (hours) and lost on a crash.
-        links = [Link(run.span.get_span_context(), {c.LINK_RELATION: c.RELATION_RUN})]
-        start_context = trace.set_span_in_context(trace.INVALID_SPAN, ctx)
-    return c.SPAN_ROLLOUT, _base(frame, values), links, start_context
-
-
-def _prepare_episode(
-    scope: Scope, frame: ActiveScope, values: dict[str, Any], ctx: otel_context.Context
-) -> _Prepared:
-    from gymtrace._record import prepare_episode
-
-    return prepare_episode(scope._source, frame, values, ctx)
-
-
-def _prepare_phase(name: str) -> Callable[..., _Prepared]:
-    def prepare(
-        scope: Scope, frame: ActiveScope, values: dict[str, Any], ctx: otel_context.Context
-    ) -> _Prepared:
-        return name, _base(frame, values), None, ctx
-
-    return prepare
-
-
-def _prepare_genai(
-    operation: str, subject_argument: str, subject_attribute: str, id_argument: str, id_attribute: str
-) -> Callable[..., _Prepared]:
-    """GenAI spans are named "{operation} {subject}" (the agent, model or tool name)."""
-
-    def prepare(
-        scope: Scope, frame: ActiveScope, values: dict[str, Any], ctx: otel_context.Context
-    ) -> _Prepared:
-        attributes = _base(frame, values)
-        attributes[c.GEN_AI_OPERATION_NAME] = operation
-        subject = values.get(subject_argument)
-        if subject is not None:
-            attributes[subject_attribute] = subject
-        if id_argument in values:
-            attributes[id_attribute] = values[id_argument]
-        return (f"{operation} {subject}" if subject else operation), attributes, None, ctx
-
-    return prepare
-
-
-def _prepare_numbered(kind: str, span_name: str, attribute: str) -> Callable[..., _Prepared]:
-    def prepare(
-        scope: Scope, frame: ActiveScope, values: dict[str, Any], ctx: otel_context.Context
-    ) -> _Prepared:
-        attributes = _base(frame, values)
-        owner = (
-            frame.parent.nearest(c.KIND_AGENT_INVOCATION, c.KIND_EPISODE, c.KIND_ROLLOUT, c.KIND_RUN)
-            if frame.parent
-            else None
-        )
-        explicit = values.get("number")
-        attributes[attribute] = owner._take_number(kind, explicit) if owner is not None else (explicit or 1)
-        return span_name, attributes, None, ctx
-
-    return prepare
-
-
-_PREPARE: dict[str, Callable[..., _Prepared]] = {
-    c.KIND_RUN: _prepare_run,
-    c.KIND_ROLLOUT: _prepare_rollout,
-    c.KIND_EPISODE: _prepare_episode,
-    c.KIND_SEED_SESSION: _prepare_phase(c.SPAN_SEED_SESSION),
-    c.KIND_VERIFY: _prepare_phase(c.SPAN_VERIFY),
-    c.KIND_AGENT_INVOCATION: _prepare_genai(
-        c.OPERATION_INVOKE_AGENT, "agent_name", c.GEN_AI_AGENT_NAME, "invocation_id", c.GEN_AI_AGENT_ID
-    ),
-    c.KIND_TURN: _prepare_numbered(c.KIND_TURN, c.SPAN_TURN, c.TURN_NUMBER),
-    c.KIND_STEP: _prepare_numbered(c.KIND_STEP, c.SPAN_STEP, c.STEP_NUMBER),
-    # The model call's second argument is the provider, not an ID; same shape all the same.
-    c.KIND_MODEL_CALL: _prepare_genai(
-        c.OPERATION_CHAT, "model", c.GEN_AI_REQUEST_MODEL, "provider", c.GEN_AI_PROVIDER_NAME
-    ),
-    c.KIND_TOOL_CALL: _prepare_genai(
-        c.OPERATION_EXECUTE_TOOL, "tool_name", c.GEN_AI_TOOL_NAME, "call_id", c.GEN_AI_TOOL_CALL_ID
-    ),
-}
-
-
-def _finish_nothing(frame: ActiveScope) -> None:
-    return None
-
-
-def _finish_episode(frame: ActiveScope) -> None:
-    from gymtrace._record import finish_episode
-
-    finish_episode(frame)
-
-
-def _finish_rollout(frame: ActiveScope) -> None:
-    from gymtrace._record import finish_rollout
-
-    finish_rollout(frame)
-
-
-def _finish_verify(frame: ActiveScope) -> None:
-    if frame.reward is not None:
-        frame.span.set_attribute(c.REWARD, frame.reward)
-
-
-_FINISH: dict[str, Callable[[ActiveScope], None]] = {kind: _finish_nothing for kind in c.ALL_KINDS}
-_FINISH[c.KIND_EPISODE] = _finish_episode
-_FINISH[c.KIND_ROLLOUT] = _finish_rollout
-_FINISH[c.KIND_VERIFY] = _finish_verify
-
-
-def _reward_from_result(scope: Scope, frame: ActiveScope, result: Any) -> None:
-    from gymtrace._record import record_reward
-
-    source = scope._reward_from
-    if callable(source):
-        value = source(result)
-    elif isinstance(result, Mapping):
-        value = result.get(source)
-    else:
-        value = getattr(result, str(source), None)
-    if value is not None:
-        record_reward(value, scope=frame)
-
-
 # -- decoration ---------------------------------------------------------------------------------------
 
 
@@ -729,17 +333,9 @@ def decorate(scope: Scope, func: F) -> F:
         return type(func)(decorate(scope, func.__func__))
     if not callable(func):
         raise TypeError(f"gymtrace.{scope.kind} decorates callables, got {type(func).__name__}")
-    if (
-        scope.kind == c.KIND_TOOL_CALL
-        and "tool_name" not in scope._static
-        and not any(name == "tool_name" for name, _ in scope._dynamic)
-    ):
+    if scope.kind == c.KIND_TOOL_CALL:
         # A decorated tool is named after its function unless told otherwise.
-        scope = Scope(
-            scope.kind,
-            {**scope._static, **dict(scope._dynamic), "tool_name": getattr(func, "__name__", None)},
-            span_kind=scope._span_kind,
-        )
+        scope = scope.with_default("tool_name", getattr(func, "__name__", None))
     if inspect.isasyncgenfunction(func):
         wrapper: Callable[..., Any] = _async_generator_wrapper(scope, func)
     elif inspect.isgeneratorfunction(func):

@@ -21,8 +21,8 @@ from opentelemetry import trace
 from gymtrace import _environment as env
 from gymtrace._content import UNCHANGED, configure_content, export_settings, otlp_batch_size
 from gymtrace._errors import InvalidArgumentError, set_strict
+from gymtrace._levels import set_trace_per
 from gymtrace._processor import IdentitySpanProcessor
-from gymtrace._scope import set_trace_per
 
 if TYPE_CHECKING:
     from opentelemetry.sdk.trace import ReadableSpan, TracerProvider

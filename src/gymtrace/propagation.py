@@ -35,13 +35,14 @@ from concurrent.futures import Executor, Future
 from contextlib import contextmanager
 from typing import Any, Generic, ParamSpec, TypeVar
 
-from opentelemetry import baggage, propagate
+from opentelemetry import baggage, propagate, trace
 from opentelemetry import context as otel_context
 from opentelemetry.propagators.textmap import Getter
 
-from gymtrace import _constants as c
-from gymtrace._errors import internal_error
-from gymtrace._scope import FRAME_KEY, MAX_ID_LENGTH, ActiveScope
+from gymtrace._errors import guard
+from gymtrace._frame import DISABLED_KIND, FRAME_KEY, REMOTE_KIND, ActiveScope
+from gymtrace._ids import clean_identity
+from gymtrace._tracing import current_provider
 
 __all__ = [
     "ContextCarrier",
@@ -59,38 +60,7 @@ __all__ = [
 P = ParamSpec("P")
 R = TypeVar("R")
 
-# Identity values arriving from outside are bounded: an ID is short printable text.
-_MAX_INT = 1_000_000_000
-REMOTE_KIND = "remote"
-
-
 # -- identity <-> baggage ---------------------------------------------------------------------------
-
-
-def _clean(key: str, raw: object) -> str | int | None:
-    if isinstance(raw, int) and not isinstance(raw, bool):
-        raw = str(raw)
-    # str.isprintable() also refuses format characters (U+202E right-to-left override, zero-width
-    # spaces) and line separators, which percent-decoding can smuggle into an ID.
-    if not isinstance(raw, str) or not raw or len(raw) > MAX_ID_LENGTH or not raw.isprintable():
-        return None
-    if key in c.INT_IDENTITY_KEYS:
-        if not raw.isascii() or not raw.isdigit() or len(raw) > 10:
-            return None
-        number = int(raw)
-        return number if number <= _MAX_INT else None
-    return raw
-
-
-def clean_identity(entries: Mapping[str, object]) -> dict[str, str | int]:
-    """Keep the gym identity keys whose values are short printable text (or small ints)."""
-    identity: dict[str, str | int] = {}
-    for key in c.IDENTITY_KEYS:
-        if key in entries:
-            value = _clean(key, entries[key])
-            if value is not None:
-                identity[key] = value
-    return identity
 
 
 def identity_from_context(ctx: otel_context.Context | None = None) -> dict[str, str | int]:
@@ -101,7 +71,7 @@ def identity_from_context(ctx: otel_context.Context | None = None) -> dict[str, 
 
 def _identity_of(ctx: otel_context.Context) -> dict[str, str | int]:
     frame = ctx.get(FRAME_KEY)
-    if isinstance(frame, ActiveScope) and frame.kind != "disabled":
+    if isinstance(frame, ActiveScope) and frame.kind != DISABLED_KIND:
         return frame.identity
     return identity_from_context(ctx)
 
@@ -193,10 +163,8 @@ def inject(
     """
     if carrier is None:
         carrier = {}
-    try:
+    with guard("gymtrace.propagation.inject"):
         propagate.inject(carrier, context=with_identity(context))
-    except Exception as exc:  # noqa: BLE001 - telemetry must not break the caller
-        internal_error("gymtrace.propagation.inject", exc)
     return carrier
 
 
@@ -208,12 +176,10 @@ def extract(carrier: Any, context: otel_context.Context | None = None) -> otel_c
     identity only; scopes and other libraries' spans started under it inherit that identity.
     """
     base = context if context is not None else otel_context.Context()
-    try:
+    with guard("gymtrace.propagation.extract"):
         ctx = propagate.extract(_index(carrier), context=base, getter=_GETTER)
         return _with_remote_frame(ctx, identity_from_context(ctx))
-    except Exception as exc:  # noqa: BLE001 - telemetry must not break the caller
-        internal_error("gymtrace.propagation.extract", exc)
-        return base
+    return base
 
 
 def _with_remote_frame(ctx: otel_context.Context, identity: dict[str, str | int]) -> otel_context.Context:
@@ -301,20 +267,14 @@ class ContextCarrier(Generic[P, R]):
         return f"<gymtrace.propagation.ContextCarrier {self.fn!r}>"
 
 
+@guard("flushing spans of a pool worker", may_raise=False)
 def _flush_quietly() -> None:
-    try:
-        from opentelemetry import trace
-
-        from gymtrace._tracing import current_provider
-
-        provider: Any = current_provider()
-        flush = getattr(provider, "force_flush", None)
-        if flush is None:
-            flush = getattr(trace.get_tracer_provider(), "force_flush", None)
-        if flush is not None:
-            flush()
-    except Exception as exc:  # noqa: BLE001 - telemetry must not break the caller
-        internal_error("flushing spans of a pool worker", exc, may_raise=False)
+    provider: Any = current_provider()
+    flush = getattr(provider, "force_flush", None)
+    if flush is None:
+        flush = getattr(trace.get_tracer_provider(), "force_flush", None)
+    if flush is not None:
+        flush()
 
 
 def carry(fn: Callable[P, R], context: otel_context.Context | None = None) -> ContextCarrier[P, R]:

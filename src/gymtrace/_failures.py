@@ -1,0 +1,91 @@
+"""What failed, and whether trying again can help: the one retry classification.
+
+Used wherever gymtrace decides a failure's kind and whether it is retryable: an exception escaping an
+episode, :func:`gymtrace.record_failure` without ``retryable=``, and the default of
+:func:`gymtrace.attempts` (``retry_on=None``). Retries are for infrastructure: a lost connection, a
+timeout, an overloaded server. A bug in harness code (``KeyError``, ``TypeError``, ...) fails the same
+way every time; retrying it only hides it, so it ends the rollout at once, unscored, with failure kind
+``error`` and ``gym.failure.retryable=false``.
+
+Infrastructure, by default:
+
+- ``TimeoutError`` (``asyncio.TimeoutError`` is the same class) → kind ``timeout``;
+- any other ``OSError`` (``ConnectionError`` and its subclasses, ``socket.gaierror``, ...) →
+  ``infrastructure``;
+- when httpx is imported: ``httpx.TransportError`` (connect, read, write, pool, protocol errors;
+  its ``TimeoutException`` → ``timeout``) and ``httpx.HTTPStatusError`` for a 5xx or 429 response;
+- when aiohttp is imported: ``aiohttp.ClientConnectionError`` and ``aiohttp.ClientResponseError``
+  for a 5xx or 429 response.
+
+httpx and aiohttp are looked up in ``sys.modules``: an exception of a library that was never imported
+cannot have been raised, so gymtrace never imports them.
+"""
+
+from __future__ import annotations
+
+import sys
+
+from gymtrace import _constants as c
+
+# Kinds retried unless the caller says otherwise.
+_RETRYABLE_KINDS = frozenset({c.FAILURE_INFRASTRUCTURE, c.FAILURE_TIMEOUT})
+
+
+def retryable_by_default(kind: str) -> bool:
+    """Whether a failure of ``kind`` is retried when nobody said (``infrastructure``, ``timeout``)."""
+    return kind in _RETRYABLE_KINDS
+
+
+def _overloaded(status: object) -> bool:
+    return isinstance(status, int) and (status >= 500 or status == 429)
+
+
+def _http_library_kind(exc: BaseException) -> str | None:
+    httpx = sys.modules.get("httpx")
+    if httpx is not None:
+        if isinstance(exc, getattr(httpx, "TimeoutException", ())):
+            return c.FAILURE_TIMEOUT
+        if isinstance(exc, getattr(httpx, "TransportError", ())):
+            return c.FAILURE_INFRASTRUCTURE
+        if isinstance(exc, getattr(httpx, "HTTPStatusError", ())):
+            response = getattr(exc, "response", None)
+            if _overloaded(getattr(response, "status_code", None)):
+                return c.FAILURE_INFRASTRUCTURE
+    aiohttp = sys.modules.get("aiohttp")
+    if aiohttp is not None:
+        if isinstance(exc, getattr(aiohttp, "ClientConnectionError", ())):
+            return c.FAILURE_INFRASTRUCTURE
+        if isinstance(exc, getattr(aiohttp, "ClientResponseError", ())) and _overloaded(
+            getattr(exc, "status", None)
+        ):
+            return c.FAILURE_INFRASTRUCTURE
+    return None
+
+
+def classify(exc: BaseException) -> tuple[str, bool]:
+    """``(failure kind, retryable)`` of an exception, by the rules in this module's docstring."""
+    if isinstance(exc, TimeoutError):
+        return c.FAILURE_TIMEOUT, True
+    kind = _http_library_kind(exc)
+    if kind is not None:
+        return kind, True
+    if isinstance(exc, OSError):
+        return c.FAILURE_INFRASTRUCTURE, True
+    return c.FAILURE_ERROR, False
+
+
+def classify_as_told(
+    exc: BaseException, retry_on: type[BaseException] | tuple[type[BaseException], ...]
+) -> tuple[str, bool]:
+    """``(kind, retryable)`` when the caller named what to retry: what matches ``retry_on`` is, by the
+    vocabulary, an infrastructure failure (a timeout for ``TimeoutError``); the rest an ``error``."""
+    if isinstance(exc, retry_on):
+        return (c.FAILURE_TIMEOUT if isinstance(exc, TimeoutError) else c.FAILURE_INFRASTRUCTURE), True
+    return c.FAILURE_ERROR, False
+
+
+def qualified_name(cls: type) -> str:
+    """``error.type`` of an exception class: fully qualified, as the semantic conventions recommend
+    (``builtins`` and ``__main__`` classes by their bare name)."""
+    module = cls.__module__
+    return cls.__qualname__ if module in ("builtins", "__main__") else f"{module}.{cls.__qualname__}"

@@ -1,0 +1,379 @@
+"""The active-scope state: one :class:`ActiveScope` per activation of a gym level.
+
+An activation (a ``with`` block, or one call of a decorated function) owns its span, the gym
+identity every span below it inherits, and its level's outcome state: the rollout's attempt
+counters, the episode's reward and failure, the turn and step counters of whatever owns numbering.
+Every change to that state goes through a method here, so the rules (one reward per rollout, a failed
+episode is never scored, attempts are 0-based and never reused) hold in one place.
+
+The activation lives in the OpenTelemetry context under :data:`FRAME_KEY`, so anything that carries
+the OpenTelemetry context (``contextvars.copy_context()``, asyncio tasks) carries the gym scope too.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Mapping
+from typing import Any
+
+from opentelemetry import context as otel_context
+from opentelemetry import trace
+from opentelemetry.trace import SpanContext, TraceFlags
+
+from gymtrace import _constants as c
+from gymtrace import _content
+from gymtrace._errors import GymTraceError, contract_problem, guard
+from gymtrace._failures import qualified_name, retryable_by_default
+from gymtrace._ids import ROLLOUT_IDENTITY, check_index, check_reward, clean_identity
+from gymtrace._tracing import active_tracer
+
+FRAME_KEY = otel_context.create_key("gymtrace.frame")
+
+# The kind of the stand-in frame a `with` block gets while tracing is off.
+DISABLED_KIND = "disabled"
+# The kind of the frame that stands for a gym scope of another process (gymtrace.propagation).
+REMOTE_KIND = "remote"
+
+CARRIER_FORMAT = "gymtrace.carrier/1"
+
+_counter_lock = threading.Lock()
+
+# (kind, retryable, message)
+Failure = tuple[str, bool, "str | None"]
+
+
+class ActiveScope:
+    """One activation of a gym scope: its span, its identity and its outcome state.
+
+    ``with gymtrace.episode() as ep:`` binds ``ep`` to one; decorated functions reach theirs with
+    :func:`gymtrace.current_scope`.
+    """
+
+    __slots__ = (
+        "_episodes",
+        "_last_episode",
+        "_next_attempt",
+        "_next_step",
+        "_next_turn",
+        "attempt",
+        "cancelled",
+        "context",
+        "failure",
+        "identity",
+        "kind",
+        "level",
+        "owner",
+        "parent",
+        "parent_span_context",
+        "restored",
+        "reward",
+        "span",
+    )
+
+    def __init__(
+        self, kind: str, parent: ActiveScope | None, owner: object = None, level: Any = None
+    ) -> None:
+        self.kind = kind
+        # The level's description (a ``_levels.Level``); None for remote and disabled frames.
+        self.level = level
+        self.parent = parent
+        # The Scope object this is an activation of (None for remote and disabled frames).
+        self.owner = owner
+        self.span: trace.Span = trace.INVALID_SPAN
+        self.identity: dict[str, str | int] = parent.identity if parent is not None else {}
+        self.context: otel_context.Context | None = None
+        self._next_turn = 1
+        self._next_step = 1
+        self._next_attempt = 0
+        self._episodes = 0
+        self._last_episode: ActiveScope | None = None
+        self.attempt: int | None = None
+        self.reward: float | None = None
+        self.failure: Failure | None = None
+        self.cancelled = False
+        self.restored = False
+        # An episode continued from a carrier: the rollout span it belongs to (in another process).
+        self.parent_span_context: trace.SpanContext | None = None
+
+    # -- reading -------------------------------------------------------------------------------
+
+    @property
+    def trace_id(self) -> str:
+        return trace.format_trace_id(self.span.get_span_context().trace_id)
+
+    @property
+    def span_id(self) -> str:
+        return trace.format_span_id(self.span.get_span_context().span_id)
+
+    @property
+    def attempts_started(self) -> int:
+        """For a rollout: how many episodes it has opened."""
+        return self._episodes
+
+    @property
+    def last_episode(self) -> ActiveScope | None:
+        """For a rollout: its most recent episode (the final one once the rollout ends)."""
+        return self._last_episode
+
+    def nearest(self, *kinds: str) -> ActiveScope | None:
+        frame: ActiveScope | None = self
+        while frame is not None:
+            if frame.kind in kinds:
+                return frame
+            frame = frame.parent
+        return None
+
+    def final_reward(self) -> float | None:
+        """For a rollout: its final episode's reward, ``None`` when that episode failed, was cancelled
+        or was not scored (an unscored rollout has no reward, never an invented 0)."""
+        final = self._last_episode
+        if final is None:
+            return self.reward  # no episode scopes: the rollout itself was scored directly
+        return final.reward if final.failure is None and not final.cancelled else None
+
+    # -- state changes (each level's rules) ----------------------------------------------------
+
+    def take_number(self, kind: str, explicit: int | None) -> int:
+        """The next turn or step number of this owner (1, 2, 3...), or ``explicit``."""
+        with _counter_lock:
+            if kind == c.KIND_TURN:
+                number = self._next_turn if explicit is None else explicit
+                self._next_turn = max(self._next_turn, number + 1)
+            else:
+                number = self._next_step if explicit is None else explicit
+                self._next_step = max(self._next_step, number + 1)
+        return number
+
+    def next_attempt(self) -> int:
+        """For a rollout: the attempt number its next episode gets."""
+        return self._next_attempt
+
+    def add_episode(self, episode: ActiveScope, attempt: int) -> None:
+        """For a rollout: ``episode`` is its newest attempt; attempt numbers are never reused."""
+        with _counter_lock:
+            self._next_attempt = max(self._next_attempt, attempt + 1)
+            self._episodes += 1
+            self._last_episode = episode
+
+    def set_reward(self, number: float) -> None:
+        """Record a validated reward on this episode or rollout, and on the verify it came from."""
+        if self.reward is not None:
+            contract_problem(
+                ("second reward", self.kind),
+                GymTraceError(
+                    f"a second reward was recorded for one {self.kind} ({self.reward} then {number});"
+                    " the last one counts"
+                ),
+            )
+        self.reward = number
+
+    def set_failure(
+        self, kind: str, retryable: bool | None, message: str | None, exception: BaseException | None = None
+    ) -> None:
+        """Mark this episode failed; ``retryable`` defaults by kind (see ``_failures``)."""
+        self.failure = (kind, retryable_by_default(kind) if retryable is None else bool(retryable), message)
+        if exception is not None and self.span.is_recording():
+            self.span.record_exception(exception)
+            self.span.set_attribute(c.ERROR_TYPE, qualified_name(type(exception)))
+
+    def fail_unless_classified(self, kind: str, retryable: bool) -> None:
+        """An exception escaped the episode: it failed, unless record_failure() already said how."""
+        if self.failure is None:
+            self.failure = (kind, retryable, None)
+
+    # -- the public methods (never raise, except in strict mode for misuse) --------------------
+
+    def set_attribute(self, key: str, value: Any) -> None:
+        """Set an attribute on this scope's span (never raises)."""
+        with guard("ActiveScope.set_attribute"):
+            self.span.set_attribute(key, value)
+
+    def record_reward(self, value: float) -> None:
+        """See :func:`gymtrace.record_reward`; recorded on this scope's episode or rollout."""
+        with guard("record_reward"):
+            number = check_reward("value", value)
+            if number is None or self.kind == DISABLED_KIND:
+                return
+            target = self._target((c.KIND_EPISODE, c.KIND_ROLLOUT), "record_reward")
+            if target is None:
+                return
+            target.set_reward(number)
+            verify = self.nearest(c.KIND_VERIFY)
+            if verify is not None:
+                verify.reward = number
+
+    def record_failure(
+        self,
+        kind: str = c.FAILURE_INFRASTRUCTURE,
+        *,
+        retryable: bool | None = None,
+        exception: BaseException | None = None,
+        message: str | None = None,
+    ) -> None:
+        """See :func:`gymtrace.record_failure`; recorded on this scope's episode."""
+        with guard("record_failure"):
+            if not isinstance(kind, str) or not kind:
+                contract_problem(
+                    ("record_failure", "kind"),
+                    GymTraceError(
+                        "gymtrace.record_failure(): argument 'kind' must be a non-empty string,"
+                        f" got {kind!r:.80}"
+                    ),
+                )
+                kind = c.FAILURE_ERROR
+            if self.kind == DISABLED_KIND:
+                return
+            target = self._target((c.KIND_EPISODE,), "record_failure")
+            if target is not None:
+                target.set_failure(kind, retryable, message, exception)
+
+    def record_usage(
+        self,
+        *,
+        input_tokens: int | None = None,
+        output_tokens: int | None = None,
+        response_model: str | None = None,
+    ) -> None:
+        """See :func:`gymtrace.record_usage`; recorded on this scope's model call."""
+        with guard("record_usage"):
+            if self.kind == DISABLED_KIND:
+                return
+            target = self._target((c.KIND_MODEL_CALL,), "record_usage")
+            if target is None:
+                return
+            span = target.span
+            tokens_in = check_index("record_usage", "input_tokens", input_tokens, 0)
+            tokens_out = check_index("record_usage", "output_tokens", output_tokens, 0)
+            if tokens_in is not None:
+                span.set_attribute(c.GEN_AI_USAGE_INPUT_TOKENS, tokens_in)
+            if tokens_out is not None:
+                span.set_attribute(c.GEN_AI_USAGE_OUTPUT_TOKENS, tokens_out)
+            if response_model is not None:
+                span.set_attribute(c.GEN_AI_RESPONSE_MODEL, str(response_model))
+
+    def record_content(self, input: object = None, output: object = None) -> None:
+        """Record prompts/messages or tool arguments/results on this scope; off by default
+        (see :func:`gymtrace.record_content`)."""
+        if self.kind == DISABLED_KIND or not _content.capturing() or (input is None and output is None):
+            return
+        with guard("record_content"):
+            target: ActiveScope | None = self
+            while target is not None and getattr(target.level, "content", None) is None:
+                target = target.parent
+            if target is None:
+                contract_problem(
+                    ("record_content", "no target"),
+                    GymTraceError(
+                        "gymtrace.record_content() was called outside any model_call, tool_call or"
+                        " agent_invocation scope; ignored"
+                    ),
+                )
+                return
+            _content.record_on(target.span, target.level.content, input, output)
+
+    def carrier(self) -> dict[str, Any]:
+        """A small JSON-safe dict from which another process, possibly hours later, opens the next
+        attempt of this rollout: ``gymtrace.episode(continue_from=carrier)`` (a retry) or
+        ``gymtrace.episode(restored_from=carrier)`` (a checkpoint restore). Only identity and span
+        IDs: safe to store and log."""
+        rollout = self.nearest(c.KIND_ROLLOUT)
+        episode = self.nearest(c.KIND_EPISODE)
+        owner = rollout or episode or self
+        identity = {k: v for k, v in owner.identity.items() if k in ROLLOUT_IDENTITY}
+        if rollout is not None:
+            next_attempt = rollout.next_attempt()
+        elif episode is not None and episode.attempt is not None:
+            next_attempt = episode.attempt + 1
+        else:
+            next_attempt = 0
+        carrier: dict[str, Any] = {
+            "format": CARRIER_FORMAT,
+            "identity": identity,
+            "next_attempt": next_attempt,
+        }
+        if rollout is not None:
+            carrier["rollout_span"] = span_ref(rollout.span.get_span_context())
+        elif episode is not None and episode.parent_span_context is not None:
+            carrier["rollout_span"] = span_ref(episode.parent_span_context)
+        if episode is not None:
+            carrier["episode_span"] = span_ref(episode.span.get_span_context())
+        return carrier
+
+    def _target(self, kinds: tuple[str, ...], caller: str) -> ActiveScope | None:
+        target = self.nearest(*kinds)
+        if target is None:
+            contract_problem(
+                (caller, "no target"),
+                GymTraceError(
+                    f"gymtrace.{caller}() was called outside any {' or '.join(kinds)} scope; ignored"
+                ),
+            )
+        return target
+
+    def __repr__(self) -> str:
+        return f"<ActiveScope {self.kind} {self.identity}>"
+
+
+# A stand-in handed to `with ... as s` while tracing is off, so user code that calls
+# s.record_reward() or reads s.identity keeps working at no cost.
+DISABLED_FRAME = ActiveScope(DISABLED_KIND, None)
+
+
+def current_frame() -> ActiveScope | None:
+    value = otel_context.get_current().get(FRAME_KEY)
+    return value if isinstance(value, ActiveScope) else None
+
+
+def frame_for(scope: ActiveScope | None, caller: str, kinds: tuple[str, ...]) -> ActiveScope | None:
+    """The frame a module-level ``record_*(…, scope=None)`` call acts on: ``scope`` or the current
+    one; ``None`` when there is nothing to record (tracing off and no scope given). Outside every gym
+    scope the problem is reported as the caller's."""
+    if scope is not None:
+        return scope
+    if active_tracer() is None:
+        return None
+    frame = current_frame()
+    if frame is None:
+        contract_problem(
+            (caller, "no target"),
+            GymTraceError(f"gymtrace.{caller}() was called outside any {' or '.join(kinds)} scope; ignored"),
+        )
+    return frame
+
+
+# -- carriers ----------------------------------------------------------------------------------------
+
+
+def span_ref(ctx: SpanContext) -> dict[str, Any]:
+    return {
+        "trace_id": trace.format_trace_id(ctx.trace_id),
+        "span_id": trace.format_span_id(ctx.span_id),
+        "sampled": bool(ctx.trace_flags.sampled),
+    }
+
+
+def _span_context(ref: Any) -> SpanContext | None:
+    try:
+        ctx = SpanContext(
+            trace_id=int(ref["trace_id"], 16),
+            span_id=int(ref["span_id"], 16),
+            is_remote=True,
+            trace_flags=TraceFlags(TraceFlags.SAMPLED if ref.get("sampled", True) else TraceFlags.DEFAULT),
+        )
+    except (KeyError, TypeError, ValueError, AttributeError):
+        return None
+    return ctx if ctx.is_valid else None
+
+
+def read_carrier(carrier: Any) -> tuple[dict[str, str | int], int, SpanContext | None, SpanContext | None]:
+    """Validate a carrier (it may have travelled through files and queues for hours):
+    ``(identity, next attempt, rollout span, previous episode span)``."""
+    if not isinstance(carrier, Mapping) or carrier.get("format") != CARRIER_FORMAT:
+        raise GymTraceError(f"not a gymtrace carrier (expected format {CARRIER_FORMAT!r}): {carrier!r:.120}")
+    identity = clean_identity(carrier.get("identity") or {})
+    next_attempt = carrier.get("next_attempt", 0)
+    if isinstance(next_attempt, bool) or not isinstance(next_attempt, int) or next_attempt < 0:
+        raise GymTraceError(f"carrier 'next_attempt' must be an int >= 0, got {next_attempt!r:.40}")
+    rollout_span = _span_context(carrier.get("rollout_span") or {})
+    episode_span = _span_context(carrier.get("episode_span") or {})
+    return identity, next_attempt, rollout_span, episode_span
