@@ -47,7 +47,7 @@ PEERS: dict[str, tuple[list[str], str]] = {
         """,
     ),
     "langfuse": (
-        ["langfuse"],
+        ["langfuse", "opentelemetry-sdk"],
         """
         from langfuse import Langfuse, observe
         from opentelemetry.sdk.trace import TracerProvider
@@ -62,7 +62,7 @@ PEERS: dict[str, tuple[list[str], str]] = {
         """,
     ),
     "openinference": (
-        ["openinference-instrumentation"],
+        ["openinference-instrumentation", "opentelemetry-sdk"],
         """
         from openinference.instrumentation import OITracer, TraceConfig
         from opentelemetry.sdk.trace import TracerProvider
@@ -138,10 +138,11 @@ def venv_python(name: str, requirements: list[str]) -> str:
     if not marker.exists() or marker.read_text() != wanted:
         print(f"  (installing {name} into {venv}: {' '.join(requirements)})", flush=True)
         subprocess.run([sys.executable, "-m", "venv", "--clear", str(venv)], check=True)
-        subprocess.run(
-            [str(python), "-m", "pip", "install", "-q", *requirements, f"{ROOT}[sdk]"],
-            check=True,
-        )
+        # The peer first, with the OpenTelemetry versions it pins; then this gymtrace without
+        # dependencies (it needs only the API and SDK, which every peer setup here brings).
+        # Resolving both together makes pip backtrack through the peers' many pins for minutes.
+        subprocess.run([str(python), "-m", "pip", "install", "-q", *requirements], check=True)
+        subprocess.run([str(python), "-m", "pip", "install", "-q", "--no-deps", str(ROOT)], check=True)
         marker.write_text(wanted)
     return str(python)
 
