@@ -49,11 +49,11 @@ and step-duration statistics, and only a bounded sample of steps become spans (s
 ``configure(step_policy=...)``."""
 
 GYMTRACE_STEP_FIRST: Final = "GYMTRACE_STEP_FIRST"
-"""Under the ``aggregate`` step policy: the first N steps of each owner are spans (default 10)."""
+"""Under the ``aggregate`` step policy: the first N steps of each owner are spans (default 1)."""
 
 GYMTRACE_STEP_SLOWEST: Final = "GYMTRACE_STEP_SLOWEST"
 """Under the ``aggregate`` step policy: the K slowest of the other steps of each owner become spans
-when the owner ends, with their true numbers and times (default 5)."""
+when the owner ends, with their true numbers and times (default 1)."""
 
 GYMTRACE_STEP_EPISODE_SHARE: Final = "GYMTRACE_STEP_EPISODE_SHARE"
 """Under the ``aggregate`` step policy: the share of owners (a number in [0, 1], default 0) whose
