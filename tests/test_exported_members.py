@@ -16,6 +16,7 @@ def test_public_names_are_pinned() -> None:
         "IdentitySpanProcessor",
         "InvalidArgumentError",
         "Scope",
+        "StepPolicy",
         "__version__",
         "agent_invocation",
         "attempts",

@@ -20,6 +20,7 @@ import functools
 import inspect
 import sys
 from collections.abc import Callable, Mapping
+from time import time_ns
 from types import TracebackType
 from typing import Any, TypeVar
 
@@ -28,10 +29,11 @@ from opentelemetry import trace
 from opentelemetry.trace import SpanKind, Status, StatusCode
 
 from gymtrace import _constants as c
+from gymtrace import _steps
 from gymtrace._errors import GymTraceError, HierarchyViolationError, contract_problem, guard
 from gymtrace._failures import qualified_name
 from gymtrace._frame import DISABLED_FRAME, FRAME_KEY, ActiveScope
-from gymtrace._levels import LEVELS, allowed
+from gymtrace._levels import LEVELS, NUMBERING_OWNERS, allowed
 from gymtrace._tracing import SPAN_CONTEXT_KEY, active_tracer
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -75,6 +77,8 @@ def end_open_scopes(reason: str) -> int:
                 finish = frame.level.finish if frame.level is not None else None
                 if finish is not None:
                     finish(frame)
+                if frame.step_stats is not None:
+                    _steps.write_owner(frame)
         finally:
             frame.span.end()
             ended += 1
@@ -175,9 +179,24 @@ class Scope:
                 parent = None
             static = self._static if self._static is not None else self._resolve()
             level = self._level
-            frame = ActiveScope(self.kind, parent, self, level)
             # Most scopes have no identity callables; skip the call for them.
             values = self._values(args, kwargs or {}) if self._dynamic else static
+            kept = None
+            if _steps.aggregating and self.kind == c.KIND_STEP and parent is not None:
+                owner = parent.nearest(*NUMBERING_OWNERS)
+                if owner is not None:
+                    # The aggregate step policy: a step that is not sampled gets no span, only
+                    # its timing, and runs in its parent's context.
+                    stats = owner.step_stats or _steps.stats_for(owner)
+                    number = owner.take_number(c.KIND_STEP, values.get("number"))
+                    if not stats.wants_span():
+                        frame = ActiveScope(self.kind, parent, self, None)
+                        frame.context = parent_context
+                        frame.step_timing = (stats, number, time_ns(), False)
+                        return frame
+                    values = {**values, "number": number}
+                    kept = (stats, number)
+            frame = ActiveScope(self.kind, parent, self, level)
             name, attributes, links, start_context = level.prepare(
                 frame, values, parent_context, self._source
             )
@@ -193,6 +212,10 @@ class Scope:
             )
             frame.span = span
             _OPEN[id(frame)] = frame
+            if kept is not None:
+                frame.step_timing = (kept[0], kept[1], time_ns(), True)
+                if not kept[0].everything:
+                    span.set_attribute(c.STEP_KEPT, c.STEP_KEPT_FIRST)
             if SPAN_CONTEXT_KEY is not None:
                 # Same context as the two calls below, with one copy of the parent instead of four.
                 frame.context = otel_context.Context(
@@ -209,6 +232,12 @@ class Scope:
         """The level's outcome, then the span's end, like ``opentelemetry.trace.use_span``: an
         ``Exception`` is recorded with an ERROR status; cancellation, ``KeyboardInterrupt`` and
         ``GeneratorExit`` (a consumer's early ``break``) are not errors. The span always ends."""
+        timing = frame.step_timing
+        if timing is not None and frame.level is None:
+            # A step the aggregate policy did not sample: counted, and a span after all if it raised.
+            with (_FINISH_GUARDS if exc is None else _FINISH_GUARDS_UNWINDING)[self.kind]:
+                _steps.end_unsampled(frame, timing, exc)
+            return
         if _OPEN.pop(id(frame), None) is None:
             return  # already ended as interrupted when the process was stopped
         span = frame.span
@@ -227,6 +256,10 @@ class Scope:
                         span.set_attribute(c.INTERRUPTED, True)
                 if level.finish is not None:
                     level.finish(frame)
+                if timing is not None:
+                    timing[0].record(timing[1], timing[2], time_ns(), True, isinstance(exc, Exception))
+                if frame.step_stats is not None:
+                    _steps.write_owner(frame)
                 # Last, so the exception's description wins over the level's own failure status.
                 if isinstance(exc, Exception) and span.is_recording():
                     _record_error(span, exc)

@@ -23,6 +23,9 @@ from gymtrace._content import UNCHANGED, configure_content, export_settings, otl
 from gymtrace._errors import InvalidArgumentError, set_strict
 from gymtrace._levels import set_trace_per
 from gymtrace._processor import IdentitySpanProcessor
+from gymtrace._steps import StepPolicy
+from gymtrace._steps import policy_from as step_policy_from
+from gymtrace._steps import set_policy as set_step_policy
 
 if TYPE_CHECKING:
     from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
@@ -282,6 +285,7 @@ def configure(
     strict: bool | None = None,
     capture_content: str | bool | None = None,
     redact_content: Callable[[str, Any], Any] | None = None,
+    step_policy: str | StepPolicy | None = None,
 ) -> Configuration:
     """Set up tracing for gymtrace. Optional: instrumentation works under any TracerProvider.
 
@@ -304,12 +308,19 @@ def configure(
     ``redact_content`` (a hook) set the content policy, see :func:`gymtrace.configure_content`.
     With capture on, OTLP export batches are capped so every request stays under 4 MiB.
 
+    ``step_policy`` (``GYMTRACE_STEP_POLICY``) says what a ``gymtrace.step`` records: ``"all"``
+    (default, every step a span: an LLM agent loop) or ``"aggregate"`` (a simulator: step count and
+    duration statistics on the owner's span, a bounded sample of steps as spans), or a
+    :class:`gymtrace.StepPolicy` with the sampling parameters.
+
     Idempotent: the same call twice does nothing; a different call replaces gymtrace's exporters.
     If the application already set a TracerProvider, gymtrace never replaces it: it adds
     :class:`~gymtrace.IdentitySpanProcessor` to it and leaves exporting to the application.
     """
     if strict is not None:
         set_strict(strict)
+    if step_policy is not None or os.environ.get(env.GYMTRACE_STEP_POLICY):
+        set_step_policy(step_policy_from(step_policy))
     if trace_per is not None:
         set_trace_per(trace_per)
     elif os.environ.get(env.GYMTRACE_TRACE_PER):

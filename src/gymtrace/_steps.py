@@ -22,6 +22,7 @@ import heapq
 import os
 import random
 import threading
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -32,6 +33,8 @@ from opentelemetry.trace import Status, StatusCode
 from gymtrace import _constants as c
 from gymtrace import _environment as env
 from gymtrace._errors import InvalidArgumentError
+from gymtrace._failures import qualified_name
+from gymtrace._tracing import active_tracer
 
 POLICY_ALL = c.STEPS_POLICY_ALL
 POLICY_AGGREGATE = c.STEPS_POLICY_AGGREGATE
@@ -118,6 +121,8 @@ def policy_from(value: str | StepPolicy | Mapping[str, Any] | None) -> StepPolic
 
 
 _policy = policy_from(None) if os.environ.get(env.GYMTRACE_STEP_POLICY) else StepPolicy()
+# Read by the engine on every step: True when the policy is aggregate.
+aggregating = _policy.aggregate
 
 
 def current_policy() -> StepPolicy:
@@ -125,8 +130,9 @@ def current_policy() -> StepPolicy:
 
 
 def set_policy(policy: StepPolicy) -> None:
-    global _policy
+    global _policy, aggregating
     _policy = policy
+    aggregating = policy.aggregate
 
 
 # A private RNG for the episode share: RL code seeds the global one in every worker.
@@ -150,6 +156,7 @@ class StepStats:
         "slowest",
         "slowest_number",
         "spans",
+        "started",
         "total_ns",
     )
 
@@ -160,6 +167,7 @@ class StepStats:
         # Every step of this owner is a span (the sampled share of owners).
         self.everything = policy.episode_share > 0 and _random.random() < policy.episode_share
         self.count = 0
+        self.started = 0
         self.errors = 0
         self.spans = 0
         self.total_ns = 0
@@ -170,14 +178,18 @@ class StepStats:
         self.slow: list[tuple[int, int, int, int]] = []
         self._lock = threading.Lock()
 
-    def wants_span(self, number: int) -> bool:
-        """Whether the step with this number becomes a live span."""
-        return self.everything or number <= self.first
+    def wants_span(self) -> bool:
+        """Whether the step starting now becomes a live span: one of the first ``first`` started
+        (counted, so explicit step numbers do not matter), or every step of a sampled owner."""
+        self.started += 1
+        return self.everything or self.started <= self.first
 
-    def record(self, number: int, start_ns: int, end_ns: int, as_span: bool) -> None:
+    def record(self, number: int, start_ns: int, end_ns: int, as_span: bool, error: bool = False) -> None:
         duration = end_ns - start_ns
         with self._lock:
             self.count += 1
+            if error:
+                self.errors += 1
             self.total_ns += duration
             if duration > self.max_ns:
                 self.max_ns = duration
@@ -239,26 +251,55 @@ class StepStats:
         return out
 
 
-def write_raised_step(
+def stats_for(owner: Any) -> StepStats:
+    """The step statistics of a step owner (agent invocation, episode, ...), made at its first step.
+
+    The policy is visible at once on the owner's span and, when the owner is an agent invocation,
+    on its episode's span, so a reader of either knows the step spans are a sample.
+    """
+    stats = owner.step_stats = StepStats(_policy)
+    policy_name = POLICY_ALL if stats.everything else POLICY_AGGREGATE
+    owner.span.set_attribute(c.STEPS_POLICY, policy_name)
+    episode = owner.nearest(c.KIND_EPISODE)
+    if episode is not None and episode is not owner:
+        episode.span.set_attribute(c.STEPS_POLICY, policy_name)
+    return stats
+
+
+def end_unsampled(frame: Any, timing: tuple[Any, int, int, bool], exc: BaseException | None) -> None:
+    """A step without a span ended: count it; if it raised, it becomes a span now."""
+    stats, number, start_ns, _ = timing
+    end_ns = time.time_ns()
+    raised = isinstance(exc, Exception)
+    stats.record(number, start_ns, end_ns, raised, raised)
+    if isinstance(exc, Exception):
+        tracer = active_tracer()
+        if tracer is not None:
+            _write_raised(tracer, frame.context, frame.identity, number, start_ns, end_ns, exc)
+
+
+def write_owner(frame: Any) -> None:
+    """The owner ends: its slowest steps become spans, its span gets the statistics."""
+    frame.step_stats.finish(frame.span, active_tracer(), frame.context, frame.identity)
+
+
+def _write_raised(
     tracer: trace.Tracer,
     context: Any,
     identity: Mapping[str, Any],
     number: int,
     start_ns: int,
     end_ns: int,
-    exc: BaseException,
+    exc: Exception,
 ) -> None:
-    """A step that was not a span raised: it becomes one now, with its exception, like a live one."""
     span = tracer.start_span(
         c.SPAN_STEP,
         context=context,
         attributes={**identity, c.KIND: c.KIND_STEP, c.STEP_NUMBER: number, c.STEP_KEPT: c.STEP_KEPT_RAISED},
         start_time=start_ns,
     )
-    if isinstance(exc, Exception):
-        span.record_exception(exc, timestamp=end_ns)
-        span.set_status(Status(StatusCode.ERROR, f"{type(exc).__name__}: {exc}"))
-        span.set_attribute(c.ERROR_TYPE, type(exc).__qualname__)
-    else:
-        span.set_attribute(c.INTERRUPTED, True)
+    # As the engine records an exception on a live span (_scope._record_error).
+    span.record_exception(exc, timestamp=end_ns)
+    span.set_status(Status(StatusCode.ERROR, f"{type(exc).__name__}: {exc}"))
+    span.set_attribute(c.ERROR_TYPE, qualified_name(type(exc)))
     span.end(end_time=end_ns)
