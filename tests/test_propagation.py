@@ -54,6 +54,9 @@ def test_inject_writes_traceparent_and_identity_baggage():
         c.ROLLOUT_REPEAT: "0",
         c.EPISODE_ATTEMPT: "0",
         c.EPISODE_ID: "r-1",
+        # Injected at the episode level, outside any step: the callee's work is the episode's next
+        # step, so its step number is reserved here.
+        c.STEP_BASE: "1",
     }
 
 
@@ -61,7 +64,7 @@ def test_inject_sends_identity_keys_only_never_other_baggage():
     token = otel_context.attach(baggage.set_baggage("user.secret", "do-not-send"))
     try:
         with gymtrace.testing.capture_spans(), gymtrace.rollout(rollout_id="r-1"):
-            headers = propagation.inject({})
+            headers = propagation.inject({}, continuation=False)
     finally:
         otel_context.detach(token)
     assert "user.secret" not in headers["baggage"]

@@ -23,7 +23,7 @@ async def _on_request_start(
     # by the instrumentor, injects again with its span and keeps our baggage unless the context
     # has baggage of its own.
     try:
-        inject(params.headers)
+        inject(params.headers, continuation=False)
     except Exception as exc:  # noqa: BLE001 - telemetry must not break the request
         internal_error("gymtrace.http aiohttp trace config", exc)
 

@@ -16,6 +16,7 @@ from opentelemetry.trace import SpanKind
 
 from gymtrace import _constants as c
 from gymtrace._frame import ActiveScope
+from gymtrace._levels import LEVELS
 from gymtrace._scope import Scope, decorate
 
 P = ParamSpec("P")
@@ -43,7 +44,7 @@ def _build(kind: str, func: Any, example: str, arguments: dict[str, Any], **opti
 # without the shared _build, and one shared Scope per level for a call without arguments
 # (``with gymtrace.step():``). A Scope holds no activation state (that lives in the context), so
 # sharing it is safe; building one per `with` block cost most of a disabled block.
-_BARE = {kind: Scope(kind, {}) for kind in c.ALL_KINDS}
+_BARE = {kind: Scope(kind, {}) for kind in LEVELS}
 _BARE_REMOTE_AGENT = Scope(c.KIND_AGENT_INVOCATION, {}, span_kind=SpanKind.CLIENT)
 _BARE_IN_PROCESS_MODEL = Scope(c.KIND_MODEL_CALL, {}, span_kind=SpanKind.INTERNAL)
 

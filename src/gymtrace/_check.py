@@ -71,13 +71,13 @@ def _check_kinds_and_nesting(index: _Index) -> list[str]:
         kind = span.attributes.get(c.KIND)
         if kind is None:
             continue
-        if kind not in LEVELS:
+        if kind not in c.ALL_KINDS:
             problems.append(f"{_label(span)}: unknown gym.kind {kind!r}")
             continue
         parent = index.gym_ancestor(span)
         if parent is not None:
             parent_kind = parent.attributes.get(c.KIND)
-            if parent_kind in LEVELS and not allowed(str(parent_kind), str(kind)):
+            if parent_kind in LEVELS and kind in LEVELS and not allowed(str(parent_kind), str(kind)):
                 problems.append(
                     f"{_label(span)}: inverted nesting, {kind} inside {parent_kind} {_label(parent)}"
                 )

@@ -22,6 +22,10 @@ KIND_STEP: Final = "step"
 KIND_MODEL_CALL: Final = "model_call"
 KIND_TOOL_CALL: Final = "tool_call"
 KIND_VERIFY: Final = "verify"
+# A rollout's outcome decided outside its span (another process, a later phase, an attempt continued
+# elsewhere): spans are immutable once ended, so the outcome travels in a record of its own.
+KIND_OUTCOME: Final = "outcome"
+SPAN_OUTCOME: Final = "gym.outcome"
 
 ALL_KINDS: Final = (
     KIND_RUN,
@@ -34,6 +38,7 @@ ALL_KINDS: Final = (
     KIND_MODEL_CALL,
     KIND_TOOL_CALL,
     KIND_VERIFY,
+    KIND_OUTCOME,
 )
 
 SPAN_RUN: Final = "gym.run"
@@ -93,6 +98,20 @@ FAILURE_ERROR: Final = "error"
 RELATION_RETRY: Final = "retry"
 RELATION_RESTORE: Final = "restore"
 RELATION_RUN: Final = "run"
+# On an outcome record's link to the episode it concludes.
+RELATION_OUTCOME: Final = "outcome"
+
+# On an outcome record: where the outcome was decided. ``remote``: in another process that continued
+# the rollout's context; ``late``: after the rollout span ended; ``continued``: in an attempt opened
+# elsewhere from a carrier.
+OUTCOME_SOURCE: Final = "gym.outcome.source"
+SOURCE_REMOTE: Final = "remote"
+SOURCE_LATE: Final = "late"
+SOURCE_CONTINUED: Final = "continued"
+
+# Baggage entry (not identity): the step number a continuation in another process starts at, reserved
+# from the caller's numbering when it injected its context outside any step.
+STEP_BASE: Final = "gym.step.base"
 
 # -- OpenTelemetry GenAI semantic conventions (experimental) ------------------------------------------
 

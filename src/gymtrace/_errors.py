@@ -87,6 +87,14 @@ def internal_error(where: str, exc: BaseException, *, may_raise: bool = True) ->
         logger.warning("gymtrace: internal error in %s; tracing continues", where, exc_info=exc)
 
 
+def data_lost(error: GymTraceError) -> None:
+    """Something user code recorded cannot be attributed and is dropped: raise in strict mode, else
+    a WARNING every time (each loss is a different datum; logging it once would hide the rest)."""
+    if is_strict():
+        raise error
+    logger.warning("gymtrace: %s", error)
+
+
 def contract_problem(key: object, error: GymTraceError) -> None:
     """Report a problem in how user code uses gymtrace: raise in strict mode, else warn once per key."""
     if is_strict():

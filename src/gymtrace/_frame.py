@@ -22,9 +22,9 @@ from opentelemetry.trace import SpanContext, TraceFlags
 
 from gymtrace import _constants as c
 from gymtrace import _content
-from gymtrace._errors import GymTraceError, contract_problem, guard
+from gymtrace._errors import GymTraceError, contract_problem, data_lost, guard
 from gymtrace._failures import qualified_name, retryable_by_default
-from gymtrace._ids import ROLLOUT_IDENTITY, check_index, check_reward, clean_identity
+from gymtrace._ids import ROLLOUT_IDENTITY, check_index, check_reward, clean_identity, episode_id
 from gymtrace._tracing import active_tracer
 
 FRAME_KEY = otel_context.create_key("gymtrace.frame")
@@ -58,6 +58,7 @@ class ActiveScope:
         "attempt",
         "cancelled",
         "context",
+        "ended",
         "failure",
         "identity",
         "kind",
@@ -65,6 +66,7 @@ class ActiveScope:
         "owner",
         "parent",
         "parent_span_context",
+        "remote",
         "restored",
         "reward",
         "span",
@@ -94,6 +96,10 @@ class ActiveScope:
         self.failure: Failure | None = None
         self.cancelled = False
         self.restored = False
+        # Its span has ended: what is recorded now is a late outcome.
+        self.ended = False
+        # It stands for a scope of another process (gymtrace.propagation): it has no span here.
+        self.remote = False
         # An episode continued from a carrier: the rollout span it belongs to (in another process).
         self.parent_span_context: trace.SpanContext | None = None
         # The aggregate step policy (_steps.py): on a step owner, its steps' statistics; on a step,
@@ -161,8 +167,16 @@ class ActiveScope:
             self._episodes += 1
             self._last_episode = episode
 
-    def set_reward(self, number: float) -> None:
-        """Record a validated reward on this episode or rollout, and on the verify it came from."""
+    def set_reward(self, number: float) -> bool:
+        """Record a validated reward on this episode or rollout."""
+        if self.ended and self.kind == c.KIND_EPISODE and (self.failure is not None or self.cancelled):
+            data_lost(
+                GymTraceError(
+                    f"a reward ({number}) was recorded for episode {self.identity.get(c.EPISODE_ID)!r}"
+                    " after it ended failed or cancelled; failed episodes are never scored, so it is ignored"
+                )
+            )
+            return False
         if self.reward is not None:
             contract_problem(
                 ("second reward", self.kind),
@@ -172,6 +186,7 @@ class ActiveScope:
                 ),
             )
         self.reward = number
+        return True
 
     def set_failure(
         self, kind: str, retryable: bool | None, message: str | None, exception: BaseException | None = None
@@ -181,6 +196,8 @@ class ActiveScope:
         if exception is not None and self.span.is_recording():
             self.span.record_exception(exception)
             self.span.set_attribute(c.ERROR_TYPE, qualified_name(type(exception)))
+        if self.ended or self.remote:
+            emit_outcome(self, c.SOURCE_LATE if self.ended else c.SOURCE_REMOTE)
 
     def fail_unless_classified(self, kind: str, retryable: bool) -> None:
         """An exception escaped the episode: it failed, unless record_failure() already said how."""
@@ -203,10 +220,13 @@ class ActiveScope:
             target = self._target((c.KIND_EPISODE, c.KIND_ROLLOUT), "record_reward")
             if target is None:
                 return
-            target.set_reward(number)
+            if target.kind == c.KIND_ROLLOUT and target.ended and target.last_episode is not None:
+                target = target.last_episode  # a late reward scores the rollout's final episode
             verify = self.nearest(c.KIND_VERIFY)
             if verify is not None:
                 verify.reward = number
+            if target.set_reward(number) and (target.ended or target.remote):
+                emit_outcome(target, c.SOURCE_LATE if target.ended else c.SOURCE_REMOTE)
 
     def record_failure(
         self,
@@ -301,19 +321,19 @@ class ActiveScope:
             carrier["rollout_span"] = span_ref(rollout.span.get_span_context())
         elif episode is not None and episode.parent_span_context is not None:
             carrier["rollout_span"] = span_ref(episode.parent_span_context)
+        if episode is None and rollout is not None and rollout.last_episode is not None:
+            # Taken between attempts: the next attempt links to the last one.
+            carrier["episode_span"] = span_ref(rollout.last_episode.span.get_span_context())
         if episode is not None:
             carrier["episode_span"] = span_ref(episode.span.get_span_context())
+            if episode.attempt is not None:
+                carrier["attempt"] = episode.attempt  # the attempt a later phase scores with it
         return carrier
 
     def _target(self, kinds: tuple[str, ...], caller: str) -> ActiveScope | None:
         target = self.nearest(*kinds)
         if target is None:
-            contract_problem(
-                (caller, "no target"),
-                GymTraceError(
-                    f"gymtrace.{caller}() was called outside any {' or '.join(kinds)} scope; ignored"
-                ),
-            )
+            data_lost(GymTraceError(_outside(caller, kinds, self)))
         return target
 
     def __repr__(self) -> str:
@@ -340,11 +360,70 @@ def frame_for(scope: ActiveScope | None, caller: str, kinds: tuple[str, ...]) ->
         return None
     frame = current_frame()
     if frame is None:
-        contract_problem(
-            (caller, "no target"),
-            GymTraceError(f"gymtrace.{caller}() was called outside any {' or '.join(kinds)} scope; ignored"),
-        )
+        data_lost(GymTraceError(_outside(caller, kinds, None)))
     return frame
+
+
+def _outside(caller: str, kinds: tuple[str, ...], frame: ActiveScope | None) -> str:
+    """The message for a record_*() call that nothing can be attributed to: the reason and the fix."""
+    where = f"inside {frame.kind}" if frame is not None else "outside every gym scope"
+    fix = (
+        "open the scope around the call, pass scope= (an ActiveScope, also after its span ended), or"
+        " in another process continue the caller's context with gymtrace.propagation.attach(carrier)"
+        " where the carrier was injected inside the episode"
+    )
+    return (
+        f"gymtrace.{caller}() was called {where}, not in any {' or '.join(kinds)} scope; dropped. Fix: {fix}"
+    )
+
+
+# -- outcome records -----------------------------------------------------------------------------------
+
+
+def emit_outcome(frame: ActiveScope, source: str) -> None:
+    """Record ``frame``'s outcome (an episode's, or a rollout's) as a ``gym.outcome`` span in the
+    rollout's trace: the outcome was decided where the rollout span cannot carry it (see the README,
+    "Outcomes decided later or elsewhere"). Readers take, per rollout, the candidate with the highest
+    concluded attempt, a record beating the rollout root on a tie."""
+    tracer = active_tracer()
+    if tracer is None:
+        return
+    episode = frame if frame.kind == c.KIND_EPISODE else None
+    if episode is not None:
+        attempt = episode.attempt if episode.attempt is not None else 0
+        reward = episode.reward if episode.failure is None and not episode.cancelled else None
+        rollout = episode.parent.nearest(c.KIND_ROLLOUT) if episode.parent is not None else None
+    else:
+        attempt = max(frame.attempts_started - 1, 0)
+        reward = frame.final_reward()
+        rollout = frame
+    attributes: dict[str, Any] = {k: v for k, v in frame.identity.items() if k in ROLLOUT_IDENTITY}
+    rollout_id = attributes.get(c.ROLLOUT_ID)
+    attributes[c.EPISODE_ATTEMPT] = attempt
+    if isinstance(rollout_id, str):
+        attributes[c.EPISODE_ID] = episode_id(rollout_id, attempt)
+    attributes[c.KIND] = c.KIND_OUTCOME
+    attributes[c.ROLLOUT_OUTCOME] = c.OUTCOME_UNSCORED if reward is None else c.OUTCOME_SCORED
+    if reward is not None:
+        attributes[c.REWARD] = reward
+    attributes[c.ROLLOUT_ATTEMPTS] = attempt + 1
+    attributes[c.OUTCOME_SOURCE] = source
+    if episode is not None and episode.failure is not None:
+        attributes[c.FAILURE_KIND] = episode.failure[0]
+        attributes[c.FAILURE_RETRYABLE] = episode.failure[1]
+    # In the rollout's trace: under the rollout span where it is known, else under the span the
+    # context was continued from.
+    if rollout is not None:
+        parent = rollout.span.get_span_context()
+    elif episode is not None and episode.parent_span_context is not None:
+        parent = episode.parent_span_context
+    else:
+        parent = frame.span.get_span_context()
+    links = None
+    if episode is not None and not episode.remote and episode.span.get_span_context().is_valid:
+        links = [trace.Link(episode.span.get_span_context(), {c.LINK_RELATION: c.RELATION_OUTCOME})]
+    context = trace.set_span_in_context(trace.NonRecordingSpan(parent), otel_context.Context())
+    tracer.start_span(c.SPAN_OUTCOME, context=context, attributes=attributes, links=links).end()
 
 
 # -- carriers ----------------------------------------------------------------------------------------

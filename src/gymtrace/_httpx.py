@@ -19,7 +19,7 @@ def _enter(request: httpx.Request) -> object:
     """Inject headers and attach the identity context; the token, or None if gymtrace failed."""
     try:
         ctx = with_identity()
-        inject(request.headers, ctx)
+        inject(request.headers, ctx, continuation=False)
         return otel_context.attach(ctx)
     except Exception as exc:  # noqa: BLE001 - telemetry must not break the request
         internal_error("gymtrace.http httpx transport", exc)

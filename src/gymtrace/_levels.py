@@ -27,7 +27,7 @@ from gymtrace import _constants as c
 from gymtrace._environment import GYMTRACE_TRACE_PER
 from gymtrace._errors import GymTraceError, InvalidArgumentError, contract_problem
 from gymtrace._failures import classify
-from gymtrace._frame import ActiveScope, read_carrier
+from gymtrace._frame import ActiveScope, emit_outcome, read_carrier
 from gymtrace._ids import check_id, check_index, episode_id, report
 
 # What a level's prepare() returns: span name, start attributes, links, the context to start it in.
@@ -276,6 +276,14 @@ def _finish_episode(frame: ActiveScope) -> None:
             },
         )
 
+    rollout = frame.parent.nearest(c.KIND_ROLLOUT) if frame.parent is not None else None
+    if rollout is None and frame.parent_span_context is not None:
+        # Continued from a carrier in another process: the rollout span ended elsewhere and cannot
+        # learn this attempt's outcome; a record in the rollout's trace carries it.
+        emit_outcome(frame, c.SOURCE_CONTINUED)
+    elif rollout is not None and rollout.remote:
+        emit_outcome(frame, c.SOURCE_REMOTE)
+
 
 def _episode_failed(frame: ActiveScope, exc: Exception) -> None:
     frame.fail_unless_classified(*classify(exc))
@@ -302,6 +310,18 @@ def _finish_verify(frame: ActiveScope) -> None:
 _ATTRIBUTES: Mapping[str, Validator] = {"attributes": _a_mapping}
 _TOKENS = ((c.GEN_AI_USAGE_INPUT_TOKENS, "in_tokens"), (c.GEN_AI_USAGE_OUTPUT_TOKENS, "out_tokens"))
 _MESSAGES = (c.GEN_AI_INPUT_MESSAGES, c.GEN_AI_OUTPUT_MESSAGES)
+
+
+def _numbered(kind: str, rank: int, span_name: str, attribute: str) -> Level:
+    """A level numbered 1, 2, 3... per agent invocation (turns and steps)."""
+    return Level(
+        kind,
+        rank=rank,
+        prepare=_prepare_numbered(kind, span_name, attribute),
+        arguments={"number": _a_number, **_ATTRIBUTES},
+        shown=((attribute, "#"),),
+    )
+
 
 LEVELS: Mapping[str, Level] = {
     level.kind: level
@@ -358,20 +378,8 @@ LEVELS: Mapping[str, Level] = {
             arguments={"agent_name": _an_id, "invocation_id": _an_id, **_ATTRIBUTES},
             content=(*_MESSAGES, c.CONTENT_EVENT),
         ),
-        Level(
-            c.KIND_TURN,
-            rank=5,
-            prepare=_prepare_numbered(c.KIND_TURN, c.SPAN_TURN, c.TURN_NUMBER),
-            arguments={"number": _a_number, **_ATTRIBUTES},
-            shown=((c.TURN_NUMBER, "#"),),
-        ),
-        Level(
-            c.KIND_STEP,
-            rank=6,
-            prepare=_prepare_numbered(c.KIND_STEP, c.SPAN_STEP, c.STEP_NUMBER),
-            arguments={"number": _a_number, **_ATTRIBUTES},
-            shown=((c.STEP_NUMBER, "#"),),
-        ),
+        _numbered(c.KIND_TURN, 5, c.SPAN_TURN, c.TURN_NUMBER),
+        _numbered(c.KIND_STEP, 6, c.SPAN_STEP, c.STEP_NUMBER),
         Level(
             c.KIND_MODEL_CALL,
             rank=7,

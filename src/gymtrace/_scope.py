@@ -80,6 +80,7 @@ def end_open_scopes(reason: str) -> int:
                 if frame.step_stats is not None:
                     _steps.write_owner(frame)
         finally:
+            frame.ended = True
             frame.span.end()
             ended += 1
     return ended
@@ -200,7 +201,8 @@ class Scope:
             name, attributes, links, start_context = level.prepare(
                 frame, values, parent_context, self._source
             )
-            if parent is not None and not allowed(parent.kind, self.kind):
+            # A scope of another process did not send its level: anything may open below it.
+            if parent is not None and not parent.remote and not allowed(parent.kind, self.kind):
                 attributes[c.HIERARCHY_VIOLATION] = f"{self.kind} inside {parent.kind}"
                 _report_violation(self.kind, parent.kind, site)
             span = tracer.start_span(
@@ -264,6 +266,7 @@ class Scope:
                 if isinstance(exc, Exception) and span.is_recording():
                     _record_error(span, exc)
         finally:
+            frame.ended = True
             span.end()
 
     def _take_reward(self, frame: ActiveScope, result: Any) -> None:

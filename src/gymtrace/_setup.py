@@ -19,9 +19,12 @@ from typing import TYPE_CHECKING, Any
 from opentelemetry import trace
 
 from gymtrace import _environment as env
+from gymtrace import _lifecycle
 from gymtrace._content import UNCHANGED, configure_content, export_settings, otlp_batch_size
 from gymtrace._errors import InvalidArgumentError, set_strict
+from gymtrace._export import DEFAULT_MAX_BATCH_SIZE, DEFAULT_MAX_QUEUE_SIZE, BatchExporter
 from gymtrace._levels import set_trace_per
+from gymtrace._otlp import encode_json_line, grpc_exporter, http_exporter
 from gymtrace._processor import IdentitySpanProcessor
 from gymtrace._steps import StepPolicy
 from gymtrace._steps import policy_from as step_policy_from
@@ -151,8 +154,6 @@ def make_id_generator() -> Any:
 def _file_exporter(path: str) -> SpanExporter:
     from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 
-    from gymtrace._otlp import encode_json_line
-
     class OtlpJsonLinesExporter(SpanExporter):
         """Appends one OTLP/JSON ``ExportTraceServiceRequest`` per batch to a file.
 
@@ -196,11 +197,9 @@ def _otlp_exporter(protocol: str, endpoint: str | None, headers: Mapping[str, st
     if endpoint is not None:
         kwargs["endpoint"] = endpoint
     try:
-        from gymtrace import _otlp
-
         if protocol == "grpc":
-            return _otlp.grpc_exporter(**kwargs)  # type: ignore[no-any-return]
-        return _otlp.http_exporter(**kwargs)  # type: ignore[no-any-return]
+            return grpc_exporter(**kwargs)  # type: ignore[no-any-return]
+        return http_exporter(**kwargs)  # type: ignore[no-any-return]
     except ImportError as exc:
         raise ImportError(_SDK_HINT) from exc
 
@@ -361,8 +360,6 @@ def configure(
         provider = _state.provider
         assert _state.stage is not None
         _state.stage.replace(_processors(exporters, endpoint_used, protocol_used, path, headers))
-        from gymtrace import _lifecycle
-
         _lifecycle.install(_flush_at_exit)
         resolved_name = str(provider.resource.attributes.get("service.name", ""))
         if service_name is not None and service_name != resolved_name:
@@ -444,8 +441,6 @@ def _processors(
     headers: Mapping[str, str] | None,
 ) -> list[Any]:
     from opentelemetry.sdk.trace.export import ConsoleSpanExporter
-
-    from gymtrace._export import DEFAULT_MAX_BATCH_SIZE, DEFAULT_MAX_QUEUE_SIZE, BatchExporter
 
     # The standard batch-processor variables apply to gymtrace's queue too.
     queue_size = int(_env_number(env.OTEL_BSP_MAX_QUEUE_SIZE, DEFAULT_MAX_QUEUE_SIZE, minimum=1))

@@ -39,9 +39,11 @@ from opentelemetry import baggage, propagate, trace
 from opentelemetry import context as otel_context
 from opentelemetry.propagators.textmap import Getter
 
+from gymtrace import _constants as c
 from gymtrace._errors import guard
-from gymtrace._frame import DISABLED_KIND, FRAME_KEY, REMOTE_KIND, ActiveScope
-from gymtrace._ids import clean_identity
+from gymtrace._frame import CARRIER_FORMAT, DISABLED_KIND, FRAME_KEY, REMOTE_KIND, ActiveScope, read_carrier
+from gymtrace._ids import clean_identity, clean_value, episode_id
+from gymtrace._levels import NUMBERING_OWNERS
 from gymtrace._tracing import current_provider
 
 __all__ = [
@@ -76,7 +78,9 @@ def _identity_of(ctx: otel_context.Context) -> dict[str, str | int]:
     return identity_from_context(ctx)
 
 
-def with_identity(context: otel_context.Context | None = None) -> otel_context.Context:
+def with_identity(
+    context: otel_context.Context | None = None, *, reserve_step: bool = False
+) -> otel_context.Context:
     """``context`` (default: the current one) with its baggage replaced by the gym identity.
 
     Every propagator then sends the identity and nothing else as ``baggage``: attach this context
@@ -84,10 +88,24 @@ def with_identity(context: otel_context.Context | None = None) -> otel_context.C
     """
     ctx = context if context is not None else otel_context.get_current()
     identity = _identity_of(ctx)
+    step_base = baggage.get_baggage(c.STEP_BASE, ctx) or (_reserve_step(ctx) if reserve_step else None)
     ctx = baggage.clear(ctx)
     for key, value in identity.items():
         ctx = baggage.set_baggage(key, str(value), ctx)
+    if step_base is not None:
+        ctx = baggage.set_baggage(c.STEP_BASE, str(step_base), ctx)
     return ctx
+
+
+def _reserve_step(ctx: otel_context.Context) -> int | None:
+    """Called directly at the level that numbers steps (an episode or agent invocation, not inside
+    a step): the work continued elsewhere is a step of its own, so it gets the caller's next step
+    number, and the caller's later steps number after it. Inside a step nothing is reserved: what runs
+    elsewhere is part of that step (a model or tool request)."""
+    frame = ctx.get(FRAME_KEY)
+    if isinstance(frame, ActiveScope) and not frame.remote and frame.kind in NUMBERING_OWNERS:
+        return frame.take_number(c.KIND_STEP, None)
+    return None
 
 
 # -- carriers ---------------------------------------------------------------------------------------
@@ -154,17 +172,23 @@ _GETTER = _IndexGetter()
 
 
 def inject(
-    carrier: MutableMapping[str, str] | None = None, context: otel_context.Context | None = None
+    carrier: MutableMapping[str, str] | None = None,
+    context: otel_context.Context | None = None,
+    *,
+    continuation: bool = True,
 ) -> MutableMapping[str, str]:
     """Write ``traceparent``, ``tracestate`` and the gym identity (``baggage``) into ``carrier``.
 
     Returns the carrier (a new dict when none is given). The ``baggage`` written holds the gym
-    identity only, never other baggage entries of the context.
+    identity only, never other baggage entries of the context; called directly at an episode or
+    agent invocation (outside any step) it also holds ``gym.step.base``, the step number reserved for
+    the work continued elsewhere, so steps in other processes never repeat the caller's numbers.
+    ``continuation=False`` (what the HTTP helpers use for requests) reserves nothing.
     """
     if carrier is None:
         carrier = {}
     with guard("gymtrace.propagation.inject"):
-        propagate.inject(carrier, context=with_identity(context))
+        propagate.inject(carrier, context=with_identity(context, reserve_step=continuation))
     return carrier
 
 
@@ -177,25 +201,64 @@ def extract(carrier: Any, context: otel_context.Context | None = None) -> otel_c
     """
     base = context if context is not None else otel_context.Context()
     with guard("gymtrace.propagation.extract"):
+        if isinstance(carrier, Mapping) and carrier.get("format") == CARRIER_FORMAT:
+            return _from_scope_carrier(carrier, base)
         ctx = propagate.extract(_index(carrier), context=base, getter=_GETTER)
         return _with_remote_frame(ctx, identity_from_context(ctx))
     return base
 
 
 def _with_remote_frame(ctx: otel_context.Context, identity: dict[str, str | int]) -> otel_context.Context:
+    """The caller's gym scope, continued here: a frame that stands for the caller's episode (or
+    rollout) so that verify(), record_reward(), record_failure(), step() and turn() work as in the
+    caller's process. It has no span here; outcomes recorded on it become outcome records."""
+    step_base = clean_value(c.EPISODE_ATTEMPT, baggage.get_baggage(c.STEP_BASE, ctx))  # a small int
     ctx = baggage.clear(ctx)
     if not identity:
         return ctx
     for key, value in identity.items():
         ctx = baggage.set_baggage(key, str(value), ctx)
-    frame = ActiveScope(REMOTE_KIND, None)
+    if c.EPISODE_ATTEMPT in identity:
+        kind = c.KIND_EPISODE
+    elif c.ROLLOUT_ID in identity:
+        kind = c.KIND_ROLLOUT
+    else:
+        kind = REMOTE_KIND
+    frame = ActiveScope(kind, None)
+    frame.remote = True
     frame.identity = identity
+    frame.span = trace.NonRecordingSpan(trace.get_current_span(ctx).get_span_context())
+    attempt = identity.get(c.EPISODE_ATTEMPT)
+    if isinstance(attempt, int):
+        frame.attempt = attempt
+    if isinstance(step_base, int) and step_base > 0:
+        frame.take_number(c.KIND_STEP, step_base - 1)  # the next step here is step_base
     return otel_context.set_value(FRAME_KEY, frame, ctx)
+
+
+def _from_scope_carrier(carrier: Mapping[str, Any], base: otel_context.Context) -> otel_context.Context:
+    """A context from :meth:`gymtrace.ActiveScope.carrier`: a later phase scoring the attempt the
+    carrier was taken in (or, taken outside an episode, the rollout)."""
+    identity, _, rollout_span, episode_span = read_carrier(carrier)
+    attempt = carrier.get("attempt")
+    if isinstance(attempt, int) and not isinstance(attempt, bool) and attempt >= 0:
+        identity[c.EPISODE_ATTEMPT] = attempt
+        rollout_id = identity.get(c.ROLLOUT_ID)
+        if isinstance(rollout_id, str):
+            identity[c.EPISODE_ID] = episode_id(rollout_id, attempt)
+    parent = rollout_span if rollout_span is not None else episode_span
+    ctx = trace.set_span_in_context(trace.NonRecordingSpan(parent), base) if parent is not None else base
+    return _with_remote_frame(ctx, identity)
 
 
 @contextmanager
 def attach(carrier: Any) -> Iterator[otel_context.Context]:
     """Continue the remote trace and gym identity in ``carrier`` for the duration of the block.
+
+    ``carrier`` is what :func:`inject` or :func:`env_carrier` wrote (headers, environment), or an
+    :meth:`ActiveScope.carrier` dict. Inside, the caller's episode continues: ``verify()``,
+    ``record_reward()``, ``record_failure()``, ``step()`` and ``turn()`` work as in the caller's
+    process, and a reward or failure recorded here becomes the rollout's outcome record.
 
     ``attach(os.environ)`` continues the trace a parent process passed with :func:`env_carrier`.
     """

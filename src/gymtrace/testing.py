@@ -23,8 +23,11 @@ from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
 from gymtrace import _constants as c
+from gymtrace._check import check_spans
 from gymtrace._errors import set_strict, strict_override
+from gymtrace._processor import IdentitySpanProcessor
 from gymtrace._render import render_tree
+from gymtrace._setup import make_id_generator
 from gymtrace._spandata import SpanData, from_readable
 from gymtrace._tracing import pop_provider, push_provider
 
@@ -76,9 +79,6 @@ def capture_spans(*, strict: bool = True) -> Iterator[CapturedSpans]:
     from opentelemetry.sdk.trace.export import SimpleSpanProcessor
     from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-    from gymtrace._processor import IdentitySpanProcessor
-    from gymtrace._setup import make_id_generator
-
     exporter = InMemorySpanExporter()
     provider = TracerProvider(id_generator=make_id_generator(), shutdown_on_exit=False)
     provider.add_span_processor(IdentitySpanProcessor())  # type: ignore[arg-type]  # duck-typed: no SDK import in the core
@@ -99,8 +99,6 @@ def check_trace(spans: Any) -> list[str]:
 
     Accepts SDK ``ReadableSpan`` objects, :class:`SpanData` records, or a :class:`CapturedSpans`.
     """
-    from gymtrace._check import check_spans
-
     if isinstance(spans, CapturedSpans):
         spans = spans.spans
     return check_spans(spans)

@@ -1,0 +1,182 @@
+"""The layout in CONTRIBUTING.md holds: imports point one way, and the core imports at module level.
+
+Read from the source (``ast``), so the test needs no optional dependency and sees imports that a
+fresh interpreter would only run later, inside functions.
+"""
+
+from __future__ import annotations
+
+import ast
+import fnmatch
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+SRC = Path(__file__).resolve().parent.parent / "src" / "gymtrace"
+
+# Lowest first. A module may import modules of its own layer or of lower layers, never higher; the
+# whole graph must also be free of cycles. Patterns match dotted names below ``gymtrace``.
+LAYERS: list[tuple[str, list[str]]] = [
+    ("constants", ["_version", "_constants", "_environment"]),
+    ("settings and errors", ["_settings", "_errors"]),
+    ("values", ["_ids", "_failures", "_tracing", "_content", "_content.*", "_content_*"]),
+    ("levels", ["_frame", "_levels", "_steps"]),
+    ("engine", ["_scope"]),
+    ("public API", ["_record", "_api", "_attempts", "propagation", "_processor", "sampling"]),
+    (
+        "setup and readers",
+        [
+            "_spandata",
+            "_check",
+            "_render",
+            "_jaeger",
+            "_outcomes",
+            "_export",
+            "_export_*",
+            "_otlp*",
+            "_leanspan",
+            "_lifecycle",
+            "_setup",
+        ],
+    ),
+    ("package", ["testing", "__init__"]),
+    (
+        "integrations and CLI",
+        [
+            "integrations",
+            "integrations.*",
+            "demo",
+            "demo.*",
+            "_demo*",
+            "http",
+            "asgi",
+            "_httpx",
+            "_aiohttp",
+            "_cli",
+            "__main__",
+        ],
+    ),
+]
+
+
+def _module_name(path: Path) -> str:
+    parts = list(path.relative_to(SRC).with_suffix("").parts)
+    if parts[-1] == "__init__" and len(parts) > 1:
+        parts.pop()
+    return ".".join(parts)
+
+
+def _layer(name: str) -> int:
+    for index, (_, patterns) in enumerate(LAYERS):
+        if any(fnmatch.fnmatchcase(name, pattern) for pattern in patterns):
+            return index
+    raise AssertionError(f"gymtrace.{name} is in no layer: add it to LAYERS here and to CONTRIBUTING.md")
+
+
+def _modules() -> dict[str, ast.Module]:
+    return {_module_name(p): ast.parse(p.read_text(encoding="utf-8")) for p in sorted(SRC.rglob("*.py"))}
+
+
+def _is_type_checking(node: ast.If) -> bool:
+    test = node.test
+    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
+        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING"
+    )
+
+
+def _imports(tree: ast.Module, *, module_level: bool) -> Iterator[tuple[str, int]]:
+    """(imported gymtrace module, line) at module level (outside ``if TYPE_CHECKING``) or inside
+    functions."""
+
+    def gymtrace_names(node: ast.AST) -> Iterator[str]:
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                if alias.name == "gymtrace" or alias.name.startswith("gymtrace."):
+                    yield alias.name.removeprefix("gymtrace").lstrip(".") or "__init__"
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            if node.module == "gymtrace":
+                for alias in node.names:  # `from gymtrace import _constants as c`
+                    yield (
+                        alias.name
+                        if (SRC / f"{alias.name}.py").exists() or (SRC / alias.name).is_dir()
+                        else "__init__"
+                    )
+            elif node.module.startswith("gymtrace."):
+                yield node.module.removeprefix("gymtrace.")
+
+    def walk(node: ast.AST, in_function: bool) -> Iterator[tuple[str, int]]:
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, ast.If) and _is_type_checking(child):
+                continue
+            nested = in_function or isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef))
+            if isinstance(child, (ast.Import, ast.ImportFrom)) and in_function != module_level:
+                for name in gymtrace_names(child):
+                    yield name, child.lineno
+            yield from walk(child, nested)
+
+    yield from walk(tree, False)
+
+
+def _imports_the_sdk(tree: ast.Module | None) -> bool:
+    return tree is not None and any(
+        isinstance(node, ast.ImportFrom)
+        and (node.module or "").startswith(("opentelemetry.sdk", "opentelemetry.exporter"))
+        for node in tree.body
+    )
+
+
+def test_every_module_has_a_layer() -> None:
+    for name in _modules():
+        _layer(name)
+
+
+def test_imports_point_down_the_layers() -> None:
+    wrong = []
+    for name, tree in _modules().items():
+        for imported, line in _imports(tree, module_level=True):
+            if _layer(imported) > _layer(name):
+                wrong.append(
+                    f"gymtrace.{name}:{line} imports gymtrace.{imported}"
+                    f" ({LAYERS[_layer(name)][0]} -> {LAYERS[_layer(imported)][0]})"
+                )
+    assert wrong == []
+
+
+def test_there_is_no_import_cycle() -> None:
+    graph = {
+        name: {imported for imported, _ in _imports(tree, module_level=True) if imported != name}
+        for name, tree in _modules().items()
+    }
+    state: dict[str, int] = {}  # 1: on the current path, 2: done
+
+    def visit(name: str, path: list[str]) -> None:
+        if state.get(name) == 2:
+            return
+        if state.get(name) == 1:
+            cycle = [*path[path.index(name) :], name]
+            pytest.fail("import cycle: " + " -> ".join(cycle))
+        state[name] = 1
+        for imported in sorted(graph.get(name, ())):
+            visit(imported, [*path, name])
+        state[name] = 2
+
+    for name in sorted(graph):
+        visit(name, [])
+
+
+def test_the_core_imports_gymtrace_modules_at_module_level() -> None:
+    # A function-level import of gymtrace's own modules hides a cycle or a wrong direction. The top
+    # layer (integrations, demo, CLI) may import lazily: it pulls in optional libraries.
+    # Modules that import the OpenTelemetry SDK at module level are the exception: the API-only
+    # install must be able to import everything else.
+    top = len(LAYERS) - 1
+    modules = _modules()
+    late = [
+        f"gymtrace.{name}:{line} imports gymtrace.{imported} inside a function"
+        for name, tree in modules.items()
+        if _layer(name) < top
+        for imported, line in _imports(tree, module_level=False)
+        if not _imports_the_sdk(modules.get(imported))
+    ]
+    assert late == []
