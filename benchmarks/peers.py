@@ -22,22 +22,11 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 CACHE = Path(os.environ.get("GYMTRACE_BENCH_CACHE", Path.home() / ".cache" / "gymtrace-bench")) / "peers"
 
-# name -> (pip requirements, setup code defining `decorate(fn)` and setting the global provider)
+# name -> (pip requirements, setup code defining `decorate(fn)` and setting the global provider).
+# Pinned to the versions measured; traceloop last, as its install resolves for the longest.
 PEERS: dict[str, tuple[list[str], str]] = {
-    "traceloop": (
-        ["traceloop-sdk"],
-        """
-        os.environ["TRACELOOP_TRACE_CONTENT"] = "true" if capture else "false"
-        os.environ["TRACELOOP_TELEMETRY"] = "false"
-        from traceloop.sdk import Traceloop
-        from traceloop.sdk.decorators import task
-        Traceloop.init(app_name="bench", exporter=DropExporter(), disable_batch=False,
-                       telemetry_enabled=False)
-        decorate = task(name="step")
-        """,
-    ),
     "logfire": (
-        ["logfire"],
+        ["logfire==5.4.0"],
         """
         import logfire
         from opentelemetry.sdk.trace.export import BatchSpanProcessor
@@ -47,7 +36,7 @@ PEERS: dict[str, tuple[list[str], str]] = {
         """,
     ),
     "langfuse": (
-        ["langfuse", "opentelemetry-sdk"],
+        ["langfuse==5.0.4", "opentelemetry-sdk"],
         """
         from langfuse import Langfuse, observe
         from opentelemetry.sdk.trace import TracerProvider
@@ -62,7 +51,7 @@ PEERS: dict[str, tuple[list[str], str]] = {
         """,
     ),
     "openinference": (
-        ["openinference-instrumentation", "opentelemetry-sdk"],
+        ["openinference-instrumentation==0.1.72", "opentelemetry-sdk"],
         """
         from openinference.instrumentation import OITracer, TraceConfig
         from opentelemetry.sdk.trace import TracerProvider
@@ -73,6 +62,18 @@ PEERS: dict[str, tuple[list[str], str]] = {
         oi = OITracer(trace.get_tracer("bench.oi"),
                       config=TraceConfig(hide_inputs=not capture, hide_outputs=not capture))
         decorate = oi.chain(name="step")
+        """,
+    ),
+    "traceloop": (
+        ["traceloop-sdk==0.62.4"],
+        """
+        os.environ["TRACELOOP_TRACE_CONTENT"] = "true" if capture else "false"
+        os.environ["TRACELOOP_TELEMETRY"] = "false"
+        from traceloop.sdk import Traceloop
+        from traceloop.sdk.decorators import task
+        Traceloop.init(app_name="bench", exporter=DropExporter(), disable_batch=False,
+                       telemetry_enabled=False)
+        decorate = task(name="step")
         """,
     ),
 }

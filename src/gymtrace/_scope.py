@@ -41,12 +41,18 @@ F = TypeVar("F", bound=Callable[..., Any])
 # Cancellation and interruption end a span without an error status (like use_span).
 CANCELLATION = (asyncio.CancelledError, KeyboardInterrupt, SystemExit)
 
-# The `with` blocks open in this context, innermost last: (scope, activation, context token). One
-# context variable for all scopes: a Scope object shared by concurrent tasks or threads gets one
-# stack per context, and no per-Scope variable accumulates in long-lived contexts.
-_WITH_BLOCKS: contextvars.ContextVar[tuple[tuple[Scope, ActiveScope, object], ...]] = contextvars.ContextVar(
-    "gymtrace.with_blocks", default=()
+# The `with` blocks open in this context, innermost first, as a linked list: (scope, activation,
+# context token, the blocks below) or None. One context variable for all scopes: a Scope object
+# shared by concurrent tasks or threads gets one stack per context, and no per-Scope variable
+# accumulates in long-lived contexts. Linked, so entering and leaving a block costs the same at any
+# depth (a tuple copied per block cost ~0.2 µs in a rollout > episode > step loop).
+_Block = tuple[Any, ActiveScope, object, Any]
+_WITH_BLOCKS: contextvars.ContextVar[_Block | None] = contextvars.ContextVar(
+    "gymtrace.with_blocks", default=None
 )
+
+# The with-stack's token for a step the aggregate policy did not sample (nothing was attached).
+_UNSAMPLED = object()
 
 # Every activation whose span has started and not ended, so that a process being stopped can end
 # them as interrupted instead of losing them (see _lifecycle). Insertion order: outermost first.
@@ -300,17 +306,20 @@ class Scope:
         if tracer is None:
             # Free when off: no with-stack work unless a recording block is open in this context
             # (then the stand-in must shadow it, so that this block's exit cannot end that one).
-            stack = _WITH_BLOCKS.get()
-            if stack:
-                _WITH_BLOCKS.set((*stack, (self, DISABLED_FRAME, None)))
+            top = _WITH_BLOCKS.get()
+            if top is not None:
+                _WITH_BLOCKS.set((self, DISABLED_FRAME, None, top))
             return DISABLED_FRAME
         frame = self.start(tracer)
         if frame is None:
             frame = DISABLED_FRAME
             token: object = None
+        elif frame.level is None:
+            # A step the aggregate policy does not sample runs in its parent's context: no attach.
+            token = _UNSAMPLED
         else:
             token = otel_context.attach(frame.context)  # type: ignore[arg-type]
-        _WITH_BLOCKS.set((*_WITH_BLOCKS.get(), (self, frame, token)))
+        _WITH_BLOCKS.set((self, frame, token, _WITH_BLOCKS.get()))
         return frame
 
     def __exit__(
@@ -319,32 +328,34 @@ class Scope:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        stack = _WITH_BLOCKS.get()
-        if not stack:
-            # Entered while tracing was off (nothing was pushed), unless it was exited elsewhere.
+        top = _WITH_BLOCKS.get()
+        block = top
+        # Normally the innermost block; searched so that a Scope exited out of order still finds
+        # its own activation.
+        while block is not None and block[0] is not self:
+            block = block[3]
+        if block is None:
+            # Entered while tracing was off (nothing was pushed), or exited in another context.
             if _OPEN:
                 self._exit_elsewhere(exc)
             return
-        # Normally the innermost entry; searched so that a Scope exited out of order still finds
-        # its own activation.
-        top = stack[-1]
-        if top[0] is self:
-            _WITH_BLOCKS.set(stack[:-1])
-            token = top[2]
-            if token is not None:
+        rest = block[3]
+        if block is not top:
+            # Out of order: the blocks above this one stay, relinked onto the ones below it.
+            above = []
+            other = top
+            while other is not block:
+                assert other is not None
+                above.append(other)
+                other = other[3]
+            for entry in reversed(above):
+                rest = (entry[0], entry[1], entry[2], rest)
+        _WITH_BLOCKS.set(rest)
+        token = block[2]
+        if token is not None:
+            if token is not _UNSAMPLED:
                 otel_context.detach(token)  # type: ignore[arg-type]
-                self.finish(top[1], exc)
-            return
-        for index in range(len(stack) - 2, -1, -1):
-            if stack[index][0] is self:
-                _, frame, token = stack[index]
-                _WITH_BLOCKS.set(stack[:index] + stack[index + 1 :])
-                if token is not None:
-                    otel_context.detach(token)  # type: ignore[arg-type]
-                    self.finish(frame, exc)
-                return
-        if _OPEN:
-            self._exit_elsewhere(exc)
+            self.finish(block[1], exc)
 
     def _exit_elsewhere(self, exc: BaseException | None) -> None:
         """``__exit__`` in another context than ``__enter__`` (an ``ExitStack`` handed across asyncio
@@ -365,7 +376,7 @@ class Scope:
 
     async def __aenter__(self) -> ActiveScope:
         # The disabled case inline: a coroutine already costs what the whole sync path may.
-        if active_tracer() is None and not _WITH_BLOCKS.get():
+        if active_tracer() is None and _WITH_BLOCKS.get() is None:
             return DISABLED_FRAME
         return self.__enter__()
 
@@ -375,7 +386,7 @@ class Scope:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        if _WITH_BLOCKS.get() or _OPEN:
+        if _WITH_BLOCKS.get() is not None or _OPEN:
             self.__exit__(exc_type, exc, tb)
 
     # -- decorator ------------------------------------------------------------------------------
