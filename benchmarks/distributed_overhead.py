@@ -6,7 +6,7 @@ Three copies of the demo's model server run in their own processes on 127.0.0.1:
 - ``sdk``: the OpenTelemetry SDK configured (the handler's span is recorded and exported to a
   file), no gymtrace middleware; a plain httpx client;
 - ``gymtrace``: the same plus ``GymTraceMiddleware``; the client sends every request through
-  ``gymtrace.http.HttpxTransport`` inside an episode scope, so traceparent and identity baggage
+  ``gymtrace.integrations.httpx.HttpxTransport`` inside an episode scope, so traceparent and identity baggage
   are injected, extracted and stamped on the server's span.
 
 Requests alternate between the three in rounds so drift hits all of them alike; the count is
@@ -28,9 +28,11 @@ from pathlib import Path
 
 import httpx
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "support"))  # serve_app.py
 import gymtrace
-from gymtrace._demo_distributed import ServiceProcess
-from gymtrace.http import HttpxTransport
+import serve_app
+from gymtrace.demo.distributed import ServiceProcess
+from gymtrace.integrations.httpx import HttpxTransport
 
 # httpx writes request headers and body separately; with Nagle's algorithm on, the body waits for
 # the server's delayed ACK (~40 ms on Linux loopback), which would swamp everything measured here.
@@ -58,19 +60,19 @@ def main(argv: list[str] | None = None) -> int:
     base_env = {"OTEL_EXPORTER_OTLP_ENDPOINT": "", "OTEL_TRACES_EXPORTER": ""}
     servers: dict[str, ServiceProcess] = {}
     try:
+        model = [serve_app.PATH, "--app", "gymtrace.demo.services:model_app"]
         servers["plain"] = ServiceProcess(
-            "model", service=None, extra=["--no-gymtrace"], log_dir=str(work), env_overrides=base_env
+            [*model, "--no-gymtrace"], name="plain", log_dir=str(work), env_overrides=base_env
         )
         servers["sdk"] = ServiceProcess(
-            "model",
-            service="bench-sdk",
-            extra=["--no-gymtrace"],
+            [*model, "--no-gymtrace", "--service", "bench-sdk"],
+            name="bench-sdk",
             log_dir=str(work),
             env_overrides={**base_env, "GYMTRACE_FILE": str(work / "sdk.jsonl")},
         )
         servers["gymtrace"] = ServiceProcess(
-            "model",
-            service="bench-gymtrace",
+            [*model, "--service", "bench-gymtrace"],
+            name="bench-gymtrace",
             log_dir=str(work),
             env_overrides={**base_env, "GYMTRACE_FILE": str(work / "gym.jsonl")},
         )

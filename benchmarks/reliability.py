@@ -12,7 +12,7 @@ Run (after ``collector/build``)::
 (ii) **Memory at a million spans against a dead endpoint**: one subprocess ends 1,000,000 spans
     (200,000 with ``--quick``) while a thread samples its RSS; prints the peak, the plateau (median
     of the second half of the samples) and the RSS when the queue first filled.
-(iii) **Spans delivered after a Collector restart**: ``tests/fault_worker.py`` exports to a real
+(iii) **Spans delivered after a Collector restart**: ``tests/support/fault_worker.py`` exports to a real
     Collector + Jaeger (``tests/pipeline.py``); the Collector is killed, the worker keeps producing,
     the Collector is started again; prints what was finished while it was down, what was delivered
     after it came back, what was dropped, and what Jaeger holds.
@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "tests"))
+sys.path.insert(0, str(ROOT / "tests" / "support"))  # the harness: pipeline.py, fault_worker.py
 
 CALLER_CODE = r"""
 import json, sys, time, gc
@@ -175,7 +175,7 @@ def restart(quick: bool) -> None:
         control = Path(tmp)
         service = f"bench-restart-{os.getpid()}"
         proc = subprocess.Popen(
-            [sys.executable, str(ROOT / "tests" / "fault_worker.py"), "--service", service,
+            [sys.executable, str(ROOT / "tests" / "support" / "fault_worker.py"), "--service", service,
              "--endpoint", p.otlp_grpc_endpoint, "--phases", f"20,{down_rollouts},20",
              "--pace", "0.002", "--control", tmp, "--ids", str(control / "ids")],
             stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=child_env(),

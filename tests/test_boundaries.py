@@ -1,4 +1,4 @@
-"""DESIGN.md §6: instrumentation depends on the OpenTelemetry API only; only setup code imports the SDK.
+"""Instrumentation depends on the OpenTelemetry API only; only setup code imports the SDK.
 
 Checked in a fresh interpreter, because this test process has long since imported the SDK.
 """

@@ -13,10 +13,15 @@ from typing import Any
 import pytest
 
 from child_process import run_python as run_child  # this module's run_python returns JSON
-from gymtrace._setup import _resolve
+from gymtrace import _settings
 from gymtrace._spandata import read_otlp_json_lines
 
 _OTEL_VARS = [k for k in os.environ if k.startswith(("OTEL_", "GYMTRACE_"))]
+
+
+def _resolve(**arguments: Any) -> tuple[list[str], str | None, str, str | None]:
+    settings = _settings.resolve(**arguments)
+    return list(settings.exporters), settings.endpoint, settings.protocol, settings.file
 
 
 def run_python(code: str, cwd: Path, **env: str) -> dict[str, Any]:

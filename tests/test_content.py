@@ -1,4 +1,4 @@
-"""Content capture (issue 5, item 4): off by default, the capture modes, budgets that keep every OTLP
+"""Content capture: off by default, the capture modes, budgets that keep every OTLP
 export request under gRPC's 4 MiB limit, redaction, and values that never hurt the caller."""
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ import pytest
 import gymtrace
 from child_process import clean_env
 from gymtrace import _constants as c
-from gymtrace import _content
+from gymtrace import _content, _settings
 from gymtrace.testing import CapturedSpans, capture_spans
 
 VAR = "OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT"
@@ -35,9 +35,16 @@ REPLY = [{"role": "assistant", "parts": [{"type": "text", "content": "Rainy."}],
 def _clean_policy(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     for name in (VAR, "GYMTRACE_CONTENT_MAX_VALUE_BYTES", "GYMTRACE_CONTENT_MAX_SPAN_BYTES"):
         monkeypatch.delenv(name, raising=False)
-    _content.reset_content_policy()
+    gymtrace.testing.reset()
     yield
-    _content.reset_content_policy()
+    gymtrace.testing.reset()
+
+
+def setenv(monkeypatch: pytest.MonkeyPatch, name: str, value: str) -> None:
+    """Set a variable and read the environment again, as configure() or testing.reset() would:
+    gymtrace resolves its settings once, not on every call."""
+    monkeypatch.setenv(name, value)
+    _settings.reload()
 
 
 def content_bytes(span: Any) -> int:
@@ -85,7 +92,7 @@ def test_off_never_touches_the_value(captured: CapturedSpans) -> None:
 def test_span_only_records_json_attributes_and_no_event(
     captured: CapturedSpans, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setenv(VAR, "SPAN_ONLY")
+    setenv(monkeypatch, VAR, "SPAN_ONLY")
     span = model_call_with(captured, MESSAGES, REPLY)
     assert json.loads(span.attributes[INPUT]) == MESSAGES
     assert json.loads(span.attributes[OUTPUT]) == REPLY
@@ -95,7 +102,7 @@ def test_span_only_records_json_attributes_and_no_event(
 def test_event_only_records_one_inference_details_event_and_no_attribute(
     captured: CapturedSpans, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setenv(VAR, "event_only")
+    setenv(monkeypatch, VAR, "event_only")
     span = model_call_with(captured, MESSAGES, REPLY)
     assert INPUT not in span.attributes and OUTPUT not in span.attributes
     (event,) = span.events
@@ -105,7 +112,7 @@ def test_event_only_records_one_inference_details_event_and_no_attribute(
 
 
 def test_span_and_event_records_both(captured: CapturedSpans, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv(VAR, "SPAN_AND_EVENT")
+    setenv(monkeypatch, VAR, "SPAN_AND_EVENT")
     span = model_call_with(captured, MESSAGES, REPLY)
     assert json.loads(span.attributes[INPUT]) == MESSAGES
     assert json.loads(span.events[0].attributes[OUTPUT]) == REPLY
@@ -114,7 +121,7 @@ def test_span_and_event_records_both(captured: CapturedSpans, monkeypatch: pytes
 def test_tool_call_content_uses_the_tool_call_attributes(
     captured: CapturedSpans, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setenv(VAR, "SPAN_AND_EVENT")
+    setenv(monkeypatch, VAR, "SPAN_AND_EVENT")
     with gymtrace.tool_call(tool_name="weather") as tool:
         tool.record_content(input={"city": "Paris"}, output="rainy, 57°F")
     span = captured.one(c.KIND_TOOL_CALL)
@@ -127,7 +134,7 @@ def test_tool_call_content_uses_the_tool_call_attributes(
 def test_content_goes_to_the_innermost_model_tool_or_agent_span(
     captured: CapturedSpans, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setenv(VAR, "SPAN_ONLY")
+    setenv(monkeypatch, VAR, "SPAN_ONLY")
     with gymtrace.agent_invocation(agent_name="a"):
         with gymtrace.step():
             gymtrace.record_content(input="the task")  # no model call open: the agent's
@@ -153,22 +160,21 @@ def test_content_goes_to_the_innermost_model_tool_or_agent_span(
     ],
 )
 def test_environment_values_are_read_leniently(monkeypatch: pytest.MonkeyPatch, raw: str, mode: str) -> None:
-    monkeypatch.setenv(VAR, raw)
+    setenv(monkeypatch, VAR, raw)
     assert _content.capture_mode() == mode
 
 
 def test_an_unknown_environment_value_keeps_capture_off_and_says_so(
     monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
-    _content._mode_from_environment.cache_clear()
-    monkeypatch.setenv(VAR, "everything please")
     with caplog.at_level(logging.WARNING, logger="gymtrace"):
+        setenv(monkeypatch, VAR, "everything please")
         assert _content.capture_mode() == _content.NO_CONTENT
     assert VAR in caplog.text
 
 
 def test_configure_argument_beats_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv(VAR, "SPAN_ONLY")
+    setenv(monkeypatch, VAR, "SPAN_ONLY")
     gymtrace.configure_content(capture=False)
     assert _content.capture_mode() == _content.NO_CONTENT
     gymtrace.configure_content(capture="event_only")
@@ -187,7 +193,7 @@ def test_bad_configure_arguments_are_clear_errors() -> None:
 
 
 def test_capture_on_outside_any_scope_is_a_contract_problem(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv(VAR, "SPAN_ONLY")
+    setenv(monkeypatch, VAR, "SPAN_ONLY")
     with capture_spans(), pytest.raises(gymtrace.GymTraceError, match="record_content"):
         gymtrace.record_content(input="x")
 
@@ -198,8 +204,8 @@ def test_capture_on_outside_any_scope_is_a_contract_problem(monkeypatch: pytest.
 def test_a_long_value_is_cut_to_its_budget_visibly(
     captured: CapturedSpans, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setenv(VAR, "SPAN_ONLY")
-    monkeypatch.setenv("GYMTRACE_CONTENT_MAX_VALUE_BYTES", "1000")
+    setenv(monkeypatch, VAR, "SPAN_ONLY")
+    setenv(monkeypatch, "GYMTRACE_CONTENT_MAX_VALUE_BYTES", "1000")
     span = model_call_with(captured, "é" * 100_000)  # two bytes a character
     text = span.attributes[INPUT]
     assert len(text.encode()) <= 1000
@@ -209,7 +215,7 @@ def test_a_long_value_is_cut_to_its_budget_visibly(
 def test_a_long_structure_stays_valid_json_with_a_marker(
     captured: CapturedSpans, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setenv(VAR, "SPAN_ONLY")
+    setenv(monkeypatch, VAR, "SPAN_ONLY")
     gymtrace.configure_content(max_value_bytes=2000)
     messages = [{"role": "user", "content": f"message {i} " + "x" * 50} for i in range(1000)]
     span = model_call_with(captured, messages)
@@ -223,7 +229,7 @@ def test_a_long_structure_stays_valid_json_with_a_marker(
 def test_the_span_budget_caps_all_content_on_a_span(
     captured: CapturedSpans, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setenv(VAR, "SPAN_AND_EVENT")
+    setenv(monkeypatch, VAR, "SPAN_AND_EVENT")
     gymtrace.configure_content(max_value_bytes=3000, max_span_bytes=8000)
     with gymtrace.model_call(model="m"):
         for _ in range(10):
@@ -237,7 +243,7 @@ def test_the_span_budget_caps_all_content_on_a_span(
 def test_recording_an_attribute_again_replaces_its_budget(
     captured: CapturedSpans, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setenv(VAR, "SPAN_ONLY")
+    setenv(monkeypatch, VAR, "SPAN_ONLY")
     gymtrace.configure_content(max_value_bytes=3000, max_span_bytes=4000)
     with gymtrace.model_call(model="m"):
         for i in range(20):
@@ -258,10 +264,10 @@ def test_the_export_batch_arithmetic_fits_4_mib() -> None:
 
 def test_otlp_batches_shrink_only_while_capture_is_on(monkeypatch: pytest.MonkeyPatch) -> None:
     assert _content.otlp_batch_size(512) == 512
-    monkeypatch.setenv(VAR, "SPAN_ONLY")
+    setenv(monkeypatch, VAR, "SPAN_ONLY")
     assert _content.otlp_batch_size(512) == 100
     assert _content.otlp_batch_size(50) == 50  # a smaller batch the user chose stays
-    monkeypatch.setenv("GYMTRACE_CONTENT_MAX_SPAN_BYTES", str(1024 * 1024))
+    setenv(monkeypatch, "GYMTRACE_CONTENT_MAX_SPAN_BYTES", str(1024 * 1024))
     assert _content.otlp_batch_size(512) == 3
 
 
@@ -271,7 +277,7 @@ def test_otlp_batches_shrink_only_while_capture_is_on(monkeypatch: pytest.Monkey
 def test_secret_looking_keys_are_redacted_at_any_depth(
     captured: CapturedSpans, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setenv(VAR, "SPAN_ONLY")
+    setenv(monkeypatch, VAR, "SPAN_ONLY")
     arguments = {
         "query": "weather",
         "api_key": "sk-1",
@@ -306,7 +312,7 @@ def test_secret_looking_keys_are_redacted_at_any_depth(
 def test_secrets_inside_json_text_are_redacted(
     captured: CapturedSpans, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setenv(VAR, "SPAN_ONLY")
+    setenv(monkeypatch, VAR, "SPAN_ONLY")
     with gymtrace.model_call(model="m"):
         gymtrace.record_content(
             # tool-call arguments as a model writes them: JSON text inside a message
@@ -329,7 +335,7 @@ def test_secrets_inside_json_text_are_redacted(
 def test_the_redaction_hook_sees_a_copy_and_its_result_is_recorded(
     captured: CapturedSpans, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setenv(VAR, "SPAN_ONLY")
+    setenv(monkeypatch, VAR, "SPAN_ONLY")
     seen: list[tuple[str, Any]] = []
 
     def hook(name: str, value: Any) -> Any:
@@ -350,17 +356,17 @@ def test_the_redaction_hook_sees_a_copy_and_its_result_is_recorded(
 
 
 def test_configure_sets_the_redaction_hook_too(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("OTEL_SDK_DISABLED", "true")  # configure() sets the policy, then stops
+    setenv(monkeypatch, "OTEL_SDK_DISABLED", "true")  # configure() sets the policy, then stops
     gymtrace.configure(capture_content="SPAN_ONLY", redact_content=lambda name, value: "hidden")
     assert _content.capture_mode() == _content.SPAN_ONLY
-    assert _content._policy.redact is not None
-    assert _content._policy.redact("k", 1) == "hidden"
+    assert _content.current_policy().redact is not None
+    assert _content.current_policy().redact("k", 1) == "hidden"
 
 
 def test_a_failing_hook_fails_closed(
     monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
-    monkeypatch.setenv(VAR, "SPAN_ONLY")
+    setenv(monkeypatch, VAR, "SPAN_ONLY")
 
     def hook(name: str, value: Any) -> Any:
         raise ValueError("bug in the hook")
@@ -428,7 +434,7 @@ class HostileFloat(float):
 
 
 def test_user_methods_are_never_called(captured: CapturedSpans, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv(VAR, "SPAN_AND_EVENT")
+    setenv(monkeypatch, VAR, "SPAN_AND_EVENT")
     value = {
         "obj": Hostile(),
         "dict": HostileDict(a=1, api_key="sk"),
@@ -453,7 +459,7 @@ def test_user_methods_are_never_called(captured: CapturedSpans, monkeypatch: pyt
 
 
 def test_user_data_is_not_mutated(captured: CapturedSpans, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv(VAR, "SPAN_ONLY")
+    setenv(monkeypatch, VAR, "SPAN_ONLY")
     gymtrace.configure_content(max_value_bytes=500)
     shared = {"token": "t", "nested": [1, 2, {"password": "p"}]}
     value = {"a": shared, "b": shared, "long": ["x" * 1000] * 10, "t": (1, [2])}
@@ -467,7 +473,7 @@ def test_user_data_is_not_mutated(captured: CapturedSpans, monkeypatch: pytest.M
 def test_iterators_and_generators_are_not_consumed(
     captured: CapturedSpans, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setenv(VAR, "SPAN_ONLY")
+    setenv(monkeypatch, VAR, "SPAN_ONLY")
     generator = (i for i in range(3))
     iterator = iter([1, 2, 3])
     span = model_call_with(captured, {"g": generator, "i": iterator, "s": {1, 2}})
@@ -488,7 +494,7 @@ def _deep(levels: int, make: Any) -> Any:
 def test_hostile_values_never_raise_and_stay_in_budget(
     captured: CapturedSpans, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setenv(VAR, "SPAN_AND_EVENT")
+    setenv(monkeypatch, VAR, "SPAN_AND_EVENT")
     cyclic_list: list[Any] = [1]
     cyclic_list.append(cyclic_list)
     cyclic_dict: dict[str, Any] = {"a": 1}
@@ -532,7 +538,7 @@ def test_hostile_values_never_raise_and_stay_in_budget(
 def test_concurrent_recording_on_one_span_stays_in_budget(
     captured: CapturedSpans, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setenv(VAR, "EVENT_ONLY")
+    setenv(monkeypatch, VAR, "EVENT_ONLY")
     gymtrace.configure_content(max_value_bytes=1000, max_span_bytes=20_000)
     with gymtrace.model_call(model="m") as call:
 
@@ -623,7 +629,7 @@ def test_a_real_otlp_grpc_export_of_full_content_stays_under_4_mib_per_request(t
 def test_secret_keys_can_be_replaced_or_turned_off(
     captured: CapturedSpans, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setenv(VAR, "SPAN_ONLY")
+    setenv(monkeypatch, VAR, "SPAN_ONLY")
     logprobs = {"content": [{"token": "Hi", "logprob": -0.1}], "key": "Enter", "pass": True, "api_key": "sk"}
     span = model_call_with(captured, None, logprobs)
     recorded = json.loads(span.attributes[OUTPUT])

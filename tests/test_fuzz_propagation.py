@@ -212,7 +212,7 @@ def test_a_single_hostile_identity_value_is_dropped_or_kept_safe(key: str, value
             assert_identity_is_safe(propagation.identity_from_context(propagation.extract(carrier)))
 
 
-# Known gaps, found by this file (issue 5), for the propagation hardening to close. strict: once
+# Known gaps, found by this file, for the propagation hardening to close. strict: once
 # fixed they XPASS and fail, so the marker is removed with the fix.
 
 

@@ -49,7 +49,7 @@ from gymtrace._record import (
     record_usage,
 )
 from gymtrace._scope import Scope
-from gymtrace._setup import Configuration, configure, export_stats, force_flush, shutdown
+from gymtrace._setup import Configuration, configure, export_stats, force_flush, is_configured, shutdown
 from gymtrace._steps import StepPolicy
 from gymtrace._version import __version__
 
@@ -76,6 +76,7 @@ __all__ = [
     "episode",
     "export_stats",
     "force_flush",
+    "is_configured",
     "model_call",
     "propagation",
     "record_content",

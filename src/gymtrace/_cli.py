@@ -1,22 +1,27 @@
-"""The ``gymtrace`` command: ``demo``, ``tree`` and ``check``. The only module that prints."""
+"""The ``gymtrace`` command: ``demo``, ``tree`` and ``check``. The only module that prints.
+
+``demo-service`` serves one service of ``demo --distributed``, which starts them as processes.
+"""
 
 from __future__ import annotations
 
 import argparse
-import asyncio
-import os
 import sys
-import time
 import uuid
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 from gymtrace import _constants as c
+from gymtrace import _settings
 from gymtrace._environment import DEFAULT_FILE, GYMTRACE_FILE
 from gymtrace._spandata import SpanData, TraceFileError, read_otlp_json_lines
 
+if TYPE_CHECKING:
+    from gymtrace.demo.distributed import DistributedResult
+
 
 def _default_file() -> str:
-    return os.environ.get(GYMTRACE_FILE) or DEFAULT_FILE
+    return _settings.resolve(file=True).file or DEFAULT_FILE
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -37,6 +42,14 @@ def _parser() -> argparse.ArgumentParser:
     demo.add_argument(
         "--distributed", action="store_true", help="run agent, model and environment as separate processes"
     )
+
+    service = sub.add_parser(
+        "demo-service", help="serve one service of `demo --distributed` (which starts them itself)"
+    )
+    service.add_argument("--role", choices=("agent", "model", "env"), required=True)
+    service.add_argument("--service", help="its service.name (tracing is not configured without one)")
+    service.add_argument("--crash-rollout", metavar="ROLLOUT_ID", help="env: die on this rollout's attempt 0")
+    service.add_argument("--official", action="store_true", help="add the official HTTP instrumentations")
 
     tree = sub.add_parser("tree", help="print span trees from a trace file or from Jaeger")
     tree.add_argument(
@@ -60,6 +73,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         if args.command == "demo":
             return _demo(args)
+        if args.command == "demo-service":
+            return _demo_service(args)
         if args.command == "tree":
             return _tree(args)
         return _check(args)
@@ -73,52 +88,86 @@ def _demo(args: argparse.Namespace) -> int:
         print("gymtrace demo: --repeats must be at least 1", file=sys.stderr)
         return 2
     if args.distributed:
-        from gymtrace._demo_distributed import run as run_distributed
+        return _demo_distributed(args)
 
-        forwarded = ["--repeats", str(args.repeats)]
-        if args.file:
-            forwarded += ["--file", args.file]
-        code: int = run_distributed(forwarded)
-        return code
-
-    import gymtrace
-    from gymtrace._demo import run_demo
     from gymtrace._render import render_tree
+    from gymtrace.demo.local import run_local
 
-    path = args.file or _default_file()
-    endpoint = args.endpoint or os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT")
-    config = gymtrace.configure(
-        service_name="gymtrace-demo", endpoint=endpoint, protocol=args.protocol, file=path
+    result = run_local(
+        run_id=args.run_id or f"demo-{uuid.uuid4().hex[:8]}",
+        file=args.file or _default_file(),
+        repeats=args.repeats,
+        endpoint=args.endpoint,  # None: configure() reads OTEL_EXPORTER_OTLP_ENDPOINT
+        protocol=args.protocol,
     )
-    run_id = args.run_id or f"demo-{uuid.uuid4().hex[:8]}"
-    started = time.perf_counter()
-    result = asyncio.run(run_demo(run_id=run_id, repeats=args.repeats))
-    elapsed = time.perf_counter() - started
-    gymtrace.force_flush()
-
-    spans = [s for s in read_otlp_json_lines(path) if s.attributes.get(c.RUN_ID) == run_id]
     if not args.quiet:
-        print(render_tree(spans))
+        print(render_tree(result.spans))
         print()
-    _print_summary(spans, result.rewards, elapsed)
-    from gymtrace._check import check_spans
-
-    problems = check_spans(spans)
-    print(f"contract check: {'OK' if not problems else f'{len(problems)} problem(s)'}")
-    for problem in problems:
+    _print_summary(result.spans, result.rewards, result.elapsed)
+    print(f"contract check: {'OK' if not result.problems else f'{len(result.problems)} problem(s)'}")
+    for problem in result.problems:
         print(f"  - {problem}")
-    targets = ", ".join(
-        f"OTLP/{config.protocol} {config.endpoint}"
-        if name == "otlp"
-        else f"{path}"
-        if name == "file"
-        else name
-        for name in config.exporters
+    print(f"spans written to: {', '.join(result.targets)}")
+    print(f"look again with: gymtrace tree {result.file} --run {result.run_id}")
+    return 1 if result.problems else 0
+
+
+def _demo_distributed(args: argparse.Namespace) -> int:
+    from gymtrace.demo.distributed import missing_requirements, run_distributed
+
+    missing = missing_requirements()
+    if missing is not None:
+        print(f"gymtrace demo --distributed needs: {missing}", file=sys.stderr)
+        return 2
+    try:
+        result = run_distributed(
+            run_id=args.run_id or f"demo-{uuid.uuid4().hex[:8]}",
+            repeats=args.repeats,
+            file=args.file,
+            endpoint=args.endpoint,
+            protocol=args.protocol,
+        )
+    except KeyboardInterrupt:
+        print("interrupted; services stopped", file=sys.stderr)
+        return 130
+    return _print_distributed(result, quiet=args.quiet)
+
+
+def _print_distributed(result: DistributedResult, *, quiet: bool) -> int:
+    for summary in result.rollouts:
+        reward = "unscored" if summary["reward"] is None else f"reward={summary['reward']:g}"
+        print(
+            f"rollout {summary['rollout_id']}: {summary['attempts']} attempt(s), {reward}, "
+            f"trace {summary['trace_id']}"
+        )
+    if result.endpoint is not None:
+        print(
+            f"spans exported to OTLP/{result.protocol} {result.endpoint};"
+            f' search Jaeger for the tag gym.rollout.id or run id "{result.run_id}"'
+        )
+        return 0
+    if not quiet:
+        from gymtrace._render import render_tree
+
+        print(render_tree(result.spans))
+    services = len({s.service for s in result.spans})
+    print(f"{len(result.spans)} spans from {services} services appended to {result.file}")
+    return 0
+
+
+def _demo_service(args: argparse.Namespace) -> int:
+    from gymtrace.demo.services import READY_PREFIX, app_for, serve
+
+    def announce(port: int) -> None:
+        print(f"{READY_PREFIX}{port}", flush=True)  # the line ServiceProcess waits for
+
+    return serve(
+        app_for(args.role, crash_rollout=args.crash_rollout),
+        service_name=args.service,
+        on_ready=announce,
+        official=args.official,
+        instrument=args.official,
     )
-    print(f"spans written to: {targets}")
-    print(f"look again with: gymtrace tree {path} --run {run_id}")
-    gymtrace.shutdown()
-    return 1 if problems else 0
 
 
 def _print_summary(spans: list[SpanData], rewards: dict[str, float | None], elapsed: float) -> None:

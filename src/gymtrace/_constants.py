@@ -1,6 +1,6 @@
 """Every span name, attribute name and value gymtrace emits, in one place.
 
-The ``gym.*`` names are gymtrace's public contract (``shared/DESIGN.md``): users search Jaeger by
+The ``gym.*`` names are gymtrace's public contract (the README's vocabulary section): users search Jaeger by
 them and checks depend on them, so they change only with a major version. The ``gen_ai.*`` names
 follow the OpenTelemetry GenAI semantic conventions, which are still experimental; when they move,
 this module is the only place to edit.

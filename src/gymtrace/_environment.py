@@ -6,6 +6,10 @@ gymtrace honours the standard ``OTEL_*`` variables through the OpenTelemetry SDK
 ``OTEL_TRACES_SAMPLER``, ``OTEL_SDK_DISABLED``, ...). The ``GYMTRACE_*`` variables below cover only
 what those do not. Precedence everywhere: argument to ``configure()``, then ``GYMTRACE_*``, then
 ``OTEL_*``, then the default.
+
+gymtrace reads these variables in one place, ``_settings`` (once at import and again at each
+``configure()``), with one policy for a bad value: a warning naming the variable and the value, and
+the default; an ``InvalidArgumentError`` in strict mode.
 """
 
 from __future__ import annotations

@@ -17,44 +17,34 @@ from collections.abc import Callable
 from types import TracebackType
 from typing import Any, TypeVar
 
-from gymtrace._environment import GYMTRACE_STRICT, env_flag
+from gymtrace import _settings
+
+# Defined below the settings object, which raises InvalidArgumentError; re-exported from here.
+from gymtrace._exceptions import GymTraceError as GymTraceError
+from gymtrace._exceptions import HierarchyViolationError as HierarchyViolationError
+from gymtrace._exceptions import InvalidArgumentError as InvalidArgumentError
 
 logger = logging.getLogger("gymtrace")
 
 F = TypeVar("F", bound=Callable[..., Any])
 
 
-class GymTraceError(Exception):
-    """Base class of the exceptions gymtrace raises (only in strict mode or under pytest)."""
-
-
-class HierarchyViolationError(GymTraceError):
-    """A gym level was opened inside a level it belongs above (an episode inside a step, ...)."""
-
-
-class InvalidArgumentError(GymTraceError, ValueError):
-    """An identity or outcome argument has the wrong type or value; the message names it."""
-
-
-_strict_override: bool | None = None
 _seen: set[object] = set()
 _seen_lock = threading.Lock()
 
 
 def set_strict(value: bool | None) -> None:
-    """Force strict mode on or off; ``None`` goes back to the environment variable."""
-    global _strict_override
-    _strict_override = value
+    """Force strict mode on or off; ``None`` goes back to ``GYMTRACE_STRICT``."""
+    _settings.override(strict=value)
 
 
 def strict_override() -> bool | None:
-    return _strict_override
+    value = _settings.current_overrides().get("strict")
+    return None if value is None else bool(value)
 
 
 def is_strict() -> bool:
-    if _strict_override is not None:
-        return _strict_override
-    return env_flag(os.environ.get(GYMTRACE_STRICT))
+    return _settings.active.strict
 
 
 def _under_pytest() -> bool:

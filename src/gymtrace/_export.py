@@ -22,11 +22,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from gymtrace import _settings
+
 logger = logging.getLogger("gymtrace")
 
-DEFAULT_MAX_QUEUE_SIZE = 8192
-DEFAULT_MAX_BATCH_SIZE = 512
-DEFAULT_SCHEDULE_DELAY = 0.5
+DEFAULT_MAX_QUEUE_SIZE = _settings.DEFAULT_MAX_QUEUE_SIZE
+DEFAULT_MAX_BATCH_SIZE = _settings.DEFAULT_MAX_EXPORT_BATCH_SIZE
+DEFAULT_SCHEDULE_DELAY = _settings.DEFAULT_SCHEDULE_DELAY
 # After a failed export, wait this long (doubling up to the maximum) before the next try.
 _BACKOFF_START = 0.25
 _BACKOFF_MAX = 5.0
@@ -273,8 +275,8 @@ class BatchExporter:
             return
         self._backoff = min(_BACKOFF_MAX, max(_BACKOFF_START, self._backoff * 2))
         if self._shutdown:
-            # Nobody will take it from the queue again (shutdown before issue 5 requeued it
-            # here after counting the queue, and the spans vanished from every count).
+            # Nobody will take it from the queue again (requeued here after shutdown counted the
+            # queue, the spans would vanish from every count).
             self._dropped_failed += len(batch)
             for span in batch:
                 self._tries.pop(id(span), None)

@@ -13,7 +13,6 @@ Adding a level: a constant for its kind and span name in ``_constants.py``, one 
 
 from __future__ import annotations
 
-import os
 import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -24,7 +23,7 @@ from opentelemetry import trace
 from opentelemetry.trace import Link, SpanContext, SpanKind, Status, StatusCode
 
 from gymtrace import _constants as c
-from gymtrace._environment import GYMTRACE_TRACE_PER
+from gymtrace import _settings
 from gymtrace._errors import GymTraceError, InvalidArgumentError, contract_problem
 from gymtrace._failures import classify
 from gymtrace._frame import ActiveScope, emit_outcome, read_carrier
@@ -92,15 +91,12 @@ class Level:
 
 # -- trace topology -----------------------------------------------------------------------------------
 
-_trace_per_run = os.environ.get(GYMTRACE_TRACE_PER, "rollout").strip().lower() == "run"
-
 
 def set_trace_per(value: str) -> None:
     """``"rollout"`` (default): each rollout is its own trace. ``"run"``: one trace per run."""
-    global _trace_per_run
     if value not in ("rollout", "run"):
         raise InvalidArgumentError(f"trace_per must be 'rollout' or 'run', got {value!r}")
-    _trace_per_run = value == "run"
+    _settings.override(trace_per_run=value == "run")
 
 
 # -- preparing spans ------------------------------------------------------------------------------------
@@ -136,7 +132,7 @@ def _prepare_rollout(
     links = None
     start_context = ctx
     run = frame.parent.nearest(c.KIND_RUN) if frame.parent is not None else None
-    if run is not None and not _trace_per_run:
+    if run is not None and not _settings.active.trace_per_run:
         # One trace per rollout: the rollout is a trace root that links to its run. A root span in
         # the run's trace would be invisible until the run ends (hours) and lost on a crash.
         links = [Link(run.span.get_span_context(), {c.LINK_RELATION: c.RELATION_RUN})]

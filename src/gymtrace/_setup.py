@@ -11,6 +11,7 @@ import logging
 import os
 import random
 import threading
+import weakref
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -19,16 +20,24 @@ from typing import TYPE_CHECKING, Any
 from opentelemetry import trace
 
 from gymtrace import _environment as env
-from gymtrace import _lifecycle
-from gymtrace._content import UNCHANGED, configure_content, export_settings, otlp_batch_size
-from gymtrace._errors import InvalidArgumentError, set_strict
-from gymtrace._export import DEFAULT_MAX_BATCH_SIZE, DEFAULT_MAX_QUEUE_SIZE, BatchExporter
-from gymtrace._levels import set_trace_per
+from gymtrace import _lifecycle, _settings
+from gymtrace._content import (
+    UNCHANGED,
+    apply_content_changes,
+    content_changes,
+    export_settings,
+    otlp_batch_size,
+    reset_content_policy,
+)
+from gymtrace._errors import InvalidArgumentError, reset_seen
+from gymtrace._export import BatchExporter
 from gymtrace._otlp import encode_json_line, grpc_exporter, http_exporter
 from gymtrace._processor import IdentitySpanProcessor
 from gymtrace._steps import StepPolicy
 from gymtrace._steps import policy_from as step_policy_from
+from gymtrace._steps import reset_policy as reset_step_policy
 from gymtrace._steps import set_policy as set_step_policy
+from gymtrace._tracing import current_provider
 
 if TYPE_CHECKING:
     from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
@@ -110,10 +119,23 @@ class _State:
         self.configuration: Configuration | None = None
         self.provider: TracerProvider | None = None  # the provider gymtrace created, if any
         self.stage: _ExportStage | None = None
-        self.settings: tuple[Any, ...] | None = None
+        self.key: tuple[Any, ...] | None = None  # what the current configuration was built from
 
 
 _state = _State()
+
+
+# Every ID generator alive in this process. One fork hook reseeds them all: a hook per generator
+# (one per capture_spans() block) could never be unregistered and would keep each one alive.
+_GENERATORS: weakref.WeakSet[Any] = weakref.WeakSet()
+
+
+def _reseed_generators_in_child() -> None:
+    for generator in list(_GENERATORS):
+        generator.reseed()
+
+
+os.register_at_fork(after_in_child=_reseed_generators_in_child)
 
 
 def make_id_generator() -> Any:
@@ -128,9 +150,8 @@ def make_id_generator() -> Any:
 
         def __init__(self) -> None:
             self._random = random.Random(os.urandom(32))
-            os.register_at_fork(after_in_child=self._reseed)
 
-        def _reseed(self) -> None:
+        def reseed(self) -> None:
             self._random.seed(os.urandom(32))
 
         def generate_span_id(self) -> int:
@@ -148,7 +169,9 @@ def make_id_generator() -> Any:
         def is_trace_id_random(self) -> bool:
             return True
 
-    return UnseedableIdGenerator()
+    generator = UnseedableIdGenerator()
+    _GENERATORS.add(generator)
+    return generator
 
 
 def _file_exporter(path: str) -> SpanExporter:
@@ -204,73 +227,6 @@ def _otlp_exporter(protocol: str, endpoint: str | None, headers: Mapping[str, st
         raise ImportError(_SDK_HINT) from exc
 
 
-def _http_traces_url(base: str) -> str:
-    # OTEL_EXPORTER_OTLP_ENDPOINT is a base URL; the HTTP exporter posts to {base}/v1/traces.
-    return base.rstrip("/") + "/v1/traces"
-
-
-def _resolve(
-    *,
-    endpoint: str | None,
-    protocol: str | None,
-    file: str | os.PathLike[str] | bool | None,
-    console: bool | None,
-) -> tuple[list[str], str | None, str, str | None]:
-    environ = os.environ
-    wanted = {
-        name.strip().lower() for name in environ.get(env.OTEL_TRACES_EXPORTER, "").split(",") if name.strip()
-    }
-    protocol = (
-        protocol
-        or environ.get(env.OTEL_EXPORTER_OTLP_TRACES_PROTOCOL)
-        or environ.get(env.OTEL_EXPORTER_OTLP_PROTOCOL)
-        or "grpc"
-    ).strip()
-    if protocol not in _PROTOCOLS:
-        raise InvalidArgumentError(
-            f"gymtrace.configure(): argument 'protocol' must be one of {_PROTOCOLS}, got {protocol!r}"
-        )
-    if endpoint is not None:
-        if not isinstance(endpoint, str) or not endpoint:
-            raise InvalidArgumentError(
-                f"gymtrace.configure(): argument 'endpoint' must be a URL string, got {endpoint!r}"
-            )
-        resolved_endpoint: str | None = endpoint
-        if protocol == "http/protobuf" and not endpoint.rstrip("/").endswith("/v1/traces"):
-            resolved_endpoint = _http_traces_url(endpoint)
-    elif environ.get(env.OTEL_EXPORTER_OTLP_TRACES_ENDPOINT):
-        resolved_endpoint = environ[env.OTEL_EXPORTER_OTLP_TRACES_ENDPOINT]
-    elif environ.get(env.OTEL_EXPORTER_OTLP_ENDPOINT):
-        base = environ[env.OTEL_EXPORTER_OTLP_ENDPOINT]
-        resolved_endpoint = _http_traces_url(base) if protocol == "http/protobuf" else base
-    else:
-        resolved_endpoint = None
-
-    exporters: list[str] = []
-    if resolved_endpoint is not None or "otlp" in wanted:
-        exporters.append("otlp")
-    if console if console is not None else "console" in wanted:
-        exporters.append("console")
-    if file is False:
-        path = None
-    elif file is not None and file is not True:
-        path = os.fspath(file)
-    elif environ.get(env.GYMTRACE_FILE):
-        path = environ[env.GYMTRACE_FILE]
-    elif file is True or (not exporters and "none" not in wanted):
-        path = env.DEFAULT_FILE  # the embedded default: no server needed
-    else:
-        path = None
-    if path is not None:
-        exporters.append("file")
-    unknown = wanted - {"otlp", "console", "none"}
-    if unknown:
-        logger.warning(
-            "gymtrace: OTEL_TRACES_EXPORTER names exporters gymtrace does not build: %s", sorted(unknown)
-        )
-    return exporters, resolved_endpoint, protocol, path
-
-
 def configure(
     *,
     service_name: str | None = None,
@@ -316,50 +272,89 @@ def configure(
     If the application already set a TracerProvider, gymtrace never replaces it: it adds
     :class:`~gymtrace.IdentitySpanProcessor` to it and leaves exporting to the application.
     """
-    if strict is not None:
-        set_strict(strict)
-    if step_policy is not None or os.environ.get(env.GYMTRACE_STEP_POLICY):
-        set_step_policy(step_policy_from(step_policy))
-    if trace_per is not None:
-        set_trace_per(trace_per)
-    elif os.environ.get(env.GYMTRACE_TRACE_PER):
-        set_trace_per(os.environ[env.GYMTRACE_TRACE_PER].strip().lower())
-    if capture_content is not None or redact_content is not None:
-        configure_content(
-            capture=UNCHANGED if capture_content is None else capture_content,
-            redact=UNCHANGED if redact_content is None else redact_content,
+    # Validate and resolve everything first (settings, content policy, sampler, exporters), then
+    # apply: a call that raises leaves every setting as it was.
+    if strict is not None and not isinstance(strict, bool):
+        raise InvalidArgumentError(
+            f"gymtrace.configure(): argument 'strict' must be a bool, got {strict!r:.80}"
         )
-    if env.env_flag(os.environ.get(env.OTEL_SDK_DISABLED)):
-        logger.info("gymtrace: OTEL_SDK_DISABLED is set; tracing stays off")
-        return Configuration(disabled=True)
-
-    if sampler is None and os.environ.get(env.GYMTRACE_SAMPLE_RATIO):
-        sampler = _sampler_from_env()
-    exporters, endpoint_used, protocol_used, path = _resolve(
-        endpoint=endpoint, protocol=protocol, file=file, console=console
+    if trace_per is not None and trace_per not in _settings.TRACE_PER:
+        raise InvalidArgumentError(
+            f"gymtrace.configure(): argument 'trace_per' must be one of {_settings.TRACE_PER}, got {trace_per!r:.80}"
+        )
+    # Validated here with the rest; made active with the rest, in _apply.
+    step = (
+        step_policy_from(step_policy)
+        if step_policy is not None or env.GYMTRACE_STEP_POLICY in os.environ
+        else None
     )
-    settings = (
+    overrides, policy_changes = content_changes(
+        capture=UNCHANGED if capture_content is None else capture_content,
+        redact=UNCHANGED if redact_content is None else redact_content,
+    )
+    if strict is not None:
+        overrides["strict"] = strict
+    if trace_per is not None:
+        overrides["trace_per_run"] = trace_per == "run"
+    settings = _settings.resolve(
+        endpoint=endpoint,
+        protocol=protocol,
+        file=file,
+        console=console,
+        service_name=service_name,
+        overrides=overrides,
+    )
+    if settings.sdk_disabled:
+        _apply(settings, overrides, policy_changes, step)
+        logger.info("gymtrace: OTEL_SDK_DISABLED is set; tracing stays off")
+        with _state.lock:
+            _state.configuration = Configuration(disabled=True)
+            _state.key = None
+        return _state.configuration
+    if settings.unknown_exporters:
+        logger.warning(
+            "gymtrace: OTEL_TRACES_EXPORTER names exporters gymtrace does not build: %s",
+            list(settings.unknown_exporters),
+        )
+    if sampler is None and settings.sample_ratio is not None:
+        from gymtrace.sampling import RolloutSampler  # needs the SDK, imported only when used
+
+        sampler = RolloutSampler(settings.sample_ratio, by=settings.sample_by)
+    key = (
         service_name,
-        tuple(exporters),
-        endpoint_used,
-        protocol_used,
-        path,
+        settings.exporters,
+        settings.endpoint,
+        settings.protocol,
+        settings.file,
         tuple(sorted((headers or {}).items())),
         _sampler_key(sampler),
-        export_settings(),  # content capture lowers the OTLP batch size
+        export_settings(settings),  # content capture lowers the OTLP batch size
+        (
+            settings.max_queue_size,
+            settings.max_export_batch_size,
+            settings.schedule_delay,
+            settings.flush_timeout,
+        ),
     )
     with _state.lock:
-        if _state.settings == settings and _state.configuration is not None:
+        if _state.key == key and _state.configuration is not None:
+            _apply(settings, overrides, policy_changes, step)
             return _state.configuration
         sdk_trace = _import_sdk()
         existing = trace.get_tracer_provider()
         if _state.provider is None and not isinstance(existing, trace.ProxyTracerProvider):
-            return _adopt(existing, sdk_trace, settings)
+            _apply(settings, overrides, policy_changes, step)
+            return _adopt(existing, sdk_trace, key)
+        # Everything that can fail (imports, exporter constructors) happens before anything changes.
+        processors = _processors(settings, headers)
+        _apply(settings, overrides, policy_changes, step)
         if _state.provider is None:
-            _state.provider = _new_provider(sdk_trace, service_name, sampler)
+            _state.provider = _new_provider(sdk_trace, settings.service_name, sampler)
+        else:
+            _keep_sampler(_state.provider, sampler)
         provider = _state.provider
         assert _state.stage is not None
-        _state.stage.replace(_processors(exporters, endpoint_used, protocol_used, path, headers))
+        _state.stage.replace(processors)
         _lifecycle.install(_flush_at_exit)
         resolved_name = str(provider.resource.attributes.get("service.name", ""))
         if service_name is not None and service_name != resolved_name:
@@ -370,31 +365,47 @@ def configure(
                 resolved_name,
                 resolved_name,
             )
+        exporters = settings.exporters
         _state.configuration = Configuration(
             service_name=resolved_name,
-            exporters=tuple(exporters),
-            endpoint=endpoint_used if "otlp" in exporters else None,
-            protocol=protocol_used if "otlp" in exporters else None,
-            file=path,
+            exporters=exporters,
+            endpoint=settings.endpoint if "otlp" in exporters else None,
+            protocol=settings.protocol if "otlp" in exporters else None,
+            file=settings.file,
             owns_provider=True,
             headers=dict(headers or {}),
         )
-        _state.settings = settings
+        _state.key = key
         logger.info("gymtrace: tracing to %s", _describe(_state.configuration))
         return _state.configuration
 
 
-def _sampler_from_env() -> Sampler:
-    from gymtrace.sampling import RolloutSampler
+def _apply(
+    settings: _settings.Settings,
+    overrides: dict[str, Any],
+    policy_changes: dict[str, Any],
+    step: StepPolicy | None = None,
+) -> None:
+    """Make validated settings, content policy changes and the step policy the active ones."""
+    _settings.apply(settings, overrides)
+    apply_content_changes(policy_changes)
+    if step is not None:
+        set_step_policy(step)
 
-    raw = os.environ[env.GYMTRACE_SAMPLE_RATIO]
-    try:
-        ratio = float(raw)
-    except ValueError:
-        raise InvalidArgumentError(
-            f"{env.GYMTRACE_SAMPLE_RATIO} must be a number in [0, 1], got {raw!r}"
-        ) from None
-    return RolloutSampler(ratio, by=os.environ.get(env.GYMTRACE_SAMPLE_BY, "rollout").strip().lower())
+
+def _keep_sampler(provider: Any, sampler: Sampler | None) -> None:
+    # The SDK gives a TracerProvider its sampler when it is created, and its tracers copy it:
+    # swapping it later would leave tracers already handed out on the old one. So it stays.
+    if sampler is None:
+        return
+    current = provider.sampler
+    if _sampler_key(sampler) != _sampler_key(current):
+        logger.warning(
+            "gymtrace: configure(sampler=%s) after the first configure(); the sampler of a"
+            " TracerProvider cannot change once it is created, so %s stays",
+            sampler.get_description(),
+            current.get_description(),
+        )
 
 
 def _sampler_key(sampler: Sampler | None) -> object:
@@ -420,51 +431,29 @@ def _new_provider(sdk_trace: Any, service_name: str | None, sampler: Sampler | N
     return provider  # type: ignore[no-any-return]
 
 
-def _env_number(name: str, default: float, *, minimum: float) -> float:
-    raw = os.environ.get(name)
-    if raw is None or not raw.strip():
-        return default
-    try:
-        value = float(raw)
-    except ValueError:
-        raise InvalidArgumentError(f"{name} must be a number, got {raw!r}") from None
-    if value < minimum:
-        raise InvalidArgumentError(f"{name} must be >= {minimum}, got {raw!r}")
-    return value
-
-
-def _processors(
-    exporters: Sequence[str],
-    endpoint: str | None,
-    protocol: str,
-    path: str | None,
-    headers: Mapping[str, str] | None,
-) -> list[Any]:
+def _processors(settings: _settings.Settings, headers: Mapping[str, str] | None) -> list[Any]:
     from opentelemetry.sdk.trace.export import ConsoleSpanExporter
 
-    # The standard batch-processor variables apply to gymtrace's queue too.
-    queue_size = int(_env_number(env.OTEL_BSP_MAX_QUEUE_SIZE, DEFAULT_MAX_QUEUE_SIZE, minimum=1))
-    batch_size = int(_env_number(env.OTEL_BSP_MAX_EXPORT_BATCH_SIZE, DEFAULT_MAX_BATCH_SIZE, minimum=1))
-    delay = _env_number(env.OTEL_BSP_SCHEDULE_DELAY, 500, minimum=0) / 1000
-    flush_timeout = _env_number(env.GYMTRACE_FLUSH_TIMEOUT, 5.0, minimum=0)
+    # The standard batch-processor variables (OTEL_BSP_*) apply to gymtrace's queue too.
     processors: list[Any] = []
-    for name in exporters:
+    for name in settings.exporters:
         if name == "otlp":
-            exporter: Any = _otlp_exporter(protocol, endpoint, headers)
+            exporter: Any = _otlp_exporter(settings.protocol, settings.endpoint, headers)
         elif name == "console":
             exporter = ConsoleSpanExporter()
-        elif name == "file" and path is not None:
-            exporter = _file_exporter(path)
+        elif name == "file" and settings.file is not None:
+            exporter = _file_exporter(settings.file)
         else:
             continue
+        batch_size = settings.max_export_batch_size
         processors.append(
             BatchExporter(
                 exporter,
                 name=name,
-                max_queue_size=queue_size,
-                max_batch_size=otlp_batch_size(batch_size) if name == "otlp" else batch_size,
-                schedule_delay=delay,
-                shutdown_timeout=flush_timeout,
+                max_queue_size=settings.max_queue_size,
+                max_batch_size=otlp_batch_size(batch_size, settings) if name == "otlp" else batch_size,
+                schedule_delay=settings.schedule_delay,
+                shutdown_timeout=settings.flush_timeout,
             )
         )
     return processors
@@ -489,7 +478,7 @@ def export_stats() -> list[Any]:
     return [p.stats() for p in stage.processors()] if stage is not None else []
 
 
-def _adopt(existing: trace.TracerProvider, sdk_trace: Any, settings: tuple[Any, ...]) -> Configuration:
+def _adopt(existing: trace.TracerProvider, sdk_trace: Any, key: tuple[Any, ...]) -> Configuration:
     """The application set its own provider: add identity stamping, never exporters."""
     if isinstance(existing, sdk_trace.TracerProvider):
         if not getattr(existing, "_gymtrace_identity_added", False):
@@ -511,7 +500,7 @@ def _adopt(existing: trace.TracerProvider, sdk_trace: Any, settings: tuple[Any, 
     name = str(resource.attributes.get("service.name", "")) if resource is not None else None
     configuration = Configuration(service_name=name, owns_provider=False)
     _state.configuration = configuration
-    _state.settings = settings
+    _state.key = key
     return configuration
 
 
@@ -530,10 +519,34 @@ def _describe(configuration: Configuration) -> str:
 
 
 def force_flush(timeout_millis: int = 30000) -> bool:
-    """Export every finished span now. True when all exporters finished within the timeout."""
-    provider = _state.provider if _state.provider is not None else trace.get_tracer_provider()
+    """Export every finished span now. True when all exporters finished within the timeout.
+
+    Flushes the provider gymtrace's spans go to: inside ``gymtrace.testing.capture_spans()`` its
+    private one, else the global one.
+    """
+    provider = current_provider()
     flush = getattr(provider, "force_flush", None)
     return bool(flush(timeout_millis)) if flush is not None else True
+
+
+def is_configured() -> bool:
+    """True after a ``configure()`` (that set tracing up, adopted the application's provider or
+    found ``OTEL_SDK_DISABLED``), until ``shutdown()`` or ``gymtrace.testing.reset()``."""
+    return _state.configuration is not None
+
+
+def reset() -> None:
+    """Shut gymtrace's exporters down and forget the configuration and every setting made in code
+    (strict mode, trace_per, the content policy); the next ``configure()`` starts fresh.
+
+    The global TracerProvider gymtrace created stays, with its resource and sampler: OpenTelemetry
+    sets it once per process.
+    """
+    shutdown()
+    reset_content_policy()
+    reset_step_policy()
+    _settings.reset()
+    reset_seen()
 
 
 def shutdown() -> None:
@@ -546,4 +559,4 @@ def shutdown() -> None:
         if _state.stage is not None:
             _state.stage.shutdown()
         _state.configuration = None
-        _state.settings = None
+        _state.key = None

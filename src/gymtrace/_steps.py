@@ -135,6 +135,11 @@ def set_policy(policy: StepPolicy) -> None:
     aggregating = policy.aggregate
 
 
+def reset_policy() -> None:
+    """Back to what the environment says (``gymtrace.testing.reset()``)."""
+    set_policy(policy_from(None) if os.environ.get(env.GYMTRACE_STEP_POLICY) else StepPolicy())
+
+
 # A private RNG for the episode share: RL code seeds the global one in every worker.
 _random = random.Random(os.urandom(16))
 os.register_at_fork(after_in_child=lambda: _random.seed(os.urandom(16)))

@@ -1,41 +1,37 @@
-"""Outgoing HTTP requests that carry the trace and the gym identity (httpx and aiohttp).
+"""Deprecated: the HTTP client helpers moved to :mod:`gymtrace.integrations.httpx` and
+:mod:`gymtrace.integrations.aiohttp`.
 
-Example::
-
-    import httpx, aiohttp
-    from gymtrace.http import HttpxTransport, AsyncHttpxTransport, aiohttp_trace_config
-
-    client = httpx.Client(transport=HttpxTransport())
-    async_client = httpx.AsyncClient(transport=AsyncHttpxTransport())
-    session = aiohttp.ClientSession(trace_configs=[aiohttp_trace_config()])
-
-Each request gets ``traceparent``/``tracestate`` of the current span and a ``baggage`` header
-with the gym identity only. gymtrace makes no HTTP client spans: install the official
-``opentelemetry-instrumentation-httpx`` / ``-aiohttp-client`` for those. They compose without
-duplicates: their CLIENT span becomes the ``traceparent`` parent, and because the transport runs
-the request inside a context whose baggage is the gym identity, their own injection sends the
-identity too. ``IdentitySpanProcessor`` stamps the identity onto their client spans.
+This module re-exports them, with a ``DeprecationWarning``, for one release. httpx and aiohttp
+stay optional: each is imported only when its helper is used.
 """
 
 from __future__ import annotations
 
+import warnings
 from typing import TYPE_CHECKING, Any
 
 __all__ = ["AsyncHttpxTransport", "HttpxTransport", "aiohttp_trace_config"]
 
 if TYPE_CHECKING:
-    from gymtrace._aiohttp import aiohttp_trace_config
-    from gymtrace._httpx import AsyncHttpxTransport, HttpxTransport
+    from gymtrace.integrations.aiohttp import aiohttp_trace_config
+    from gymtrace.integrations.httpx import AsyncHttpxTransport, HttpxTransport
+
+warnings.warn(
+    "gymtrace.http is deprecated and will be removed in the next release; import HttpxTransport"
+    " and AsyncHttpxTransport from gymtrace.integrations.httpx, aiohttp_trace_config from"
+    " gymtrace.integrations.aiohttp",
+    DeprecationWarning,
+    stacklevel=2,
+)
 
 
 def __getattr__(name: str) -> Any:
-    # httpx and aiohttp are optional: import each only when its integration is used.
     if name in ("HttpxTransport", "AsyncHttpxTransport"):
-        from gymtrace import _httpx
+        from gymtrace.integrations import httpx
 
-        return getattr(_httpx, name)
+        return getattr(httpx, name)
     if name == "aiohttp_trace_config":
-        from gymtrace._aiohttp import aiohttp_trace_config
+        from gymtrace.integrations.aiohttp import aiohttp_trace_config
 
         return aiohttp_trace_config
     raise AttributeError(f"module 'gymtrace.http' has no attribute {name!r}")

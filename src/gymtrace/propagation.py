@@ -12,7 +12,7 @@ Example::
     headers = gymtrace.propagation.inject({})
     requests.post(url, json=task, headers=headers)
 
-    # server side (or use gymtrace.asgi.GymTraceMiddleware)
+    # server side (or use gymtrace.integrations.asgi.GymTraceMiddleware)
     with gymtrace.propagation.attach(request.headers):
         handle(task)                      # spans here join the client's trace and rollout
 
@@ -20,7 +20,7 @@ Example::
     subprocess.run(cmd, env={**os.environ, **gymtrace.propagation.env_carrier()})
     # ...and in the child:  with gymtrace.propagation.attach(os.environ): ...
 
-    # thread and process pools
+    # thread and process pools (also gymtrace.integrations.concurrent)
     future = gymtrace.propagation.submit(pool, score, answer)
 
 Nothing here raises into the caller: a broken carrier gives a context without a remote parent,
@@ -59,8 +59,8 @@ __all__ = [
     "with_identity",
 ]
 
-P = ParamSpec("P")
-R = TypeVar("R")
+_P = ParamSpec("_P")
+_R = TypeVar("_R")
 
 # -- identity <-> baggage ---------------------------------------------------------------------------
 
@@ -283,7 +283,7 @@ def env_carrier(context: otel_context.Context | None = None) -> dict[str, str]:
 # -- thread and process pools ------------------------------------------------------------------------
 
 
-class ContextCarrier(Generic[P, R]):
+class ContextCarrier(Generic[_P, _R]):
     """``fn`` bound to the trace context and gym identity of the moment it was wrapped.
 
     In a thread of the same process the worker runs in exactly that context (the gym scopes keep
@@ -296,7 +296,7 @@ class ContextCarrier(Generic[P, R]):
 
     __slots__ = ("_context", "_headers", "_pid", "fn")
 
-    def __init__(self, fn: Callable[P, R], context: otel_context.Context | None = None) -> None:
+    def __init__(self, fn: Callable[_P, _R], context: otel_context.Context | None = None) -> None:
         self.fn = fn
         self._context: otel_context.Context | None = (
             context if context is not None else otel_context.get_current()
@@ -316,7 +316,7 @@ class ContextCarrier(Generic[P, R]):
         self._pid = state["pid"]
         self._context = None
 
-    def __call__(self, *args: P.args, **kwargs: P.kwargs) -> R:
+    def __call__(self, *args: _P.args, **kwargs: _P.kwargs) -> _R:
         ctx = self._context if self._context is not None else extract(self._headers or {})
         token = otel_context.attach(ctx)
         try:
@@ -340,7 +340,7 @@ def _flush_quietly() -> None:
         flush()
 
 
-def carry(fn: Callable[P, R], context: otel_context.Context | None = None) -> ContextCarrier[P, R]:
+def carry(fn: Callable[_P, _R], context: otel_context.Context | None = None) -> ContextCarrier[_P, _R]:
     """Bind ``fn`` to the current trace context and gym identity for a thread or process worker.
 
     ``pool.submit(gymtrace.propagation.carry(fn), *args)``; picklable when ``fn`` is.
@@ -348,7 +348,7 @@ def carry(fn: Callable[P, R], context: otel_context.Context | None = None) -> Co
     return ContextCarrier(fn, context)
 
 
-def submit(executor: Executor, fn: Callable[P, R], /, *args: P.args, **kwargs: P.kwargs) -> Future[R]:
+def submit(executor: Executor, fn: Callable[_P, _R], /, *args: _P.args, **kwargs: _P.kwargs) -> Future[_R]:
     """``executor.submit(fn, ...)`` with the caller's trace and gym identity carried into the worker.
 
     Works with ``ThreadPoolExecutor`` and ``ProcessPoolExecutor``.
@@ -356,6 +356,6 @@ def submit(executor: Executor, fn: Callable[P, R], /, *args: P.args, **kwargs: P
     return executor.submit(ContextCarrier(fn), *args, **kwargs)
 
 
-def map(executor: Executor, fn: Callable[..., R], *iterables: Iterable[Any], **kwargs: Any) -> Iterator[R]:
+def map(executor: Executor, fn: Callable[..., _R], *iterables: Iterable[Any], **kwargs: Any) -> Iterator[_R]:
     """``executor.map(fn, ...)`` with the caller's trace and gym identity carried into every call."""
     return executor.map(ContextCarrier(fn), *iterables, **kwargs)

@@ -14,6 +14,9 @@ Example::
 ``capture_spans()`` gives gymtrace a private in-memory TracerProvider for the duration of the block;
 it never touches the application's global provider. Spans of other libraries are captured when they
 use ``captured.tracer_provider`` (most instrumentations accept ``tracer_provider=``).
+
+``reset()`` undoes ``gymtrace.configure()`` between tests (a fixture calling it after each test
+keeps one test's strict mode or content policy out of the next).
 """
 
 from __future__ import annotations
@@ -28,13 +31,14 @@ from gymtrace._errors import set_strict, strict_override
 from gymtrace._processor import IdentitySpanProcessor
 from gymtrace._render import render_tree
 from gymtrace._setup import make_id_generator
+from gymtrace._setup import reset as reset_setup
 from gymtrace._spandata import SpanData, from_readable
 from gymtrace._tracing import pop_provider, push_provider
 
 if TYPE_CHECKING:
     from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 
-__all__ = ["CapturedSpans", "capture_spans", "check_trace"]
+__all__ = ["CapturedSpans", "capture_spans", "check_trace", "reset"]
 
 
 class CapturedSpans:
@@ -102,3 +106,17 @@ def check_trace(spans: Any) -> list[str]:
     if isinstance(spans, CapturedSpans):
         spans = spans.spans
     return check_spans(spans)
+
+
+def reset() -> None:
+    """Forget what ``gymtrace.configure()`` and ``configure_content()`` set, for users' test suites.
+
+    Shuts gymtrace's exporters down (flushing what they hold), forgets the configuration
+    (``gymtrace.is_configured()`` is then False) and every setting made in code: strict mode,
+    ``trace_per``, the content policy (capture mode, budgets, redaction hook, secret keys). The
+    environment is read again, so a variable a test set with ``monkeypatch.setenv`` applies. The
+    next ``configure()`` starts fresh, except for what it cannot undo: the global TracerProvider,
+    which OpenTelemetry lets a process set once, keeps the resource (``service.name``) and sampler
+    it was created with.
+    """
+    reset_setup()

@@ -1,8 +1,3 @@
-import sys
-from pathlib import Path
-
-# tests/ holds the harness modules (pipeline.py, conftest_pipeline.py); they are plain modules,
-# not a package, so put their directory on the path before importing the plugin.
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
+# The harness modules (pipeline.py, conftest_pipeline.py) are in tests/support, which pytest's
+# `pythonpath` setting (pyproject.toml) puts on the path.
 from conftest_pipeline import *  # noqa: F403  (fixture + hooks)

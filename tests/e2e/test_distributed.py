@@ -1,4 +1,4 @@
-"""Issue 6 end to end: the distributed demo's processes (driver, agent, model, environment) and
+"""End to end: the distributed demo's processes (driver, agent, model, environment) and
 the traces they leave, read back from the embedded default file and from a real Jaeger.
 
 The demo kills the environment server in the middle of the first episode of one rollout; the driver
@@ -9,18 +9,12 @@ from __future__ import annotations
 
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
-from child_process import clean_env
-from gymtrace import _constants as c
-from gymtrace._demo_distributed import TASKS, rollout_id_for
-from gymtrace._spandata import SpanData, read_otlp_json_lines
-
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from _distributed import (
     IDENTITY,
+    SERVICES_OF_THE_DEMO,
     ancestors,
     assert_no_duplicate_http_spans,
     assert_one_tree,
@@ -28,8 +22,12 @@ from _distributed import (
     by_trace,
     missing_identity,
 )
+from child_process import clean_env
+from gymtrace import _constants as c
+from gymtrace._spandata import SpanData, read_otlp_json_lines
+from gymtrace.demo.distributed import TASKS, rollout_id_for
 
-SERVICES = {"gym-driver", "gym-agent", "gym-model", "gym-env"}
+SERVICES = SERVICES_OF_THE_DEMO
 
 
 def _run_demo(args: list[str], env_overrides: dict[str, str]) -> str:
@@ -37,8 +35,10 @@ def _run_demo(args: list[str], env_overrides: dict[str, str]) -> str:
     done = subprocess.run(
         [
             sys.executable,
-            "-c",
-            "import sys; from gymtrace._demo_distributed import run; sys.exit(run(sys.argv[1:]))",
+            "-m",
+            "gymtrace",
+            "demo",
+            "--distributed",
             "--quiet",
             "--repeats",
             "1",

@@ -1,6 +1,6 @@
 """Fault injection against the real Collector and Jaeger: every span is delivered or counted.
 
-Each scenario runs a training-loop stand-in (``tests/fault_worker.py``) in its own subprocess,
+Each scenario runs a training-loop stand-in (``tests/support/fault_worker.py``) in its own subprocess,
 exporting over OTLP/gRPC to a real Collector (``collector/otelcol.yaml`` with tail sampling at 100 %)
 in front of a real Jaeger, and injects a fault between the worker's phases: the Collector not up
 yet, killed (SIGKILL) and started again, stalled (SIGSTOP) with a small queue, dead at exit, and
@@ -41,8 +41,7 @@ import pytest
 from child_process import clean_env
 from pipeline import JAEGER_BIN, Pipeline, PipelineError, span_tags
 
-TESTS = Path(__file__).resolve().parent.parent
-WORKER = TESTS / "fault_worker.py"
+WORKER = Path(__file__).resolve().parents[1] / "support" / "fault_worker.py"
 SPANS_PER_ROLLOUT = 9
 WORKER_TIMEOUT = 120.0
 JAEGER_WAIT = 30.0

@@ -11,7 +11,8 @@ in pyproject.toml's addopts). From the repository root::
 
 ``--confcutdir`` keeps ``tests/conftest.py`` (which may use the SDK) out of this run. The first
 test fails, rather than skips, when the SDK is importable: selected with ``-m sdkless`` these tests
-must prove the API-only promise of DESIGN.md §6, and would prove nothing with the SDK present.
+must prove the API-only promise (``pip install gymtrace`` depends on opentelemetry-api only, as the
+README says), and would prove nothing with the SDK present.
 """
 
 from __future__ import annotations

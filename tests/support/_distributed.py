@@ -1,7 +1,7 @@
 """Helpers for the distributed tests: real service processes and span-tree assertions.
 
-Plain module (tests/ is not a package); child processes import ``_relay_app`` from this directory
-through ``PYTHONPATH``.
+Plain module in tests/support (on the path through pytest's ``pythonpath`` setting); service
+processes (``serve_app.py``) import ``_relay_app`` from this directory through ``PYTHONPATH``.
 """
 
 from __future__ import annotations
@@ -12,18 +12,19 @@ from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 
+import serve_app
 from gymtrace import _constants as c
-from gymtrace._demo_distributed import ServiceProcess
 from gymtrace._spandata import SpanData, read_otlp_json_lines
+from gymtrace.demo.distributed import ServiceProcess
 
-TESTS_DIR = Path(__file__).resolve().parent
+SUPPORT_DIR = Path(__file__).resolve().parent
 
 
 def clean_env(trace_file: Path) -> dict[str, str]:
     """Environment for a service process: spans to ``trace_file``, no inherited OTLP settings."""
     env = {k: "" for k in os.environ if k.startswith(("OTEL_EXPORTER_OTLP", "OTEL_TRACES_EXPORTER"))}
     env["GYMTRACE_FILE"] = str(trace_file)
-    env["PYTHONPATH"] = os.pathsep.join([str(TESTS_DIR), os.environ.get("PYTHONPATH", "")])
+    env["PYTHONPATH"] = os.pathsep.join([str(SUPPORT_DIR), os.environ.get("PYTHONPATH", "")])
     return env
 
 
@@ -31,19 +32,25 @@ def clean_env(trace_file: Path) -> dict[str, str]:
 def services(
     tmp_path: Path, specs: Sequence[tuple[str, str, Sequence[str]]]
 ) -> Iterator[list[ServiceProcess]]:
-    """Start one process per ``(service name, role, extra serve args)``; always stopped on exit."""
+    """Start one process per ``(service name, role, extra serve args)``; always stopped on exit.
+
+    Role ``app`` serves ``--app module:factory`` with serve_app.py; the demo's roles (``agent``,
+    ``model``, ``env``) run as ``gymtrace demo-service``."""
     started: list[ServiceProcess] = []
     try:
         for name, role, extra in specs:
-            started.append(
-                ServiceProcess(
-                    role,
-                    service=name,
-                    extra=list(extra),
-                    env_overrides=clean_env(tmp_path / f"{name}.jsonl"),
-                    log_dir=str(tmp_path),
+            overrides = clean_env(tmp_path / f"{name}.jsonl")
+            if role == "app":
+                argv = [serve_app.PATH, *extra, "--service", name]
+                started.append(
+                    ServiceProcess(argv, name=name, env_overrides=overrides, log_dir=str(tmp_path))
                 )
-            )
+            else:
+                started.append(
+                    ServiceProcess.demo(
+                        role, service=name, extra=list(extra), env_overrides=overrides, log_dir=str(tmp_path)
+                    )
+                )
         yield started
     finally:
         for process in started:
@@ -51,6 +58,8 @@ def services(
 
 
 RELAY = ("--app", "_relay_app:make_app")
+# The service names of `gymtrace demo --distributed`: the driver and the three servers it starts.
+SERVICES_OF_THE_DEMO = {"gym-driver", "gym-agent", "gym-model", "gym-env"}
 
 
 def read_services(tmp_path: Path) -> list[SpanData]:

@@ -15,10 +15,14 @@ from __future__ import annotations
 
 import asyncio
 import random
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
 import gymtrace
+from gymtrace import _constants as c
+from gymtrace._spandata import SpanData, read_otlp_json_lines
+from gymtrace.testing import check_trace
 
 
 class EnvironmentLost(ConnectionError):
@@ -166,3 +170,36 @@ async def run_demo(*, run_id: str, repeats: int = 2, seed: int = 7) -> DemoResul
         results = await asyncio.gather(*jobs.values())
         rewards = dict(zip(jobs, results, strict=True))
     return DemoResult(run_id, rewards)
+
+
+@dataclass
+class LocalResult:
+    """What ``run_local()`` did: the run's spans read back from the file, checked."""
+
+    run_id: str
+    rewards: dict[str, float | None]
+    elapsed: float  # seconds the run took
+    spans: list[SpanData]
+    problems: list[str]  # contract violations (empty when the trace holds)
+    file: str
+    targets: list[str] = field(default_factory=list)  # where the spans went, e.g. "OTLP/grpc URL"
+
+
+def run_local(
+    *, run_id: str, file: str, repeats: int = 2, endpoint: str | None = None, protocol: str | None = None
+) -> LocalResult:
+    """Trace the simulated run to ``file`` (and to ``endpoint`` when given), read it back, check it."""
+    config = gymtrace.configure(service_name="gymtrace-demo", endpoint=endpoint, protocol=protocol, file=file)
+    try:
+        started = time.perf_counter()
+        result = asyncio.run(run_demo(run_id=run_id, repeats=repeats))
+        elapsed = time.perf_counter() - started
+        gymtrace.force_flush()
+        spans = [s for s in read_otlp_json_lines(file) if s.attributes.get(c.RUN_ID) == run_id]
+    finally:
+        gymtrace.shutdown()
+    targets = [
+        f"OTLP/{config.protocol} {config.endpoint}" if name == "otlp" else file if name == "file" else name
+        for name in config.exporters
+    ]
+    return LocalResult(run_id, result.rewards, elapsed, spans, check_trace(spans), file, targets)

@@ -1,18 +1,38 @@
-"""httpx transports that send the trace and the gym identity with every request."""
+"""httpx transports that send the trace and the gym identity with every request.
+
+Example::
+
+    import httpx
+    from gymtrace.integrations.httpx import AsyncHttpxTransport, HttpxTransport
+
+    client = httpx.Client(transport=HttpxTransport())
+    async_client = httpx.AsyncClient(transport=AsyncHttpxTransport())
+
+Each request gets ``traceparent``/``tracestate`` of the current span and a ``baggage`` header
+with the gym identity only. gymtrace makes no HTTP client spans: install the official
+``opentelemetry-instrumentation-httpx`` for those. They compose without duplicates: its CLIENT
+span becomes the ``traceparent`` parent, and because the transport runs the request inside a
+context whose baggage is the gym identity, its own injection sends the identity too.
+``IdentitySpanProcessor`` stamps the identity onto its client spans. Needs ``gymtrace[httpx]``.
+"""
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 try:
     import httpx
 except ImportError as exc:  # pragma: no cover - depends on the installed extras
-    raise ImportError("gymtrace.http.HttpxTransport needs httpx: pip install 'gymtrace[httpx]'") from exc
+    raise ImportError("gymtrace.integrations.httpx needs httpx: pip install 'gymtrace[httpx]'") from exc
 
 from opentelemetry import context as otel_context
 
-from gymtrace._errors import internal_error
 from gymtrace.propagation import inject, with_identity
+
+__all__ = ["AsyncHttpxTransport", "HttpxTransport"]
+
+_logger = logging.getLogger("gymtrace")
 
 
 def _enter(request: httpx.Request) -> object:
@@ -21,8 +41,8 @@ def _enter(request: httpx.Request) -> object:
         ctx = with_identity()
         inject(request.headers, ctx, continuation=False)
         return otel_context.attach(ctx)
-    except Exception as exc:  # noqa: BLE001 - telemetry must not break the request
-        internal_error("gymtrace.http httpx transport", exc)
+    except Exception:
+        _logger.warning("gymtrace: the httpx transport could not attach the trace context", exc_info=True)
         return None
 
 

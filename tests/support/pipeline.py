@@ -35,7 +35,7 @@ from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
+REPO_ROOT = Path(__file__).resolve().parents[2]
 COLLECTOR_DIR = REPO_ROOT / "collector"
 JAEGER_BIN = COLLECTOR_DIR / "bin" / "jaeger"
 

@@ -1,7 +1,8 @@
 """pytest plugin: the session-scoped ``pipeline`` fixture (real Jaeger + gymtrace Collector).
 
 Load it from a conftest.py with ``from conftest_pipeline import *`` (tests/e2e/conftest.py does)
-or ``pytest_plugins = ["conftest_pipeline"]`` in the root conftest.py.
+or ``pytest_plugins = ["conftest_pipeline"]`` in the root conftest.py; tests/support is on the path
+through pytest's ``pythonpath`` setting.
 
 Every test that uses ``pipeline`` is marked ``e2e`` (deselect with ``-m "not e2e"``). When
 ``collector/bin/jaeger`` is missing the fixture FAILS, naming the build command; set

@@ -1,4 +1,4 @@
-"""A small ASGI app served in its own process by the tests (``serve --role app --app _relay_app:make_app``)."""
+"""A small ASGI app served in its own process by the tests (``serve_app.py --app _relay_app:make_app``)."""
 
 from __future__ import annotations
 
@@ -13,7 +13,8 @@ from starlette.responses import JSONResponse, StreamingResponse
 from starlette.routing import Route
 
 import gymtrace
-from gymtrace.http import AsyncHttpxTransport, aiohttp_trace_config
+from gymtrace.integrations.aiohttp import aiohttp_trace_config
+from gymtrace.integrations.httpx import AsyncHttpxTransport
 
 tracer = trace.get_tracer("tests.relay")
 

@@ -1,0 +1,356 @@
+"""Every setting gymtrace reads from the environment, resolved once into one frozen object.
+
+Example (inside gymtrace)::
+
+    from gymtrace import _settings
+
+    if _settings.active.trace_per_run:    # one attribute read on the hot path, no parsing
+        ...
+
+Precedence for every field: an argument to ``configure()`` (or a code override such as
+``configure_content(capture=...)``), then the ``GYMTRACE_*`` variable, then the standard ``OTEL_*``
+variable, then the default. The environment is read when gymtrace is imported, again at each
+``configure()``, and at :func:`reload` (``gymtrace.testing.reset()``), never on a hot path.
+
+One failure policy for a bad environment value: a WARNING on the ``gymtrace`` logger naming the
+variable and the value, and the default is used; in strict mode (``GYMTRACE_STRICT=true`` or
+``configure(strict=True)``) it raises :class:`~gymtrace.InvalidArgumentError` instead. A bad
+*argument* always raises. Resolving at import never raises: an import is no place to fail.
+
+This module sits at the bottom of gymtrace's import graph: it imports only the standard library,
+``_environment``, ``_constants`` and ``_exceptions``.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
+from typing import Any, Final
+
+from gymtrace import _environment as env
+from gymtrace._exceptions import InvalidArgumentError
+
+logger = logging.getLogger("gymtrace")
+
+PROTOCOLS: Final = ("grpc", "http/protobuf")
+TRACE_PER: Final = ("rollout", "run")
+SAMPLE_BY: Final = ("rollout", "task")
+
+# Content capture modes (the GenAI conventions' OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT).
+NO_CONTENT: Final = "NO_CONTENT"
+SPAN_ONLY: Final = "SPAN_ONLY"
+EVENT_ONLY: Final = "EVENT_ONLY"
+SPAN_AND_EVENT: Final = "SPAN_AND_EVENT"
+CAPTURE_MODES: Final = (NO_CONTENT, SPAN_ONLY, EVENT_ONLY, SPAN_AND_EVENT)
+# The variable was a boolean before the GenAI conventions made it an enum. gymtrace writes traces
+# only, so "true" means the span attributes, where the conventions put content on spans.
+_LENIENT_CAPTURE: Final = {
+    "true": SPAN_ONLY,
+    "1": SPAN_ONLY,
+    "yes": SPAN_ONLY,
+    "on": SPAN_ONLY,
+    "false": NO_CONTENT,
+    "0": NO_CONTENT,
+    "no": NO_CONTENT,
+    "off": NO_CONTENT,
+    "": NO_CONTENT,
+}
+
+DEFAULT_MAX_QUEUE_SIZE: Final = 8192
+DEFAULT_MAX_EXPORT_BATCH_SIZE: Final = 512
+DEFAULT_SCHEDULE_DELAY: Final = 0.5  # seconds (OTEL_BSP_SCHEDULE_DELAY is in milliseconds)
+DEFAULT_FLUSH_TIMEOUT: Final = 5.0
+DEFAULT_CONTENT_MAX_VALUE_BYTES: Final = 16 * 1024
+DEFAULT_CONTENT_MAX_SPAN_BYTES: Final = 32 * 1024
+
+
+@dataclass(frozen=True)
+class Settings:
+    """gymtrace's resolved settings; replaced whole, so a reader never sees half an update."""
+
+    strict: bool = False
+    trace_per_run: bool = False
+    sdk_disabled: bool = False
+    service_name: str | None = None  # None: the SDK's resource (OTEL_RESOURCE_ATTRIBUTES), then "gymtrace"
+    exporters: tuple[str, ...] = ("file",)
+    endpoint: str | None = None
+    protocol: str = "grpc"
+    file: str | None = env.DEFAULT_FILE
+    unknown_exporters: tuple[str, ...] = ()
+    sample_ratio: float | None = None  # None: the SDK's OTEL_TRACES_SAMPLER applies
+    sample_by: str = "rollout"
+    flush_timeout: float = DEFAULT_FLUSH_TIMEOUT
+    max_queue_size: int = DEFAULT_MAX_QUEUE_SIZE
+    max_export_batch_size: int = DEFAULT_MAX_EXPORT_BATCH_SIZE
+    schedule_delay: float = DEFAULT_SCHEDULE_DELAY
+    capture_content: str = NO_CONTENT
+    content_max_value_bytes: int = DEFAULT_CONTENT_MAX_VALUE_BYTES
+    content_max_span_bytes: int = DEFAULT_CONTENT_MAX_SPAN_BYTES
+
+
+# Settings made in code (configure(strict=...), configure_content(capture=...), ...): they outlive
+# a later configure() that does not mention them, and beat the environment. Field name -> value.
+OVERRIDABLE: Final = frozenset(
+    {"strict", "trace_per_run", "capture_content", "content_max_value_bytes", "content_max_span_bytes"}
+)
+_overrides: dict[str, Any] = {}
+_lock = threading.RLock()
+_warned: set[tuple[str, str]] = set()
+
+
+class _Reader:
+    """Reads variables from one environment snapshot, applying the failure policy."""
+
+    def __init__(self, environ: Mapping[str, str], strict: bool, lenient: bool) -> None:
+        self.environ = environ
+        self.strict = strict
+        self.lenient = lenient  # at import: never raise
+
+    def raw(self, name: str) -> str | None:
+        value = self.environ.get(name)
+        return value if value is not None and value.strip() else None
+
+    def bad(self, name: str, raw: str, expected: str, default: object) -> None:
+        if self.strict and not self.lenient:
+            raise InvalidArgumentError(f"{name} must be {expected}, got {raw[:80]!r}")
+        with _lock:
+            first = (name, raw) not in _warned
+            _warned.add((name, raw))
+        if first:
+            logger.warning("gymtrace: %s=%r is not %s; using %r", name, raw[:80], expected, default)
+
+    def number(self, name: str, default: float, *, minimum: float, integer: bool = False) -> float:
+        raw = self.raw(name)
+        if raw is None:
+            return default
+        try:
+            value = int(raw.strip()) if integer else float(raw)
+        except ValueError:
+            value = None
+        if value is None or value != value or value < minimum:  # value != value: NaN
+            kind = "an integer" if integer else "a number"
+            self.bad(name, raw, f"{kind} >= {minimum:g}", default)
+            return default
+        return value
+
+    def choice(self, name: str, choices: tuple[str, ...], default: str) -> str:
+        raw = self.raw(name)
+        if raw is None:
+            return default
+        value = raw.strip().lower()
+        if value not in choices:
+            self.bad(name, raw, f"one of {choices}", default)
+            return default
+        return value
+
+
+def parse_capture(raw: str) -> str | None:
+    """A capture mode from its text: a mode (any case) or the older boolean form; None if neither."""
+    text = raw.strip()
+    if text.upper() in CAPTURE_MODES:
+        return text.upper()
+    return _LENIENT_CAPTURE.get(text.lower())
+
+
+def _http_traces_url(base: str) -> str:
+    # OTEL_EXPORTER_OTLP_ENDPOINT is a base URL; the HTTP exporter posts to {base}/v1/traces.
+    return base.rstrip("/") + "/v1/traces"
+
+
+def resolve(
+    *,
+    endpoint: str | None = None,
+    protocol: str | None = None,
+    file: str | os.PathLike[str] | bool | None = None,
+    console: bool | None = None,
+    service_name: str | None = None,
+    overrides: Mapping[str, Any] | None = None,
+    environ: Mapping[str, str] | None = None,
+    lenient: bool = False,
+) -> Settings:
+    """The settings these arguments and ``overrides`` give over the environment; applies nothing.
+
+    ``overrides`` are code overrides by field name (beating the sticky ones already made). Raises
+    :class:`~gymtrace.InvalidArgumentError` for a bad argument, and for a bad environment value
+    in strict mode unless ``lenient``.
+    """
+    environ = os.environ if environ is None else environ
+    with _lock:
+        given = {**_overrides, **(overrides or {})}
+    strict = (
+        given["strict"] if given.get("strict") is not None else env.env_flag(environ.get(env.GYMTRACE_STRICT))
+    )
+    read = _Reader(environ, strict, lenient)
+
+    if protocol is not None and protocol not in PROTOCOLS:
+        raise InvalidArgumentError(
+            f"gymtrace.configure(): argument 'protocol' must be one of {PROTOCOLS}, got {protocol!r}"
+        )
+    if endpoint is not None and (not isinstance(endpoint, str) or not endpoint):
+        raise InvalidArgumentError(
+            f"gymtrace.configure(): argument 'endpoint' must be a URL string, got {endpoint!r}"
+        )
+    if service_name is not None and (not isinstance(service_name, str) or not service_name):
+        raise InvalidArgumentError(
+            f"gymtrace.configure(): argument 'service_name' must be a non-empty string, got {service_name!r}"
+        )
+
+    wanted = {
+        name.strip().lower() for name in environ.get(env.OTEL_TRACES_EXPORTER, "").split(",") if name.strip()
+    }
+    if protocol is None:
+        name = (
+            env.OTEL_EXPORTER_OTLP_TRACES_PROTOCOL
+            if read.raw(env.OTEL_EXPORTER_OTLP_TRACES_PROTOCOL)
+            else env.OTEL_EXPORTER_OTLP_PROTOCOL
+        )
+        protocol = read.choice(name, PROTOCOLS, "grpc")
+    if endpoint is not None:
+        resolved_endpoint: str | None = endpoint
+        if protocol == "http/protobuf" and not endpoint.rstrip("/").endswith("/v1/traces"):
+            resolved_endpoint = _http_traces_url(endpoint)
+    elif read.raw(env.OTEL_EXPORTER_OTLP_TRACES_ENDPOINT):
+        resolved_endpoint = environ[env.OTEL_EXPORTER_OTLP_TRACES_ENDPOINT]
+    elif read.raw(env.OTEL_EXPORTER_OTLP_ENDPOINT):
+        base = environ[env.OTEL_EXPORTER_OTLP_ENDPOINT]
+        resolved_endpoint = _http_traces_url(base) if protocol == "http/protobuf" else base
+    else:
+        resolved_endpoint = None
+
+    exporters: list[str] = []
+    if resolved_endpoint is not None or "otlp" in wanted:
+        exporters.append("otlp")
+    if console if console is not None else "console" in wanted:
+        exporters.append("console")
+    path: str | None
+    if file is False:
+        path = None
+    elif file is not None and file is not True:
+        path = os.fspath(file)
+    elif read.raw(env.GYMTRACE_FILE):
+        path = environ[env.GYMTRACE_FILE]
+    elif file is True or (not exporters and "none" not in wanted):
+        path = env.DEFAULT_FILE  # the embedded default: no server needed
+    else:
+        path = None
+    if path is not None:
+        exporters.append("file")
+
+    if given.get("trace_per_run") is not None:
+        trace_per_run = bool(given["trace_per_run"])
+    else:
+        trace_per_run = read.choice(env.GYMTRACE_TRACE_PER, TRACE_PER, "rollout") == "run"
+
+    sample_ratio: float | None = None
+    if read.raw(env.GYMTRACE_SAMPLE_RATIO) is not None:
+        ratio = read.number(env.GYMTRACE_SAMPLE_RATIO, -1.0, minimum=0)
+        if ratio > 1:
+            read.bad(
+                env.GYMTRACE_SAMPLE_RATIO, environ[env.GYMTRACE_SAMPLE_RATIO], "a number in [0, 1]", None
+            )
+        elif ratio >= 0:
+            sample_ratio = ratio
+
+    if given.get("capture_content") is not None:
+        capture = str(given["capture_content"])
+    else:
+        raw_capture = environ.get(env.OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT)
+        capture = NO_CONTENT if raw_capture is None else (parse_capture(raw_capture) or "")
+        if not capture:
+            capture = NO_CONTENT
+            read.bad(
+                env.OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT,
+                raw_capture or "",
+                f"one of {CAPTURE_MODES} (or true/false), so content capture stays off",
+                NO_CONTENT,
+            )
+
+    def budget(field: str, name: str, default: int) -> int:
+        if given.get(field) is not None:
+            return int(given[field])
+        return int(read.number(name, default, minimum=1, integer=True))
+
+    return Settings(
+        strict=strict,
+        trace_per_run=trace_per_run,
+        sdk_disabled=env.env_flag(environ.get(env.OTEL_SDK_DISABLED)),
+        service_name=service_name or read.raw(env.OTEL_SERVICE_NAME),
+        exporters=tuple(exporters),
+        endpoint=resolved_endpoint,
+        protocol=protocol,
+        file=path,
+        unknown_exporters=tuple(sorted(wanted - {"otlp", "console", "none"})),
+        sample_ratio=sample_ratio,
+        sample_by=read.choice(env.GYMTRACE_SAMPLE_BY, SAMPLE_BY, "rollout"),
+        flush_timeout=read.number(env.GYMTRACE_FLUSH_TIMEOUT, DEFAULT_FLUSH_TIMEOUT, minimum=0),
+        max_queue_size=int(
+            read.number(env.OTEL_BSP_MAX_QUEUE_SIZE, DEFAULT_MAX_QUEUE_SIZE, minimum=1, integer=True)
+        ),
+        max_export_batch_size=int(
+            read.number(
+                env.OTEL_BSP_MAX_EXPORT_BATCH_SIZE, DEFAULT_MAX_EXPORT_BATCH_SIZE, minimum=1, integer=True
+            )
+        ),
+        schedule_delay=read.number(env.OTEL_BSP_SCHEDULE_DELAY, DEFAULT_SCHEDULE_DELAY * 1000, minimum=0)
+        / 1000,
+        capture_content=capture,
+        content_max_value_bytes=budget(
+            "content_max_value_bytes", env.GYMTRACE_CONTENT_MAX_VALUE_BYTES, DEFAULT_CONTENT_MAX_VALUE_BYTES
+        ),
+        content_max_span_bytes=budget(
+            "content_max_span_bytes", env.GYMTRACE_CONTENT_MAX_SPAN_BYTES, DEFAULT_CONTENT_MAX_SPAN_BYTES
+        ),
+    )
+
+
+active: Settings = resolve(lenient=True)
+"""The settings in force. Read it as ``_settings.active.<field>``: the object is replaced whole,
+so never bind it (or a field of it) to a name at import."""
+
+
+def apply(settings: Settings, overrides: Mapping[str, Any] | None = None) -> None:
+    """Make ``settings`` the active ones and record ``overrides`` (None values forget one)."""
+    global active
+    with _lock:
+        for name, value in (overrides or {}).items():
+            if name not in OVERRIDABLE:
+                raise KeyError(name)
+            if value is None:
+                _overrides.pop(name, None)
+            else:
+                _overrides[name] = value
+        active = settings
+
+
+def override(**values: Any) -> None:
+    """Set code overrides (``None`` forgets one, so the environment applies again) and re-resolve
+    the overridden fields; the other fields keep what the last ``configure()`` resolved."""
+    with _lock:
+        fresh = resolve(overrides=values, lenient=True)
+        changed = {name: getattr(fresh, name) for name in values}
+        if "strict" in values:
+            changed["strict"] = fresh.strict
+        apply(replace(active, **changed), values)
+
+
+def current_overrides() -> dict[str, Any]:
+    with _lock:
+        return dict(_overrides)
+
+
+def reload() -> Settings:
+    """Read the environment again (keeping code overrides); for tests that change variables."""
+    settings = resolve()
+    apply(settings)
+    return settings
+
+
+def reset() -> None:
+    """Forget every code override and warning, and read the environment again."""
+    with _lock:
+        _overrides.clear()
+        _warned.clear()
+    apply(resolve(lenient=True))
