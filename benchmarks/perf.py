@@ -520,10 +520,9 @@ class Receiver:
                     break
             except OSError:
                 if self.proc.poll() is not None or time.monotonic() > deadline:
-                    raise RuntimeError(
-                        "receiver did not start:\n"
-                        + (Path(self.tmp.name) / "receiver.log").read_text(errors="replace")[-3000:]
-                    ) from None
+                    text = (Path(self.tmp.name) / "receiver.log").read_text(errors="replace")[-3000:]
+                    self.__exit__()  # never leave a half-started receiver behind
+                    raise RuntimeError("receiver did not start:\n" + text) from None
                 time.sleep(0.2)
         return self
 
