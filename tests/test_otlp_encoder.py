@@ -172,3 +172,68 @@ def test_the_file_exporters_json_line_is_the_json_of_the_reference_encoding(prov
     assert "\n" not in line
     assert json.loads(line) == json.loads(json.dumps(encode_otlp_json(keep.spans)))
     assert [s.name for s in decode_otlp_json(json.loads(line))] == ["child \n name", "gym.rollout", "lonely"]
+
+
+EXPORTING_CHILD = """
+import dataclasses, json, sys
+import gymtrace
+from opentelemetry import trace
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from gymtrace._spandata import from_readable
+
+gymtrace.configure(service_name="lean-wire", endpoint=sys.argv[1], protocol=sys.argv[2], file=False)
+kept = InMemorySpanExporter()
+trace.get_tracer_provider().add_span_processor(SimpleSpanProcessor(kept))
+with gymtrace.run(run_id="run-w"):
+    with gymtrace.rollout(rollout_id="r-w", task_id="t", repeat=0):
+        with gymtrace.episode() as episode:
+            for _ in range(3):
+                with gymtrace.step(attributes={"custom.list": [1, 2], "custom.f": 0.5}):
+                    pass
+            try:
+                with gymtrace.tool_call(tool_name="boom"):
+                    raise ValueError("no")
+            except ValueError:
+                pass
+            episode.record_reward(1.0)
+gymtrace.force_flush()
+stats = gymtrace.export_stats()[0]
+print(json.dumps({"spans": [dataclasses.asdict(from_readable(s)) for s in kept.get_finished_spans()],
+                  "exported": stats.exported, "dropped": stats.dropped}))
+"""
+
+
+def _comparable(span: dict) -> tuple:
+    def plain(value: object) -> object:
+        return list(value) if isinstance(value, (tuple, list)) else value
+
+    return (
+        span["span_id"],
+        span["parent_id"],
+        span["name"],
+        span["span_kind"],
+        span["status"],
+        span["status_message"],
+        tuple(sorted((k, repr(plain(v))) for k, v in span["attributes"].items())),
+        tuple(e["name"] for e in span["events"]),
+        tuple(link["span_id"] for link in span["links"]),
+    )
+
+
+@pytest.mark.parametrize("protocol", ["grpc", "http/protobuf"])
+def test_the_lean_exporters_deliver_what_the_process_recorded(protocol: str, tmp_path) -> None:
+    import dataclasses
+
+    from child_process import run_python
+    from otlp_receiver import grpc_receiver, http_receiver
+
+    receiver_for = {"grpc": grpc_receiver, "http/protobuf": http_receiver}[protocol]
+    with receiver_for() as receiver:
+        out = run_python(receiver.endpoint, protocol, code=EXPORTING_CHILD, cwd=tmp_path)
+        assert out.returncode == 0, out.stderr
+        result = json.loads(out.stdout.strip().splitlines()[-1])
+        received = [dataclasses.asdict(s) for s in receiver.spans]
+    assert (result["exported"], result["dropped"]) == (len(result["spans"]), 0)
+    assert len(received) == len(result["spans"]) == 7
+    assert sorted(map(_comparable, received)) == sorted(map(_comparable, result["spans"]))
