@@ -11,7 +11,7 @@ import pytest
 import gymtrace
 from child_process import run_gymtrace, run_python
 from gymtrace import _constants as c
-from gymtrace._spandata import LinkData, SpanData
+from gymtrace._spandata import EventData, LinkData, SpanData
 from gymtrace.testing import CapturedSpans, check_trace
 
 _ids = itertools.count(1)
@@ -50,7 +50,10 @@ def link(to: SpanData, relation: str) -> tuple[LinkData, ...]:
 def rollout_with(
     *episodes: dict[str, Any], rollout_attrs: dict[str, Any] | None = None, rid: str = "r-1"
 ) -> list[SpanData]:
-    root = span("rollout", **{c.ROLLOUT_ID: rid, **(rollout_attrs or {})}, start=0)
+    # Like the engine, the root knows how many episodes it ran (gym.rollout.attempts).
+    root = span(
+        "rollout", **{c.ROLLOUT_ID: rid, c.ROLLOUT_ATTEMPTS: len(episodes), **(rollout_attrs or {})}, start=0
+    )
     spans = [root]
     previous = None
     for attempt, extra in enumerate(episodes):
@@ -222,7 +225,9 @@ def test_demo_exercises_every_case_and_passes_check(tmp_path: Path, argv: list[s
     out = run_gymtrace(*argv, cwd=tmp_path)
     assert out.returncode == 0, out.stdout + out.stderr
     assert "contract check: OK" in out.stdout
-    assert "6 rollouts (5 scored, 1 unscored), 10 episodes" in out.stdout
+    # arith-004 is scored in a scorer process (r0) and in a later phase (r1): scored all the same.
+    assert "8 rollouts (7 scored, 1 unscored), 12 episodes" in out.stdout
+    assert "arith-004/r0     reward=1" in out.stdout and "arith-004/r1     reward=1" in out.stdout
     check = run_gymtrace("check", "gymtrace-traces.jsonl", cwd=tmp_path)
     assert check.returncode == 0, check.stdout
     if "--quiet" not in argv:
@@ -233,5 +238,121 @@ def test_demo_exercises_every_case_and_passes_check(tmp_path: Path, argv: list[s
             "outcome=unscored",
             "invoke_agent researcher",
             "failure=infrastructure",
+            "@gymtrace-demo-scorer",
+            "source=remote",
+            "source=late",
+            "=> final: outcome=scored",
         ):
             assert expected in out.stdout, expected
+
+
+# -- late and remote outcomes, runs sharing an ID, numbering across processes, readable output ----
+
+
+def outcome_record(
+    root: SpanData,
+    concludes: SpanData | None,
+    *,
+    attempt: int,
+    reward: float | None,
+    attempts: int | None = None,
+    **overrides: Any,
+) -> SpanData:
+    rid = root.attributes[c.ROLLOUT_ID]
+    attrs: dict[str, Any] = {
+        c.ROLLOUT_ID: rid,
+        c.EPISODE_ATTEMPT: attempt,
+        c.EPISODE_ID: rid if attempt == 0 else f"{rid}-a{attempt}",
+        c.ROLLOUT_ATTEMPTS: attempt + 1 if attempts is None else attempts,
+        c.ROLLOUT_OUTCOME: "scored" if reward is not None else "unscored",
+        c.OUTCOME_SOURCE: "continued",
+    }
+    if reward is not None:
+        attrs[c.REWARD] = reward
+    attrs.update(overrides)
+    attrs = {k: v for k, v in attrs.items() if v is not None}
+    return span("outcome", root, links=link(concludes, "outcome") if concludes else (), start=10**9, **attrs)
+
+
+def test_stale_rollout_root_is_flagged_unless_an_outcome_record_fixes_it() -> None:
+    # Attempt 1 was continued elsewhere after the root ended, and completed with a reward.
+    spans = rollout_with(
+        FAILED, OK_EPISODE, rollout_attrs={c.ROLLOUT_OUTCOME: "unscored", c.ROLLOUT_ATTEMPTS: 1}
+    )
+    (problem,) = check_trace(spans)
+    assert problem.startswith("rollout r-1: stale rollout root says unscored after attempt 0")
+    assert "attempt 1 completed with reward 1" in problem and "no outcome record fixes it" in problem
+    fixed = [*spans, outcome_record(spans[0], spans[2], attempt=1, reward=1.0)]
+    assert check_trace(fixed) == []
+    wrong = [*spans, outcome_record(spans[0], spans[2], attempt=1, reward=None)]
+    assert any("outcome record gym.outcome" in p and "says unscored" in p for p in check_trace(wrong))
+
+
+def test_root_that_says_scored_while_its_last_episode_failed_is_flagged() -> None:
+    spans = rollout_with(
+        OK_EPISODE, FAILED, rollout_attrs={c.ROLLOUT_OUTCOME: "scored", c.REWARD: 1.0, c.ROLLOUT_ATTEMPTS: 2}
+    )
+    problems = check_trace(spans)
+    assert any(
+        "stale rollout root says scored 1.0 after attempt 1, but attempt 1 failed" in p for p in problems
+    )
+
+
+def test_outcome_record_must_carry_identity_and_a_valid_outcome() -> None:
+    spans = rollout_with(OK_EPISODE, rollout_attrs={c.ROLLOUT_OUTCOME: "scored", c.REWARD: 1.0})
+    assert check_trace([*spans, outcome_record(spans[0], spans[1], attempt=0, reward=1.0)]) == []
+    cases = {
+        "without gym.episode.attempt": {c.EPISODE_ATTEMPT: None},
+        "without gym.rollout.id": {c.ROLLOUT_ID: None},
+        "gym.rollout.outcome='maybe'": {c.ROLLOUT_OUTCOME: "maybe"},
+        "gym.outcome.source='somewhere'": {c.OUTCOME_SOURCE: "somewhere"},
+        "scored outcome record without a numeric gym.reward": {c.REWARD: None},
+    }
+    for expected, overrides in cases.items():
+        bad = outcome_record(spans[0], spans[1], attempt=0, reward=1.0, **overrides)
+        assert any(expected in p for p in check_trace([*spans, bad])), expected
+    # Written in another process, a record may have no episode span to link to.
+    assert check_trace([*spans, outcome_record(spans[0], None, attempt=0, reward=1.0)]) == []
+
+
+def test_reward_or_verify_outside_any_rollout_is_flagged(captured: CapturedSpans) -> None:
+    with gymtrace.verify():
+        pass
+    assert any("verify span outside any rollout" in p for p in check_trace(captured))
+    event = SpanData(
+        trace_id="e" * 32,
+        span_id="e" * 16,
+        parent_id=None,
+        name="scorer",
+        start_ns=1,
+        end_ns=2,
+        attributes={},
+        events=(EventData(c.GEN_AI_EVALUATION_RESULT, 1, {c.GEN_AI_EVALUATION_SCORE_VALUE: 1.0}),),
+    )
+    assert any("reward recorded outside any rollout" in p for p in check_trace([event]))
+
+
+def test_steps_numbered_by_other_processes_are_not_duplicates() -> None:
+    agent = span("agent_invocation")
+
+    def step(number: int, process: str) -> SpanData:
+        base = span("step", agent, **{c.STEP_NUMBER: number})
+        return SpanData(**{**base.__dict__, "service": "worker", "service_instance": process})
+
+    # Each worker process attached the episode's context and numbered its own steps from 1.
+    assert check_trace([agent, step(1, "w-1"), step(2, "w-1"), step(1, "w-2")]) == []
+    problems = check_trace([agent, step(1, "w-1"), step(1, "w-1")])
+    assert any("step numbers within" in p and "recorded by w-1 are [1, 1]" in p for p in problems)
+
+
+def test_each_rule_shows_three_examples_and_a_count() -> None:
+    agent = span("agent_invocation")
+    spans = [agent]
+    for _ in range(500):
+        spans.append(span("step", agent, **{c.STEP_NUMBER: 1}))
+    spans += [span("verify") for _ in range(5)]
+    problems = check_trace(spans)
+    assert len(problems) == 5  # 3 verifies + a count, one numbering problem
+    numbering = next(p for p in problems if p.startswith("step numbers"))
+    assert len(numbering) < 300 and "(500 in all)" in numbering
+    assert problems[3] == "... and 2 more: reward outside any rollout"

@@ -2,7 +2,10 @@
 
 Each rule is a rule of the vocabulary the README describes; each message names the rollout or span
 it is about. Nesting comes from the level table (``_levels.LEVELS``), so a new level is checked
-without touching this module.
+without touching this module. A rule reports at most :data:`EXAMPLES` examples and then a count, so
+a systematic problem in a big trace stays readable. Rollout outcomes are judged by the rule every
+reader applies (``_outcomes.py``), so the checker never contradicts ``gymtrace rollouts`` or
+``stats``.
 """
 
 from __future__ import annotations
@@ -16,7 +19,21 @@ from typing import Any
 from gymtrace import _constants as c
 from gymtrace._ids import episode_id
 from gymtrace._levels import LEVELS, NUMBERING_OWNERS, allowed
+from gymtrace._outcomes import (
+    RolloutSpans,
+    concluded_attempt,
+    decide,
+    dedupe,
+    group_rollouts,
+    is_outcome_record,
+)
 from gymtrace._spandata import SpanData, normalize
+
+# Examples shown per rule before "... and N more".
+EXAMPLES = 3
+
+# A problem is (rule, message); the rule groups messages for the examples-and-count limit.
+Problem = tuple[str, str]
 
 
 def _label(span: SpanData) -> str:
@@ -53,138 +70,368 @@ class _Index:
             stack.extend(self.children.get(child.span_id, ()))
 
 
-def check_spans(spans: Iterable[Any]) -> list[str]:
-    data = normalize(spans)
+def check_spans(spans: Iterable[Any], *, limit: int | None = EXAMPLES) -> list[str]:
+    """The contract violations in ``spans``; at most ``limit`` examples per rule plus a count."""
+    raw = normalize(spans)
+    data = dedupe(raw)
     index = _Index(data)
-    problems: list[str] = []
+    problems: list[Problem] = []
+    problems += _check_shared_run_ids(raw, data)
     problems += _check_kinds_and_nesting(index)
     problems += _check_identity_below(index)
+    problems += _check_rewards_inside_rollouts(index)
+    problems += _check_outcome_records(index)
     problems += _check_rollouts(index)
     problems += _check_episode_links(index)
     problems += _check_numbering(index)
+    return _limit(problems, limit)
+
+
+def _limit(problems: list[Problem], limit: int | None) -> list[str]:
+    by_rule: dict[str, list[str]] = defaultdict(list)
+    for rule, message in problems:
+        by_rule[rule].append(message)
+    result = []
+    for rule, messages in by_rule.items():
+        if limit is None or len(messages) <= limit:
+            result += messages
+        else:
+            result += messages[:limit]
+            result.append(f"... and {len(messages) - limit} more: {rule}")
+    return result
+
+
+def _check_shared_run_ids(raw: list[SpanData], data: list[SpanData]) -> list[Problem]:
+    """Two runs with one run ID (a re-run appended to the same file), said as exactly that.
+
+    The rollout checks below tell the runs' rollouts apart by trace, so the re-run does not also
+    show up as a flood of attempt violations; here it is named once, with its likely cause.
+    """
+    problems: list[Problem] = []
+    runs: dict[str, list[SpanData]] = defaultdict(list)
+    for span in data:
+        run_id = span.attributes.get(c.RUN_ID)
+        if span.attributes.get(c.KIND) == c.KIND_RUN and isinstance(run_id, str):
+            runs[run_id].append(span)
+    copies: dict[str, int] = defaultdict(int)
+    for span in raw:
+        run_id = span.attributes.get(c.RUN_ID)
+        if span.attributes.get(c.KIND) == c.KIND_RUN and isinstance(run_id, str):
+            copies[run_id] += 1
+    for run_id, spans in sorted(runs.items()):
+        if len(spans) > 1:
+            problems.append(
+                ("runs sharing a run ID", f"{len(spans)} runs share run ID {run_id}: appended re-run?")
+            )
+        elif copies[run_id] > 1:
+            problems.append(
+                (
+                    "runs sharing a run ID",
+                    f"run {run_id} appears {copies[run_id]} times (the same spans): file appended twice?",
+                )
+            )
+    # A file appended twice without a run span: every span twice, found by its IDs.
+    duplicated = len(raw) - len(data)
+    if duplicated and not any(copies[run_id] > len(spans) for run_id, spans in runs.items()):
+        problems.append(
+            (
+                "duplicate spans",
+                f"{duplicated} span(s) appear more than once (same trace and span ID): file appended twice?",
+            )
+        )
     return problems
 
 
-def _check_kinds_and_nesting(index: _Index) -> list[str]:
-    problems = []
+def _check_kinds_and_nesting(index: _Index) -> list[Problem]:
+    problems: list[Problem] = []
     for span in index.spans:
         kind = span.attributes.get(c.KIND)
         if kind is None:
             continue
         if kind not in c.ALL_KINDS:
-            problems.append(f"{_label(span)}: unknown gym.kind {kind!r}")
+            problems.append(("unknown gym.kind", f"{_label(span)}: unknown gym.kind {kind!r}"))
             continue
         parent = index.gym_ancestor(span)
-        if parent is not None:
+        if parent is not None and kind != c.KIND_OUTCOME:
             parent_kind = parent.attributes.get(c.KIND)
-            if parent_kind in LEVELS and kind in LEVELS and not allowed(str(parent_kind), str(kind)):
+            if parent_kind == c.KIND_OUTCOME:
                 problems.append(
-                    f"{_label(span)}: inverted nesting, {kind} inside {parent_kind} {_label(parent)}"
+                    ("inverted nesting", f"{_label(span)}: {kind} inside an outcome record {_label(parent)}")
+                )
+            elif parent_kind in LEVELS and kind in LEVELS and not allowed(str(parent_kind), str(kind)):
+                problems.append(
+                    (
+                        "inverted nesting",
+                        f"{_label(span)}: inverted nesting, {kind} inside {parent_kind} {_label(parent)}",
+                    )
                 )
         if c.HIERARCHY_VIOLATION in span.attributes:
             problems.append(
-                f"{_label(span)}: marked gym.hierarchy.violation={span.attributes[c.HIERARCHY_VIOLATION]!r}"
+                (
+                    "hierarchy violation",
+                    f"{_label(span)}: marked gym.hierarchy.violation={span.attributes[c.HIERARCHY_VIOLATION]!r}",
+                )
             )
     return problems
 
 
-def _check_identity_below(index: _Index) -> list[str]:
-    problems = []
+def _check_identity_below(index: _Index) -> list[Problem]:
+    problems: list[Problem] = []
     for top_kind, key in ((c.KIND_ROLLOUT, c.ROLLOUT_ID), (c.KIND_EPISODE, c.EPISODE_ATTEMPT)):
         for top in index.spans:
             if top.attributes.get(c.KIND) != top_kind:
                 continue
             if key not in top.attributes:
-                problems.append(f"{_label(top)}: {top_kind} span without {key}")
+                problems.append(("missing identity", f"{_label(top)}: {top_kind} span without {key}"))
                 continue
             expected = top.attributes[key]
             for below in index.descendants(top):
+                # An outcome record under its rollout names the attempt it concludes, not "none".
+                if is_outcome_record(below) and top_kind == c.KIND_ROLLOUT and key == c.EPISODE_ATTEMPT:
+                    continue
                 if below.attributes.get(key) != expected:
                     got = below.attributes.get(key, "<missing>")
                     problems.append(
-                        f"{_label(below)}: below {top_kind} {_label(top)} it needs {key}={expected!r}, has {got!r}"
+                        (
+                            f"identity below {top_kind}",
+                            f"{_label(below)}: below {top_kind} {_label(top)} it needs {key}={expected!r}, has {got!r}",
+                        )
                     )
     return problems
 
 
-def _episodes_by_rollout(index: _Index) -> dict[str, list[SpanData]]:
-    grouped: dict[str, list[SpanData]] = defaultdict(list)
+def _has_reward(span: SpanData) -> bool:
+    return c.REWARD in span.attributes or any(e.name == c.GEN_AI_EVALUATION_RESULT for e in span.events)
+
+
+def _check_rewards_inside_rollouts(index: _Index) -> list[Problem]:
+    """A reward or a verify span needs a rollout: without one no reader can count it."""
+    problems: list[Problem] = []
     for span in index.spans:
-        if span.attributes.get(c.KIND) == c.KIND_EPISODE and isinstance(
-            span.attributes.get(c.ROLLOUT_ID), str
-        ):
-            grouped[span.attributes[c.ROLLOUT_ID]].append(span)
-    return grouped
-
-
-def _check_rollouts(index: _Index) -> list[str]:
-    problems = []
-    episodes = _episodes_by_rollout(index)
-    for rollout_id, group in sorted(episodes.items()):
-        attempts = sorted(s.attributes.get(c.EPISODE_ATTEMPT, -1) for s in group)
-        if attempts != list(range(len(group))):
-            problems.append(
-                f"rollout {rollout_id}: episode attempts are {attempts}, expected 0..{len(group) - 1}"
-            )
-        rewarded = [s for s in group if c.REWARD in s.attributes]
-        if len(rewarded) > 1:
-            problems.append(
-                f"rollout {rollout_id}: {len(rewarded)} episodes carry a reward (attempts"
-                f" {sorted(int(s.attributes.get(c.EPISODE_ATTEMPT, -1)) for s in rewarded)}); a rollout gets at most one"
-            )
-        for s in group:
-            outcome = s.attributes.get(c.EPISODE_OUTCOME)
-            if c.REWARD in s.attributes and outcome != c.OUTCOME_COMPLETED:
-                problems.append(
-                    f"rollout {rollout_id}: {outcome or 'unfinished'} episode {_label(s)} carries a reward; failed episodes are never scored"
-                )
-            attempt = s.attributes.get(c.EPISODE_ATTEMPT)
-            if isinstance(attempt, int) and s.attributes.get(c.EPISODE_ID) != episode_id(rollout_id, attempt):
-                problems.append(
-                    f"rollout {rollout_id}: episode {_label(s)} has gym.episode.id={s.attributes.get(c.EPISODE_ID)!r},"
-                    f" expected {episode_id(rollout_id, attempt)!r}"
-                )
-    for rollout in index.spans:
-        if rollout.attributes.get(c.KIND) != c.KIND_ROLLOUT:
+        if isinstance(span.attributes.get(c.ROLLOUT_ID), str):
             continue
-        rollout_id = str(rollout.attributes.get(c.ROLLOUT_ID))
+        if span.attributes.get(c.KIND) == c.KIND_VERIFY:
+            problems.append(
+                (
+                    "reward outside any rollout",
+                    f"{_label(span)}: verify span outside any rollout (no {c.ROLLOUT_ID})",
+                )
+            )
+        elif _has_reward(span):
+            problems.append(
+                (
+                    "reward outside any rollout",
+                    f"{_label(span)}: reward recorded outside any rollout (no {c.ROLLOUT_ID})",
+                )
+            )
+    return problems
+
+
+def _check_outcome_records(index: _Index) -> list[Problem]:
+    """An outcome record is only counted when it says which rollout and attempt it concludes."""
+    problems: list[Problem] = []
+    rule = "invalid outcome record"
+    for span in index.spans:
+        if not is_outcome_record(span):
+            continue
+        attrs = span.attributes
+        missing = [
+            k
+            for k in (
+                c.ROLLOUT_ID,
+                c.EPISODE_ATTEMPT,
+                c.EPISODE_ID,
+                c.ROLLOUT_ATTEMPTS,
+                c.ROLLOUT_OUTCOME,
+                c.OUTCOME_SOURCE,
+            )
+            if k not in attrs
+        ]
+        if missing:
+            problems.append((rule, f"{_label(span)}: outcome record without {', '.join(missing)}"))
+            continue
+        rollout_id, attempt, attempts = (
+            attrs[c.ROLLOUT_ID],
+            attrs[c.EPISODE_ATTEMPT],
+            attrs[c.ROLLOUT_ATTEMPTS],
+        )
+        outcome, reward = attrs[c.ROLLOUT_OUTCOME], attrs.get(c.REWARD)
+        if not isinstance(attempt, int) or attempt < 0 or not isinstance(rollout_id, str):
+            problems.append((rule, f"{_label(span)}: outcome record with gym.episode.attempt={attempt!r}"))
+            continue
+        if attrs[c.EPISODE_ID] != episode_id(rollout_id, attempt):
+            problems.append(
+                (
+                    rule,
+                    f"{_label(span)}: outcome record has gym.episode.id={attrs[c.EPISODE_ID]!r},"
+                    f" expected {episode_id(rollout_id, attempt)!r}",
+                )
+            )
+        if not isinstance(attempts, int) or attempts < attempt + 1:
+            problems.append(
+                (
+                    rule,
+                    f"{_label(span)}: outcome record of attempt {attempt} says gym.rollout.attempts={attempts!r}",
+                )
+            )
+        if outcome == c.OUTCOME_SCORED and not isinstance(reward, (int, float)):
+            problems.append((rule, f"{_label(span)}: scored outcome record without a numeric gym.reward"))
+        elif outcome == c.OUTCOME_UNSCORED and reward is not None:
+            problems.append((rule, f"{_label(span)}: unscored outcome record with gym.reward={reward}"))
+        elif outcome not in (c.OUTCOME_SCORED, c.OUTCOME_UNSCORED):
+            problems.append((rule, f"{_label(span)}: outcome record with gym.rollout.outcome={outcome!r}"))
+        if attrs[c.OUTCOME_SOURCE] not in c.OUTCOME_SOURCES:
+            problems.append(
+                (rule, f"{_label(span)}: outcome record with gym.outcome.source={attrs[c.OUTCOME_SOURCE]!r}")
+            )
+        # The link to the concluded episode is not required: a record written in another process
+        # (under attach()) or for a whole rollout has no local episode span to link to; its
+        # identity names the attempt.
+    return problems
+
+
+def _check_rollouts(index: _Index) -> list[Problem]:
+    problems: list[Problem] = []
+    for group in sorted(group_rollouts(index.spans), key=lambda g: (g.rollout_id, g.trace_id)):
+        problems += _check_episodes_of(group)
+        problems += _check_roots_of(group)
+        problems += _check_final_outcome(group)
+    return problems
+
+
+def _check_episodes_of(group: RolloutSpans) -> list[Problem]:
+    problems: list[Problem] = []
+    rollout_id, episodes = group.rollout_id, group.episodes
+    if not episodes:
+        return problems
+    attempts = sorted(s.attributes.get(c.EPISODE_ATTEMPT, -1) for s in episodes)
+    if attempts != list(range(len(episodes))):
+        problems.append(
+            (
+                "episode attempts",
+                f"rollout {rollout_id}: episode attempts are {attempts}, expected 0..{len(episodes) - 1}",
+            )
+        )
+    rewarded = [s for s in episodes if c.REWARD in s.attributes]
+    if len(rewarded) > 1:
+        problems.append(
+            (
+                "more than one reward",
+                f"rollout {rollout_id}: {len(rewarded)} episodes carry a reward (attempts"
+                f" {sorted(int(s.attributes.get(c.EPISODE_ATTEMPT, -1)) for s in rewarded)}); a rollout gets at most one",
+            )
+        )
+    for s in episodes:
+        outcome = s.attributes.get(c.EPISODE_OUTCOME)
+        if c.REWARD in s.attributes and outcome != c.OUTCOME_COMPLETED:
+            problems.append(
+                (
+                    "reward on a failed episode",
+                    f"rollout {rollout_id}: {outcome or 'unfinished'} episode {_label(s)} carries a reward;"
+                    " failed episodes are never scored",
+                )
+            )
+        attempt = s.attributes.get(c.EPISODE_ATTEMPT)
+        if isinstance(attempt, int) and s.attributes.get(c.EPISODE_ID) != episode_id(rollout_id, attempt):
+            problems.append(
+                (
+                    "episode ID",
+                    f"rollout {rollout_id}: episode {_label(s)} has gym.episode.id={s.attributes.get(c.EPISODE_ID)!r},"
+                    f" expected {episode_id(rollout_id, attempt)!r}",
+                )
+            )
+    return problems
+
+
+def _check_roots_of(group: RolloutSpans) -> list[Problem]:
+    """Each root (and record) must be self-consistent: scored with a reward, unscored without."""
+    problems: list[Problem] = []
+    rollout_id = group.rollout_id
+    for rollout in group.roots:
         outcome = rollout.attributes.get(c.ROLLOUT_OUTCOME)
         reward = rollout.attributes.get(c.REWARD)
-        # The episodes this rollout span knew of; an attempt continued later in another process
-        # (from a carrier) starts after the rollout span ended and is not part of its outcome.
-        own = [e for e in episodes.get(str(rollout_id), []) if e.start_ns <= rollout.end_ns]
-        final = max(own, key=lambda e: e.attributes.get(c.EPISODE_ATTEMPT, -1)) if own else None
         if outcome == c.OUTCOME_UNSCORED:
             if reward is not None:
                 problems.append(
-                    f"rollout {rollout_id}: unscored but has gym.reward={reward}; an unscored rollout has no reward"
+                    (
+                        "unscored with a reward",
+                        f"rollout {rollout_id}: unscored but has gym.reward={reward}; an unscored rollout has no reward",
+                    )
                 )
         elif outcome == c.OUTCOME_SCORED:
             if reward is None:
-                problems.append(f"rollout {rollout_id}: scored but has no gym.reward")
-            elif final is not None:
-                final_reward = final.attributes.get(c.REWARD)
-                if final_reward is None or not math.isclose(float(final_reward), float(reward)):
-                    problems.append(
-                        f"rollout {rollout_id}: reward {reward} is not its final episode's"
-                        f" (attempt {final.attributes.get(c.EPISODE_ATTEMPT)}: {final_reward})"
-                    )
+                problems.append(
+                    ("scored without a reward", f"rollout {rollout_id}: scored but has no gym.reward")
+                )
         elif outcome is not None:
-            problems.append(f"rollout {rollout_id}: unknown gym.rollout.outcome {outcome!r}")
-        if (
-            outcome == c.OUTCOME_UNSCORED
-            and final is not None
-            and final.attributes.get(c.EPISODE_OUTCOME) == c.OUTCOME_COMPLETED
-            and c.REWARD in final.attributes
-        ):
             problems.append(
-                f"rollout {rollout_id}: unscored although its final episode completed with a reward"
+                ("unknown rollout outcome", f"rollout {rollout_id}: unknown gym.rollout.outcome {outcome!r}")
             )
     return problems
 
 
-def _check_episode_links(index: _Index) -> list[str]:
-    problems = []
+def _expected(final: SpanData) -> tuple[str, float | None]:
+    """The outcome the final episode implies: scored with its reward if it completed with one."""
+    reward = final.attributes.get(c.REWARD)
+    if final.attributes.get(c.EPISODE_OUTCOME) == c.OUTCOME_COMPLETED and isinstance(reward, (int, float)):
+        return c.OUTCOME_SCORED, float(reward)
+    return c.OUTCOME_UNSCORED, None
+
+
+def _check_final_outcome(group: RolloutSpans) -> list[Problem]:
+    """The final outcome (by the rule every reader applies) must agree with the final episode.
+
+    A root that ended before a later attempt, or before a late reward, is stale; that is fine when
+    an outcome record concludes the later attempt, and a violation when nothing fixes it, because
+    then every reader reports the stale answer.
+    """
+    decider = decide(group.candidates)
+    finished = [e for e in group.episodes if isinstance(e.attributes.get(c.EPISODE_ATTEMPT), int)]
+    if decider is None or not finished:
+        return []
+    final = max(finished, key=lambda e: (e.attributes[c.EPISODE_ATTEMPT], e.end_ns))
+    final_attempt = int(final.attributes[c.EPISODE_ATTEMPT])
+    expected, expected_reward = _expected(final)
+    outcome = decider.attributes.get(c.ROLLOUT_OUTCOME)
+    if outcome is None:
+        return []  # a root without an outcome never finished; nothing to compare
+    reward = decider.attributes.get(c.REWARD)
+    concluded = concluded_attempt(decider)
+    what = f"outcome record {_label(decider)}" if is_outcome_record(decider) else "stale rollout root"
+    rollout_id = group.rollout_id
+    says = f"says {outcome}" + (f" {reward}" if reward is not None else "") + f" after attempt {concluded}"
+    found = f"attempt {final_attempt} {final.attributes.get(c.EPISODE_OUTCOME, 'ended')}" + (
+        f" with reward {expected_reward:g}" if expected_reward is not None else ""
+    )
+    fix = "" if is_outcome_record(decider) else " and no outcome record fixes it"
+    if concluded < final_attempt:
+        return [("stale rollout outcome", f"rollout {rollout_id}: {what} {says}, but {found}{fix}")]
+    late_score = (
+        is_outcome_record(decider)
+        and final.attributes.get(c.EPISODE_OUTCOME) == c.OUTCOME_COMPLETED
+        and expected_reward is None
+    )
+    # A record may score a completed episode that ended without a reward: the reward came later.
+    if outcome != expected and not late_score:
+        return [("stale rollout outcome", f"rollout {rollout_id}: {what} {says}, but {found}{fix}")]
+    if (
+        expected == c.OUTCOME_SCORED
+        and isinstance(reward, (int, float))
+        and expected_reward is not None
+        and not math.isclose(float(reward), expected_reward)
+    ):
+        return [
+            (
+                "reward not the final episode's",
+                f"rollout {rollout_id}: reward {reward} is not its final episode's"
+                f" (attempt {final_attempt}: {expected_reward})",
+            )
+        ]
+    return []
+
+
+def _check_episode_links(index: _Index) -> list[Problem]:
+    problems: list[Problem] = []
     for span in index.spans:
         if span.attributes.get(c.KIND) != c.KIND_EPISODE:
             continue
@@ -192,29 +439,50 @@ def _check_episode_links(index: _Index) -> list[str]:
         if span.attributes.get(c.EPISODE_RESTORED) is True:
             if c.RELATION_RESTORE not in relations:
                 problems.append(
-                    f"{_label(span)}: restored episode without a link (relation restore) to the episode it continues"
+                    (
+                        "episode links",
+                        f"{_label(span)}: restored episode without a link (relation restore) to the episode it continues",
+                    )
                 )
         elif (span.attributes.get(c.EPISODE_ATTEMPT) or 0) > 0 and c.RELATION_RETRY not in relations:
             problems.append(
-                f"{_label(span)}: attempt {span.attributes[c.EPISODE_ATTEMPT]} without a link (relation retry) to the previous attempt"
+                (
+                    "episode links",
+                    f"{_label(span)}: attempt {span.attributes[c.EPISODE_ATTEMPT]} without a link (relation retry)"
+                    " to the previous attempt",
+                )
             )
     return problems
 
 
-def _check_numbering(index: _Index) -> list[str]:
-    problems = []
+def _process(span: SpanData) -> str:
+    """The process that recorded ``span``: its service.instance.id, else its service name."""
+    return span.service_instance or span.service
+
+
+def _check_numbering(index: _Index) -> list[Problem]:
+    """Turn and step numbers increase among the siblings one process recorded.
+
+    Steps recorded by another process under a propagated context number themselves: only the
+    siblings of one owner recorded by one process are compared.
+    """
+    problems: list[Problem] = []
     owners = NUMBERING_OWNERS
     for kind, key in ((c.KIND_TURN, c.TURN_NUMBER), (c.KIND_STEP, c.STEP_NUMBER)):
-        groups: dict[str, list[SpanData]] = defaultdict(list)
+        groups: dict[tuple[str, str], list[SpanData]] = defaultdict(list)
         for span in index.spans:
             if span.attributes.get(c.KIND) == kind:
                 owner = index.gym_ancestor(span, owners)
-                groups[owner.span_id if owner else "<none>"].append(span)
-        for owner_id, group in groups.items():
+                groups[(owner.span_id if owner else "<none>", _process(span))].append(span)
+        for (owner_id, process), group in groups.items():
             numbers = [s.attributes.get(key) for s in sorted(group, key=lambda s: (s.start_ns, s.span_id))]
             ints = [n for n in numbers if isinstance(n, int)]
             if len(ints) != len(numbers) or any(a >= b for a, b in itertools.pairwise(ints)):
                 owner = index.by_id.get(owner_id)
                 where = _label(owner) if owner else "no invocation"
-                problems.append(f"{kind} numbers within {where} are {numbers}, not increasing")
+                shown = numbers if len(numbers) <= 12 else [*numbers[:10], "...", f"({len(numbers)} in all)"]
+                by = f" recorded by {process}" if process else ""
+                problems.append(
+                    (f"{kind} numbering", f"{kind} numbers within {where}{by} are {shown}, not increasing")
+                )
     return problems

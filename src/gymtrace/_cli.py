@@ -1,11 +1,13 @@
-"""The ``gymtrace`` command: ``demo``, ``tree`` and ``check``. The only module that prints.
+"""The ``gymtrace`` command: ``demo``, ``tree``, ``check``, ``rollouts`` and ``stats``.
 
-``demo-service`` serves one service of ``demo --distributed``, which starts them as processes.
+The only module that prints. ``demo-service`` serves one service of ``demo --distributed``, which
+starts them as processes.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 import uuid
 from collections.abc import Sequence
@@ -17,6 +19,7 @@ from gymtrace._environment import DEFAULT_FILE, GYMTRACE_FILE
 from gymtrace._spandata import SpanData, TraceFileError, read_otlp_json_lines
 
 if TYPE_CHECKING:
+    from gymtrace._outcomes import RunStats
     from gymtrace.demo.distributed import DistributedResult
 
 
@@ -65,7 +68,46 @@ def _parser() -> argparse.ArgumentParser:
 
     check = sub.add_parser("check", help="check trace files against gymtrace's contract")
     check.add_argument("files", nargs="*", help=f"OTLP/JSON lines files (default: {DEFAULT_FILE})")
+
+    rollouts = sub.add_parser(
+        "rollouts", help="one line per rollout: its final outcome, reward, attempts and where they ran"
+    )
+    _add_reader_arguments(rollouts)
+    rollouts.add_argument(
+        "--json",
+        action="store_true",
+        help="one JSON object per line (run_id, task_id, rollout_id, repeat, outcome, reward, attempts, ...)",
+    )
+
+    stats = sub.add_parser("stats", help="per run: rollouts scored and unscored, mean reward, pass@k")
+    _add_reader_arguments(stats)
+    stats.add_argument(
+        "--failed-as-zero",
+        action="store_true",
+        help="count each unscored rollout as a reward of 0 in the mean (default: mean over scored only)",
+    )
+    stats.add_argument(
+        "--pass-threshold",
+        type=float,
+        default=0.0,
+        metavar="X",
+        help="pass@k: a repeat passes when its reward is above X (default: 0)",
+    )
+    stats.add_argument(
+        "--json",
+        action="store_true",
+        help="one JSON object per run (run_id, scored, unscored, inputs, mean_reward, ...)",
+    )
     return parser
+
+
+def _add_reader_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("files", nargs="*", help=f"OTLP/JSON lines files (default: {DEFAULT_FILE})")
+    parser.add_argument(
+        "--jaeger", metavar="URL", help="read from Jaeger's query API instead, e.g. http://127.0.0.1:16686"
+    )
+    parser.add_argument("--service", help="service to search in Jaeger (default: every service)")
+    parser.add_argument("--run", metavar="RUN_ID", help="only this run (gym.run.id)")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -77,6 +119,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _demo_service(args)
         if args.command == "tree":
             return _tree(args)
+        if args.command == "rollouts":
+            return _rollouts(args)
+        if args.command == "stats":
+            return _stats(args)
         return _check(args)
     except (TraceFileError, OSError) as exc:
         print(f"gymtrace {args.command}: {exc}", file=sys.stderr)
@@ -134,12 +180,21 @@ def _demo_distributed(args: argparse.Namespace) -> int:
 
 
 def _print_distributed(result: DistributedResult, *, quiet: bool) -> int:
-    for summary in result.rollouts:
-        reward = "unscored" if summary["reward"] is None else f"reward={summary['reward']:g}"
-        print(
-            f"rollout {summary['rollout_id']}: {summary['attempts']} attempt(s), {reward}, "
-            f"trace {summary['trace_id']}"
-        )
+    from gymtrace._outcomes import final_outcomes, summarise
+
+    # From the spans when they are at hand (files), by the rule every reader applies; over OTLP
+    # the spans are in the Collector, so the driver's own summary is all there is.
+    outcomes = final_outcomes(result.spans, run_id=result.run_id) if result.spans else []
+    rows = (
+        [(o.rollout_id, o.attempts, o.reward, o.trace_id) for o in outcomes]
+        if outcomes
+        else [(r["rollout_id"], r["attempts"], r["reward"], r["trace_id"]) for r in result.rollouts]
+    )
+    for rollout_id, attempts, reward, trace_id in rows:
+        shown = "unscored" if reward is None else f"reward={reward:g}"
+        print(f"rollout {rollout_id}: {attempts} attempt(s), {shown}, trace {trace_id}")
+    for run in summarise(outcomes=outcomes):
+        _print_stats(run, failed_as_zero=False)
     if result.endpoint is not None:
         print(
             f"spans exported to OTLP/{result.protocol} {result.endpoint};"
@@ -171,15 +226,23 @@ def _demo_service(args: argparse.Namespace) -> int:
 
 
 def _print_summary(spans: list[SpanData], rewards: dict[str, float | None], elapsed: float) -> None:
-    rollouts = [s for s in spans if s.attributes.get(c.KIND) == c.KIND_ROLLOUT]
+    """The demo's summary, computed by the same code as ``gymtrace stats`` and ``rollouts``."""
+    from gymtrace._outcomes import final_outcomes, summarise
+
+    outcomes = final_outcomes(spans)
     episodes = [s for s in spans if s.attributes.get(c.KIND) == c.KIND_EPISODE]
-    scored = [r for r in rollouts if r.attributes.get(c.ROLLOUT_OUTCOME) == c.OUTCOME_SCORED]
+    scored = sum(1 for o in outcomes if o.outcome == c.OUTCOME_SCORED)
     print(
-        f"run finished in {elapsed:.2f}s: {len(rollouts)} rollouts ({len(scored)} scored,"
-        f" {len(rollouts) - len(scored)} unscored), {len(episodes)} episodes, {len(spans)} spans"
+        f"run finished in {elapsed:.2f}s: {len(outcomes)} rollouts ({scored} scored,"
+        f" {len(outcomes) - scored} unscored), {len(episodes)} episodes, {len(spans)} spans"
     )
-    for name, reward in sorted(rewards.items()):
-        print(f"  {name:<16} reward={'unscored' if reward is None else f'{reward:g}'}")
+    for run in summarise(outcomes=outcomes):
+        _print_stats(run, failed_as_zero=False, indent="  ")
+    by_name = {f"{o.task_id}/r{o.repeat}": o for o in outcomes}
+    for name in sorted(rewards):
+        o = by_name.get(name)
+        final = "missing" if o is None else "unscored" if o.reward is None else f"{o.reward:g}"
+        print(f"  {name:<16} reward={final}")
 
 
 def _load(args: argparse.Namespace) -> list[SpanData]:
@@ -220,8 +283,10 @@ def _check(args: argparse.Namespace) -> int:
     spans: list[SpanData] = []
     for path in files:
         spans.extend(read_otlp_json_lines(path))
+    from gymtrace._outcomes import final_outcomes
+
     problems = check_spans(spans)
-    rollouts = {s.attributes.get(c.ROLLOUT_ID) for s in spans if s.attributes.get(c.KIND) == c.KIND_ROLLOUT}
+    rollouts = final_outcomes(spans)
     if problems:
         print(f"{len(problems)} contract violation(s) in {len(spans)} spans:")
         for problem in problems:
@@ -229,6 +294,103 @@ def _check(args: argparse.Namespace) -> int:
         return 1
     print(f"OK: {len(spans)} spans, {len(rollouts)} rollouts, no contract violations")
     return 0
+
+
+def _read(args: argparse.Namespace) -> list[SpanData]:
+    """The spans ``rollouts`` and ``stats`` read: files, or Jaeger (searched by run ID if given)."""
+    if args.jaeger:
+        from gymtrace._jaeger import JaegerClient
+
+        if args.files:
+            raise TraceFileError("give trace files or --jaeger, not both")
+        found: list[SpanData] = JaegerClient(args.jaeger).search(
+            args.service, {c.RUN_ID: args.run} if args.run else {}
+        )
+        return found
+    spans: list[SpanData] = []
+    for path in args.files or [_default_file()]:
+        spans.extend(read_otlp_json_lines(path))
+    return spans
+
+
+def _reward_text(reward: float | None) -> str:
+    return "-" if reward is None else f"{reward:g}"
+
+
+def _rollouts(args: argparse.Namespace) -> int:
+    from gymtrace._outcomes import final_outcomes
+
+    outcomes = final_outcomes(_read(args), run_id=args.run)
+    if not outcomes:
+        print("no rollouts found", file=sys.stderr)
+        return 1
+    if args.json:
+        for o in outcomes:
+            print(json.dumps(o.as_json()))
+        return 0
+    rows = [
+        (
+            o.run_id or "-",
+            o.task_id or "-",
+            o.rollout_id,
+            "-" if o.repeat is None else str(o.repeat),
+            o.outcome,
+            _reward_text(o.reward),
+            str(o.attempts),
+            _ran_in(o.services),
+            o.source,
+        )
+        for o in outcomes
+    ]
+    header = ("RUN", "TASK", "ROLLOUT", "REPEAT", "OUTCOME", "REWARD", "ATTEMPTS", "RAN IN", "DECIDED BY")
+    widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
+    for row in [header, *rows]:
+        print("  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip())
+    return 0
+
+
+def _ran_in(services: tuple[str, ...]) -> str:
+    """One service name when every attempt ran there, else ``attempt@service`` per attempt."""
+    if not services:
+        return "-"
+    if len(set(services)) == 1 and services[0]:
+        return services[0]
+    return " ".join(f"{attempt}@{service or '?'}" for attempt, service in enumerate(services))
+
+
+def _stats(args: argparse.Namespace) -> int:
+    from gymtrace._outcomes import summarise
+
+    stats = summarise(
+        _read(args), run_id=args.run, failed_as_zero=args.failed_as_zero, pass_threshold=args.pass_threshold
+    )
+    if not stats:
+        print("no rollouts found", file=sys.stderr)
+        return 1
+    for run in stats:
+        if args.json:
+            print(json.dumps(run.as_json()))
+            continue
+        _print_stats(run, failed_as_zero=args.failed_as_zero)
+    return 0
+
+
+def _print_stats(run: RunStats, *, failed_as_zero: bool, indent: str = "") -> None:
+    print(indent + _stats_line(run, failed_as_zero=failed_as_zero))
+    for p in run.pass_at_k:
+        print(f"{indent}  pass@{p.k} {p.task_id}: {p.value:g} ({p.passed}/{p.k} repeats passed)")
+
+
+def _stats_line(run: RunStats, *, failed_as_zero: bool) -> str:
+    mean = "n/a" if run.mean_reward is None else f"{run.mean_reward:.4g}"
+    over = "scored and unscored as 0" if failed_as_zero else "scored only"
+    line = (
+        f"run {run.run_id or '(no run)'}: {run.rollouts} rollouts, {run.scored} scored, {run.unscored} unscored;"
+        f" mean {mean} over {run.inputs} input{'s' if run.inputs != 1 else ''} ({over})"
+    )
+    if run.runs_sharing_id > 1:
+        line += f" [{run.runs_sharing_id} runs share run ID {run.run_id}: appended re-run? this one is run span {run.run_span_id}]"
+    return line
 
 
 if __name__ == "__main__":

@@ -108,6 +108,7 @@ OUTCOME_SOURCE: Final = "gym.outcome.source"
 SOURCE_REMOTE: Final = "remote"
 SOURCE_LATE: Final = "late"
 SOURCE_CONTINUED: Final = "continued"
+OUTCOME_SOURCES: Final = (SOURCE_REMOTE, SOURCE_LATE, SOURCE_CONTINUED)
 
 # Baggage entry (not identity): the step number a continuation in another process starts at, reserved
 # from the caller's numbering when it injected its context outside any step.
@@ -154,6 +155,7 @@ EVALUATION_NAME_REWARD: Final = "reward"
 # Stable OpenTelemetry conventions.
 ERROR_TYPE: Final = "error.type"
 SERVICE_NAME: Final = "service.name"
+SERVICE_INSTANCE_ID: Final = "service.instance.id"
 
 # -- instrumentation scope ----------------------------------------------------------------------------
 

@@ -55,6 +55,8 @@ def spans_from_jaeger(trace: Mapping[str, Any]) -> list[SpanData]:
         relation = (
             c.RELATION_RUN
             if kind == c.KIND_ROLLOUT
+            else c.RELATION_OUTCOME
+            if kind == c.KIND_OUTCOME
             else c.RELATION_RESTORE
             if tags.get(c.EPISODE_RESTORED) is True
             else c.RELATION_RETRY
@@ -68,6 +70,7 @@ def spans_from_jaeger(trace: Mapping[str, Any]) -> list[SpanData]:
         status = str(tags.pop("otel.status_code", "UNSET")).upper()
         start_ns = int(raw.get("startTime", 0)) * 1000
         process = processes.get(raw.get("processID"), {})
+        process_tags = {t["key"]: _tag_value(t) for t in process.get("tags") or ()}
         spans.append(
             SpanData(
                 trace_id=raw["traceID"].rjust(32, "0"),
@@ -76,8 +79,12 @@ def spans_from_jaeger(trace: Mapping[str, Any]) -> list[SpanData]:
                 name=raw.get("operationName", ""),
                 start_ns=start_ns,
                 end_ns=start_ns + int(raw.get("duration", 0)) * 1000,
+                # Jaeger's own additions: otel.* status tags, span.kind, and a bare "error" flag
+                # on error spans. Anything else starting with "error" (error.type) is the span's.
                 attributes={
-                    k: v for k, v in tags.items() if not k.startswith(("otel.", "span.kind", "error"))
+                    k: v
+                    for k, v in tags.items()
+                    if not k.startswith("otel.") and k not in ("span.kind", "error")
                 },
                 events=tuple(events),
                 links=tuple(links),
@@ -85,6 +92,7 @@ def spans_from_jaeger(trace: Mapping[str, Any]) -> list[SpanData]:
                 status_message=str(tags.get("otel.status_description", "")),
                 service=str(process.get("serviceName", "")),
                 span_kind=str(tags.get("span.kind", "internal")).upper(),
+                service_instance=str(process_tags.get(c.SERVICE_INSTANCE_ID, "")),
             )
         )
     return spans

@@ -7,6 +7,7 @@ from collections.abc import Iterable
 
 from gymtrace import _constants as c
 from gymtrace._levels import LEVELS
+from gymtrace._outcomes import final_outcomes
 from gymtrace._spandata import SpanData
 
 _IDENTITY_SHORT = (
@@ -19,6 +20,14 @@ _IDENTITY_SHORT = (
 # Attributes shown on every kind of span; each level adds its own (``Level.shown``).
 _ALWAYS_SHOWN = ((c.HIERARCHY_VIOLATION, "VIOLATION"), (c.INTERRUPTED, "interrupted"))
 _SHOWN = {kind: (*level.shown, *_ALWAYS_SHOWN) for kind, level in LEVELS.items()}
+if c.KIND_OUTCOME not in _SHOWN:  # an outcome record is no level (README, late and remote outcomes)
+    _SHOWN[c.KIND_OUTCOME] = (
+        (c.ROLLOUT_OUTCOME, "outcome"),
+        (c.ROLLOUT_ATTEMPTS, "attempts"),
+        (c.REWARD, "reward"),
+        (c.OUTCOME_SOURCE, "source"),
+        *_ALWAYS_SHOWN,
+    )
 # Another library's span (no gym.kind): whatever of the levels' attributes it carries (token counts
 # on a model SDK's chat span).
 _FOREIGN_SHOWN = tuple(dict.fromkeys(pair for shown in _SHOWN.values() for pair in shown))
@@ -51,8 +60,22 @@ def describe(span: SpanData, parent: SpanData | None, *, services: bool) -> str:
     return " ".join(p for p in parts if p)
 
 
+def _overridden(spans: list[SpanData]) -> dict[str, str]:
+    """For each rollout root whose final outcome an outcome record decided, that final outcome."""
+    marks = {}
+    for o in final_outcomes(spans):
+        if o.root is not None and o.decided_by is not None and o.decided_by is not o.root:
+            reward = f" reward={o.reward:g}" if o.reward is not None else ""
+            marks[o.root.span_id] = (
+                f"=> final: outcome={o.outcome}{reward} attempts={o.attempts}"
+                f" (from outcome record {o.decided_by.span_id}, {o.source})"
+            )
+    return marks
+
+
 def render_tree(spans: Iterable[SpanData], *, show_ids: bool = False) -> str:
     spans = sorted(spans, key=lambda s: (s.start_ns, s.end_ns))
+    marks = _overridden(spans)
     by_id = {s.span_id: s for s in spans}
     children: dict[str | None, list[SpanData]] = defaultdict(list)
     for s in spans:
@@ -63,6 +86,9 @@ def render_tree(spans: Iterable[SpanData], *, show_ids: bool = False) -> str:
 
     def walk(span: SpanData, depth: int, parent: SpanData | None) -> None:
         line = "  " * depth + describe(span, parent, services=services)
+        if span.span_id in marks:
+            # The root's own attributes are stale: say what every reader takes as final.
+            line += "  " + marks[span.span_id]
         if show_ids:
             line += f"  span={span.span_id}"
         lines.append(line)

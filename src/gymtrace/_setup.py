@@ -11,6 +11,7 @@ import logging
 import os
 import random
 import threading
+import uuid
 import weakref
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -19,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 from opentelemetry import trace
 
+from gymtrace import _constants as c
 from gymtrace import _environment as env
 from gymtrace import _lifecycle, _settings
 from gymtrace._content import (
@@ -419,6 +421,10 @@ def _new_provider(sdk_trace: Any, service_name: str | None, sampler: Sampler | N
     resource = Resource.create({SERVICE_NAME: service_name} if service_name else {})
     if str(resource.attributes.get(SERVICE_NAME, "")).startswith("unknown_service"):
         resource = resource.merge(Resource({SERVICE_NAME: env.DEFAULT_SERVICE_NAME}))
+    if c.SERVICE_INSTANCE_ID not in resource.attributes:
+        # One ID per process (unless OTEL_RESOURCE_ATTRIBUTES names one): readers tell apart
+        # processes of one service by it, e.g. the checker compares step numbers per process.
+        resource = resource.merge(Resource({c.SERVICE_INSTANCE_ID: str(uuid.uuid4())}))
     from gymtrace._leanspan import GymTracerProvider
 
     # The SDK's provider, with gymtrace's own spans on the lean path (_leanspan.py): only here,

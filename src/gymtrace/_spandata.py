@@ -44,6 +44,9 @@ class SpanData:
     status_message: str = ""
     service: str = ""
     span_kind: str = "INTERNAL"
+    # The resource's service.instance.id: tells apart processes of one service (the checker groups
+    # step and turn numbers by the process that recorded them).
+    service_instance: str = ""
 
     @property
     def duration_ns(self) -> int:
@@ -60,6 +63,7 @@ def from_readable(span: Any) -> SpanData:
     parent = span.parent
     resource = getattr(span, "resource", None)
     service = resource.attributes.get("service.name", "") if resource is not None else ""
+    instance = resource.attributes.get("service.instance.id", "") if resource is not None else ""
     return SpanData(
         trace_id=_hex(ctx.trace_id, 32),
         span_id=_hex(ctx.span_id, 16),
@@ -79,6 +83,7 @@ def from_readable(span: Any) -> SpanData:
         status_message=span.status.description or "",
         service=str(service),
         span_kind=span.kind.name,
+        service_instance=str(instance),
     )
 
 
@@ -187,6 +192,7 @@ def decode_otlp_json(request: Mapping[str, Any]) -> Iterator[SpanData]:
     for resource_spans in request.get("resourceSpans", ()):
         resource = _from_key_values(resource_spans.get("resource", {}).get("attributes"))
         service = str(resource.get("service.name", ""))
+        instance = str(resource.get("service.instance.id", ""))
         for scope_spans in resource_spans.get("scopeSpans", ()):
             for s in scope_spans.get("spans", ()):
                 status = s.get("status", {})
@@ -220,6 +226,7 @@ def decode_otlp_json(request: Mapping[str, Any]) -> Iterator[SpanData]:
                     status_message=status.get("message", ""),
                     service=service,
                     span_kind=_OTLP_KINDS[kind] if 0 <= kind < len(_OTLP_KINDS) else "INTERNAL",
+                    service_instance=instance,
                 )
 
 

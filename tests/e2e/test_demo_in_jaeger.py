@@ -17,9 +17,12 @@ from pipeline import Pipeline
 
 SERVICE = "gymtrace-demo"
 # With the Collector's sample percent at 0 only the policy keeps survive: the retried rollout, the
-# unscored one (failed attempts) and the restored one; the three clean rollouts and the run's own
-# trace are dropped.
-KEPT = {"arith-001/r1", "arith-002/r0", "arith-002/r1"}
+# unscored one (failed attempts), the restored one, and the two scored outside their rollout span
+# (their roots say unscored; the outcome record in the same trace says scored); the three clean
+# rollouts and the run's own trace are dropped.
+KEPT = {"arith-001/r1", "arith-002/r0", "arith-002/r1", "arith-004/r0", "arith-004/r1"}
+# arith-004/r0 is scored by a scorer process; every other span is the demo's own.
+SCORER = "gymtrace-demo-scorer"
 
 
 def _run_demo(pipeline: Pipeline, protocol: str, tmp_path: Path) -> str:
@@ -71,7 +74,11 @@ def test_demo_reaches_jaeger_as_one_tree_per_kept_rollout(
         rollout = next(s for s in spans if s.attributes[c.KIND] == "rollout")
         by_id = {s.span_id: s for s in spans}
         for span in spans:
-            assert span.service == SERVICE
+            assert span.service == (
+                SCORER
+                if key == "arith-004/r0" and span.attributes[c.KIND] in ("verify", "outcome")
+                else SERVICE
+            )
             assert span.attributes[c.RUN_ID] == run_id
             assert span.attributes[c.ROLLOUT_ID] == rollout.attributes[c.ROLLOUT_ID]
             if span is not rollout:
@@ -80,7 +87,8 @@ def test_demo_reaches_jaeger_as_one_tree_per_kept_rollout(
         assert kinds == sorted(
             ["rollout", "episode", "seed_session", "agent_invocation", "turn", "step", "model_call"]
             + ["tool_call"]
-            + (["verify"] if key != "arith-002/r0" else [])
+            + (["verify"] if key not in ("arith-002/r0", "arith-004/r1") else [])
+            + (["outcome"] if key.startswith("arith-004") else [])
         )
 
     retried = sorted(
@@ -107,7 +115,8 @@ def test_demo_reaches_jaeger_as_one_tree_per_kept_rollout(
     assert unscored.attributes[c.ROLLOUT_ATTEMPTS] == 3
 
     tree = run_gymtrace("tree", "--jaeger", pipeline.query_url, "--run", run_id, check=True).stdout
-    assert tree.count("gym.rollout [rollout]") == 3
+    assert tree.count("gym.rollout [rollout]") == 5
+    assert tree.count("=> final: outcome=scored") == 2  # the outcome records decide arith-004
     for expected in ("outcome=unscored", "<-retry", "<-restore", "restored=True", "reward=1"):
         assert expected in tree, expected
     rollout_id = unscored.attributes[c.ROLLOUT_ID]

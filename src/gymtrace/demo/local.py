@@ -8,19 +8,27 @@ script makes every case of the vocabulary happen at least once, deterministicall
 - an infrastructure failure followed by a successful retry (attempt 1, linked to attempt 0);
 - a rollout that exhausts its attempts and ends *unscored* (no reward, not 0);
 - a checkpoint-restored episode (``gym.episode.restored``, linked to the episode it continues);
-- a subagent spawned by a tool call.
+- a subagent spawned by a tool call;
+- a reward recorded in another process (a scorer process that continues the episode from its
+  propagated context) and a reward recorded in a later phase, after the rollout span ended: both
+  become ``gym.outcome`` records, and every reader counts those rollouts scored.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import random
+import sys
+import tempfile
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import gymtrace
 from gymtrace import _constants as c
+from gymtrace import propagation
 from gymtrace._spandata import SpanData, read_otlp_json_lines
 from gymtrace.testing import check_trace
 
@@ -42,6 +50,9 @@ class Task:
     # What goes wrong, per repeat: {repeat: [failure of attempt 0, failure of attempt 1, ...]}
     script: dict[int, list[str]] = field(default_factory=dict)
     delegate: bool = False
+    # Where the answer is scored, per repeat: "remote" (a scorer process) or "late" (after the
+    # rollout ended); by default in the episode, by the environment's verify.
+    scoring: dict[int, str] = field(default_factory=dict)
 
 
 TASKS = [
@@ -54,6 +65,7 @@ TASKS = [
         script={0: ["infrastructure"] * 3, 1: ["timeout"]},
     ),
     Task("lookup-003", "Capital of Norway?", "Oslo", ("search", "delegate"), delegate=True),
+    Task("arith-004", "What is 6 * 7?", "42", ("calculator",), scoring={0: "remote", 1: "late"}),
 ]
 MAX_ATTEMPTS = 3
 
@@ -133,10 +145,47 @@ async def solve(env: Environment, session: Session) -> str:
         return await env.call_tool(session, tool, argument)
 
 
-async def run_rollout(env: Environment, task: Task, repeat: int, run_id: str) -> float | None:
+# The scorer process: continues the episode from the propagated headers and records the reward
+# there; gymtrace writes it as the rollout's outcome record (source "remote").
+_SCORER = """
+import json, sys
+import gymtrace
+from gymtrace import propagation
+
+headers, answer, expected, exporters = json.loads(sys.argv[1])
+gymtrace.configure(service_name="gymtrace-demo-scorer", **exporters)
+with propagation.attach(headers), gymtrace.verify():
+    gymtrace.record_reward(1.0 if answer.strip() == expected else 0.0)
+gymtrace.shutdown()
+"""
+
+
+@dataclass
+class Scoring:
+    """Where the scorer process sends its spans (its own file, merged afterwards; the endpoint)."""
+
+    file: str
+    endpoint: str | None = None
+    protocol: str | None = None
+    # Rollouts left to the later phase: (rollout scope, answer, expected answer).
+    later: list[tuple[Any, str, str]] = field(default_factory=list)
+
+
+async def score_elsewhere(answer: str, expected: str, scoring: Scoring) -> None:
+    exporters = {"file": scoring.file, "endpoint": scoring.endpoint, "protocol": scoring.protocol}
+    argument = json.dumps([propagation.inject({}), answer, expected, exporters])
+    process = await asyncio.create_subprocess_exec(sys.executable, "-c", _SCORER, argument)
+    if await process.wait() != 0:
+        raise RuntimeError(f"the scorer process exited with {process.returncode}")
+
+
+async def run_rollout(
+    env: Environment, task: Task, repeat: int, run_id: str, scoring: Scoring
+) -> float | None:
     failures = task.script.get(repeat, [])
+    where = task.scoring.get(repeat)
     rollout_id = f"{run_id}/{task.task_id}/r{repeat}"
-    with gymtrace.rollout(rollout_id=rollout_id, task_id=task.task_id, repeat=repeat):
+    with gymtrace.rollout(rollout_id=rollout_id, task_id=task.task_id, repeat=repeat) as rollout:
         # A timeout after a checkpoint is resumed from that checkpoint, not restarted clean.
         restore = "timeout" in failures
         attempts = gymtrace.attempts(
@@ -147,8 +196,14 @@ async def run_rollout(env: Environment, task: Task, repeat: int, run_id: str) ->
             async with attempt:
                 session = await env.seed_session(task, failures, attempt.index)
                 answer = await solve(env, session)
-                result = await env.verify(session, answer)
-                reward = result["reward"]
+                if where == "remote":
+                    await score_elsewhere(answer, task.answer, scoring)
+                elif where == "late":
+                    scoring.later.append((rollout, answer, task.answer))
+                else:
+                    result = await env.verify(session, answer)
+                    reward = result["reward"]
+        # Scored elsewhere or later: this process does not know the reward (the trace does).
         return reward if attempts.succeeded else None
 
 
@@ -158,17 +213,20 @@ class DemoResult:
     rewards: dict[str, float | None]
 
 
-async def run_demo(*, run_id: str, repeats: int = 2, seed: int = 7) -> DemoResult:
+async def run_demo(*, run_id: str, scoring: Scoring, repeats: int = 2, seed: int = 7) -> DemoResult:
     env = Environment(random.Random(seed))
     rewards: dict[str, float | None] = {}
     with gymtrace.run(run_id=run_id):
         jobs = {
-            f"{task.task_id}/r{repeat}": run_rollout(env, task, repeat, run_id)
+            f"{task.task_id}/r{repeat}": run_rollout(env, task, repeat, run_id, scoring)
             for task in TASKS
             for repeat in range(repeats)
         }
         results = await asyncio.gather(*jobs.values())
         rewards = dict(zip(jobs, results, strict=True))
+        # The later phase: a batch scorer after the rollouts ended (their spans are final).
+        for rollout, answer, expected in scoring.later:
+            gymtrace.record_reward(1.0 if answer.strip() == expected else 0.0, scope=rollout)
     return DemoResult(run_id, rewards)
 
 
@@ -190,16 +248,26 @@ def run_local(
 ) -> LocalResult:
     """Trace the simulated run to ``file`` (and to ``endpoint`` when given), read it back, check it."""
     config = gymtrace.configure(service_name="gymtrace-demo", endpoint=endpoint, protocol=protocol, file=file)
-    try:
-        started = time.perf_counter()
-        result = asyncio.run(run_demo(run_id=run_id, repeats=repeats))
-        elapsed = time.perf_counter() - started
-        gymtrace.force_flush()
-        spans = [s for s in read_otlp_json_lines(file) if s.attributes.get(c.RUN_ID) == run_id]
-    finally:
-        gymtrace.shutdown()
+    with tempfile.TemporaryDirectory(prefix="gymtrace-demo-") as work:
+        scoring = Scoring(str(Path(work) / "scorer.jsonl"), endpoint=endpoint, protocol=protocol)
+        try:
+            started = time.perf_counter()
+            result = asyncio.run(run_demo(run_id=run_id, scoring=scoring, repeats=repeats))
+            elapsed = time.perf_counter() - started
+            gymtrace.force_flush()
+            _append_lines(scoring.file, file)  # the scorer process's spans join the run's file
+            spans = [s for s in read_otlp_json_lines(file) if s.attributes.get(c.RUN_ID) == run_id]
+        finally:
+            gymtrace.shutdown()
     targets = [
         f"OTLP/{config.protocol} {config.endpoint}" if name == "otlp" else file if name == "file" else name
         for name in config.exporters
     ]
     return LocalResult(run_id, result.rewards, elapsed, spans, check_trace(spans), file, targets)
+
+
+def _append_lines(source: str, target: str) -> None:
+    if not Path(source).exists():
+        return
+    with open(source, encoding="utf-8") as lines, open(target, "a", encoding="utf-8") as out:
+        out.writelines(line for line in lines if line.strip())

@@ -1,0 +1,409 @@
+"""One final outcome per rollout, and per-run statistics, from finished spans.
+
+Every reader of a finished trace (``gymtrace tree``, ``check``, ``rollouts``, ``stats``, the demo's
+summary) answers "what was this rollout's outcome?" through :func:`final_outcomes`, so they can
+never disagree. Spans are immutable once ended: when a rollout's outcome is decided outside its
+rollout span (a reward recorded in another process, after the rollout span ended, or by an episode
+continued from a carrier elsewhere), gymtrace writes a short ``gym.outcome`` record span. The rule:
+
+- the candidates of a rollout are its root span (it concludes attempt ``gym.rollout.attempts - 1``)
+  and every outcome record (it concludes ``gym.episode.attempt``);
+- the final outcome is the candidate concluding the highest attempt; on a tie a record beats the
+  root, and among records the one that ended last wins;
+- the rollout's attempts are the highest ``gym.rollout.attempts`` of all candidates.
+
+A rollout is keyed by run ID and rollout ID, and, so that a re-run appended to the same file with
+the same IDs is not mixed into the first run, by the trace its root is in (an outcome record is
+always in its rollout's trace).
+"""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from gymtrace import _constants as c
+from gymtrace._spandata import SpanData, normalize
+
+# Where an outcome came from when the rollout root decided it (an outcome record says its own).
+SOURCE_ROOT = "root"
+
+
+def dedupe(spans: Iterable[Any]) -> list[SpanData]:
+    """The spans, each (trace ID, span ID) once: a file appended to itself holds every span twice."""
+    seen: set[tuple[str, str]] = set()
+    unique = []
+    for span in normalize(spans):
+        key = (span.trace_id, span.span_id)
+        if key not in seen:
+            seen.add(key)
+            unique.append(span)
+    return unique
+
+
+def _int(value: Any) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def _reward(value: Any) -> float | None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    reward = float(value)
+    return reward if math.isfinite(reward) else None
+
+
+def is_outcome_record(span: SpanData) -> bool:
+    return span.attributes.get(c.KIND) == c.KIND_OUTCOME
+
+
+def concluded_attempt(candidate: SpanData) -> int:
+    """The attempt a candidate concludes: a record names it, a root knows ``attempts - 1``."""
+    if is_outcome_record(candidate):
+        attempt = _int(candidate.attributes.get(c.EPISODE_ATTEMPT))
+        return attempt if attempt is not None else -1
+    attempts = _int(candidate.attributes.get(c.ROLLOUT_ATTEMPTS))
+    return attempts - 1 if attempts is not None else -1
+
+
+def decide(candidates: Iterable[SpanData]) -> SpanData | None:
+    """The candidate (rollout root or outcome record) that holds the rollout's final outcome."""
+    return max(
+        candidates,
+        key=lambda s: (concluded_attempt(s), is_outcome_record(s), s.end_ns, s.span_id),
+        default=None,
+    )
+
+
+@dataclass(frozen=True)
+class RolloutOutcome:
+    """The final outcome of one rollout, wherever it was recorded."""
+
+    run_id: str | None
+    task_id: str | None
+    rollout_id: str
+    repeat: int | None
+    outcome: str  # "scored" or "unscored"
+    reward: float | None  # None unless scored
+    attempts: int
+    # The service each attempt's episode ran in, by attempt ("" where no episode span is at hand).
+    services: tuple[str, ...]
+    # "root", or the gym.outcome.source of the outcome record that decided.
+    source: str
+    trace_id: str
+    # The gym.run span this rollout belongs to (its link or ancestor), when the input holds it; it
+    # tells apart two runs that share a run ID.
+    run_span_id: str | None = None
+    decided_by: SpanData | None = field(default=None, compare=False, repr=False)
+    root: SpanData | None = field(default=None, compare=False, repr=False)
+
+    def as_json(self) -> dict[str, Any]:
+        return {
+            "run_id": self.run_id,
+            "task_id": self.task_id,
+            "rollout_id": self.rollout_id,
+            "repeat": self.repeat,
+            "outcome": self.outcome,
+            "reward": self.reward,
+            "attempts": self.attempts,
+            "services": list(self.services),
+            "source": self.source,
+            "trace_id": self.trace_id,
+        }
+
+
+@dataclass
+class RolloutSpans:
+    """Everything the input holds about one rollout: its roots, outcome records and episodes."""
+
+    run_id: str | None
+    rollout_id: str
+    trace_id: str
+    roots: list[SpanData] = field(default_factory=list)
+    records: list[SpanData] = field(default_factory=list)
+    episodes: list[SpanData] = field(default_factory=list)
+
+    @property
+    def candidates(self) -> list[SpanData]:
+        return [*self.roots, *self.records]
+
+
+def group_rollouts(spans: Iterable[Any]) -> list[RolloutSpans]:
+    """Rollout roots, outcome records and episodes grouped by run ID, rollout ID and trace.
+
+    Expects deduplicated spans (:func:`dedupe`). A group without a root joins the one group with a
+    root of the same rollout in the same trace (its spans lack the run ID), or else of the same run
+    and rollout: an outcome record written under a context that lost the trace still belongs to
+    its rollout.
+    """
+    groups: dict[tuple[str | None, str, str], RolloutSpans] = {}
+    for span in spans:
+        kind = span.attributes.get(c.KIND)
+        if kind not in (c.KIND_ROLLOUT, c.KIND_OUTCOME, c.KIND_EPISODE):
+            continue
+        rollout_id = span.attributes.get(c.ROLLOUT_ID)
+        if not isinstance(rollout_id, str):
+            continue
+        run_id = span.attributes.get(c.RUN_ID)
+        run_id = run_id if isinstance(run_id, str) else None
+        key = (run_id, rollout_id, span.trace_id)
+        group = groups.get(key)
+        if group is None:
+            group = groups[key] = RolloutSpans(run_id, rollout_id, span.trace_id)
+        if kind == c.KIND_ROLLOUT:
+            group.roots.append(span)
+        elif kind == c.KIND_OUTCOME:
+            group.records.append(span)
+        else:
+            group.episodes.append(span)
+    with_root: dict[tuple[str | None, str], list[RolloutSpans]] = defaultdict(list)
+    in_trace: dict[tuple[str, str], list[RolloutSpans]] = defaultdict(list)
+    for group in groups.values():
+        if group.roots:
+            with_root[(group.run_id, group.rollout_id)].append(group)
+            in_trace[(group.rollout_id, group.trace_id)].append(group)
+    result = []
+    for group in groups.values():
+        if not group.roots:
+            # Same rollout in the same trace (a span that lacks the run ID), else same run and
+            # rollout in another trace.
+            owners = in_trace.get((group.rollout_id, group.trace_id)) or with_root.get(
+                (group.run_id, group.rollout_id), []
+            )
+            if len(owners) == 1:
+                owners[0].records.extend(group.records)
+                owners[0].episodes.extend(group.episodes)
+                continue
+        result.append(group)
+    return result
+
+
+def _run_span_ids(spans: list[SpanData]) -> dict[str, str]:
+    """For each span below a gym.run span (run-per-trace topology), that run span's ID."""
+    by_id = {s.span_id: s for s in spans}
+    found: dict[str, str] = {}
+    for span in spans:
+        if span.attributes.get(c.KIND) != c.KIND_ROLLOUT:
+            continue
+        seen = set()
+        parent = by_id.get(span.parent_id) if span.parent_id else None
+        while parent is not None and parent.span_id not in seen:
+            seen.add(parent.span_id)
+            if parent.attributes.get(c.KIND) == c.KIND_RUN:
+                found[span.span_id] = parent.span_id
+                break
+            parent = by_id.get(parent.parent_id) if parent.parent_id else None
+    return found
+
+
+def _run_span_of(root: SpanData | None, ancestors: Mapping[str, str]) -> str | None:
+    if root is None:
+        return None
+    if root.span_id in ancestors:
+        return ancestors[root.span_id]
+    for link in root.links:
+        if link.attributes.get(c.LINK_RELATION) == c.RELATION_RUN:
+            return link.span_id
+    return None
+
+
+def _services(episodes: list[SpanData], attempts: int) -> tuple[str, ...]:
+    by_attempt: dict[int, str] = {}
+    for episode in sorted(episodes, key=lambda s: s.start_ns):
+        attempt = _int(episode.attributes.get(c.EPISODE_ATTEMPT))
+        if attempt is not None and attempt >= 0:
+            by_attempt.setdefault(attempt, episode.service)
+    count = max(attempts, max(by_attempt, default=-1) + 1)
+    return tuple(by_attempt.get(a, "") for a in range(count))
+
+
+def outcome_of(group: RolloutSpans, ancestors: Mapping[str, str] | None = None) -> RolloutOutcome | None:
+    """The final outcome of one rollout, or None when the input holds no root and no record."""
+    decider = decide(group.candidates)
+    if decider is None:
+        return None
+    attempts = max((_int(s.attributes.get(c.ROLLOUT_ATTEMPTS)) or 0 for s in group.candidates), default=0)
+    outcome = decider.attributes.get(c.ROLLOUT_OUTCOME)
+    reward = _reward(decider.attributes.get(c.REWARD)) if outcome == c.OUTCOME_SCORED else None
+    root = max(group.roots, key=lambda s: s.end_ns) if group.roots else None
+    # Identity: the root's if at hand, else the deciding record's (both carry it).
+    identity = root.attributes if root is not None else decider.attributes
+    task_id = identity.get(c.TASK_ID)
+    return RolloutOutcome(
+        run_id=group.run_id,
+        task_id=task_id if isinstance(task_id, str) else None,
+        rollout_id=group.rollout_id,
+        repeat=_int(identity.get(c.ROLLOUT_REPEAT)),
+        outcome=c.OUTCOME_SCORED
+        if outcome == c.OUTCOME_SCORED and reward is not None
+        else c.OUTCOME_UNSCORED,
+        reward=reward,
+        attempts=attempts,
+        services=_services(group.episodes, attempts),
+        source=str(decider.attributes.get(c.OUTCOME_SOURCE, "record"))
+        if is_outcome_record(decider)
+        else SOURCE_ROOT,
+        trace_id=group.trace_id,
+        run_span_id=_run_span_of(root, ancestors or {}),
+        decided_by=decider,
+        root=root,
+    )
+
+
+def final_outcomes(spans: Iterable[Any], *, run_id: str | None = None) -> list[RolloutOutcome]:
+    """The final outcome of every rollout in ``spans`` (of run ``run_id`` if given), in start order."""
+    data = dedupe(spans)
+    ancestors = _run_span_ids(data)
+    outcomes = []
+    for group in group_rollouts(data):
+        if run_id is not None and group.run_id != run_id:
+            continue
+        found = outcome_of(group, ancestors)
+        if found is not None:
+            outcomes.append(found)
+
+    def started(o: RolloutOutcome) -> tuple[int, str, int, str]:
+        first = min(s.start_ns for s in ([o.root] if o.root is not None else [o.decided_by]) if s is not None)
+        return (first, o.task_id or "", o.repeat or 0, o.rollout_id)
+
+    return sorted(outcomes, key=started)
+
+
+# -- statistics -----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class PassAtK:
+    """pass@k of one task: k = its number of repeats; a repeat passes when scored above a threshold."""
+
+    task_id: str
+    k: int
+    passed: int
+
+    @property
+    def value(self) -> float:
+        # With n = k samples the unbiased estimator 1 - C(n-c, k)/C(n, k) is 1 if any passed.
+        return 1.0 if self.passed > 0 else 0.0
+
+
+@dataclass(frozen=True)
+class RunStats:
+    """Per-run statistics over final outcomes (the numbers ``gymtrace stats`` prints)."""
+
+    run_id: str | None
+    scored: int
+    unscored: int
+    inputs: int  # the number of rewards the mean is over
+    mean_reward: float | None  # None when there are no inputs
+    pass_at_k: tuple[PassAtK, ...] = ()
+    # Set when several runs in the input share this run ID (one RunStats each): the run span's ID.
+    run_span_id: str | None = None
+    runs_sharing_id: int = 1
+
+    @property
+    def rollouts(self) -> int:
+        return self.scored + self.unscored
+
+    def as_json(self) -> dict[str, Any]:
+        body: dict[str, Any] = {
+            "run_id": self.run_id,
+            "scored": self.scored,
+            "unscored": self.unscored,
+            "inputs": self.inputs,
+            "mean_reward": self.mean_reward,
+        }
+        if self.pass_at_k:
+            body["pass_at_k"] = {
+                p.task_id: {"k": p.k, "passed": p.passed, "value": p.value} for p in self.pass_at_k
+            }
+        if self.runs_sharing_id > 1:
+            body["run_span_id"] = self.run_span_id
+            body["runs_sharing_id"] = self.runs_sharing_id
+        return body
+
+
+def _stats(
+    run_id: str | None,
+    outcomes: list[RolloutOutcome],
+    *,
+    failed_as_zero: bool,
+    pass_threshold: float,
+    run_span_id: str | None = None,
+    sharing: int = 1,
+) -> RunStats:
+    rewards = [o.reward for o in outcomes if o.outcome == c.OUTCOME_SCORED and o.reward is not None]
+    unscored = len(outcomes) - len(rewards)
+    # The denominator rule: an unscored rollout has no reward (never an invented 0) and is left out
+    # of the mean; --failed-as-zero counts it as an input of 0 here, in the metric only.
+    inputs = [*rewards, *([0.0] * unscored if failed_as_zero else [])]
+    by_task: dict[str, list[RolloutOutcome]] = defaultdict(list)
+    for o in outcomes:
+        if o.task_id is not None:
+            by_task[o.task_id].append(o)
+    pass_at_k = tuple(
+        PassAtK(
+            task_id,
+            len(group),
+            sum(1 for o in group if o.reward is not None and o.reward > pass_threshold),
+        )
+        for task_id, group in sorted(by_task.items())
+        if len(group) > 1
+    )
+    return RunStats(
+        run_id=run_id,
+        scored=len(rewards),
+        unscored=unscored,
+        inputs=len(inputs),
+        mean_reward=math.fsum(inputs) / len(inputs) if inputs else None,
+        pass_at_k=pass_at_k,
+        run_span_id=run_span_id,
+        runs_sharing_id=sharing,
+    )
+
+
+def summarise(
+    spans: Iterable[Any] | None = None,
+    *,
+    outcomes: list[RolloutOutcome] | None = None,
+    run_id: str | None = None,
+    failed_as_zero: bool = False,
+    pass_threshold: float = 0.0,
+) -> list[RunStats]:
+    """Statistics per run over the final outcomes of ``spans`` (or of precomputed ``outcomes``).
+
+    The mean reward is over scored rollouts only; ``failed_as_zero=True`` counts each unscored
+    rollout as an input of 0 (nothing is written into the trace). pass@k is given per task that
+    has more than one repeat, k being its number of repeats; a repeat passes when it is scored with
+    a reward above ``pass_threshold`` (default 0), an unscored repeat never passes. Several runs
+    sharing one run ID (a re-run appended to the same file) get one ``RunStats`` each.
+    """
+    if outcomes is None:
+        outcomes = final_outcomes(spans or (), run_id=run_id)
+    elif run_id is not None:
+        outcomes = [o for o in outcomes if o.run_id == run_id]
+    by_run: dict[str | None, list[RolloutOutcome]] = defaultdict(list)
+    for o in outcomes:
+        by_run[o.run_id].append(o)
+    result = []
+    for rid, group in by_run.items():
+        instances: dict[str | None, list[RolloutOutcome]] = defaultdict(list)
+        for o in group:
+            instances[o.run_span_id].append(o)
+        known = [i for i in instances if i is not None]
+        if len(known) <= 1:
+            result.append(_stats(rid, group, failed_as_zero=failed_as_zero, pass_threshold=pass_threshold))
+            continue
+        for instance, members in instances.items():
+            result.append(
+                _stats(
+                    rid,
+                    members,
+                    failed_as_zero=failed_as_zero,
+                    pass_threshold=pass_threshold,
+                    run_span_id=instance,
+                    sharing=len(known),
+                )
+            )
+    return result
