@@ -65,7 +65,9 @@ PEERS: dict[str, tuple[list[str], str]] = {
         """,
     ),
     "traceloop": (
-        ["traceloop-sdk==0.62.4"],
+        # 0.62.4 (the newest) does not install: its instrumentation pins conflict; pip settles on
+        # 0.45.6 (OpenTelemetry 1.34) when asked for anything older.
+        ["traceloop-sdk==0.45.6"],
         """
         os.environ["TRACELOOP_TRACE_CONTENT"] = "true" if capture else "false"
         os.environ["TRACELOOP_TELEMETRY"] = "false"
@@ -143,8 +145,11 @@ def venv_python(name: str, requirements: list[str]) -> str:
         # dependencies (it needs only the API and SDK, which every peer setup here brings).
         # Resolving both together makes pip backtrack through the peers' many pins for minutes.
         subprocess.run([str(python), "-m", "pip", "install", "-q", *requirements], check=True)
-        subprocess.run([str(python), "-m", "pip", "install", "-q", "--no-deps", str(ROOT)], check=True)
         marker.write_text(wanted)
+    # This checkout of gymtrace, every run (a copy, not editable: the venv outlives the worktree).
+    subprocess.run(
+        [str(python), "-m", "pip", "install", "-q", "--no-deps", "--force-reinstall", str(ROOT)], check=True
+    )
     return str(python)
 
 
