@@ -1,13 +1,19 @@
-"""A small client for Jaeger's query API (v1 HTTP JSON), for ``gymtrace tree --jaeger``.
+"""A small client for Jaeger's query API, for ``gymtrace tree --jaeger``.
 
-The v1 API is used because it is stable and read-only; it drops span-link attributes, so the
-relation of a link (``retry``, ``restore``, ``run``) is recovered from the span it starts at:
-a restored episode's link is a restore, another episode's a retry, a rollout's the link to its run.
+Spans come from the v1 HTTP JSON API (stable, read-only, searchable by tag). It drops span-link
+attributes, so the relation of each link (``retry``, ``restore``, ``run``, ``outcome``) is read from
+``/api/v3/traces/{id}`` (OTLP JSON, which keeps them) for the traces that have links, each trace
+at most once per client: Jaeger v1.76.0's memory store can mutate a stored trace on repeated v3
+reads. Where v3 is unavailable or lacks the attribute, the relation is inferred from the span the
+link starts at: a restored episode's link is a restore, another episode's a retry, a rollout's the
+link to its run, an outcome record's the episode it concludes.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import logging
 import urllib.error
 import urllib.parse
 import urllib.request
@@ -34,6 +40,61 @@ def _tag_value(tag: Mapping[str, Any]) -> Any:
     return value
 
 
+def _inferred_relation(tags: Mapping[str, Any]) -> str:
+    """A link's relation guessed from the span it starts at (when v3 cannot say)."""
+    kind = tags.get(c.KIND)
+    if kind == c.KIND_ROLLOUT:
+        return c.RELATION_RUN
+    if kind == c.KIND_OUTCOME:
+        return c.RELATION_OUTCOME
+    return c.RELATION_RESTORE if tags.get(c.EPISODE_RESTORED) is True else c.RELATION_RETRY
+
+
+def link_relations_from_otlp(body: Mapping[str, Any]) -> dict[tuple[str, str, str], str]:
+    """``(span ID, linked trace ID, linked span ID) -> relation`` from a v3 OTLP JSON trace."""
+    relations: dict[tuple[str, str, str], str] = {}
+    result = body.get("result") or {}
+    for resource_spans in result.get("resourceSpans") or ():
+        for scope_spans in resource_spans.get("scopeSpans") or ():
+            for span in scope_spans.get("spans") or ():
+                for link in span.get("links") or ():
+                    for attribute in link.get("attributes") or ():
+                        if attribute.get("key") == c.LINK_RELATION:
+                            value = (attribute.get("value") or {}).get("stringValue")
+                            if isinstance(value, str):
+                                key = (
+                                    str(span.get("spanId", "")).lower().rjust(16, "0"),
+                                    str(link.get("traceId", "")).lower().rjust(32, "0"),
+                                    str(link.get("spanId", "")).lower().rjust(16, "0"),
+                                )
+                                relations[key] = value
+    return relations
+
+
+def with_relations(spans: list[SpanData], relations: Mapping[tuple[str, str, str], str]) -> list[SpanData]:
+    """``spans`` with each link's relation replaced by the one v3 reported, where it did."""
+    out = []
+    for span in spans:
+        if span.links and relations:
+            links = tuple(
+                LinkData(
+                    link.trace_id,
+                    link.span_id,
+                    {
+                        **link.attributes,
+                        c.LINK_RELATION: relations.get(
+                            (span.span_id, link.trace_id, link.span_id),
+                            str(link.attributes.get(c.LINK_RELATION, "")),
+                        ),
+                    },
+                )
+                for link in span.links
+            )
+            span = dataclasses.replace(span, links=links)
+        out.append(span)
+    return out
+
+
 def spans_from_jaeger(trace: Mapping[str, Any]) -> list[SpanData]:
     """One trace object of the v1 API (an element of ``data``) to SpanData records."""
     processes = trace.get("processes") or {}
@@ -51,17 +112,10 @@ def spans_from_jaeger(trace: Mapping[str, Any]) -> list[SpanData]:
                 parent = ref["spanID"]
             else:
                 links.append(LinkData(ref["traceID"].rjust(32, "0"), ref["spanID"], {}))
-        kind = tags.get(c.KIND)
-        relation = (
-            c.RELATION_RUN
-            if kind == c.KIND_ROLLOUT
-            else c.RELATION_OUTCOME
-            if kind == c.KIND_OUTCOME
-            else c.RELATION_RESTORE
-            if tags.get(c.EPISODE_RESTORED) is True
-            else c.RELATION_RETRY
-        )
-        links = [LinkData(link.trace_id, link.span_id, {c.LINK_RELATION: relation}) for link in links]
+        links = [
+            LinkData(link.trace_id, link.span_id, {c.LINK_RELATION: _inferred_relation(tags)})
+            for link in links
+        ]
         events = []
         for log in raw.get("logs") or ():
             fields = {f["key"]: _tag_value(f) for f in log.get("fields") or ()}
@@ -91,8 +145,8 @@ def spans_from_jaeger(trace: Mapping[str, Any]) -> list[SpanData]:
                 status=status if status in ("OK", "ERROR") else "UNSET",
                 status_message=str(tags.get("otel.status_description", "")),
                 service=str(process.get("serviceName", "")),
-                span_kind=str(tags.get("span.kind", "internal")).upper(),
                 service_instance=str(process_tags.get(c.SERVICE_INSTANCE_ID, "")),
+                span_kind=str(tags.get("span.kind", "internal")).upper(),
             )
         )
     return spans
@@ -102,6 +156,21 @@ class JaegerClient:
     def __init__(self, base_url: str, *, timeout: float = 10.0) -> None:
         self.base_url = base_url.rstrip("/")
         self.timeout = timeout
+        # Link relations per trace ID, read from v3 once (see the module docstring).
+        self._relations: dict[str, dict[tuple[str, str, str], str]] = {}
+
+    def _with_relations(self, trace_id: str, spans: list[SpanData]) -> list[SpanData]:
+        if not any(span.links for span in spans):
+            return spans
+        key = trace_id.lower().rjust(32, "0")
+        if key not in self._relations:
+            try:
+                self._relations[key] = link_relations_from_otlp(self._get(f"/api/v3/traces/{key}"))
+            except JaegerError as exc:
+                # An older Jaeger without /api/v3: the inferred relations stand.
+                logging.getLogger("gymtrace").info("no link attributes from Jaeger's v3 API: %s", exc)
+                self._relations[key] = {}
+        return with_relations(spans, self._relations[key])
 
     def _get(self, path: str, params: Mapping[str, str] | None = None) -> Any:
         url = f"{self.base_url}{path}"
@@ -118,7 +187,11 @@ class JaegerClient:
 
     def trace(self, trace_id: str) -> list[SpanData]:
         body = self._get(f"/api/traces/{trace_id.lower()}")
-        return [span for trace in body.get("data") or [] for span in spans_from_jaeger(trace)]
+        return [
+            span
+            for trace in body.get("data") or []
+            for span in self._with_relations(trace["traceID"], spans_from_jaeger(trace))
+        ]
 
     def search(self, service: str | None, tags: Mapping[str, Any], *, limit: int = 1000) -> list[SpanData]:
         """Every trace with a span matching all ``tags`` (in ``service``, or in any service)."""
@@ -128,5 +201,6 @@ class JaegerClient:
             if tags:
                 params["tags"] = json.dumps(dict(tags))
             for trace in self._get("/api/traces", params).get("data") or []:
-                seen.setdefault(trace["traceID"], spans_from_jaeger(trace))
+                if trace["traceID"] not in seen:
+                    seen[trace["traceID"]] = self._with_relations(trace["traceID"], spans_from_jaeger(trace))
         return [span for spans in seen.values() for span in spans]

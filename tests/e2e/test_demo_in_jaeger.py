@@ -17,9 +17,9 @@ from pipeline import Pipeline
 
 SERVICE = "gymtrace-demo"
 # With the Collector's sample percent at 0 only the policy keeps survive: the retried rollout, the
-# unscored one (failed attempts), the restored one, and the two scored outside their rollout span
-# (their roots say unscored; the outcome record in the same trace says scored); the three clean
-# rollouts and the run's own trace are dropped.
+# unscored one (failed attempts), the restored one, the two scored outside their rollout span (their
+# roots say unscored; the outcome record in the same trace says scored), and the run's own trace
+# (always kept, so every rollout's run reference leads somewhere); the clean rollouts are dropped.
 KEPT = {"arith-001/r1", "arith-002/r0", "arith-002/r1", "arith-004/r0", "arith-004/r1"}
 # arith-004/r0 is scored by a scorer process; every other span is the demo's own.
 SCORER = "gymtrace-demo-scorer"
@@ -54,8 +54,12 @@ def _rollouts_in_jaeger(pipeline: Pipeline, run_id: str) -> dict[str, list[SpanD
     for span in spans:
         by_trace.setdefault(span.trace_id, []).append(span)
     rollouts = {}
+    runs = [spans for spans in by_trace.values() if [s.attributes[c.KIND] for s in spans] == ["run"]]
+    assert len(runs) == 1, by_trace  # the run's one-span trace, kept by the run-trace rule
     for trace_spans in by_trace.values():
         (root,) = [s for s in trace_spans if s.parent_id is None]
+        if root.attributes[c.KIND] == "run":
+            continue
         assert root.attributes[c.KIND] == "rollout"
         key = f"{root.attributes[c.TASK_ID]}/r{root.attributes[c.ROLLOUT_REPEAT]}"
         rollouts[key] = trace_spans

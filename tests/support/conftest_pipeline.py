@@ -5,7 +5,7 @@ or ``pytest_plugins = ["conftest_pipeline"]`` in the root conftest.py; tests/sup
 through pytest's ``pythonpath`` setting.
 
 Every test that uses ``pipeline`` is marked ``e2e`` (deselect with ``-m "not e2e"``). When
-``collector/bin/jaeger`` is missing the fixture FAILS, naming the build command; set
+``collector/bin/jaeger`` or ``collector/bin/otelcol`` is missing the fixture FAILS, naming the build command; set
 ``GYMTRACE_SKIP_E2E=1`` to skip end-to-end tests instead (never silently).
 """
 
@@ -17,7 +17,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from pipeline import JAEGER_BIN, Pipeline
+from pipeline import JAEGER_BIN, OTELCOL_BIN, Pipeline
 
 __all__ = ["pipeline", "pytest_configure", "pytest_collection_modifyitems"]
 
@@ -45,18 +45,19 @@ def _skip_requested() -> bool:
 
 @pytest.fixture(scope="session")
 def pipeline(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Pipeline]:
-    """A running pipeline shared by the session (decision_wait 2s, sample percent 0).
+    """A running pipeline shared by the session (decision_wait 2s, sample percent 0, upstream Collector).
 
     Tests share it, so each test must use its own service name / rollout IDs.
     """
     if _skip_requested():
         pytest.skip("GYMTRACE_SKIP_E2E is set: end-to-end tests skipped on request")
-    if not JAEGER_BIN.is_file():
-        pytest.fail(
-            f"end-to-end tests need {JAEGER_BIN}; build it with `collector/build` "
-            "(Go >= 1.24, first build takes minutes) or set GYMTRACE_SKIP_E2E=1 to skip them",
-            pytrace=False,
-        )
+    for binary in (JAEGER_BIN, OTELCOL_BIN):
+        if not binary.is_file():
+            pytest.fail(
+                f"end-to-end tests need {binary}; build it with `collector/build --otelcol` "
+                "(Go >= 1.26, first build takes minutes) or set GYMTRACE_SKIP_E2E=1 to skip them",
+                pytrace=False,
+            )
     p = Pipeline(
         decision_wait=E2E_DECISION_WAIT,
         sample_percent=E2E_SAMPLE_PERCENT,

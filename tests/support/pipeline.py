@@ -1,10 +1,14 @@
 """A real local trace pipeline for end-to-end tests: Jaeger + the gymtrace Collector.
 
-Starts ``collector/bin/jaeger`` twice as real subprocesses, on free loopback ports:
+Starts real subprocesses on free loopback ports, as ``collector/up`` does:
 
-* Jaeger all-in-one with ``collector/jaeger.yaml`` (memory storage, query API);
-* the gymtrace Collector with ``collector/otelcol.yaml`` (tail sampling) on the same binary
-  (Jaeger v2 is an OpenTelemetry Collector distribution), exporting to that Jaeger.
+* Jaeger all-in-one (``collector/bin/jaeger``) with ``collector/jaeger.yaml`` (memory storage,
+  query API);
+* the gymtrace Collector with ``collector/otelcol.yaml`` (tail sampling) on the upstream build
+  ``collector/bin/otelcol`` with ``otelcol.upstream.yaml`` (or, with ``collector_bin=JAEGER_BIN``,
+  on the Jaeger binary with ``otelcol.health-jaeger.yaml``), exporting to that Jaeger;
+* with ``samplers=N``: N such Collectors behind a load-balancing front Collector
+  (``collector/otelcol-lb.yaml``, routing by trace ID) on the application's ports.
 
 Ports, ``decision_wait`` and the sample percent are passed through the ``GYMTRACE_*`` environment
 variables the configs read, so the YAML files under test are the ones users run.
@@ -38,6 +42,7 @@ from typing import Any
 REPO_ROOT = Path(__file__).resolve().parents[2]
 COLLECTOR_DIR = REPO_ROOT / "collector"
 JAEGER_BIN = COLLECTOR_DIR / "bin" / "jaeger"
+OTELCOL_BIN = COLLECTOR_DIR / "bin" / "otelcol"
 
 Trace = dict[str, Any]
 Span = dict[str, Any]
@@ -149,25 +154,32 @@ class _Process:
 
 
 class Pipeline:
-    """Jaeger + gymtrace Collector as subprocesses on free loopback ports.
+    """Jaeger + gymtrace Collector(s) as subprocesses on free loopback ports.
 
     ``decision_wait`` and ``sample_percent`` set the Collector's tail sampling (the production
-    defaults are 300s and 10; tests want seconds). ``extra_env`` adds or overrides any
-    ``GYMTRACE_*`` variable the configs read.
+    defaults are 30m and 10; tests want seconds); ``decision_wait_after_root`` (upstream build
+    only) the decision after the root span arrived (production default 5s; None: the config's).
+    ``samplers=N`` puts N tail-sampling Collectors behind a load-balancing front Collector.
+    ``extra_env`` adds or overrides any ``GYMTRACE_*`` variable the configs read.
     """
 
     def __init__(
         self,
         *,
         decision_wait: str = "2s",
+        decision_wait_after_root: str | None = None,
         sample_percent: float = 100,
         jaeger_bin: os.PathLike[str] | str = JAEGER_BIN,
+        collector_bin: os.PathLike[str] | str = OTELCOL_BIN,
         collector_dir: os.PathLike[str] | str = COLLECTOR_DIR,
         workdir: os.PathLike[str] | str | None = None,
         startup_timeout: float = 60.0,
+        samplers: int = 0,
         extra_env: Mapping[str, str] | None = None,
+        sampler_extra_configs: Mapping[int, list[str]] | None = None,
     ):
         self.jaeger_bin = Path(jaeger_bin)
+        self.collector_bin = Path(collector_bin)
         self.collector_dir = Path(collector_dir)
         self.decision_wait = decision_wait
         self.sample_percent = sample_percent
@@ -199,10 +211,11 @@ class Pipeline:
             GYMTRACE_OTLP_GRPC_PORT=str(self.otlp_grpc_port),
             GYMTRACE_OTLP_HTTP_PORT=str(self.otlp_http_port),
             GYMTRACE_COLLECTOR_HEALTH_PORT=str(self.collector_health_port),
-            GYMTRACE_JAEGER_OTLP_ENDPOINT=f"127.0.0.1:{self.jaeger_otlp_grpc_port}",
             GYMTRACE_DECISION_WAIT=str(decision_wait),
             GYMTRACE_SAMPLE_PERCENT=str(sample_percent),
         )
+        if decision_wait_after_root is not None:
+            env["GYMTRACE_DECISION_WAIT_AFTER_ROOT"] = decision_wait_after_root
         env.update(extra_env or {})
         self.env = env
 
@@ -214,27 +227,67 @@ class Pipeline:
             self.workdir / "jaeger.log",
             f"http://127.0.0.1:{self.jaeger_health_port}/",
         )
-        self._collector = _Process(
-            "collector",
-            [
-                str(self.jaeger_bin),
-                "--config",
-                str(c / "otelcol.yaml"),
-                "--config",
-                str(c / "otelcol.health-jaeger.yaml"),
-            ],
-            env,
-            self.workdir / "collector.log",
-            f"http://127.0.0.1:{self.collector_health_port}/",
+        # The upstream build gets the overlay with what only the v0.161 line has; the Jaeger
+        # binary (v0.140 components) the one with its own health check extension.
+        overlay = (
+            "otelcol.upstream.yaml" if self.collector_bin != self.jaeger_bin else "otelcol.health-jaeger.yaml"
         )
+        sampler_cmd = [
+            str(self.collector_bin),
+            "--config",
+            str(c / "otelcol.yaml"),
+            "--config",
+            str(c / overlay),
+        ]
+        self.samplers: list[_Process] = []
+        self.sampler_ports: list[tuple[int, int, int]] = []
+        for i in range(samplers):
+            grpc, http, health = free_ports(3)
+            self.sampler_ports.append((grpc, http, health))
+            sampler_env = dict(
+                env,
+                GYMTRACE_OTLP_GRPC_PORT=str(grpc),
+                GYMTRACE_OTLP_HTTP_PORT=str(http),
+                GYMTRACE_COLLECTOR_HEALTH_PORT=str(health),
+            )
+            extra = [a for path in (sampler_extra_configs or {}).get(i, []) for a in ("--config", path)]
+            self.samplers.append(
+                _Process(
+                    f"sampler-{i}",
+                    sampler_cmd + extra,
+                    sampler_env,
+                    self.workdir / f"sampler-{i}.log",
+                    f"http://127.0.0.1:{health}/",
+                )
+            )
+        if samplers:
+            backends = ", ".join(f"127.0.0.1:{grpc}" for grpc, _, _ in self.sampler_ports)
+            self._collector = _Process(
+                "front",
+                [str(self.collector_bin), "--config", str(c / "otelcol-lb.yaml")],
+                dict(env, GYMTRACE_SAMPLERS=f"[{backends}]"),
+                self.workdir / "front.log",
+                f"http://127.0.0.1:{self.collector_health_port}/",
+            )
+        else:
+            self._collector = _Process(
+                "collector",
+                sampler_cmd,
+                env,
+                self.workdir / "collector.log",
+                f"http://127.0.0.1:{self.collector_health_port}/",
+            )
 
     # -- lifecycle -------------------------------------------------------------------------------
 
     def start(self) -> Pipeline:
-        if not self.jaeger_bin.is_file():
-            raise PipelineError(f"{self.jaeger_bin} does not exist; build it with collector/build")
+        for binary in {self.jaeger_bin, self.collector_bin}:
+            if not binary.is_file():
+                raise PipelineError(f"{binary} does not exist; build it with `collector/build --otelcol`")
         try:
             self._jaeger.start(self.startup_timeout)
+            for sampler in self.samplers:
+                sampler.start(self.startup_timeout)
             self._collector.start(self.startup_timeout)
         except BaseException:
             self.stop()
@@ -242,8 +295,10 @@ class Pipeline:
         return self
 
     def stop(self) -> None:
-        """Stop the Collector (it flushes to Jaeger), then Jaeger. Safe to call twice."""
+        """Stop the Collector(s) (they flush to Jaeger), then Jaeger. Safe to call twice."""
         self._collector.stop()
+        for sampler in self.samplers:
+            sampler.stop()
         self._jaeger.stop()
 
     def __enter__(self) -> Pipeline:
@@ -255,6 +310,14 @@ class Pipeline:
             self.cleanup()
         else:
             self.stop()
+
+    def kill_sampler(self, index: int) -> None:
+        """SIGKILL one tail-sampling Collector: every trace it held undecided is lost."""
+        self.samplers[index].kill()
+
+    def start_sampler(self, index: int) -> None:
+        """Start a killed sampler again on the same ports (what a StatefulSet does with a pod)."""
+        self.samplers[index].start(self.startup_timeout)
 
     def kill_collector(self) -> None:
         """SIGKILL the Collector: everything it buffered (tail sampling, batch, queue) is lost."""
@@ -282,7 +345,8 @@ class Pipeline:
     def logs(self, lines: int = 40) -> str:
         """Tails of both logs, for assertion messages."""
         return "\n".join(
-            f"--- {p.name} ({p.log}):\n{_tail(p.log, lines)}" for p in (self._jaeger, self._collector)
+            f"--- {p.name} ({p.log}):\n{_tail(p.log, lines)}"
+            for p in (self._jaeger, *self.samplers, self._collector)
         )
 
     # -- endpoints -------------------------------------------------------------------------------
