@@ -1,5 +1,5 @@
 """Per-request cost of gymtrace on the wire: its ASGI middleware + client injection, against the
-official OpenTelemetry instrumentation alone on the same server (issue 12, item 5).
+official OpenTelemetry instrumentation alone on the same server.
 
 Copies of the demo's model server run in their own processes on 127.0.0.1, each with the SDK
 configured and exporting every span to a file:

@@ -1,4 +1,4 @@
-"""CartPole steps per CPU-second: untraced vs ``TraceEnv`` with each step policy (issue 11, 13).
+"""CartPole steps per CPU-second: untraced vs ``TraceEnv`` with each step policy.
 
 Each variant runs in a fresh child process (so the exporter thread and the provider of one never
 weigh on another), configured with ``gymtrace.configure(file=...)``: the default file exporter.
@@ -84,7 +84,7 @@ def main() -> int:
     for variant in VARIANTS:
         rate = statistics.median(results[variant])
         print(f"{labels[variant]:<28} {rate:>12,.0f} {base / rate:>8.2f}x")
-    print("target: TraceEnv default <= 1.3x untraced (issue 13)")
+    print("target: TraceEnv default <= 1.3x untraced")
     return 0
 
 

@@ -1,4 +1,4 @@
-"""What ``gymtrace.integrations.ray`` costs per Ray task, the per-call flush included (issue 11).
+"""What ``gymtrace.integrations.ray`` costs per Ray task, the per-call flush included.
 
 One local cluster (``ray.init(num_cpus=2)``), one remote function that does a little work; rounds
 alternate the same number of sequential calls made outside any gym scope (nothing carried, the

@@ -21,7 +21,7 @@ LAYERS: list[tuple[str, list[str]]] = [
     ("constants", ["_version", "_constants", "_environment", "_exceptions"]),
     ("settings and errors", ["_settings", "_errors"]),
     ("values", ["_ids", "_failures", "_tracing", "_trust", "_content", "_content.*", "_content_*"]),
-    ("levels", ["_frame", "_levels"]),
+    ("levels", ["_frame", "_levels", "_steps"]),
     ("engine", ["_scope"]),
     ("public API", ["_record", "_api", "_attempts", "propagation", "_processor", "sampling"]),
     (
@@ -35,6 +35,7 @@ LAYERS: list[tuple[str, list[str]]] = [
             "_export",
             "_export_*",
             "_otlp*",
+            "_leanspan",
             "_lifecycle",
             "_setup",
         ],

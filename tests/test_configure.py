@@ -98,17 +98,21 @@ def test_otlp_exporters_are_built_for_each_protocol(tmp_path: Path) -> None:
     import json, gymtrace
     from gymtrace._setup import _state
     config = gymtrace.configure(endpoint="http://127.0.0.1:1", protocol={protocol!r})
-    exporters = [type(p.exporter).__module__ for p in _state.stage.processors()]
+    # The SDK's own exporter class, with gymtrace's lean encoder in front (gymtrace._otlp).
+    exporters = [
+        [type(p.exporter).__mro__[1].__module__, type(p.exporter).__module__]
+        for p in _state.stage.processors()
+    ]
     print(json.dumps({{"exporters": exporters, "endpoint": config.endpoint}}))
     """
     grpc = run_python(code.format(protocol="grpc"), tmp_path)
     assert grpc == {
-        "exporters": ["opentelemetry.exporter.otlp.proto.grpc.trace_exporter"],
+        "exporters": [["opentelemetry.exporter.otlp.proto.grpc.trace_exporter", "gymtrace._otlp"]],
         "endpoint": "http://127.0.0.1:1",
     }
     http = run_python(code.format(protocol="http/protobuf"), tmp_path)
     assert http == {
-        "exporters": ["opentelemetry.exporter.otlp.proto.http.trace_exporter"],
+        "exporters": [["opentelemetry.exporter.otlp.proto.http.trace_exporter", "gymtrace._otlp"]],
         "endpoint": "http://127.0.0.1:1/v1/traces",
     }
 

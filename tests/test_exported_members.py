@@ -81,6 +81,7 @@ def test_the_top_level_surface_is_pinned() -> None:
         "IdentitySpanProcessor",
         "InvalidArgumentError",
         "Scope",
+        "StepPolicy",
         "__version__",
         "agent_invocation",
         "attempts",

@@ -97,7 +97,7 @@ class Judge:
 @ray.remote
 def rollout_in_worker(seed):
     # A step and (in one of them) the reward of the caller's episode, recorded in a worker: each
-    # call made at the episode level is a step of its own (issue 10 reserves its number).
+    # call made at the episode level is a step of its own (its number is reserved at the hand-off).
     with gymtrace.step():
         pass
     if seed == 0:

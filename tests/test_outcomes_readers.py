@@ -426,7 +426,7 @@ import gymtrace
 from gymtrace import propagation
 gymtrace.configure(service_name="worker", file=sys.argv[1])
 with propagation.attach(dict(os.environ)):
-    # One step per worker: numbering several steps under one attach() is the writer's (issue 10).
+    # One step per worker: numbering several steps under one attach() is the writer's.
     with gymtrace.step():
         pass
 gymtrace.shutdown()

@@ -1,4 +1,4 @@
-"""The trust boundary for incoming gym identity (issue 12), with services as real processes.
+"""The trust boundary for incoming gym identity, with services as real processes.
 
 Each test starts relay services (tests/support/_relay_app.py) with a trust setting in their environment
 and sends them requests as a caller on the network would: spoofed, signed, tampered, duplicated,
@@ -186,7 +186,7 @@ def test_aiohttp_sends_gym_identity_and_never_the_applications_baggage(
 def test_the_official_aiohttp_instrumentor_alone_overwrote_identity_with_application_baggage(
     tmp_path,
 ):
-    # The bug gymtrace.integrations.aiohttp.instrument() exists for (issue 12), pinned so the workaround stays needed
+    # The bug gymtrace.integrations.aiohttp.instrument() exists for, pinned so the workaround stays needed
     # only as long as the instrumentor behaves this way.
     with _chain(tmp_path, ["--official"]) as (a, b):
         reply = httpx.get(f"{a.url}/forward-local", params={"to": b.url}).json()

@@ -50,6 +50,7 @@ from gymtrace._record import (
 )
 from gymtrace._scope import Scope
 from gymtrace._setup import Configuration, configure, export_stats, force_flush, is_configured, shutdown
+from gymtrace._steps import StepPolicy
 from gymtrace._version import __version__
 
 __all__ = [
@@ -64,6 +65,7 @@ __all__ = [
     "IdentitySpanProcessor",
     "InvalidArgumentError",
     "Scope",
+    "StepPolicy",
     "__version__",
     "agent_invocation",
     "attempts",

@@ -16,6 +16,7 @@ from opentelemetry.trace import SpanKind
 
 from gymtrace import _constants as c
 from gymtrace._frame import ActiveScope
+from gymtrace._levels import LEVELS
 from gymtrace._scope import Scope, decorate
 
 P = ParamSpec("P")
@@ -39,12 +40,25 @@ def _build(kind: str, func: Any, example: str, arguments: dict[str, Any], **opti
     return decorate(scope, func)
 
 
+# Free when off: each function below returns its Scope directly for the `with` form,
+# without the shared _build, and one shared Scope per level for a call without arguments
+# (``with gymtrace.step():``). A Scope holds no activation state (that lives in the context), so
+# sharing it is safe; building one per `with` block cost most of a disabled block.
+_BARE = {kind: Scope(kind, {}) for kind in LEVELS}
+_BARE_REMOTE_AGENT = Scope(c.KIND_AGENT_INVOCATION, {}, span_kind=SpanKind.CLIENT)
+_BARE_IN_PROCESS_MODEL = Scope(c.KIND_MODEL_CALL, {}, span_kind=SpanKind.INTERNAL)
+
+
 @overload
 def run(func: Callable[P, R], /) -> Callable[P, R]: ...
 @overload
 def run(*, run_id: Str = None, attributes: Attributes = None) -> Scope: ...
 def run(func: Any = None, /, *, run_id: Str = None, attributes: Attributes = None) -> Any:
     """One collection or evaluation run (``gym.run``). Without ``run_id`` one is generated."""
+    if func is None:
+        if run_id is None and attributes is None:
+            return _BARE[c.KIND_RUN]
+        return Scope(c.KIND_RUN, {"run_id": run_id, "attributes": attributes})
     return _build(c.KIND_RUN, func, "run_id", {"run_id": run_id, "attributes": attributes})
 
 
@@ -67,7 +81,11 @@ def rollout(
 
     By default the rollout span is the root of its own trace, linked to its run.
     """
+    if func is None and rollout_id is None and task_id is None and repeat is None and attributes is None:
+        return _BARE[c.KIND_ROLLOUT]
     arguments = {"rollout_id": rollout_id, "task_id": task_id, "repeat": repeat, "attributes": attributes}
+    if func is None:
+        return Scope(c.KIND_ROLLOUT, arguments)
     return _build(c.KIND_ROLLOUT, func, "rollout_id", arguments)
 
 
@@ -103,6 +121,9 @@ def episode(
     ``continue_from`` opens the next attempt of a rollout from a carrier taken in another process
     (same rollout, task and run IDs; linked to the previous episode; in the rollout's trace).
     """
+    no_source = continue_from is None and (restored_from is None or restored_from is False)
+    if func is None and attempt is None and attributes is None and no_source:
+        return _BARE[c.KIND_EPISODE]
     if restored_from is not None and restored_from is not False:
         source: tuple[str, Any] | None = (c.RELATION_RESTORE, restored_from)
     elif continue_from is not None:
@@ -120,6 +141,8 @@ def seed_session(func: Callable[P, R], /) -> Callable[P, R]: ...
 def seed_session(*, attributes: Attributes = None) -> Scope: ...
 def seed_session(func: Any = None, /, *, attributes: Attributes = None) -> Any:
     """The environment setup phase of an episode (``gym.seed_session``)."""
+    if func is None and attributes is None:
+        return _BARE[c.KIND_SEED_SESSION]
     return _build(c.KIND_SEED_SESSION, func, "attributes", {"attributes": attributes})
 
 
@@ -142,6 +165,8 @@ def verify(
     or an attribute name (``reward_from="reward"``), or a callable applied to the return value.
     Otherwise call :func:`gymtrace.record_reward`.
     """
+    if func is None and attributes is None and reward_from is None:
+        return _BARE[c.KIND_VERIFY]
     return _build(c.KIND_VERIFY, func, "reward_from", {"attributes": attributes}, reward_from=reward_from)
 
 
@@ -165,8 +190,12 @@ def agent_invocation(
     A subagent is an invocation opened inside the ``tool_call`` that spawned it. ``remote=True``
     makes it a CLIENT span, for an agent that runs behind an API.
     """
+    if func is None and agent_name is None and invocation_id is None and attributes is None:
+        return _BARE_REMOTE_AGENT if remote else _BARE[c.KIND_AGENT_INVOCATION]
     arguments = {"agent_name": agent_name, "invocation_id": invocation_id, "attributes": attributes}
     span_kind = SpanKind.CLIENT if remote else SpanKind.INTERNAL
+    if func is None:
+        return Scope(c.KIND_AGENT_INVOCATION, arguments, span_kind=span_kind)
     return _build(c.KIND_AGENT_INVOCATION, func, "agent_name", arguments, span_kind=span_kind)
 
 
@@ -176,6 +205,8 @@ def turn(func: Callable[P, R], /) -> Callable[P, R]: ...
 def turn(*, number: Int = None, attributes: Attributes = None) -> Scope: ...
 def turn(func: Any = None, /, *, number: Int = None, attributes: Attributes = None) -> Any:
     """A harness-reported exchange or decision (``gym.turn``), numbered 1, 2, 3... per invocation."""
+    if func is None and number is None and attributes is None:
+        return _BARE[c.KIND_TURN]
     return _build(c.KIND_TURN, func, "number", {"number": number, "attributes": attributes})
 
 
@@ -185,6 +216,8 @@ def step(func: Callable[P, R], /) -> Callable[P, R]: ...
 def step(*, number: Int = None, attributes: Attributes = None) -> Scope: ...
 def step(func: Any = None, /, *, number: Int = None, attributes: Attributes = None) -> Any:
     """One model call plus the tool calls it requests (``gym.step``), numbered per invocation."""
+    if func is None and number is None and attributes is None:
+        return _BARE[c.KIND_STEP]
     return _build(c.KIND_STEP, func, "number", {"number": number, "attributes": attributes})
 
 
@@ -207,8 +240,12 @@ def model_call(
 
     Record token usage with :func:`gymtrace.record_usage` or ``scope.record_usage(...)``.
     """
+    if func is None and model is None and provider is None and attributes is None:
+        return _BARE_IN_PROCESS_MODEL if in_process else _BARE[c.KIND_MODEL_CALL]
     arguments = {"model": model, "provider": provider, "attributes": attributes}
     span_kind = SpanKind.INTERNAL if in_process else SpanKind.CLIENT
+    if func is None:
+        return Scope(c.KIND_MODEL_CALL, arguments, span_kind=span_kind)
     return _build(c.KIND_MODEL_CALL, func, "model", arguments, span_kind=span_kind)
 
 
@@ -223,5 +260,9 @@ def tool_call(
 
     A decorated tool is named after its function unless ``tool_name`` says otherwise.
     """
+    if func is None and tool_name is None and call_id is None and attributes is None:
+        return _BARE[c.KIND_TOOL_CALL]
     arguments = {"tool_name": tool_name, "call_id": call_id, "attributes": attributes}
+    if func is None:
+        return Scope(c.KIND_TOOL_CALL, arguments)
     return _build(c.KIND_TOOL_CALL, func, "tool_name", arguments)

@@ -189,14 +189,14 @@ SERVICE_INSTANCE_ID: Final = "service.instance.id"
 
 INSTRUMENTATION_NAME: Final = "gymtrace"
 
-# -- integrations (issue 11) ---------------------------------------------------------------------------
+# -- integrations ---------------------------------------------------------------------------
 
 # Gymnasium (gymtrace.integrations.gymnasium): which environment an episode ran in, and, for a vector
 # environment, which sub-environment. ``gym.env.seed`` is on the seed_session span when a seed was given.
 ENV_ID: Final = "gym.env.id"
 ENV_INDEX: Final = "gym.env.index"
 ENV_SEED: Final = "gym.env.seed"
-# The step policy on the episode span, so a reader knows whether every step is a span (issue 13):
+# The step policy on the episode span, so a reader knows whether every step is a span:
 # ``all`` (every step a span) or ``aggregate`` (the first N steps and every step that raised are
 # spans; the others are only counted in the statistics below).
 STEPS_POLICY: Final = "gym.steps.policy"
@@ -222,3 +222,16 @@ RAY_TASK_ID: Final = "ray.task.id"
 RAY_TASK_ATTEMPT: Final = "ray.task.attempt"
 RAY_WORKER_PID: Final = "ray.worker.pid"
 EVENT_RAY_TASK_RETRY: Final = "ray.task.retry"
+# -- the engine's step policy (_steps.py) ------------------------------------------------------------
+
+# Beside the gym.steps.* statistics above, on the span that owns the steps (agent invocation, else
+# episode) under the aggregate policy: its sampling parameters, and how many steps raised.
+STEPS_FIRST: Final = "gym.steps.policy.first"
+STEPS_SLOWEST: Final = "gym.steps.policy.slowest"
+STEPS_EPISODE_SHARE: Final = "gym.steps.policy.episode_share"
+STEPS_ERRORS: Final = "gym.steps.errors"
+# On a step span kept under the aggregate policy: why (first, slowest, raised).
+STEP_KEPT: Final = "gym.step.kept"
+STEP_KEPT_FIRST: Final = "first"
+STEP_KEPT_SLOWEST: Final = "slowest"
+STEP_KEPT_RAISED: Final = "raised"

@@ -61,6 +61,24 @@ GYMTRACE_BAGGAGE_ALLOW: Final = "GYMTRACE_BAGGAGE_ALLOW"
 (default empty: only identity leaves the process). Other application baggage stays in the
 application's context and is never sent. ``gym.*`` keys cannot be listed.
 ``configure(baggage_allow=...)`` overrides it."""
+GYMTRACE_STEP_POLICY: Final = "GYMTRACE_STEP_POLICY"
+"""What a ``gymtrace.step`` records. ``all`` (default): every step is a span, right for an LLM
+agent loop whose steps take milliseconds. ``aggregate``: for simulators whose steps take
+microseconds; the step owner's span (agent invocation, else episode) carries ``gym.steps.count``
+and step-duration statistics, and only a bounded sample of steps become spans (see the
+``GYMTRACE_STEP_*`` variables below; any step that raised is always one). Argument:
+``configure(step_policy=...)``."""
+
+GYMTRACE_STEP_FIRST: Final = "GYMTRACE_STEP_FIRST"
+"""Under the ``aggregate`` step policy: the first N steps of each owner are spans (default 1)."""
+
+GYMTRACE_STEP_SLOWEST: Final = "GYMTRACE_STEP_SLOWEST"
+"""Under the ``aggregate`` step policy: the K slowest of the other steps of each owner become spans
+when the owner ends, with their true numbers and times (default 1)."""
+
+GYMTRACE_STEP_EPISODE_SHARE: Final = "GYMTRACE_STEP_EPISODE_SHARE"
+"""Under the ``aggregate`` step policy: the share of owners (a number in [0, 1], default 0) whose
+every step is a span, so some episodes can be read step by step."""
 
 OTEL_BSP_MAX_QUEUE_SIZE: Final = "OTEL_BSP_MAX_QUEUE_SIZE"
 """Bound of gymtrace's export queue (default 8192 spans): when full, the oldest span is dropped

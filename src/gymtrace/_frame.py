@@ -71,6 +71,8 @@ class ActiveScope:
         "restored",
         "reward",
         "span",
+        "step_stats",
+        "step_timing",
     )
 
     def __init__(
@@ -101,6 +103,10 @@ class ActiveScope:
         self.remote = False
         # An episode continued from a carrier: the rollout span it belongs to (in another process).
         self.parent_span_context: trace.SpanContext | None = None
+        # The aggregate step policy (_steps.py): on a step owner, its steps' statistics; on a step,
+        # (statistics, number, start time in ns, whether it is a span).
+        self.step_stats: Any = None
+        self.step_timing: tuple[Any, int, int, bool] | None = None
 
     # -- reading -------------------------------------------------------------------------------
 

@@ -7,7 +7,6 @@ that have none. It never replaces a provider the application already set: it add
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import random
@@ -34,8 +33,12 @@ from gymtrace._content import (
 )
 from gymtrace._errors import InvalidArgumentError, reset_seen
 from gymtrace._export import BatchExporter
+from gymtrace._otlp import encode_json_line, grpc_exporter, http_exporter
 from gymtrace._processor import IdentitySpanProcessor
-from gymtrace._spandata import encode_otlp_json
+from gymtrace._steps import StepPolicy
+from gymtrace._steps import policy_from as step_policy_from
+from gymtrace._steps import reset_policy as reset_step_policy
+from gymtrace._steps import set_policy as set_step_policy
 from gymtrace._tracing import current_provider
 from gymtrace._trust import trust_overrides
 
@@ -190,7 +193,7 @@ def _file_exporter(path: str) -> SpanExporter:
             self._file: Any = None
 
         def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
-            line = json.dumps(encode_otlp_json(spans), separators=(",", ":"))
+            line = encode_json_line(spans)
             with self._lock:
                 if self._file is None:
                     Path(self.path).parent.mkdir(parents=True, exist_ok=True)
@@ -212,22 +215,19 @@ def _file_exporter(path: str) -> SpanExporter:
 
 
 def _otlp_exporter(protocol: str, endpoint: str | None, headers: Mapping[str, str] | None) -> SpanExporter:
+    # The SDK's exporters with gymtrace's lean encoder (_otlp.py): same transport, a sixth of the
+    # encoding time on the export thread, which shares the GIL with the application.
     kwargs: dict[str, Any] = {}
     if headers:
         kwargs["headers"] = dict(headers)
-    try:
-        if protocol == "grpc":
-            from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter as Grpc
-
-            if endpoint is not None:
-                kwargs["endpoint"] = endpoint
-            return Grpc(**kwargs)
-        from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter as Http
-    except ImportError as exc:
-        raise ImportError(_SDK_HINT) from exc
     if endpoint is not None:
         kwargs["endpoint"] = endpoint
-    return Http(**kwargs)
+    try:
+        if protocol == "grpc":
+            return grpc_exporter(**kwargs)  # type: ignore[no-any-return]
+        return http_exporter(**kwargs)  # type: ignore[no-any-return]
+    except ImportError as exc:
+        raise ImportError(_SDK_HINT) from exc
 
 
 def configure(
@@ -246,6 +246,7 @@ def configure(
     trust_identity: str | None = None,
     identity_secret: str | None = None,
     baggage_allow: str | Sequence[str] | None = None,
+    step_policy: str | StepPolicy | None = None,
 ) -> Configuration:
     """Set up tracing for gymtrace. Optional: instrumentation works under any TracerProvider.
 
@@ -272,6 +273,10 @@ def configure(
     ``identity_secret`` (``GYMTRACE_IDENTITY_SECRET``) and ``baggage_allow``
     (``GYMTRACE_BAGGAGE_ALLOW``) set which incoming gym identity is believed and which application
     baggage is forwarded; see the README's "Trusting incoming identity".
+    ``step_policy`` (``GYMTRACE_STEP_POLICY``) says what a ``gymtrace.step`` records: ``"all"``
+    (default, every step a span: an LLM agent loop) or ``"aggregate"`` (a simulator: step count and
+    duration statistics on the owner's span, a bounded sample of steps as spans), or a
+    :class:`gymtrace.StepPolicy` with the sampling parameters.
 
     Idempotent: the same call twice does nothing; a different call replaces gymtrace's exporters.
     If the application already set a TracerProvider, gymtrace never replaces it: it adds
@@ -287,6 +292,12 @@ def configure(
         raise InvalidArgumentError(
             f"gymtrace.configure(): argument 'trace_per' must be one of {_settings.TRACE_PER}, got {trace_per!r:.80}"
         )
+    # Validated here with the rest; made active with the rest, in _apply.
+    step = (
+        step_policy_from(step_policy)
+        if step_policy is not None or env.GYMTRACE_STEP_POLICY in os.environ
+        else None
+    )
     overrides, policy_changes = content_changes(
         capture=UNCHANGED if capture_content is None else capture_content,
         redact=UNCHANGED if redact_content is None else redact_content,
@@ -305,7 +316,7 @@ def configure(
         overrides=overrides,
     )
     if settings.sdk_disabled:
-        _apply(settings, overrides, policy_changes)
+        _apply(settings, overrides, policy_changes, step)
         logger.info("gymtrace: OTEL_SDK_DISABLED is set; tracing stays off")
         with _state.lock:
             _state.configuration = Configuration(disabled=True)
@@ -338,16 +349,16 @@ def configure(
     )
     with _state.lock:
         if _state.key == key and _state.configuration is not None:
-            _apply(settings, overrides, policy_changes)
+            _apply(settings, overrides, policy_changes, step)
             return _state.configuration
         sdk_trace = _import_sdk()
         existing = trace.get_tracer_provider()
         if _state.provider is None and not isinstance(existing, trace.ProxyTracerProvider):
-            _apply(settings, overrides, policy_changes)
+            _apply(settings, overrides, policy_changes, step)
             return _adopt(existing, sdk_trace, key)
         # Everything that can fail (imports, exporter constructors) happens before anything changes.
         processors = _processors(settings, headers)
-        _apply(settings, overrides, policy_changes)
+        _apply(settings, overrides, policy_changes, step)
         if _state.provider is None:
             _state.provider = _new_provider(sdk_trace, settings.service_name, sampler)
         else:
@@ -380,10 +391,17 @@ def configure(
         return _state.configuration
 
 
-def _apply(settings: _settings.Settings, overrides: dict[str, Any], policy_changes: dict[str, Any]) -> None:
-    """Make validated settings and content policy changes the active ones."""
+def _apply(
+    settings: _settings.Settings,
+    overrides: dict[str, Any],
+    policy_changes: dict[str, Any],
+    step: StepPolicy | None = None,
+) -> None:
+    """Make validated settings, content policy changes and the step policy the active ones."""
     _settings.apply(settings, overrides)
     apply_content_changes(policy_changes)
+    if step is not None:
+        set_step_policy(step)
 
 
 def _keep_sampler(provider: Any, sampler: Sampler | None) -> None:
@@ -416,7 +434,11 @@ def _new_provider(sdk_trace: Any, service_name: str | None, sampler: Sampler | N
         # One ID per process (unless OTEL_RESOURCE_ATTRIBUTES names one): readers tell apart
         # processes of one service by it, e.g. the checker compares step numbers per process.
         resource = resource.merge(Resource({c.SERVICE_INSTANCE_ID: str(uuid.uuid4())}))
-    provider = sdk_trace.TracerProvider(resource=resource, sampler=sampler, id_generator=make_id_generator())
+    from gymtrace._leanspan import GymTracerProvider
+
+    # The SDK's provider, with gymtrace's own spans on the lean path (_leanspan.py): only here,
+    # where gymtrace owns the provider; an application's provider is never changed.
+    provider: Any = GymTracerProvider(resource=resource, sampler=sampler, id_generator=make_id_generator())
     provider.add_span_processor(IdentitySpanProcessor())
     _state.stage = _ExportStage()
     provider.add_span_processor(_state.stage)
@@ -537,6 +559,7 @@ def reset() -> None:
     """
     shutdown()
     reset_content_policy()
+    reset_step_policy()
     _settings.reset()
     reset_seen()
 

@@ -1,4 +1,4 @@
-"""Which incoming gym identity a process believes, and the signature that proves it (issue 12).
+"""Which incoming gym identity a process believes, and the signature that proves it.
 
 Anyone who can reach a server can send ``baggage: gym.rollout.id=...``. The identity decides which
 searches a span turns up in, what ``gymtrace.current()`` returns to handler code that stores join

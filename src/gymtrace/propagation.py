@@ -192,7 +192,7 @@ def _items(carrier: Any) -> Iterable[tuple[Any, Any]]:
 def _index(carrier: Any) -> dict[str, list[str]]:
     """Case- and separator-insensitive view of a carrier. Repeated headers keep every value, in
     order, so each propagator takes them as it takes them from the official instrumentations'
-    getters: the first ``traceparent``, the first ``baggage``, all ``tracestate`` (issue 12)."""
+    getters: the first ``traceparent``, the first ``baggage``, all ``tracestate``."""
     index: dict[str, list[str]] = {}
     for key, raw in _items(carrier):
         name = _text(key)

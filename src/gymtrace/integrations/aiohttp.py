@@ -19,7 +19,7 @@ Each request gets ``traceparent``/``tracestate`` and a ``baggage`` header with t
   ``GYMTRACE_BAGGAGE_ALLOW``). Needed beside ``opentelemetry-instrumentation-aiohttp-client``:
   that instrumentor's trace config always runs after the caller's ones and injects the *current*
   context's baggage, which overwrote the trace config's header with the application's own baggage
-  (a user's e-mail address out, gym identity dropped; issue 12). A trace config cannot fix it:
+  (a user's e-mail address out, gym identity dropped). A trace config cannot fix it:
   aiohttp gives it no way to wrap the request, and attaching a context in one callback and
   detaching it in another would unwind out of order with the instrumentor's own attach.
 """

@@ -45,7 +45,7 @@ from opentelemetry import trace
 
 # _remote_context and _incoming_identity are what an integration needs beyond the public API: the
 # caller's scope continued on a chosen parent span, and the identity in a raw baggage header
-# believed per GYMTRACE_TRUST_IDENTITY (issue 12). FRAME_KEY tells whether a scope is continued.
+# believed per GYMTRACE_TRUST_IDENTITY. FRAME_KEY tells whether a scope is continued.
 from gymtrace._frame import FRAME_KEY, ActiveScope
 from gymtrace.propagation import _incoming_identity, _remote_context, extract
 
@@ -89,7 +89,7 @@ def _with_fallback(ctx: otel_context.Context, headers: Any) -> otel_context.Cont
 def _request_context(headers: Any, current: otel_context.Context | None = None) -> otel_context.Context:
     """The context a request with ``headers`` runs in: the caller's trace and gym identity.
 
-    One extraction per request (issue 12). If ``current`` already has a span (an outer HTTP
+    One extraction per request. If ``current`` already has a span (an outer HTTP
     server middleware extracted the headers and made it), that extraction is reused: the span stays
     the parent, the application baggage it extracted stays, and only the gym identity is read
     from the first ``baggage`` header (as the outer middleware read it), believed per

@@ -80,7 +80,7 @@ _perf_counter = time.perf_counter
 class _StepStats:
     """The step policy of one episode: which steps become spans, and the aggregate of all of them.
 
-    Kept in one small class so the engine-level step policy (issue 13) can replace it.
+    Kept in one small class so the engine-level step policy can replace it.
     """
 
     __slots__ = ("count", "every", "first", "max", "min", "sampled", "slowest", "total")

@@ -21,7 +21,7 @@ carries ``traceparent`` and the gym identity, so a traced model server (vLLM wit
 joins the trace. No message content is recorded. A stream's span ends when the stream is
 exhausted or closed.
 
-**Exactly one chat span per request** (issue 12). gymtrace *defers and enriches*; it never
+**Exactly one chat span per request**. gymtrace *defers and enriches*; it never
 suppresses another instrumentation:
 
 - inside a ``gymtrace.model_call(...)`` scope the call records onto that scope's span (no second

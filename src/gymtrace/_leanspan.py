@@ -1,0 +1,210 @@
+"""A leaner recording path for gymtrace's own spans, used only under the provider gymtrace owns.
+
+Measured (``benchmarks/perf.py``, forms): of the ~30 µs an SDK span costs, the SDK spends ~9 %
+re-validating attributes gymtrace built from validated values, and more on a ``ReadableSpan``
+copy made at the end of every span and on keyword-heavy constructor chains. :class:`LeanTracer`
+is the SDK's ``Tracer`` with one method replaced: ``start_span`` takes the same sampling, ID and
+limit decisions, builds the same SDK ``Span`` class (so every span processor, exporter and
+``isinstance`` check sees what it always saw), but fills plain-typed attributes without the
+per-value validation, and ends spans without the copy. Any other attribute value, and every
+tracer other than gymtrace's, takes the SDK's own path.
+
+It is installed only when ``configure()`` creates the provider, and only if the SDK's ``Tracer``
+and ``Span`` have the private fields this module fills (checked once; otherwise the SDK path stays).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from typing import Any
+
+from opentelemetry import trace as trace_api
+from opentelemetry.attributes import BoundedAttributes
+from opentelemetry.sdk import trace as sdk_trace
+from opentelemetry.sdk.util import BoundedList
+from opentelemetry.trace import SpanKind
+from opentelemetry.trace.status import Status, StatusCode
+
+from gymtrace import _constants as c
+
+logger = logging.getLogger("gymtrace")
+
+_PLAIN = (str, bool, int, float)
+_UNSET_STATUS = Status(StatusCode.UNSET)
+_TRACER_FIELDS = (
+    "sampler",
+    "resource",
+    "span_processor",
+    "id_generator",
+    "instrumentation_info",
+    "_span_limits",
+    "_instrumentation_scope",
+)
+
+
+# The SDK instantiates the private _Span (Span refuses direct construction since 1.2x).
+_SpanBase: Any = getattr(sdk_trace, "_Span", sdk_trace.Span)
+
+
+class _LeanSpan(_SpanBase):  # type: ignore[misc]
+    """The SDK span, constructed directly and handed to ``on_end`` as itself.
+
+    After ``end()`` every mutator of the SDK span is a no-op (``_check_span_ended``) and the
+    attributes are immutable, so the span is the read-only view the SDK would otherwise copy.
+    """
+
+    def _readable_span(self) -> Any:
+        return self
+
+
+def _span_fields_present() -> bool:
+    probe = sdk_trace.TracerProvider().get_tracer("gymtrace.probe")
+    span: Any = probe.start_span("probe")
+    span.end()
+    wanted = [
+        "_name",
+        "_context",
+        "_kind",
+        "_instrumentation_info",
+        "_instrumentation_scope",
+        "_parent",
+        "_start_time",
+        "_end_time",
+        "_attributes",
+        "_events",
+        "_links",
+        "_resource",
+        "_status",
+        "_sampler",
+        "_trace_config",
+        "_record_exception",
+        "_set_status_on_exception",
+        "_span_processor",
+        "_limits",
+        "_lock",
+        "_record_end_metrics",
+    ]
+    present = set(vars(span))
+    return all(name in present for name in wanted) and hasattr(span._attributes, "_dict")
+
+
+try:
+    _SUPPORTED = _span_fields_present()
+except Exception:  # noqa: BLE001 - an SDK we do not know: keep the SDK's path
+    _SUPPORTED = False
+
+
+class LeanTracer(sdk_trace.Tracer):
+    def start_span(
+        self,
+        name: str,
+        context: Any = None,
+        kind: SpanKind = SpanKind.INTERNAL,
+        attributes: Any = None,
+        links: Any = (),
+        start_time: int | None = None,
+        record_exception: bool = True,
+        set_status_on_exception: bool = True,
+    ) -> trace_api.Span:
+        limits = self._span_limits
+        if (
+            links
+            or not attributes
+            or limits.max_span_attribute_length is not None
+            or len(attributes) > (limits.max_span_attributes or 0)
+            or not self._is_enabled()
+        ):
+            return super().start_span(
+                name, context, kind, attributes, links, start_time, record_exception, set_status_on_exception
+            )
+        for value in attributes.values():
+            if type(value) not in _PLAIN:
+                return super().start_span(
+                    name,
+                    context,
+                    kind,
+                    attributes,
+                    links,
+                    start_time,
+                    record_exception,
+                    set_status_on_exception,
+                )
+        parent: Any = trace_api.get_current_span(context).get_span_context()
+        if parent is None or not parent.is_valid:
+            parent = None
+            trace_id = self.id_generator.generate_trace_id()
+            random_trace_id = self.id_generator.is_trace_id_random()
+        else:
+            trace_id = parent.trace_id
+            random_trace_id = parent.trace_flags.random_trace_id
+        sampling: Any = self.sampler.should_sample(context, trace_id, name, kind, attributes, ())
+        flags = (
+            trace_api.TraceFlags.SAMPLED if sampling.decision.is_sampled() else trace_api.TraceFlags.DEFAULT
+        )
+        if random_trace_id:
+            flags |= trace_api.TraceFlags.RANDOM_TRACE_ID
+        span_context = trace_api.SpanContext(
+            trace_id,
+            self.id_generator.generate_span_id(),
+            is_remote=False,
+            trace_flags=trace_api.TraceFlags(flags),
+            trace_state=sampling.trace_state,
+        )
+        record_end_metrics = self._tracer_metrics.start_span(parent, sampling.decision)
+        if not sampling.decision.is_recording():
+            return trace_api.NonRecordingSpan(context=span_context)
+        if sampling.attributes is not attributes and sampling.attributes != attributes:
+            # The sampler changed the attributes: let the SDK validate what it returned.
+            return super().start_span(
+                name, context, kind, attributes, links, start_time, record_exception, set_status_on_exception
+            )
+        span: Any = _LeanSpan.__new__(_LeanSpan)
+        span._name = name
+        span._context = span_context
+        span._kind = kind
+        span._instrumentation_info = self.instrumentation_info
+        span._instrumentation_scope = self._instrumentation_scope
+        span._parent = parent
+        span._start_time = None
+        span._end_time = None
+        span._resource = self.resource
+        span._status = _UNSET_STATUS
+        span._sampler = self.sampler
+        span._trace_config = None
+        span._record_exception = record_exception
+        span._set_status_on_exception = set_status_on_exception
+        span._span_processor = self.span_processor
+        span._limits = limits
+        span._lock = threading.Lock()
+        bounded = BoundedAttributes(limits.max_span_attributes, None, immutable=False)
+        bounded._dict.update(attributes)
+        span._attributes = bounded
+        span._events = BoundedList(limits.max_events)
+        span._links = BoundedList(limits.max_links)
+        span._record_end_metrics = record_end_metrics
+        span._start_time = start_time if start_time is not None else time.time_ns()
+        self.span_processor.on_start(span, parent_context=context)
+        lean: trace_api.Span = span
+        return lean
+
+
+def make_lean(tracer: Any, name: str) -> Any:
+    """gymtrace's own tracer from the provider gymtrace created, made lean if the SDK allows."""
+    if (
+        _SUPPORTED
+        and name == c.INSTRUMENTATION_NAME
+        and type(tracer) is sdk_trace.Tracer
+        and all(hasattr(tracer, f) for f in (*_TRACER_FIELDS, "_tracer_metrics", "_is_enabled"))
+    ):
+        tracer.__class__ = LeanTracer
+    return tracer
+
+
+class GymTracerProvider(sdk_trace.TracerProvider):
+    """The SDK's provider; gymtrace's own tracer from it is a :class:`LeanTracer`."""
+
+    def get_tracer(self, instrumenting_module_name: str, *args: Any, **kwargs: Any) -> trace_api.Tracer:
+        tracer = super().get_tracer(instrumenting_module_name, *args, **kwargs)
+        return make_lean(tracer, instrumenting_module_name)  # type: ignore[no-any-return]

@@ -1,0 +1,518 @@
+"""A lean OTLP/protobuf encoder and the OTLP exporters that send its bytes.
+
+The SDK's OTLP exporters build a protobuf message object per span, per attribute and per value,
+then serialise the tree: ~60 µs per span of pure Python on the export thread, which holds the GIL
+the application needs (REFERENCE.md, "Performance facts"). This module writes the protobuf wire
+format of ``ExportTraceServiceRequest`` (opentelemetry-proto ``trace.proto``) straight from the
+SDK span's fields into bytes, with the encoded form of each repeated attribute (the gym identity
+keys are the same on every span of a rollout) cached, so the export thread holds the GIL for a
+fraction of that time. ``benchmarks/perf.py`` prints both costs side by side.
+
+The exporters are the SDK's own OTLP exporters with only the encoding replaced: TLS, headers,
+compression, timeouts, the ``OTEL_EXPORTER_OTLP_*`` variables and the SDK's transport retries
+stay exactly theirs. The result decodes with the official ``opentelemetry-proto`` classes to the
+same message the SDK encoder builds (``tests/test_otlp_encoder.py``).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import struct
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from gymtrace._spandata import _any_value as _json_any_value
+
+logger = logging.getLogger("gymtrace")
+
+# The Collector's OTLP receivers refuse requests over 4 MiB by default (gRPC max_recv_msg_size_mib);
+# a batch whose encoding is larger goes out as several requests under this bound.
+MAX_REQUEST_BYTES = 4 * 1024 * 1024 - 64 * 1024  # headroom for the transport's own framing
+
+_GRPC_EXPORT_METHOD = "/opentelemetry.proto.collector.trace.v1.TraceService/Export"
+
+# SpanFlags: the SDK always says whether the parent was remote (0x100), and sets 0x200 if so.
+_FLAGS_HAS_IS_REMOTE = 0x100
+_FLAGS_IS_REMOTE = 0x200
+
+_pack_double = struct.Struct("<d").pack
+_pack_fixed32 = struct.Struct("<I").pack
+_pack_times = struct.Struct("<BQBQ").pack  # start (field 7) and end (field 8), both fixed64
+_pack_event_time = struct.Struct("<BQ").pack
+
+_SMALL = [bytes((i,)) for i in range(128)]
+
+
+def _varint(value: int) -> bytes:
+    if value < 128:
+        return _SMALL[value] if value >= 0 else _varint(value & 0xFFFFFFFFFFFFFFFF)
+    out = bytearray()
+    while value >= 128:
+        out.append((value & 0x7F) | 0x80)
+        value >>= 7
+    out.append(value)
+    return bytes(out)
+
+
+def _field(tag: bytes, payload: bytes) -> bytes:
+    """A length-delimited field: tag, length, payload."""
+    n = len(payload)
+    return tag + (_SMALL[n] if n < 128 else _varint(n)) + payload
+
+
+# -- AnyValue / KeyValue (common.proto) --------------------------------------------------------------
+
+
+def _any_value(value: Any) -> bytes:
+    """The body of an ``AnyValue`` message (without its own tag and length)."""
+    if isinstance(value, str):
+        return _field(b"\x0a", value.encode("utf-8", "surrogatepass"))
+    if isinstance(value, bool):
+        return b"\x10\x01" if value else b"\x10\x00"
+    if isinstance(value, int):
+        if not -(2**63) <= value < 2**63:
+            # int64 cannot hold it; the SDK encoder fails the whole batch here, a string keeps it.
+            return _field(b"\x0a", str(value).encode("ascii"))
+        return b"\x18" + _varint(value)
+    if isinstance(value, float):
+        return b"\x21" + _pack_double(value)
+    if isinstance(value, bytes):
+        return _field(b"\x3a", value)
+    if value is None:
+        return b""
+    if isinstance(value, Mapping):
+        return _field(b"\x32", b"".join(_field(b"\x0a", _key_value(str(k), v)) for k, v in value.items()))
+    if isinstance(value, Sequence):
+        return _field(b"\x2a", b"".join(_field(b"\x0a", _any_value(v)) for v in value))
+    raise TypeError(f"cannot encode a {type(value).__name__} attribute value")
+
+
+def _key_value(key: str, value: Any) -> bytes:
+    return _field(b"\x0a", key.encode("utf-8", "surrogatepass")) + _field(b"\x12", _any_value(value))
+
+
+# Encoded attributes (tag included), keyed by key, value type and value: the identity attributes,
+# span kinds and names repeat on every span. Bounded: cleared when full, which costs one re-encode.
+_KV_CACHE: dict[tuple[str, type, Any], bytes] = {}
+_KV_CACHE_MAX = 8192
+_KV_CACHEABLE = (str, bool, int, float)
+_KV_CACHE_MAX_STR = 256
+
+
+def _attributes(tag: bytes, attributes: Mapping[str, Any] | None) -> bytes:
+    """Every attribute as a repeated ``KeyValue`` field with the given tag; unencodable ones are
+    skipped and logged, as the SDK encoder does."""
+    if not attributes:
+        return b""
+    cache = _KV_CACHE
+    parts = []
+    for key, value in attributes.items():
+        kind = type(value)
+        cacheable = kind in _KV_CACHEABLE and (kind is not str or len(value) <= _KV_CACHE_MAX_STR)
+        if cacheable:
+            encoded = cache.get((key, kind, value))
+            if encoded is not None:
+                parts.append(encoded)
+                continue
+        try:
+            encoded = _field(tag, _key_value(key, value))
+        except (TypeError, ValueError):
+            logger.warning("gymtrace: attribute %r could not be encoded; it is left out", key, exc_info=True)
+            continue
+        if cacheable:
+            if len(cache) >= _KV_CACHE_MAX:
+                cache.clear()
+            cache[(key, kind, value)] = encoded
+        parts.append(encoded)
+    return b"".join(parts)
+
+
+# -- Span (trace.proto) ------------------------------------------------------------------------------
+
+
+def _flags(context: Any) -> bytes:
+    # Field 16, fixed32: tag (16 << 3) | 5 = 133, a two-byte varint.
+    flags = _FLAGS_HAS_IS_REMOTE | (_FLAGS_IS_REMOTE if context is not None and context.is_remote else 0)
+    return b"\x85\x01" + _pack_fixed32(flags)
+
+
+def _trace_state(trace_state: Any) -> str:
+    return ",".join(f"{k}={v}" for k, v in trace_state.items()) if trace_state else ""
+
+
+def _span_attributes(span: Any) -> Mapping[str, Any] | None:
+    # ReadableSpan.attributes wraps the SDK's BoundedAttributes in a MappingProxyType, and items()
+    # of either goes through Python-level __iter__/__getitem__: a third of the encoding time. An
+    # ended span's BoundedAttributes is immutable, so its plain dict is read directly when the SDK
+    # has one; any other shape takes the public property.
+    plain = getattr(getattr(span, "_attributes", None), "_dict", None)
+    return plain if isinstance(plain, dict) else span.attributes
+
+
+def encode_span(span: Any) -> bytes:
+    """One SDK ``ReadableSpan`` as the body of an OTLP ``Span`` message."""
+    ctx = span.get_span_context()
+    parts = [b"\x0a\x10" + ctx.trace_id.to_bytes(16, "big") + b"\x12\x08" + ctx.span_id.to_bytes(8, "big")]
+    state = _trace_state(ctx.trace_state)
+    if state:
+        parts.append(_field(b"\x1a", state.encode("utf-8")))
+    parent = span.parent
+    if parent is not None:
+        parts.append(b"\x22\x08" + parent.span_id.to_bytes(8, "big"))
+    parts.append(_field(b"\x2a", span.name.encode("utf-8", "surrogatepass")))
+    parts.append(_SMALL_KINDS[span.kind.value])
+    parts.append(_pack_times(0x39, span.start_time or 0, 0x41, span.end_time or 0))
+    parts.append(_attributes(b"\x4a", _span_attributes(span)))
+    dropped = span.dropped_attributes
+    if dropped:
+        parts.append(b"\x50" + _varint(dropped))
+    for event in span.events:
+        body = _pack_event_time(0x09, event.timestamp) + _field(b"\x12", event.name.encode("utf-8"))
+        body += _attributes(b"\x1a", event.attributes)
+        if event.dropped_attributes:
+            body += b"\x20" + _varint(event.dropped_attributes)
+        parts.append(_field(b"\x5a", body))
+    dropped = span.dropped_events
+    if dropped:
+        parts.append(b"\x60" + _varint(dropped))
+    for link in span.links:
+        lctx = link.context
+        body = b"\x0a\x10" + lctx.trace_id.to_bytes(16, "big") + b"\x12\x08" + lctx.span_id.to_bytes(8, "big")
+        body += _attributes(b"\x22", link.attributes)
+        if link.dropped_attributes:
+            body += b"\x28" + _varint(link.dropped_attributes)
+        body += b"\x35" + _pack_fixed32(_FLAGS_HAS_IS_REMOTE | (_FLAGS_IS_REMOTE if lctx.is_remote else 0))
+        parts.append(_field(b"\x6a", body))
+    dropped = span.dropped_links
+    if dropped:
+        parts.append(b"\x70" + _varint(dropped))
+    status = span.status
+    code = status.status_code.value
+    body = _field(b"\x12", status.description.encode("utf-8")) if status.description else b""
+    if code:
+        body += b"\x18" + _SMALL[code]
+    parts.append(_field(b"\x7a", body))
+    parts.append(_flags(parent))
+    return b"".join(parts)
+
+
+# Span.kind (field 6): OTLP's enum is the API's value plus one (0 is UNSPECIFIED).
+_SMALL_KINDS = [b"\x30" + _SMALL[value + 1] for value in range(5)]
+
+
+# -- Resource, scope, request -------------------------------------------------------------------------
+
+# Encoded resources and scopes, by identity (they are shared by every span of a provider). The
+# object is kept beside its bytes so a recycled id() can never match.
+_HEAD_CACHE: dict[int, tuple[Any, bytes]] = {}
+
+
+def _resource_head(resource: Any) -> bytes:
+    cached = _HEAD_CACHE.get(id(resource))
+    if cached is not None and cached[0] is resource:
+        return cached[1]
+    encoded = _field(b"\x0a", _attributes(b"\x0a", resource.attributes)) if resource is not None else b""
+    _remember(resource, encoded)
+    return encoded
+
+
+def _scope_head(scope: Any) -> bytes:
+    cached = _HEAD_CACHE.get(id(scope))
+    if cached is not None and cached[0] is scope:
+        return cached[1]
+    if scope is None:
+        encoded = _field(b"\x0a", b"")
+    else:
+        body = _field(b"\x0a", scope.name.encode("utf-8")) if scope.name else b""
+        if scope.version:
+            body += _field(b"\x12", scope.version.encode("utf-8"))
+        body += _attributes(b"\x1a", getattr(scope, "attributes", None))
+        encoded = _field(b"\x0a", body)
+    _remember(scope, encoded)
+    return encoded
+
+
+def _remember(owner: Any, encoded: bytes) -> None:
+    if len(_HEAD_CACHE) > 256:
+        _HEAD_CACHE.clear()
+    _HEAD_CACHE[id(owner)] = (owner, encoded)
+
+
+def encode_requests(spans: Sequence[Any], max_bytes: int = MAX_REQUEST_BYTES) -> list[tuple[int, bytes]]:
+    """SDK ``ReadableSpan`` objects as serialised ``ExportTraceServiceRequest`` messages.
+
+    Returns ``(span_count, request_bytes)`` pairs: one request unless the spans' encoding exceeds
+    ``max_bytes``, then as many as keep each under it (a single span larger than the bound still
+    goes alone; the receiver decides). Grouped by resource and instrumentation scope like the
+    SDK's encoder.
+    """
+    groups: dict[tuple[int, int], tuple[Any, Any, list[bytes]]] = {}
+    for span in spans:
+        resource = span.resource
+        scope = span.instrumentation_scope
+        key = (id(resource), id(scope))
+        group = groups.get(key)
+        if group is None:
+            group = groups[key] = (resource, scope, [])
+        group[2].append(_field(b"\x12", encode_span(span)))
+    # Equal resources and scopes are one group, as in the SDK's encoder (a tracer per call gives
+    # equal but distinct scope objects). Compared once per group: Resource hashes through JSON.
+    merged: dict[Any, dict[Any, tuple[Any, Any, list[bytes]]]] = {}
+    for resource, scope, encoded_spans in groups.values():
+        by_scope = merged.setdefault(resource, {})
+        if scope in by_scope:
+            by_scope[scope][2].extend(encoded_spans)
+        else:
+            by_scope[scope] = (resource, scope, encoded_spans)
+
+    requests: list[tuple[int, bytes]] = []
+    chunk: list[bytes] = []  # ResourceSpans fields of the request being filled
+    chunk_count = chunk_size = 0
+    for resource, by_scope in merged.items():
+        resource_head = _resource_head(resource)
+        resource_tail = _schema(getattr(resource, "schema_url", ""))
+        scope_fields: list[bytes] = []  # ScopeSpans of this resource in the current request
+        scope_size = 0
+        for _, scope, encoded_spans in by_scope.values():
+            scope_head = _scope_head(scope)
+            scope_tail = _schema(getattr(scope, "schema_url", "") if scope is not None else "")
+            i = 0
+            while i < len(encoded_spans):
+                room = max_bytes - chunk_size - scope_size - len(resource_head) - len(scope_head) - 64
+                end, size = i, 0
+                alone = not chunk and not scope_fields
+                while end < len(encoded_spans) and (
+                    size + len(encoded_spans[end]) <= room or (alone and end == i)
+                ):
+                    size += len(encoded_spans[end])
+                    end += 1
+                if end > i:
+                    field = _field(b"\x12", scope_head + b"".join(encoded_spans[i:end]) + scope_tail)
+                    scope_fields.append(field)
+                    scope_size += len(field)
+                    chunk_count += end - i
+                    i = end
+                if i < len(encoded_spans):
+                    # The request is full: close this resource's part of it and start the next.
+                    if scope_fields:
+                        chunk.append(_field(b"\x0a", resource_head + b"".join(scope_fields) + resource_tail))
+                    requests.append((chunk_count, b"".join(chunk)))
+                    chunk, chunk_count, chunk_size = [], 0, 0
+                    scope_fields, scope_size = [], 0
+        if scope_fields:
+            resource_spans = _field(b"\x0a", resource_head + b"".join(scope_fields) + resource_tail)
+            chunk.append(resource_spans)
+            chunk_size += len(resource_spans)
+    if chunk:
+        requests.append((chunk_count, b"".join(chunk)))
+    return requests
+
+
+def _schema(url: str | None) -> bytes:
+    # schema_url is field 3 of both ResourceSpans and ScopeSpans.
+    return _field(b"\x1a", url.encode("utf-8")) if url else b""
+
+
+def encode_request(spans: Sequence[Any]) -> bytes:
+    """All ``spans`` as one serialised ``ExportTraceServiceRequest``, whatever its size."""
+    return b"".join(body for _, body in encode_requests(spans, max_bytes=2**62))
+
+
+# -- OTLP/JSON lines (the file exporter) ----------------------------------------------------------------
+
+# ASCII escapes like json.dumps: a lone surrogate in an attribute must not break the file write.
+_dumps = json.JSONEncoder(separators=(",", ":")).encode
+_JSON_CACHE: dict[tuple[str, type, Any], str] = {}
+
+
+def _json_attributes(attributes: Mapping[str, Any] | None) -> str:
+    """``"attributes":[...]`` text; each key/value fragment is cached like the protobuf ones."""
+    if not attributes:
+        return "[]"
+    cache = _JSON_CACHE
+    parts = []
+    for key, value in attributes.items():
+        kind = type(value)
+        cacheable = kind in _KV_CACHEABLE and (kind is not str or len(value) <= _KV_CACHE_MAX_STR)
+        if cacheable:
+            encoded = cache.get((key, kind, value))
+            if encoded is not None:
+                parts.append(encoded)
+                continue
+        encoded = _dumps({"key": key, "value": _json_any_value(value)})
+        if cacheable:
+            if len(cache) >= _KV_CACHE_MAX:
+                cache.clear()
+            cache[(key, kind, value)] = encoded
+        parts.append(encoded)
+    return "[" + ",".join(parts) + "]"
+
+
+def _json_resource_spans(resource: Any, scopes: dict[Any, list[str]]) -> str:
+    scope_parts = []
+    for scope, spans in scopes.items():
+        name = scope.name if scope is not None else ""
+        version = (scope.version or "") if scope is not None else ""
+        scope_parts.append(
+            '{"scope":' + _dumps({"name": name, "version": version}) + ',"spans":[' + ",".join(spans) + "]}"
+        )
+    return (
+        '{"resource":{"attributes":'
+        + _json_attributes(resource.attributes)
+        + '},"scopeSpans":['
+        + ",".join(scope_parts)
+        + "]}"
+    )
+
+
+def encode_json_line(spans: Sequence[Any]) -> str:
+    """SDK spans as one OTLP/JSON ``ExportTraceServiceRequest`` on one line (no newline).
+
+    The same JSON as ``json.dumps(_spandata.encode_otlp_json(spans))`` (the Collector's ``file``
+    exporter format), written as text with cached attribute fragments: a third of the time.
+    """
+    by_resource: dict[int, tuple[Any, dict[Any, list[str]]]] = {}
+    for span in spans:
+        resource = span.resource
+        entry = by_resource.get(id(resource))
+        if entry is None:
+            entry = by_resource[id(resource)] = (resource, {})
+        scope = span.instrumentation_scope
+        ctx = span.get_span_context()
+        text = (
+            f'{{"traceId":"{ctx.trace_id:032x}","spanId":"{ctx.span_id:016x}","name":{_dumps(span.name)},'
+            f'"kind":{span.kind.value + 1},"startTimeUnixNano":"{span.start_time or 0}",'
+            f'"endTimeUnixNano":"{span.end_time or 0}","attributes":{_json_attributes(_span_attributes(span))},'
+            f'"flags":{int(ctx.trace_flags)}'
+        )
+        parent = span.parent
+        if parent is not None:
+            text += f',"parentSpanId":"{parent.span_id:016x}"'
+        events = span.events
+        if events:
+            text += (
+                ',"events":['
+                + ",".join(
+                    f'{{"timeUnixNano":"{e.timestamp}","name":{_dumps(e.name)},'
+                    f'"attributes":{_json_attributes(e.attributes)}}}'
+                    for e in events
+                )
+                + "]"
+            )
+        links = span.links
+        if links:
+            text += (
+                ',"links":['
+                + ",".join(
+                    f'{{"traceId":"{link.context.trace_id:032x}","spanId":"{link.context.span_id:016x}",'
+                    f'"attributes":{_json_attributes(link.attributes)}}}'
+                    for link in links
+                )
+                + "]"
+            )
+        status = span.status
+        if status.description:
+            text += (
+                f',"status":{{"code":{status.status_code.value},"message":{_dumps(status.description)}}}}}'
+            )
+        else:
+            text += f',"status":{{"code":{status.status_code.value}}}}}'
+        # Scopes are grouped by (name, version) like encode_otlp_json.
+        key = _ScopeKey(scope)
+        entry[1].setdefault(key, []).append(text)
+    return (
+        '{"resourceSpans":['
+        + ",".join(_json_resource_spans(resource, scopes) for resource, scopes in by_resource.values())
+        + "]}"
+    )
+
+
+class _ScopeKey:
+    """Groups scopes by (name, version), keeping one scope object to read them from."""
+
+    __slots__ = ("_key", "name", "version")
+
+    def __init__(self, scope: Any) -> None:
+        self.name = scope.name if scope is not None else ""
+        self.version = (scope.version or "") if scope is not None else ""
+        self._key = (self.name, self.version)
+
+    def __hash__(self) -> int:
+        return hash(self._key)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, _ScopeKey) and other._key == self._key
+
+
+# -- exporters -----------------------------------------------------------------------------------------
+
+
+def _identity(data: bytes) -> bytes:
+    return data
+
+
+class _RawTraceServiceStub:
+    """``TraceServiceStub`` that sends already serialised requests.
+
+    The generated stub serialises a message object with ``SerializeToString``; this one passes
+    the encoder's bytes through and decodes the response with the official class.
+    """
+
+    def __init__(self, channel: Any) -> None:
+        from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceResponse
+
+        self.Export = channel.unary_unary(
+            _GRPC_EXPORT_METHOD,
+            request_serializer=_identity,
+            response_deserializer=ExportTraceServiceResponse.FromString,
+        )
+
+
+def grpc_exporter(**kwargs: Any) -> Any:
+    """The SDK's OTLP/gRPC span exporter, sending the lean encoder's bytes."""
+    from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
+    from opentelemetry.sdk.trace.export import SpanExportResult
+
+    class LeanGrpcSpanExporter(OTLPSpanExporter):
+        def __init__(self, **kw: Any) -> None:
+            super().__init__(**kw)
+            # The mixin builds the stub from self._stub, now and on every reconnect.
+            self._stub = _RawTraceServiceStub
+            self._client = _RawTraceServiceStub(self._channel)  # type: ignore[assignment]
+
+        def _translate_data(self, data: Any) -> Any:
+            return data  # already a serialised request (see export)
+
+        def export(self, spans: Sequence[Any]) -> Any:
+            for _, request in encode_requests(spans):
+                result = self._export(request)  # type: ignore[arg-type]
+                if result != SpanExportResult.SUCCESS:
+                    return result
+            return SpanExportResult.SUCCESS
+
+    return LeanGrpcSpanExporter(**kwargs)
+
+
+def http_exporter(**kwargs: Any) -> Any:
+    """The SDK's OTLP/HTTP span exporter, posting the lean encoder's bytes.
+
+    Uses the SDK's HTTP client (its retries, TLS, compression and headers) when it has the
+    ``_client.export(bytes)`` seam of opentelemetry-exporter-otlp-proto-http 1.40+; older
+    versions keep their stock encoding.
+    """
+    from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+    from opentelemetry.sdk.trace.export import SpanExportResult
+
+    class LeanHttpSpanExporter(OTLPSpanExporter):
+        def export(self, spans: Sequence[Any]) -> Any:
+            client = getattr(self, "_client", None)
+            if getattr(self, "_shutdown", False) or not callable(getattr(client, "export", None)):
+                return super().export(spans)
+            assert client is not None
+            for _, request in encode_requests(spans):
+                if not client.export(request).success:
+                    return SpanExportResult.FAILURE
+            return SpanExportResult.SUCCESS
+
+    return LeanHttpSpanExporter(**kwargs)

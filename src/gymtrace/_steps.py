@@ -1,0 +1,312 @@
+"""The step policy: what a ``gymtrace.step`` records when steps are too fast to trace one by one.
+
+A span costs ~25 µs; a Gymnasium CartPole step ~8 µs (REFERENCE.md). ``all`` (the default) makes
+every step a span, which fits an LLM agent loop whose steps take milliseconds. ``aggregate`` fits a
+simulator: the step owner's span (the agent invocation, else the episode) carries the step count and
+duration statistics, and only a bounded sample of steps become spans, each with its true number and
+true start and end time:
+
+- the first ``first`` steps of each owner (live spans: their children nest under them);
+- the ``slowest`` slowest of the rest, written when the owner ends (no children: those ran inside
+  the owner's span while the step was timed);
+- every step of a sampled share ``episode_share`` of owners;
+- always a step that raised (with its exception, written when it ends).
+
+The owner's span says which policy applied (``gym.steps.policy``), so a reader, the contract
+checker and ``gymtrace tree`` know the step spans are a sample.
+"""
+
+from __future__ import annotations
+
+import heapq
+import os
+import random
+import threading
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from opentelemetry import trace
+from opentelemetry.trace import Status, StatusCode
+
+from gymtrace import _constants as c
+from gymtrace import _environment as env
+from gymtrace._errors import InvalidArgumentError
+from gymtrace._failures import qualified_name
+from gymtrace._tracing import active_tracer
+
+POLICY_ALL = c.STEPS_POLICY_ALL
+POLICY_AGGREGATE = c.STEPS_POLICY_AGGREGATE
+POLICIES = (POLICY_ALL, POLICY_AGGREGATE)
+
+
+@dataclass(frozen=True)
+class StepPolicy:
+    """What a step records; see the module docstring. ``StepPolicy()`` is every step a span."""
+
+    policy: str = POLICY_ALL
+    # Defaults as the Gymnasium integration's (DEFAULT_SAMPLE_FIRST): a span costs about five
+    # CartPole steps and a random CartPole episode lasts ~20 steps.
+    first: int = 1
+    slowest: int = 1
+    episode_share: float = 0.0
+
+    def __post_init__(self) -> None:
+        if self.policy not in POLICIES:
+            raise InvalidArgumentError(
+                f"gymtrace.StepPolicy(): argument 'policy' must be one of {POLICIES}, got {self.policy!r}"
+            )
+        for name in ("first", "slowest"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise InvalidArgumentError(
+                    f"gymtrace.StepPolicy(): argument {name!r} must be an int >= 0, got {value!r}"
+                )
+        share = self.episode_share
+        if isinstance(share, bool) or not isinstance(share, (int, float)) or not 0.0 <= share <= 1.0:
+            raise InvalidArgumentError(
+                f"gymtrace.StepPolicy(): argument 'episode_share' must be a number in [0, 1], got {share!r}"
+            )
+
+    @property
+    def aggregate(self) -> bool:
+        return self.policy == POLICY_AGGREGATE
+
+
+def _env_int(name: str, default: int) -> int:
+    raw = os.environ.get(name, "").strip()
+    if not raw:
+        return default
+    try:
+        return int(raw)
+    except ValueError:
+        raise InvalidArgumentError(f"{name} must be an int >= 0, got {raw!r}") from None
+
+
+def _env_share(name: str, default: float) -> float:
+    raw = os.environ.get(name, "").strip()
+    if not raw:
+        return default
+    try:
+        return float(raw)
+    except ValueError:
+        raise InvalidArgumentError(f"{name} must be a number in [0, 1], got {raw!r}") from None
+
+
+def policy_from(value: str | StepPolicy | Mapping[str, Any] | None) -> StepPolicy:
+    """The policy for ``configure(step_policy=...)``: a StepPolicy, a policy name (parameters from
+    the ``GYMTRACE_STEP_*`` variables) or None (everything from the environment)."""
+    if isinstance(value, StepPolicy):
+        return value
+    if isinstance(value, Mapping):
+        return StepPolicy(**value)
+    if value is not None and not isinstance(value, str):
+        raise InvalidArgumentError(
+            "gymtrace.configure(): argument 'step_policy' must be 'all', 'aggregate' or a"
+            f" gymtrace.StepPolicy, got {type(value).__name__}"
+        )
+    name = (value or os.environ.get(env.GYMTRACE_STEP_POLICY, "") or POLICY_ALL).strip().lower()
+    if name not in POLICIES:
+        raise InvalidArgumentError(
+            f"step policy must be one of {POLICIES} (argument 'step_policy' or"
+            f" {env.GYMTRACE_STEP_POLICY}), got {name!r}"
+        )
+    return StepPolicy(
+        policy=name,
+        first=_env_int(env.GYMTRACE_STEP_FIRST, StepPolicy.first),
+        slowest=_env_int(env.GYMTRACE_STEP_SLOWEST, StepPolicy.slowest),
+        episode_share=_env_share(env.GYMTRACE_STEP_EPISODE_SHARE, StepPolicy.episode_share),
+    )
+
+
+_policy = policy_from(None) if os.environ.get(env.GYMTRACE_STEP_POLICY) else StepPolicy()
+# Read by the engine on every step: True when the policy is aggregate.
+aggregating = _policy.aggregate
+
+
+def current_policy() -> StepPolicy:
+    return _policy
+
+
+def set_policy(policy: StepPolicy) -> None:
+    global _policy, aggregating
+    _policy = policy
+    aggregating = policy.aggregate
+
+
+def reset_policy() -> None:
+    """Back to what the environment says (``gymtrace.testing.reset()``)."""
+    set_policy(policy_from(None) if os.environ.get(env.GYMTRACE_STEP_POLICY) else StepPolicy())
+
+
+# A private RNG for the episode share: RL code seeds the global one in every worker.
+_random = random.Random(os.urandom(16))
+os.register_at_fork(after_in_child=lambda: _random.seed(os.urandom(16)))
+
+
+class StepStats:
+    """The steps of one owner (agent invocation or episode) under the aggregate policy."""
+
+    __slots__ = (
+        "_lock",
+        "count",
+        "errors",
+        "everything",
+        "first",
+        "max_ns",
+        "min_ns",
+        "policy",
+        "slow",
+        "slowest",
+        "slowest_number",
+        "spans",
+        "started",
+        "total_ns",
+    )
+
+    def __init__(self, policy: StepPolicy) -> None:
+        self.policy = policy
+        self.first = policy.first
+        self.slowest = policy.slowest
+        # Every step of this owner is a span (the sampled share of owners).
+        self.everything = policy.episode_share > 0 and _random.random() < policy.episode_share
+        self.count = 0
+        self.started = 0
+        self.errors = 0
+        self.spans = 0
+        self.total_ns = 0
+        self.min_ns = -1
+        self.max_ns = -1
+        self.slowest_number = 0
+        # Min-heap of (duration, number, start, end) of the slowest steps that are not spans yet.
+        self.slow: list[tuple[int, int, int, int]] = []
+        self._lock = threading.Lock()
+
+    def wants_span(self) -> bool:
+        """Whether the step starting now becomes a live span: one of the first ``first`` started
+        (counted, so explicit step numbers do not matter), or every step of a sampled owner."""
+        self.started += 1
+        return self.everything or self.started <= self.first
+
+    def record(self, number: int, start_ns: int, end_ns: int, as_span: bool, error: bool = False) -> None:
+        # No lock: this runs on every step (a lock is ~0.3 µs), and the steps of one owner run one
+        # at a time (an agent loop, or coroutines of one event loop). Steps of one owner run on
+        # several threads at once could lose a count, never a span or a recorded error.
+        duration = end_ns - start_ns
+        self.count += 1
+        if error:
+            self.errors += 1
+        self.total_ns += duration
+        if duration > self.max_ns:
+            self.max_ns = duration
+            self.slowest_number = number
+        if self.min_ns < 0 or duration < self.min_ns:
+            self.min_ns = duration
+        if as_span:
+            self.spans += 1
+        elif self.slowest:
+            slow = self.slow
+            if len(slow) < self.slowest:
+                heapq.heappush(slow, (duration, number, start_ns, end_ns))
+            elif duration > slow[0][0]:
+                heapq.heapreplace(slow, (duration, number, start_ns, end_ns))
+
+    def finish(
+        self, owner_span: Any, tracer: trace.Tracer | None, context: Any, identity: Mapping[str, Any]
+    ) -> None:
+        """Write the slowest steps as spans, then the statistics onto the owner's span."""
+        with self._lock:
+            slow, self.slow = sorted(self.slow, key=lambda e: e[2]), []
+        if tracer is not None:
+            for _, number, start_ns, end_ns in slow:
+                span = tracer.start_span(
+                    c.SPAN_STEP,
+                    context=context,
+                    attributes={
+                        **identity,
+                        c.KIND: c.KIND_STEP,
+                        c.STEP_NUMBER: number,
+                        c.STEP_KEPT: c.STEP_KEPT_SLOWEST,
+                    },
+                    start_time=start_ns,
+                )
+                span.end(end_time=end_ns)
+                self.spans += 1
+        owner_span.set_attributes(self.attributes())
+
+    def attributes(self) -> dict[str, Any]:
+        """The statistics, named as the Gymnasium integration names them (gym.steps.*)."""
+        policy = self.policy
+        out: dict[str, Any] = {
+            # An owner of the sampled share had every step as a span: for its reader that is "all".
+            c.STEPS_POLICY: POLICY_ALL if self.everything else POLICY_AGGREGATE,
+            c.STEPS_FIRST: policy.first,
+            c.STEPS_SLOWEST: policy.slowest,
+            c.STEPS_EPISODE_SHARE: float(policy.episode_share),
+            c.STEPS_COUNT: self.count,
+            c.STEPS_SAMPLED: self.spans,
+        }
+        if self.errors:
+            out[c.STEPS_ERRORS] = self.errors
+        if self.count:
+            out[c.STEPS_DURATION_TOTAL_MS] = self.total_ns / 1e6
+            out[c.STEPS_DURATION_MEAN_MS] = self.total_ns / self.count / 1e6
+            out[c.STEPS_DURATION_MIN_MS] = self.min_ns / 1e6
+            out[c.STEPS_DURATION_MAX_MS] = self.max_ns / 1e6
+            out[c.STEPS_SLOWEST_NUMBER] = self.slowest_number
+        return out
+
+
+def stats_for(owner: Any) -> StepStats:
+    """The step statistics of a step owner (agent invocation, episode, ...), made at its first step.
+
+    The policy is visible at once on the owner's span and, when the owner is an agent invocation,
+    on its episode's span, so a reader of either knows the step spans are a sample.
+    """
+    stats = owner.step_stats = StepStats(_policy)
+    policy_name = POLICY_ALL if stats.everything else POLICY_AGGREGATE
+    owner.span.set_attribute(c.STEPS_POLICY, policy_name)
+    episode = owner.nearest(c.KIND_EPISODE)
+    if episode is not None and episode is not owner:
+        episode.span.set_attribute(c.STEPS_POLICY, policy_name)
+    return stats
+
+
+def end_unsampled(frame: Any, timing: tuple[Any, int, int, bool], exc: BaseException | None) -> None:
+    """A step without a span ended: count it; if it raised, it becomes a span now."""
+    stats, number, start_ns, _ = timing
+    end_ns = time.time_ns()
+    raised = isinstance(exc, Exception)
+    stats.record(number, start_ns, end_ns, raised, raised)
+    if isinstance(exc, Exception):
+        tracer = active_tracer()
+        if tracer is not None:
+            _write_raised(tracer, frame.context, frame.identity, number, start_ns, end_ns, exc)
+
+
+def write_owner(frame: Any) -> None:
+    """The owner ends: its slowest steps become spans, its span gets the statistics."""
+    frame.step_stats.finish(frame.span, active_tracer(), frame.context, frame.identity)
+
+
+def _write_raised(
+    tracer: trace.Tracer,
+    context: Any,
+    identity: Mapping[str, Any],
+    number: int,
+    start_ns: int,
+    end_ns: int,
+    exc: Exception,
+) -> None:
+    span = tracer.start_span(
+        c.SPAN_STEP,
+        context=context,
+        attributes={**identity, c.KIND: c.KIND_STEP, c.STEP_NUMBER: number, c.STEP_KEPT: c.STEP_KEPT_RAISED},
+        start_time=start_ns,
+    )
+    # As the engine records an exception on a live span (_scope._record_error).
+    span.record_exception(exc, timestamp=end_ns)
+    span.set_status(Status(StatusCode.ERROR, f"{type(exc).__name__}: {exc}"))
+    span.set_attribute(c.ERROR_TYPE, qualified_name(type(exc)))
+    span.end(end_time=end_ns)

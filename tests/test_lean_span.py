@@ -1,0 +1,107 @@
+"""The lean recording path under the provider ``configure()`` creates (``gymtrace._leanspan``).
+
+Each test runs a child process (the global provider can be set once per process): the same scenario
+under gymtrace's own provider (lean path) and under ``capture_spans()`` (the stock SDK path) must
+give the same span tree, and a span processor the application adds to gymtrace's provider must see
+every span, foreign ones nested where they ran.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from child_process import run_python
+
+SCENARIO = """
+import json
+import gymtrace
+from opentelemetry import trace
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from gymtrace._tracing import current_provider
+from gymtrace.testing import capture_spans, check_trace
+
+gymtrace.configure(service_name="lean", file=False)
+mem = InMemorySpanExporter()
+trace.get_tracer_provider().add_span_processor(SimpleSpanProcessor(mem))
+
+def scenario():
+    library = current_provider().get_tracer("some.library")
+    with gymtrace.run(run_id="run-1"):
+        with gymtrace.rollout(rollout_id="r-1", task_id="t", repeat=0):
+            with gymtrace.episode():
+                with gymtrace.agent_invocation(agent_name="a"):
+                    with gymtrace.step():
+                        with library.start_as_current_span("GET /env", attributes={"http.status": 200}):
+                            pass
+                    try:
+                        with gymtrace.step():
+                            raise ValueError("boom")
+                    except ValueError:
+                        pass
+                    # A list value is not a plain scalar: this span takes the SDK's own path.
+                    with gymtrace.step(attributes={"custom.list": [1, 2, 3]}) as s:
+                        s.set_attribute("late", "yes")
+                        gymtrace.record_reward(1.0)
+
+def shape(spans):
+    by_id = {s.context.span_id: s for s in spans}
+    out = []
+    for s in spans:
+        parent = by_id.get(s.parent.span_id) if s.parent else None
+        attributes = {k: (list(v) if isinstance(v, tuple) else v) for k, v in s.attributes.items()
+                      if not k.endswith(".id") or k.startswith("gym.")}
+        out.append([s.name, s.kind.name, parent.name if parent else None, attributes,
+                    s.status.status_code.name, [e.name for e in s.events], len(s.links)])
+    return sorted(out, key=repr)
+
+scenario()
+lean = list(mem.get_finished_spans())
+lean_types = sorted({type(s).__name__ for s in lean if s.instrumentation_scope.name == "gymtrace"})
+problems = check_trace(lean)
+with capture_spans() as captured:
+    scenario()
+print(json.dumps({"lean": shape(lean), "stock": shape(captured.spans), "types": lean_types,
+                  "problems": [str(p) for p in problems], "count": len(lean)}))
+"""
+
+
+def run(code: str, tmp_path: Path, **env: str) -> dict[str, Any]:
+    out = run_python(code=code, cwd=tmp_path, env=env)
+    assert out.returncode == 0, out.stderr
+    return dict(json.loads(out.stdout.strip().splitlines()[-1]))
+
+
+def test_the_lean_path_gives_the_stock_span_tree_to_every_processor(tmp_path: Path) -> None:
+    result = run(SCENARIO, tmp_path)
+    # The application's own processor on gymtrace's provider saw every span, the foreign one too.
+    assert result["count"] == 8
+    assert result["lean"] == result["stock"]
+    assert result["problems"] == []
+    # Both paths ran: plain attributes on the lean one, the list-valued step on the SDK's.
+    assert result["types"] == ["ReadableSpan", "_LeanSpan"]  # the SDK hands on_end a copy
+    names = {(name, parent) for name, _, parent, *_ in result["lean"]}
+    assert ("GET /env", "gym.step") in names
+
+
+def test_the_sampler_still_decides_on_the_lean_path(tmp_path: Path) -> None:
+    result = run(SCENARIO, tmp_path, GYMTRACE_SAMPLE_RATIO="0")
+    # The rollout is sampled out, so none of its spans is recorded (the run span is kept by design).
+    # (capture_spans() samples everything, so there is no stock run to compare with here.)
+    assert [s[0] for s in result["lean"]] == ["gym.run"]
+
+
+def test_an_applications_own_provider_is_left_as_it_is(tmp_path: Path) -> None:
+    code = """
+    import json, gymtrace
+    from opentelemetry import trace
+    from opentelemetry.sdk.trace import TracerProvider
+    trace.set_tracer_provider(TracerProvider())
+    gymtrace.configure()
+    from gymtrace._tracing import active_tracer
+    print(json.dumps({"provider": type(trace.get_tracer_provider()).__name__,
+                      "tracer": type(active_tracer()).__name__}))
+    """
+    assert run(code, tmp_path) == {"provider": "TracerProvider", "tracer": "Tracer"}
