@@ -19,8 +19,8 @@ from __future__ import annotations
 import json
 import logging
 import struct
-from collections.abc import Mapping, Sequence
-from typing import Any
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, TypeVar
 
 from gymtrace._spandata import _any_value as _json_any_value
 
@@ -98,14 +98,19 @@ _KV_CACHE: dict[tuple[str, type, Any], bytes] = {}
 _KV_CACHE_MAX = 8192
 _KV_CACHEABLE = (str, bool, int, float)
 _KV_CACHE_MAX_STR = 256
+_Encoded = TypeVar("_Encoded", bytes, str)
+_Tag = TypeVar("_Tag")
 
 
-def _attributes(tag: bytes, attributes: Mapping[str, Any] | None) -> bytes:
-    """Every attribute as a repeated ``KeyValue`` field with the given tag; unencodable ones are
-    skipped and logged, as the SDK encoder does."""
-    if not attributes:
-        return b""
-    cache = _KV_CACHE
+def _cached_each(
+    attributes: Mapping[str, Any],
+    cache: dict[tuple[str, type, Any], _Encoded],
+    encode: Callable[[_Tag, str, Any], _Encoded | None],
+    tag: _Tag,
+) -> list[_Encoded]:
+    """Each attribute as ``encode(tag, key, value)`` makes it (None leaves it out), taken from
+    ``cache`` when a short scalar was encoded before: the protobuf and the JSON encoders share this
+    lookup. ``tag`` is passed through rather than bound in a closure: this runs once per span."""
     parts = []
     for key, value in attributes.items():
         kind = type(value)
@@ -115,17 +120,31 @@ def _attributes(tag: bytes, attributes: Mapping[str, Any] | None) -> bytes:
             if encoded is not None:
                 parts.append(encoded)
                 continue
-        try:
-            encoded = _field(tag, _key_value(key, value))
-        except (TypeError, ValueError):
-            logger.warning("gymtrace: attribute %r could not be encoded; it is left out", key, exc_info=True)
+        encoded = encode(tag, key, value)
+        if encoded is None:
             continue
         if cacheable:
             if len(cache) >= _KV_CACHE_MAX:
                 cache.clear()
             cache[(key, kind, value)] = encoded
         parts.append(encoded)
-    return b"".join(parts)
+    return parts
+
+
+def _attributes(tag: bytes, attributes: Mapping[str, Any] | None) -> bytes:
+    """Every attribute as a repeated ``KeyValue`` field with the given tag; unencodable ones are
+    skipped and logged, as the SDK encoder does."""
+    if not attributes:
+        return b""
+    return b"".join(_cached_each(attributes, _KV_CACHE, _tagged_key_value, tag))
+
+
+def _tagged_key_value(tag: bytes, key: str, value: Any) -> bytes | None:
+    try:
+        return _field(tag, _key_value(key, value))
+    except (TypeError, ValueError):
+        logger.warning("gymtrace: attribute %r could not be encoded; it is left out", key, exc_info=True)
+        return None
 
 
 # -- Span (trace.proto) ------------------------------------------------------------------------------
@@ -330,23 +349,11 @@ def _json_attributes(attributes: Mapping[str, Any] | None) -> str:
     """``"attributes":[...]`` text; each key/value fragment is cached like the protobuf ones."""
     if not attributes:
         return "[]"
-    cache = _JSON_CACHE
-    parts = []
-    for key, value in attributes.items():
-        kind = type(value)
-        cacheable = kind in _KV_CACHEABLE and (kind is not str or len(value) <= _KV_CACHE_MAX_STR)
-        if cacheable:
-            encoded = cache.get((key, kind, value))
-            if encoded is not None:
-                parts.append(encoded)
-                continue
-        encoded = _dumps({"key": key, "value": _json_any_value(value)})
-        if cacheable:
-            if len(cache) >= _KV_CACHE_MAX:
-                cache.clear()
-            cache[(key, kind, value)] = encoded
-        parts.append(encoded)
-    return "[" + ",".join(parts) + "]"
+    return "[" + ",".join(_cached_each(attributes, _JSON_CACHE, _json_key_value, None)) + "]"
+
+
+def _json_key_value(_tag: None, key: str, value: Any) -> str:
+    return _dumps({"key": key, "value": _json_any_value(value)})
 
 
 def _json_resource_spans(resource: Any, scopes: dict[Any, list[str]]) -> str:
