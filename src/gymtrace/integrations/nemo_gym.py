@@ -250,25 +250,25 @@ def _httpx_request(request: Any) -> Any:
     )
 
 
-def _send(wrapped: Any, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+def _send_arguments(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, ...]:
+    """``Client.send``'s and ``AsyncClient.send``'s arguments with the identity on the request
+    (``kwargs`` is updated in place when the request is passed by name)."""
     try:
         if args:
-            args = (_httpx_request(args[0]), *args[1:])
-        else:
-            kwargs["request"] = _httpx_request(kwargs["request"])
+            return (_httpx_request(args[0]), *args[1:])
+        kwargs["request"] = _httpx_request(kwargs["request"])
     except Exception as exc:  # noqa: BLE001 - telemetry must not break the request
         internal_error("gymtrace.integrations.nemo_gym httpx", exc)
+    return args
+
+
+def _send(wrapped: Any, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    args = _send_arguments(args, kwargs)
     return wrapped(*args, **kwargs)
 
 
 async def _asend(wrapped: Any, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-    try:
-        if args:
-            args = (_httpx_request(args[0]), *args[1:])
-        else:
-            kwargs["request"] = _httpx_request(kwargs["request"])
-    except Exception as exc:  # noqa: BLE001 - telemetry must not break the request
-        internal_error("gymtrace.integrations.nemo_gym httpx", exc)
+    args = _send_arguments(args, kwargs)
     return await wrapped(*args, **kwargs)
 
 
