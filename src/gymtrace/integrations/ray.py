@@ -124,17 +124,22 @@ def _warn_once(key: str, message: str) -> None:
         logger.warning("gymtrace: %s", message)
 
 
+def _with_payload(args: Any, kwargs: Any, payload: dict[str, Any]) -> tuple[Any, Any]:
+    """The arguments of Ray's ``_remote(args, kwargs, **options)`` (tasks and actor methods alike)
+    with ``payload`` added to the call's keyword arguments, given by position or by name; the
+    caller's dictionaries are copied, not changed."""
+    given = kwargs.get("kwargs") if "kwargs" in kwargs else (args[1] if len(args) > 1 else None)
+    call_kwargs = {**(given or {}), PARAMETER: payload}
+    if len(args) > 1:
+        return (args[0], call_kwargs, *args[2:]), kwargs
+    return args, {**kwargs, "kwargs": call_kwargs}
+
+
 def _remote_function(wrapped: Any, instance: Any, args: Any, kwargs: Any) -> Any:
     try:
         payload = _prepare_function(instance)
         if payload is not None:
-            call_kwargs = kwargs.get("kwargs") if "kwargs" in kwargs else (args[1] if len(args) > 1 else None)
-            call_kwargs = dict(call_kwargs or {})
-            call_kwargs[PARAMETER] = payload
-            if len(args) > 1:
-                args = (args[0], call_kwargs, *args[2:])
-            else:
-                kwargs = {**kwargs, "kwargs": call_kwargs}
+            args, kwargs = _with_payload(args, kwargs, payload)
     except Exception as exc:
         logger.warning("gymtrace: internal error preparing a Ray task", exc_info=exc)
     return wrapped(*args, **kwargs)
@@ -257,14 +262,7 @@ def _actor_method(wrapped: Any, instance: Any, args: Any, kwargs: Any) -> Any:
         if any(p.name == PARAMETER for p in parameters):
             payload = _payload()
             if payload is not None:
-                call_kwargs = (
-                    kwargs.get("kwargs") if "kwargs" in kwargs else (args[1] if len(args) > 1 else None)
-                )
-                call_kwargs = {**(call_kwargs or {}), PARAMETER: payload}
-                if len(args) > 1:
-                    args = (args[0], call_kwargs, *args[2:])
-                else:
-                    kwargs = {**kwargs, "kwargs": call_kwargs}
+                args, kwargs = _with_payload(args, kwargs, payload)
     except Exception as exc:
         logger.warning("gymtrace: internal error preparing a Ray actor call", exc_info=exc)
     return wrapped(*args, **kwargs)
