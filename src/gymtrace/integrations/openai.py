@@ -43,6 +43,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import AsyncIterator, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 try:
@@ -226,24 +227,28 @@ def _headers(kwargs: dict[str, Any], context: Any) -> None:
 # -- streams ---------------------------------------------------------------------------------------------
 
 
-class _Stream(wrapt.ObjectProxy[Any]):
-    """The caller's ``Stream``: every chunk is seen on its way; the span ends with the stream."""
+class _StreamProxy(wrapt.ObjectProxy[Any]):
+    """The caller's ``Stream`` or ``AsyncStream``: every chunk is seen on its way; the span ends
+    with the stream. The subclasses differ only in calling the stream plainly or awaiting it."""
 
     def __init__(self, stream: Any, call: _Call) -> None:
         super().__init__(stream)
         self._self_call = call
 
+    def _stopped(self, exc: BaseException, end: type[BaseException]) -> None:
+        # Running out of chunks (``end``) is how a stream finishes, not an error on the span.
+        self._self_call.finish(None if isinstance(exc, end) else exc)
+
+
+class _Stream(_StreamProxy):
     def __iter__(self) -> Iterator[Any]:
         return self
 
     def __next__(self) -> Any:
         try:
             chunk = self.__wrapped__.__next__()
-        except StopIteration:
-            self._self_call.finish(None)
-            raise
         except BaseException as exc:
-            self._self_call.finish(exc)
+            self._stopped(exc, StopIteration)
             raise
         self._self_call.usage.take_chunk(chunk)
         return chunk
@@ -265,22 +270,15 @@ class _Stream(wrapt.ObjectProxy[Any]):
             self._self_call.finish(None)
 
 
-class _AsyncStream(wrapt.ObjectProxy[Any]):
-    def __init__(self, stream: Any, call: _Call) -> None:
-        super().__init__(stream)
-        self._self_call = call
-
+class _AsyncStream(_StreamProxy):
     def __aiter__(self) -> AsyncIterator[Any]:
         return self
 
     async def __anext__(self) -> Any:
         try:
             chunk = await self.__wrapped__.__anext__()
-        except StopAsyncIteration:
-            self._self_call.finish(None)
-            raise
         except BaseException as exc:
-            self._self_call.finish(exc)
+            self._stopped(exc, StopAsyncIteration)
             raise
         self._self_call.usage.take_chunk(chunk)
         return chunk
@@ -330,10 +328,13 @@ def _after(call: _Call | None, result: Any, stream: bool, asynchronous: bool) ->
     return result
 
 
-def _create(wrapped: Any, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+@contextmanager
+def _request(wrapped: Any, kwargs: dict[str, Any]) -> Iterator[_Call | None]:
+    """Around one ``create`` (sync or async): the request runs in the call's context and a request
+    that raises ends the call's span with its exception."""
     call, token = _prepare(wrapped, kwargs)
     try:
-        result = wrapped(*args, **kwargs)
+        yield call
     except BaseException as exc:
         if call is not None:
             call.finish(exc)
@@ -341,20 +342,17 @@ def _create(wrapped: Any, instance: Any, args: tuple[Any, ...], kwargs: dict[str
     finally:
         if token is not None:
             otel_context.detach(token)  # type: ignore[arg-type]
+
+
+def _create(wrapped: Any, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    with _request(wrapped, kwargs) as call:
+        result = wrapped(*args, **kwargs)
     return _after(call, result, bool(kwargs.get("stream")), asynchronous=False)
 
 
 async def _acreate(wrapped: Any, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-    call, token = _prepare(wrapped, kwargs)
-    try:
+    with _request(wrapped, kwargs) as call:
         result = await wrapped(*args, **kwargs)
-    except BaseException as exc:
-        if call is not None:
-            call.finish(exc)
-        raise
-    finally:
-        if token is not None:
-            otel_context.detach(token)  # type: ignore[arg-type]
     return _after(call, result, bool(kwargs.get("stream")), asynchronous=True)
 
 
