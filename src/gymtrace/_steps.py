@@ -23,9 +23,9 @@ import os
 import random
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 from opentelemetry import trace
 from opentelemetry.trace import Status, StatusCode
@@ -39,6 +39,7 @@ from gymtrace._tracing import active_tracer
 POLICY_ALL = c.STEPS_POLICY_ALL
 POLICY_AGGREGATE = c.STEPS_POLICY_AGGREGATE
 POLICIES = (POLICY_ALL, POLICY_AGGREGATE)
+_Number = TypeVar("_Number", int, float)
 
 
 @dataclass(frozen=True)
@@ -74,24 +75,16 @@ class StepPolicy:
         return self.policy == POLICY_AGGREGATE
 
 
-def _env_int(name: str, default: int) -> int:
+def _env_number(name: str, default: _Number, parse: Callable[[str], _Number], expected: str) -> _Number:
+    """The variable ``name`` parsed, ``default`` when unset or blank; ``expected`` names the valid
+    values in the error (StepPolicy checks the range)."""
     raw = os.environ.get(name, "").strip()
     if not raw:
         return default
     try:
-        return int(raw)
+        return parse(raw)
     except ValueError:
-        raise InvalidArgumentError(f"{name} must be an int >= 0, got {raw!r}") from None
-
-
-def _env_share(name: str, default: float) -> float:
-    raw = os.environ.get(name, "").strip()
-    if not raw:
-        return default
-    try:
-        return float(raw)
-    except ValueError:
-        raise InvalidArgumentError(f"{name} must be a number in [0, 1], got {raw!r}") from None
+        raise InvalidArgumentError(f"{name} must be {expected}, got {raw!r}") from None
 
 
 def policy_from(value: str | StepPolicy | Mapping[str, Any] | None) -> StepPolicy:
@@ -114,9 +107,11 @@ def policy_from(value: str | StepPolicy | Mapping[str, Any] | None) -> StepPolic
         )
     return StepPolicy(
         policy=name,
-        first=_env_int(env.GYMTRACE_STEP_FIRST, StepPolicy.first),
-        slowest=_env_int(env.GYMTRACE_STEP_SLOWEST, StepPolicy.slowest),
-        episode_share=_env_share(env.GYMTRACE_STEP_EPISODE_SHARE, StepPolicy.episode_share),
+        first=_env_number(env.GYMTRACE_STEP_FIRST, StepPolicy.first, int, "an int >= 0"),
+        slowest=_env_number(env.GYMTRACE_STEP_SLOWEST, StepPolicy.slowest, int, "an int >= 0"),
+        episode_share=_env_number(
+            env.GYMTRACE_STEP_EPISODE_SHARE, StepPolicy.episode_share, float, "a number in [0, 1]"
+        ),
     )
 
 
