@@ -156,6 +156,27 @@ def test_repeated_identity_attributes_come_from_the_cache_and_still_decode(provi
     assert lean(keep.spans) == encode_spans(keep.spans)  # second pass: every attribute cached
 
 
+def test_an_attribute_on_a_span_and_on_its_event_and_link_is_kept_on_each(provider) -> None:
+    # The same key and value is a different protobuf field on a span, an event, a link and the
+    # resource: a cached encoding of one must not be reused for another.
+    tp, keep = provider
+    tracer = tp.get_tracer("t", attributes={"gym.run.id": "r"})
+    linked = SpanContext(trace_id=0x1234, span_id=0x5678, is_remote=False)
+    for _ in range(2):  # the second span is encoded from the cache
+        with tracer.start_as_current_span(
+            "gym.step", attributes={"gym.run.id": "r", "pid": 42}, links=[Link(linked, {"gym.run.id": "r"})]
+        ) as span:
+            span.add_event("gym.reward", {"gym.run.id": "r", "pid": 42})
+    request = lean(keep.spans)
+    assert request == encode_spans(keep.spans)
+    [scope_spans] = request.resource_spans[0].scope_spans
+    assert [a.key for a in scope_spans.scope.attributes] == ["gym.run.id"]
+    for span in scope_spans.spans:
+        assert [a.key for a in span.attributes] == ["gym.run.id", "pid"]
+        assert [a.key for a in span.events[0].attributes] == ["gym.run.id", "pid"]
+        assert [a.key for a in span.links[0].attributes] == ["gym.run.id"]
+
+
 def test_the_file_exporters_json_line_is_the_json_of_the_reference_encoding(provider) -> None:
     tp, keep = provider
     tracer = tp.get_tracer("gymtrace.test", "1.2.3")

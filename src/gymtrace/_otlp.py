@@ -92,9 +92,11 @@ def _key_value(key: str, value: Any) -> bytes:
     return _field(b"\x0a", key.encode("utf-8", "surrogatepass")) + _field(b"\x12", _any_value(value))
 
 
-# Encoded attributes (tag included), keyed by key, value type and value: the identity attributes,
-# span kinds and names repeat on every span. Bounded: cleared when full, which costs one re-encode.
-_KV_CACHE: dict[tuple[str, type, Any], bytes] = {}
+# Encoded attributes (tag included), keyed by tag, key, value type and value: the identity
+# attributes, span kinds and names repeat on every span. The tag is in the key because the same
+# attribute is a different field on a span, an event, a link, a scope or a resource. Bounded:
+# cleared when full, which costs one re-encode.
+_KV_CACHE: dict[tuple[Any, str, type, Any], bytes] = {}
 _KV_CACHE_MAX = 8192
 _KV_CACHEABLE = (str, bool, int, float)
 _KV_CACHE_MAX_STR = 256
@@ -104,7 +106,7 @@ _Tag = TypeVar("_Tag")
 
 def _cached_each(
     attributes: Mapping[str, Any],
-    cache: dict[tuple[str, type, Any], _Encoded],
+    cache: dict[tuple[Any, str, type, Any], _Encoded],
     encode: Callable[[_Tag, str, Any], _Encoded | None],
     tag: _Tag,
 ) -> list[_Encoded]:
@@ -116,7 +118,7 @@ def _cached_each(
         kind = type(value)
         cacheable = kind in _KV_CACHEABLE and (kind is not str or len(value) <= _KV_CACHE_MAX_STR)
         if cacheable:
-            encoded = cache.get((key, kind, value))
+            encoded = cache.get((tag, key, kind, value))
             if encoded is not None:
                 parts.append(encoded)
                 continue
@@ -126,7 +128,7 @@ def _cached_each(
         if cacheable:
             if len(cache) >= _KV_CACHE_MAX:
                 cache.clear()
-            cache[(key, kind, value)] = encoded
+            cache[(tag, key, kind, value)] = encoded
         parts.append(encoded)
     return parts
 
@@ -342,7 +344,7 @@ def encode_request(spans: Sequence[Any]) -> bytes:
 
 # ASCII escapes like json.dumps: a lone surrogate in an attribute must not break the file write.
 _dumps = json.JSONEncoder(separators=(",", ":")).encode
-_JSON_CACHE: dict[tuple[str, type, Any], str] = {}
+_JSON_CACHE: dict[tuple[Any, str, type, Any], str] = {}
 
 
 def _json_attributes(attributes: Mapping[str, Any] | None) -> str:
