@@ -9,6 +9,7 @@ import pytest
 
 import gymtrace
 from gymtrace import _constants as c
+from gymtrace._outcomes import final_outcomes
 from gymtrace.testing import CapturedSpans, capture_spans, check_trace
 
 gym = pytest.importorskip("gymnasium")
@@ -93,6 +94,9 @@ def test_each_cartpole_reset_is_a_scored_rollout_with_its_return_as_reward(captu
         assert attrs(step)[c.STEP_NUMBER] == 1
         (verify,) = spans_of(captured, f"cartpole-{n}", "verify")
         assert attrs(verify)[c.REWARD] == total
+    # Read back as `gymtrace rollouts` reads it: each rollout's final outcome.
+    finals = {o.rollout_id: (o.outcome, o.reward, o.attempts) for o in final_outcomes(captured.data)}
+    assert finals == {f"cartpole-{n}": ("scored", total, 1) for n, (total, _) in enumerate(played)}
     assert check_trace(captured) == []
 
 

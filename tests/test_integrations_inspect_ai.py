@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 
 from gymtrace import _constants as c
+from gymtrace._outcomes import final_outcomes
 from gymtrace.testing import CapturedSpans, check_trace
 
 pytest.importorskip("inspect_ai")
@@ -121,6 +122,16 @@ def test_each_sample_epoch_is_a_rollout_scored_from_its_score(
     # Scoring is the verify phase, after the solver, inside the still-open episode.
     for verify in captured.by_kind("verify"):
         assert verify.parent is not None and verify.parent.span_id in episode_ids
+    # Read back as `gymtrace rollouts` reads it: each rollout's final outcome.
+    finals = {o.rollout_id: (o.outcome, o.reward, o.attempts) for o in final_outcomes(captured.data)}
+    assert finals == {
+        rollout_id: (
+            "scored",
+            0.0 if rollout_id.split(".")[1] == "2" else 1.0,
+            2 if rollout_id == "arith.3.r1" else 1,
+        )
+        for rollout_id in expected
+    }
     assert check_trace(captured) == []
 
     from readme_tree import check_readme_tree, excerpt

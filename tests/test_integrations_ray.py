@@ -255,6 +255,22 @@ def test_gymtrace_check_passes_on_the_driver_and_worker_files(
     assert "no contract violations" in done.stdout
 
 
+def test_gymtrace_rollouts_reads_the_workers_reward_as_the_rollouts(
+    scenario: tuple[dict[str, Any], list[SpanData], list[Path]],
+) -> None:
+    _, _, files = scenario
+    done = subprocess.run(
+        [sys.executable, "-m", "gymtrace", "rollouts", "--json", *map(str, files)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    rows = {row["rollout_id"]: row for row in map(json.loads, done.stdout.splitlines())}
+    remote = rows["remote-reward"]
+    assert (remote["outcome"], remote["reward"], remote["attempts"]) == ("scored", 0.5, 1)
+
+
 def test_calls_outside_gym_scopes_carry_nothing(
     scenario: tuple[dict[str, Any], list[SpanData], list[Path]],
 ) -> None:
