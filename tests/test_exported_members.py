@@ -92,6 +92,7 @@ def test_the_top_level_surface_is_pinned() -> None:
         "episode",
         "export_stats",
         "force_flush",
+        "get_configuration",
         "is_configured",
         "model_call",
         "propagation",

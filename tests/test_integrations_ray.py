@@ -32,7 +32,7 @@ import gymtrace.integrations.ray
 out = sys.argv[1]
 log = io.StringIO()
 logging.getLogger("gymtrace").addHandler(logging.StreamHandler(log))
-config = gymtrace.configure(service_name="ray-driver", file=os.path.join(out, "traces.jsonl"))
+gymtrace.configure(service_name="ray-driver", file=os.path.join(out, "traces.jsonl"))
 # Ray already running, and one function already called, before instrument().
 ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
 
@@ -43,7 +43,8 @@ def early():
 
 
 ray.get(early.remote())
-gymtrace.integrations.ray.instrument(config)
+# No argument: the workers take the driver's configuration (gymtrace.get_configuration()).
+gymtrace.integrations.ray.instrument()
 
 
 @ray.remote

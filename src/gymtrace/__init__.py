@@ -49,7 +49,15 @@ from gymtrace._record import (
     record_usage,
 )
 from gymtrace._scope import Scope
-from gymtrace._setup import Configuration, configure, export_stats, force_flush, is_configured, shutdown
+from gymtrace._setup import (
+    Configuration,
+    configure,
+    export_stats,
+    force_flush,
+    get_configuration,
+    is_configured,
+    shutdown,
+)
 from gymtrace._steps import StepPolicy
 from gymtrace._version import __version__
 
@@ -76,6 +84,7 @@ __all__ = [
     "episode",
     "export_stats",
     "force_flush",
+    "get_configuration",
     "is_configured",
     "model_call",
     "propagation",

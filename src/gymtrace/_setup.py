@@ -550,6 +550,12 @@ def is_configured() -> bool:
     return _state.configuration is not None
 
 
+def get_configuration() -> Configuration | None:
+    """What the last ``configure()`` set up (the same object it returned), or ``None`` when gymtrace
+    is not configured. Integrations use it to configure worker processes like this one."""
+    return _state.configuration
+
+
 def reset() -> None:
     """Shut gymtrace's exporters down and forget the configuration and every setting made in code
     (strict mode, trace_per, the content policy); the next ``configure()`` starts fresh.

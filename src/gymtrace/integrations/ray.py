@@ -98,11 +98,10 @@ def _payload() -> dict[str, Any] | None:
     # worker has the identity it was carried with, and passes it on.
     if scope is None or not scope.identity:
         return None
-    return {
-        "headers": dict(gymtrace.propagation.inject({})),
-        "settings": _state.get("settings", {}),
-        "pid": os.getpid(),
-    }
+    settings = _state.get("settings")  # in a worker: the settings it was configured with
+    if settings is None:
+        settings = _settings(_state.get("configuration") or gymtrace.get_configuration())
+    return {"headers": dict(gymtrace.propagation.inject({})), "settings": settings, "pid": os.getpid()}
 
 
 def _with_parameter(parameters: list[inspect.Parameter]) -> list[inspect.Parameter]:
@@ -273,14 +272,16 @@ def instrument(configuration: gymtrace.Configuration | None = None) -> None:
     initialised before or after).
 
     ``configuration``: what ``gymtrace.configure()`` returned in the driver; each worker configures
-    gymtrace alike. Without it, workers configure from the environment they inherited.
+    gymtrace alike. Without it, the driver's configuration at the time of each call is used
+    (:func:`gymtrace.get_configuration`), and workers of an unconfigured driver configure from the
+    environment they inherited.
     """
     if configuration is not None and not isinstance(configuration, gymtrace.Configuration):
         raise TypeError(
             "instrument(): argument 'configuration' must be what gymtrace.configure() returned,"
             f" got {type(configuration).__name__}"
         )
-    _state["settings"] = _settings(configuration)
+    _state["configuration"] = configuration
     _patch()
 
 
