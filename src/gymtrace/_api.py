@@ -245,7 +245,7 @@ def agent_invocation(
         and type(agent_name) in _KEYABLE
         and type(invocation_id) in _KEYABLE
     ):
-        key = (agent_name, invocation_id, span_kind)
+        key = (agent_name, invocation_id, not remote)  # a bool: an enum hashes in Python code
         return _SHARED_AGENT.get(key) or _share(
             _SHARED_AGENT,
             key,
@@ -314,7 +314,7 @@ def model_call(
         return _BARE_IN_PROCESS_MODEL if in_process else _BARE[c.KIND_MODEL_CALL]
     span_kind = _INTERNAL if in_process else _CLIENT
     if func is None and attributes is None and type(model) in _KEYABLE and type(provider) in _KEYABLE:
-        key = (model, provider, span_kind)
+        key = (model, provider, not in_process)
         return _SHARED_MODEL.get(key) or _share(
             _SHARED_MODEL,
             key,
