@@ -33,9 +33,12 @@ def scenario():
         with gymtrace.rollout(rollout_id="r-1", task_id="t", repeat=0):
             with gymtrace.episode():
                 with gymtrace.agent_invocation(agent_name="a"):
-                    with gymtrace.step():
+                    with gymtrace.step() as first:
                         with library.start_as_current_span("GET /env", attributes={"http.status": 200}):
                             pass
+                        # An event and a link after the start (the lean span makes their lists then).
+                        first.span.add_event("tick", {"n": 1})
+                        first.span.add_link(first.span.get_span_context(), {"why": "self"})
                     try:
                         with gymtrace.step():
                             raise ValueError("boom")
@@ -54,7 +57,8 @@ def shape(spans):
         attributes = {k: (list(v) if isinstance(v, tuple) else v) for k, v in s.attributes.items()
                       if not k.endswith(".id") or k.startswith("gym.")}
         out.append([s.name, s.kind.name, parent.name if parent else None, attributes,
-                    s.status.status_code.name, [e.name for e in s.events], len(s.links)])
+                    s.status.status_code.name, [e.name for e in s.events], len(s.links),
+                    s.dropped_events, s.dropped_links])
     return sorted(out, key=repr)
 
 scenario()

@@ -411,3 +411,45 @@ def test_record_usage_names_the_bad_argument_in_strict_mode(
             call.record_usage(**{argument: value})  # type: ignore[arg-type]
     finally:
         set_strict(None)
+
+
+def test_with_blocks_given_the_same_plain_values_record_each_block(captured: CapturedSpans) -> None:
+    # Scopes given equal plain values are shared: each block must still be its own span.
+    for number in (1, 1):
+        with gymtrace.agent_invocation(agent_name="solver"), gymtrace.step(number=number):
+            with gymtrace.tool_call(tool_name="search"), gymtrace.tool_call(tool_name="search"):
+                pass
+    assert len(captured.by_kind("agent_invocation")) == 2
+    assert [s.attributes[c.STEP_NUMBER] for s in captured.by_kind("step")] == [1, 1]
+    tools = captured.by_kind("tool_call")
+    assert len(tools) == 4
+    assert_child(tools[0], tools[1])
+    assert all(t.attributes[c.GEN_AI_TOOL_NAME] == "search" for t in tools)
+
+
+def test_a_bool_or_float_never_takes_the_scope_of_an_equal_int() -> None:
+    with gymtrace.testing.capture_spans(strict=True):
+        with gymtrace.step(number=1):
+            pass
+        for value in (True, 1.0):
+            with pytest.raises(gymtrace.InvalidArgumentError, match="number"):
+                gymtrace.step(number=value)  # type: ignore[arg-type]
+
+
+def test_a_scope_built_while_off_records_its_arguments_once_tracing_is_on() -> None:
+    off = gymtrace.tool_call(tool_name="late")
+    with off:
+        pass  # nothing records
+    with gymtrace.testing.capture_spans() as captured:
+        with gymtrace.step():
+            with off:
+                pass
+
+        @off
+        def search() -> int:
+            return 1
+
+        with gymtrace.step():
+            assert search() == 1
+    tools = captured.by_kind("tool_call")
+    assert [t.attributes[c.GEN_AI_TOOL_NAME] for t in tools] == ["late", "late"]

@@ -48,6 +48,31 @@ _BARE = {kind: Scope(kind, {}) for kind in LEVELS}
 _BARE_REMOTE_AGENT = Scope(c.KIND_AGENT_INVOCATION, {}, span_kind=SpanKind.CLIENT)
 _BARE_IN_PROCESS_MODEL = Scope(c.KIND_MODEL_CALL, {}, span_kind=SpanKind.INTERNAL)
 
+# The same for a `with` block given plain identity values (``with gymtrace.tool_call(tool_name="search"):``
+# in a loop): one shared Scope per level and values, since building one cost ~0.3 µs, most of a
+# disabled level. Only str and int values (and None) form a key: equal keys then mean equal values
+# of the same type (a bool or a float equal to an int never shares the int's scope), and none of
+# them can change. A scope whose arguments fail validation raises before it is stored. Bounded:
+# unique IDs (a rollout_id per rollout) only cost a miss, and the cache is cleared when full.
+_KEYABLE = frozenset({str, int, type(None)})
+_SHARED_MAX = 512
+_SHARED_RUN: dict[Any, Scope] = {}
+_SHARED_ROLLOUT: dict[Any, Scope] = {}
+_SHARED_AGENT: dict[Any, Scope] = {}
+_SHARED_STEP: dict[Any, Scope] = {}
+_SHARED_TURN: dict[Any, Scope] = {}
+_SHARED_MODEL: dict[Any, Scope] = {}
+_SHARED_TOOL: dict[Any, Scope] = {}
+_CLIENT = SpanKind.CLIENT
+_INTERNAL = SpanKind.INTERNAL
+
+
+def _share(cache: dict[Any, Scope], key: Any, scope: Scope) -> Scope:
+    if len(cache) >= _SHARED_MAX:
+        cache.clear()
+    cache[key] = scope
+    return scope
+
 
 @overload
 def run(func: Callable[P, R], /) -> Callable[P, R]: ...
@@ -56,8 +81,13 @@ def run(*, run_id: Str = None, attributes: Attributes = None) -> Scope: ...
 def run(func: Any = None, /, *, run_id: Str = None, attributes: Attributes = None) -> Any:
     """One collection or evaluation run (``gym.run``). Without ``run_id`` one is generated."""
     if func is None:
-        if run_id is None and attributes is None:
-            return _BARE[c.KIND_RUN]
+        if attributes is None:
+            if run_id is None:
+                return _BARE[c.KIND_RUN]
+            if type(run_id) in _KEYABLE:
+                return _SHARED_RUN.get(run_id) or _share(
+                    _SHARED_RUN, run_id, Scope(c.KIND_RUN, {"run_id": run_id, "attributes": None})
+                )
         return Scope(c.KIND_RUN, {"run_id": run_id, "attributes": attributes})
     return _build(c.KIND_RUN, func, "run_id", {"run_id": run_id, "attributes": attributes})
 
@@ -83,6 +113,22 @@ def rollout(
     """
     if func is None and rollout_id is None and task_id is None and repeat is None and attributes is None:
         return _BARE[c.KIND_ROLLOUT]
+    if (
+        func is None
+        and attributes is None
+        and type(rollout_id) in _KEYABLE
+        and type(task_id) in _KEYABLE
+        and type(repeat) in _KEYABLE
+    ):
+        key = (rollout_id, task_id, repeat)
+        return _SHARED_ROLLOUT.get(key) or _share(
+            _SHARED_ROLLOUT,
+            key,
+            Scope(
+                c.KIND_ROLLOUT,
+                {"rollout_id": rollout_id, "task_id": task_id, "repeat": repeat, "attributes": None},
+            ),
+        )
     arguments = {"rollout_id": rollout_id, "task_id": task_id, "repeat": repeat, "attributes": attributes}
     if func is None:
         return Scope(c.KIND_ROLLOUT, arguments)
@@ -192,8 +238,24 @@ def agent_invocation(
     """
     if func is None and agent_name is None and invocation_id is None and attributes is None:
         return _BARE_REMOTE_AGENT if remote else _BARE[c.KIND_AGENT_INVOCATION]
+    span_kind = _CLIENT if remote else _INTERNAL
+    if (
+        func is None
+        and attributes is None
+        and type(agent_name) in _KEYABLE
+        and type(invocation_id) in _KEYABLE
+    ):
+        key = (agent_name, invocation_id, not remote)  # a bool: an enum hashes in Python code
+        return _SHARED_AGENT.get(key) or _share(
+            _SHARED_AGENT,
+            key,
+            Scope(
+                c.KIND_AGENT_INVOCATION,
+                {"agent_name": agent_name, "invocation_id": invocation_id, "attributes": None},
+                span_kind=span_kind,
+            ),
+        )
     arguments = {"agent_name": agent_name, "invocation_id": invocation_id, "attributes": attributes}
-    span_kind = SpanKind.CLIENT if remote else SpanKind.INTERNAL
     if func is None:
         return Scope(c.KIND_AGENT_INVOCATION, arguments, span_kind=span_kind)
     return _build(c.KIND_AGENT_INVOCATION, func, "agent_name", arguments, span_kind=span_kind)
@@ -207,6 +269,10 @@ def turn(func: Any = None, /, *, number: Int = None, attributes: Attributes = No
     """A harness-reported exchange or decision (``gym.turn``), numbered 1, 2, 3... per invocation."""
     if func is None and number is None and attributes is None:
         return _BARE[c.KIND_TURN]
+    if func is None and attributes is None and type(number) in _KEYABLE:
+        return _SHARED_TURN.get(number) or _share(
+            _SHARED_TURN, number, Scope(c.KIND_TURN, {"number": number, "attributes": None})
+        )
     return _build(c.KIND_TURN, func, "number", {"number": number, "attributes": attributes})
 
 
@@ -218,6 +284,10 @@ def step(func: Any = None, /, *, number: Int = None, attributes: Attributes = No
     """One model call plus the tool calls it requests (``gym.step``), numbered per invocation."""
     if func is None and number is None and attributes is None:
         return _BARE[c.KIND_STEP]
+    if func is None and attributes is None and type(number) in _KEYABLE:
+        return _SHARED_STEP.get(number) or _share(
+            _SHARED_STEP, number, Scope(c.KIND_STEP, {"number": number, "attributes": None})
+        )
     return _build(c.KIND_STEP, func, "number", {"number": number, "attributes": attributes})
 
 
@@ -242,8 +312,19 @@ def model_call(
     """
     if func is None and model is None and provider is None and attributes is None:
         return _BARE_IN_PROCESS_MODEL if in_process else _BARE[c.KIND_MODEL_CALL]
+    span_kind = _INTERNAL if in_process else _CLIENT
+    if func is None and attributes is None and type(model) in _KEYABLE and type(provider) in _KEYABLE:
+        key = (model, provider, not in_process)
+        return _SHARED_MODEL.get(key) or _share(
+            _SHARED_MODEL,
+            key,
+            Scope(
+                c.KIND_MODEL_CALL,
+                {"model": model, "provider": provider, "attributes": None},
+                span_kind=span_kind,
+            ),
+        )
     arguments = {"model": model, "provider": provider, "attributes": attributes}
-    span_kind = SpanKind.INTERNAL if in_process else SpanKind.CLIENT
     if func is None:
         return Scope(c.KIND_MODEL_CALL, arguments, span_kind=span_kind)
     return _build(c.KIND_MODEL_CALL, func, "model", arguments, span_kind=span_kind)
@@ -262,6 +343,13 @@ def tool_call(
     """
     if func is None and tool_name is None and call_id is None and attributes is None:
         return _BARE[c.KIND_TOOL_CALL]
+    if func is None and attributes is None and type(tool_name) in _KEYABLE and type(call_id) in _KEYABLE:
+        key = (tool_name, call_id)
+        return _SHARED_TOOL.get(key) or _share(
+            _SHARED_TOOL,
+            key,
+            Scope(c.KIND_TOOL_CALL, {"tool_name": tool_name, "call_id": call_id, "attributes": None}),
+        )
     arguments = {"tool_name": tool_name, "call_id": call_id, "attributes": attributes}
     if func is None:
         return Scope(c.KIND_TOOL_CALL, arguments)

@@ -33,6 +33,7 @@ logger = logging.getLogger("gymtrace")
 
 _PLAIN = (str, bool, int, float)
 _UNSET_STATUS = Status(StatusCode.UNSET)
+_NONE: tuple[Any, ...] = ()
 _TRACER_FIELDS = (
     "sampler",
     "resource",
@@ -57,6 +58,26 @@ class _LeanSpan(_SpanBase):  # type: ignore[misc]
 
     def _readable_span(self) -> Any:
         return self
+
+    # Most gymtrace spans never get an event or a link: the two bounded lists (a deque and a lock
+    # each, ~4 % of a span) are made at the first one. Until then the span holds an empty tuple,
+    # which every reader of the SDK span handles (``events``/``links`` copy it to a tuple,
+    # ``dropped_events``/``dropped_links`` count 0 for anything not a BoundedList).
+    def _add_event(self, event: Any) -> None:
+        span: Any = self
+        if span._events is _NONE:
+            with span._lock:  # two threads adding a first event must not each make a list
+                if span._events is _NONE and span._end_time is None:
+                    span._events = BoundedList(span._limits.max_events)
+        super()._add_event(event)
+
+    def _add_link(self, link: Any) -> None:
+        span: Any = self
+        if span._links is _NONE:
+            with span._lock:
+                if span._links is _NONE and span._end_time is None:
+                    span._links = BoundedList(span._limits.max_links)
+        super()._add_link(link)
 
 
 def _span_fields_present() -> bool:
@@ -87,7 +108,9 @@ def _span_fields_present() -> bool:
         "_record_end_metrics",
     ]
     present = set(vars(span))
-    return all(name in present for name in wanted) and hasattr(span._attributes, "_dict")
+    # Events and links reach the span through these two (see _LeanSpan).
+    hooks = all(callable(getattr(_SpanBase, name, None)) for name in ("_add_event", "_add_link"))
+    return all(name in present for name in wanted) and hasattr(span._attributes, "_dict") and hooks
 
 
 try:
@@ -181,8 +204,8 @@ class LeanTracer(sdk_trace.Tracer):
         bounded = BoundedAttributes(limits.max_span_attributes, None, immutable=False)
         bounded._dict.update(attributes)
         span._attributes = bounded
-        span._events = BoundedList(limits.max_events)
-        span._links = BoundedList(limits.max_links)
+        span._events = _NONE
+        span._links = _NONE
         span._record_end_metrics = record_end_metrics
         span._start_time = start_time if start_time is not None else time.time_ns()
         self.span_processor.on_start(span, parent_context=context)
