@@ -319,15 +319,13 @@ def inject(
     """
     if carrier is None:
         carrier = {}
-    try:
+    with guard("gymtrace.propagation.inject"):
         ctx = with_identity(context, reserve_step=continuation)
         propagate.inject(carrier, context=ctx)
         if "baggage" in carrier:
             # OpenTelemetry Python writes a space as "+", which W3C Baggage gives no meaning (and
             # which receivers must keep as "+"): gymtrace writes the same entries percent-encoded.
             carrier["baggage"] = _format_baggage(baggage.get_all(ctx))
-    except Exception as exc:  # noqa: BLE001 - telemetry must not break the caller
-        internal_error("gymtrace.propagation.inject", exc)
     return carrier
 
 
@@ -398,10 +396,6 @@ def _remote_context(
     return otel_context.set_value(FRAME_KEY, frame, ctx)
 
 
-# The old private name, for callers inside gymtrace.
-_with_remote_frame = _remote_context
-
-
 def _from_scope_carrier(carrier: Mapping[str, Any], base: otel_context.Context) -> otel_context.Context:
     """A context from :meth:`gymtrace.ActiveScope.carrier`: a later phase scoring the attempt the
     carrier was taken in (or, taken outside an episode, the rollout)."""
@@ -414,7 +408,7 @@ def _from_scope_carrier(carrier: Mapping[str, Any], base: otel_context.Context) 
             identity[c.EPISODE_ID] = episode_id(rollout_id, attempt)
     parent = rollout_span if rollout_span is not None else episode_span
     ctx = trace.set_span_in_context(trace.NonRecordingSpan(parent), base) if parent is not None else base
-    return _with_remote_frame(ctx, identity)
+    return _remote_context(ctx, identity)
 
 
 @contextmanager
