@@ -17,9 +17,14 @@ Sections:
 - **forms**: ``with step()`` and ``@step`` disabled (no SDK, and ``OTEL_SDK_DISABLED=true``) over
   a bare call, six nested levels, enabled ``with`` vs ``@step``, and ``@step`` under
   ``configure()`` vs a stock SDK span with the same name and attributes (no exporter either side).
-- **cartpole**: a Gymnasium CartPole loop with a ``with gymtrace.step()`` per ``env.step()``,
-  steps per CPU-second untraced vs traced (file exporter, no exporter, OTLP to a live Collector,
-  each step policy) and vs ``OTEL_SDK_DISABLED=true``.
+- **cartpole**: a Gymnasium CartPole loop, steps per CPU-second untraced vs traced: a
+  ``with gymtrace.step()`` per ``env.step()`` (file exporter, no exporter, OTLP to a live Collector,
+  each step policy, ``OTEL_SDK_DISABLED=true``) and the Gymnasium integration ``TraceEnv`` (its
+  default step policy and every step a span). Two workloads: random actions (episodes of ~22
+  steps, so the fixed per-episode spans dominate) and a balancing controller that keeps the pole
+  up for the whole 500-step TimeLimit, as a trained policy does. The untraced baseline never
+  imports gymtrace; the action choice runs in every loop. From the two episode lengths the
+  integration's cost is split into µs per episode and µs per step, which predicts any length.
 - **export**: the export path against one live OTLP/gRPC receiver (the project's Collector build,
   ``collector/bin/jaeger``, with a ``debug`` exporter): 20,000 spans made as fast as possible,
   CPU per delivered span, and the highest paced span rate with zero drops; gymtrace's pipeline vs
@@ -250,6 +255,7 @@ CARTPOLE_CODE = r"""
 import gymnasium
 loop_kind, n = sys.argv[1], int(sys.argv[2])
 kwargs = json.loads(sys.argv[3])
+workload = sys.argv[4]  # "random" actions or the "balance" controller
 traced = loop_kind != "untraced"
 if traced:
     import gymtrace
@@ -264,32 +270,44 @@ env.reset(seed=0)
 env.action_space.seed(0)
 sample = env.action_space.sample
 
+if workload == "random":
+    def act(obs):
+        return sample()  # episodes of ~22 steps
+else:
+    def act(obs):
+        # Pushes toward where the pole falls (angle plus half its angular velocity): keeps it up
+        # for the whole 500-step TimeLimit, as a trained CartPole policy does.
+        return 1 if obs[2] + 0.5 * obs[3] > 0 else 0
+
 def plain_loop(steps):
     # Untraced, or the integration (which traces inside env.step/reset).
-    done = 0
+    done = episodes = 0
     while done < steps:
-        env.reset()
+        obs, _ = env.reset()
+        episodes += 1
         while True:
-            _, _, term, trunc, _ = env.step(sample())
+            obs, _, term, trunc, _ = env.step(act(obs))
             done += 1
             if term or trunc or done >= steps:
                 break
+    return episodes
 
 def hand_loop(steps):
     # As a new user writes it: a rollout and episode per env episode, a step per env.step().
     step = gymtrace.step
-    done, k = 0, 0
+    done = episodes = 0
     while done < steps:
-        k += 1
-        with gymtrace.rollout(rollout_id=f"cartpole-{k}", task_id="CartPole-v1", repeat=0):
+        episodes += 1
+        with gymtrace.rollout(rollout_id=f"cartpole-{episodes}", task_id="CartPole-v1", repeat=0):
             with gymtrace.episode():
-                env.reset()
+                obs, _ = env.reset()
                 while True:
                     with step():
-                        _, _, term, trunc, _ = env.step(sample())
+                        obs, _, term, trunc, _ = env.step(act(obs))
                     done += 1
                     if term or trunc or done >= steps:
                         break
+    return episodes
 
 loop = hand_loop if loop_kind == "hand" else plain_loop
 loop(2000)  # warm up
@@ -297,14 +315,28 @@ if traced:
     gymtrace.force_flush()
 gc.collect()
 start = time.process_time()
-loop(n)
+episodes = loop(n)
 if traced:
     gymtrace.force_flush()
 cpu = time.process_time() - start
 stats = gymtrace.export_stats() if traced else []
-print(json.dumps({"steps_per_s": n / cpu, "dropped": sum(s.dropped for s in stats),
+print(json.dumps({"steps_per_s": n / cpu, "episodes": episodes, "dropped": sum(s.dropped for s in stats),
                   "exported": sum(s.exported for s in stats)}))
 """
+
+WORKLOADS = {
+    "random": "random actions",
+    "balance": "balancing controller",
+}
+# Variants also measured on the balancing controller: the baseline and the integration's rows, so
+# the per-episode and per-step costs can be told apart (two episode lengths, two unknowns).
+BALANCE_VARIANTS = (
+    "untraced",
+    "integration default policy, file exporter",
+    "integration every step, file exporter",
+    "integration default policy, OTLP live Collector",
+    "integration every step, OTLP live Collector",
+)
 
 
 def _has_integration() -> bool:
@@ -330,6 +362,8 @@ def _configure_arguments() -> set[str]:
 
 
 def cartpole(quick: bool, endpoint: str | None) -> dict[str, Any]:
+    """Both workloads; returns ``{workload: {variant: (slowdown, dropped)}}`` plus, under
+    ``"overhead"``, each integration variant's (per-episode µs, per-step µs) of CPU."""
     n, rounds = (10_000, 3) if quick else (50_000, 5)
     file = {"file": "trace.jsonl"}
     otlp = {"endpoint": endpoint, "file": False}
@@ -351,23 +385,49 @@ def cartpole(quick: bool, endpoint: str | None) -> dict[str, Any]:
         if _has_integration():
             variants["integration every step, OTLP live Collector"] = ("integration:all", otlp, {})
             variants["integration default policy, OTLP live Collector"] = ("integration", otlp, {})
-    results: dict[str, list[dict[str, Any]]] = {name: [] for name in variants}
-    names = list(variants)
+    runs = [(workload, name) for workload in WORKLOADS for name in variants]
+    runs = [(w, name) for w, name in runs if w == "random" or name in BALANCE_VARIANTS]
+    results: dict[tuple[str, str], list[dict[str, Any]]] = {run: [] for run in runs}
     for r in range(rounds):
-        for name in names if r % 2 == 0 else names[::-1]:
+        for workload, name in runs if r % 2 == 0 else runs[::-1]:
             loop, kwargs, extra = variants[name]
-            results[name].append(
-                run_child(CARTPOLE_CODE, loop, str(n), json.dumps(kwargs), env=child_env(**extra))
+            results[workload, name].append(
+                run_child(CARTPOLE_CODE, loop, str(n), json.dumps(kwargs), workload, env=child_env(**extra))
             )
-    base = [r["steps_per_s"] for r in results["untraced"]]
-    print(f"cartpole ({n} random-action steps x {rounds} rounds; steps per CPU-second, slowdown vs untraced)")
     out: dict[str, Any] = {}
-    for name in names:
-        rates = [r["steps_per_s"] for r in results[name]]
-        slow = med([b / x for b, x in zip(base, rates, strict=True)])
-        dropped = max(r["dropped"] for r in results[name])
-        print(f"  {name:<48} {med(rates):>10,.0f} steps/s  {slow:5.2f}x  dropped {dropped}")
-        out[name] = (slow, dropped)
+    lengths: dict[str, float] = {}
+    per_step: dict[tuple[str, str], float] = {}  # median CPU µs per step
+    for workload, label in WORKLOADS.items():
+        base = [r["steps_per_s"] for r in results[workload, "untraced"]]
+        lengths[workload] = length = med([n / r["episodes"] for r in results[workload, "untraced"]])
+        print(
+            f"cartpole, {label} (mean episode {length:.0f} steps; {n} steps x {rounds} rounds;"
+            " steps per CPU-second, slowdown vs untraced)"
+        )
+        out[workload] = {}
+        for w, name in runs:
+            if w != workload:
+                continue
+            rates = [r["steps_per_s"] for r in results[workload, name]]
+            slow = med([b / x for b, x in zip(base, rates, strict=True)])
+            dropped = max(r["dropped"] for r in results[workload, name])
+            print(f"  {name:<48} {med(rates):>10,.0f} steps/s  {slow:5.2f}x  dropped {dropped}")
+            out[workload][name] = (slow, dropped)
+            # Overhead over the untraced loop of the same round, µs of CPU per step.
+            per_step[workload, name] = med([1e6 / x - 1e6 / b for b, x in zip(base, rates, strict=True)])
+    # overhead per step = per_episode / length + per_step_cost, at two lengths: solve for both.
+    short, long = lengths["random"], lengths["balance"]
+    out["overhead"] = {}
+    if long > short:
+        print("cartpole, traced cost derived from both workloads (µs of CPU; predicts any episode length)")
+        for name in variants:
+            if name == "untraced" or ("balance", name) not in per_step:
+                continue
+            o_short, o_long = per_step["random", name], per_step["balance", name]
+            step_us = (o_long * long - o_short * short) / (long - short)
+            episode_us = (o_short - step_us) * short
+            print(f"  {name:<48} {episode_us:7.0f} µs per episode + {step_us:5.2f} µs per step")
+            out["overhead"][name] = (episode_us, step_us)
     return out
 
 
@@ -601,12 +661,12 @@ from peers import PEERS, peer_rows  # noqa: E402 - benchmarks/peers.py, after th
 def table(rows: list[tuple[str, str, str, str, bool | None]]) -> None:
     print()
     print("cost targets")
-    header = f"  {'metric':<78} {'today':>14} {'target':>12} {'measured':>18}"
+    header = f"  {'metric':<88} {'today':>14} {'target':>12} {'measured':>18}"
     print(header)
     print("  " + "-" * (len(header) - 2))
     for metric, today, target, measured, ok in rows:
         mark = "" if ok is None else ("  ok" if ok else "  MISSED")
-        print(f"  {metric:<78} {today:>14} {target:>12} {measured:>18}{mark}")
+        print(f"  {metric:<88} {today:>14} {target:>12} {measured:>18}{mark}")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -647,18 +707,22 @@ def main(argv: Sequence[str] | None = None) -> int:
     with receiver if live else _nothing():
         if "cartpole" in only:
             c = cartpole(args.quick, receiver.endpoint if live else None)
-            default = c.get("integration default policy, file exporter")
-            metric = "CartPole, Gymnasium integration's default step policy, file exporter"
-            if default is None:  # the integration is not installed: the with-step loop, aggregated
-                default = c.get("with step(), step policy aggregate, file", (float("nan"), 0))
-                metric = "CartPole, with step() loop, aggregate step policy, file exporter"
-            rows.append((metric, "11.8x", "<= 1.3x", f"{default[0]:.2f}x", default[0] <= 1.3))
-            every = c.get("integration every step, OTLP live Collector") or c.get(
+            for workload, label, today in (
+                ("random", "random actions (~22-step episodes)", "11.8x"),
+                ("balance", "balancing controller (500-step episodes)", "not measured"),
+            ):
+                default = c[workload].get("integration default policy, file exporter")
+                metric = f"CartPole, integration default policy, file, {label}"
+                if default is None:  # the integration is not installed: the with-step loop, aggregated
+                    default = c[workload].get("with step(), step policy aggregate, file", (float("nan"), 0))
+                    metric = f"CartPole, with step() loop, aggregate policy, file, {label}"
+                rows.append((metric, today, "<= 1.3x", f"{default[0]:.2f}x", default[0] <= 1.3))
+            every = c["random"].get("integration every step, OTLP live Collector") or c["random"].get(
                 "with step(), every step, OTLP live Collector"
             )
             if every is not None:
                 rows.append(
-                    ("CartPole, every step a span, OTLP to a live Collector", "15x, drops", "<= 4x, 0 drops",
+                    ("CartPole, every step a span, OTLP to a live Collector, random actions", "15x, drops", "<= 4x, 0 drops",
                      f"{every[0]:.2f}x, {every[1]} dropped", every[0] <= 4 and every[1] == 0)
                 )  # fmt: skip
         if "export" in only and live:
