@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import numpy as np
@@ -176,6 +177,91 @@ def test_an_exception_in_step_fails_the_episode_and_leaves_the_rollout_unscored(
     assert sorted(steps) == [1, 3]
     assert attrs(steps[3])[c.ERROR_TYPE].endswith("Broken")
     assert captured.by_kind("verify") == []
+    assert check_trace(captured) == []
+
+
+class SlowSteps(gym.Wrapper):  # type: ignore[misc]
+    """Sleeps the given seconds in the given steps of each episode (1-based), and opens a span of
+    its own in every step, as a simulator instrumented with OpenTelemetry would."""
+
+    def __init__(self, env: Any, sleeps: dict[int, float], tracer: Any) -> None:
+        super().__init__(env)
+        self.sleeps = sleeps
+        self.tracer = tracer
+        self.steps = 0
+
+    def reset(self, **kwargs: Any) -> Any:
+        self.steps = 0
+        return self.env.reset(**kwargs)
+
+    def step(self, action: Any) -> Any:
+        self.steps += 1
+        with self.tracer.start_as_current_span(f"physics {self.steps}"):
+            time.sleep(self.sleeps.get(self.steps, 0.0))
+            return self.env.step(action)
+
+
+def test_step_statistics_are_each_unsampled_steps_own_time(captured: CapturedSpans) -> None:
+    tracer = captured.tracer_provider.get_tracer("sim")
+    sleeps = {2: 0.004, 4: 0.030}
+    env = TraceEnv(SlowSteps(gym.make("CartPole-v1", max_episode_steps=6), sleeps, tracer))
+    env.reset(seed=0)
+    for n in range(6):
+        env.step(n % 2)  # alternate pushes: upright for six steps, then the TimeLimit
+
+    ep = attrs(captured.one("episode"))
+    assert ep[c.STEPS_COUNT] == 6 and ep[c.STEPS_SAMPLED] == 1
+    assert ep[c.STEPS_SLOWEST_NUMBER] == 4
+    assert 30.0 <= ep[c.STEPS_DURATION_MAX_MS] < 1000.0
+    assert ep[c.STEPS_DURATION_MIN_MS] < 4.0  # none of the four steps that did not sleep
+    assert 34.0 <= ep[c.STEPS_DURATION_TOTAL_MS] < ep[c.STEPS_DURATION_MAX_MS] + 4.0 + 100.0
+    assert ep[c.STEPS_DURATION_MEAN_MS] == pytest.approx(ep[c.STEPS_DURATION_TOTAL_MS] / 6)
+    # Spans the environment opens in a step nest under that step's span when it has one (the
+    # sampled first step), else directly under the episode: never under the caller's context.
+    episode, (step,) = captured.one("episode"), captured.by_kind("step")
+    parents = {s.name: s.parent.span_id for s in captured.spans if s.name.startswith("physics")}
+    assert parents == {
+        "physics 1": step.context.span_id,
+        **{f"physics {n}": episode.context.span_id for n in range(2, 7)},
+    }
+    assert check_trace(captured) == []
+
+
+def test_environments_stepped_in_turn_keep_their_own_episodes(captured: CapturedSpans) -> None:
+    # The wrappers share the scopes they reuse (verify, the first steps): each activation must
+    # still land in its own episode's context.
+    envs = {
+        "a": TraceEnv(gym.make("CartPole-v1"), rollout_id=lambda n: f"a-{n}", sample_first=2),
+        "b": TraceEnv(gym.make("CartPole-v1"), rollout_id=lambda n: f"b-{n}", steps="all"),
+    }
+    played = {name: [0, 0] for name in envs}  # episodes ended, steps of the running episode
+    for env in envs.values():
+        env.reset(seed=0)
+        env.action_space.seed(0)
+    while min(done for done, _ in played.values()) < 2:
+        for name, env in envs.items():
+            _, _, terminated, truncated, _ = env.step(env.action_space.sample())
+            played[name][1] += 1
+            if terminated or truncated:
+                played[name] = [played[name][0] + 1, 0]
+                env.reset()
+    for env in envs.values():
+        env.close()
+
+    episodes = {s.context.span_id: s for s in captured.by_kind("episode")}
+    for kind in ("seed_session", "step", "verify"):
+        for span in captured.by_kind(kind):
+            episode = episodes[span.parent.span_id]
+            assert attrs(span)[c.ROLLOUT_ID] == attrs(episode)[c.ROLLOUT_ID]
+    for episode in episodes.values():
+        a = attrs(episode)
+        numbers = sorted(attrs(s)[c.STEP_NUMBER] for s in captured.by_kind("step") if s.parent.span_id
+                         == episode.context.span_id)  # fmt: skip
+        if a[c.ROLLOUT_ID].startswith("a-"):
+            assert numbers == [1, 2][: a[c.STEPS_COUNT]]
+        else:
+            assert numbers == list(range(1, a[c.STEPS_COUNT] + 1))
+        assert a[c.STEPS_SAMPLED] == len(numbers)
     assert check_trace(captured) == []
 
 
