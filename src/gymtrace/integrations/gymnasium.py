@@ -95,7 +95,6 @@ class _Open:
         "count",
         "env_step",
         "episode",
-        "every",
         "frame",
         "limit",
         "max_ns",
@@ -124,7 +123,6 @@ class _Open:
         self.rollout = rollout
         self.episode = episode
         self.frame = frame
-        self.every = every
         # Steps numbered up to ``limit`` become spans.
         self.limit = _EVERY_STEP if every else first
         self.reward = 0.0
@@ -146,8 +144,8 @@ class _Open:
             self.min_ns = ns
 
     def attributes(self) -> dict[str, Any]:
+        """The statistics set when the episode ends (the policy was set when it started)."""
         attributes: dict[str, Any] = {
-            c.STEPS_POLICY: c.STEPS_POLICY_ALL if self.every else c.STEPS_POLICY_AGGREGATE,
             c.STEPS_COUNT: self.count,
             c.STEPS_SAMPLED: self.sampled,
         }
@@ -304,7 +302,12 @@ class TraceEnv(wrapt.ObjectProxy):  # type: ignore[type-arg]  # proxies any envi
         episode = self._self_episodes.get(index)
         if episode is None:
             # Made once per sub-environment: validating the attributes is ~1.5 µs an episode.
-            attributes: dict[str, Any] = {c.ENV_ID: self._self_env_id}
+            # The policy is known now: set at the start it is visible even on an episode cut
+            # short, and costs nothing (an attribute set later is validated one by one).
+            attributes: dict[str, Any] = {
+                c.ENV_ID: self._self_env_id,
+                c.STEPS_POLICY: c.STEPS_POLICY_ALL if self._self_every else c.STEPS_POLICY_AGGREGATE,
+            }
             if index is not None:
                 attributes[c.ENV_INDEX] = index
             episode = self._self_episodes[index] = gymtrace.episode(attributes=attributes)
