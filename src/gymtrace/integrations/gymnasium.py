@@ -72,8 +72,9 @@ logger = logging.getLogger("gymtrace")
 DEFAULT_SAMPLE_FIRST = 1
 """Steps of each episode recorded as spans under the ``aggregate`` policy (then only failures).
 
-Chosen from ``benchmarks/gymnasium_steps.py``: every step span costs about as much as five
-CartPole steps, and a random CartPole episode lasts ~20 steps."""
+Measured with the file exporter: a step span costs ~40-60 µs of CPU made and encoded, five to
+seven CartPole steps. One per episode shows a step's shape (and what the environment does inside
+it) for ~15 % of an episode's fixed cost; ``0`` keeps only the aggregates."""
 
 _perf_counter_ns = time.perf_counter_ns
 # A step number no episode reaches: under the "all" policy every step is below it.
