@@ -84,13 +84,13 @@ PEERS: dict[str, Peer] = {
         """
         from langfuse import Langfuse, observe
         from opentelemetry.sdk.trace import TracerProvider
-        from opentelemetry.sdk.trace.export import BatchSpanProcessor
-        # Langfuse exports through the provider it is given: the global one, with a drop exporter.
+        # Langfuse adds its own span processor (a BatchSpanProcessor) to the provider it is given;
+        # span_exporter= replaces its OTLP exporter with the drop exporter. Given none, it encodes
+        # every span for a dead endpoint on its export thread, CPU this benchmark would charge to it.
         provider = TracerProvider()
-        provider.add_span_processor(BatchSpanProcessor(DropExporter()))
         trace.set_tracer_provider(provider)
         Langfuse(public_key="pk-lf-bench", secret_key="sk-lf-bench", host="http://127.0.0.1:9",
-                 tracer_provider=provider)
+                 tracer_provider=provider, span_exporter=DropExporter())
         decorate = observe(name="step", capture_input=capture, capture_output=capture)
         """,
     ),
