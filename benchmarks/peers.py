@@ -109,10 +109,9 @@ PEERS: dict[str, Peer] = {
         """,
     ),
     "traceloop": Peer(
-        # 0.62.4 (the newest) installs with _TRACELOOP_CONSTRAINTS; without them pip's resolver gives
-        # up (see there). It imports httpx (traceloop.sdk.evaluator) without declaring it.
-        # 0.45.6 (OpenTelemetry 1.34), measured before, is what pip settles on unconstrained for
-        # anything older than 0.46.
+        # 0.62.4 (the newest): unconstrained, ResolutionImpossible (see _TRACELOOP_CONSTRAINTS).
+        # 0.62.4 with _TRACELOOP_CONSTRAINTS: installs; imports httpx undeclared, hence "httpx".
+        # 0.45.6 (OpenTelemetry 1.34): measured here before 0.62.4 installed; no longer used.
         ["traceloop-sdk==0.62.4", "httpx"],
         """
         os.environ["TRACELOOP_TRACE_CONTENT"] = "true" if capture else "false"
