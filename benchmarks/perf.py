@@ -29,10 +29,12 @@ Sections:
   ``collector/bin/jaeger``, with a ``debug`` exporter): 20,000 spans made as fast as possible,
   CPU per delivered span, and the highest paced span rate with zero drops; gymtrace's pipeline vs
   the stock ``BatchSpanProcessor`` + OTLP exporter, the same span-making code on both sides.
-- **peers** (``--peers``): the same decorated call under Traceloop ``@task``, Logfire
-  ``@instrument``, Langfuse ``@observe`` and OpenInference's ``@tracer.chain``, each installed into
-  its own virtualenv (not a gymtrace dependency), each against the same hand-written span in the
-  same process, content capture off and on.
+- **peers** (``--peers``): Traceloop ``@task``, Logfire ``@instrument``, Langfuse ``@observe`` and
+  OpenInference's ``@tracer.chain``, each installed into its own virtualenv (not a gymtrace
+  dependency), content capture off and on. As issue 13 measured them: the peer in its own process
+  and ``@gymtrace.step`` under ``configure()`` in another (same venv), each against the same
+  hand-written span; the figure with gymtrace under the peer's provider in the peer's process is
+  printed beside it, labelled "same process" (``benchmarks/peers.py``).
 """
 
 from __future__ import annotations
