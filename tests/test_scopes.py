@@ -528,3 +528,23 @@ def test_an_unsampled_step_inside_a_sampled_one_leaves_it_open() -> None:
         _steps.set_policy(saved)
     assert step.attributes[c.STEP_NUMBER] == 1
     assert episode.attributes[c.STEPS_COUNT] == 2
+
+
+def test_a_block_exited_in_a_child_task_ends_its_span_and_logs_like_opentelemetry(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    import contextlib
+
+    async def main() -> None:
+        stack = contextlib.ExitStack()
+        stack.enter_context(gymtrace.step())  # entered here
+
+        async def close() -> None:
+            stack.close()  # exited in a task, whose context is a copy: the token cannot be reset
+
+        await asyncio.create_task(close())
+
+    with gymtrace.testing.capture_spans(strict=False) as captured:
+        asyncio.run(main())
+    assert len(captured.by_kind(c.KIND_STEP)) == 1
+    assert "Failed to detach context" in caplog.text  # OpenTelemetry's own report, as use_span gives

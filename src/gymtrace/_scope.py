@@ -34,7 +34,7 @@ from gymtrace._errors import GymTraceError, HierarchyViolationError, contract_pr
 from gymtrace._failures import qualified_name
 from gymtrace._frame import DISABLED_FRAME, FRAME_KEY, ActiveScope
 from gymtrace._levels import LEVELS, NUMBERING_OWNERS, allowed
-from gymtrace._tracing import SPAN_CONTEXT_KEY, active_tracer, current_context
+from gymtrace._tracing import SPAN_CONTEXT_KEY, active_tracer, attach, current_context, detach
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -333,7 +333,7 @@ class Scope:
             assert parent is not None
             parent.unsampled = (frame, parent.unsampled)
         else:
-            frame.token = otel_context.attach(frame.context)  # type: ignore[arg-type]
+            frame.token = attach(frame.context)  # type: ignore[arg-type]
         return frame
 
     def _shadow(self) -> None:
@@ -364,7 +364,7 @@ class Scope:
                     _SHADOWS.set(shadows[2])  # this block entered nothing; the frame is an outer one's
                     return
                 frame.token = None
-                otel_context.detach(token)  # type: ignore[arg-type]
+                detach(token)
                 self.finish(frame, exc)
                 return
             # Not the innermost: a block exited before one it encloses. Its context is reset to the
@@ -374,7 +374,7 @@ class Scope:
                 token = outer.token
                 if outer.owner is self and token is not None:
                     outer.token = None
-                    otel_context.detach(token)  # type: ignore[arg-type]
+                    detach(token)
                     self.finish(outer, exc)
                     return
                 outer = outer.parent
@@ -490,7 +490,6 @@ def decorate(scope: Scope, func: F) -> F:
 
 def _function_wrapper(scope: Scope, func: Callable[..., Any]) -> Callable[..., Any]:
     start, finish = scope.start, scope.finish
-    attach, detach = otel_context.attach, otel_context.detach
 
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         tracer = active_tracer()
@@ -515,7 +514,6 @@ def _function_wrapper(scope: Scope, func: Callable[..., Any]) -> Callable[..., A
 
 def _coroutine_wrapper(scope: Scope, func: Callable[..., Any]) -> Callable[..., Any]:
     start, finish = scope.start, scope.finish
-    attach, detach = otel_context.attach, otel_context.detach
 
     async def wrapper(*args: Any, **kwargs: Any) -> Any:
         tracer = active_tracer()
@@ -543,7 +541,7 @@ def _generator_wrapper(scope: Scope, func: Callable[..., Any]) -> Callable[..., 
     # frameworks that check it (pytest fixtures, FastAPI dependencies). The span starts at the
     # first next(), when the body starts.
     start, finish = scope.start, scope.finish
-    attach, detach, get_current = otel_context.attach, otel_context.detach, otel_context.get_current
+    get_current = current_context
 
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         gen = func(*args, **kwargs)
@@ -597,7 +595,7 @@ def _async_generator_wrapper(scope: Scope, func: Callable[..., Any]) -> Callable
     # would put the body outside the consumer's asyncio.timeout(). Async generators cannot
     # `yield from`, so the untraced path runs the same loop without touching the context.
     start, finish = scope.start, scope.finish
-    attach, detach, get_current = otel_context.attach, otel_context.detach, otel_context.get_current
+    get_current = current_context
 
     async def wrapper(*args: Any, **kwargs: Any) -> Any:
         agen = func(*args, **kwargs)
@@ -623,7 +621,7 @@ def _async_generator_wrapper(scope: Scope, func: Callable[..., Any]) -> Callable
                 finally:
                     if body_context is not None:
                         body_context = get_current()
-                        detach(token)  # type: ignore[arg-type]
+                        detach(token)
                 try:
                     to_send = yield item
                 except GeneratorExit:
@@ -633,7 +631,7 @@ def _async_generator_wrapper(scope: Scope, func: Callable[..., Any]) -> Callable
                         await agen.aclose()
                     finally:
                         if body_context is not None:
-                            detach(token)  # type: ignore[arg-type]
+                            detach(token)
                     raise
                 except BaseException as thrown_in:  # noqa: BLE001 - forwarded into the body, like `yield from`
                     to_throw = thrown_in
