@@ -289,6 +289,9 @@ class Scope:
                     _record_error(span, exc)
         finally:
             frame.ended = True
+            # The frame's context holds the frame: dropped here, the two are freed by reference
+            # counting instead of waiting, with every span's objects, for the cyclic collector.
+            frame.context = None
             span.end()
 
     def _take_reward(self, frame: ActiveScope, result: Any) -> None:
