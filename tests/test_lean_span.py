@@ -109,3 +109,35 @@ def test_an_applications_own_provider_is_left_as_it_is(tmp_path: Path) -> None:
                       "tracer": type(active_tracer()).__name__}))
     """
     assert run(code, tmp_path) == {"provider": "TracerProvider", "tracer": "Tracer"}
+
+
+def test_the_default_sampler_decides_on_the_lean_path_as_the_sdk_does(tmp_path: Path) -> None:
+    # The lean path answers the SDK's default sampler, ParentBased(ALWAYS_ON), itself: it must
+    # give the SDK's answer for a root, and for a remote parent sampled or not, trace state kept.
+    code = """
+    import json, gymtrace
+    from opentelemetry import trace
+    from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+    from gymtrace._tracing import active_tracer
+    gymtrace.configure(service_name="lean", file=False)
+    lean = active_tracer()
+    stock = trace.get_tracer_provider().get_tracer("some.library")
+    assert type(lean).__name__ == "LeanTracer" and type(stock).__name__ == "Tracer"
+    def answer(tracer, flags):
+        context = None
+        if flags is not None:
+            context = TraceContextTextMapPropagator().extract({
+                "traceparent": f"00-{'ab' * 16}-{'cd' * 8}-{flags}", "tracestate": "vendor=kept"})
+        span = tracer.start_span("gym.step", context=context, attributes={"gym.kind": "step"})
+        ctx = span.get_span_context()
+        span.end()
+        return [span.is_recording() or ctx.trace_flags.sampled, ctx.trace_flags.sampled,
+                ctx.trace_state.to_header(), flags is None or ctx.trace_id == int("ab" * 16, 16)]
+    print(json.dumps({f: [answer(lean, f), answer(stock, f)] for f in (None, "00", "01")}, default=str))
+    """
+    result = run(code, tmp_path)
+    for flags, (lean, stock) in result.items():
+        assert lean == stock, flags
+    assert result["00"][0][1] is False  # a parent that was not sampled: not sampled here either
+    assert result["01"][0][1:3] == [True, "vendor=kept"]
+    assert result["null"][0][1] is True

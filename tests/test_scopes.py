@@ -453,3 +453,98 @@ def test_a_scope_built_while_off_records_its_arguments_once_tracing_is_on() -> N
             assert search() == 1
     tools = captured.by_kind("tool_call")
     assert [t.attributes[c.GEN_AI_TOOL_NAME] for t in tools] == ["late", "late"]
+
+
+# -- how a `with` block finds its own activation at exit ------------------------------------------
+
+
+def test_a_block_entered_while_off_inside_its_own_scope_leaves_the_outer_block_open() -> None:
+    from opentelemetry.trace import NoOpTracerProvider
+
+    from gymtrace._tracing import pop_provider, push_provider
+
+    scope = gymtrace.tool_call(tool_name="composite")  # one shared Scope, nested in itself
+    off = NoOpTracerProvider()
+    with gymtrace.testing.capture_spans(strict=False) as captured:
+        with scope as outer:
+            push_provider(off)  # tracing switches off inside the outer block
+            try:
+                with scope as inner:
+                    assert inner is not outer  # the stand-in, which records nothing
+            finally:
+                pop_provider(off)
+            assert captured.by_kind(c.KIND_TOOL_CALL) == []  # the outer block is still open
+            with scope:  # and a recording block of the same Scope still nests under it
+                pass
+        tools = captured.by_kind(c.KIND_TOOL_CALL)
+    assert len(tools) == 2
+    assert_child(tools[0], tools[1])
+
+
+def test_blocks_exited_out_of_order_end_both_spans_and_restore_the_context() -> None:
+    from opentelemetry import trace
+
+    with gymtrace.testing.capture_spans(strict=False) as captured:
+        with gymtrace.rollout(rollout_id="r-ooo", task_id="t", repeat=0):
+            rollout_span = trace.get_current_span()
+            outer = gymtrace.episode()
+            inner = gymtrace.agent_invocation(agent_name="a")
+            outer.__enter__()
+            inner.__enter__()
+            outer.__exit__(None, None, None)  # before the block it encloses
+            inner.__exit__(None, None, None)
+            assert trace.get_current_span() is rollout_span
+        kinds = sorted(s.attributes[c.KIND] for s in captured.spans)
+    assert kinds == [c.KIND_AGENT_INVOCATION, c.KIND_EPISODE, c.KIND_ROLLOUT]
+
+
+def test_a_disabled_async_with_never_suspends_and_needs_no_event_loop() -> None:
+    async def body() -> str:
+        async with gymtrace.step() as step:
+            step.record_reward(1.0)  # the stand-in accepts what a recording scope accepts
+            return "done"
+
+    coroutine = body()
+    with pytest.raises(StopIteration) as finished:
+        coroutine.send(None)  # driven by hand: no loop, and it completes at the first send
+    assert finished.value.value == "done"
+
+
+def test_an_unsampled_step_inside_a_sampled_one_leaves_it_open() -> None:
+    from gymtrace import _steps
+
+    saved = _steps.current_policy()
+    _steps.set_policy(gymtrace.StepPolicy("aggregate", first=1, slowest=0))
+    try:
+        with gymtrace.testing.capture_spans(strict=False) as captured:
+            with gymtrace.rollout(rollout_id="r-agg", task_id="t", repeat=0), gymtrace.episode():
+                with gymtrace.step():  # step 1: sampled, a span
+                    with gymtrace.step():  # step 2: not sampled, no span
+                        pass
+                    assert captured.by_kind(c.KIND_STEP) == []  # step 1 is still open
+            (step,) = captured.by_kind(c.KIND_STEP)
+            episode = captured.one(c.KIND_EPISODE)
+    finally:
+        _steps.set_policy(saved)
+    assert step.attributes[c.STEP_NUMBER] == 1
+    assert episode.attributes[c.STEPS_COUNT] == 2
+
+
+def test_a_block_exited_in_a_child_task_ends_its_span_and_logs_like_opentelemetry(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    import contextlib
+
+    async def main() -> None:
+        stack = contextlib.ExitStack()
+        stack.enter_context(gymtrace.step())  # entered here
+
+        async def close() -> None:
+            stack.close()  # exited in a task, whose context is a copy: the token cannot be reset
+
+        await asyncio.create_task(close())
+
+    with gymtrace.testing.capture_spans(strict=False) as captured:
+        asyncio.run(main())
+    assert len(captured.by_kind(c.KIND_STEP)) == 1
+    assert "Failed to detach context" in caplog.text  # OpenTelemetry's own report, as use_span gives

@@ -73,6 +73,8 @@ class ActiveScope:
         "span",
         "step_stats",
         "step_timing",
+        "token",
+        "unsampled",
     )
 
     def __init__(
@@ -107,6 +109,12 @@ class ActiveScope:
         # (statistics, number, start time in ns, whether it is a span).
         self.step_stats: Any = None
         self.step_timing: tuple[Any, int, int, bool] | None = None
+        # Entered by a `with` block: the token of the context it attached, which its exit detaches.
+        self.token: object = None
+        # On a step's parent: the steps the aggregate policy did not sample that are open in a
+        # `with` block, innermost first, as (frame, the ones below) or None. They attach nothing,
+        # so their exit finds them here, on the frame that is current.
+        self.unsampled: tuple[ActiveScope, Any] | None = None
 
     # -- reading -------------------------------------------------------------------------------
 

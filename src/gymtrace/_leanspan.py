@@ -23,6 +23,7 @@ from typing import Any
 from opentelemetry import trace as trace_api
 from opentelemetry.attributes import BoundedAttributes
 from opentelemetry.sdk import trace as sdk_trace
+from opentelemetry.sdk.trace import sampling as sdk_sampling
 from opentelemetry.sdk.util import BoundedList
 from opentelemetry.trace import SpanKind
 from opentelemetry.trace.status import Status, StatusCode
@@ -32,6 +33,9 @@ from gymtrace import _constants as c
 logger = logging.getLogger("gymtrace")
 
 _PLAIN = (str, bool, int, float)
+_DEFAULT_ON = sdk_sampling.DEFAULT_ON
+_RECORD_AND_SAMPLE = sdk_sampling.Decision.RECORD_AND_SAMPLE
+_DROP = sdk_sampling.Decision.DROP
 _UNSET_STATUS = Status(StatusCode.UNSET)
 _NONE: tuple[Any, ...] = ()
 _TRACER_FIELDS = (
@@ -162,10 +166,36 @@ class LeanTracer(sdk_trace.Tracer):
         else:
             trace_id = parent.trace_id
             random_trace_id = parent.trace_flags.random_trace_id
-        sampling: Any = self.sampler.should_sample(context, trace_id, name, kind, attributes, ())
-        flags = (
-            trace_api.TraceFlags.SAMPLED if sampling.decision.is_sampled() else trace_api.TraceFlags.DEFAULT
-        )
+        sampler = self.sampler
+        decision: Any
+        if sampler is _DEFAULT_ON:
+            # The SDK's default, ParentBased(ALWAYS_ON), answered without its three context lookups
+            # (~1 µs of a span): follow a parent, keep a root; the parent's trace state carries on.
+            if parent is None:
+                decision, trace_state = _RECORD_AND_SAMPLE, None
+            else:
+                decision = _RECORD_AND_SAMPLE if parent.trace_flags.sampled else _DROP
+                trace_state = parent.trace_state
+        else:
+            sampling: Any = sampler.should_sample(context, trace_id, name, kind, attributes, ())
+            decision, trace_state = sampling.decision, sampling.trace_state
+            if (
+                decision.is_recording()
+                and sampling.attributes is not attributes
+                and sampling.attributes != attributes
+            ):
+                # The sampler changed the attributes: let the SDK validate what it returned.
+                return super().start_span(
+                    name,
+                    context,
+                    kind,
+                    attributes,
+                    links,
+                    start_time,
+                    record_exception,
+                    set_status_on_exception,
+                )
+        flags = trace_api.TraceFlags.SAMPLED if decision.is_sampled() else trace_api.TraceFlags.DEFAULT
         if random_trace_id:
             flags |= trace_api.TraceFlags.RANDOM_TRACE_ID
         span_context = trace_api.SpanContext(
@@ -173,16 +203,11 @@ class LeanTracer(sdk_trace.Tracer):
             self.id_generator.generate_span_id(),
             is_remote=False,
             trace_flags=trace_api.TraceFlags(flags),
-            trace_state=sampling.trace_state,
+            trace_state=trace_state,
         )
-        record_end_metrics = self._tracer_metrics.start_span(parent, sampling.decision)
-        if not sampling.decision.is_recording():
+        record_end_metrics = self._tracer_metrics.start_span(parent, decision)
+        if not decision.is_recording():
             return trace_api.NonRecordingSpan(context=span_context)
-        if sampling.attributes is not attributes and sampling.attributes != attributes:
-            # The sampler changed the attributes: let the SDK validate what it returned.
-            return super().start_span(
-                name, context, kind, attributes, links, start_time, record_exception, set_status_on_exception
-            )
         span: Any = _LeanSpan.__new__(_LeanSpan)
         span._name = name
         span._context = span_context

@@ -19,7 +19,7 @@ import contextvars
 import functools
 import inspect
 import sys
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from time import time_ns
 from types import TracebackType
 from typing import Any, TypeVar
@@ -34,25 +34,41 @@ from gymtrace._errors import GymTraceError, HierarchyViolationError, contract_pr
 from gymtrace._failures import qualified_name
 from gymtrace._frame import DISABLED_FRAME, FRAME_KEY, ActiveScope
 from gymtrace._levels import LEVELS, NUMBERING_OWNERS, allowed
-from gymtrace._tracing import SPAN_CONTEXT_KEY, active_tracer
+from gymtrace._tracing import SPAN_CONTEXT_KEY, active_tracer, attach, current_context, detach
 
 F = TypeVar("F", bound=Callable[..., Any])
 
 # Cancellation and interruption end a span without an error status (like use_span).
 CANCELLATION = (asyncio.CancelledError, KeyboardInterrupt, SystemExit)
 
-# The `with` blocks open in this context, innermost first, as a linked list: (scope, activation,
-# context token, the blocks below) or None. One context variable for all scopes: a Scope object
-# shared by concurrent tasks or threads gets one stack per context, and no per-Scope variable
-# accumulates in long-lived contexts. Linked, so entering and leaving a block costs the same at any
-# depth (a tuple copied per block cost ~0.2 µs in a rollout > episode > step loop).
-_Block = tuple[Any, ActiveScope, object, Any]
-_WITH_BLOCKS: contextvars.ContextVar[_Block | None] = contextvars.ContextVar(
-    "gymtrace.with_blocks", default=None
+# A `with` block finds its own activation at exit in the OpenTelemetry context it attached: the
+# current frame (FRAME_KEY) is its own in the normal, nested case, which costs one lookup instead of
+# a with-stack kept beside the context (a context variable set per block made `with` ~10 % dearer
+# than the decorator). One case needs more: a block entered while nothing records, nested in a
+# recording block of the same shared Scope (`with step():` inside `with step():`, tracing switched
+# off in between), attaches nothing, so the frame current at its exit is the outer block's. Such a
+# block is pushed here, (scope, the frame it shadows, the entries below), so that its exit cannot
+# end that frame. Empty (None) in every context unless tracing changes while blocks are open.
+_SHADOWS: contextvars.ContextVar[tuple[Any, ActiveScope, Any] | None] = contextvars.ContextVar(
+    "gymtrace.shadowed_with_blocks", default=None
 )
 
-# The with-stack's token for a step the aggregate policy did not sample (nothing was attached).
-_UNSAMPLED = object()
+
+def _finished(value: Any) -> asyncio.Future[Any]:
+    """A future that already holds ``value``: awaiting it returns the value without suspending, in
+    any event loop (or none), which is all the disabled ``async with`` needs. Its loop is closed at
+    once: a finished future never schedules anything on it."""
+    loop = asyncio.new_event_loop()
+    try:
+        future: asyncio.Future[Any] = loop.create_future()
+        future.set_result(value)
+        return future
+    finally:
+        loop.close()
+
+
+_ENTERED_DISABLED: asyncio.Future[ActiveScope] = _finished(DISABLED_FRAME)
+_EXITED: asyncio.Future[None] = _finished(None)
 
 # Every activation whose span has started and not ended, so that a process being stopped can end
 # them as interrupted instead of losing them (see _lifecycle). Insertion order: outermost first.
@@ -180,7 +196,7 @@ class Scope:
     ) -> ActiveScope | None:
         """Start the span and build its context. ``None`` if gymtrace itself failed."""
         with _START_GUARDS[self.kind]:
-            parent_context = otel_context.get_current()
+            parent_context = current_context()
             parent = parent_context.get(FRAME_KEY)
             if not isinstance(parent, ActiveScope):
                 parent = None
@@ -273,6 +289,9 @@ class Scope:
                     _record_error(span, exc)
         finally:
             frame.ended = True
+            # The frame's context holds the frame: dropped here, the two are freed by reference
+            # counting instead of waiting, with every span's objects, for the cyclic collector.
+            frame.context = None
             span.end()
 
     def _take_reward(self, frame: ActiveScope, result: Any) -> None:
@@ -304,23 +323,27 @@ class Scope:
     def __enter__(self) -> ActiveScope:
         tracer = active_tracer()
         if tracer is None:
-            # Free when off: no with-stack work unless a recording block is open in this context
-            # (then the stand-in must shadow it, so that this block's exit cannot end that one).
-            top = _WITH_BLOCKS.get()
-            if top is not None:
-                _WITH_BLOCKS.set((self, DISABLED_FRAME, None, top))
+            if _OPEN:  # something records somewhere: this block may need to shadow it
+                self._shadow()
             return DISABLED_FRAME
         frame = self.start(tracer)
-        if frame is None:
-            frame = DISABLED_FRAME
-            token: object = None
-        elif frame.level is None:
+        if frame is None:  # gymtrace itself failed; the block runs untraced
+            self._shadow()
+            return DISABLED_FRAME
+        if frame.level is None:
             # A step the aggregate policy does not sample runs in its parent's context: no attach.
-            token = _UNSAMPLED
+            parent = frame.parent
+            assert parent is not None
+            parent.unsampled = (frame, parent.unsampled)
         else:
-            token = otel_context.attach(frame.context)  # type: ignore[arg-type]
-        _WITH_BLOCKS.set((self, frame, token, _WITH_BLOCKS.get()))
+            frame.token = attach(frame.context)  # type: ignore[arg-type]
         return frame
+
+    def _shadow(self) -> None:
+        """Entered without recording: shadow the current frame if it is this Scope's own."""
+        frame = current_context().get(FRAME_KEY)
+        if isinstance(frame, ActiveScope) and frame.owner is self and frame.token is not None:
+            _SHADOWS.set((self, frame, _SHADOWS.get()))
 
     def __exit__(
         self,
@@ -328,66 +351,87 @@ class Scope:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        top = _WITH_BLOCKS.get()
-        block = top
-        # Normally the innermost block; searched so that a Scope exited out of order still finds
-        # its own activation.
-        while block is not None and block[0] is not self:
-            block = block[3]
-        if block is None:
-            # Entered while tracing was off (nothing was pushed), or exited in another context.
-            if _OPEN:
-                self._exit_elsewhere(exc)
-            return
-        rest = block[3]
-        if block is not top:
-            # Out of order: the blocks above this one stay, relinked onto the ones below it.
-            above = []
-            other = top
-            while other is not block:
-                assert other is not None
-                above.append(other)
-                other = other[3]
-            for entry in reversed(above):
-                rest = (entry[0], entry[1], entry[2], rest)
-        _WITH_BLOCKS.set(rest)
-        token = block[2]
-        if token is not None:
-            if token is not _UNSAMPLED:
-                otel_context.detach(token)  # type: ignore[arg-type]
-            self.finish(block[1], exc)
+        if not _OPEN and not _steps.aggregating:
+            return  # nothing records anywhere (no span, no unsampled step): this block entered nothing
+        frame = current_context().get(FRAME_KEY)
+        if isinstance(frame, ActiveScope):
+            pending = frame.unsampled
+            if pending is not None and pending[0].owner is self:
+                frame.unsampled = pending[1]
+                self.finish(pending[0], exc)
+                return
+            token = frame.token
+            if frame.owner is self and token is not None:
+                shadows = _SHADOWS.get()
+                if shadows is not None and shadows[1] is frame:
+                    _SHADOWS.set(shadows[2])  # this block entered nothing; the frame is an outer one's
+                    return
+                frame.token = None
+                detach(token)
+                self.finish(frame, exc)
+                return
+            # Not the innermost: a block exited before one it encloses. Its context is reset to the
+            # one it entered from (the enclosed blocks, exited later, end without detaching).
+            outer = frame.parent
+            while outer is not None:
+                token = outer.token
+                if outer.owner is self and token is not None:
+                    outer.token = None
+                    detach(token)
+                    self.finish(outer, exc)
+                    return
+                outer = outer.parent
+        self._exit_elsewhere(exc)
 
     def _exit_elsewhere(self, exc: BaseException | None) -> None:
         """``__exit__`` in another context than ``__enter__`` (an ``ExitStack`` handed across asyncio
         tasks or threads): the entering context's token cannot be detached here, but the span is
         still ended, and nothing is raised into user code."""
-        frame = next((f for f in reversed(list(_OPEN.values())) if f.owner is self), None)
+        frame = next(
+            (f for f in reversed(list(_OPEN.values())) if f.owner is self and f.token is not None), None
+        )
         if frame is None:
             return  # tracing was off when it was entered, or the span already ended
         contract_problem(
             ("exit elsewhere", self.kind),
             GymTraceError(
                 f"gymtrace.{self.kind}() was exited in another context than the one it was entered in"
-                " (an ExitStack or a context manager handed to another task or thread); its span is"
-                " ended, but the context it entered keeps it as current"
+                " (an ExitStack or a context manager handed to another task or thread), or after a"
+                " block that encloses it; its span is ended, but the context it entered may keep it"
+                " as current"
             ),
         )
+        frame.token = None
         self.finish(frame, exc)
 
-    async def __aenter__(self) -> ActiveScope:
-        # The disabled case inline: a coroutine already costs what the whole sync path may.
-        if active_tracer() is None and _WITH_BLOCKS.get() is None:
-            return DISABLED_FRAME
+    # Plain methods returning awaitables, not coroutines: with nothing recording, a coroutine pair
+    # alone costs what the whole disabled `async with` may (benchmarks/perf.py, forms), so the
+    # disabled path hands back futures that finished at import, which `await` reads at once.
+    def __aenter__(self) -> Awaitable[ActiveScope]:
+        if active_tracer() is None and not _OPEN:
+            return _ENTERED_DISABLED
+        return self._aenter()
+
+    def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> Awaitable[None]:
+        if not _OPEN and not _steps.aggregating:
+            return _EXITED
+        return self._aexit(exc_type, exc, tb)
+
+    async def _aenter(self) -> ActiveScope:
         return self.__enter__()
 
-    async def __aexit__(
+    async def _aexit(
         self,
         exc_type: type[BaseException] | None,
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        if _WITH_BLOCKS.get() is not None or _OPEN:
-            self.__exit__(exc_type, exc, tb)
+        self.__exit__(exc_type, exc, tb)
 
     # -- decorator ------------------------------------------------------------------------------
 
@@ -449,7 +493,6 @@ def decorate(scope: Scope, func: F) -> F:
 
 def _function_wrapper(scope: Scope, func: Callable[..., Any]) -> Callable[..., Any]:
     start, finish = scope.start, scope.finish
-    attach, detach = otel_context.attach, otel_context.detach
 
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         tracer = active_tracer()
@@ -474,7 +517,6 @@ def _function_wrapper(scope: Scope, func: Callable[..., Any]) -> Callable[..., A
 
 def _coroutine_wrapper(scope: Scope, func: Callable[..., Any]) -> Callable[..., Any]:
     start, finish = scope.start, scope.finish
-    attach, detach = otel_context.attach, otel_context.detach
 
     async def wrapper(*args: Any, **kwargs: Any) -> Any:
         tracer = active_tracer()
@@ -502,7 +544,7 @@ def _generator_wrapper(scope: Scope, func: Callable[..., Any]) -> Callable[..., 
     # frameworks that check it (pytest fixtures, FastAPI dependencies). The span starts at the
     # first next(), when the body starts.
     start, finish = scope.start, scope.finish
-    attach, detach, get_current = otel_context.attach, otel_context.detach, otel_context.get_current
+    get_current = current_context
 
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         gen = func(*args, **kwargs)
@@ -556,7 +598,7 @@ def _async_generator_wrapper(scope: Scope, func: Callable[..., Any]) -> Callable
     # would put the body outside the consumer's asyncio.timeout(). Async generators cannot
     # `yield from`, so the untraced path runs the same loop without touching the context.
     start, finish = scope.start, scope.finish
-    attach, detach, get_current = otel_context.attach, otel_context.detach, otel_context.get_current
+    get_current = current_context
 
     async def wrapper(*args: Any, **kwargs: Any) -> Any:
         agen = func(*args, **kwargs)
@@ -582,7 +624,7 @@ def _async_generator_wrapper(scope: Scope, func: Callable[..., Any]) -> Callable
                 finally:
                     if body_context is not None:
                         body_context = get_current()
-                        detach(token)  # type: ignore[arg-type]
+                        detach(token)
                 try:
                     to_send = yield item
                 except GeneratorExit:
@@ -592,7 +634,7 @@ def _async_generator_wrapper(scope: Scope, func: Callable[..., Any]) -> Callable
                         await agen.aclose()
                     finally:
                         if body_context is not None:
-                            detach(token)  # type: ignore[arg-type]
+                            detach(token)
                     raise
                 except BaseException as thrown_in:  # noqa: BLE001 - forwarded into the body, like `yield from`
                     to_throw = thrown_in

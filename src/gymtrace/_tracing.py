@@ -8,8 +8,11 @@ dictionary lookup and a comparison.
 
 from __future__ import annotations
 
+import contextvars
 import os
 import threading
+from collections.abc import Callable
+from typing import Any
 
 from opentelemetry import context as otel_context
 from opentelemetry import trace
@@ -105,3 +108,50 @@ def _span_context_key() -> str | None:
 
 
 SPAN_CONTEXT_KEY = _span_context_key()
+
+
+def _context_variable() -> contextvars.ContextVar[otel_context.Context] | None:
+    """The context variable OpenTelemetry's default runtime context keeps the current context in.
+
+    The token ``attach`` returns names it (``Token.var``, public in ``contextvars``). Reading,
+    setting and resetting it directly answers what ``get_current``/``attach``/``detach`` answer,
+    each two Python calls cheaper, and every span does all three. ``None`` for any other runtime
+    context (``OTEL_PYTHON_CONTEXT``): then the public calls are used.
+    """
+    try:
+        current = otel_context.get_current()
+        token = otel_context.attach(current)
+        otel_context.detach(token)
+        var = getattr(token, "var", None)
+        if (
+            isinstance(token, contextvars.Token)
+            and isinstance(var, contextvars.ContextVar)
+            and var.get() is current
+        ):
+            return var
+    except Exception:  # noqa: BLE001 - an unexpected runtime context must only cost speed
+        pass
+    return None
+
+
+_CONTEXT_VAR = _context_variable()
+
+current_context: Callable[[], otel_context.Context]
+attach: Callable[[otel_context.Context], object]
+if _CONTEXT_VAR is not None:
+    current_context = _CONTEXT_VAR.get
+    attach = _CONTEXT_VAR.set
+    _reset = _CONTEXT_VAR.reset
+
+    def detach(token: Any) -> None:
+        """``otel_context.detach``: a token that cannot be reset (used twice, or made in another
+        context) goes to OpenTelemetry's own detach, which logs the failure as it always does."""
+        try:
+            _reset(token)
+        except Exception:  # noqa: BLE001 - handed on to OpenTelemetry, which logs it
+            otel_context.detach(token)
+
+else:
+    current_context = otel_context.get_current
+    attach = otel_context.attach
+    detach = otel_context.detach
