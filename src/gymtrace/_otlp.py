@@ -484,6 +484,10 @@ def grpc_exporter(**kwargs: Any) -> Any:
     from opentelemetry.sdk.trace.export import SpanExportResult
 
     class LeanGrpcSpanExporter(OTLPSpanExporter):
+        # encode_requests keeps every request under MAX_REQUEST_BYTES, however many spans it is
+        # handed: the export queue may hand it its whole backlog (_export.BatchExporter.max_drain).
+        splits_requests = True
+
         def __init__(self, **kw: Any) -> None:
             super().__init__(**kw)
             # The mixin builds the stub from self._stub, now and on every reconnect.
@@ -514,6 +518,11 @@ def http_exporter(**kwargs: Any) -> Any:
     from opentelemetry.sdk.trace.export import SpanExportResult
 
     class LeanHttpSpanExporter(OTLPSpanExporter):
+        @property
+        def splits_requests(self) -> bool:
+            # Only the lean path splits at MAX_REQUEST_BYTES; the stock fallback sends one request.
+            return callable(getattr(getattr(self, "_client", None), "export", None))
+
         def export(self, spans: Sequence[Any]) -> Any:
             client = getattr(self, "_client", None)
             if getattr(self, "_shutdown", False) or not callable(getattr(client, "export", None)):

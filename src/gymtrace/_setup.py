@@ -177,29 +177,37 @@ def make_id_generator() -> Any:
     return generator
 
 
-def _file_exporter(path: str) -> SpanExporter:
+def _file_exporter(path: str, line_spans: int = _settings.DEFAULT_MAX_EXPORT_BATCH_SIZE) -> SpanExporter:
     from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 
     class OtlpJsonLinesExporter(SpanExporter):
-        """Appends one OTLP/JSON ``ExportTraceServiceRequest`` per batch to a file.
+        """Appends OTLP/JSON ``ExportTraceServiceRequest`` lines to a file, one per ``line_spans``
+        spans, all of one export in a single write.
 
         The format is the Collector's ``file`` exporter's, so the file can be replayed into a
-        Collector with the ``otlpjsonfile`` receiver.
+        Collector with the ``otlpjsonfile`` receiver. The queue hands this exporter everything
+        queued at once; lines stay the configured batch size so no line grows with the backlog,
+        and the one write is one GIL handoff however many lines it holds.
         """
 
-        def __init__(self, file_path: str) -> None:
+        def __init__(self, file_path: str, spans_per_line: int) -> None:
             self.path = file_path
+            self.spans_per_line = max(1, spans_per_line)
             self._lock = threading.Lock()
             self._file: Any = None
 
         def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
-            line = encode_json_line(spans)
+            step = self.spans_per_line
+            text = "".join(encode_json_line(spans[i : i + step]) + "\n" for i in range(0, len(spans), step))
+            data = text.encode("utf-8")
             with self._lock:
                 if self._file is None:
                     Path(self.path).parent.mkdir(parents=True, exist_ok=True)
-                    self._file = open(self.path, "a", encoding="utf-8")  # noqa: SIM115 - kept open
-                self._file.write(line + "\n")
-                self._file.flush()
+                    self._file = open(self.path, "ab", buffering=0)  # noqa: SIM115 - kept open
+                # Unbuffered: one write() system call, and a partial write is finished here.
+                view = memoryview(data)
+                while view:
+                    view = view[self._file.write(view) :]
             return SpanExportResult.SUCCESS
 
         def shutdown(self) -> None:
@@ -211,7 +219,7 @@ def _file_exporter(path: str) -> SpanExporter:
         def force_flush(self, timeout_millis: int = 30000) -> bool:
             return True
 
-    return OtlpJsonLinesExporter(path)
+    return OtlpJsonLinesExporter(path, line_spans)
 
 
 def _otlp_exporter(protocol: str, endpoint: str | None, headers: Mapping[str, str] | None) -> SpanExporter:
@@ -457,7 +465,7 @@ def _processors(settings: _settings.Settings, headers: Mapping[str, str] | None)
         elif name == "console":
             exporter = ConsoleSpanExporter()
         elif name == "file" and settings.file is not None:
-            exporter = _file_exporter(settings.file)
+            exporter = _file_exporter(settings.file, settings.max_export_batch_size)
         else:
             continue
         batch_size = settings.max_export_batch_size
@@ -469,9 +477,16 @@ def _processors(settings: _settings.Settings, headers: Mapping[str, str] | None)
                 max_batch_size=otlp_batch_size(batch_size, settings) if name == "otlp" else batch_size,
                 schedule_delay=settings.schedule_delay,
                 shutdown_timeout=settings.flush_timeout,
+                # gymtrace's OTLP exporters split requests at 4 MiB and the file exporter writes a
+                # line per batch: each can take the whole backlog in one call (_export.py).
+                max_drain=settings.max_queue_size if _splits_requests(name, exporter) else None,
             )
         )
     return processors
+
+
+def _splits_requests(name: str, exporter: Any) -> bool:
+    return name == "file" or (name == "otlp" and bool(getattr(exporter, "splits_requests", False)))
 
 
 def _flush_at_exit() -> None:
