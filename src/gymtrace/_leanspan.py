@@ -23,6 +23,7 @@ from typing import Any
 from opentelemetry import trace as trace_api
 from opentelemetry.attributes import BoundedAttributes
 from opentelemetry.sdk import trace as sdk_trace
+from opentelemetry.sdk.trace import sampling as sdk_sampling
 from opentelemetry.sdk.util import BoundedList
 from opentelemetry.trace import SpanKind
 from opentelemetry.trace.status import Status, StatusCode
@@ -119,6 +120,42 @@ except Exception:  # noqa: BLE001 - an SDK we do not know: keep the SDK's path
     _SUPPORTED = False
 
 
+_RECORD_AND_SAMPLE = sdk_sampling.Decision.RECORD_AND_SAMPLE
+
+
+def _default_sampling(sampler: Any) -> bool:
+    """True for the SDK's default sampler (``parentbased_always_on``, the object the SDK builds
+    when ``OTEL_TRACES_SAMPLER`` is unset), whose decision start_span takes without calling it."""
+    return sampler is sdk_sampling.DEFAULT_ON and _DEFAULT_ON_INTACT
+
+
+def _default_on_intact() -> bool:
+    # Its five delegates as the SDK defines them (a sampler with another delegate is called).
+    on, off = sdk_sampling.ALWAYS_ON, sdk_sampling.ALWAYS_OFF
+    sampler: Any = sdk_sampling.DEFAULT_ON
+    return (
+        type(sampler) is sdk_sampling.ParentBased
+        and [
+            getattr(sampler, f"_{name}", None)
+            for name in (
+                "root",
+                "remote_parent_sampled",
+                "remote_parent_not_sampled",
+                "local_parent_sampled",
+                "local_parent_not_sampled",
+            )
+        ]
+        == [on, on, off, on, off]
+        and getattr(on, "_decision", None) is _RECORD_AND_SAMPLE
+    )
+
+
+try:
+    _DEFAULT_ON_INTACT = _default_on_intact()
+except Exception:  # noqa: BLE001 - an SDK we do not know: always call the sampler
+    _DEFAULT_ON_INTACT = False
+
+
 class LeanTracer(sdk_trace.Tracer):
     def start_span(
         self,
@@ -162,10 +199,34 @@ class LeanTracer(sdk_trace.Tracer):
         else:
             trace_id = parent.trace_id
             random_trace_id = parent.trace_flags.random_trace_id
-        sampling: Any = self.sampler.should_sample(context, trace_id, name, kind, attributes, ())
-        flags = (
-            trace_api.TraceFlags.SAMPLED if sampling.decision.is_sampled() else trace_api.TraceFlags.DEFAULT
-        )
+        if _default_sampling(self.sampler) and (parent is None or parent.trace_flags.sampled):
+            # The SDK's default sampler, ParentBased(ALWAYS_ON), samples a root and every child of
+            # a sampled parent, with the parent's trace state and the attributes as given: the
+            # same decision without its three context lookups and a SamplingResult per span.
+            flags = trace_api.TraceFlags.SAMPLED
+            decision: Any = _RECORD_AND_SAMPLE
+            trace_state = parent.trace_state if parent is not None else None
+        else:
+            sampling: Any = self.sampler.should_sample(context, trace_id, name, kind, attributes, ())
+            decision = sampling.decision
+            trace_state = sampling.trace_state
+            flags = trace_api.TraceFlags.SAMPLED if decision.is_sampled() else trace_api.TraceFlags.DEFAULT
+            if (
+                decision.is_recording()
+                and sampling.attributes is not attributes
+                and sampling.attributes != attributes
+            ):
+                # The sampler changed the attributes: let the SDK validate what it returned.
+                return super().start_span(
+                    name,
+                    context,
+                    kind,
+                    attributes,
+                    links,
+                    start_time,
+                    record_exception,
+                    set_status_on_exception,
+                )
         if random_trace_id:
             flags |= trace_api.TraceFlags.RANDOM_TRACE_ID
         span_context = trace_api.SpanContext(
@@ -173,16 +234,11 @@ class LeanTracer(sdk_trace.Tracer):
             self.id_generator.generate_span_id(),
             is_remote=False,
             trace_flags=trace_api.TraceFlags(flags),
-            trace_state=sampling.trace_state,
+            trace_state=trace_state,
         )
-        record_end_metrics = self._tracer_metrics.start_span(parent, sampling.decision)
-        if not sampling.decision.is_recording():
+        record_end_metrics = self._tracer_metrics.start_span(parent, decision)
+        if not decision.is_recording():
             return trace_api.NonRecordingSpan(context=span_context)
-        if sampling.attributes is not attributes and sampling.attributes != attributes:
-            # The sampler changed the attributes: let the SDK validate what it returned.
-            return super().start_span(
-                name, context, kind, attributes, links, start_time, record_exception, set_status_on_exception
-            )
         span: Any = _LeanSpan.__new__(_LeanSpan)
         span._name = name
         span._context = span_context
