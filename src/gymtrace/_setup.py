@@ -85,26 +85,46 @@ class _ExportStage:
     def __init__(self) -> None:
         self._processors: tuple[Any, ...] = ()
         self._lock = threading.Lock()
+        self._bind()
 
     def replace(self, processors: Sequence[Any]) -> None:
         with self._lock:
             old, self._processors = self._processors, tuple(processors)
+            self._bind()
         for processor in old:
             processor.shutdown()
 
-    def on_start(self, span: Any, parent_context: Any = None) -> None:
-        for processor in self._processors:
-            processor.on_start(span, parent_context=parent_context)
+    def _bind(self) -> None:
+        # Called for every span, so bound once per configuration: gymtrace's queues do nothing at
+        # start or ending (skipped), and a single queue's on_end is called without this stage's
+        # loop in between. Instance attributes, so the provider's lookup finds them first.
+        processors = self._processors
+        starts = tuple(p.on_start for p in processors if not isinstance(p, BatchExporter))
+        endings = tuple(
+            e
+            for p in processors
+            if not isinstance(p, BatchExporter) and (e := getattr(p, "_on_ending", None))
+        )
+        ends = tuple(p.on_end for p in processors)
+        self.on_start = self._fan_start(starts) if starts else _ignore_start
+        self._on_ending = self._fan(endings) if endings else _ignore
+        self.on_end = ends[0] if len(ends) == 1 else self._fan(ends)
 
-    def _on_ending(self, span: Any) -> None:
-        for processor in self._processors:
-            on_ending = getattr(processor, "_on_ending", None)
-            if on_ending is not None:
-                on_ending(span)
+    @staticmethod
+    def _fan(calls: tuple[Callable[[Any], None], ...]) -> Callable[[Any], None]:
+        def fan(span: Any) -> None:
+            for call in calls:
+                call(span)
 
-    def on_end(self, span: Any) -> None:
-        for processor in self._processors:
-            processor.on_end(span)
+        return fan
+
+    @staticmethod
+    def _fan_start(calls: tuple[Callable[..., None], ...]) -> Callable[..., None]:
+        def fan(span: Any, parent_context: Any = None) -> None:
+            for call in calls:
+                call(span, parent_context=parent_context)
+
+        return fan
 
     def processors(self) -> tuple[Any, ...]:
         return self._processors
@@ -114,6 +134,14 @@ class _ExportStage:
 
     def force_flush(self, timeout_millis: int = 30000) -> bool:
         return all(p.force_flush(timeout_millis) for p in self._processors)
+
+
+def _ignore(span: Any) -> None:
+    return None
+
+
+def _ignore_start(span: Any, parent_context: Any = None) -> None:
+    return None
 
 
 class _State:
