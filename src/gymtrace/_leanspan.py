@@ -121,6 +121,23 @@ except Exception:  # noqa: BLE001 - an SDK we do not know: keep the SDK's path
 
 
 _RECORD_AND_SAMPLE = sdk_sampling.Decision.RECORD_AND_SAMPLE
+# The four TraceFlags values a span of this process can get, made once.
+_FLAGS = {value: trace_api.TraceFlags(value) for value in range(4)}
+_new_attributes = object.__new__
+
+
+def _attribute_fields_known() -> bool:
+    # The fields BoundedAttributes.__init__ sets, as the lean path sets them (checked once).
+    probe = BoundedAttributes(3, None, immutable=False)
+    return sorted(vars(probe)) == ["_dict", "_immutable", "_lock", "dropped", "max_value_len", "maxlen"] and (
+        type(probe._dict) is dict
+    )
+
+
+try:
+    _ATTRIBUTE_FIELDS_KNOWN = _attribute_fields_known()
+except Exception:  # noqa: BLE001 - an SDK we do not know: construct them the SDK's way
+    _ATTRIBUTE_FIELDS_KNOWN = False
 
 
 def _default_sampling(sampler: Any) -> bool:
@@ -229,11 +246,12 @@ class LeanTracer(sdk_trace.Tracer):
                 )
         if random_trace_id:
             flags |= trace_api.TraceFlags.RANDOM_TRACE_ID
+        flags = _FLAGS.get(flags) or trace_api.TraceFlags(flags)
         span_context = trace_api.SpanContext(
             trace_id,
             self.id_generator.generate_span_id(),
             is_remote=False,
-            trace_flags=trace_api.TraceFlags(flags),
+            trace_flags=flags,
             trace_state=trace_state,
         )
         record_end_metrics = self._tracer_metrics.start_span(parent, decision)
@@ -257,8 +275,18 @@ class LeanTracer(sdk_trace.Tracer):
         span._span_processor = self.span_processor
         span._limits = limits
         span._lock = threading.Lock()
-        bounded = BoundedAttributes(limits.max_span_attributes, None, immutable=False)
-        bounded._dict.update(attributes)
+        if _ATTRIBUTE_FIELDS_KNOWN:
+            # BoundedAttributes.__init__ with validated plain values: the same fields, set directly.
+            bounded: Any = _new_attributes(BoundedAttributes)
+            bounded._dict = dict(attributes)
+            bounded.maxlen = limits.max_span_attributes
+            bounded.dropped = 0
+            bounded.max_value_len = None
+            bounded._lock = threading.Lock()
+            bounded._immutable = False
+        else:
+            bounded = BoundedAttributes(limits.max_span_attributes, None, immutable=False)
+            bounded._dict.update(attributes)
         span._attributes = bounded
         span._events = _NONE
         span._links = _NONE
