@@ -22,7 +22,7 @@ from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 from opentelemetry.sdk.trace.sampling import ALWAYS_OFF
 
 from child_process import run_python
-from gymtrace import _export
+from gymtrace import _export, _settings, _setup
 from gymtrace._export import BatchExporter, ExportStats
 from gymtrace._spandata import read_otlp_json_lines
 from gymtrace.testing import check_trace
@@ -368,3 +368,22 @@ def test_spans_at_cartpole_rate_through_the_file_exporter_are_all_written_once(t
         request = json.loads(line)
         count = sum(len(ss["spans"]) for rs in request["resourceSpans"] for ss in rs["scopeSpans"])
         assert 0 < count <= 512
+
+
+def test_only_exporters_that_split_their_own_output_are_handed_the_whole_backlog(tmp_path: Path) -> None:
+    settings = _settings.resolve(
+        endpoint="http://127.0.0.1:4317", file=str(tmp_path / "t.jsonl"), console=True
+    )
+    processors = _setup._processors(settings, None)
+    try:
+        drains = {p.name: p.max_drain for p in processors}
+    finally:
+        for p in processors:
+            p.shutdown(timeout_millis=100)
+    # OTLP splits requests at 4 MiB and the file writes a line per batch; the console exporter
+    # (the SDK's) gets batches of the configured size, as the SDK's processor would give it.
+    assert drains == {
+        "otlp": settings.max_queue_size,
+        "file": settings.max_queue_size,
+        "console": settings.max_export_batch_size,
+    }
