@@ -22,7 +22,7 @@ from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 from opentelemetry.sdk.trace.sampling import ALWAYS_OFF
 
 from child_process import run_python
-from gymtrace import _export, _settings, _setup
+from gymtrace import _export, _otlp, _settings, _setup
 from gymtrace._export import BatchExporter, ExportStats
 from gymtrace._spandata import read_otlp_json_lines
 from gymtrace.testing import check_trace
@@ -387,3 +387,34 @@ def test_only_exporters_that_split_their_own_output_are_handed_the_whole_backlog
         "file": settings.max_queue_size,
         "console": settings.max_export_batch_size,
     }
+
+
+@pytest.mark.parametrize("protocol", ["grpc", "http/protobuf"])
+def test_a_backlog_sent_as_several_requests_resends_only_what_a_failed_request_held(
+    protocol: str, processors: list[BatchExporter], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from otlp_receiver import grpc_receiver, http_receiver
+
+    # ~3 KB spans and a 20 KB request bound: the drained batch of 40 goes out as ~7 requests.
+    monkeypatch.setattr(_otlp, "MAX_REQUEST_BYTES", 20_000)
+    receiver_for = {"grpc": grpc_receiver, "http/protobuf": http_receiver}[protocol]
+    with receiver_for(reject={1}) as receiver:  # the second request is refused for good
+        if protocol == "grpc":
+            exporter = _otlp.grpc_exporter(endpoint=receiver.endpoint, insecure=True)
+        else:
+            exporter = _otlp.http_exporter(endpoint=receiver.endpoint + "/v1/traces")
+        bex, provider = make(
+            processors, exporter, max_queue_size=100, max_batch_size=100, max_drain=100, schedule_delay=60.0
+        )
+        names = [f"s{i}" for i in range(40)]
+        tracer = provider.get_tracer("big")
+        for name in names:
+            tracer.start_span(name, attributes={"payload": "x" * 3000}).end()
+        assert bex.force_flush(10_000)
+        received = [s.name for s in receiver.spans]
+        requests = receiver.requests
+    stats = bex.stats()
+    assert requests > 3
+    # The first request's spans were delivered once; the refused one's and the rest went again.
+    assert sorted(received) == sorted(names)
+    assert (stats.exported, stats.dropped, stats.retries) == (40, 0, 1) and balanced(stats)

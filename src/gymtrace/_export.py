@@ -47,7 +47,6 @@ import os
 import threading
 import time
 import weakref
-from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -295,47 +294,58 @@ class BatchExporter:
                 batch = self._take_batch()
                 if not batch:
                     break
-                delivered = self._export(batch)
+                rest = self._export(batch)
                 with self._lock:
-                    self._settle(batch, delivered)
+                    self._settle(batch, rest)
                     self._idle.notify_all()
-                if not delivered:
+                if rest:
                     break  # wait out the backoff before the next try
             with self._lock:
                 self._idle.notify_all()
 
-    def _export(self, batch: Sequence[Any]) -> bool:
+    def _export(self, batch: list[Any]) -> list[Any]:
+        """Export one batch; the spans not delivered (empty when all were).
+
+        An exporter with ``export_partial`` (gymtrace's OTLP exporters, which may send a drained
+        backlog as several requests) says which spans a failed request left undelivered, so a
+        retry never sends the others twice; any other exporter's failure is the whole batch's.
+        """
         try:
+            partial = getattr(self.exporter, "export_partial", None)
+            if partial is not None:
+                return list(partial(batch))
             result = self.exporter.export(batch)
-            ok = getattr(result, "name", str(result)) == "SUCCESS"
+            return [] if getattr(result, "name", str(result)) == "SUCCESS" else batch
         except Exception:
             logger.warning(
                 "gymtrace: exporter %s raised; the batch will be retried", self.name, exc_info=True
             )
-            ok = False
-        return ok
+            return batch
 
-    def _settle(self, batch: list[Any], delivered: bool) -> None:
-        """Count the outcome of one export (lock held)."""
+    def _settle(self, batch: list[Any], rest: list[Any]) -> None:
+        """Count the outcome of one export: ``rest`` are the spans not delivered (lock held)."""
         if self._abandoned:
             return  # shutdown already counted this batch as dropped
         self._exporting = 0
-        if delivered:
-            self._exported += len(batch)
-            self._backoff = 0.0
-            if self._tries:
-                for span in batch:
+        delivered = len(batch) - len(rest)
+        self._exported += delivered
+        if self._tries and delivered:
+            undelivered = {id(span) for span in rest}
+            for span in batch:
+                if id(span) not in undelivered:
                     self._tries.pop(id(span), None)
+        if not rest:
+            self._backoff = 0.0
             return
         self._backoff = min(_BACKOFF_MAX, max(_BACKOFF_START, self._backoff * 2))
         if self._shutdown:
             # Nobody will take it from the queue again (requeued here after shutdown counted the
             # queue, the spans would vanish from every count).
-            self._dropped_failed += len(batch)
-            for span in batch:
+            self._dropped_failed += len(rest)
+            for span in rest:
                 self._tries.pop(id(span), None)
         else:
-            self._requeue(batch)
+            self._requeue(rest)
 
     def _requeue(self, batch: list[Any]) -> None:
         """Put a failed batch back at the old end of the queue, within the bound (lock held)."""
