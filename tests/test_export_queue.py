@@ -8,19 +8,24 @@ queued``.
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import threading
 import time
 from collections.abc import Iterator, Sequence
+from pathlib import Path
 
 import pytest
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 from opentelemetry.sdk.trace.sampling import ALWAYS_OFF
 
-from gymtrace import _export
+from child_process import run_python
+from gymtrace import _export, _otlp, _settings, _setup
 from gymtrace._export import BatchExporter, ExportStats
+from gymtrace._spandata import read_otlp_json_lines
+from gymtrace.testing import check_trace
 
 
 class FlakyExporter(SpanExporter):
@@ -91,6 +96,7 @@ def make(
         name="test",
         max_queue_size=int(options.pop("max_queue_size", 100)),
         max_batch_size=int(options.pop("max_batch_size", 10)),
+        max_drain=int(options.pop("max_drain", 0)) or None,
         **options,
     )
     processors.append(bex)
@@ -276,3 +282,139 @@ def test_a_forked_child_starts_empty_with_its_own_worker(processors: list[BatchE
     assert os.waitstatus_to_exitcode(status) == 0
     assert bex.force_flush(5000)
     assert exporter.delivered == ["parent-0", "parent-1"]
+
+
+class RecordingExporter(SpanExporter):
+    """Delivers everything and remembers how many spans each export() call was handed."""
+
+    def __init__(self) -> None:
+        self.calls: list[int] = []
+        self.delivered: list[str] = []
+        self.gate = threading.Event()
+
+    def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
+        self.gate.wait(30)
+        self.calls.append(len(spans))
+        self.delivered.extend(s.name for s in spans)
+        return SpanExportResult.SUCCESS
+
+
+def test_a_backlog_goes_to_a_draining_exporter_in_one_call_and_in_order(
+    processors: list[BatchExporter],
+) -> None:
+    exporter = RecordingExporter()
+    bex, provider = make(processors, exporter, max_queue_size=100, max_batch_size=5, max_drain=100)
+    end_spans(provider, [f"a{i}" for i in range(5)])
+    wait_until(lambda: bex.stats().queued == 5 and not bex._queue)  # the worker holds a-batch
+    names = [f"b{i}" for i in range(60)]
+    end_spans(provider, names)
+    exporter.gate.set()
+    assert bex.force_flush(5000)
+    # The 60 spans queued behind the first batch went out in one call, not twelve of five.
+    assert exporter.calls == [5, 60]
+    assert exporter.delivered == [f"a{i}" for i in range(5)] + names
+    stats = bex.stats()
+    assert (stats.exported, stats.dropped) == (65, 0) and balanced(stats)
+
+
+def test_without_max_drain_each_export_call_gets_at_most_a_batch(processors: list[BatchExporter]) -> None:
+    exporter = RecordingExporter()
+    bex, provider = make(processors, exporter, max_queue_size=100, max_batch_size=5)
+    end_spans(provider, [f"s{i}" for i in range(23)])
+    exporter.gate.set()
+    assert bex.force_flush(5000)
+    assert max(exporter.calls) <= 5 and sum(exporter.calls) == 23
+
+
+# CartPole-like: a rollout and an episode per 20-odd steps, a span per step, made as fast as the
+# process can. The worker drains its whole backlog into one write, so a default queue (8,192)
+# absorbs the worker's waits for the GIL; the books must balance whatever the machine's speed.
+CARTPOLE_RATE = """
+import json, gymtrace
+gymtrace.configure(service_name="rate", file="trace.jsonl")
+step = gymtrace.step
+done = k = 0
+while done < 30000:
+    k += 1
+    with gymtrace.rollout(rollout_id=f"r{k}", task_id="cartpole", repeat=0), gymtrace.episode():
+        for _ in range(22):
+            with step():
+                pass
+            done += 1
+gymtrace.force_flush(60000)
+s = gymtrace.export_stats()[0]
+print(json.dumps({"finished": s.finished, "exported": s.exported, "dropped": s.dropped,
+                  "queued": s.queued, "steps": done}))
+"""
+
+
+def test_spans_at_cartpole_rate_through_the_file_exporter_are_all_written_once(tmp_path: Path) -> None:
+    out = run_python(code=CARTPOLE_RATE, cwd=tmp_path, timeout=300)
+    assert out.returncode == 0, out.stderr
+    stats = json.loads(out.stdout.strip().splitlines()[-1])
+    assert stats["finished"] == stats["exported"] + stats["dropped"] and stats["queued"] == 0
+    assert stats["finished"] == stats["steps"] * 1 + (stats["steps"] // 22) * 2
+    assert stats["dropped"] == 0
+    spans = read_otlp_json_lines(tmp_path / "trace.jsonl")
+    assert len(spans) == stats["exported"]
+    assert len({s.span_id for s in spans}) == len(spans)  # none written twice
+    by_id = {s.span_id: s for s in spans}
+    steps = [s for s in spans if s.name == "gym.step"]
+    assert len(steps) == stats["steps"]
+    assert all(s.parent_id is not None and by_id[s.parent_id].name == "gym.episode" for s in steps)
+    assert check_trace(spans) == []
+    # However deep the backlog a write drained, no line holds more than a batch (512 spans).
+    for line in (tmp_path / "trace.jsonl").read_text().splitlines():
+        request = json.loads(line)
+        count = sum(len(ss["spans"]) for rs in request["resourceSpans"] for ss in rs["scopeSpans"])
+        assert 0 < count <= 512
+
+
+def test_only_exporters_that_split_their_own_output_are_handed_the_whole_backlog(tmp_path: Path) -> None:
+    settings = _settings.resolve(
+        endpoint="http://127.0.0.1:4317", file=str(tmp_path / "t.jsonl"), console=True
+    )
+    processors = _setup._processors(settings, None)
+    try:
+        drains = {p.name: p.max_drain for p in processors}
+    finally:
+        for p in processors:
+            p.shutdown(timeout_millis=100)
+    # OTLP splits requests at 4 MiB and the file writes a line per batch; the console exporter
+    # (the SDK's) gets batches of the configured size, as the SDK's processor would give it.
+    assert drains == {
+        "otlp": settings.max_queue_size,
+        "file": settings.max_queue_size,
+        "console": settings.max_export_batch_size,
+    }
+
+
+@pytest.mark.parametrize("protocol", ["grpc", "http/protobuf"])
+def test_a_backlog_sent_as_several_requests_resends_only_what_a_failed_request_held(
+    protocol: str, processors: list[BatchExporter], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from otlp_receiver import grpc_receiver, http_receiver
+
+    # ~3 KB spans and a 20 KB request bound: the drained batch of 40 goes out as ~7 requests.
+    monkeypatch.setattr(_otlp, "MAX_REQUEST_BYTES", 20_000)
+    receiver_for = {"grpc": grpc_receiver, "http/protobuf": http_receiver}[protocol]
+    with receiver_for(reject={1}) as receiver:  # the second request is refused for good
+        if protocol == "grpc":
+            exporter = _otlp.grpc_exporter(endpoint=receiver.endpoint, insecure=True)
+        else:
+            exporter = _otlp.http_exporter(endpoint=receiver.endpoint + "/v1/traces")
+        bex, provider = make(
+            processors, exporter, max_queue_size=100, max_batch_size=100, max_drain=100, schedule_delay=60.0
+        )
+        names = [f"s{i}" for i in range(40)]
+        tracer = provider.get_tracer("big")
+        for name in names:
+            tracer.start_span(name, attributes={"payload": "x" * 3000}).end()
+        assert bex.force_flush(10_000)
+        received = [s.name for s in receiver.spans]
+        requests = receiver.requests
+    stats = bex.stats()
+    assert requests > 3
+    # The first request's spans were delivered once; the refused one's and the rest went again.
+    assert sorted(received) == sorted(names)
+    assert (stats.exported, stats.dropped, stats.retries) == (40, 0, 1) and balanced(stats)

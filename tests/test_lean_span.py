@@ -141,3 +141,55 @@ def test_the_default_sampler_decides_on_the_lean_path_as_the_sdk_does(tmp_path: 
     assert result["00"][0][1] is False  # a parent that was not sampled: not sampled here either
     assert result["01"][0][1:3] == [True, "vendor=kept"]
     assert result["null"][0][1] is True
+
+
+PARENTS = """
+import json, gymtrace
+from opentelemetry import context, trace
+from opentelemetry.propagate import extract
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+gymtrace.configure(service_name="lean", file=False)
+mem = InMemorySpanExporter()
+trace.get_tracer_provider().add_span_processor(SimpleSpanProcessor(mem))
+TRACE = "4bf92f3577b34da6a3ce929d0e0e4736"
+out = {}
+for flag in ("01", "00"):
+    token = context.attach(extract({"traceparent": f"00-{TRACE}-00f067aa0ba902b7-{flag}", "tracestate": "vendor=abc"}))
+    try:
+        with gymtrace.run(run_id=f"run-{flag}"):
+            with gymtrace.rollout(rollout_id=f"r-{flag}", task_id="t", repeat=0):
+                pass
+    finally:
+        context.detach(token)
+with gymtrace.run(run_id="root"):
+    pass
+for s in mem.get_finished_spans():
+    ctx = s.get_span_context()
+    out[s.name + ":" + s.attributes.get("gym.run.id", "")] = {
+        "trace": f"{ctx.trace_id:032x}", "sampled": ctx.trace_flags.sampled,
+        "state": dict(ctx.trace_state), "parent": f"{s.parent.span_id:016x}" if s.parent else None}
+print(json.dumps(out))
+"""
+
+
+def test_the_default_samplers_decision_is_kept_for_every_kind_of_parent(tmp_path: Path) -> None:
+    spans = run(PARENTS, tmp_path)
+    # A sampled remote parent: both spans recorded in its trace, with its trace state.
+    assert spans["gym.run:run-01"] == {
+        "trace": "4bf92f3577b34da6a3ce929d0e0e4736",
+        "sampled": True,
+        "state": {"vendor": "abc"},
+        "parent": "00f067aa0ba902b7",
+    }
+    # An unsampled remote parent: the run span below it is not recorded.
+    assert "gym.run:run-00" not in spans
+    # No parent (a rollout is the root of its own trace, and a run without a remote parent): a new
+    # sampled trace with an empty trace state.
+    for name in ("gym.run:root", "gym.rollout:run-01", "gym.rollout:run-00"):
+        root = spans[name]
+        assert root["sampled"] and root["state"] == {} and root["parent"] is None
+        assert root["trace"] != "4bf92f3577b34da6a3ce929d0e0e4736"
+    # Another sampler from the environment is still asked.
+    assert run(PARENTS, tmp_path, OTEL_TRACES_SAMPLER="always_off") == {}

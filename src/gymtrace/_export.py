@@ -8,17 +8,45 @@
 - a batch the exporter could not deliver (the Collector is restarting) goes back into the queue and
   is tried again after a backoff, so a short outage loses nothing that fits in the queue;
 - the caller pays for a lock and a deque append; encoding and network I/O happen on the worker.
+
+**Keeping up at env-step rate (issue 13).** At CartPole rate (~30k spans/s) the queue used to
+overflow even with the file exporter. Instrumenting the worker showed why: its own CPU is small
+(~13 µs per span to encode, ~0.3 ms per write), but every export call costs it 8-20 ms *off* the
+CPU, waiting for the GIL back after each I/O and after being woken, while the application thread
+is CPU-bound (``sys.getswitchinterval()`` is 5 ms); batches of 512 spans therefore capped it near
+the application's own span rate, and on a loaded machine single waits of 100-500 ms were
+measured, long enough to fill 8,192 spans. What was measured and chosen:
+
+- *larger batches when the queue is deep* (chosen): the worker hands an exporter that splits its
+  own output (``max_drain``: gymtrace's OTLP exporters split requests at 4 MiB, the file
+  exporter writes a line per 512 spans, all in one ``write``) everything queued in one call, so
+  the fixed handoffs are paid per backlog instead of per 512 spans and the worker's throughput
+  grows with the backlog; taking it is a deque swap, not thousands of pops under the lock.
+- *the application thread yields when the worker lags*: with the queue a quarter full, every
+  64th ``on_end`` calls ``time.sleep(0)``, which hands the waiting worker the GIL. Measured in a
+  CartPole loop on the loaded machine, the deepest backlog was 613-8,046 spans before (one run
+  within 150 of the bound) and 697-2,491 after, and ``benchmarks/perf.py``'s every-step CartPole
+  rows went from up to 3,057 dropped to none (draining alone still dropped 440-2,690). The yield
+  costs no CPU, nothing until the queue is that deep, and returns at once when the worker is in
+  network I/O rather than waiting for the GIL.
+- *encoding on the application thread when a batch fills* (not chosen): the same CPU, still on
+  the same GIL, a pause of several milliseconds in the caller every 512 spans, and retries
+  would have to keep encoded bytes per exporter; it removes one handoff per batch, which
+  draining already amortises.
+- *an encoder process fed through a pipe* (not built here): the only candidate that takes the
+  encoding CPU off the application's process and GIL; it needs its own lifecycle (start, fork,
+  SIGTERM, crash) and a record format, and is the next step if the CPU per span must drop.
 """
 
 from __future__ import annotations
 
 import collections
+import functools
 import logging
 import os
 import threading
 import time
 import weakref
-from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -36,6 +64,10 @@ _BACKOFF_MAX = 5.0
 # and the exporters' own retries that is minutes of outage, and it stops a batch the Collector
 # rejects for good from circling forever.
 _MAX_TRIES = 20
+# With the queue this deep (see BatchExporter._yield_depth), the application's thread gives the
+# GIL away once every this many spans (a mask: every 64th).
+_YIELD_EVERY_MASK = 63
+_yield_gil = functools.partial(time.sleep, 0)
 
 
 # Every exporter queue alive in this process. One fork hook serves them all; a hook per instance
@@ -80,11 +112,18 @@ class BatchExporter:
         max_batch_size: int = DEFAULT_MAX_BATCH_SIZE,
         schedule_delay: float = DEFAULT_SCHEDULE_DELAY,
         shutdown_timeout: float = 5.0,
+        max_drain: int | None = None,
     ) -> None:
         self.exporter = exporter
         self.name = name
         self.max_queue_size = max_queue_size
         self.max_batch_size = min(max_batch_size, max_queue_size)
+        # The most spans one export() call is handed. The default is the batch size (the SDK's
+        # contract); an exporter that splits its own requests (gymtrace's OTLP and file exporters)
+        # is handed everything queued, up to this, so its per-call GIL handoffs are paid per
+        # thousands of spans (see the module docstring).
+        self.max_drain = max(self.max_batch_size, min(max_drain or self.max_batch_size, max_queue_size))
+        self._yield_depth = max(2 * self.max_batch_size, max_queue_size // 4)
         self.schedule_delay = schedule_delay
         self.shutdown_timeout = shutdown_timeout
         self._queue: collections.deque[Any] = collections.deque()
@@ -126,10 +165,17 @@ class BatchExporter:
                     self._tries.pop(id(oldest), None)
             self._queue.append(span)
             self._finished += 1
+            depth = len(self._queue)
             # While backing off after a failed export, a full batch is no reason to try again early.
-            full_batch = len(self._queue) >= self.max_batch_size and not self._backoff
-        if full_batch:
+            full_batch = depth >= self.max_batch_size and not self._backoff
+            lagging = depth >= self._yield_depth and not self._finished & _YIELD_EVERY_MASK
+        # Once set, the event stays set until the worker takes a batch: setting it again on every
+        # span while the worker is busy would cost each span a lock and a notify for nothing.
+        if full_batch and not self._wake.is_set():
             self._wake.set()
+        if lagging:
+            # The worker is falling behind: hand it the GIL (see the module docstring).
+            _yield_gil()
 
     def force_flush(self, timeout_millis: int = 30000) -> bool:
         """Wait until everything queued now was handed to the exporter; False on timeout."""
@@ -226,8 +272,15 @@ class BatchExporter:
 
     def _take_batch(self) -> list[Any]:
         with self._lock:
-            count = min(self.max_batch_size, len(self._queue))
-            batch = [self._queue.popleft() for _ in range(count)]
+            queue = self._queue
+            count = min(self.max_drain, len(queue))
+            if count == len(queue):
+                # Everything: swap the deque (constant time under the lock the application's
+                # threads wait on) rather than pop thousands of spans one by one.
+                self._queue = collections.deque()
+                batch = list(queue)
+            else:
+                batch = [queue.popleft() for _ in range(count)]
             self._exporting = count
             return batch
 
@@ -241,47 +294,58 @@ class BatchExporter:
                 batch = self._take_batch()
                 if not batch:
                     break
-                delivered = self._export(batch)
+                rest = self._export(batch)
                 with self._lock:
-                    self._settle(batch, delivered)
+                    self._settle(batch, rest)
                     self._idle.notify_all()
-                if not delivered:
+                if rest:
                     break  # wait out the backoff before the next try
             with self._lock:
                 self._idle.notify_all()
 
-    def _export(self, batch: Sequence[Any]) -> bool:
+    def _export(self, batch: list[Any]) -> list[Any]:
+        """Export one batch; the spans not delivered (empty when all were).
+
+        An exporter with ``export_partial`` (gymtrace's OTLP exporters, which may send a drained
+        backlog as several requests) says which spans a failed request left undelivered, so a
+        retry never sends the others twice; any other exporter's failure is the whole batch's.
+        """
         try:
+            partial = getattr(self.exporter, "export_partial", None)
+            if partial is not None:
+                return list(partial(batch))
             result = self.exporter.export(batch)
-            ok = getattr(result, "name", str(result)) == "SUCCESS"
+            return [] if getattr(result, "name", str(result)) == "SUCCESS" else batch
         except Exception:
             logger.warning(
                 "gymtrace: exporter %s raised; the batch will be retried", self.name, exc_info=True
             )
-            ok = False
-        return ok
+            return batch
 
-    def _settle(self, batch: list[Any], delivered: bool) -> None:
-        """Count the outcome of one export (lock held)."""
+    def _settle(self, batch: list[Any], rest: list[Any]) -> None:
+        """Count the outcome of one export: ``rest`` are the spans not delivered (lock held)."""
         if self._abandoned:
             return  # shutdown already counted this batch as dropped
         self._exporting = 0
-        if delivered:
-            self._exported += len(batch)
-            self._backoff = 0.0
-            if self._tries:
-                for span in batch:
+        delivered = len(batch) - len(rest)
+        self._exported += delivered
+        if self._tries and delivered:
+            undelivered = {id(span) for span in rest}
+            for span in batch:
+                if id(span) not in undelivered:
                     self._tries.pop(id(span), None)
+        if not rest:
+            self._backoff = 0.0
             return
         self._backoff = min(_BACKOFF_MAX, max(_BACKOFF_START, self._backoff * 2))
         if self._shutdown:
             # Nobody will take it from the queue again (requeued here after shutdown counted the
             # queue, the spans would vanish from every count).
-            self._dropped_failed += len(batch)
-            for span in batch:
+            self._dropped_failed += len(rest)
+            for span in rest:
                 self._tries.pop(id(span), None)
         else:
-            self._requeue(batch)
+            self._requeue(rest)
 
     def _requeue(self, batch: list[Any]) -> None:
         """Put a failed batch back at the old end of the queue, within the bound (lock held)."""

@@ -33,9 +33,6 @@ from gymtrace import _constants as c
 logger = logging.getLogger("gymtrace")
 
 _PLAIN = (str, bool, int, float)
-_DEFAULT_ON = sdk_sampling.DEFAULT_ON
-_RECORD_AND_SAMPLE = sdk_sampling.Decision.RECORD_AND_SAMPLE
-_DROP = sdk_sampling.Decision.DROP
 _UNSET_STATUS = Status(StatusCode.UNSET)
 _NONE: tuple[Any, ...] = ()
 _TRACER_FIELDS = (
@@ -123,6 +120,59 @@ except Exception:  # noqa: BLE001 - an SDK we do not know: keep the SDK's path
     _SUPPORTED = False
 
 
+_RECORD_AND_SAMPLE = sdk_sampling.Decision.RECORD_AND_SAMPLE
+# The four TraceFlags values a span of this process can get, made once.
+_FLAGS = {value: trace_api.TraceFlags(value) for value in range(4)}
+_new_attributes = object.__new__
+
+
+def _attribute_fields_known() -> bool:
+    # The fields BoundedAttributes.__init__ sets, as the lean path sets them (checked once).
+    probe = BoundedAttributes(3, None, immutable=False)
+    return sorted(vars(probe)) == ["_dict", "_immutable", "_lock", "dropped", "max_value_len", "maxlen"] and (
+        type(probe._dict) is dict
+    )
+
+
+try:
+    _ATTRIBUTE_FIELDS_KNOWN = _attribute_fields_known()
+except Exception:  # noqa: BLE001 - an SDK we do not know: construct them the SDK's way
+    _ATTRIBUTE_FIELDS_KNOWN = False
+
+
+def _default_sampling(sampler: Any) -> bool:
+    """True for the SDK's default sampler (``parentbased_always_on``, the object the SDK builds
+    when ``OTEL_TRACES_SAMPLER`` is unset), whose decision start_span takes without calling it."""
+    return sampler is sdk_sampling.DEFAULT_ON and _DEFAULT_ON_INTACT
+
+
+def _default_on_intact() -> bool:
+    # Its five delegates as the SDK defines them (a sampler with another delegate is called).
+    on, off = sdk_sampling.ALWAYS_ON, sdk_sampling.ALWAYS_OFF
+    sampler: Any = sdk_sampling.DEFAULT_ON
+    return (
+        type(sampler) is sdk_sampling.ParentBased
+        and [
+            getattr(sampler, f"_{name}", None)
+            for name in (
+                "root",
+                "remote_parent_sampled",
+                "remote_parent_not_sampled",
+                "local_parent_sampled",
+                "local_parent_not_sampled",
+            )
+        ]
+        == [on, on, off, on, off]
+        and getattr(on, "_decision", None) is _RECORD_AND_SAMPLE
+    )
+
+
+try:
+    _DEFAULT_ON_INTACT = _default_on_intact()
+except Exception:  # noqa: BLE001 - an SDK we do not know: always call the sampler
+    _DEFAULT_ON_INTACT = False
+
+
 class LeanTracer(sdk_trace.Tracer):
     def start_span(
         self,
@@ -166,19 +216,18 @@ class LeanTracer(sdk_trace.Tracer):
         else:
             trace_id = parent.trace_id
             random_trace_id = parent.trace_flags.random_trace_id
-        sampler = self.sampler
-        decision: Any
-        if sampler is _DEFAULT_ON:
-            # The SDK's default, ParentBased(ALWAYS_ON), answered without its three context lookups
-            # (~1 µs of a span): follow a parent, keep a root; the parent's trace state carries on.
-            if parent is None:
-                decision, trace_state = _RECORD_AND_SAMPLE, None
-            else:
-                decision = _RECORD_AND_SAMPLE if parent.trace_flags.sampled else _DROP
-                trace_state = parent.trace_state
+        if _default_sampling(self.sampler) and (parent is None or parent.trace_flags.sampled):
+            # The SDK's default sampler, ParentBased(ALWAYS_ON), samples a root and every child of
+            # a sampled parent, with the parent's trace state and the attributes as given: the
+            # same decision without its three context lookups and a SamplingResult per span.
+            flags = trace_api.TraceFlags.SAMPLED
+            decision: Any = _RECORD_AND_SAMPLE
+            trace_state = parent.trace_state if parent is not None else None
         else:
-            sampling: Any = sampler.should_sample(context, trace_id, name, kind, attributes, ())
-            decision, trace_state = sampling.decision, sampling.trace_state
+            sampling: Any = self.sampler.should_sample(context, trace_id, name, kind, attributes, ())
+            decision = sampling.decision
+            trace_state = sampling.trace_state
+            flags = trace_api.TraceFlags.SAMPLED if decision.is_sampled() else trace_api.TraceFlags.DEFAULT
             if (
                 decision.is_recording()
                 and sampling.attributes is not attributes
@@ -195,14 +244,14 @@ class LeanTracer(sdk_trace.Tracer):
                     record_exception,
                     set_status_on_exception,
                 )
-        flags = trace_api.TraceFlags.SAMPLED if decision.is_sampled() else trace_api.TraceFlags.DEFAULT
         if random_trace_id:
             flags |= trace_api.TraceFlags.RANDOM_TRACE_ID
+        flags = _FLAGS.get(flags) or trace_api.TraceFlags(flags)
         span_context = trace_api.SpanContext(
             trace_id,
             self.id_generator.generate_span_id(),
             is_remote=False,
-            trace_flags=trace_api.TraceFlags(flags),
+            trace_flags=flags,
             trace_state=trace_state,
         )
         record_end_metrics = self._tracer_metrics.start_span(parent, decision)
@@ -226,8 +275,18 @@ class LeanTracer(sdk_trace.Tracer):
         span._span_processor = self.span_processor
         span._limits = limits
         span._lock = threading.Lock()
-        bounded = BoundedAttributes(limits.max_span_attributes, None, immutable=False)
-        bounded._dict.update(attributes)
+        if _ATTRIBUTE_FIELDS_KNOWN:
+            # BoundedAttributes.__init__ with validated plain values: the same fields, set directly.
+            bounded: Any = _new_attributes(BoundedAttributes)
+            bounded._dict = dict(attributes)
+            bounded.maxlen = limits.max_span_attributes
+            bounded.dropped = 0
+            bounded.max_value_len = None
+            bounded._lock = threading.Lock()
+            bounded._immutable = False
+        else:
+            bounded = BoundedAttributes(limits.max_span_attributes, None, immutable=False)
+            bounded._dict.update(attributes)
         span._attributes = bounded
         span._events = _NONE
         span._links = _NONE

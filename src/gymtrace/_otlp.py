@@ -268,34 +268,43 @@ def encode_requests(spans: Sequence[Any], max_bytes: int = MAX_REQUEST_BYTES) ->
     goes alone; the receiver decides). Grouped by resource and instrumentation scope like the
     SDK's encoder.
     """
-    groups: dict[tuple[int, int], tuple[Any, Any, list[bytes]]] = {}
+    return [(len(sent), body) for sent, body in encode_request_spans(spans, max_bytes)]
+
+
+def encode_request_spans(spans: Sequence[Any], max_bytes: int) -> list[tuple[list[Any], bytes]]:
+    """:func:`encode_requests`, each request with the spans it holds (a partition of ``spans``),
+    so an exporter can tell which spans a failed request leaves undelivered."""
+    groups: dict[tuple[int, int], tuple[Any, Any, list[bytes], list[Any]]] = {}
     for span in spans:
         resource = span.resource
         scope = span.instrumentation_scope
         key = (id(resource), id(scope))
         group = groups.get(key)
         if group is None:
-            group = groups[key] = (resource, scope, [])
+            group = groups[key] = (resource, scope, [], [])
         group[2].append(_field(b"\x12", encode_span(span)))
+        group[3].append(span)
     # Equal resources and scopes are one group, as in the SDK's encoder (a tracer per call gives
     # equal but distinct scope objects). Compared once per group: Resource hashes through JSON.
-    merged: dict[Any, dict[Any, tuple[Any, Any, list[bytes]]]] = {}
-    for resource, scope, encoded_spans in groups.values():
+    merged: dict[Any, dict[Any, tuple[Any, Any, list[bytes], list[Any]]]] = {}
+    for resource, scope, encoded_spans, group_spans in groups.values():
         by_scope = merged.setdefault(resource, {})
         if scope in by_scope:
             by_scope[scope][2].extend(encoded_spans)
+            by_scope[scope][3].extend(group_spans)
         else:
-            by_scope[scope] = (resource, scope, encoded_spans)
+            by_scope[scope] = (resource, scope, encoded_spans, group_spans)
 
-    requests: list[tuple[int, bytes]] = []
+    requests: list[tuple[list[Any], bytes]] = []
     chunk: list[bytes] = []  # ResourceSpans fields of the request being filled
-    chunk_count = chunk_size = 0
+    chunk_spans: list[Any] = []  # the spans in it
+    chunk_size = 0
     for resource, by_scope in merged.items():
         resource_head = _resource_head(resource)
         resource_tail = _schema(getattr(resource, "schema_url", ""))
         scope_fields: list[bytes] = []  # ScopeSpans of this resource in the current request
         scope_size = 0
-        for _, scope, encoded_spans in by_scope.values():
+        for _, scope, encoded_spans, group_spans in by_scope.values():
             scope_head = _scope_head(scope)
             scope_tail = _schema(getattr(scope, "schema_url", "") if scope is not None else "")
             i = 0
@@ -312,22 +321,27 @@ def encode_requests(spans: Sequence[Any], max_bytes: int = MAX_REQUEST_BYTES) ->
                     field = _field(b"\x12", scope_head + b"".join(encoded_spans[i:end]) + scope_tail)
                     scope_fields.append(field)
                     scope_size += len(field)
-                    chunk_count += end - i
+                    chunk_spans.extend(group_spans[i:end])
                     i = end
                 if i < len(encoded_spans):
                     # The request is full: close this resource's part of it and start the next.
                     if scope_fields:
                         chunk.append(_field(b"\x0a", resource_head + b"".join(scope_fields) + resource_tail))
-                    requests.append((chunk_count, b"".join(chunk)))
-                    chunk, chunk_count, chunk_size = [], 0, 0
+                    requests.append((chunk_spans, b"".join(chunk)))
+                    chunk, chunk_spans, chunk_size = [], [], 0
                     scope_fields, scope_size = [], 0
         if scope_fields:
             resource_spans = _field(b"\x0a", resource_head + b"".join(scope_fields) + resource_tail)
             chunk.append(resource_spans)
             chunk_size += len(resource_spans)
     if chunk:
-        requests.append((chunk_count, b"".join(chunk)))
+        requests.append((chunk_spans, b"".join(chunk)))
     return requests
+
+
+def _undelivered(spans: Sequence[Any], delivered: list[Any]) -> list[Any]:
+    sent = {id(span) for span in delivered}
+    return [span for span in spans if id(span) not in sent]
 
 
 def _schema(url: str | None) -> bytes:
@@ -484,6 +498,10 @@ def grpc_exporter(**kwargs: Any) -> Any:
     from opentelemetry.sdk.trace.export import SpanExportResult
 
     class LeanGrpcSpanExporter(OTLPSpanExporter):
+        # encode_requests keeps every request under MAX_REQUEST_BYTES, however many spans it is
+        # handed: the export queue may hand it its whole backlog (_export.BatchExporter.max_drain).
+        splits_requests = True
+
         def __init__(self, **kw: Any) -> None:
             super().__init__(**kw)
             # The mixin builds the stub from self._stub, now and on every reconnect.
@@ -494,11 +512,17 @@ def grpc_exporter(**kwargs: Any) -> Any:
             return data  # already a serialised request (see export)
 
         def export(self, spans: Sequence[Any]) -> Any:
-            for _, request in encode_requests(spans):
-                result = self._export(request)  # type: ignore[arg-type]
-                if result != SpanExportResult.SUCCESS:
-                    return result
-            return SpanExportResult.SUCCESS
+            return SpanExportResult.FAILURE if self.export_partial(spans) else SpanExportResult.SUCCESS
+
+        def export_partial(self, spans: Sequence[Any]) -> list[Any]:
+            """Send ``spans`` in requests under the 4 MiB bound; the spans not delivered (those of
+            the first request that failed and after), so a retry resends only them."""
+            delivered: list[Any] = []
+            for sent, request in encode_request_spans(spans, MAX_REQUEST_BYTES):
+                if self._export(request) != SpanExportResult.SUCCESS:  # type: ignore[arg-type]
+                    return _undelivered(spans, delivered)
+                delivered.extend(sent)
+            return []
 
     return LeanGrpcSpanExporter(**kwargs)
 
@@ -514,14 +538,25 @@ def http_exporter(**kwargs: Any) -> Any:
     from opentelemetry.sdk.trace.export import SpanExportResult
 
     class LeanHttpSpanExporter(OTLPSpanExporter):
+        @property
+        def splits_requests(self) -> bool:
+            # Only the lean path splits at MAX_REQUEST_BYTES; the stock fallback sends one request.
+            return callable(getattr(getattr(self, "_client", None), "export", None))
+
         def export(self, spans: Sequence[Any]) -> Any:
+            return SpanExportResult.FAILURE if self.export_partial(spans) else SpanExportResult.SUCCESS
+
+        def export_partial(self, spans: Sequence[Any]) -> list[Any]:
+            """Like the gRPC exporter's: the spans not delivered, so a retry resends only them."""
             client = getattr(self, "_client", None)
             if getattr(self, "_shutdown", False) or not callable(getattr(client, "export", None)):
-                return super().export(spans)
+                return [] if super().export(spans) == SpanExportResult.SUCCESS else list(spans)
             assert client is not None
-            for _, request in encode_requests(spans):
+            delivered: list[Any] = []
+            for sent, request in encode_request_spans(spans, MAX_REQUEST_BYTES):
                 if not client.export(request).success:
-                    return SpanExportResult.FAILURE
-            return SpanExportResult.SUCCESS
+                    return _undelivered(spans, delivered)
+                delivered.extend(sent)
+            return []
 
     return LeanHttpSpanExporter(**kwargs)

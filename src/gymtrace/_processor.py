@@ -40,6 +40,15 @@ class IdentitySpanProcessor:
     """
 
     def on_start(self, span: Any, parent_context: otel_context.Context | None = None) -> None:
+        if _aliases is None:
+            # gymtrace's own spans (every step of a fast loop) start with their identity: found
+            # before the guard and the context lookups, which cost more than the check.
+            try:
+                plain = span._attributes._dict
+                if type(plain) is dict and c.KIND in plain:
+                    return
+            except Exception:  # noqa: BLE001 - not an SDK span: the general path below
+                pass
         with _ON_START_GUARD:
             ctx = parent_context if parent_context is not None else otel_context.get_current()
             frame = ctx.get(FRAME_KEY)

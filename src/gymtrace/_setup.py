@@ -85,26 +85,46 @@ class _ExportStage:
     def __init__(self) -> None:
         self._processors: tuple[Any, ...] = ()
         self._lock = threading.Lock()
+        self._bind()
 
     def replace(self, processors: Sequence[Any]) -> None:
         with self._lock:
             old, self._processors = self._processors, tuple(processors)
+            self._bind()
         for processor in old:
             processor.shutdown()
 
-    def on_start(self, span: Any, parent_context: Any = None) -> None:
-        for processor in self._processors:
-            processor.on_start(span, parent_context=parent_context)
+    def _bind(self) -> None:
+        # Called for every span, so bound once per configuration: gymtrace's queues do nothing at
+        # start or ending (skipped), and a single queue's on_end is called without this stage's
+        # loop in between. Instance attributes, so the provider's lookup finds them first.
+        processors = self._processors
+        starts = tuple(p.on_start for p in processors if not isinstance(p, BatchExporter))
+        endings = tuple(
+            e
+            for p in processors
+            if not isinstance(p, BatchExporter) and (e := getattr(p, "_on_ending", None))
+        )
+        ends = tuple(p.on_end for p in processors)
+        self.on_start = self._fan_start(starts) if starts else _ignore_start
+        self._on_ending = self._fan(endings) if endings else _ignore
+        self.on_end = ends[0] if len(ends) == 1 else self._fan(ends)
 
-    def _on_ending(self, span: Any) -> None:
-        for processor in self._processors:
-            on_ending = getattr(processor, "_on_ending", None)
-            if on_ending is not None:
-                on_ending(span)
+    @staticmethod
+    def _fan(calls: tuple[Callable[[Any], None], ...]) -> Callable[[Any], None]:
+        def fan(span: Any) -> None:
+            for call in calls:
+                call(span)
 
-    def on_end(self, span: Any) -> None:
-        for processor in self._processors:
-            processor.on_end(span)
+        return fan
+
+    @staticmethod
+    def _fan_start(calls: tuple[Callable[..., None], ...]) -> Callable[..., None]:
+        def fan(span: Any, parent_context: Any = None) -> None:
+            for call in calls:
+                call(span, parent_context=parent_context)
+
+        return fan
 
     def processors(self) -> tuple[Any, ...]:
         return self._processors
@@ -114,6 +134,14 @@ class _ExportStage:
 
     def force_flush(self, timeout_millis: int = 30000) -> bool:
         return all(p.force_flush(timeout_millis) for p in self._processors)
+
+
+def _ignore(span: Any) -> None:
+    return None
+
+
+def _ignore_start(span: Any, parent_context: Any = None) -> None:
+    return None
 
 
 class _State:
@@ -177,29 +205,37 @@ def make_id_generator() -> Any:
     return generator
 
 
-def _file_exporter(path: str) -> SpanExporter:
+def _file_exporter(path: str, line_spans: int = _settings.DEFAULT_MAX_EXPORT_BATCH_SIZE) -> SpanExporter:
     from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 
     class OtlpJsonLinesExporter(SpanExporter):
-        """Appends one OTLP/JSON ``ExportTraceServiceRequest`` per batch to a file.
+        """Appends OTLP/JSON ``ExportTraceServiceRequest`` lines to a file, one per ``line_spans``
+        spans, all of one export in a single write.
 
         The format is the Collector's ``file`` exporter's, so the file can be replayed into a
-        Collector with the ``otlpjsonfile`` receiver.
+        Collector with the ``otlpjsonfile`` receiver. The queue hands this exporter everything
+        queued at once; lines stay the configured batch size so no line grows with the backlog,
+        and the one write is one GIL handoff however many lines it holds.
         """
 
-        def __init__(self, file_path: str) -> None:
+        def __init__(self, file_path: str, spans_per_line: int) -> None:
             self.path = file_path
+            self.spans_per_line = max(1, spans_per_line)
             self._lock = threading.Lock()
             self._file: Any = None
 
         def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
-            line = encode_json_line(spans)
+            step = self.spans_per_line
+            text = "".join(encode_json_line(spans[i : i + step]) + "\n" for i in range(0, len(spans), step))
+            data = text.encode("utf-8")
             with self._lock:
                 if self._file is None:
                     Path(self.path).parent.mkdir(parents=True, exist_ok=True)
-                    self._file = open(self.path, "a", encoding="utf-8")  # noqa: SIM115 - kept open
-                self._file.write(line + "\n")
-                self._file.flush()
+                    self._file = open(self.path, "ab", buffering=0)  # noqa: SIM115 - kept open
+                # Unbuffered: one write() system call, and a partial write is finished here.
+                view = memoryview(data)
+                while view:
+                    view = view[self._file.write(view) :]
             return SpanExportResult.SUCCESS
 
         def shutdown(self) -> None:
@@ -211,7 +247,7 @@ def _file_exporter(path: str) -> SpanExporter:
         def force_flush(self, timeout_millis: int = 30000) -> bool:
             return True
 
-    return OtlpJsonLinesExporter(path)
+    return OtlpJsonLinesExporter(path, line_spans)
 
 
 def _otlp_exporter(protocol: str, endpoint: str | None, headers: Mapping[str, str] | None) -> SpanExporter:
@@ -457,7 +493,7 @@ def _processors(settings: _settings.Settings, headers: Mapping[str, str] | None)
         elif name == "console":
             exporter = ConsoleSpanExporter()
         elif name == "file" and settings.file is not None:
-            exporter = _file_exporter(settings.file)
+            exporter = _file_exporter(settings.file, settings.max_export_batch_size)
         else:
             continue
         batch_size = settings.max_export_batch_size
@@ -469,9 +505,16 @@ def _processors(settings: _settings.Settings, headers: Mapping[str, str] | None)
                 max_batch_size=otlp_batch_size(batch_size, settings) if name == "otlp" else batch_size,
                 schedule_delay=settings.schedule_delay,
                 shutdown_timeout=settings.flush_timeout,
+                # gymtrace's OTLP exporters split requests at 4 MiB and the file exporter writes a
+                # line per batch: each can take the whole backlog in one call (_export.py).
+                max_drain=settings.max_queue_size if _splits_requests(name, exporter) else None,
             )
         )
     return processors
+
+
+def _splits_requests(name: str, exporter: Any) -> bool:
+    return name == "file" or (name == "otlp" and bool(getattr(exporter, "splits_requests", False)))
 
 
 def _flush_at_exit() -> None:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import base64
 import threading
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -41,10 +41,19 @@ def _hex_ids(request: dict[str, Any]) -> dict[str, Any]:
 class Received:
     """The spans a receiver got, in arrival order."""
 
-    def __init__(self) -> None:
+    def __init__(self, reject: Collection[int] = ()) -> None:
         self._lock = threading.Lock()
         self._spans: list[SpanData] = []
         self.endpoint = ""
+        self.reject = frozenset(reject)  # requests (numbered from 0 as they arrive) refused for good
+        self.requests = 0
+
+    def admit(self) -> bool:
+        """Count a request; False if it is one of those to refuse."""
+        with self._lock:
+            number = self.requests
+            self.requests += 1
+        return number not in self.reject
 
     def add(self, request: trace_service_pb2.ExportTraceServiceRequest) -> None:
         as_json = _hex_ids(MessageToDict(request, use_integers_for_enums=True))
@@ -58,11 +67,15 @@ class Received:
 
 
 @contextmanager
-def grpc_receiver() -> Iterator[Received]:
-    received = Received()
+def grpc_receiver(reject: Collection[int] = ()) -> Iterator[Received]:
+    """An OTLP/gRPC receiver on a free loopback port; requests numbered in ``reject`` are refused
+    with INVALID_ARGUMENT (not retryable), the rest kept."""
+    received = Received(reject)
 
     class Servicer(trace_service_pb2_grpc.TraceServiceServicer):
         def Export(self, request: Any, context: Any) -> Any:
+            if not received.admit():
+                context.abort(grpc.StatusCode.INVALID_ARGUMENT, "refused by the test")
             received.add(request)
             return trace_service_pb2.ExportTraceServiceResponse()
 
@@ -78,14 +91,19 @@ def grpc_receiver() -> Iterator[Received]:
 
 
 @contextmanager
-def http_receiver() -> Iterator[Received]:
-    received = Received()
+def http_receiver(reject: Collection[int] = ()) -> Iterator[Received]:
+    """An OTLP/HTTP receiver on a free loopback port; requests numbered in ``reject`` get a 400
+    (not retryable), the rest are kept."""
+    received = Received(reject)
 
     class Handler(BaseHTTPRequestHandler):
         def do_POST(self) -> None:
             body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
             if self.path != "/v1/traces":
                 self.send_error(404)
+                return
+            if not received.admit():
+                self.send_error(400, "refused by the test")
                 return
             request = trace_service_pb2.ExportTraceServiceRequest()
             request.ParseFromString(body)
