@@ -16,7 +16,6 @@ from opentelemetry.trace import SpanKind
 
 from gymtrace import _constants as c
 from gymtrace._frame import ActiveScope
-from gymtrace._levels import LEVELS
 from gymtrace._scope import Scope, decorate
 
 P = ParamSpec("P")
@@ -43,8 +42,18 @@ def _build(kind: str, func: Any, example: str, arguments: dict[str, Any], **opti
 # Free when off: each function below returns its Scope directly for the `with` form,
 # without the shared _build, and one shared Scope per level for a call without arguments
 # (``with gymtrace.step():``). A Scope holds no activation state (that lives in the context), so
-# sharing it is safe; building one per `with` block cost most of a disabled block.
-_BARE = {kind: Scope(kind, {}) for kind in LEVELS}
+# sharing it is safe; building one per `with` block cost most of a disabled block. One module name
+# per level: a dictionary lookup by kind was a tenth of a disabled `async with`.
+_BARE_RUN = Scope(c.KIND_RUN, {})
+_BARE_ROLLOUT = Scope(c.KIND_ROLLOUT, {})
+_BARE_EPISODE = Scope(c.KIND_EPISODE, {})
+_BARE_SEED_SESSION = Scope(c.KIND_SEED_SESSION, {})
+_BARE_VERIFY = Scope(c.KIND_VERIFY, {})
+_BARE_AGENT = Scope(c.KIND_AGENT_INVOCATION, {})
+_BARE_TURN = Scope(c.KIND_TURN, {})
+_BARE_STEP = Scope(c.KIND_STEP, {})
+_BARE_MODEL = Scope(c.KIND_MODEL_CALL, {})
+_BARE_TOOL = Scope(c.KIND_TOOL_CALL, {})
 _BARE_REMOTE_AGENT = Scope(c.KIND_AGENT_INVOCATION, {}, span_kind=SpanKind.CLIENT)
 _BARE_IN_PROCESS_MODEL = Scope(c.KIND_MODEL_CALL, {}, span_kind=SpanKind.INTERNAL)
 
@@ -83,7 +92,7 @@ def run(func: Any = None, /, *, run_id: Str = None, attributes: Attributes = Non
     if func is None:
         if attributes is None:
             if run_id is None:
-                return _BARE[c.KIND_RUN]
+                return _BARE_RUN
             if type(run_id) in _KEYABLE:
                 return _SHARED_RUN.get(run_id) or _share(
                     _SHARED_RUN, run_id, Scope(c.KIND_RUN, {"run_id": run_id, "attributes": None})
@@ -112,7 +121,7 @@ def rollout(
     By default the rollout span is the root of its own trace, linked to its run.
     """
     if func is None and rollout_id is None and task_id is None and repeat is None and attributes is None:
-        return _BARE[c.KIND_ROLLOUT]
+        return _BARE_ROLLOUT
     if (
         func is None
         and attributes is None
@@ -169,7 +178,7 @@ def episode(
     """
     no_source = continue_from is None and (restored_from is None or restored_from is False)
     if func is None and attempt is None and attributes is None and no_source:
-        return _BARE[c.KIND_EPISODE]
+        return _BARE_EPISODE
     if restored_from is not None and restored_from is not False:
         source: tuple[str, Any] | None = (c.RELATION_RESTORE, restored_from)
     elif continue_from is not None:
@@ -188,7 +197,7 @@ def seed_session(*, attributes: Attributes = None) -> Scope: ...
 def seed_session(func: Any = None, /, *, attributes: Attributes = None) -> Any:
     """The environment setup phase of an episode (``gym.seed_session``)."""
     if func is None and attributes is None:
-        return _BARE[c.KIND_SEED_SESSION]
+        return _BARE_SEED_SESSION
     return _build(c.KIND_SEED_SESSION, func, "attributes", {"attributes": attributes})
 
 
@@ -212,7 +221,7 @@ def verify(
     Otherwise call :func:`gymtrace.record_reward`.
     """
     if func is None and attributes is None and reward_from is None:
-        return _BARE[c.KIND_VERIFY]
+        return _BARE_VERIFY
     return _build(c.KIND_VERIFY, func, "reward_from", {"attributes": attributes}, reward_from=reward_from)
 
 
@@ -237,7 +246,7 @@ def agent_invocation(
     makes it a CLIENT span, for an agent that runs behind an API.
     """
     if func is None and agent_name is None and invocation_id is None and attributes is None:
-        return _BARE_REMOTE_AGENT if remote else _BARE[c.KIND_AGENT_INVOCATION]
+        return _BARE_REMOTE_AGENT if remote else _BARE_AGENT
     span_kind = _CLIENT if remote else _INTERNAL
     if (
         func is None
@@ -268,7 +277,7 @@ def turn(*, number: Int = None, attributes: Attributes = None) -> Scope: ...
 def turn(func: Any = None, /, *, number: Int = None, attributes: Attributes = None) -> Any:
     """A harness-reported exchange or decision (``gym.turn``), numbered 1, 2, 3... per invocation."""
     if func is None and number is None and attributes is None:
-        return _BARE[c.KIND_TURN]
+        return _BARE_TURN
     if func is None and attributes is None and type(number) in _KEYABLE:
         return _SHARED_TURN.get(number) or _share(
             _SHARED_TURN, number, Scope(c.KIND_TURN, {"number": number, "attributes": None})
@@ -283,7 +292,7 @@ def step(*, number: Int = None, attributes: Attributes = None) -> Scope: ...
 def step(func: Any = None, /, *, number: Int = None, attributes: Attributes = None) -> Any:
     """One model call plus the tool calls it requests (``gym.step``), numbered per invocation."""
     if func is None and number is None and attributes is None:
-        return _BARE[c.KIND_STEP]
+        return _BARE_STEP
     if func is None and attributes is None and type(number) in _KEYABLE:
         return _SHARED_STEP.get(number) or _share(
             _SHARED_STEP, number, Scope(c.KIND_STEP, {"number": number, "attributes": None})
@@ -311,7 +320,7 @@ def model_call(
     Record token usage with :func:`gymtrace.record_usage` or ``scope.record_usage(...)``.
     """
     if func is None and model is None and provider is None and attributes is None:
-        return _BARE_IN_PROCESS_MODEL if in_process else _BARE[c.KIND_MODEL_CALL]
+        return _BARE_IN_PROCESS_MODEL if in_process else _BARE_MODEL
     span_kind = _INTERNAL if in_process else _CLIENT
     if func is None and attributes is None and type(model) in _KEYABLE and type(provider) in _KEYABLE:
         key = (model, provider, not in_process)
@@ -342,7 +351,7 @@ def tool_call(
     A decorated tool is named after its function unless ``tool_name`` says otherwise.
     """
     if func is None and tool_name is None and call_id is None and attributes is None:
-        return _BARE[c.KIND_TOOL_CALL]
+        return _BARE_TOOL
     if func is None and attributes is None and type(tool_name) in _KEYABLE and type(call_id) in _KEYABLE:
         key = (tool_name, call_id)
         return _SHARED_TOOL.get(key) or _share(
