@@ -2,7 +2,7 @@
 
 Each peer is installed into a virtualenv of its own under ``~/.cache/gymtrace-bench/peers/`` (not a
 gymtrace dependency, and peers pin OpenTelemetry differently), together with this checkout of
-gymtrace. Measured as issue 13 measured it, "side by side, each against the same hand-written
+gymtrace. Measured as the targets were first measured, "side by side, each against the same hand-written
 baseline in its own process":
 
 - **the peer's process** sets the peer up the way its documentation says, exporting through an SDK
@@ -220,7 +220,7 @@ from gymtrace._leanspan import LeanTracer
 # configure() builds its exporters in _setup; swapping the file exporter's constructor for the drop
 # exporter keeps everything else exactly what configure() makes: gymtrace's provider and lean span
 # path, IdentitySpanProcessor, the export stage and gymtrace's batching queue with its thread.
-_setup._file_exporter = lambda path: DropExporter()
+_setup._file_exporter = lambda *args, **kwargs: DropExporter()
 configuration = gymtrace.configure(service_name="bench-peers", file=os.devnull)
 assert configuration.owns_provider and configuration.exporters == ("file",), configuration
 BASELINE

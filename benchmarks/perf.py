@@ -1,4 +1,4 @@
-"""Issue 13's target table, measured side by side in one run: cost at env-step scale and on export.
+"""The cost targets' table, measured side by side in one run: cost at env-step scale and on export.
 
 Run (after ``collector/build`` for the live-Collector rows)::
 
@@ -31,7 +31,7 @@ Sections:
   the stock ``BatchSpanProcessor`` + OTLP exporter, the same span-making code on both sides.
 - **peers** (``--peers``): Traceloop ``@task``, Logfire ``@instrument``, Langfuse ``@observe`` and
   OpenInference's ``@tracer.chain``, each installed into its own virtualenv (not a gymtrace
-  dependency), content capture off and on. As issue 13 measured them: the peer in its own process
+  dependency), content capture off and on. As the targets were first measured: the peer in its own process
   and ``@gymtrace.step`` under ``configure()`` in another (same venv), each against the same
   hand-written span; the figure with gymtrace under the peer's provider in the peer's process is
   printed beside it, labelled "same process" (``benchmarks/peers.py``).

@@ -109,7 +109,7 @@ def test_extract_reads_env_names_any_case_and_asgi_header_pairs(carrier):
 
 
 def test_repeated_baggage_headers_give_one_identity_the_first_as_opentelemetry_takes_it():
-    # Issue 12: joining them let the SERVER span (OpenTelemetry's getter: first header) and the
+    # Joining them let the SERVER span (OpenTelemetry's getter: first header) and the
     # handler (joined, last entry wins) see two different rollouts.
     carrier = [
         (b"traceparent", HEADERS["traceparent"].encode()),

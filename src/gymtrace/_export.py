@@ -9,7 +9,7 @@
   is tried again after a backoff, so a short outage loses nothing that fits in the queue;
 - the caller pays for a lock and a deque append; encoding and network I/O happen on the worker.
 
-**Keeping up at env-step rate (issue 13).** At CartPole rate (~30k spans/s) the queue used to
+**Keeping up at env-step rate.** At CartPole rate (~30k spans/s) the queue used to
 overflow even with the file exporter. Instrumenting the worker showed why: its own CPU is small
 (~13 µs per span to encode, ~0.3 ms per write), but every export call costs it 8-20 ms *off* the
 CPU, waiting for the GIL back after each I/O and after being woken, while the application thread
