@@ -719,14 +719,21 @@ def main(argv: Sequence[str] | None = None) -> int:
                     default = c[workload].get("with step(), step policy aggregate, file", (float("nan"), 0))
                     metric = f"CartPole, with step() loop, aggregate policy, file, {label}"
                 rows.append((metric, today, "<= 1.3x", f"{default[0]:.2f}x", default[0] <= 1.3))
-            every = c["random"].get("integration every step, OTLP live Collector") or c["random"].get(
-                "with step(), every step, OTLP live Collector"
-            )
-            if every is not None:
+            # The target's "today" (15x) was a `with gymtrace.step()` per env.step(), as a new user
+            # writes it: that loop is the target row; the integration's is printed beneath it.
+            hand = c["random"].get("with step(), every step, OTLP live Collector")
+            if hand is not None:
                 rows.append(
                     ("CartPole, every step a span, OTLP to a live Collector, random actions", "15x, drops", "<= 4x, 0 drops",
-                     f"{every[0]:.2f}x, {every[1]} dropped", every[0] <= 4 and every[1] == 0)
+                     f"{hand[0]:.2f}x, {hand[1]} dropped", hand[0] <= 4 and hand[1] == 0)
                 )  # fmt: skip
+            for workload, label in (("random", "random actions"), ("balance", "balancing controller")):
+                integration = c.get(workload, {}).get("integration every step, OTLP live Collector")
+                if integration is not None:
+                    rows.append(
+                        (f"  (the Gymnasium integration, every step a span, {label})", "", "",
+                         f"{integration[0]:.2f}x, {integration[1]} dropped", None)
+                    )  # fmt: skip
         if "export" in only and live:
             e = export_path(args.quick, receiver.endpoint)
             rows += [
