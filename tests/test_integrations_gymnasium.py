@@ -49,7 +49,9 @@ class Broken(Exception):
     pass
 
 
-class BreaksOnThirdStep(gym.Wrapper):  # type: ignore[misc]
+class CountsSteps(gym.Wrapper):  # type: ignore[misc]
+    """A wrapper that knows which step of the episode it is on."""
+
     def __init__(self, env: Any) -> None:
         super().__init__(env)
         self.steps = 0
@@ -58,6 +60,8 @@ class BreaksOnThirdStep(gym.Wrapper):  # type: ignore[misc]
         self.steps = 0
         return self.env.reset(**kwargs)
 
+
+class BreaksOnThirdStep(CountsSteps):
     def step(self, action: Any) -> Any:
         self.steps += 1
         if self.steps == 3:
@@ -180,7 +184,7 @@ def test_an_exception_in_step_fails_the_episode_and_leaves_the_rollout_unscored(
     assert check_trace(captured) == []
 
 
-class SlowSteps(gym.Wrapper):  # type: ignore[misc]
+class SlowSteps(CountsSteps):
     """Sleeps the given seconds in the given steps of each episode (1-based), and opens a span of
     its own in every step, as a simulator instrumented with OpenTelemetry would."""
 
@@ -188,11 +192,6 @@ class SlowSteps(gym.Wrapper):  # type: ignore[misc]
         super().__init__(env)
         self.sleeps = sleeps
         self.tracer = tracer
-        self.steps = 0
-
-    def reset(self, **kwargs: Any) -> Any:
-        self.steps = 0
-        return self.env.reset(**kwargs)
 
     def step(self, action: Any) -> Any:
         self.steps += 1

@@ -185,6 +185,28 @@ class LeanTracer(sdk_trace.Tracer):
         record_exception: bool = True,
         set_status_on_exception: bool = True,
     ) -> trace_api.Span:
+        span = self._lean_span(
+            name, context, kind, attributes, links, start_time, record_exception, set_status_on_exception
+        )
+        if span is None:  # something only the SDK's own path handles
+            return super().start_span(
+                name, context, kind, attributes, links, start_time, record_exception, set_status_on_exception
+            )
+        return span
+
+    def _lean_span(
+        self,
+        name: str,
+        context: Any,
+        kind: SpanKind,
+        attributes: Any,
+        links: Any,
+        start_time: int | None,
+        record_exception: bool,
+        set_status_on_exception: bool,
+    ) -> trace_api.Span | None:
+        """The span, started, or None where the SDK's path must decide: links, limits it enforces,
+        a non-plain attribute value, or a sampler that changed the attributes."""
         limits = self._span_limits
         if (
             links
@@ -193,21 +215,10 @@ class LeanTracer(sdk_trace.Tracer):
             or len(attributes) > (limits.max_span_attributes or 0)
             or not self._is_enabled()
         ):
-            return super().start_span(
-                name, context, kind, attributes, links, start_time, record_exception, set_status_on_exception
-            )
+            return None
         for value in attributes.values():
             if type(value) not in _PLAIN:
-                return super().start_span(
-                    name,
-                    context,
-                    kind,
-                    attributes,
-                    links,
-                    start_time,
-                    record_exception,
-                    set_status_on_exception,
-                )
+                return None
         parent: Any = trace_api.get_current_span(context).get_span_context()
         if parent is None or not parent.is_valid:
             parent = None
@@ -233,17 +244,7 @@ class LeanTracer(sdk_trace.Tracer):
                 and sampling.attributes is not attributes
                 and sampling.attributes != attributes
             ):
-                # The sampler changed the attributes: let the SDK validate what it returned.
-                return super().start_span(
-                    name,
-                    context,
-                    kind,
-                    attributes,
-                    links,
-                    start_time,
-                    record_exception,
-                    set_status_on_exception,
-                )
+                return None  # the sampler changed the attributes: the SDK validates what it returned
         if random_trace_id:
             flags |= trace_api.TraceFlags.RANDOM_TRACE_ID
         flags = _FLAGS.get(flags) or trace_api.TraceFlags(flags)
