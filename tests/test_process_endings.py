@@ -37,6 +37,10 @@ PRELUDE = textwrap.dedent(
     from opentelemetry import trace
 
     TRACES, IDS, READY = sys.argv[1], sys.argv[2], Path(sys.argv[3])
+    # Python's own SIGINT handler, as a program started from a terminal has: one started from a
+    # background job of a non-interactive shell (a CI runner's `cmd &`) inherits SIGINT ignored,
+    # and Ctrl-C's usual effect is what these scenarios compare.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     TRACING = os.environ.get("ENDINGS_NO_GYMTRACE") != "1"
 
     class Recorder:
