@@ -26,7 +26,7 @@ from gymtrace import _content
 from gymtrace._errors import GymTraceError, InvalidArgumentError, contract_problem, data_lost, guard
 from gymtrace._failures import qualified_name, retryable_by_default
 from gymtrace._ids import ROLLOUT_IDENTITY, check_index, check_reward, clean_identity, episode_id
-from gymtrace._tracing import active_tracer
+from gymtrace._tracing import active_tracer, current_context
 
 FRAME_KEY = otel_context.create_key("gymtrace.frame")
 
@@ -390,7 +390,7 @@ DISABLED_FRAME = ActiveScope(DISABLED_KIND, None)
 
 
 def current_frame() -> ActiveScope | None:
-    value = otel_context.get_current().get(FRAME_KEY)
+    value = current_context().get(FRAME_KEY)
     return value if isinstance(value, ActiveScope) else None
 
 

@@ -360,27 +360,23 @@ class Scope:
                 frame.unsampled = pending[1]
                 self.finish(pending[0], exc)
                 return
-            token = frame.token
-            if frame.owner is self and token is not None:
-                shadows = _SHADOWS.get()
-                if shadows is not None and shadows[1] is frame:
-                    _SHADOWS.set(shadows[2])  # this block entered nothing; the frame is an outer one's
-                    return
-                frame.token = None
-                detach(token)
-                self.finish(frame, exc)
-                return
-            # Not the innermost: a block exited before one it encloses. Its context is reset to the
-            # one it entered from (the enclosed blocks, exited later, end without detaching).
-            outer = frame.parent
-            while outer is not None:
-                token = outer.token
-                if outer.owner is self and token is not None:
-                    outer.token = None
+            # Normally the current frame itself. If not, a block exited before one it encloses: its
+            # context is reset to the one it entered from (the enclosed blocks, exited later, end
+            # without detaching).
+            candidate: ActiveScope | None = frame
+            while candidate is not None:
+                token = candidate.token
+                if candidate.owner is self and token is not None:
+                    shadows = _SHADOWS.get()
+                    if shadows is not None and shadows[1] is candidate:
+                        # This block entered nothing; the frame is an outer block's.
+                        _SHADOWS.set(shadows[2])
+                        return
+                    candidate.token = None
                     detach(token)
-                    self.finish(outer, exc)
+                    self.finish(candidate, exc)
                     return
-                outer = outer.parent
+                candidate = candidate.parent
         self._exit_elsewhere(exc)
 
     def _exit_elsewhere(self, exc: BaseException | None) -> None:
