@@ -258,3 +258,39 @@ def test_the_lean_exporters_deliver_what_the_process_recorded(protocol: str, tmp
     assert (result["exported"], result["dropped"]) == (len(result["spans"]), 0)
     assert len(received) == len(result["spans"]) == 7
     assert sorted(map(_comparable, received)) == sorted(map(_comparable, result["spans"]))
+
+
+def test_spans_of_gymtraces_lean_tracer_encode_like_the_sdk_encodes_them() -> None:
+    # The encoders read the SDK's span classes (and gymtrace's lean span) from their fields, not
+    # their properties: events, links, dropped counts and a status must come out the same.
+    from opentelemetry.sdk.trace import SpanLimits
+
+    from gymtrace._constants import INSTRUMENTATION_NAME
+    from gymtrace._leanspan import GymTracerProvider, _LeanSpan
+
+    keep = Keep()
+    tp = GymTracerProvider(
+        resource=Resource.create({"service.name": "lean-encoder-test"}),
+        span_limits=SpanLimits(max_span_attributes=3, max_events=1, max_links=1),
+    )
+    tp.add_span_processor(SimpleSpanProcessor(keep))
+    tracer = tp.get_tracer(INSTRUMENTATION_NAME, "1.0")
+    linked = [Link(SpanContext(trace_id=0x1234, span_id=n, is_remote=True), {"n": n}) for n in (1, 2)]
+    with tracer.start_as_current_span("gym.episode", attributes={"gym.kind": "episode", "i": 3}) as episode:
+        with tracer.start_as_current_span("gym.step", attributes={"gym.kind": "step", "f": 0.5}) as step:
+            step.add_event("first", {"k": "v"})
+            step.add_event("second")  # over max_events: dropped and counted
+            step.set_attribute("extra.1", True)
+            step.set_attribute("extra.2", "x")  # over max_span_attributes: dropped and counted
+            step.set_status(Status(StatusCode.ERROR, "no ✓"))
+        with tracer.start_as_current_span("gym.step", attributes={"gym.kind": "step"}, links=linked):
+            pass
+        episode.set_attribute("gym.reward", 1.0)
+    tp.shutdown()
+
+    assert type(keep.spans[0]) is _LeanSpan  # the first step took the lean path
+    assert keep.spans[0].dropped_attributes == 1 and keep.spans[0].dropped_events == 1
+    assert keep.spans[1].dropped_links == 1
+    assert lean(keep.spans) == encode_spans(keep.spans)
+    line = _otlp.encode_json_line(keep.spans)
+    assert json.loads(line) == json.loads(json.dumps(encode_otlp_json(keep.spans)))
