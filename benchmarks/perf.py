@@ -25,6 +25,10 @@ Sections:
   up for the whole 500-step TimeLimit, as a trained policy does. The untraced baseline never
   imports gymtrace; the action choice runs in every loop. From the two episode lengths the
   integration's cost is split into µs per episode and µs per step, which predicts any length.
+  Last, a span and an ``env.step()`` timed alone, alternating one by one, and alternating in
+  blocks of 100. Alternating one by one, each slows the other, and the slowdown fades when many
+  of each run together, as warm processor caches would make it (this VM exposes no performance
+  counters to confirm the cause): why a span costs more per step in the loop than on its own.
 - **export**: the export path against one live OTLP/gRPC receiver (the project's Collector build,
   ``collector/bin/jaeger``, with a ``debug`` exporter): 20,000 spans made as fast as possible,
   CPU per delivered span, and the highest paced span rate with zero drops; gymtrace's pipeline vs
@@ -325,6 +329,64 @@ stats = gymtrace.export_stats() if traced else []
 print(json.dumps({"steps_per_s": n / cpu, "episodes": episodes, "dropped": sum(s.dropped for s in stats),
                   "exported": sum(s.exported for s in stats)}))
 """
+
+# Why a span costs more in the loop than alone: one process, no exporter, µs of CPU per step.
+INTERLEAVE_CODE = r"""
+import gymnasium
+import gymtrace
+gymtrace.configure(service_name="bench-interleave", file=False)
+n = int(sys.argv[1])
+env = gymnasium.make("CartPole-v1")
+env.reset(seed=0)
+env.action_space.seed(0)
+sample = env.action_space.sample
+step = gymtrace.step
+
+def spans(k):
+    for _ in range(k):
+        with step():
+            pass
+
+def steps(k):
+    for _ in range(k):
+        _, _, term, trunc, _ = env.step(sample())
+        if term or trunc:
+            env.reset()
+
+def blocks(size):
+    def run(count):
+        for _ in range(count // size):
+            spans(size)
+            steps(size)
+    return run
+
+variants = {"span": spans, "env": steps, "interleaved": blocks(1), "blocks of 100": blocks(100)}
+out = {name: [] for name in variants}
+with gymtrace.rollout(rollout_id="interleave", task_id="CartPole-v1", repeat=0):
+    with gymtrace.episode():
+        for fn in variants.values():
+            fn(2000)  # warm up
+        for _ in range(5):
+            for name, fn in variants.items():
+                gc.collect()
+                start = clock()
+                fn(n)
+                out[name].append((clock() - start) / n / 1000)
+print(json.dumps({name: statistics.median(v) for name, v in out.items()}))
+"""
+
+
+def interleave(quick: bool) -> dict[str, float]:
+    """A `with step()` span and an env.step(), alone, one after the other, and in blocks of 100."""
+    r = run_child(INTERLEAVE_CODE, str(10_000 if quick else 50_000))
+    print("cartpole, one span per env.step(): the two alone and together (no exporter; µs of CPU per step)")
+    print(f"  env.step() alone                                 {r['env']:7.2f}")
+    print(f"  `with step()` alone (in an episode)              {r['span']:7.2f}")
+    print(f"  one span, then one env.step(), repeated          {r['interleaved']:7.2f}"
+          f"  (sum of the two alone: {r['env'] + r['span']:.2f})")  # fmt: skip
+    print(f"  100 spans, then 100 env.step(), repeated         {r['blocks of 100']:7.2f}")
+    return r
+
 
 WORKLOADS = {
     "random": "random actions",
@@ -709,6 +771,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     with receiver if live else _nothing():
         if "cartpole" in only:
             c = cartpole(args.quick, receiver.endpoint if live else None)
+            interleave(args.quick)
             for workload, label, today in (
                 ("random", "random actions (~22-step episodes)", "11.8x"),
                 ("balance", "balancing controller (500-step episodes)", "not measured"),
