@@ -193,3 +193,38 @@ def test_the_default_samplers_decision_is_kept_for_every_kind_of_parent(tmp_path
         assert root["trace"] != "4bf92f3577b34da6a3ce929d0e0e4736"
     # Another sampler from the environment is still asked.
     assert run(PARENTS, tmp_path, OTEL_TRACES_SAMPLER="always_off") == {}
+
+
+def test_a_child_of_a_lean_span_gets_the_trace_flags_and_state_the_sdk_gives(tmp_path: Path) -> None:
+    # A lean parent's context is read as the tuple it is: its child must still get the SDK's
+    # trace ID, parent, flags (sampled and random-trace-ID bits) and trace state.
+    code = """
+    import json, gymtrace
+    from opentelemetry import trace
+    from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+    from gymtrace._tracing import active_tracer
+    gymtrace.configure(service_name="lean", file=False)
+    lean = active_tracer()
+    stock = trace.get_tracer_provider().get_tracer("some.library")
+    def chain(tracer, flags):
+        context = None
+        if flags is not None:
+            context = TraceContextTextMapPropagator().extract({
+                "traceparent": f"00-{'ab' * 16}-{'cd' * 8}-{flags}", "tracestate": "vendor=kept"})
+        parent = tracer.start_span("gym.episode", context=context, attributes={"gym.kind": "episode"})
+        child = tracer.start_span("gym.step", context=trace.set_span_in_context(parent),
+                                  attributes={"gym.kind": "step"})
+        child.end(); parent.end()
+        ctx, pctx = child.get_span_context(), parent.get_span_context()
+        return {"lean": type(parent).__name__ == "_LeanSpan", "same_trace": ctx.trace_id == pctx.trace_id,
+                "parent": child.parent.span_id == pctx.span_id, "flags": int(ctx.trace_flags),
+                "state": ctx.trace_state.to_header(), "valid": ctx.is_valid, "remote": ctx.is_remote}
+    print(json.dumps({str(f): [chain(lean, f), chain(stock, f)] for f in (None, "01", "03")}))
+    """
+    result = run(code, tmp_path)
+    for flags, (lean, stock) in result.items():
+        assert lean.pop("lean") and not stock.pop("lean"), flags
+        assert lean == stock, flags
+        assert lean["same_trace"] and lean["parent"] and lean["valid"] and not lean["remote"]
+    assert result["01"][0]["state"] == "vendor=kept" and result["01"][0]["flags"] & 1
+    assert result["03"][0]["flags"] == 3

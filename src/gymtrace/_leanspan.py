@@ -25,7 +25,9 @@ from opentelemetry.attributes import BoundedAttributes
 from opentelemetry.sdk import trace as sdk_trace
 from opentelemetry.sdk.trace import sampling as sdk_sampling
 from opentelemetry.sdk.util import BoundedList
-from opentelemetry.trace import SpanKind
+from opentelemetry.trace import SpanContext, SpanKind
+from opentelemetry.trace.propagation import _SPAN_KEY
+from opentelemetry.trace.span import DEFAULT_TRACE_STATE
 from opentelemetry.trace.status import Status, StatusCode
 
 from gymtrace import _constants as c
@@ -124,6 +126,30 @@ _RECORD_AND_SAMPLE = sdk_sampling.Decision.RECORD_AND_SAMPLE
 # The four TraceFlags values a span of this process can get, made once.
 _FLAGS = {value: trace_api.TraceFlags(value) for value in range(4)}
 _new_attributes = object.__new__
+_new_tuple = tuple.__new__
+_SAMPLED = int(trace_api.TraceFlags.SAMPLED)
+_TRACE_ID_MAX = 2**128 - 1
+_SPAN_ID_MAX = 2**64 - 1
+_RANDOM = int(trace_api.TraceFlags.RANDOM_TRACE_ID)
+
+
+def _context_layout_known() -> bool:
+    # SpanContext is a tuple (trace_id, span_id, is_remote, trace_flags, trace_state, is_valid) whose
+    # __new__ only fills defaults and computes is_valid; the lean path unpacks and builds it so.
+    flags, state = trace_api.TraceFlags(3), trace_api.TraceState([("k", "v")])
+    made = SpanContext(5, 7, False, flags, state)
+    return (
+        tuple(made) == (5, 7, False, flags, state, True)
+        and made.trace_flags is flags
+        and made.trace_state is state
+        and _new_tuple(SpanContext, (5, 7, False, flags, state, True)) == made
+    )
+
+
+try:
+    _CONTEXT_LAYOUT_KNOWN = _context_layout_known()
+except Exception:  # noqa: BLE001 - an API we do not know: use its properties and constructor
+    _CONTEXT_LAYOUT_KNOWN = False
 
 
 def _attribute_fields_known() -> bool:
@@ -219,26 +245,38 @@ class LeanTracer(sdk_trace.Tracer):
         for value in attributes.values():
             if type(value) not in _PLAIN:
                 return None
-        parent: Any = trace_api.get_current_span(context).get_span_context()
-        if parent is None or not parent.is_valid:
-            parent = None
-            trace_id = self.id_generator.generate_trace_id()
-            random_trace_id = self.id_generator.is_trace_id_random()
+        current = context.get(_SPAN_KEY) if context is not None else None
+        if type(current) is _LeanSpan and _CONTEXT_LAYOUT_KNOWN:
+            # A parent this tracer made (every nested gymtrace span): its context is a valid local
+            # SpanContext, read as the tuple it is instead of through six properties.
+            parent: Any = current._context
+            trace_id, _, _, parent_flags, trace_state, _ = parent
+            random_trace_id = parent_flags & _RANDOM
+            parent_sampled = parent_flags & _SAMPLED
         else:
-            trace_id = parent.trace_id
-            random_trace_id = parent.trace_flags.random_trace_id
-        if _default_sampling(self.sampler) and (parent is None or parent.trace_flags.sampled):
+            parent = trace_api.get_current_span(context).get_span_context()
+            if parent is None or not parent.is_valid:
+                parent = None
+                trace_id = self.id_generator.generate_trace_id()
+                random_trace_id = self.id_generator.is_trace_id_random()
+                parent_sampled = True
+                trace_state = None
+            else:
+                trace_id = parent.trace_id
+                random_trace_id = parent.trace_flags.random_trace_id
+                parent_sampled = parent.trace_flags.sampled
+                trace_state = parent.trace_state
+        if parent_sampled and _default_sampling(self.sampler):
             # The SDK's default sampler, ParentBased(ALWAYS_ON), samples a root and every child of
             # a sampled parent, with the parent's trace state and the attributes as given: the
             # same decision without its three context lookups and a SamplingResult per span.
-            flags = trace_api.TraceFlags.SAMPLED
+            flags = _SAMPLED
             decision: Any = _RECORD_AND_SAMPLE
-            trace_state = parent.trace_state if parent is not None else None
         else:
             sampling: Any = self.sampler.should_sample(context, trace_id, name, kind, attributes, ())
             decision = sampling.decision
             trace_state = sampling.trace_state
-            flags = trace_api.TraceFlags.SAMPLED if decision.is_sampled() else trace_api.TraceFlags.DEFAULT
+            flags = _SAMPLED if decision.is_sampled() else 0
             if (
                 decision.is_recording()
                 and sampling.attributes is not attributes
@@ -246,15 +284,25 @@ class LeanTracer(sdk_trace.Tracer):
             ):
                 return None  # the sampler changed the attributes: the SDK validates what it returned
         if random_trace_id:
-            flags |= trace_api.TraceFlags.RANDOM_TRACE_ID
-        flags = _FLAGS.get(flags) or trace_api.TraceFlags(flags)
-        span_context = trace_api.SpanContext(
-            trace_id,
-            self.id_generator.generate_span_id(),
-            is_remote=False,
-            trace_flags=flags,
-            trace_state=trace_state,
-        )
+            flags |= _RANDOM
+        trace_flags = _FLAGS.get(flags) or trace_api.TraceFlags(flags)
+        span_id = self.id_generator.generate_span_id()
+        if _CONTEXT_LAYOUT_KNOWN:
+            span_context = _new_tuple(
+                SpanContext,
+                (
+                    trace_id,
+                    span_id,
+                    False,
+                    trace_flags,
+                    DEFAULT_TRACE_STATE if trace_state is None else trace_state,
+                    0 < trace_id <= _TRACE_ID_MAX and 0 < span_id <= _SPAN_ID_MAX,
+                ),
+            )
+        else:
+            span_context = trace_api.SpanContext(
+                trace_id, span_id, is_remote=False, trace_flags=trace_flags, trace_state=trace_state
+            )
         record_end_metrics = self._tracer_metrics.start_span(parent, decision)
         if not decision.is_recording():
             return trace_api.NonRecordingSpan(context=span_context)
