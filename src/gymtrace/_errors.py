@@ -93,6 +93,15 @@ def contract_problem(key: object, error: GymTraceError) -> None:
         logger.warning("gymtrace: %s", error)
 
 
+def contain(where: str, exc: Exception, *, may_raise: bool = True) -> None:
+    """What :class:`guard` does with an exception raised inside it, for code that catches the
+    exception itself: the start and end of every span, where a ``with guard`` costs two Python
+    calls. A :class:`GymTraceError` is raised again; any other goes to :func:`internal_error`."""
+    if isinstance(exc, GymTraceError):
+        raise exc
+    internal_error(where, exc, may_raise=may_raise)
+
+
 class guard:
     """Contain gymtrace's own failures: a context manager and a decorator.
 

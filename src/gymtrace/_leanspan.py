@@ -32,6 +32,11 @@ from opentelemetry.trace.status import Status, StatusCode
 
 from gymtrace import _constants as c
 
+try:
+    from opentelemetry.sdk.trace import _tracer_metrics
+except ImportError:  # an SDK without span metrics
+    _tracer_metrics = None  # type: ignore[assignment]
+
 logger = logging.getLogger("gymtrace")
 
 _PLAIN = (str, bool, int, float)
@@ -166,12 +171,6 @@ except Exception:  # noqa: BLE001 - an SDK we do not know: construct them the SD
     _ATTRIBUTE_FIELDS_KNOWN = False
 
 
-def _default_sampling(sampler: Any) -> bool:
-    """True for the SDK's default sampler (``parentbased_always_on``, the object the SDK builds
-    when ``OTEL_TRACES_SAMPLER`` is unset), whose decision start_span takes without calling it."""
-    return sampler is sdk_sampling.DEFAULT_ON and _DEFAULT_ON_INTACT
-
-
 def _default_on_intact() -> bool:
     # Its five delegates as the SDK defines them (a sampler with another delegate is called).
     on, off = sdk_sampling.ALWAYS_ON, sdk_sampling.ALWAYS_OFF
@@ -197,6 +196,14 @@ try:
     _DEFAULT_ON_INTACT = _default_on_intact()
 except Exception:  # noqa: BLE001 - an SDK we do not know: always call the sampler
     _DEFAULT_ON_INTACT = False
+# The SDK's default sampler (parentbased_always_on, the object the SDK builds when
+# OTEL_TRACES_SAMPLER is unset), whose decision start_span takes without calling it; None if its
+# delegates are not the SDK's (then every sampler is called).
+_DEFAULT_SAMPLER = sdk_sampling.DEFAULT_ON if _DEFAULT_ON_INTACT else None
+_NoOpMetrics: Any = getattr(_tracer_metrics, "NoOpTracerMetrics", None)
+_noop: Any = getattr(_tracer_metrics, "noop", None)
+if _NoOpMetrics is None or _noop is None or _NoOpMetrics().start_span(None, _RECORD_AND_SAMPLE) is not _noop:
+    _NoOpMetrics = None  # not the no-op this module knows: always ask the tracer's metrics
 
 
 class LeanTracer(sdk_trace.Tracer):
@@ -266,7 +273,7 @@ class LeanTracer(sdk_trace.Tracer):
                 random_trace_id = parent.trace_flags.random_trace_id
                 parent_sampled = parent.trace_flags.sampled
                 trace_state = parent.trace_state
-        if parent_sampled and _default_sampling(self.sampler):
+        if parent_sampled and self.sampler is _DEFAULT_SAMPLER:
             # The SDK's default sampler, ParentBased(ALWAYS_ON), samples a root and every child of
             # a sampled parent, with the parent's trace state and the attributes as given: the
             # same decision without its three context lookups and a SamplingResult per span.
@@ -303,8 +310,10 @@ class LeanTracer(sdk_trace.Tracer):
             span_context = trace_api.SpanContext(
                 trace_id, span_id, is_remote=False, trace_flags=trace_flags, trace_state=trace_state
             )
-        record_end_metrics = self._tracer_metrics.start_span(parent, decision)
-        if not decision.is_recording():
+        metrics = self._tracer_metrics
+        # The SDK's metrics are off unless a meter provider was given: its no-op answers noop.
+        record_end_metrics = _noop if type(metrics) is _NoOpMetrics else metrics.start_span(parent, decision)
+        if decision is not _RECORD_AND_SAMPLE and not decision.is_recording():
             return trace_api.NonRecordingSpan(context=span_context)
         span: Any = _LeanSpan.__new__(_LeanSpan)
         span._name = name

@@ -30,7 +30,7 @@ from opentelemetry.trace import SpanKind, Status, StatusCode
 
 from gymtrace import _constants as c
 from gymtrace import _steps
-from gymtrace._errors import GymTraceError, HierarchyViolationError, contract_problem, guard
+from gymtrace._errors import GymTraceError, HierarchyViolationError, contain, contract_problem, guard
 from gymtrace._failures import qualified_name
 from gymtrace._frame import DISABLED_FRAME, FRAME_KEY, ActiveScope
 from gymtrace._levels import LEVELS, NUMBERING_OWNERS, allowed
@@ -74,10 +74,10 @@ _EXITED: asyncio.Future[None] = _finished(None)
 # them as interrupted instead of losing them (see _lifecycle). Insertion order: outermost first.
 _OPEN: dict[int, ActiveScope] = {}
 
-# One guard per level and situation, made once: these paths run for every span.
-_START_GUARDS = {kind: guard(f"starting gymtrace.{kind}") for kind in LEVELS}
-_FINISH_GUARDS = {kind: guard(f"ending gymtrace.{kind}") for kind in LEVELS}
-_FINISH_GUARDS_UNWINDING = {kind: guard(f"ending gymtrace.{kind}", may_raise=False) for kind in LEVELS}
+# Where gymtrace failed, per level, made once: these paths run for every span and catch their own
+# failures (errors.contain) rather than enter a guard.
+_STARTING = {kind: f"starting gymtrace.{kind}" for kind in LEVELS}
+_ENDING = {kind: f"ending gymtrace.{kind}" for kind in LEVELS}
 
 
 def forget_open_scopes() -> None:
@@ -195,7 +195,7 @@ class Scope:
         site: object = None,
     ) -> ActiveScope | None:
         """Start the span and build its context. ``None`` if gymtrace itself failed."""
-        with _START_GUARDS[self.kind]:
+        try:
             parent_context = current_context()
             parent = parent_context.get(FRAME_KEY)
             if not isinstance(parent, ActiveScope):
@@ -250,7 +250,9 @@ class Scope:
                     FRAME_KEY, frame, trace.set_span_in_context(span, parent_context)
                 )
             return frame
-        return None
+        except Exception as error:  # noqa: BLE001 - gymtrace's own failure: errors.contain decides
+            contain(_STARTING[self.kind], error)
+            return None
 
     def finish(self, frame: ActiveScope, exc: BaseException | None, result: Any = None) -> None:
         """The level's outcome, then the span's end, like ``opentelemetry.trace.use_span``: an
@@ -259,34 +261,37 @@ class Scope:
         timing = frame.step_timing
         if timing is not None and frame.level is None:
             # A step the aggregate policy did not sample: counted, and a span after all if it raised.
-            with (_FINISH_GUARDS if exc is None else _FINISH_GUARDS_UNWINDING)[self.kind]:
+            try:
                 _steps.end_unsampled(frame, timing, exc)
+            except Exception as error:  # noqa: BLE001 - gymtrace's own failure: errors.contain decides
+                contain(_ENDING[self.kind], error, may_raise=exc is None)
             return
         if _OPEN.pop(id(frame), None) is None:
             return  # already ended as interrupted when the process was stopped
         span = frame.span
         level = self._level
         try:
-            with (_FINISH_GUARDS if exc is None else _FINISH_GUARDS_UNWINDING)[self.kind]:
-                if exc is None:
-                    if self._reward_from is not None:
-                        self._take_reward(frame, result)
-                elif isinstance(exc, Exception):
-                    if level.failed is not None:
-                        level.failed(frame, exc)
-                elif isinstance(exc, CANCELLATION):
-                    frame.cancelled = True
-                    if not isinstance(exc, asyncio.CancelledError):  # KeyboardInterrupt, SystemExit
-                        span.set_attribute(c.INTERRUPTED, True)
-                if level.finish is not None:
-                    level.finish(frame)
-                if timing is not None:
-                    timing[0].record(timing[1], timing[2], time_ns(), True, isinstance(exc, Exception))
-                if frame.step_stats is not None:
-                    _steps.write_owner(frame)
-                # Last, so the exception's description wins over the level's own failure status.
-                if isinstance(exc, Exception) and span.is_recording():
-                    _record_error(span, exc)
+            if exc is None:
+                if self._reward_from is not None:
+                    self._take_reward(frame, result)
+            elif isinstance(exc, Exception):
+                if level.failed is not None:
+                    level.failed(frame, exc)
+            elif isinstance(exc, CANCELLATION):
+                frame.cancelled = True
+                if not isinstance(exc, asyncio.CancelledError):  # KeyboardInterrupt, SystemExit
+                    span.set_attribute(c.INTERRUPTED, True)
+            if level.finish is not None:
+                level.finish(frame)
+            if timing is not None:
+                timing[0].record(timing[1], timing[2], time_ns(), True, isinstance(exc, Exception))
+            if frame.step_stats is not None:
+                _steps.write_owner(frame)
+            # Last, so the exception's description wins over the level's own failure status.
+            if isinstance(exc, Exception) and span.is_recording():
+                _record_error(span, exc)
+        except Exception as error:  # noqa: BLE001 - gymtrace's own failure: errors.contain decides
+            contain(_ENDING[self.kind], error, may_raise=exc is None)
         finally:
             frame.ended = True
             # The frame's context holds the frame: dropped here, the two are freed by reference
