@@ -12,6 +12,8 @@ import json
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from child_process import run_python
 
 SCENARIO = """
@@ -228,3 +230,60 @@ def test_a_child_of_a_lean_span_gets_the_trace_flags_and_state_the_sdk_gives(tmp
         assert lean["same_trace"] and lean["parent"] and lean["valid"] and not lean["remote"]
     assert result["01"][0]["state"] == "vendor=kept" and result["01"][0]["flags"] & 1
     assert result["03"][0]["flags"] == 3
+
+
+def _spans_set_both_ways(limits: Any) -> tuple[Any, Any]:
+    # The same calls on a lean span and on the SDK's own span, under the same limits.
+    from opentelemetry.sdk.trace import TracerProvider
+
+    from gymtrace._constants import INSTRUMENTATION_NAME
+    from gymtrace._leanspan import GymTracerProvider
+
+    made = []
+    for provider in (GymTracerProvider(span_limits=limits), TracerProvider(span_limits=limits)):
+        span = provider.get_tracer(INSTRUMENTATION_NAME).start_span(
+            "gym.episode", attributes={"gym.kind": "episode"}
+        )
+        span.set_attribute("gym.reward", 1.5)
+        span.set_attribute("gym.kind", "episode")  # replaced, not duplicated
+        span.set_attributes({"a": 1, "b": True, "c": "text", "d": 0.25})
+        span.set_attribute("list", [1, 2])  # not plain: the SDK's path (made a tuple)
+        span.set_attributes({"e": 2, "f": (3, 4)})
+        span.add_event("gen_ai.evaluation.result", {"gen_ai.evaluation.score.value": 1.5, "name": "reward"})
+        span.add_event("bare", timestamp=123)
+        span.add_event("listed", {"values": [1.0, 2.0]})
+        span.end()
+        span.set_attribute("late", 1)  # ended: the SDK's warning, nothing set
+        span.set_attributes({"late": 2})
+        made.append(span)
+    return made[0], made[1]
+
+
+def _shape(span: Any) -> Any:
+    return (
+        list(span.attributes.items()),
+        span.dropped_attributes,
+        [(e.name, dict(e.attributes), e.attributes.dropped) for e in span.events],
+        span.events[1].timestamp,
+        span.dropped_events,
+    )
+
+
+@pytest.mark.parametrize(
+    "limits",
+    [{}, {"max_span_attributes": 5, "max_event_attributes": 1}, {"max_attribute_length": 3}],
+    ids=["default limits", "count limits", "length limit"],
+)
+def test_attributes_and_events_set_after_start_match_the_sdk_span(
+    limits: dict[str, int], caplog: Any
+) -> None:
+    from opentelemetry.sdk.trace import SpanLimits
+
+    lean, stock = _spans_set_both_ways(SpanLimits(**limits))
+    # A length limit is the SDK's to enforce: the lean tracer leaves that span to the SDK.
+    assert type(lean).__name__ == ("_Span" if "max_attribute_length" in limits else "_LeanSpan")
+    assert _shape(lean) == _shape(stock)
+    assert "late" not in lean.attributes
+    assert sum("ended span" in r.getMessage() for r in caplog.records) == 4  # two per span
+    with pytest.raises(TypeError):
+        lean.events[0].attributes["x"] = 1  # event attributes are immutable, as the SDK makes them

@@ -79,6 +79,64 @@ class _LeanSpan(_SpanBase):  # type: ignore[misc]
                     span._events = BoundedList(span._limits.max_events)
         super()._add_event(event)
 
+    # Attributes and events set after the start with plain values (str with no length limit, bool,
+    # int, float: values the SDK's cleaning returns unchanged) go into the same fields the SDK's
+    # path fills, without that cleaning; the Gymnasium integration sets an episode's statistics
+    # and outcome and adds its reward event this way once per episode. Anything else, an ended
+    # span (the SDK's warning) or a length limit takes the SDK's path.
+    def set_attribute(self, key: str, value: Any) -> None:
+        span: Any = self
+        if _SETITEM_KNOWN and type(value) in _PLAIN and type(key) is str and key:
+            with span._lock:
+                attributes = span._attributes
+                if span._end_time is None and attributes.max_value_len is None:
+                    with attributes._lock:
+                        attributes._setitem_locked(key, value)
+                    return
+        super().set_attribute(key, value)
+
+    def set_attributes(self, attributes: Any) -> None:
+        span: Any = self
+        if _SETITEM_KNOWN and type(attributes) is dict:
+            for key, value in attributes.items():
+                if type(value) not in _PLAIN or type(key) is not str or not key:
+                    break
+            else:
+                with span._lock:
+                    bounded = span._attributes
+                    if span._end_time is None and bounded.max_value_len is None:
+                        with bounded._lock:
+                            for key, value in attributes.items():
+                                bounded._setitem_locked(key, value)
+                        return
+        super().set_attributes(attributes)
+
+    def add_event(self, name: str, attributes: Any = None, timestamp: int | None = None) -> None:
+        span: Any = self
+        limits = span._limits
+        if (
+            _ATTRIBUTE_FIELDS_KNOWN
+            and (attributes is None or type(attributes) is dict)
+            and limits.max_attribute_length is None
+            and len(attributes or ()) <= (limits.max_event_attributes or 0)
+        ):
+            for value in (attributes or {}).values():
+                if type(value) not in _PLAIN:
+                    break
+            else:
+                # BoundedAttributes(max_event_attributes, attributes, immutable=True), as add_event
+                # builds it, from values that need no cleaning.
+                bounded: Any = _new_attributes(BoundedAttributes)
+                bounded._dict = dict(attributes) if attributes else {}
+                bounded.maxlen = limits.max_event_attributes
+                bounded.dropped = 0
+                bounded.max_value_len = None
+                bounded._lock = threading.Lock()
+                bounded._immutable = True
+                self._add_event(sdk_trace.Event(name=name, attributes=bounded, timestamp=timestamp))
+                return
+        super().add_event(name, attributes, timestamp)
+
     def _add_link(self, link: Any) -> None:
         span: Any = self
         if span._links is _NONE:
@@ -169,6 +227,9 @@ try:
     _ATTRIBUTE_FIELDS_KNOWN = _attribute_fields_known()
 except Exception:  # noqa: BLE001 - an SDK we do not know: construct them the SDK's way
     _ATTRIBUTE_FIELDS_KNOWN = False
+# BoundedAttributes' insertion under its lock (replace, or evict the oldest at the limit), which the
+# lean set_attribute(s) call; without it, the SDK's own set_attribute(s).
+_SETITEM_KNOWN = _ATTRIBUTE_FIELDS_KNOWN and callable(getattr(BoundedAttributes, "_setitem_locked", None))
 
 
 def _default_on_intact() -> bool:
