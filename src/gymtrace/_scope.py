@@ -52,6 +52,8 @@ CANCELLATION = (asyncio.CancelledError, KeyboardInterrupt, SystemExit)
 _SHADOWS: contextvars.ContextVar[tuple[Any, ActiveScope, Any] | None] = contextvars.ContextVar(
     "gymtrace.shadowed_with_blocks", default=None
 )
+# Set the first time any context shadows a frame; until then an exit need not read _SHADOWS.
+_shadowed = False
 
 
 def _finished(value: Any) -> asyncio.Future[Any]:
@@ -348,6 +350,8 @@ class Scope:
         """Entered without recording: shadow the current frame if it is this Scope's own."""
         frame = current_context().get(FRAME_KEY)
         if isinstance(frame, ActiveScope) and frame.owner is self and frame.token is not None:
+            global _shadowed
+            _shadowed = True
             _SHADOWS.set((self, frame, _SHADOWS.get()))
 
     def __exit__(
@@ -360,6 +364,14 @@ class Scope:
             return  # nothing records anywhere (no span, no unsampled step): this block entered nothing
         frame = current_context().get(FRAME_KEY)
         if isinstance(frame, ActiveScope):
+            token = frame.token
+            if frame.owner is self and token is not None and frame.unsampled is None and not _shadowed:
+                # Blocks exited in order, in the context they entered: the current frame is this
+                # block's own (the general search below answers the same, a few lookups later).
+                frame.token = None
+                detach(token)
+                self.finish(frame, exc)
+                return
             pending = frame.unsampled
             if pending is not None and pending[0].owner is self:
                 frame.unsampled = pending[1]
