@@ -2,7 +2,7 @@
 
 Run (after ``collector/build`` for the live-Collector rows)::
 
-    python benchmarks/perf.py            # ~6-8 minutes (cartpole alone ~4)
+    python benchmarks/perf.py            # ~8 minutes (cartpole alone ~4)
     python benchmarks/perf.py --quick    # ~1-2 minutes, noisier
     python benchmarks/perf.py --peers    # also the peer decorators (creates one venv per peer)
 

@@ -9,6 +9,7 @@ every span, foreign ones nested where they ran.
 from __future__ import annotations
 
 import json
+import textwrap
 from pathlib import Path
 from typing import Any
 
@@ -113,30 +114,37 @@ def test_an_applications_own_provider_is_left_as_it_is(tmp_path: Path) -> None:
     assert run(code, tmp_path) == {"provider": "TracerProvider", "tracer": "Tracer"}
 
 
+# Both tracers of one configured process, and a remote parent with the given W3C flags (None: no
+# parent) and a trace state, for the tests comparing the lean path's decisions with the SDK's.
+LEAN_AND_STOCK = """
+import json, gymtrace
+from opentelemetry import trace
+from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+from gymtrace._tracing import active_tracer
+gymtrace.configure(service_name="lean", file=False)
+lean = active_tracer()
+stock = trace.get_tracer_provider().get_tracer("some.library")
+def remote(flags):
+    if flags is None:
+        return None
+    return TraceContextTextMapPropagator().extract({
+        "traceparent": f"00-{'ab' * 16}-{'cd' * 8}-{flags}", "tracestate": "vendor=kept"})
+"""
+
+
 def test_the_default_sampler_decides_on_the_lean_path_as_the_sdk_does(tmp_path: Path) -> None:
     # The lean path answers the SDK's default sampler, ParentBased(ALWAYS_ON), itself: it must
     # give the SDK's answer for a root, and for a remote parent sampled or not, trace state kept.
-    code = """
-    import json, gymtrace
-    from opentelemetry import trace
-    from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
-    from gymtrace._tracing import active_tracer
-    gymtrace.configure(service_name="lean", file=False)
-    lean = active_tracer()
-    stock = trace.get_tracer_provider().get_tracer("some.library")
+    code = LEAN_AND_STOCK + textwrap.dedent("""
     assert type(lean).__name__ == "LeanTracer" and type(stock).__name__ == "Tracer"
     def answer(tracer, flags):
-        context = None
-        if flags is not None:
-            context = TraceContextTextMapPropagator().extract({
-                "traceparent": f"00-{'ab' * 16}-{'cd' * 8}-{flags}", "tracestate": "vendor=kept"})
-        span = tracer.start_span("gym.step", context=context, attributes={"gym.kind": "step"})
+        span = tracer.start_span("gym.step", context=remote(flags), attributes={"gym.kind": "step"})
         ctx = span.get_span_context()
         span.end()
         return [span.is_recording() or ctx.trace_flags.sampled, ctx.trace_flags.sampled,
                 ctx.trace_state.to_header(), flags is None or ctx.trace_id == int("ab" * 16, 16)]
     print(json.dumps({f: [answer(lean, f), answer(stock, f)] for f in (None, "00", "01")}, default=str))
-    """
+    """)
     result = run(code, tmp_path)
     for flags, (lean, stock) in result.items():
         assert lean == stock, flags
@@ -200,20 +208,9 @@ def test_the_default_samplers_decision_is_kept_for_every_kind_of_parent(tmp_path
 def test_a_child_of_a_lean_span_gets_the_trace_flags_and_state_the_sdk_gives(tmp_path: Path) -> None:
     # A lean parent's context is read as the tuple it is: its child must still get the SDK's
     # trace ID, parent, flags (sampled and random-trace-ID bits) and trace state.
-    code = """
-    import json, gymtrace
-    from opentelemetry import trace
-    from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
-    from gymtrace._tracing import active_tracer
-    gymtrace.configure(service_name="lean", file=False)
-    lean = active_tracer()
-    stock = trace.get_tracer_provider().get_tracer("some.library")
+    code = LEAN_AND_STOCK + textwrap.dedent("""
     def chain(tracer, flags):
-        context = None
-        if flags is not None:
-            context = TraceContextTextMapPropagator().extract({
-                "traceparent": f"00-{'ab' * 16}-{'cd' * 8}-{flags}", "tracestate": "vendor=kept"})
-        parent = tracer.start_span("gym.episode", context=context, attributes={"gym.kind": "episode"})
+        parent = tracer.start_span("gym.episode", context=remote(flags), attributes={"gym.kind": "episode"})
         child = tracer.start_span("gym.step", context=trace.set_span_in_context(parent),
                                   attributes={"gym.kind": "step"})
         child.end(); parent.end()
@@ -222,7 +219,7 @@ def test_a_child_of_a_lean_span_gets_the_trace_flags_and_state_the_sdk_gives(tmp
                 "parent": child.parent.span_id == pctx.span_id, "flags": int(ctx.trace_flags),
                 "state": ctx.trace_state.to_header(), "valid": ctx.is_valid, "remote": ctx.is_remote}
     print(json.dumps({str(f): [chain(lean, f), chain(stock, f)] for f in (None, "01", "03")}))
-    """
+    """)
     result = run(code, tmp_path)
     for flags, (lean, stock) in result.items():
         assert lean.pop("lean") and not stock.pop("lean"), flags
