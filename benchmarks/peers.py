@@ -29,10 +29,11 @@ import json
 import os
 import subprocess
 import sys
-import tempfile
 import textwrap
 from pathlib import Path
 from typing import Any, NamedTuple
+
+from _child import run_json  # benchmarks/_child.py, beside this script
 
 ROOT = Path(__file__).resolve().parent.parent
 CACHE = Path(os.environ.get("GYMTRACE_BENCH_CACHE", Path.home() / ".cache" / "gymtrace-bench")) / "peers"
@@ -267,19 +268,7 @@ def venv_python(name: str, peer: Peer) -> str:
 def run(python: str, code: str, capture: bool, quick: bool) -> dict[str, Any]:
     n, repeats = ("2000", "5") if quick else ("10000", "9")
     env = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "GYMTRACE_", "TRACELOOP_"))}
-    with tempfile.TemporaryDirectory() as tmp:  # nothing a peer or gymtrace writes lands in the checkout
-        out = subprocess.run(
-            [python, "-c", PRELUDE + code, "on" if capture else "off", n, repeats],
-            capture_output=True,
-            text=True,
-            env=env,
-            cwd=tmp,
-            timeout=900,
-            check=False,
-        )
-    if out.returncode != 0:
-        raise RuntimeError(f"child failed:\n{out.stderr[-3000:]}")
-    return dict(json.loads(out.stdout.strip().splitlines()[-1]))
+    return dict(run_json(python, PRELUDE + code, ["on" if capture else "off", n, repeats], env))
 
 
 def measure(name: str, quick: bool) -> dict[str, Any]:

@@ -59,6 +59,8 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests" / "support"))  # the harness: pipeline.py
 
+from _child import run_json  # noqa: E402 - benchmarks/_child.py, beside this script
+
 # -- shared child-process prelude -------------------------------------------------------------------
 
 PRELUDE = r"""
@@ -115,19 +117,13 @@ def child_env(**extra: str) -> dict[str, str]:
 def run_child(
     code: str, *args: str, env: dict[str, str] | None = None, python: str | None = None, timeout: float = 900
 ) -> Any:
-    with tempfile.TemporaryDirectory() as tmp:
-        out = subprocess.run(
-            [python or sys.executable, "-c", PRELUDE + textwrap.dedent(code), *args],
-            capture_output=True,
-            text=True,
-            timeout=timeout,
-            env=env if env is not None else child_env(),
-            cwd=tmp,
-            check=False,
-        )
-    if out.returncode != 0:
-        raise RuntimeError(f"child failed ({out.returncode}):\n{out.stderr[-4000:]}")
-    return json.loads(out.stdout.strip().splitlines()[-1])
+    return run_json(
+        python or sys.executable,
+        PRELUDE + textwrap.dedent(code),
+        args,
+        child_env() if env is None else env,
+        timeout,
+    )
 
 
 def med(values: Sequence[float]) -> float:
