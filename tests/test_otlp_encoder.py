@@ -115,7 +115,36 @@ def test_spans_of_two_resources_and_scopes_are_grouped_like_the_sdk_groups_them(
     request = lean(spans)
     assert request == encode_spans(spans)
     assert [len(rs.scope_spans) for rs in request.resource_spans] == [2, 1]
+    # Interleaved, as three tracers' spans end: each encoder groups them all the same.
+    interleaved = [
+        span
+        for trio in zip(keep.spans[::2], keep.spans[1::2], other_keep.spans, strict=True)
+        for span in trio
+    ]
+    assert lean(interleaved) == encode_spans(interleaved)
+    assert json.loads(_otlp.encode_json_line(interleaved)) == json.loads(
+        json.dumps(encode_otlp_json(interleaved))
+    )
     other.shutdown()
+
+
+def test_spans_sharing_a_name_or_a_status_object_keep_their_own_kind_status_and_size(provider) -> None:
+    # The encoders cache a name with its kind, and the last status object: neither may leak into
+    # the next span. One span is larger than 16 KiB (a three-byte length).
+    tp, keep = provider
+    tracer = tp.get_tracer("t")
+    shared = Status(StatusCode.ERROR, "shared")
+    for kind in (SpanKind.CLIENT, SpanKind.SERVER, SpanKind.CLIENT):
+        for status in (shared, None, shared, Status(StatusCode.OK)):
+            span = tracer.start_span("same.name", kind=kind)
+            if status is not None:
+                span.set_status(status)
+            span.end()
+    tracer.start_span("large", attributes={"gen_ai.prompt": "y" * 20_000}).end()
+    assert lean(keep.spans) == encode_spans(keep.spans)
+    assert json.loads(_otlp.encode_json_line(keep.spans)) == json.loads(
+        json.dumps(encode_otlp_json(keep.spans))
+    )
 
 
 def test_a_batch_over_the_request_bound_is_split_without_losing_or_repeating_a_span(provider) -> None:

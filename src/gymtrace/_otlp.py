@@ -23,6 +23,8 @@ import struct
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, TypeVar
 
+from opentelemetry.trace.span import DEFAULT_TRACE_STATE
+
 from gymtrace._spandata import _any_value as _json_any_value
 
 logger = logging.getLogger("gymtrace")
@@ -48,6 +50,8 @@ _SMALL = [bytes((i,)) for i in range(128)]
 def _varint(value: int) -> bytes:
     if value < 128:
         return _SMALL[value] if value >= 0 else _varint(value & 0xFFFFFFFFFFFFFFFF)
+    if value < 16384:  # two bytes: the length of nearly every encoded span
+        return bytes(((value & 0x7F) | 0x80, value >> 7))
     out = bytearray()
     while value >= 128:
         out.append((value & 0x7F) | 0x80)
@@ -117,8 +121,8 @@ def _cached_each(
     parts = []
     for key, value in attributes.items():
         kind = type(value)
-        cacheable = kind in _KV_CACHEABLE and (kind is not str or len(value) <= _KV_CACHE_MAX_STR)
-        if cacheable:
+        if kind in _KV_CACHEABLE:
+            # Looked up before the length check: a long string is never cached, so never found.
             encoded = cache.get((tag, key, kind, value))
             if encoded is not None:
                 parts.append(encoded)
@@ -126,7 +130,7 @@ def _cached_each(
         encoded = encode(tag, key, value)
         if encoded is None:
             continue
-        if cacheable:
+        if kind in _KV_CACHEABLE and (kind is not str or len(value) <= _KV_CACHE_MAX_STR):
             if len(cache) >= _KV_CACHE_MAX:
                 cache.clear()
             cache[(tag, key, kind, value)] = encoded
@@ -153,13 +157,19 @@ def _tagged_key_value(tag: bytes, key: str, value: Any) -> bytes | None:
 # -- Span (trace.proto) ------------------------------------------------------------------------------
 
 
+# Span.flags (field 16, fixed32: tag (16 << 3) | 5 = 133, a two-byte varint), for a parent that is
+# local (or none) and one that is remote.
+_LOCAL_PARENT_FLAGS = b"\x85\x01" + _pack_fixed32(_FLAGS_HAS_IS_REMOTE)
+_REMOTE_PARENT_FLAGS = b"\x85\x01" + _pack_fixed32(_FLAGS_HAS_IS_REMOTE | _FLAGS_IS_REMOTE)
+
+
 def _flags(context: Any) -> bytes:
-    # Field 16, fixed32: tag (16 << 3) | 5 = 133, a two-byte varint.
-    flags = _FLAGS_HAS_IS_REMOTE | (_FLAGS_IS_REMOTE if context is not None and context.is_remote else 0)
-    return b"\x85\x01" + _pack_fixed32(flags)
+    return _REMOTE_PARENT_FLAGS if context is not None and context.is_remote else _LOCAL_PARENT_FLAGS
 
 
 def _trace_state(trace_state: Any) -> str:
+    if trace_state is DEFAULT_TRACE_STATE:
+        return ""  # most spans: TraceState's emptiness is a Python-level __len__
     return ",".join(f"{k}={v}" for k, v in trace_state.items()) if trace_state else ""
 
 
@@ -264,8 +274,15 @@ def _encode_read(read: _Read) -> bytes:
         parts.append(_field(b"\x1a", state.encode("utf-8")))
     if parent is not None:
         parts.append(b"\x22\x08" + parent.span_id.to_bytes(8, "big"))
-    parts.append(_field(b"\x2a", name.encode("utf-8", "surrogatepass")))
-    parts.append(_SMALL_KINDS[kind.value])
+    # Keyed by the kind's value: an Enum member hashes through a Python-level __hash__.
+    named = _NAMES.get((name, kind._value_))
+    if named is None:
+        if len(_NAMES) >= _KV_CACHE_MAX:
+            _NAMES.clear()
+        named = _NAMES[(name, kind._value_)] = _field(b"\x2a", name.encode("utf-8", "surrogatepass")) + (
+            b"\x30" + _varint(kind.value + 1)  # Span.kind: OTLP's enum is the API's value plus one
+        )
+    parts.append(named)
     parts.append(_pack_times(0x39, start, 0x41, end))
     parts.append(_attributes(b"\x4a", attributes))
     if dropped_attributes:
@@ -288,17 +305,29 @@ def _encode_read(read: _Read) -> bytes:
         parts.append(_field(b"\x6a", body))
     if dropped_links:
         parts.append(b"\x70" + _varint(dropped_links))
-    code = status.status_code.value
-    body = _field(b"\x12", status.description.encode("utf-8")) if status.description else b""
-    if code:
-        body += b"\x18" + _SMALL[code]
-    parts.append(_field(b"\x7a", body))
+    parts.append(_status(status))
     parts.append(_flags(parent))
     return b"".join(parts)
 
 
-# Span.kind (field 6): OTLP's enum is the API's value plus one (0 is UNSPECIFIED).
-_SMALL_KINDS = [b"\x30" + _SMALL[value + 1] for value in range(5)]
+# Encoded name and kind, by (name, kind): a few span names repeat on every span.
+_NAMES: dict[tuple[str, int], bytes] = {}
+# The last status encoded, beside its bytes: almost every span shares the unset one.
+_last_status: tuple[Any, bytes] = (None, b"")
+
+
+def _status(status: Any) -> bytes:
+    global _last_status
+    last = _last_status
+    if status is last[0]:
+        return last[1]
+    code = status.status_code.value
+    body = _field(b"\x12", status.description.encode("utf-8")) if status.description else b""
+    if code:
+        body += b"\x18" + _SMALL[code]
+    encoded = _field(b"\x7a", body)
+    _last_status = (status, encoded)  # replaced whole: the export threads of two queues may race
+    return encoded
 
 
 # -- Resource, scope, request -------------------------------------------------------------------------
@@ -350,17 +379,22 @@ def encode_requests(spans: Sequence[Any], max_bytes: int = MAX_REQUEST_BYTES) ->
     return [(len(sent), body) for sent, body in encode_request_spans(spans, max_bytes)]
 
 
+_NO_GROUP = (object(), object(), None, None)  # matches no span's resource and scope
+
+
 def encode_request_spans(spans: Sequence[Any], max_bytes: int) -> list[tuple[list[Any], bytes]]:
     """:func:`encode_requests`, each request with the spans it holds (a partition of ``spans``),
     so an exporter can tell which spans a failed request leaves undelivered."""
     groups: dict[tuple[int, int], tuple[Any, Any, list[bytes], list[Any]]] = {}
+    group: Any = _NO_GROUP
     for span in spans:
         read = _read(span)
-        resource, scope = read[13:]
-        key = (id(resource), id(scope))
-        group = groups.get(key)
-        if group is None:
-            group = groups[key] = (resource, scope, [], [])
+        resource, scope = read[13], read[14]
+        if resource is not group[0] or scope is not group[1]:  # most spans: the previous one's group
+            key = (id(resource), id(scope))
+            group = groups.get(key)
+            if group is None:
+                group = groups[key] = (resource, scope, [], [])
         group[2].append(_field(b"\x12", _encode_read(read)))
         group[3].append(span)
     # Equal resources and scopes are one group, as in the SDK's encoder (a tracer per call gives
@@ -391,6 +425,11 @@ def encode_request_spans(spans: Sequence[Any], max_bytes: int) -> list[tuple[lis
                 room = max_bytes - chunk_size - scope_size - len(resource_head) - len(scope_head) - 64
                 end, size = i, 0
                 alone = not chunk and not scope_fields
+                if i == 0:
+                    # Usually the whole group fits: measured at C speed, not span by span.
+                    total = sum(map(len, encoded_spans))
+                    if total <= room:
+                        end, size = len(encoded_spans), total
                 while end < len(encoded_spans) and (
                     size + len(encoded_spans[end]) <= room or (alone and end == i)
                 ):
@@ -488,17 +527,21 @@ def encode_json_line(spans: Sequence[Any]) -> str:
     exporter format), written as text with cached attribute fragments: a third of the time.
     """
     by_resource: dict[int, tuple[Any, dict[Any, list[str]]]] = {}
+    last: tuple[Any, Any, list[str]] = (_NO_GROUP, _NO_GROUP, [])  # resource, scope, their spans
     for span in spans:
         (ctx, parent, name, kind, start, end, attributes, _, events, _, links, _, status, resource,
          scope) = _read(span)  # fmt: skip
-        entry = by_resource.get(id(resource))
-        if entry is None:
-            entry = by_resource[id(resource)] = (resource, {})
+        named = _JSON_NAMES.get((name, kind._value_))  # '"name":...,"kind":N,' (see _encode_read)
+        if named is None:
+            if len(_JSON_NAMES) >= _KV_CACHE_MAX:
+                _JSON_NAMES.clear()
+            named = _JSON_NAMES[(name, kind._value_)] = (
+                f'"name":{_json_string(name)},"kind":{kind.value + 1},'
+            )
         text = (
-            f'{{"traceId":"{ctx.trace_id:032x}","spanId":"{ctx.span_id:016x}","name":{_json_string(name)},'
-            f'"kind":{kind.value + 1},"startTimeUnixNano":"{start}",'
-            f'"endTimeUnixNano":"{end}","attributes":{_json_attributes(attributes)},'
-            f'"flags":{int(ctx.trace_flags)}'
+            f'{{"traceId":"{ctx.trace_id:032x}","spanId":"{ctx.span_id:016x}",{named}'
+            f'"startTimeUnixNano":"{start}","endTimeUnixNano":"{end}",'
+            f'"attributes":{_json_attributes(attributes)},"flags":{int(ctx.trace_flags)}'
         )
         if parent is not None:
             text += f',"parentSpanId":"{parent.span_id:016x}"'
@@ -522,18 +565,41 @@ def encode_json_line(spans: Sequence[Any]) -> str:
                 )
                 + "]"
             )
-        if status.description:
-            text += f',"status":{{"code":{status.status_code.value},"message":{_json_string(status.description)}}}}}'
-        else:
-            text += f',"status":{{"code":{status.status_code.value}}}}}'
+        text += _json_status(status)
+        if resource is last[0] and scope is last[1]:
+            last[2].append(text)  # most spans: the previous span's resource and scope
+            continue
+        entry = by_resource.get(id(resource))
+        if entry is None:
+            entry = by_resource[id(resource)] = (resource, {})
         # Scopes are grouped by (name, version) like encode_otlp_json.
-        key = _ScopeKey(scope)
-        entry[1].setdefault(key, []).append(text)
+        last = (resource, scope, entry[1].setdefault(_ScopeKey(scope), []))
+        last[2].append(text)
     return (
         '{"resourceSpans":['
         + ",".join(_json_resource_spans(resource, scopes) for resource, scopes in by_resource.values())
         + "]}"
     )
+
+
+# '"name":...,"kind":N,' by (name, kind value), and the last status object beside its text.
+_JSON_NAMES: dict[tuple[str, int], str] = {}
+_last_json_status: tuple[Any, str] = (None, "")
+
+
+def _json_status(status: Any) -> str:
+    global _last_json_status
+    last = _last_json_status
+    if status is last[0]:
+        return last[1]
+    if status.description:
+        text = (
+            f',"status":{{"code":{status.status_code.value},"message":{_json_string(status.description)}}}}}'
+        )
+    else:
+        text = f',"status":{{"code":{status.status_code.value}}}}}'
+    _last_json_status = (status, text)
+    return text
 
 
 class _ScopeKey:
