@@ -34,7 +34,7 @@ from gymtrace._errors import GymTraceError, HierarchyViolationError, contain, co
 from gymtrace._failures import qualified_name
 from gymtrace._frame import DISABLED_FRAME, FRAME_KEY, ActiveScope
 from gymtrace._levels import LEVELS, NUMBERING_OWNERS, allowed
-from gymtrace._tracing import SPAN_CONTEXT_KEY, active_tracer, attach, current_context, detach
+from gymtrace._tracing import SPAN_CONTEXT_KEY, active_tracer, attach, current_context, detach, reset
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -369,7 +369,10 @@ class Scope:
                 # Blocks exited in order, in the context they entered: the current frame is this
                 # block's own (the general search below answers the same, a few lookups later).
                 frame.token = None
-                detach(token)
+                try:
+                    reset(token)  # detach() without its frame: this runs on every `with` exit
+                except Exception:  # noqa: BLE001 - a token detach() must report (it logs, never raises)
+                    detach(token)
                 self.finish(frame, exc)
                 return
             pending = frame.unsampled

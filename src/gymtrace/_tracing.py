@@ -138,10 +138,13 @@ _CONTEXT_VAR = _context_variable()
 
 current_context: Callable[[], otel_context.Context]
 attach: Callable[[otel_context.Context], object]
+# ``detach`` without its Python frame, for the hottest exits: it may raise where ``detach`` logs
+# (a token used twice or made in another context), so callers catch and hand over to ``detach``.
+reset: Callable[[Any], object]
 if _CONTEXT_VAR is not None:
     current_context = _CONTEXT_VAR.get
     attach = _CONTEXT_VAR.set
-    _reset = _CONTEXT_VAR.reset
+    _reset = reset = _CONTEXT_VAR.reset
 
     def detach(token: Any) -> None:
         """``otel_context.detach``: a token that cannot be reset (used twice, or made in another
@@ -154,4 +157,4 @@ if _CONTEXT_VAR is not None:
 else:
     current_context = otel_context.get_current
     attach = otel_context.attach
-    detach = otel_context.detach
+    detach = reset = otel_context.detach
