@@ -239,7 +239,7 @@ def forms(quick: bool) -> dict[str, Any]:
     ):
         print(f"  disabled {label:<30} {no_sdk[key]:+7.3f} | {sdk_off[key]:+7.3f}")
     print(
-        f"  enabled  with step() / @step = {en['with_vs_decorated']:.2f}x;  @step / stock SDK span ="
+        f"  enabled  with step() / @step = {en['with_vs_decorated']:.3f}x;  @step / stock SDK span ="
         f" {en['decorated_vs_stock']:.2f}x  ({en['decorated_us']:.1f} vs {en['stock_us']:.1f} µs)"
     )
     return {
@@ -750,13 +750,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         f = forms(args.quick)
         rows += [
             ("disabled `with step()` over bare call (worse of no SDK / SDK off)", "+2.4 µs",
-             "<= +0.3 µs", f"{f['disabled_with']:+.2f} µs", f["disabled_with"] <= 0.3),
+             "<= +0.3 µs", f"{f['disabled_with']:+.3f} µs", f["disabled_with"] <= 0.3),
             ("disabled `async with step()` over bare await", "+2.6 µs", "<= +0.3 µs",
-             f"{f['disabled_async_with']:+.2f} µs", f["disabled_async_with"] <= 0.3),
+             f"{f['disabled_async_with']:+.3f} µs", f["disabled_async_with"] <= 0.3),
             ("disabled, six nested `with` levels", "+16 µs", "<= +2 µs",
              f"{f['disabled_nested']:+.2f} µs", f["disabled_nested"] <= 2),
             ("enabled `with step()` vs `@step`", "1.15x", "<= 1.02x",
-             f"{f['with_vs_decorated']:.2f}x", f["with_vs_decorated"] <= 1.02),
+             f"{f['with_vs_decorated']:.3f}x", f["with_vs_decorated"] <= 1.02),
             ("`@step` (configure()) vs stock SDK span, same name+attributes, no exporter", "1.13x",
              "<= 0.7x", f"{f['decorated_vs_stock']:.2f}x", f["decorated_vs_stock"] <= 0.7),
         ]  # fmt: skip
