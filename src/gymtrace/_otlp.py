@@ -234,14 +234,19 @@ def _sdk_layout(kind: type, span: Any) -> bool:
     )
 
 
-def _read(span: Any) -> _Read:
+def readable_directly(span: Any) -> bool:
+    """Whether ``span``'s class keeps the SDK's fields behind the SDK's properties (see above)."""
     kind = type(span)
     direct = _DIRECT.get(kind)
     if direct is None:
         if len(_DIRECT) > 64:
             _DIRECT.clear()
         direct = _DIRECT[kind] = _sdk_layout(kind, span)
-    if not direct:
+    return direct
+
+
+def _read(span: Any) -> _Read:
+    if not readable_directly(span):
         return (
             span.get_span_context(), span.parent, span.name, span.kind, span.start_time or 0,
             span.end_time or 0, span.attributes or {}, span.dropped_attributes, span.events,

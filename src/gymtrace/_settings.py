@@ -65,6 +65,11 @@ TRUST_NONE: Final = "none"
 TRUST_SIGNED: Final = "signed"
 TRUST_MODES: Final = (TRUST_ALL, TRUST_NONE, TRUST_SIGNED)
 
+# Where the exporters run (GYMTRACE_ENCODER; see _procexport.py).
+ENCODER_THREAD: Final = "thread"
+ENCODER_PROCESS: Final = "process"
+ENCODERS: Final = (ENCODER_THREAD, ENCODER_PROCESS)
+
 DEFAULT_MAX_QUEUE_SIZE: Final = 8192
 DEFAULT_MAX_EXPORT_BATCH_SIZE: Final = 512
 DEFAULT_SCHEDULE_DELAY: Final = 0.5  # seconds (OTEL_BSP_SCHEDULE_DELAY is in milliseconds)
@@ -92,6 +97,7 @@ class Settings:
     max_queue_size: int = DEFAULT_MAX_QUEUE_SIZE
     max_export_batch_size: int = DEFAULT_MAX_EXPORT_BATCH_SIZE
     schedule_delay: float = DEFAULT_SCHEDULE_DELAY
+    encoder: str = ENCODER_THREAD
     capture_content: str = NO_CONTENT
     content_max_value_bytes: int = DEFAULT_CONTENT_MAX_VALUE_BYTES
     content_max_span_bytes: int = DEFAULT_CONTENT_MAX_SPAN_BYTES
@@ -227,6 +233,7 @@ def resolve(
     file: str | os.PathLike[str] | bool | None = None,
     console: bool | None = None,
     service_name: str | None = None,
+    encoder: str | None = None,
     overrides: Mapping[str, Any] | None = None,
     environ: Mapping[str, str] | None = None,
     lenient: bool = False,
@@ -252,6 +259,10 @@ def resolve(
     if endpoint is not None and (not isinstance(endpoint, str) or not endpoint):
         raise InvalidArgumentError(
             f"gymtrace.configure(): argument 'endpoint' must be a URL string, got {endpoint!r}"
+        )
+    if encoder is not None and encoder not in ENCODERS:
+        raise InvalidArgumentError(
+            f"gymtrace.configure(): argument 'encoder' must be one of {ENCODERS}, got {encoder!r:.80}"
         )
     if service_name is not None and (not isinstance(service_name, str) or not service_name):
         raise InvalidArgumentError(
@@ -358,6 +369,7 @@ def resolve(
         ),
         schedule_delay=read.number(env.OTEL_BSP_SCHEDULE_DELAY, DEFAULT_SCHEDULE_DELAY * 1000, minimum=0)
         / 1000,
+        encoder=encoder or read.choice(env.GYMTRACE_ENCODER, ENCODERS, ENCODER_THREAD),
         capture_content=capture,
         content_max_value_bytes=budget(
             "content_max_value_bytes", env.GYMTRACE_CONTENT_MAX_VALUE_BYTES, DEFAULT_CONTENT_MAX_VALUE_BYTES

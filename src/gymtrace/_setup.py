@@ -7,6 +7,7 @@ that have none. It never replaces a provider the application already set: it add
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import random
@@ -15,7 +16,6 @@ import uuid
 import weakref
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from opentelemetry import trace
@@ -33,7 +33,10 @@ from gymtrace._content import (
 )
 from gymtrace._errors import InvalidArgumentError, reset_seen
 from gymtrace._export import BatchExporter
-from gymtrace._otlp import encode_json_line, grpc_exporter, http_exporter
+from gymtrace._export_process import ProcessExporter
+from gymtrace._export_targets import SDK_HINT as _SDK_HINT
+from gymtrace._export_targets import file_exporter as _file_exporter
+from gymtrace._export_targets import otlp_exporter as _otlp_exporter
 from gymtrace._processor import IdentitySpanProcessor
 from gymtrace._steps import StepPolicy
 from gymtrace._steps import policy_from as step_policy_from
@@ -43,14 +46,12 @@ from gymtrace._tracing import current_provider
 from gymtrace._trust import trust_overrides
 
 if TYPE_CHECKING:
-    from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
-    from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
+    from opentelemetry.sdk.trace import TracerProvider
     from opentelemetry.sdk.trace.sampling import Sampler
 
 logger = logging.getLogger("gymtrace")
 
 _PROTOCOLS = ("grpc", "http/protobuf")
-_SDK_HINT = "gymtrace.configure() needs the OpenTelemetry SDK and OTLP exporter: pip install 'gymtrace[sdk]'"
 
 
 def _import_sdk() -> Any:
@@ -73,6 +74,10 @@ class Configuration:
     owns_provider: bool = False
     disabled: bool = False
     headers: Mapping[str, str] = field(default_factory=dict)
+
+
+# gymtrace's own export queues: they do nothing when a span starts or is ending.
+_QUEUES = (BatchExporter, ProcessExporter)
 
 
 class _ExportStage:
@@ -99,11 +104,9 @@ class _ExportStage:
         # start or ending (skipped), and a single queue's on_end is called without this stage's
         # loop in between. Instance attributes, so the provider's lookup finds them first.
         processors = self._processors
-        starts = tuple(p.on_start for p in processors if not isinstance(p, BatchExporter))
+        starts = tuple(p.on_start for p in processors if not isinstance(p, _QUEUES))
         endings = tuple(
-            e
-            for p in processors
-            if not isinstance(p, BatchExporter) and (e := getattr(p, "_on_ending", None))
+            e for p in processors if not isinstance(p, _QUEUES) and (e := getattr(p, "_on_ending", None))
         )
         ends = tuple(p.on_end for p in processors)
         self.on_start = self._fan_start(starts) if starts else _ignore_start
@@ -205,67 +208,6 @@ def make_id_generator() -> Any:
     return generator
 
 
-def _file_exporter(path: str, line_spans: int = _settings.DEFAULT_MAX_EXPORT_BATCH_SIZE) -> SpanExporter:
-    from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
-
-    class OtlpJsonLinesExporter(SpanExporter):
-        """Appends OTLP/JSON ``ExportTraceServiceRequest`` lines to a file, one per ``line_spans``
-        spans, all of one export in a single write.
-
-        The format is the Collector's ``file`` exporter's, so the file can be replayed into a
-        Collector with the ``otlpjsonfile`` receiver. The queue hands this exporter everything
-        queued at once; lines stay the configured batch size so no line grows with the backlog,
-        and the one write is one GIL handoff however many lines it holds.
-        """
-
-        def __init__(self, file_path: str, spans_per_line: int) -> None:
-            self.path = file_path
-            self.spans_per_line = max(1, spans_per_line)
-            self._lock = threading.Lock()
-            self._file: Any = None
-
-        def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
-            step = self.spans_per_line
-            text = "".join(encode_json_line(spans[i : i + step]) + "\n" for i in range(0, len(spans), step))
-            data = text.encode("utf-8")
-            with self._lock:
-                if self._file is None:
-                    Path(self.path).parent.mkdir(parents=True, exist_ok=True)
-                    self._file = open(self.path, "ab", buffering=0)  # noqa: SIM115 - kept open
-                # Unbuffered: one write() system call, and a partial write is finished here.
-                view = memoryview(data)
-                while view:
-                    view = view[self._file.write(view) :]
-            return SpanExportResult.SUCCESS
-
-        def shutdown(self) -> None:
-            with self._lock:
-                if self._file is not None:
-                    self._file.close()
-                    self._file = None
-
-        def force_flush(self, timeout_millis: int = 30000) -> bool:
-            return True
-
-    return OtlpJsonLinesExporter(path, line_spans)
-
-
-def _otlp_exporter(protocol: str, endpoint: str | None, headers: Mapping[str, str] | None) -> SpanExporter:
-    # The SDK's exporters with gymtrace's lean encoder (_otlp.py): same transport, a sixth of the
-    # encoding time on the export thread, which shares the GIL with the application.
-    kwargs: dict[str, Any] = {}
-    if headers:
-        kwargs["headers"] = dict(headers)
-    if endpoint is not None:
-        kwargs["endpoint"] = endpoint
-    try:
-        if protocol == "grpc":
-            return grpc_exporter(**kwargs)  # type: ignore[no-any-return]
-        return http_exporter(**kwargs)  # type: ignore[no-any-return]
-    except ImportError as exc:
-        raise ImportError(_SDK_HINT) from exc
-
-
 def configure(
     *,
     service_name: str | None = None,
@@ -283,6 +225,7 @@ def configure(
     identity_secret: str | None = None,
     baggage_allow: str | Sequence[str] | None = None,
     step_policy: str | StepPolicy | None = None,
+    encoder: str | None = None,
 ) -> Configuration:
     """Set up tracing for gymtrace. Optional: instrumentation works under any TracerProvider.
 
@@ -313,6 +256,9 @@ def configure(
     (default, every step a span: an LLM agent loop) or ``"aggregate"`` (a simulator: step count and
     duration statistics on the owner's span, a bounded sample of steps as spans), or a
     :class:`gymtrace.StepPolicy` with the sampling parameters.
+    ``encoder`` (``GYMTRACE_ENCODER``) says where the OTLP and file exporters encode and send:
+    ``"thread"`` (default, a thread of this process) or ``"process"`` (a child process fed with
+    plain records, for fast simulators that trace every step; see the README's "Performance").
 
     Idempotent: the same call twice does nothing; a different call replaces gymtrace's exporters.
     If the application already set a TracerProvider, gymtrace never replaces it: it adds
@@ -349,6 +295,7 @@ def configure(
         file=file,
         console=console,
         service_name=service_name,
+        encoder=encoder,
         overrides=overrides,
     )
     if settings.sdk_disabled:
@@ -382,6 +329,7 @@ def configure(
             settings.schedule_delay,
             settings.flush_timeout,
         ),
+        settings.encoder,
     )
     with _state.lock:
         if _state.key == key and _state.configuration is not None:
@@ -490,26 +438,53 @@ def _processors(settings: _settings.Settings, headers: Mapping[str, str] | None)
     for name in settings.exporters:
         if name == "otlp":
             exporter: Any = _otlp_exporter(settings.protocol, settings.endpoint, headers)
+            config: dict[str, Any] = {
+                "kind": "otlp",
+                "protocol": settings.protocol,
+                "endpoint": settings.endpoint,
+                "headers": dict(headers) if headers else None,
+            }
         elif name == "console":
-            exporter = ConsoleSpanExporter()
+            exporter, config = ConsoleSpanExporter(), {}
         elif name == "file" and settings.file is not None:
             exporter = _file_exporter(settings.file, settings.max_export_batch_size)
+            config = {"kind": "file", "path": settings.file, "line_spans": settings.max_export_batch_size}
         else:
             continue
-        batch_size = settings.max_export_batch_size
-        processors.append(
-            BatchExporter(
-                exporter,
-                name=name,
-                max_queue_size=settings.max_queue_size,
-                max_batch_size=otlp_batch_size(batch_size, settings) if name == "otlp" else batch_size,
-                schedule_delay=settings.schedule_delay,
-                shutdown_timeout=settings.flush_timeout,
-                # gymtrace's OTLP exporters split requests at 4 MiB and the file exporter writes a
-                # line per batch: each can take the whole backlog in one call (_export.py).
-                max_drain=settings.max_queue_size if _splits_requests(name, exporter) else None,
-            )
+        batch_size = otlp_batch_size(settings.max_export_batch_size, settings) if name == "otlp" else None
+        queue = functools.partial(
+            BatchExporter,
+            exporter,
+            name=name,
+            max_queue_size=settings.max_queue_size,
+            max_batch_size=batch_size or settings.max_export_batch_size,
+            schedule_delay=settings.schedule_delay,
+            shutdown_timeout=settings.flush_timeout,
+            # gymtrace's OTLP exporters split requests at 4 MiB and the file exporter writes a
+            # line per batch: each can take the whole backlog in one call (_export.py).
+            max_drain=settings.max_queue_size if _splits_requests(name, exporter) else None,
         )
+        if config and settings.encoder == _settings.ENCODER_PROCESS:
+            # The same queue and exporter in a child process (_procexport.py); this process's
+            # exporter object is built anyway (its errors surface here) and is the fallback's.
+            processors.append(
+                ProcessExporter(
+                    {
+                        **config,
+                        "max_batch_size": batch_size or settings.max_export_batch_size,
+                        "schedule_delay": settings.schedule_delay,
+                        "shutdown_timeout": settings.flush_timeout,
+                        "drain": _splits_requests(name, exporter),
+                    },
+                    name=name,
+                    max_queue_size=settings.max_queue_size,
+                    shutdown_timeout=settings.flush_timeout,
+                    schedule_delay=settings.schedule_delay,
+                    fallback=queue,
+                )
+            )
+        else:
+            processors.append(queue())
     return processors
 
 

@@ -62,6 +62,12 @@ def pipe(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Pipeline]:
         p.stop()
 
 
+@pytest.fixture(params=["thread", "process"])
+def encoder(request: pytest.FixtureRequest) -> str:
+    """Every scenario with the export queue on a thread of the worker and in an encoder process."""
+    return str(request.param)
+
+
 @pytest.fixture
 def pipeline_ok(pipe: Pipeline) -> Iterator[Pipeline]:
     """Every test leaves the Collector running and not stalled, whatever it did to it."""
@@ -83,6 +89,7 @@ class Worker:
         phases: str,
         env: dict[str, str] | None = None,
         extra: tuple[str, ...] = (),
+        encoder: str = "thread",
     ):
         self.service = f"faults-{uuid.uuid4().hex[:10]}"
         self.control = tmp / "control"
@@ -90,7 +97,7 @@ class Worker:
         self.ids = tmp / "ids.txt"
         self.stdout = tmp / "stdout.txt"
         self.stderr = tmp / "stderr.txt"
-        full_env = clean_env(**(env or {}))
+        full_env = clean_env(**(env or {}), GYMTRACE_ENCODER=encoder)
         with open(self.stdout, "wb") as out, open(self.stderr, "wb") as err:
             self.proc = subprocess.Popen(
                 [
@@ -208,7 +215,7 @@ def wait_drained(p: Pipeline, worker: Worker, phase_state: dict[str, Any]) -> No
 
 
 def test_collector_not_up_at_start_gets_everything_once_it_starts(
-    pipeline_ok: Pipeline, tmp_path: Path
+    pipeline_ok: Pipeline, tmp_path: Path, encoder: str
 ) -> None:
     p = pipeline_ok
     p.kill_collector()
@@ -219,6 +226,7 @@ def test_collector_not_up_at_start_gets_everything_once_it_starts(
         phases="15,15",
         env={"OTEL_EXPORTER_OTLP_TIMEOUT": "1"},
         extra=("--pace", "0.12"),
+        encoder=encoder,
     )
     early = worker.wait_phase(0)["stats"][0]
     assert early["exported"] == 0 and early["finished"] == 15 * SPANS_PER_ROLLOUT, early
@@ -232,11 +240,15 @@ def test_collector_not_up_at_start_gets_everything_once_it_starts(
 
 
 def test_collector_killed_mid_run_and_restarted_loses_nothing_that_fit(
-    pipeline_ok: Pipeline, tmp_path: Path
+    pipeline_ok: Pipeline, tmp_path: Path, encoder: str
 ) -> None:
     p = pipeline_ok
     worker = Worker(
-        tmp_path, p.otlp_grpc_endpoint, phases="15,15,15", env={"OTEL_EXPORTER_OTLP_TIMEOUT": "1"}
+        tmp_path,
+        p.otlp_grpc_endpoint,
+        phases="15,15,15",
+        env={"OTEL_EXPORTER_OTLP_TIMEOUT": "1"},
+        encoder=encoder,
     )
     wait_drained(p, worker, worker.wait_phase(0))
     p.kill_collector()
@@ -254,7 +266,7 @@ def test_collector_killed_mid_run_and_restarted_loses_nothing_that_fit(
 
 
 def test_stalled_collector_with_a_small_queue_drops_are_counted(
-    pipeline_ok: Pipeline, tmp_path: Path
+    pipeline_ok: Pipeline, tmp_path: Path, encoder: str
 ) -> None:
     p = pipeline_ok
     worker = Worker(
@@ -262,6 +274,7 @@ def test_stalled_collector_with_a_small_queue_drops_are_counted(
         p.otlp_grpc_endpoint,
         phases="10,60,10",
         env={"OTEL_BSP_MAX_QUEUE_SIZE": "200", "OTEL_EXPORTER_OTLP_TIMEOUT": "1"},
+        encoder=encoder,
     )
     wait_drained(p, worker, worker.wait_phase(0))
     p.stall_collector()
@@ -280,10 +293,10 @@ def test_stalled_collector_with_a_small_queue_drops_are_counted(
 
 
 def test_sigterm_mid_rollout_delivers_finished_and_interrupted_spans(
-    pipeline_ok: Pipeline, tmp_path: Path
+    pipeline_ok: Pipeline, tmp_path: Path, encoder: str
 ) -> None:
     p = pipeline_ok
-    worker = Worker(tmp_path, p.otlp_grpc_endpoint, phases="5", extra=("--hang",))
+    worker = Worker(tmp_path, p.otlp_grpc_endpoint, phases="5", extra=("--hang",), encoder=encoder)
     worker.wait_phase(0)
     worker.go(0)
     worker.wait_file("hanging")
@@ -306,7 +319,7 @@ def test_sigterm_mid_rollout_delivers_finished_and_interrupted_spans(
 
 
 def test_dead_collector_at_exit_leaves_within_flush_timeout_and_logs_drops(
-    pipeline_ok: Pipeline, tmp_path: Path
+    pipeline_ok: Pipeline, tmp_path: Path, encoder: str
 ) -> None:
     p = pipeline_ok
     p.kill_collector()
@@ -317,6 +330,7 @@ def test_dead_collector_at_exit_leaves_within_flush_timeout_and_logs_drops(
         phases="10",
         env={"GYMTRACE_FLUSH_TIMEOUT": str(flush_timeout), "OTEL_EXPORTER_OTLP_TIMEOUT": "1"},
         extra=("--final-flush", "0"),
+        encoder=encoder,
     )
     result = worker.finish()
     exit_seconds = time.time() - result["main_returned_at"]

@@ -1,0 +1,867 @@
+"""The export queue in an encoder process: the application's process only hands over records.
+
+``GYMTRACE_ENCODER=process`` (or ``configure(encoder="process")``) puts gymtrace's OTLP and file
+exporters in a child process. Why (``benchmarks/perf.py``, the CartPole rows): with the export
+queue on a thread of the application's process, a span cost the process ~13 µs more than with no
+exporter at all, of which encoding was only ~4 µs; the rest was the export thread itself (it
+takes the GIL from the application, and reading and freeing spans on another core drags their
+memory between the cores' caches) and the cyclic collector, which ran ten times as often and
+promoted the queued spans to the oldest generation (three full collections per 50,000 steps).
+
+Here the span becomes a tuple of plain values when it ends (its trace and span IDs, name, kind,
+times, attributes, events, links, status); every ``_BLOCK`` of them are serialised with
+``marshal`` and written to a pipe without blocking. The span itself is freed at once, and no
+thread of the application's process touches it again. The encoder process (:func:`child_main`)
+turns the records back into SDK ``ReadableSpan`` objects and runs the same :class:`BatchExporter`
+and exporters the thread mode runs, so every promise of the queue holds there: bounded memory,
+counted drops, retries with backoff, the 4 MiB request bound, a flush bounded by
+``GYMTRACE_FLUSH_TIMEOUT``. It reports its counts back on a second pipe after every change;
+``export_stats()`` adds what the application's side dropped (a pipe that stayed full longer
+than the queue bound) and counts what is in the pipe as queued.
+
+Endings: ``force_flush`` (and so the exit hooks and SIGTERM) sends what is pending and waits for
+the encoder process to deliver it; ``shutdown`` then stops it. If the application's process dies
+without either (SIGKILL, ``os.abort``), the encoder process reads the end of its pipe and still
+delivers every record it was sent. If the encoder process dies, what it had not confirmed is
+counted as dropped and the queue continues in the application's process, as in thread mode. A
+forked child never writes to its parent's encoder: it starts its own at its first span.
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import fcntl
+import json
+import logging
+import marshal
+import os
+import select
+import signal
+import subprocess
+import sys
+import threading
+import time
+import weakref
+from collections.abc import Callable
+from typing import Any
+
+from opentelemetry.trace.span import DEFAULT_TRACE_STATE
+
+from gymtrace._export import BatchExporter, ExportStats
+from gymtrace._export_targets import file_exporter, otlp_exporter
+from gymtrace._otlp import _read, readable_directly
+
+logger = logging.getLogger("gymtrace")
+
+# Records per frame: a marshal call and a write per this many spans (about 0.3 ms of work).
+_BLOCK = 256
+_HEADER = 4  # frame length, little-endian
+# Longest an application thread waits in one handover for a lagging encoder process.
+_BACKPRESSURE_WAIT = 0.1
+_PIPE_SIZE = 1 << 20  # asked of Linux for the span pipe (F_SETPIPE_SZ); the default is 64 KiB
+_F_SETPIPE_SZ = getattr(fcntl, "F_SETPIPE_SZ", 1031)
+# Frame kinds, both directions.
+_SPANS, _FLUSH, _SHUTDOWN, _STATS = 0, 1, 2, 3
+_SAMPLED = 1  # TraceFlags.SAMPLED
+_STAT_FIELDS = ("exported", "dropped_queue_full", "dropped_export_failed", "retries")
+
+_LIVE: weakref.WeakSet[ProcessExporter] = weakref.WeakSet()
+# A forked child's copies of its parent's encoder pipes, closed and kept (see _after_fork).
+_INHERITED: list[subprocess.Popen[bytes]] = []
+
+
+def _after_fork_in_child() -> None:
+    for exporter in list(_LIVE):
+        exporter._after_fork()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
+def _frame(message: Any) -> bytes:
+    data = marshal.dumps(message)
+    return len(data).to_bytes(_HEADER, "little") + data
+
+
+def _state(trace_state: Any) -> tuple[tuple[str, str], ...] | None:
+    return tuple(trace_state.items()) if trace_state else None
+
+
+def _plain(attributes: Any) -> dict[str, Any]:
+    return attributes if type(attributes) is dict else dict(attributes or {})
+
+
+def _record(span: Any, resources: dict[int, Any], scopes: dict[int, Any]) -> tuple[Any, ...]:
+    """An ended span as plain values (see :meth:`_Rebuilder.span`); its resource and scope by key.
+
+    Runs on the application's thread for every span: an SDK-layout span (gymtrace's own, the SDK's)
+    with neither events nor links, the usual case, is read from its fields, its context and its
+    parent's as the tuples they are."""
+    if _CONTEXT_IS_TUPLE and readable_directly(span) and not span._events and not span._links:
+        trace_id, span_id, _, flags, trace_state, _ = span._context
+        parent = span._parent
+        attributes = span._attributes
+        plain = getattr(attributes, "_dict", None)
+        status = span._status
+        resource, scope = span._resource, span._instrumentation_scope
+        resource_key, scope_key = id(resource), id(scope)
+        if resource_key not in resources:
+            resources[resource_key] = resource
+        if scope_key not in scopes:
+            scopes[scope_key] = scope
+        return (
+            trace_id, span_id, int(flags), None if trace_state is DEFAULT_TRACE_STATE else _state(trace_state),
+            None if parent is None else parent[1], parent is not None and parent[2],
+            span._name, span._kind._value_, span._start_time or 0, span._end_time or 0,
+            plain if type(plain) is dict else _plain(attributes), getattr(attributes, "dropped", 0),
+            (), 0, (), 0, *_status_values(status), resource_key, scope_key,
+        )  # fmt: skip
+    (ctx, parent, name, kind, start, end, attributes, dropped_attributes, events, dropped_events, links,
+     dropped_links, status, resource, scope) = _read(span)  # fmt: skip
+    resource_key, scope_key = id(resource), id(scope)
+    if resource_key not in resources:
+        resources[resource_key] = resource
+    if scope_key not in scopes:
+        scopes[scope_key] = scope
+    return (
+        ctx.trace_id, ctx.span_id, int(ctx.trace_flags), _state(ctx.trace_state),
+        None if parent is None else parent.span_id, parent is not None and parent.is_remote,
+        name, kind.value, start, end, _plain(attributes), dropped_attributes,
+        tuple((e.name, e.timestamp, _plain(e.attributes), getattr(e.attributes, "dropped", 0)) for e in events)
+        if events else (),
+        dropped_events,
+        tuple(
+            (link.context.trace_id, link.context.span_id, int(link.context.trace_flags), link.context.is_remote,
+             _plain(link.attributes), getattr(link.attributes, "dropped", 0))
+            for link in links
+        ) if links else (),
+        dropped_links, *_status_values(status), resource_key, scope_key,
+    )  # fmt: skip
+
+
+# The last status object read, beside its (code, description): almost every span shares one.
+_last_status: tuple[Any, tuple[int, str | None]] = (None, (0, None))
+
+
+def _status_values(status: Any) -> tuple[int, str | None]:
+    global _last_status
+    last = _last_status
+    if status is last[0]:
+        return last[1]
+    values = (status.status_code.value, status.description)
+    _last_status = (status, values)
+    return values
+
+
+def _context_is_tuple() -> bool:
+    # SpanContext is a tuple (trace_id, span_id, is_remote, trace_flags, trace_state, is_valid).
+    from opentelemetry.trace import SpanContext, TraceFlags
+
+    probe = SpanContext(5, 7, True, TraceFlags(1), DEFAULT_TRACE_STATE)
+    return isinstance(probe, tuple) and tuple(probe)[:5] == (5, 7, True, 1, DEFAULT_TRACE_STATE)
+
+
+try:
+    _CONTEXT_IS_TUPLE = _context_is_tuple()
+except Exception:  # noqa: BLE001 - an API we do not know: read it through its properties
+    _CONTEXT_IS_TUPLE = False
+
+
+class ProcessExporter:
+    """A span processor (as :class:`BatchExporter` is) whose queue and exporter run in a child
+    process started with ``config`` (see :func:`child_main`)."""
+
+    def __init__(
+        self,
+        config: dict[str, Any],
+        *,
+        name: str,
+        max_queue_size: int,
+        shutdown_timeout: float,
+        schedule_delay: float,
+        fallback: Callable[[], BatchExporter],
+    ) -> None:
+        self.name = name
+        self.max_queue_size = max_queue_size
+        self.shutdown_timeout = shutdown_timeout
+        self.schedule_delay = schedule_delay
+        self._config = {**config, "name": name, "max_queue_size": max_queue_size}
+        self._fallback_factory = fallback
+        self._reset_state()
+        with self._lock:
+            self._start()  # in the background: its imports take a few hundred milliseconds
+        _LIVE.add(self)
+
+    def _reset_state(self) -> None:
+        self._lock = threading.RLock()
+        self._replied = threading.Condition(self._lock)
+        self._wake = threading.Event()
+        # Records waiting for a frame. A deque: application threads append without the lock (one
+        # atomic call), and the sender pops exactly what it counted.
+        self._pending: collections.deque[tuple[Any, ...]] = collections.deque()
+        self._direct: Any = None  # the span class read from its fields (gymtrace's own)
+        self._last_resource: Any = None
+        self._last_scope: Any = None
+        self._ready = False  # records go to a running encoder process (on_end's fast path)
+        self._resources: dict[int, Any] = {}  # id -> object (held, so an id is never reused)
+        self._scopes: dict[int, Any] = {}
+        self._sent_resources: set[int] = set()
+        self._sent_scopes: set[int] = set()
+        self._outbox: collections.deque[tuple[int, bytes]] = collections.deque()  # (spans, frame)
+        self._outbox_spans = 0
+        self._head_written = 0  # bytes of the outbox's first frame already in the pipe
+        # finished = _handed (taken from pending) + len(_pending) + _other (counted by the slow path)
+        self._handed = self._other = self._written = 0
+        self._dropped_full = self._dropped_failed = 0
+        self._child: dict[str, int] = dict.fromkeys(_STAT_FIELDS, 0)
+        self._replies: dict[int, bool] = {}
+        self._sequence = 0
+        self._proc: subprocess.Popen[bytes] | None = None
+        self._reporting: subprocess.Popen[bytes] | None = None  # whose counts _child holds
+        self._reader: threading.Thread | None = None
+        self._write_fd = -1
+        self._fallback: BatchExporter | None = None
+        self._shutdown = False
+        self._pid = os.getpid()
+
+    # -- span processor interface --------------------------------------------------------------
+
+    def on_start(self, span: Any, parent_context: Any = None) -> None:
+        return None
+
+    def _on_ending(self, span: Any) -> None:
+        return None
+
+    def on_end(self, span: Any) -> None:
+        if type(span) is self._direct and self._ready and not span._events and not span._links:
+            # gymtrace's own spans, almost always: the record straight from the fields, no lock.
+            trace_id, span_id, _, flags, trace_state, _ = span._context
+            if not flags & _SAMPLED:
+                return
+            parent = span._parent
+            attributes = span._attributes
+            plain = getattr(attributes, "_dict", None)
+            resource, scope = span._resource, span._instrumentation_scope
+            if resource is not self._last_resource or scope is not self._last_scope:
+                self._remember(resource, scope)
+            record = (
+                trace_id, span_id, int(flags), None if trace_state is DEFAULT_TRACE_STATE else _state(trace_state),
+                None if parent is None else parent[1], parent is not None and parent[2],
+                span._name, span._kind._value_, span._start_time or 0, span._end_time or 0,
+                plain if type(plain) is dict else _plain(attributes), getattr(attributes, "dropped", 0),
+                (), 0, (), 0, *_status_values(span._status), id(resource), id(scope),
+            )  # fmt: skip
+            pending = self._pending
+            pending.append(record)
+            if len(pending) >= _BLOCK:
+                with self._lock:
+                    if len(self._pending) >= _BLOCK and self._ready:  # not sent by another thread
+                        self._send(self._take_pending())
+            return
+        self._on_end_slow(span)
+
+    def _remember(self, resource: Any, scope: Any) -> None:
+        self._resources.setdefault(id(resource), resource)
+        self._scopes.setdefault(id(scope), scope)
+        self._last_resource, self._last_scope = resource, scope
+
+    def _on_end_slow(self, span: Any) -> None:
+        """Any other span class, a span with events or links, or no running encoder process."""
+        if not span.context.trace_flags.sampled:
+            return
+        if self._direct is None and _CONTEXT_IS_TUPLE and readable_directly(span):
+            self._direct = type(span)
+        fallback = self._fallback
+        if fallback is not None:
+            fallback.on_end(span)
+            return
+        with self._lock:
+            if self._proc is None and self._fallback is None and not self._shutdown:
+                self._start()  # a forked child's first span: its own encoder process
+        if self._fallback is not None:
+            self._fallback.on_end(span)
+            return
+        try:
+            record = _record(span, self._resources, self._scopes)
+        except Exception:
+            logger.warning("gymtrace: a span could not be read for export; it is dropped", exc_info=True)
+            with self._lock:
+                self._other += 1
+                self._dropped_failed += 1
+            return
+        with self._lock:
+            if self._shutdown:
+                self._other += 1
+                self._dropped_failed += 1
+                return
+            self._pending.append(record)
+            if len(self._pending) >= _BLOCK:
+                self._send(self._take_pending())
+
+    def _take_pending(self) -> list[tuple[Any, ...]]:
+        """Everything pending now, counted as handed over (lock held)."""
+        pending = self._pending
+        batch = [pending.popleft() for _ in range(len(pending))]
+        self._handed += len(batch)
+        return batch
+
+    def force_flush(self, timeout_millis: int = 30000) -> bool:
+        """Hand over everything pending and wait until the encoder process delivered it."""
+        deadline = time.monotonic() + timeout_millis / 1000
+        fallback = self._fallback
+        if fallback is not None:
+            return fallback.force_flush(timeout_millis)
+        with self._lock:
+            if self._proc is None and not self._pending and not self._outbox:
+                return True  # nothing was ever handed over (a forked child that made no span)
+            return self._request(_FLUSH, deadline)
+
+    def shutdown(self, timeout_millis: int | None = None) -> None:
+        if self._shutdown:
+            return
+        if timeout_millis is None:
+            timeout_millis = int(self.shutdown_timeout * 1000)
+        deadline = time.monotonic() + timeout_millis / 1000
+        with self._lock:
+            self._shutdown = True
+            fallback = self._fallback
+            self._ready = False
+            proc = None
+            if fallback is None and (self._proc is not None or self._pending):
+                self._request(_SHUTDOWN, deadline)
+                proc, self._proc = self._proc, None
+        if proc is not None:
+            self._stop_child(proc, deadline)
+        with self._lock:
+            # A span that ended on another thread while this one shut down, and whatever the
+            # encoder process never confirmed (it was killed, or the deadline passed): counted.
+            self._dropped_failed += len(self._take_pending()) + self._unconfirmed()
+            self._outbox.clear()
+            self._outbox_spans = 0
+            fallback = self._fallback  # the encoder process may have died meanwhile
+        self._wake.set()
+        if fallback is not None:
+            fallback.shutdown(timeout_millis)
+        stats = self.stats()
+        if stats.dropped:
+            logger.warning(
+                "gymtrace: %s exported %d of %d spans; dropped %d (queue full: %d, export failed or"
+                " flush timed out: %d)",
+                self.name,
+                stats.exported,
+                stats.finished,
+                stats.dropped,
+                stats.dropped_queue_full,
+                stats.dropped_export_failed,
+            )
+        else:
+            logger.info("gymtrace: %s exported all %d spans", self.name, stats.exported)
+
+    def stats(self) -> ExportStats:
+        with self._lock:
+            child = self._child
+            extra = self._fallback.stats() if self._fallback is not None else None
+            finished = self._handed + len(self._pending) + self._other + (extra.finished if extra else 0)
+            exported = child["exported"] + (extra.exported if extra else 0)
+            full = (
+                self._dropped_full + child["dropped_queue_full"] + (extra.dropped_queue_full if extra else 0)
+            )
+            failed = (
+                self._dropped_failed
+                + child["dropped_export_failed"]
+                + (extra.dropped_export_failed if extra else 0)
+            )
+            return ExportStats(
+                exporter=self.name,
+                finished=finished,
+                exported=exported,
+                queued=max(0, finished - exported - full - failed),
+                dropped_queue_full=full,
+                dropped_export_failed=failed,
+                retries=child["retries"] + (extra.retries if extra else 0),
+            )
+
+    # -- the pipe to the encoder process ---------------------------------------------------------
+
+    def _start(self) -> bool:
+        """Start the encoder process (lock held); False (and the fallback in place) if it cannot."""
+        try:
+            proc = subprocess.Popen(
+                [
+                    sys.executable,
+                    "-c",
+                    "from gymtrace._export_process import child_main; child_main()",
+                    json.dumps(self._config),
+                ],
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                # The modules this process imports from wherever it found them (a source
+                # checkout on sys.path, a notebook's added directory).
+                env={**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)},
+                # Its own session: a Ctrl-C or a signal to the application's process group must
+                # not stop it before the application's exit hooks flushed through it.
+                start_new_session=True,
+                close_fds=True,
+            )
+        except OSError:
+            logger.warning(
+                "gymtrace: the encoder process could not start; exporting in this process", exc_info=True
+            )
+            self._use_fallback()
+            return False
+        assert proc.stdin is not None and proc.stdout is not None
+        self._proc = self._reporting = proc
+        self._ready = not self._shutdown
+        self._write_fd = proc.stdin.fileno()
+        os.set_blocking(self._write_fd, False)
+        # Not Linux, or above /proc/sys/fs/pipe-max-size: the default size works too.
+        with contextlib.suppress(OSError):
+            fcntl.fcntl(self._write_fd, _F_SETPIPE_SZ, _PIPE_SIZE)
+        self._reader = threading.Thread(
+            target=self._read_replies, args=(proc,), name=f"gymtrace-encoder-replies-{self.name}", daemon=True
+        )
+        self._reader.start()
+        threading.Thread(
+            target=self._tick, args=(proc,), name=f"gymtrace-encoder-tick-{self.name}", daemon=True
+        ).start()
+        return True
+
+    def _send(self, records: list[tuple[Any, ...]]) -> None:
+        """Queue one frame of records for the pipe and write what fits (lock held)."""
+        if self._proc is None and not self._start():
+            fallback = self._fallback
+            assert fallback is not None
+            self._handed -= len(records)  # the fallback counts them from here
+            self._replay(records, fallback)
+            return
+        resources = [
+            (key, dict(r.attributes), getattr(r, "schema_url", "") or "")
+            for key, r in self._resources.items()
+            if key not in self._sent_resources and r is not None
+        ]
+        scopes = [
+            (
+                key,
+                s.name,
+                s.version or "",
+                getattr(s, "schema_url", "") or "",
+                dict(getattr(s, "attributes", None) or {}),
+            )
+            for key, s in self._scopes.items()
+            if key not in self._sent_scopes and s is not None
+        ]
+        self._sent_resources.update(key for key, _, _ in resources)
+        self._sent_scopes.update(key for key, *_ in scopes)
+        try:
+            frame = _frame((_SPANS, resources, scopes, records))
+        except ValueError:
+            # A value marshal cannot carry (a buggy processor put one in): each record on its own.
+            frame = _frame((_SPANS, resources, scopes, self._marshalable(records)))
+        self._outbox.append((len(records), frame))
+        self._outbox_spans += len(records)
+        self._write_outbox()
+        if self._outbox_spans > self.max_queue_size // 4:
+            self._wait_for_pipe()
+        # Bounded like the thread queue: while the pipe stays full, the oldest whole frames go.
+        while self._outbox_spans > self.max_queue_size and len(self._outbox) > 1:
+            index = 1 if self._head_written else 0  # a frame partly in the pipe must be finished
+            spans, _ = self._outbox[index]
+            del self._outbox[index]
+            self._outbox_spans -= spans
+            self._dropped_full += spans
+
+    def _wait_for_pipe(self) -> None:
+        """The encoder process is behind (lock held): wait, up to ``_BACKPRESSURE_WAIT``, for the pipe
+        to take frames, so a burst slows the application down instead of filling the bound (the
+        thread queue hands the worker the GIL for the same reason)."""
+        deadline = time.monotonic() + _BACKPRESSURE_WAIT
+        while self._outbox_spans > self.max_queue_size // 8 and self._proc is not None:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return
+            fd = self._write_fd
+            self._lock.release()
+            try:
+                select.select([], [fd], [], min(remaining, 0.01))
+            except (OSError, ValueError):
+                return
+            finally:
+                self._lock.acquire()
+            if self._proc is not None:
+                self._write_outbox()
+
+    def _marshalable(self, records: list[tuple[Any, ...]]) -> list[tuple[Any, ...]]:
+        kept = []
+        for record in records:
+            try:
+                marshal.dumps(record)
+            except ValueError:
+                self._dropped_failed += 1
+                logger.warning("gymtrace: a span with an attribute value marshal cannot carry is dropped")
+                continue
+            kept.append(record)
+        return kept
+
+    def _write_outbox(self) -> None:
+        """Write queued frames until the pipe is full (lock held); never blocks."""
+        outbox = self._outbox
+        while outbox:
+            spans, frame = outbox[0]
+            try:
+                written = os.write(self._write_fd, memoryview(frame)[self._head_written :])
+            except BlockingIOError:
+                return
+            except OSError:  # BrokenPipeError: the encoder process is gone
+                self._encoder_died()
+                return
+            self._head_written += written
+            if self._head_written == len(frame):
+                outbox.popleft()
+                self._outbox_spans -= spans
+                self._written += spans
+                self._head_written = 0
+
+    def _tick(self, proc: subprocess.Popen[bytes]) -> None:
+        """Every schedule delay: hand over what is pending, so a quiet application's spans leave."""
+        while self._proc is proc and not self._shutdown:
+            self._wake.wait(self.schedule_delay or 0.05)
+            self._wake.clear()
+            with self._lock:
+                if self._proc is not proc or self._shutdown:
+                    return
+                if self._pending:
+                    self._send(self._take_pending())
+                elif self._outbox:
+                    self._write_outbox()
+
+    def _request(self, kind: int, deadline: float) -> bool:
+        """Send what is pending, then a flush or shutdown request; wait for its answer (lock held)."""
+        if self._proc is None and not self._start():
+            return (
+                self._fallback.force_flush(max(0, int((deadline - time.monotonic()) * 1000)))
+                if self._fallback
+                else False
+            )
+        if self._pending:
+            self._send(self._take_pending())
+        if self._proc is None:  # died while sending
+            return False
+        self._sequence += 1
+        sequence = self._sequence
+        remaining = max(0.0, deadline - time.monotonic())
+        # The encoder process gets less time than this process waits: its answer must arrive.
+        budget = remaining - min(0.5, remaining / 4)
+        self._outbox.append((0, _frame((kind, sequence, int(budget * 1000)))))
+        # The pipe may be full: write as it drains, until the deadline.
+        while self._outbox and self._proc is not None:
+            self._write_outbox()
+            if not self._outbox:
+                break
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return False
+            self._lock.release()
+            try:
+                select.select([], [self._write_fd], [], min(remaining, 0.05))
+            except (OSError, ValueError):
+                pass
+            finally:
+                self._lock.acquire()
+        while sequence not in self._replies:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0 or self._proc is None:
+                return False
+            self._replied.wait(min(remaining, 0.05))
+        return self._replies.pop(sequence)
+
+    def _read_replies(self, proc: subprocess.Popen[bytes]) -> None:
+        """The encoder process's counts, after every change, and its answers to requests."""
+        assert proc.stdout is not None
+        # Read from the descriptor, not the buffered file: a thread blocked in a buffered read holds
+        # its lock, which a forked child (where this thread does not exist) could never take.
+        fd = proc.stdout.fileno()
+        try:
+            while True:
+                header = _read_exactly(fd, _HEADER)
+                body = None if header is None else _read_exactly(fd, int.from_bytes(header, "little"))
+                if body is None:
+                    break
+                message = marshal.loads(body)
+                with self._lock:
+                    if self._reporting is not proc:
+                        return  # a replaced encoder process (after a fork or a failure)
+                    _, sequence, ok, counts = message
+                    self._child = dict(zip(_STAT_FIELDS, counts, strict=True))
+                    if sequence:
+                        self._replies[sequence] = ok
+                    self._replied.notify_all()
+        except (OSError, ValueError, EOFError):
+            pass
+        with self._lock:
+            if self._proc is proc and not self._shutdown:
+                self._encoder_died()
+            self._replied.notify_all()
+        # Only this thread reads the descriptor, so only it closes it (never while a read waits).
+        with contextlib.suppress(OSError, ValueError):
+            proc.stdout.close()
+
+    def _encoder_died(self) -> None:
+        """The encoder process is gone (lock held): what it had not confirmed is lost."""
+        proc = self._proc
+        if proc is None:
+            return
+        lost = self._unconfirmed()
+        logger.warning(
+            "gymtrace: the encoder process of %s exited (code %s); %d spans it held are dropped, the"
+            " rest are exported from this process",
+            self.name,
+            proc.poll(),
+            lost,
+        )
+        self._dropped_failed += lost
+        self._proc = None
+        self._ready = False
+        if proc.stdin is not None:
+            with contextlib.suppress(OSError, ValueError):
+                proc.stdin.close()
+        self._outbox.clear()
+        self._outbox_spans = self._head_written = 0
+        self._use_fallback()
+
+    def _use_fallback(self) -> None:
+        """Continue in this process with a thread queue (lock held); pending records go to it."""
+        fallback = self._fallback = self._fallback_factory()
+        self._ready = False
+        pending = self._take_pending()
+        self._handed -= len(pending)  # the fallback counts them from here
+        self._replay(pending, fallback)
+
+    def _replay(self, records: list[tuple[Any, ...]], fallback: BatchExporter) -> None:
+        rebuild = _Rebuilder()
+        rebuild.resources.update(
+            (key, r) for key, r in self._resources.items()
+        )  # fmt: skip
+        rebuild.scopes.update(self._scopes)
+        for record in records:
+            fallback.on_end(rebuild.span(record))
+
+    def _stop_child(self, proc: subprocess.Popen[bytes], deadline: float) -> None:
+        """Close the pipe, wait for the encoder process to exit and for its last report (lock not
+        held: the reader thread needs it to apply that report)."""
+        if proc.stdin is not None:
+            with contextlib.suppress(OSError, ValueError):
+                proc.stdin.close()
+        try:
+            proc.wait(max(0.1, deadline - time.monotonic()) + 1.0)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        reader = self._reader
+        if reader is not None:
+            reader.join(1.0)  # it reads the end of the pipe, applies the last report, closes it
+
+    def _unconfirmed(self) -> int:
+        """Spans written to the pipe or waiting in frames that the encoder never reported (lock held)."""
+        child = self._child
+        confirmed = child["exported"] + child["dropped_queue_full"] + child["dropped_export_failed"]
+        unconfirmed = max(0, self._written - confirmed) + self._outbox_spans
+        self._written = confirmed  # counted once
+        return unconfirmed
+
+    def _after_fork(self) -> None:
+        # The child must never write to the parent's encoder (the parent exports what it queued):
+        # it starts empty, and starts its own encoder process at its first span.
+        proc = self._proc
+        shutdown = self._shutdown
+        self._reset_state()
+        self._shutdown = shutdown
+        if proc is not None:
+            # Only this process's copies of the pipes close. Through the unbuffered files (no lock
+            # another thread may have held at the fork), and the Popen is kept: collected, its
+            # files would close the numbers again, by then perhaps another file's.
+            for stream in (proc.stdin, proc.stdout):
+                raw = getattr(stream, "raw", None)
+                if raw is not None:
+                    with contextlib.suppress(OSError, ValueError):
+                        raw.close()
+            proc.returncode = 0  # not this process's child: never waited for here
+            _INHERITED.append(proc)
+
+
+# -- the encoder process --------------------------------------------------------------------------
+
+
+class _Rebuilder:
+    """Records back into SDK ``ReadableSpan`` objects, with shared resources and scopes."""
+
+    def __init__(self) -> None:
+        from opentelemetry.sdk.trace import Event, ReadableSpan
+        from opentelemetry.trace import Link, SpanContext, SpanKind, TraceFlags, TraceState
+        from opentelemetry.trace.status import Status, StatusCode
+
+        self.resources: dict[int, Any] = {}
+        self.scopes: dict[int, Any] = {}
+        self._readable = ReadableSpan
+        self._event, self._link = Event, Link
+        self._context, self._flags, self._state = SpanContext, TraceFlags, TraceState
+        self._kinds = {kind.value: kind for kind in SpanKind}
+        self._codes = {code.value: code for code in StatusCode}
+        self._status, self._unset = Status, Status(StatusCode.UNSET)
+
+    def define(self, resources: list[Any], scopes: list[Any]) -> None:
+        from opentelemetry.sdk.resources import Resource
+        from opentelemetry.sdk.util.instrumentation import InstrumentationScope
+
+        for key, attributes, schema_url in resources:
+            self.resources[key] = Resource(attributes, schema_url or None)
+        for key, name, version, schema_url, attributes in scopes:
+            self.scopes[key] = InstrumentationScope(
+                name, version or None, schema_url or None, attributes or None
+            )
+
+    def _bounded(self, attributes: dict[str, Any], dropped: int) -> Any:
+        if not dropped:
+            return attributes
+        from opentelemetry.attributes import BoundedAttributes
+
+        bounded = BoundedAttributes(None, attributes, immutable=True)
+        bounded.dropped = dropped
+        return bounded
+
+    def span(self, record: tuple[Any, ...]) -> Any:
+        (trace_id, span_id, flags, state, parent_id, parent_remote, name, kind, start, end, attributes,
+         dropped_attributes, events, dropped_events, links, dropped_links, code, description, resource,
+         scope) = record  # fmt: skip
+        trace_flags = self._flags(flags)
+        trace_state = self._state(list(state)) if state else None
+        context = self._context(trace_id, span_id, False, trace_flags, trace_state)
+        parent = (
+            None
+            if parent_id is None
+            else self._context(trace_id, parent_id, parent_remote, trace_flags, trace_state)
+        )
+        event_objects: Any = [
+            self._event(e_name, self._bounded(e_attributes, e_dropped), e_time)
+            for e_name, e_time, e_attributes, e_dropped in events
+        ]
+        if dropped_events:
+            from opentelemetry.sdk.util import BoundedList
+
+            event_objects = BoundedList.from_seq(len(event_objects), event_objects)
+            event_objects.dropped = dropped_events
+        link_objects: Any = [
+            self._link(
+                self._context(l_trace, l_span, l_remote, self._flags(l_flags)),
+                self._bounded(l_attr, l_dropped),
+            )
+            for l_trace, l_span, l_flags, l_remote, l_attr, l_dropped in links
+        ]
+        if dropped_links:
+            from opentelemetry.sdk.util import BoundedList
+
+            link_objects = BoundedList.from_seq(len(link_objects), link_objects)
+            link_objects.dropped = dropped_links
+        status = (
+            self._unset if code == 0 and not description else self._status(self._codes[code], description)
+        )
+        return self._readable(
+            name=name,
+            context=context,
+            parent=parent,
+            resource=self.resources.get(resource),
+            attributes=self._bounded(attributes, dropped_attributes),
+            events=event_objects,
+            links=link_objects,
+            kind=self._kinds[kind],
+            status=status,
+            start_time=start,
+            end_time=end,
+            instrumentation_scope=self.scopes.get(scope),
+        )
+
+
+def _build_exporter(config: dict[str, Any]) -> Any:
+    if config["kind"] == "file":
+        return file_exporter(config["path"], config["line_spans"])
+    return otlp_exporter(config["protocol"], config.get("endpoint"), config.get("headers"))
+
+
+def child_main() -> None:
+    """The encoder process: records from stdin into a :class:`BatchExporter`; counts to stdout."""
+    # The application's exit hooks decide when this process stops (shutdown, or the end of the
+    # pipe): a Ctrl-C or SIGTERM for the application's process group is not for it.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    logging.basicConfig(format="%(message)s", level=logging.WARNING)
+    config = json.loads(sys.argv[1])
+    queue = BatchExporter(
+        _build_exporter(config),
+        name=config["name"],
+        max_queue_size=config["max_queue_size"],
+        max_batch_size=config["max_batch_size"],
+        schedule_delay=config["schedule_delay"],
+        shutdown_timeout=config["shutdown_timeout"],
+        max_drain=config["max_queue_size"] if config.get("drain") else None,
+    )
+    rebuild = _Rebuilder()
+    stdin, out = sys.stdin.fileno(), sys.stdout.buffer
+    parent = os.getppid()
+    sent: tuple[int, ...] = ()
+    shutdown_sequence = 0
+
+    def report(sequence: int = 0, ok: bool = True) -> tuple[int, ...]:
+        stats = queue.stats()
+        counts = tuple(getattr(stats, name) for name in _STAT_FIELDS)
+        out.write(_frame((_STATS, sequence, ok, counts)))
+        out.flush()
+        return counts
+
+    stop_timeout = config["shutdown_timeout"]
+    try:
+        while True:
+            ready, _, _ = select.select([stdin], [], [], 0.1)
+            if not ready:
+                if os.getppid() != parent:
+                    break  # the application's process is gone and something else holds the pipe
+                stats = queue.stats()
+                if tuple(getattr(stats, name) for name in _STAT_FIELDS) != sent:
+                    sent = report()
+                continue
+            header = _read_exactly(stdin, _HEADER)
+            if header is None:
+                break  # the application's process closed the pipe, or died: deliver and stop
+            body = _read_exactly(stdin, int.from_bytes(header, "little"))
+            if body is None:
+                break
+            message = marshal.loads(body)
+            kind = message[0]
+            if kind == _SPANS:
+                _, resources, scopes, records = message
+                rebuild.define(resources, scopes)
+                for record in records:
+                    queue.on_end(rebuild.span(record))
+            elif kind == _FLUSH:
+                sent = report(message[1], queue.force_flush(message[2]))
+            elif kind == _SHUTDOWN:
+                shutdown_sequence, stop_timeout = message[1], message[2] / 1000
+                break
+    finally:
+        # Delivered, or counted: the application logs the totals, this process only reports them.
+        logging.getLogger("gymtrace").setLevel(logging.ERROR)
+        queue.shutdown(int(stop_timeout * 1000))
+        with contextlib.suppress(OSError):  # nobody is reading any more
+            report(shutdown_sequence)
+
+
+def _read_exactly(fd: int, size: int) -> bytes | None:
+    """``size`` bytes from ``fd`` (unbuffered: ``select`` must see what is unread), or None at
+    the end of the pipe."""
+    chunks = []
+    while size:
+        chunk = os.read(fd, size)
+        if not chunk:
+            return None
+        chunks.append(chunk)
+        size -= len(chunk)
+    return b"".join(chunks)
