@@ -271,8 +271,9 @@ def _comparable(span: dict) -> tuple:
     )
 
 
+@pytest.mark.parametrize("encoder", ["thread", "process"])
 @pytest.mark.parametrize("protocol", ["grpc", "http/protobuf"])
-def test_the_lean_exporters_deliver_what_the_process_recorded(protocol: str, tmp_path) -> None:
+def test_the_lean_exporters_deliver_what_the_process_recorded(protocol: str, encoder: str, tmp_path) -> None:
     import dataclasses
 
     from child_process import run_python
@@ -280,7 +281,9 @@ def test_the_lean_exporters_deliver_what_the_process_recorded(protocol: str, tmp
 
     receiver_for = {"grpc": grpc_receiver, "http/protobuf": http_receiver}[protocol]
     with receiver_for() as receiver:
-        out = run_python(receiver.endpoint, protocol, code=EXPORTING_CHILD, cwd=tmp_path)
+        out = run_python(
+            receiver.endpoint, protocol, code=EXPORTING_CHILD, cwd=tmp_path, env={"GYMTRACE_ENCODER": encoder}
+        )
         assert out.returncode == 0, out.stderr
         result = json.loads(out.stdout.strip().splitlines()[-1])
         received = [dataclasses.asdict(s) for s in receiver.spans]

@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import collections
 import contextlib
-import fcntl
 import json
 import logging
 import marshal
@@ -60,6 +59,10 @@ _HEADER = 4  # frame length, little-endian
 # Longest an application thread waits in one handover for a lagging encoder process.
 _BACKPRESSURE_WAIT = 0.1
 _PIPE_SIZE = 1 << 20  # asked of Linux for the span pipe (F_SETPIPE_SZ); the default is 64 KiB
+try:
+    import fcntl
+except ImportError:  # Windows: no non-blocking pipes to select on; the thread queue is used
+    fcntl = None  # type: ignore[assignment]
 _F_SETPIPE_SZ = getattr(fcntl, "F_SETPIPE_SZ", 1031)
 # Frame kinds, both directions.
 _SPANS, _FLUSH, _SHUTDOWN, _STATS = 0, 1, 2, 3
@@ -386,6 +389,10 @@ class ProcessExporter:
 
     def _start(self) -> bool:
         """Start the encoder process (lock held); False (and the fallback in place) if it cannot."""
+        if fcntl is None:
+            logger.warning("gymtrace: GYMTRACE_ENCODER=process needs POSIX pipes; exporting in this process")
+            self._use_fallback()
+            return False
         try:
             proc = subprocess.Popen(
                 [
