@@ -49,6 +49,7 @@ from opentelemetry.trace.span import DEFAULT_TRACE_STATE
 
 from gymtrace._export import BatchExporter, ExportStats
 from gymtrace._export_targets import file_exporter, otlp_exporter
+from gymtrace._leanspan import _UNSET_STATUS
 from gymtrace._otlp import _read, readable_directly
 
 logger = logging.getLogger("gymtrace")
@@ -67,6 +68,7 @@ _F_SETPIPE_SZ = getattr(fcntl, "F_SETPIPE_SZ", 1031)
 # Frame kinds, both directions.
 _SPANS, _FLUSH, _SHUTDOWN, _STATS = 0, 1, 2, 3
 _SAMPLED = 1  # TraceFlags.SAMPLED
+_SHORT = 12  # fields of the short record form
 _STAT_FIELDS = ("exported", "dropped_queue_full", "dropped_export_failed", "retries")
 
 _LIVE: weakref.WeakSet[ProcessExporter] = weakref.WeakSet()
@@ -248,13 +250,27 @@ class ProcessExporter:
             resource, scope = span._resource, span._instrumentation_scope
             if resource is not self._last_resource or scope is not self._last_scope:
                 self._remember(resource, scope)
-            record = (
-                trace_id, span_id, int(flags), None if trace_state is DEFAULT_TRACE_STATE else _state(trace_state),
-                None if parent is None else parent[1], parent is not None and parent[2],
-                span._name, span._kind._value_, span._start_time or 0, span._end_time or 0,
-                plain if type(plain) is dict else _plain(attributes), getattr(attributes, "dropped", 0),
-                (), 0, (), 0, *_status_values(span._status), id(resource), id(scope),
-            )  # fmt: skip
+            record: tuple[Any, ...]
+            if (
+                span._status is _UNSET_STATUS
+                and trace_state is DEFAULT_TRACE_STATE
+                and type(plain) is dict
+                and not attributes.dropped
+            ):
+                # The short form (see _Rebuilder.span): a sixth less to build and to marshal.
+                record = (
+                    trace_id, span_id, int(flags), None if parent is None else parent[1],
+                    parent is not None and parent[2], span._name, span._kind._value_, span._start_time or 0,
+                    span._end_time or 0, plain, id(resource), id(scope),
+                )  # fmt: skip
+            else:
+                record = (
+                    trace_id, span_id, int(flags), None if trace_state is DEFAULT_TRACE_STATE else _state(trace_state),
+                    None if parent is None else parent[1], parent is not None and parent[2],
+                    span._name, span._kind._value_, span._start_time or 0, span._end_time or 0,
+                    plain if type(plain) is dict else _plain(attributes), getattr(attributes, "dropped", 0),
+                    (), 0, (), 0, *_status_values(span._status), id(resource), id(scope),
+                )  # fmt: skip
             pending = self._pending
             pending.append(record)
             if len(pending) >= _BLOCK:
@@ -737,9 +753,18 @@ class _Rebuilder:
         return bounded
 
     def span(self, record: tuple[Any, ...]) -> Any:
-        (trace_id, span_id, flags, state, parent_id, parent_remote, name, kind, start, end, attributes,
-         dropped_attributes, events, dropped_events, links, dropped_links, code, description, resource,
-         scope) = record  # fmt: skip
+        if len(record) == _SHORT:
+            # No trace state, no dropped attributes, no events or links, an unset status.
+            (trace_id, span_id, flags, parent_id, parent_remote, name, kind, start, end, attributes, resource,
+             scope) = record  # fmt: skip
+            state, dropped_attributes, dropped_events, dropped_links = None, 0, 0, 0
+            events: Any = ()
+            links: Any = ()
+            code, description = 0, None
+        else:
+            (trace_id, span_id, flags, state, parent_id, parent_remote, name, kind, start, end, attributes,
+             dropped_attributes, events, dropped_events, links, dropped_links, code, description, resource,
+             scope) = record  # fmt: skip
         trace_flags = self._flags(flags)
         trace_state = self._state(list(state)) if state else None
         context = self._context(trace_id, span_id, False, trace_flags, trace_state)
