@@ -46,6 +46,10 @@ def work(n, prefix="r"):
 
 work(rollouts)
 if then == "flush":
+    from opentelemetry import trace
+    with gymtrace.rollout(rollout_id="other", task_id="t", repeat=0):
+        with trace.get_tracer("other.library").start_as_current_span("GET /reset") as span:
+            span.add_event("retry", {"attempt": 2})
     print(json.dumps({"flushed": gymtrace.force_flush(), "stats": [s.__dict__ for s in gymtrace.export_stats()]}))
 elif then == "kill-self":
     time.sleep(1.5)  # the encoder process gets what is pending within the schedule delay
@@ -92,7 +96,7 @@ def test_every_span_reaches_the_file_once_with_its_events_status_and_parent(tmp_
     result, spans = run_app(tmp_path, 40, "flush")
     [stats] = result["stats"]
     assert result["flushed"]
-    assert stats["finished"] == stats["exported"] == len(spans) == 40 * SPANS_PER_ROLLOUT
+    assert stats["finished"] == stats["exported"] == len(spans) == 40 * SPANS_PER_ROLLOUT + 2
     assert stats["queued"] == stats["dropped_queue_full"] == stats["dropped_export_failed"] == 0
     assert len({s["spanId"] for s in spans}) == len(spans)
     by_id = {s["spanId"]: s for s in spans}
@@ -102,6 +106,11 @@ def test_every_span_reaches_the_file_once_with_its_events_status_and_parent(tmp_
     assert by_id[by_id[tool["parentSpanId"]]["spanId"]]["name"] == "gym.episode"
     episode = next(s for s in spans if s["name"] == "gym.episode")
     assert {"key": "gym.reward", "value": {"doubleValue": 1.0}} in episode["attributes"]
+    # Another library's span (the SDK's own class, with an event) under the rollout, stamped.
+    other = next(s for s in spans if s["name"] == "GET /reset")
+    assert by_id[other["parentSpanId"]]["name"] == "gym.rollout"
+    assert {"key": "gym.rollout.id", "value": {"stringValue": "other"}} in other["attributes"]
+    assert [e["name"] for e in other["events"]] == ["retry"]
 
 
 def test_spans_handed_over_survive_the_application_being_killed(tmp_path: Path) -> None:

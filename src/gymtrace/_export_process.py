@@ -49,7 +49,7 @@ from opentelemetry.trace.span import DEFAULT_TRACE_STATE
 
 from gymtrace._export import BatchExporter, ExportStats
 from gymtrace._export_targets import file_exporter, otlp_exporter
-from gymtrace._leanspan import _UNSET_STATUS
+from gymtrace._leanspan import _SUPPORTED, _UNSET_STATUS, _LeanSpan
 from gymtrace._otlp import _read, readable_directly
 
 logger = logging.getLogger("gymtrace")
@@ -173,6 +173,11 @@ except Exception:  # noqa: BLE001 - an API we do not know: read it through its p
     _CONTEXT_IS_TUPLE = False
 
 
+# gymtrace's own span class, whose records on_end builds from the fields (the tuple layout of the
+# context checked once); any other class goes through _record.
+_FAST: Any = _LeanSpan if _SUPPORTED and _CONTEXT_IS_TUPLE else None
+
+
 class ProcessExporter:
     """A span processor (as :class:`BatchExporter` is) whose queue and exporter run in a child
     process started with ``config`` (see :func:`child_main`)."""
@@ -205,7 +210,6 @@ class ProcessExporter:
         # Records waiting for a frame. A deque: application threads append without the lock (one
         # atomic call), and the sender pops exactly what it counted.
         self._pending: collections.deque[tuple[Any, ...]] = collections.deque()
-        self._direct: Any = None  # the span class read from its fields (gymtrace's own)
         self._last_resource: Any = None
         self._last_scope: Any = None
         self._ready = False  # records go to a running encoder process (on_end's fast path)
@@ -239,7 +243,7 @@ class ProcessExporter:
         return None
 
     def on_end(self, span: Any) -> None:
-        if type(span) is self._direct and self._ready and not span._events and not span._links:
+        if type(span) is _FAST and self._ready and not span._events and not span._links:
             # gymtrace's own spans, almost always: the record straight from the fields, no lock.
             trace_id, span_id, _, flags, trace_state, _ = span._context
             if not flags & _SAMPLED:
@@ -289,8 +293,6 @@ class ProcessExporter:
         """Any other span class, a span with events or links, or no running encoder process."""
         if not span.context.trace_flags.sampled:
             return
-        if self._direct is None and _CONTEXT_IS_TUPLE and readable_directly(span):
-            self._direct = type(span)
         fallback = self._fallback
         if fallback is not None:
             fallback.on_end(span)
@@ -460,7 +462,7 @@ class ProcessExporter:
             return
         resources = [
             (key, dict(r.attributes), getattr(r, "schema_url", "") or "")
-            for key, r in self._resources.items()
+            for key, r in list(self._resources.items())  # a snapshot: on_end adds without the lock
             if key not in self._sent_resources and r is not None
         ]
         scopes = [
@@ -471,7 +473,7 @@ class ProcessExporter:
                 getattr(s, "schema_url", "") or "",
                 dict(getattr(s, "attributes", None) or {}),
             )
-            for key, s in self._scopes.items()
+            for key, s in list(self._scopes.items())
             if key not in self._sent_scopes and s is not None
         ]
         self._sent_resources.update(key for key, _, _ in resources)
