@@ -742,7 +742,7 @@ def export_path(quick: bool, endpoint: str) -> dict[str, Any]:
     print(
         f"  gymtrace / stock: process CPU per delivered span {out['cpu_ratio']:.2f}x, app thread {out['thread_ratio']:.2f}x"
     )
-    ladder = "2000,4000,6000,7000,8000,9000,10000,11000,12000,14000,16000,18000,20000,24000,28000"
+    ladder = "2000,4000,6000,7000,8000,9000,10000,11000,12000,14000,16000,18000,20000,24000,28000,32000,40000"
     seconds = "1.5" if quick else "3"
     ladders = {
         name: run_child(EXPORT_CODE, name, endpoint, "ladder", ladder, seconds, env=env) for name in pipelines
