@@ -49,7 +49,6 @@ from opentelemetry.trace.span import DEFAULT_TRACE_STATE
 
 from gymtrace._export import BatchExporter, ExportStats
 from gymtrace._export_targets import file_exporter, otlp_exporter
-from gymtrace._leanspan import _SUPPORTED, _UNSET_STATUS, _LeanSpan
 from gymtrace._otlp import _read, readable_directly
 
 logger = logging.getLogger("gymtrace")
@@ -174,8 +173,19 @@ except Exception:  # noqa: BLE001 - an API we do not know: read it through its p
 
 
 # gymtrace's own span class, whose records on_end builds from the fields (the tuple layout of the
-# context checked once); any other class goes through _record.
-_FAST: Any = _LeanSpan if _SUPPORTED and _CONTEXT_IS_TUPLE else None
+# context checked once), and the status its spans share until one is set; any other class goes
+# through _record. Set by the first ProcessExporter: _leanspan imports the SDK, and the API-only
+# install imports this module.
+_FAST: Any = None
+_UNSET_STATUS: Any = object()
+
+
+def _learn_lean_span() -> None:
+    global _FAST, _UNSET_STATUS
+    from gymtrace import _leanspan
+
+    _UNSET_STATUS = _leanspan._UNSET_STATUS
+    _FAST = _leanspan._LeanSpan if _leanspan._SUPPORTED and _CONTEXT_IS_TUPLE else None
 
 
 class ProcessExporter:
@@ -198,6 +208,7 @@ class ProcessExporter:
         self.schedule_delay = schedule_delay
         self._config = {**config, "name": name, "max_queue_size": max_queue_size}
         self._fallback_factory = fallback
+        _learn_lean_span()
         self._reset_state()
         with self._lock:
             self._start()  # in the background: its imports take a few hundred milliseconds
