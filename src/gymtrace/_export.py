@@ -104,6 +104,23 @@ class ExportStats:
         return self.dropped_queue_full + self.dropped_export_failed
 
 
+def log_totals(stats: ExportStats, flushed: bool = True) -> None:
+    """The one line a queue logs at shutdown: a warning if anything was dropped or not flushed."""
+    if stats.dropped or not flushed:
+        logger.warning(
+            "gymtrace: %s exported %d of %d spans; dropped %d (queue full: %d, export failed or"
+            " flush timed out: %d)",
+            stats.exporter,
+            stats.exported,
+            stats.finished,
+            stats.dropped,
+            stats.dropped_queue_full,
+            stats.dropped_export_failed,
+        )
+    else:
+        logger.info("gymtrace: %s exported all %d spans", stats.exporter, stats.exported)
+
+
 class BatchExporter:
     """A span processor (duck-typed, like the SDK's) that batches spans to one exporter."""
 
@@ -224,20 +241,7 @@ class BatchExporter:
             self.exporter.shutdown()
         except Exception:
             logger.warning("gymtrace: exporter %s failed to shut down", self.name, exc_info=True)
-        stats = self.stats()
-        if stats.dropped or not flushed:
-            logger.warning(
-                "gymtrace: %s exported %d of %d spans; dropped %d (queue full: %d, export failed or"
-                " flush timed out: %d)",
-                self.name,
-                stats.exported,
-                stats.finished,
-                stats.dropped,
-                stats.dropped_queue_full,
-                stats.dropped_export_failed,
-            )
-        else:
-            logger.info("gymtrace: %s exported all %d spans", self.name, stats.exported)
+        log_totals(self.stats(), flushed)
 
     # -- reading ---------------------------------------------------------------------------------
 

@@ -47,9 +47,9 @@ from typing import Any
 
 from opentelemetry.trace.span import DEFAULT_TRACE_STATE
 
-from gymtrace._export import BatchExporter, ExportStats
+from gymtrace._export import BatchExporter, ExportStats, log_totals
 from gymtrace._export_targets import file_exporter, otlp_exporter
-from gymtrace._otlp import _read, readable_directly
+from gymtrace._otlp import _read
 
 logger = logging.getLogger("gymtrace")
 
@@ -98,29 +98,7 @@ def _plain(attributes: Any) -> dict[str, Any]:
 
 def _record(span: Any, resources: dict[int, Any], scopes: dict[int, Any]) -> tuple[Any, ...]:
     """An ended span as plain values (see :meth:`_Rebuilder.span`); its resource and scope by key.
-
-    Runs on the application's thread for every span: an SDK-layout span (gymtrace's own, the SDK's)
-    with neither events nor links, the usual case, is read from its fields, its context and its
-    parent's as the tuples they are."""
-    if _CONTEXT_IS_TUPLE and readable_directly(span) and not span._events and not span._links:
-        trace_id, span_id, _, flags, trace_state, _ = span._context
-        parent = span._parent
-        attributes = span._attributes
-        plain = getattr(attributes, "_dict", None)
-        status = span._status
-        resource, scope = span._resource, span._instrumentation_scope
-        resource_key, scope_key = id(resource), id(scope)
-        if resource_key not in resources:
-            resources[resource_key] = resource
-        if scope_key not in scopes:
-            scopes[scope_key] = scope
-        return (
-            trace_id, span_id, int(flags), None if trace_state is DEFAULT_TRACE_STATE else _state(trace_state),
-            None if parent is None else parent[1], parent is not None and parent[2],
-            span._name, span._kind._value_, span._start_time or 0, span._end_time or 0,
-            plain if type(plain) is dict else _plain(attributes), getattr(attributes, "dropped", 0),
-            (), 0, (), 0, *_status_values(status), resource_key, scope_key,
-        )  # fmt: skip
+    For any span class; gymtrace's own spans take :meth:`ProcessExporter.on_end`'s fast path."""
     (ctx, parent, name, kind, start, end, attributes, dropped_attributes, events, dropped_events, links,
      dropped_links, status, resource, scope) = _read(span)  # fmt: skip
     resource_key, scope_key = id(resource), id(scope)
@@ -375,20 +353,7 @@ class ProcessExporter:
         self._wake.set()
         if fallback is not None:
             fallback.shutdown(timeout_millis)
-        stats = self.stats()
-        if stats.dropped:
-            logger.warning(
-                "gymtrace: %s exported %d of %d spans; dropped %d (queue full: %d, export failed or"
-                " flush timed out: %d)",
-                self.name,
-                stats.exported,
-                stats.finished,
-                stats.dropped,
-                stats.dropped_queue_full,
-                stats.dropped_export_failed,
-            )
-        else:
-            logger.info("gymtrace: %s exported all %d spans", self.name, stats.exported)
+        log_totals(self.stats())
 
     def stats(self) -> ExportStats:
         with self._lock:
