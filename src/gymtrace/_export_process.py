@@ -693,6 +693,28 @@ class ProcessExporter:
 # -- the encoder process --------------------------------------------------------------------------
 
 
+_new_object = object.__new__
+_new_tuple = tuple.__new__
+_NO_STATE: Any = DEFAULT_TRACE_STATE
+
+
+def _readable_fields_known(readable: Any, span_context: Any, trace_flags: Any) -> bool:
+    # The fields ReadableSpan.__init__ sets, as _Rebuilder._short sets them; and a SpanContext made
+    # as a tuple equal to the one its constructor makes.
+    probe = readable(name="probe", context=span_context(1, 2, False), resource=object())
+    flags = trace_flags(1)
+    made = span_context(5, 7, True, flags, DEFAULT_TRACE_STATE)
+    return sorted(vars(probe)) == sorted(_READABLE_FIELDS) and made == _new_tuple(
+        span_context, (5, 7, True, flags, DEFAULT_TRACE_STATE, True)
+    )
+
+
+_READABLE_FIELDS = (
+    "_name", "_context", "_kind", "_instrumentation_info", "_instrumentation_scope", "_parent", "_start_time",
+    "_end_time", "_attributes", "_events", "_links", "_resource", "_status",
+)  # fmt: skip
+
+
 class _Rebuilder:
     """Records back into SDK ``ReadableSpan`` objects, with shared resources and scopes."""
 
@@ -709,6 +731,43 @@ class _Rebuilder:
         self._kinds = {kind.value: kind for kind in SpanKind}
         self._codes = {code.value: code for code in StatusCode}
         self._status, self._unset = Status, Status(StatusCode.UNSET)
+        self._flag_objects = {value: TraceFlags(value) for value in range(256)}
+        self._internal = SpanKind.INTERNAL
+        self._last_parent: tuple[Any, ...] = (None, None, None, None)  # trace, span, remote, context
+        self._direct = _CONTEXT_IS_TUPLE and _readable_fields_known(ReadableSpan, SpanContext, TraceFlags)
+
+    def _short(self, record: tuple[Any, ...]) -> Any:
+        """The short record (see ProcessExporter.on_end) as a ReadableSpan, its fields set as
+        ``ReadableSpan.__init__`` sets them (checked once) and its contexts built as the tuples
+        they are: this runs for every span the encoder process receives."""
+        (trace_id, span_id, flags, parent_id, parent_remote, name, kind, start, end, attributes, resource,
+         scope) = record  # fmt: skip
+        trace_flags = self._flag_objects[flags]
+        last = self._last_parent
+        if parent_id is None:
+            parent = None
+        elif last[0] == trace_id and last[1] == parent_id and last[2] == parent_remote:
+            parent = last[3]  # siblings (the steps of an episode) share their parent's context
+        else:
+            parent = _new_tuple(
+                self._context, (trace_id, parent_id, parent_remote, trace_flags, _NO_STATE, True)
+            )
+            self._last_parent = (trace_id, parent_id, parent_remote, parent)
+        span: Any = _new_object(self._readable)
+        span._name = name
+        span._context = _new_tuple(self._context, (trace_id, span_id, False, trace_flags, _NO_STATE, True))
+        span._kind = self._kinds[kind]
+        span._instrumentation_info = None
+        span._instrumentation_scope = self.scopes.get(scope)
+        span._parent = parent
+        span._start_time = start
+        span._end_time = end
+        span._attributes = attributes
+        span._events = ()
+        span._links = ()
+        span._resource = self.resources.get(resource)
+        span._status = self._unset
+        return span
 
     def define(self, resources: list[Any], scopes: list[Any]) -> None:
         from opentelemetry.sdk.resources import Resource
@@ -731,6 +790,8 @@ class _Rebuilder:
         return bounded
 
     def span(self, record: tuple[Any, ...]) -> Any:
+        if len(record) == _SHORT and self._direct and record[10] in self.resources:
+            return self._short(record)
         if len(record) == _SHORT:
             # No trace state, no dropped attributes, no events or links, an unset status.
             (trace_id, span_id, flags, parent_id, parent_remote, name, kind, start, end, attributes, resource,
