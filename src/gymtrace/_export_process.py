@@ -49,7 +49,7 @@ from opentelemetry.trace.span import DEFAULT_TRACE_STATE
 
 from gymtrace._export import BatchExporter, ExportStats, log_totals
 from gymtrace._export_targets import file_exporter, otlp_exporter
-from gymtrace._otlp import _read
+from gymtrace._otlp import _read, last_object_cache
 
 logger = logging.getLogger("gymtrace")
 
@@ -70,6 +70,7 @@ _SAMPLED = 1  # TraceFlags.SAMPLED
 _SHORT = 12  # fields of the short record form
 _STAT_FIELDS = ("exported", "dropped_queue_full", "dropped_export_failed", "retries")
 
+_NO_STATS = ExportStats("", 0, 0, 0, 0, 0, 0)  # no fallback queue: nothing to add
 _LIVE: weakref.WeakSet[ProcessExporter] = weakref.WeakSet()
 # A forked child's copies of its parent's encoder pipes, closed and kept (see _after_fork).
 _INHERITED: list[subprocess.Popen[bytes]] = []
@@ -96,16 +97,13 @@ def _plain(attributes: Any) -> dict[str, Any]:
     return attributes if type(attributes) is dict else dict(attributes or {})
 
 
-def _record(span: Any, resources: dict[int, Any], scopes: dict[int, Any]) -> tuple[Any, ...]:
-    """An ended span as plain values (see :meth:`_Rebuilder.span`); its resource and scope by key.
-    For any span class; gymtrace's own spans take :meth:`ProcessExporter.on_end`'s fast path."""
+def _record(span: Any, remember: Callable[[Any, Any], None]) -> tuple[Any, ...]:
+    """An ended span as plain values (see :meth:`_Rebuilder.span`); its resource and scope by key,
+    handed to ``remember``. For any span class; gymtrace's own spans take
+    :meth:`ProcessExporter.on_end`'s fast path."""
     (ctx, parent, name, kind, start, end, attributes, dropped_attributes, events, dropped_events, links,
      dropped_links, status, resource, scope) = _read(span)  # fmt: skip
-    resource_key, scope_key = id(resource), id(scope)
-    if resource_key not in resources:
-        resources[resource_key] = resource
-    if scope_key not in scopes:
-        scopes[scope_key] = scope
+    remember(resource, scope)
     return (
         ctx.trace_id, ctx.span_id, int(ctx.trace_flags), _state(ctx.trace_state),
         None if parent is None else parent.span_id, parent is not None and parent.is_remote,
@@ -118,40 +116,16 @@ def _record(span: Any, resources: dict[int, Any], scopes: dict[int, Any]) -> tup
              _plain(link.attributes), getattr(link.attributes, "dropped", 0))
             for link in links
         ) if links else (),
-        dropped_links, *_status_values(status), resource_key, scope_key,
+        dropped_links, *_status_values(status), id(resource), id(scope),
     )  # fmt: skip
 
 
-# The last status object read, beside its (code, description): almost every span shares one.
-_last_status: tuple[Any, tuple[int, str | None]] = (None, (0, None))
-
-
-def _status_values(status: Any) -> tuple[int, str | None]:
-    global _last_status
-    last = _last_status
-    if status is last[0]:
-        return last[1]
-    values = (status.status_code.value, status.description)
-    _last_status = (status, values)
-    return values
-
-
-def _context_is_tuple() -> bool:
-    # SpanContext is a tuple (trace_id, span_id, is_remote, trace_flags, trace_state, is_valid).
-    from opentelemetry.trace import SpanContext, TraceFlags
-
-    probe = SpanContext(5, 7, True, TraceFlags(1), DEFAULT_TRACE_STATE)
-    return isinstance(probe, tuple) and tuple(probe)[:5] == (5, 7, True, 1, DEFAULT_TRACE_STATE)
-
-
-try:
-    _CONTEXT_IS_TUPLE = _context_is_tuple()
-except Exception:  # noqa: BLE001 - an API we do not know: read it through its properties
-    _CONTEXT_IS_TUPLE = False
+# A status as (code, description).
+_status_values = last_object_cache(lambda status: (status.status_code.value, status.description))
 
 
 # gymtrace's own span class, whose records on_end builds from the fields (the tuple layout of the
-# context checked once), and the status its spans share until one is set; any other class goes
+# context as _leanspan checked it), and the status its spans share until one is set; any other class goes
 # through _record. Set by the first ProcessExporter: _leanspan imports the SDK, and the API-only
 # install imports this module.
 _FAST: Any = None
@@ -163,28 +137,22 @@ def _learn_lean_span() -> None:
     from gymtrace import _leanspan
 
     _UNSET_STATUS = _leanspan._UNSET_STATUS
-    _FAST = _leanspan._LeanSpan if _leanspan._SUPPORTED and _CONTEXT_IS_TUPLE else None
+    _FAST = _leanspan._LeanSpan if _leanspan._SUPPORTED and _leanspan._CONTEXT_LAYOUT_KNOWN else None
 
 
 class ProcessExporter:
     """A span processor (as :class:`BatchExporter` is) whose queue and exporter run in a child
-    process started with ``config`` (see :func:`child_main`)."""
+    process (see :func:`child_main`): the exporter ``target`` describes, behind a
+    ``BatchExporter(**queue)``; ``fallback`` makes the same queue in this process."""
 
     def __init__(
-        self,
-        config: dict[str, Any],
-        *,
-        name: str,
-        max_queue_size: int,
-        shutdown_timeout: float,
-        schedule_delay: float,
-        fallback: Callable[[], BatchExporter],
+        self, target: dict[str, Any], queue: dict[str, Any], *, fallback: Callable[[], BatchExporter]
     ) -> None:
-        self.name = name
-        self.max_queue_size = max_queue_size
-        self.shutdown_timeout = shutdown_timeout
-        self.schedule_delay = schedule_delay
-        self._config = {**config, "name": name, "max_queue_size": max_queue_size}
+        self.name = queue["name"]
+        self.max_queue_size = queue["max_queue_size"]
+        self.shutdown_timeout = queue["shutdown_timeout"]
+        self.schedule_delay = queue["schedule_delay"]
+        self._config = {"target": target, "queue": queue}
         self._fallback_factory = fallback
         _learn_lean_span()
         self._reset_state()
@@ -221,7 +189,6 @@ class ProcessExporter:
         self._write_fd = -1
         self._fallback: BatchExporter | None = None
         self._shutdown = False
-        self._pid = os.getpid()
 
     # -- span processor interface --------------------------------------------------------------
 
@@ -293,7 +260,7 @@ class ProcessExporter:
             self._fallback.on_end(span)
             return
         try:
-            record = _record(span, self._resources, self._scopes)
+            record = _record(span, self._remember)
         except Exception:
             logger.warning("gymtrace: a span could not be read for export; it is dropped", exc_info=True)
             with self._lock:
@@ -358,17 +325,11 @@ class ProcessExporter:
     def stats(self) -> ExportStats:
         with self._lock:
             child = self._child
-            extra = self._fallback.stats() if self._fallback is not None else None
-            finished = self._handed + len(self._pending) + self._other + (extra.finished if extra else 0)
-            exported = child["exported"] + (extra.exported if extra else 0)
-            full = (
-                self._dropped_full + child["dropped_queue_full"] + (extra.dropped_queue_full if extra else 0)
-            )
-            failed = (
-                self._dropped_failed
-                + child["dropped_export_failed"]
-                + (extra.dropped_export_failed if extra else 0)
-            )
+            extra = self._fallback.stats() if self._fallback is not None else _NO_STATS
+            finished = self._handed + len(self._pending) + self._other + extra.finished
+            exported = child["exported"] + extra.exported
+            full = self._dropped_full + child["dropped_queue_full"] + extra.dropped_queue_full
+            failed = self._dropped_failed + child["dropped_export_failed"] + extra.dropped_export_failed
             return ExportStats(
                 exporter=self.name,
                 finished=finished,
@@ -376,7 +337,7 @@ class ProcessExporter:
                 queued=max(0, finished - exported - full - failed),
                 dropped_queue_full=full,
                 dropped_export_failed=failed,
-                retries=child["retries"] + (extra.retries if extra else 0),
+                retries=child["retries"] + extra.retries,
             )
 
     # -- the pipe to the encoder process ---------------------------------------------------------
@@ -431,10 +392,7 @@ class ProcessExporter:
     def _send(self, records: list[tuple[Any, ...]]) -> None:
         """Queue one frame of records for the pipe and write what fits (lock held)."""
         if self._proc is None and not self._start():
-            fallback = self._fallback
-            assert fallback is not None
-            self._handed -= len(records)  # the fallback counts them from here
-            self._replay(records, fallback)
+            self._replay(records)
             return
         resources = [
             (key, dict(r.attributes), getattr(r, "schema_url", "") or "")
@@ -463,7 +421,11 @@ class ProcessExporter:
         self._outbox_spans += len(records)
         self._write_outbox()
         if self._outbox_spans > self.max_queue_size // 4:
-            self._wait_for_pipe()
+            # The encoder process is behind: a burst waits a little for the pipe instead of filling
+            # the bound (the thread queue hands its worker the GIL for the same reason).
+            self._write_while(
+                lambda: self._outbox_spans > self.max_queue_size // 8, time.monotonic() + _BACKPRESSURE_WAIT
+            )
         # Bounded like the thread queue: while the pipe stays full, the oldest whole frames go.
         while self._outbox_spans > self.max_queue_size and len(self._outbox) > 1:
             index = 1 if self._head_written else 0  # a frame partly in the pipe must be finished
@@ -472,25 +434,26 @@ class ProcessExporter:
             self._outbox_spans -= spans
             self._dropped_full += spans
 
-    def _wait_for_pipe(self) -> None:
-        """The encoder process is behind (lock held): wait, up to ``_BACKPRESSURE_WAIT``, for the pipe
-        to take frames, so a burst slows the application down instead of filling the bound (the
-        thread queue hands the worker the GIL for the same reason)."""
-        deadline = time.monotonic() + _BACKPRESSURE_WAIT
-        while self._outbox_spans > self.max_queue_size // 8 and self._proc is not None:
+    def _write_while(self, unfinished: Callable[[], bool], deadline: float) -> bool:
+        """Write frames as the pipe drains while ``unfinished()``, until ``deadline`` (lock held,
+        released while waiting); whether it finished before the deadline or the encoder's end."""
+        while True:
+            self._write_outbox()
+            if self._proc is None:
+                return False
+            if not unfinished():
+                return True
             remaining = deadline - time.monotonic()
             if remaining <= 0:
-                return
+                return False
             fd = self._write_fd
             self._lock.release()
             try:
                 select.select([], [fd], [], min(remaining, 0.01))
-            except (OSError, ValueError):
-                return
+            except (OSError, ValueError):  # the pipe was closed meanwhile
+                return False
             finally:
                 self._lock.acquire()
-            if self._proc is not None:
-                self._write_outbox()
 
     def _marshalable(self, records: list[tuple[Any, ...]]) -> list[tuple[Any, ...]]:
         kept = []
@@ -555,20 +518,8 @@ class ProcessExporter:
         budget = remaining - min(0.5, remaining / 4)
         self._outbox.append((0, _frame((kind, sequence, int(budget * 1000)))))
         # The pipe may be full: write as it drains, until the deadline.
-        while self._outbox and self._proc is not None:
-            self._write_outbox()
-            if not self._outbox:
-                break
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                return False
-            self._lock.release()
-            try:
-                select.select([], [self._write_fd], [], min(remaining, 0.05))
-            except (OSError, ValueError):
-                pass
-            finally:
-                self._lock.acquire()
+        if not self._write_while(lambda: bool(self._outbox), deadline):
+            return False
         while sequence not in self._replies:
             remaining = deadline - time.monotonic()
             if remaining <= 0 or self._proc is None:
@@ -583,12 +534,7 @@ class ProcessExporter:
         # its lock, which a forked child (where this thread does not exist) could never take.
         fd = proc.stdout.fileno()
         try:
-            while True:
-                header = _read_exactly(fd, _HEADER)
-                body = None if header is None else _read_exactly(fd, int.from_bytes(header, "little"))
-                if body is None:
-                    break
-                message = marshal.loads(body)
+            while (message := _read_frame(fd)) is not None:
                 with self._lock:
                     if self._reporting is not proc:
                         return  # a replaced encoder process (after a fork or a failure)
@@ -632,17 +578,17 @@ class ProcessExporter:
 
     def _use_fallback(self) -> None:
         """Continue in this process with a thread queue (lock held); pending records go to it."""
-        fallback = self._fallback = self._fallback_factory()
+        self._fallback = self._fallback_factory()
         self._ready = False
-        pending = self._take_pending()
-        self._handed -= len(pending)  # the fallback counts them from here
-        self._replay(pending, fallback)
+        self._replay(self._take_pending())
 
-    def _replay(self, records: list[tuple[Any, ...]], fallback: BatchExporter) -> None:
+    def _replay(self, records: list[tuple[Any, ...]]) -> None:
+        """Records taken for the encoder process, to the fallback queue instead (lock held)."""
+        fallback = self._fallback
+        assert fallback is not None
+        self._handed -= len(records)  # the fallback counts them from here
         rebuild = _Rebuilder()
-        rebuild.resources.update(
-            (key, r) for key, r in self._resources.items()
-        )  # fmt: skip
+        rebuild.resources.update(self._resources)
         rebuild.scopes.update(self._scopes)
         for record in records:
             fallback.on_end(rebuild.span(record))
@@ -698,15 +644,10 @@ _new_tuple = tuple.__new__
 _NO_STATE: Any = DEFAULT_TRACE_STATE
 
 
-def _readable_fields_known(readable: Any, span_context: Any, trace_flags: Any) -> bool:
-    # The fields ReadableSpan.__init__ sets, as _Rebuilder._short sets them; and a SpanContext made
-    # as a tuple equal to the one its constructor makes.
+def _readable_fields_known(readable: Any, span_context: Any) -> bool:
+    # The fields ReadableSpan.__init__ sets, as _Rebuilder._short sets them.
     probe = readable(name="probe", context=span_context(1, 2, False), resource=object())
-    flags = trace_flags(1)
-    made = span_context(5, 7, True, flags, DEFAULT_TRACE_STATE)
-    return sorted(vars(probe)) == sorted(_READABLE_FIELDS) and made == _new_tuple(
-        span_context, (5, 7, True, flags, DEFAULT_TRACE_STATE, True)
-    )
+    return sorted(vars(probe)) == sorted(_READABLE_FIELDS)
 
 
 _READABLE_FIELDS = (
@@ -732,9 +673,11 @@ class _Rebuilder:
         self._codes = {code.value: code for code in StatusCode}
         self._status, self._unset = Status, Status(StatusCode.UNSET)
         self._flag_objects = {value: TraceFlags(value) for value in range(256)}
-        self._internal = SpanKind.INTERNAL
         self._last_parent: tuple[Any, ...] = (None, None, None, None)  # trace, span, remote, context
-        self._direct = _CONTEXT_IS_TUPLE and _readable_fields_known(ReadableSpan, SpanContext, TraceFlags)
+        from gymtrace._leanspan import _CONTEXT_LAYOUT_KNOWN
+
+        # Contexts built as tuples (checked by _leanspan) and spans from their fields (checked here).
+        self._direct = _CONTEXT_LAYOUT_KNOWN and _readable_fields_known(ReadableSpan, SpanContext)
 
     def _short(self, record: tuple[Any, ...]) -> Any:
         """The short record (see ProcessExporter.on_end) as a ReadableSpan, its fields set as
@@ -794,16 +737,12 @@ class _Rebuilder:
             return self._short(record)
         if len(record) == _SHORT:
             # No trace state, no dropped attributes, no events or links, an unset status.
-            (trace_id, span_id, flags, parent_id, parent_remote, name, kind, start, end, attributes, resource,
-             scope) = record  # fmt: skip
-            state, dropped_attributes, dropped_events, dropped_links = None, 0, 0, 0
-            events: Any = ()
-            links: Any = ()
-            code, description = 0, None
-        else:
-            (trace_id, span_id, flags, state, parent_id, parent_remote, name, kind, start, end, attributes,
-             dropped_attributes, events, dropped_events, links, dropped_links, code, description, resource,
-             scope) = record  # fmt: skip
+            trace_id, span_id, flags, parent_id, parent_remote, *rest, attributes, resource, scope = record
+            record = (trace_id, span_id, flags, None, parent_id, parent_remote, *rest, attributes, 0, (), 0, (),
+                      0, 0, None, resource, scope)  # fmt: skip
+        (trace_id, span_id, flags, state, parent_id, parent_remote, name, kind, start, end, attributes,
+         dropped_attributes, events, dropped_events, links, dropped_links, code, description, resource,
+         scope) = record  # fmt: skip
         trace_flags = self._flags(flags)
         trace_state = self._state(list(state)) if state else None
         context = self._context(trace_id, span_id, False, trace_flags, trace_state)
@@ -852,10 +791,10 @@ class _Rebuilder:
         )
 
 
-def _build_exporter(config: dict[str, Any]) -> Any:
-    if config["kind"] == "file":
-        return file_exporter(config["path"], config["line_spans"])
-    return otlp_exporter(config["protocol"], config.get("endpoint"), config.get("headers"))
+def _build_exporter(target: dict[str, Any]) -> Any:
+    if target["kind"] == "file":
+        return file_exporter(target["path"], target["line_spans"])
+    return otlp_exporter(target["protocol"], target.get("endpoint"), target.get("headers"))
 
 
 def child_main() -> None:
@@ -866,46 +805,36 @@ def child_main() -> None:
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     logging.basicConfig(format="%(message)s", level=logging.WARNING)
     config = json.loads(sys.argv[1])
-    queue = BatchExporter(
-        _build_exporter(config),
-        name=config["name"],
-        max_queue_size=config["max_queue_size"],
-        max_batch_size=config["max_batch_size"],
-        schedule_delay=config["schedule_delay"],
-        shutdown_timeout=config["shutdown_timeout"],
-        max_drain=config["max_queue_size"] if config.get("drain") else None,
-    )
+    queue = BatchExporter(_build_exporter(config["target"]), **config["queue"])
     rebuild = _Rebuilder()
     stdin, out = sys.stdin.fileno(), sys.stdout.buffer
     parent = os.getppid()
     sent: tuple[int, ...] = ()
     shutdown_sequence = 0
 
-    def report(sequence: int = 0, ok: bool = True) -> tuple[int, ...]:
+    def counts() -> tuple[int, ...]:
         stats = queue.stats()
-        counts = tuple(getattr(stats, name) for name in _STAT_FIELDS)
-        out.write(_frame((_STATS, sequence, ok, counts)))
-        out.flush()
-        return counts
+        return tuple(getattr(stats, name) for name in _STAT_FIELDS)
 
-    stop_timeout = config["shutdown_timeout"]
+    def report(sequence: int = 0, ok: bool = True) -> tuple[int, ...]:
+        values = counts()
+        out.write(_frame((_STATS, sequence, ok, values)))
+        out.flush()
+        return values
+
+    stop_timeout = queue.shutdown_timeout
     try:
         while True:
             ready, _, _ = select.select([stdin], [], [], 0.1)
             if not ready:
                 if os.getppid() != parent:
                     break  # the application's process is gone and something else holds the pipe
-                stats = queue.stats()
-                if tuple(getattr(stats, name) for name in _STAT_FIELDS) != sent:
+                if counts() != sent:
                     sent = report()
                 continue
-            header = _read_exactly(stdin, _HEADER)
-            if header is None:
+            message = _read_frame(stdin)
+            if message is None:
                 break  # the application's process closed the pipe, or died: deliver and stop
-            body = _read_exactly(stdin, int.from_bytes(header, "little"))
-            if body is None:
-                break
-            message = marshal.loads(body)
             kind = message[0]
             if kind == _SPANS:
                 _, resources, scopes, records = message
@@ -923,6 +852,13 @@ def child_main() -> None:
         queue.shutdown(int(stop_timeout * 1000))
         with contextlib.suppress(OSError):  # nobody is reading any more
             report(shutdown_sequence)
+
+
+def _read_frame(fd: int) -> Any:
+    """The next message :func:`_frame` wrote to ``fd``, or None at the end of the pipe."""
+    header = _read_exactly(fd, _HEADER)
+    body = None if header is None else _read_exactly(fd, int.from_bytes(header, "little"))
+    return None if body is None else marshal.loads(body)
 
 
 def _read_exactly(fd: int, size: int) -> bytes | None:

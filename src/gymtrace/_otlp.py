@@ -317,22 +317,35 @@ def _encode_read(read: _Read) -> bytes:
 
 # Encoded name and kind, by (name, kind): a few span names repeat on every span.
 _NAMES: dict[tuple[str, int], bytes] = {}
-# The last status encoded, beside its bytes: almost every span shares the unset one.
-_last_status: tuple[Any, bytes] = (None, b"")
+_Value = TypeVar("_Value")
 
 
-def _status(status: Any) -> bytes:
-    global _last_status
-    last = _last_status
-    if status is last[0]:
-        return last[1]
+def last_object_cache(compute: Callable[[Any], _Value]) -> Callable[[Any], _Value]:
+    """``compute(obj)``, kept for the last object seen (by identity; the object is held, so its id
+    is never another's): almost every span shares one status object, the unset one."""
+    last: tuple[Any, Any] = (object(), None)
+
+    def cached(obj: Any) -> _Value:
+        nonlocal last
+        seen = last
+        if obj is seen[0]:
+            return seen[1]  # type: ignore[no-any-return]
+        value = compute(obj)
+        last = (obj, value)  # replaced whole: the export threads of two queues may race
+        return value
+
+    return cached
+
+
+def _encode_status(status: Any) -> bytes:
     code = status.status_code.value
     body = _field(b"\x12", status.description.encode("utf-8")) if status.description else b""
     if code:
         body += b"\x18" + _SMALL[code]
-    encoded = _field(b"\x7a", body)
-    _last_status = (status, encoded)  # replaced whole: the export threads of two queues may race
-    return encoded
+    return _field(b"\x7a", body)
+
+
+_status = last_object_cache(_encode_status)
 
 
 # -- Resource, scope, request -------------------------------------------------------------------------
@@ -587,24 +600,19 @@ def encode_json_line(spans: Sequence[Any]) -> str:
     )
 
 
-# '"name":...,"kind":N,' by (name, kind value), and the last status object beside its text.
+# '"name":...,"kind":N,' by (name, kind value).
 _JSON_NAMES: dict[tuple[str, int], str] = {}
-_last_json_status: tuple[Any, str] = (None, "")
 
 
-def _json_status(status: Any) -> str:
-    global _last_json_status
-    last = _last_json_status
-    if status is last[0]:
-        return last[1]
+def _json_status_text(status: Any) -> str:
     if status.description:
-        text = (
+        return (
             f',"status":{{"code":{status.status_code.value},"message":{_json_string(status.description)}}}}}'
         )
-    else:
-        text = f',"status":{{"code":{status.status_code.value}}}}}'
-    _last_json_status = (status, text)
-    return text
+    return f',"status":{{"code":{status.status_code.value}}}}}'
+
+
+_json_status = last_object_cache(_json_status_text)
 
 
 class _ScopeKey:

@@ -65,7 +65,7 @@ TRUST_NONE: Final = "none"
 TRUST_SIGNED: Final = "signed"
 TRUST_MODES: Final = (TRUST_ALL, TRUST_NONE, TRUST_SIGNED)
 
-# Where the exporters run (GYMTRACE_ENCODER; see _procexport.py).
+# Where the exporters run (GYMTRACE_ENCODER; see _export_process.py).
 ENCODER_THREAD: Final = "thread"
 ENCODER_PROCESS: Final = "process"
 ENCODERS: Final = (ENCODER_THREAD, ENCODER_PROCESS)

@@ -438,53 +438,39 @@ def _processors(settings: _settings.Settings, headers: Mapping[str, str] | None)
     for name in settings.exporters:
         if name == "otlp":
             exporter: Any = _otlp_exporter(settings.protocol, settings.endpoint, headers)
-            config: dict[str, Any] = {
+            # What the encoder process needs to build the same exporter (GYMTRACE_ENCODER=process).
+            target: dict[str, Any] = {
                 "kind": "otlp",
                 "protocol": settings.protocol,
                 "endpoint": settings.endpoint,
                 "headers": dict(headers) if headers else None,
             }
         elif name == "console":
-            exporter, config = ConsoleSpanExporter(), {}
+            exporter, target = ConsoleSpanExporter(), {}
         elif name == "file" and settings.file is not None:
             exporter = _file_exporter(settings.file, settings.max_export_batch_size)
-            config = {"kind": "file", "path": settings.file, "line_spans": settings.max_export_batch_size}
+            target = {"kind": "file", "path": settings.file, "line_spans": settings.max_export_batch_size}
         else:
             continue
-        batch_size = otlp_batch_size(settings.max_export_batch_size, settings) if name == "otlp" else None
-        queue = functools.partial(
-            BatchExporter,
-            exporter,
-            name=name,
-            max_queue_size=settings.max_queue_size,
-            max_batch_size=batch_size or settings.max_export_batch_size,
-            schedule_delay=settings.schedule_delay,
-            shutdown_timeout=settings.flush_timeout,
+        batch_size = settings.max_export_batch_size
+        queue: dict[str, Any] = {
+            "name": name,
+            "max_queue_size": settings.max_queue_size,
+            "max_batch_size": otlp_batch_size(batch_size, settings) if name == "otlp" else batch_size,
+            "schedule_delay": settings.schedule_delay,
+            "shutdown_timeout": settings.flush_timeout,
             # gymtrace's OTLP exporters split requests at 4 MiB and the file exporter writes a
             # line per batch: each can take the whole backlog in one call (_export.py).
-            max_drain=settings.max_queue_size if _splits_requests(name, exporter) else None,
-        )
-        if config and settings.encoder == _settings.ENCODER_PROCESS:
-            # The same queue and exporter in a child process (_procexport.py); this process's
+            "max_drain": settings.max_queue_size if _splits_requests(name, exporter) else None,
+        }
+        if target and settings.encoder == _settings.ENCODER_PROCESS:
+            # The same queue and exporter in a child process (_export_process.py); this process's
             # exporter object is built anyway (its errors surface here) and is the fallback's.
             processors.append(
-                ProcessExporter(
-                    {
-                        **config,
-                        "max_batch_size": batch_size or settings.max_export_batch_size,
-                        "schedule_delay": settings.schedule_delay,
-                        "shutdown_timeout": settings.flush_timeout,
-                        "drain": _splits_requests(name, exporter),
-                    },
-                    name=name,
-                    max_queue_size=settings.max_queue_size,
-                    shutdown_timeout=settings.flush_timeout,
-                    schedule_delay=settings.schedule_delay,
-                    fallback=queue,
-                )
+                ProcessExporter(target, queue, fallback=functools.partial(BatchExporter, exporter, **queue))
             )
         else:
-            processors.append(queue())
+            processors.append(BatchExporter(exporter, **queue))
     return processors
 
 

@@ -144,13 +144,13 @@ reset: Callable[[Any], object]
 if _CONTEXT_VAR is not None:
     current_context = _CONTEXT_VAR.get
     attach = _CONTEXT_VAR.set
-    _reset = reset = _CONTEXT_VAR.reset
+    reset = _CONTEXT_VAR.reset
 
     def detach(token: Any) -> None:
         """``otel_context.detach``: a token that cannot be reset (used twice, or made in another
         context) goes to OpenTelemetry's own detach, which logs the failure as it always does."""
         try:
-            _reset(token)
+            reset(token)
         except Exception:  # noqa: BLE001 - handed on to OpenTelemetry, which logs it
             otel_context.detach(token)
 
