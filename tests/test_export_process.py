@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 import gymtrace
-from child_process import clean_env, run_python
+from child_process import clean_env, run_python, spans_in
 
 # An application: `rollouts` rollouts of one episode and `steps` steps, then what argv[3] says.
 APP = """
@@ -71,17 +71,6 @@ elif then == "hang":
     time.sleep(60)
 """
 SPANS_PER_ROLLOUT = 8  # rollout, episode, 5 steps, the failed tool call
-
-
-def spans_in(path: Path) -> list[dict]:
-    spans = []
-    if not path.exists():
-        return spans
-    for line in path.read_text().splitlines():
-        for resource_spans in json.loads(line)["resourceSpans"]:
-            for scope_spans in resource_spans["scopeSpans"]:
-                spans.extend(scope_spans["spans"])
-    return spans
 
 
 def run_app(tmp_path: Path, rollouts: int, then: str) -> tuple[dict, list[dict]]:

@@ -33,8 +33,8 @@ measured, long enough to fill 8,192 spans. What was measured and chosen:
   the same GIL, a pause of several milliseconds in the caller every 512 spans, and retries
   would have to keep encoded bytes per exporter; it removes one handoff per batch, which
   draining already amortises.
-- *an encoder process fed through a pipe* (built, opt-in: ``GYMTRACE_ENCODER=process``,
-  ``_export_process.py``): the only candidate that takes the encoding CPU off the application's
+- *an encoder process fed through a pipe* (built: ``GYMTRACE_ENCODER=process``,
+  ``_export_process.py``, and where the default ``auto`` moves a fast loop, ``_export_auto.py``): the only candidate that takes the encoding CPU off the application's
   process and GIL. A queue of records feeding this worker thread had not paid: making them cost
   the application thread more than the collector work they saved, and with an exporter that does
   nothing queueing alone cost it 6-10 µs a step. What does pay is no export thread in the
@@ -51,6 +51,7 @@ import os
 import threading
 import time
 import weakref
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -134,6 +135,7 @@ class BatchExporter:
         schedule_delay: float = DEFAULT_SCHEDULE_DELAY,
         shutdown_timeout: float = 5.0,
         max_drain: int | None = None,
+        observer: Callable[[], None] | None = None,
     ) -> None:
         self.exporter = exporter
         self.name = name
@@ -147,6 +149,9 @@ class BatchExporter:
         self._yield_depth = max(2 * self.max_batch_size, max_queue_size // 4)
         self.schedule_delay = schedule_delay
         self.shutdown_timeout = shutdown_timeout
+        # Called on the worker thread before it takes each batch, off the application's threads:
+        # GYMTRACE_ENCODER=auto watches the span rate there.
+        self._observer = observer
         self._queue: collections.deque[Any] = collections.deque()
         self._lock = threading.RLock()
         self._wake = threading.Event()
@@ -212,9 +217,9 @@ class BatchExporter:
                 self._wake.set()
         return True
 
-    def shutdown(self, timeout_millis: int | None = None) -> None:
+    def shutdown(self, timeout_millis: int | None = None, *, report: bool = True) -> None:
         """Flush within the shutdown timeout (GYMTRACE_FLUSH_TIMEOUT), then stop; what is left is
-        counted as dropped and reported in one log line."""
+        counted as dropped and reported in one log line (by the caller when ``report`` is False)."""
         if self._shutdown:
             return
         if timeout_millis is None:
@@ -241,7 +246,8 @@ class BatchExporter:
             self.exporter.shutdown()
         except Exception:
             logger.warning("gymtrace: exporter %s failed to shut down", self.name, exc_info=True)
-        log_totals(self.stats(), flushed)
+        if report:
+            log_totals(self.stats(), flushed)
 
     # -- reading ---------------------------------------------------------------------------------
 
@@ -299,6 +305,8 @@ class BatchExporter:
             if self._shutdown:
                 return
             while True:
+                if self._observer is not None:
+                    self._observe()
                 batch = self._take_batch()
                 if not batch:
                     break
@@ -310,6 +318,12 @@ class BatchExporter:
                     break  # wait out the backoff before the next try
             with self._lock:
                 self._idle.notify_all()
+
+    def _observe(self) -> None:
+        try:
+            self._observer()  # type: ignore[misc]
+        except Exception:
+            logger.warning("gymtrace: exporter %s: internal error", self.name, exc_info=True)
 
     def _export(self, batch: list[Any]) -> list[Any]:
         """Export one batch; the spans not delivered (empty when all were).

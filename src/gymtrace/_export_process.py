@@ -1,7 +1,8 @@
 """The export queue in an encoder process: the application's process only hands over records.
 
 ``GYMTRACE_ENCODER=process`` (or ``configure(encoder="process")``) puts gymtrace's OTLP and file
-exporters in a child process. Why (``benchmarks/perf.py``, the CartPole rows): with the export
+exporters in a child process; the default, ``auto`` (``_export_auto.py``), moves there when spans
+come fast. Why (``benchmarks/perf.py``, the CartPole rows): with the export
 queue on a thread of the application's process, a span cost the process ~13 µs more than with no
 exporter at all, of which encoding was only ~4 µs; the rest was the export thread itself (it
 takes the GIL from the application, and reading and freeing spans on another core drags their
@@ -140,6 +141,11 @@ def _learn_lean_span() -> None:
     _FAST = _leanspan._LeanSpan if _leanspan._SUPPORTED and _leanspan._CONTEXT_LAYOUT_KNOWN else None
 
 
+def pipes_available() -> bool:
+    """Whether this platform has the non-blocking pipes the encoder process is fed through."""
+    return fcntl is not None
+
+
 class ProcessExporter:
     """A span processor (as :class:`BatchExporter` is) whose queue and exporter run in a child
     process (see :func:`child_main`): the exporter ``target`` describes, behind a
@@ -189,6 +195,11 @@ class ProcessExporter:
         self._write_fd = -1
         self._fallback: BatchExporter | None = None
         self._shutdown = False
+
+    @property
+    def started(self) -> bool:
+        """The encoder process started (rather than the fallback queue in this process)."""
+        return self._fallback is None and self._proc is not None
 
     # -- span processor interface --------------------------------------------------------------
 
@@ -294,7 +305,7 @@ class ProcessExporter:
                 return True  # nothing was ever handed over (a forked child that made no span)
             return self._request(_FLUSH, deadline)
 
-    def shutdown(self, timeout_millis: int | None = None) -> None:
+    def shutdown(self, timeout_millis: int | None = None, *, report: bool = True) -> None:
         if self._shutdown:
             return
         if timeout_millis is None:
@@ -319,8 +330,9 @@ class ProcessExporter:
             fallback = self._fallback  # the encoder process may have died meanwhile
         self._wake.set()
         if fallback is not None:
-            fallback.shutdown(timeout_millis)
-        log_totals(self.stats())
+            fallback.shutdown(timeout_millis, report=False)
+        if report:
+            log_totals(self.stats())
 
     def stats(self) -> ExportStats:
         with self._lock:
@@ -791,7 +803,8 @@ class _Rebuilder:
         )
 
 
-def _build_exporter(target: dict[str, Any]) -> Any:
+def build_exporter(target: dict[str, Any]) -> Any:
+    """The exporter ``target`` describes (see ``_setup._processors``)."""
     if target["kind"] == "file":
         return file_exporter(target["path"], target["line_spans"])
     return otlp_exporter(target["protocol"], target.get("endpoint"), target.get("headers"))
@@ -805,7 +818,7 @@ def child_main() -> None:
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     logging.basicConfig(format="%(message)s", level=logging.WARNING)
     config = json.loads(sys.argv[1])
-    queue = BatchExporter(_build_exporter(config["target"]), **config["queue"])
+    queue = BatchExporter(build_exporter(config["target"]), **config["queue"])
     rebuild = _Rebuilder()
     stdin, out = sys.stdin.fileno(), sys.stdout.buffer
     parent = os.getppid()

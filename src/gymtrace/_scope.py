@@ -201,7 +201,7 @@ class Scope:
             parent_context = current_context()
             # Only gymtrace stores under FRAME_KEY (a key with a random suffix), and only frames:
             # no isinstance check, which was ~6 % of what a `with` block adds to a span.
-            parent = parent_context.get(FRAME_KEY)
+            parent: ActiveScope | None = parent_context.get(FRAME_KEY)  # type: ignore[assignment]
             static = self._static if self._static is not None else self._resolve()
             level = self._level
             # Most scopes have no identity callables; skip the call for them.
@@ -362,7 +362,8 @@ class Scope:
     ) -> None:
         if not _OPEN and not _steps.aggregating:
             return  # nothing records anywhere (no span, no unsampled step): this block entered nothing
-        frame = current_context().get(FRAME_KEY)  # an ActiveScope or None, as in start()
+        # An ActiveScope or None, as in start().
+        frame: ActiveScope | None = current_context().get(FRAME_KEY)  # type: ignore[assignment]
         if frame is not None:
             token = frame.token
             if frame.owner is self and token is not None and frame.unsampled is None and not _shadowed:

@@ -65,10 +65,11 @@ TRUST_NONE: Final = "none"
 TRUST_SIGNED: Final = "signed"
 TRUST_MODES: Final = (TRUST_ALL, TRUST_NONE, TRUST_SIGNED)
 
-# Where the exporters run (GYMTRACE_ENCODER; see _export_process.py).
+# Where the exporters run (GYMTRACE_ENCODER; see _export_process.py and _export_auto.py).
+ENCODER_AUTO: Final = "auto"
 ENCODER_THREAD: Final = "thread"
 ENCODER_PROCESS: Final = "process"
-ENCODERS: Final = (ENCODER_THREAD, ENCODER_PROCESS)
+ENCODERS: Final = (ENCODER_AUTO, ENCODER_THREAD, ENCODER_PROCESS)
 
 DEFAULT_MAX_QUEUE_SIZE: Final = 8192
 DEFAULT_MAX_EXPORT_BATCH_SIZE: Final = 512
@@ -97,7 +98,7 @@ class Settings:
     max_queue_size: int = DEFAULT_MAX_QUEUE_SIZE
     max_export_batch_size: int = DEFAULT_MAX_EXPORT_BATCH_SIZE
     schedule_delay: float = DEFAULT_SCHEDULE_DELAY
-    encoder: str = ENCODER_THREAD
+    encoder: str = ENCODER_AUTO
     capture_content: str = NO_CONTENT
     content_max_value_bytes: int = DEFAULT_CONTENT_MAX_VALUE_BYTES
     content_max_span_bytes: int = DEFAULT_CONTENT_MAX_SPAN_BYTES
@@ -369,7 +370,7 @@ def resolve(
         ),
         schedule_delay=read.number(env.OTEL_BSP_SCHEDULE_DELAY, DEFAULT_SCHEDULE_DELAY * 1000, minimum=0)
         / 1000,
-        encoder=encoder or read.choice(env.GYMTRACE_ENCODER, ENCODERS, ENCODER_THREAD),
+        encoder=encoder or read.choice(env.GYMTRACE_ENCODER, ENCODERS, ENCODER_AUTO),
         capture_content=capture,
         content_max_value_bytes=budget(
             "content_max_value_bytes", env.GYMTRACE_CONTENT_MAX_VALUE_BYTES, DEFAULT_CONTENT_MAX_VALUE_BYTES

@@ -33,6 +33,7 @@ from gymtrace._content import (
 )
 from gymtrace._errors import InvalidArgumentError, reset_seen
 from gymtrace._export import BatchExporter
+from gymtrace._export_auto import AutoExporter
 from gymtrace._export_process import ProcessExporter
 from gymtrace._export_targets import SDK_HINT as _SDK_HINT
 from gymtrace._export_targets import file_exporter as _file_exporter
@@ -77,7 +78,7 @@ class Configuration:
 
 
 # gymtrace's own export queues: they do nothing when a span starts or is ending.
-_QUEUES = (BatchExporter, ProcessExporter)
+_QUEUES = (AutoExporter, BatchExporter, ProcessExporter)
 
 
 class _ExportStage:
@@ -128,6 +129,11 @@ class _ExportStage:
                 call(span, parent_context=parent_context)
 
         return fan
+
+    def rebind(self) -> None:
+        """Bind again: a processor's ``on_end`` changed (an AutoExporter moved to its process)."""
+        with self._lock:
+            self._bind()
 
     def processors(self) -> tuple[Any, ...]:
         return self._processors
@@ -257,8 +263,10 @@ def configure(
     duration statistics on the owner's span, a bounded sample of steps as spans), or a
     :class:`gymtrace.StepPolicy` with the sampling parameters.
     ``encoder`` (``GYMTRACE_ENCODER``) says where the OTLP and file exporters encode and send:
-    ``"thread"`` (default, a thread of this process) or ``"process"`` (a child process fed with
-    plain records, for fast simulators that trace every step; see the README's "Performance").
+    ``"auto"`` (default: a thread of this process, moving to an encoder process once spans end
+    faster than ~5,000 a second on a machine with two CPUs or more), ``"thread"`` (always the
+    thread) or ``"process"`` (a child process fed with plain records from the start; see the
+    README's "Performance").
 
     Idempotent: the same call twice does nothing; a different call replaces gymtrace's exporters.
     If the application already set a TracerProvider, gymtrace never replaces it: it adds
@@ -469,9 +477,18 @@ def _processors(settings: _settings.Settings, headers: Mapping[str, str] | None)
             processors.append(
                 ProcessExporter(target, queue, fallback=functools.partial(BatchExporter, exporter, **queue))
             )
+        elif target and settings.encoder == _settings.ENCODER_AUTO:
+            # The thread queue, moving to an encoder process when spans come fast (_export_auto.py).
+            processors.append(AutoExporter(exporter, target, queue, rebind=_rebind_stage))
         else:
             processors.append(BatchExporter(exporter, **queue))
     return processors
+
+
+def _rebind_stage() -> None:
+    stage = _state.stage
+    if stage is not None:
+        stage.rebind()
 
 
 def _splits_requests(name: str, exporter: Any) -> bool:

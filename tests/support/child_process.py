@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -48,3 +49,15 @@ def run_gymtrace(
 ) -> subprocess.CompletedProcess[str]:
     """The ``gymtrace`` command line, as a user would run it."""
     return run_python("-m", "gymtrace", *argv, cwd=cwd, check=check, timeout=timeout)
+
+
+def spans_in(path: Path) -> list[dict[str, object]]:
+    """The spans of a file of OTLP/JSON lines a child wrote (none if it wrote no file)."""
+    spans: list[dict[str, object]] = []
+    if not path.exists():
+        return spans
+    for line in path.read_text().splitlines():
+        for resource_spans in json.loads(line)["resourceSpans"]:
+            for scope_spans in resource_spans["scopeSpans"]:
+                spans.extend(scope_spans["spans"])
+    return spans

@@ -1,0 +1,123 @@
+"""``GYMTRACE_ENCODER=auto`` (the default): the thread queue until spans come fast, then the encoder
+process, with every span delivered exactly once across the move.
+
+Each test runs an application in its own subprocess (configure() sets the global provider) that
+writes OTLP/JSON lines, then reads the file.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from child_process import run_python, spans_in
+
+APP = """
+import json, os, sys, time
+import gymtrace
+from gymtrace import _setup
+path, steps, then = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+gymtrace.configure(service_name="auto-app", file=path)
+[queue] = _setup._state.stage.processors()
+
+def loop(rollout_id, n):
+    with gymtrace.rollout(rollout_id=rollout_id, task_id="t", repeat=0):
+        with gymtrace.episode() as episode:
+            for _ in range(n):
+                with gymtrace.step():
+                    pass
+            episode.record_reward(1.0)
+
+loop("first", steps)
+time.sleep(0.3)  # the queue's worker looks at the rate before each batch it takes
+moved = getattr(queue, "encoder", "thread")
+if then == "kill-encoder":
+    os.kill(queue._process._proc.pid, 9)
+    time.sleep(0.5)
+    loop("after", 200)
+elif then == "fork":
+    pid = os.fork()
+    if pid == 0:
+        loop("child", 300)
+        os._exit(0)  # gymtrace flushes a forked child's spans before os._exit
+    os.waitpid(pid, 0)
+flushed = gymtrace.force_flush()
+print(json.dumps({"moved": moved, "flushed": flushed, "kind": type(queue).__name__,
+                  "stats": [s.__dict__ for s in gymtrace.export_stats()]}))
+"""
+
+
+def run_app(tmp_path: Path, steps: int, then: str = "", **env: str) -> tuple[dict, list[dict]]:
+    path = tmp_path / "traces.jsonl"
+    out = run_python(str(path), str(steps), then, code=APP, cwd=tmp_path, env=env or None)
+    assert out.returncode == 0, out.stderr
+    return json.loads(out.stdout.splitlines()[-1]), spans_in(path)
+
+
+def assert_each_span_once(stats: dict, spans: list[dict], expected: int) -> None:
+    assert stats["finished"] == stats["exported"] == len(spans) == expected
+    assert stats["queued"] == stats["dropped_queue_full"] == stats["dropped_export_failed"] == 0
+    assert len({s["spanId"] for s in spans}) == len(spans)
+
+
+def test_a_slow_loop_stays_on_the_thread_queue(tmp_path: Path) -> None:
+    result, spans = run_app(tmp_path, 500)
+    assert result["kind"] == "AutoExporter" and result["moved"] == "thread"
+    assert result["flushed"]
+    assert_each_span_once(result["stats"][0], spans, 502)
+
+
+def test_a_fast_loop_moves_to_the_encoder_process_and_every_span_arrives_once(tmp_path: Path) -> None:
+    result, spans = run_app(tmp_path, 30_000)
+    assert result["moved"] == "process"
+    assert result["flushed"]
+    # Spans ended before the move were written by the thread queue, the rest by the encoder
+    # process: together each exactly once, and one episode whose steps all point at it.
+    assert_each_span_once(result["stats"][0], spans, 30_002)
+    [episode] = [s for s in spans if s["name"] == "gym.episode"]
+    steps = [s for s in spans if s["name"] == "gym.step"]
+    assert {s["parentSpanId"] for s in steps} == {episode["spanId"]}
+    numbers = sorted(
+        int(a["value"]["intValue"]) for s in steps for a in s["attributes"] if a["key"] == "gym.step.number"
+    )
+    assert numbers == list(range(1, 30_001))
+
+
+def test_pinned_to_the_thread_a_fast_loop_never_moves(tmp_path: Path) -> None:
+    result, spans = run_app(tmp_path, 30_000, GYMTRACE_ENCODER="thread")
+    assert result["kind"] == "BatchExporter" and result["moved"] == "thread"
+    assert_each_span_once(result["stats"][0], spans, 30_002)
+
+
+def test_after_the_move_a_dead_encoder_is_counted_and_export_continues(tmp_path: Path) -> None:
+    result, spans = run_app(tmp_path, 30_000, "kill-encoder")
+    assert result["moved"] == "process"
+    [stats] = result["stats"]
+    assert stats["finished"] == 30_002 + 202
+    # What the dead process had not confirmed is dropped; everything else is written once.
+    assert stats["exported"] + stats["dropped_export_failed"] == stats["finished"]
+    assert stats["exported"] == len(spans) == len({s["spanId"] for s in spans})
+    rollouts = {
+        a["value"]["stringValue"]
+        for s in spans
+        if s["name"] == "gym.rollout"
+        for a in s["attributes"]
+        if a["key"] == "gym.rollout.id"
+    }
+    assert "after" in rollouts
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
+def test_a_child_forked_after_the_move_exports_its_own_spans_once(tmp_path: Path) -> None:
+    result, spans = run_app(tmp_path, 30_000, "fork")
+    assert result["moved"] == "process"
+    assert_each_span_once(result["stats"][0], [s for s in spans if not _in(s, "child")], 30_002)
+    assert len([s for s in spans if _in(s, "child")]) == 302
+    assert len({s["spanId"] for s in spans}) == len(spans)
+
+
+def _in(span: dict, rollout_id: str) -> bool:
+    return {"key": "gym.rollout.id", "value": {"stringValue": rollout_id}} in span["attributes"]
