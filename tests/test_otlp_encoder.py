@@ -230,15 +230,17 @@ import gymtrace
 from opentelemetry import trace
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from gymtrace import _setup
 from gymtrace._spandata import from_readable
 
 gymtrace.configure(service_name="lean-wire", endpoint=sys.argv[1], protocol=sys.argv[2], file=False)
+steps = int(sys.argv[3])
 kept = InMemorySpanExporter()
 trace.get_tracer_provider().add_span_processor(SimpleSpanProcessor(kept))
 with gymtrace.run(run_id="run-w"):
     with gymtrace.rollout(rollout_id="r-w", task_id="t", repeat=0):
         with gymtrace.episode() as episode:
-            for _ in range(3):
+            for _ in range(steps):
                 with gymtrace.step(attributes={"custom.list": [1, 2], "custom.f": 0.5}):
                     pass
             try:
@@ -249,8 +251,10 @@ with gymtrace.run(run_id="run-w"):
             episode.record_reward(1.0)
 gymtrace.force_flush()
 stats = gymtrace.export_stats()[0]
+[queue] = _setup._state.stage.processors()
 print(json.dumps({"spans": [dataclasses.asdict(from_readable(s)) for s in kept.get_finished_spans()],
-                  "exported": stats.exported, "dropped": stats.dropped}))
+                  "exported": stats.exported, "dropped": stats.dropped,
+                  "encoder": getattr(queue, "encoder", None)}))
 """
 
 
@@ -271,9 +275,12 @@ def _comparable(span: dict) -> tuple:
     )
 
 
-@pytest.mark.parametrize("encoder", ["thread", "process"])
+# auto: enough steps, fast enough, to move from the thread queue to the encoder process mid-run.
+@pytest.mark.parametrize(("encoder", "steps"), [("thread", 3), ("process", 3), ("auto", 6000)])
 @pytest.mark.parametrize("protocol", ["grpc", "http/protobuf"])
-def test_the_lean_exporters_deliver_what_the_process_recorded(protocol: str, encoder: str, tmp_path) -> None:
+def test_the_lean_exporters_deliver_what_the_process_recorded(
+    protocol: str, encoder: str, steps: int, tmp_path
+) -> None:
     import dataclasses
 
     from child_process import run_python
@@ -282,13 +289,20 @@ def test_the_lean_exporters_deliver_what_the_process_recorded(protocol: str, enc
     receiver_for = {"grpc": grpc_receiver, "http/protobuf": http_receiver}[protocol]
     with receiver_for() as receiver:
         out = run_python(
-            receiver.endpoint, protocol, code=EXPORTING_CHILD, cwd=tmp_path, env={"GYMTRACE_ENCODER": encoder}
+            receiver.endpoint,
+            protocol,
+            str(steps),
+            code=EXPORTING_CHILD,
+            cwd=tmp_path,
+            env={"GYMTRACE_ENCODER": encoder},
         )
         assert out.returncode == 0, out.stderr
         result = json.loads(out.stdout.strip().splitlines()[-1])
         received = [dataclasses.asdict(s) for s in receiver.spans]
     assert (result["exported"], result["dropped"]) == (len(result["spans"]), 0)
-    assert len(received) == len(result["spans"]) == 7
+    assert len(received) == len(result["spans"]) == steps + 4
+    if encoder == "auto":
+        assert result["encoder"] == "process"
     assert sorted(map(_comparable, received)) == sorted(map(_comparable, result["spans"]))
 
 
