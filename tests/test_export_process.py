@@ -95,6 +95,9 @@ def test_every_span_reaches_the_file_once_with_its_events_status_and_parent(tmp_
     assert by_id[by_id[tool["parentSpanId"]]["spanId"]]["name"] == "gym.episode"
     episode = next(s for s in spans if s["name"] == "gym.episode")
     assert {"key": "gym.reward", "value": {"doubleValue": 1.0}} in episode["attributes"]
+    [reward] = episode["events"]  # gymtrace's own spans with events take the fast path too
+    assert reward["name"] == "gen_ai.evaluation.result"
+    assert {"key": "gen_ai.evaluation.score.value", "value": {"doubleValue": 1.0}} in reward["attributes"]
     # Another library's span (the SDK's own class, with an event) under the rollout, stamped.
     other = next(s for s in spans if s["name"] == "GET /reset")
     assert by_id[other["parentSpanId"]]["name"] == "gym.rollout"

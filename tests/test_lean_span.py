@@ -284,3 +284,30 @@ def test_attributes_and_events_set_after_start_match_the_sdk_span(
     assert sum("ended span" in r.getMessage() for r in caplog.records) == 4  # two per span
     with pytest.raises(TypeError):
         lean.events[0].attributes["x"] = 1  # event attributes are immutable, as the SDK makes them
+
+
+@pytest.mark.parametrize("max_events", [0, 1, 2, None])
+@pytest.mark.parametrize("count", [1, 2, 3])
+def test_events_match_the_sdk_span_under_every_event_limit(
+    max_events: int | None, count: int, caplog: Any
+) -> None:
+    # A lean span keeps its first event without a bounded list (an episode's reward is its only
+    # one); a second event, a limit of 0 or an ended span must still come out as the SDK's.
+    from opentelemetry.sdk.trace import SpanLimits, TracerProvider
+
+    from gymtrace._constants import INSTRUMENTATION_NAME
+    from gymtrace._leanspan import GymTracerProvider
+
+    limits = SpanLimits(max_events=max_events) if max_events is not None else SpanLimits()
+    shapes = []
+    for provider in (GymTracerProvider(span_limits=limits), TracerProvider(span_limits=limits)):
+        span = provider.get_tracer(INSTRUMENTATION_NAME).start_span(
+            "gym.episode", attributes={"gym.kind": "e"}
+        )
+        for n in range(count):
+            span.add_event(f"e{n}", {"n": n}, timestamp=100 + n)
+        span.end()
+        span.add_event("late")  # ended: the SDK's warning, nothing added
+        shapes.append(([(e.name, dict(e.attributes), e.timestamp) for e in span.events], span.dropped_events))
+    assert shapes[0] == shapes[1]
+    assert sum("ended span" in r.getMessage() for r in caplog.records) == 2

@@ -109,9 +109,7 @@ def _record(span: Any, remember: Callable[[Any, Any], None]) -> tuple[Any, ...]:
         ctx.trace_id, ctx.span_id, int(ctx.trace_flags), _state(ctx.trace_state),
         None if parent is None else parent.span_id, parent is not None and parent.is_remote,
         name, kind.value, start, end, _plain(attributes), dropped_attributes,
-        tuple((e.name, e.timestamp, _plain(e.attributes), getattr(e.attributes, "dropped", 0)) for e in events)
-        if events else (),
-        dropped_events,
+        _event_values(events) if events else (), dropped_events,
         tuple(
             (link.context.trace_id, link.context.span_id, int(link.context.trace_flags), link.context.is_remote,
              _plain(link.attributes), getattr(link.attributes, "dropped", 0))
@@ -119,6 +117,13 @@ def _record(span: Any, remember: Callable[[Any, Any], None]) -> tuple[Any, ...]:
         ) if links else (),
         dropped_links, *_status_values(status), id(resource), id(scope),
     )  # fmt: skip
+
+
+def _event_values(events: Any) -> tuple[tuple[Any, ...], ...]:
+    """A span's events as (name, timestamp, attributes, dropped attributes)."""
+    return tuple(
+        (e.name, e.timestamp, _plain(e.attributes), getattr(e.attributes, "dropped", 0)) for e in events
+    )
 
 
 # A status as (code, description).
@@ -210,8 +215,9 @@ class ProcessExporter:
         return None
 
     def on_end(self, span: Any) -> None:
-        if type(span) is _FAST and self._ready and not span._events and not span._links:
-            # gymtrace's own spans, almost always: the record straight from the fields, no lock.
+        if type(span) is _FAST and self._ready and not span._links:
+            # gymtrace's own spans, almost always: the record straight from the fields, no lock
+            # (an episode's reward event included).
             trace_id, span_id, _, flags, trace_state, _ = span._context
             if not flags & _SAMPLED:
                 return
@@ -222,8 +228,10 @@ class ProcessExporter:
             if resource is not self._last_resource or scope is not self._last_scope:
                 self._remember(resource, scope)
             record: tuple[Any, ...]
+            events = span._events
             if (
-                span._status is _UNSET_STATUS
+                not events
+                and span._status is _UNSET_STATUS
                 and trace_state is DEFAULT_TRACE_STATE
                 and type(plain) is dict
                 and not attributes.dropped
@@ -240,7 +248,8 @@ class ProcessExporter:
                     None if parent is None else parent[1], parent is not None and parent[2],
                     span._name, span._kind._value_, span._start_time or 0, span._end_time or 0,
                     plain if type(plain) is dict else _plain(attributes), getattr(attributes, "dropped", 0),
-                    (), 0, (), 0, *_status_values(span._status), id(resource), id(scope),
+                    _event_values(events) if events else (), getattr(events, "dropped", 0), (), 0,
+                    *_status_values(span._status), id(resource), id(scope),
                 )  # fmt: skip
             pending = self._pending
             pending.append(record)
@@ -257,7 +266,7 @@ class ProcessExporter:
         self._last_resource, self._last_scope = resource, scope
 
     def _on_end_slow(self, span: Any) -> None:
-        """Any other span class, a span with events or links, or no running encoder process."""
+        """Any other span class, a span with links, or no running encoder process."""
         if not span.context.trace_flags.sampled:
             return
         fallback = self._fallback

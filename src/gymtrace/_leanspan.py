@@ -68,15 +68,23 @@ class _LeanSpan(_SpanBase):  # type: ignore[misc]
         return self
 
     # Most gymtrace spans never get an event or a link: the two bounded lists (a deque and a lock
-    # each, ~4 % of a span) are made at the first one. Until then the span holds an empty tuple,
-    # which every reader of the SDK span handles (``events``/``links`` copy it to a tuple,
-    # ``dropped_events``/``dropped_links`` count 0 for anything not a BoundedList).
+    # each, ~4 % of a span) are made when needed. Until then the span holds a tuple, which every
+    # reader of the SDK span handles (``events``/``links`` copy it to a tuple,
+    # ``dropped_events``/``dropped_links`` count 0 for anything not a BoundedList): empty, or for
+    # events the first one alone (an episode's reward event is the only one it ever gets).
     def _add_event(self, event: Any) -> None:
         span: Any = self
-        if span._events is _NONE:
-            with span._lock:  # two threads adding a first event must not each make a list
-                if span._events is _NONE and span._end_time is None:
-                    span._events = BoundedList(span._limits.max_events)
+        if type(span._events) is tuple:
+            with span._lock:  # two threads adding an event must not each replace the tuple
+                events = span._events
+                if type(events) is tuple and span._end_time is None:
+                    limit = span._limits.max_events
+                    if not events and (limit is None or limit > 0):
+                        span._events = (event,)
+                        return
+                    bounded: Any = BoundedList(limit)
+                    bounded.extend(events)
+                    span._events = bounded
         super()._add_event(event)
 
     # Attributes and events set after the start with plain values (str with no length limit, bool,
