@@ -20,6 +20,8 @@ import json, os, sys, time
 import gymtrace
 from gymtrace import _setup
 path, steps, then = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+if then == "one-cpu":
+    os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})
 gymtrace.configure(service_name="auto-app", file=path)
 [queue] = _setup._state.stage.processors()
 
@@ -121,3 +123,27 @@ def test_a_child_forked_after_the_move_exports_its_own_spans_once(tmp_path: Path
 
 def _in(span: dict, rollout_id: str) -> bool:
     return {"key": "gym.rollout.id", "value": {"stringValue": rollout_id}} in span["attributes"]
+
+
+@pytest.mark.skipif(not hasattr(os, "sched_setaffinity"), reason="needs CPU affinity")
+def test_a_fast_loop_with_one_cpu_stays_on_the_thread_queue(tmp_path: Path) -> None:
+    # A second process would compete with the application for its only CPU.
+    result, spans = run_app(tmp_path, 30_000, "one-cpu")
+    assert result["moved"] == "thread"
+    assert_each_span_once(result["stats"][0], spans, 30_002)
+
+
+@pytest.mark.parametrize(
+    ("cpu_max", "expected"),
+    [("50000 100000", 1), ("250000 100000", 3), ("max 100000", None), ("garbage", None)],
+)
+def test_a_cgroup_cpu_quota_bounds_the_cpus_counted(
+    cpu_max: str, expected: int | None, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from gymtrace import _export_auto
+
+    monkeypatch.setattr(_export_auto, "_CGROUP_CPU_MAX", str(tmp_path / "missing"))
+    unlimited = _export_auto._cpus()
+    (tmp_path / "cpu.max").write_text(cpu_max + "\n")
+    monkeypatch.setattr(_export_auto, "_CGROUP_CPU_MAX", str(tmp_path / "cpu.max"))
+    assert _export_auto._cpus() == (unlimited if expected is None else min(unlimited, expected))

@@ -82,10 +82,10 @@ every step is a span, so some episodes can be read step by step."""
 
 GYMTRACE_ENCODER: Final = "GYMTRACE_ENCODER"
 """Where gymtrace's OTLP and file exporters encode and send: ``auto`` (default) starts on a thread
-of the application's process and moves to an encoder process once spans end faster than
-~5,000 a second (a simulator tracing every step), if the machine has two CPUs or more; ``thread``
-stays on the thread; ``process`` uses a child process from the start, fed with plain records
-through a pipe, which takes the export's CPU, and the cost of the export thread itself, off the
+of the application's process and moves to an encoder process once spans end faster than ~5,000 a
+second (a simulator tracing every step), if the process may use two CPUs or more; ``thread`` stays
+on the thread; ``process`` uses a child process from the start, fed with plain records through a
+pipe, which takes the export's CPU, and the cost of the export thread itself, off the
 application's process (see the README's "Performance"). Argument: ``configure(encoder=...)``."""
 
 OTEL_BSP_MAX_QUEUE_SIZE: Final = "OTEL_BSP_MAX_QUEUE_SIZE"

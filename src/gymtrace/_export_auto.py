@@ -36,6 +36,7 @@ logger = logging.getLogger("gymtrace")
 # for its start-up (~0.3 s of its own CPU) within seconds.
 UPGRADE_SPANS = 2048
 UPGRADE_WINDOW = 0.4
+_CGROUP_CPU_MAX = "/sys/fs/cgroup/cpu.max"
 
 
 # Every AutoExporter alive: a child forked while one moved (its lock held by the worker, which
@@ -52,10 +53,20 @@ os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 def _cpus() -> int:
+    """CPUs this process may use: its affinity, bounded by a cgroup v2 quota (a container given one
+    CPU of a large machine)."""
     try:
-        return len(os.sched_getaffinity(0))
+        count = len(os.sched_getaffinity(0))
     except (AttributeError, OSError):  # macOS has no affinity call
-        return os.cpu_count() or 1
+        count = os.cpu_count() or 1
+    try:
+        with open(_CGROUP_CPU_MAX, encoding="ascii") as limits:
+            quota, period = limits.read().split()[:2]
+        if quota != "max":
+            count = min(count, max(1, -(-int(quota) // int(period))))  # rounded up
+    except (OSError, ValueError):
+        pass  # no cgroup v2 limit readable: the affinity says it
+    return count
 
 
 class AutoExporter:

@@ -264,8 +264,8 @@ def configure(
     :class:`gymtrace.StepPolicy` with the sampling parameters.
     ``encoder`` (``GYMTRACE_ENCODER``) says where the OTLP and file exporters encode and send:
     ``"auto"`` (default: a thread of this process, moving to an encoder process once spans end
-    faster than ~5,000 a second on a machine with two CPUs or more), ``"thread"`` (always the
-    thread) or ``"process"`` (a child process fed with plain records from the start; see the
+    faster than ~5,000 a second when the process may use two CPUs or more), ``"thread"`` (always
+    the thread) or ``"process"`` (a child process fed with plain records from the start; see the
     README's "Performance").
 
     Idempotent: the same call twice does nothing; a different call replaces gymtrace's exporters.
