@@ -34,10 +34,11 @@ measured, long enough to fill 8,192 spans. What was measured and chosen:
   would have to keep encoded bytes per exporter; it removes one handoff per batch, which
   draining already amortises.
 - *an encoder process fed through a pipe* (built: ``GYMTRACE_ENCODER=process``,
-  ``_export_process.py``, and where the default ``auto`` moves a fast loop, ``_export_auto.py``): the only candidate that takes the encoding CPU off the application's
-  process and GIL. A queue of records feeding this worker thread had not paid: making them cost
-  the application thread more than the collector work they saved, and with an exporter that does
-  nothing queueing alone cost it 6-10 µs a step. What does pay is no export thread in the
+  ``_export_process.py``, where the default ``auto`` moves a fast loop, ``_export_auto.py``): the
+  only candidate that takes the encoding CPU off the application's process and GIL. A queue of
+  records feeding this worker thread had not paid: making them cost the application thread more
+  than the collector work they saved, and with an exporter that does nothing queueing alone cost
+  it 6-10 µs a step. What does pay is no export thread in the
   application's process at all: records marshalled and written to a pipe by the thread that ends
   the spans cost ~2 µs a span in the loop, against ~13 µs for this queue.
 """
@@ -299,14 +300,15 @@ class BatchExporter:
             return batch
 
     def _work(self) -> None:
+        observer = self._observer
         while True:
             self._wake.wait(self._backoff or self.schedule_delay)
             self._wake.clear()
             if self._shutdown:
                 return
             while True:
-                if self._observer is not None:
-                    self._observe()
+                if observer is not None:
+                    self._observe(observer)
                 batch = self._take_batch()
                 if not batch:
                     break
@@ -319,9 +321,9 @@ class BatchExporter:
             with self._lock:
                 self._idle.notify_all()
 
-    def _observe(self) -> None:
+    def _observe(self, observer: Callable[[], None]) -> None:
         try:
-            self._observer()  # type: ignore[misc]
+            observer()
         except Exception:
             logger.warning("gymtrace: exporter %s: internal error", self.name, exc_info=True)
 

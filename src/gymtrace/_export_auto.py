@@ -24,6 +24,7 @@ import os
 import threading
 import time
 import weakref
+from collections.abc import Callable
 from typing import Any
 
 from gymtrace._export import BatchExporter, ExportStats, log_totals
@@ -74,7 +75,9 @@ class AutoExporter:
     to a :class:`ProcessExporter` for ``target`` when the span rate calls for it. ``rebind`` is
     called after the move, so that whoever bound :attr:`on_end` binds it again."""
 
-    def __init__(self, exporter: Any, target: dict[str, Any], queue: dict[str, Any], rebind: Any) -> None:
+    def __init__(
+        self, exporter: Any, target: dict[str, Any], queue: dict[str, Any], rebind: Callable[[], None]
+    ) -> None:
         self.name = queue["name"]
         self.max_queue_size = queue["max_queue_size"]
         self.shutdown_timeout = queue["shutdown_timeout"]
@@ -117,7 +120,7 @@ class AutoExporter:
         return "thread" if self._process is None else "process"
 
     def _observe(self) -> None:
-        """On the thread queue's worker, at every wake: move if the window filled fast enough."""
+        """On the thread queue's worker, before each batch it takes: move if the window filled fast."""
         if self._process is not None or not self._eligible:
             return
         finished = self._thread.stats().finished

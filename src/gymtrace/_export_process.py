@@ -2,12 +2,12 @@
 
 ``GYMTRACE_ENCODER=process`` (or ``configure(encoder="process")``) puts gymtrace's OTLP and file
 exporters in a child process; the default, ``auto`` (``_export_auto.py``), moves there when spans
-come fast. Why (``benchmarks/perf.py``, the CartPole rows): with the export
-queue on a thread of the application's process, a span cost the process ~13 µs more than with no
-exporter at all, of which encoding was only ~4 µs; the rest was the export thread itself (it
-takes the GIL from the application, and reading and freeing spans on another core drags their
-memory between the cores' caches) and the cyclic collector, which ran ten times as often and
-promoted the queued spans to the oldest generation (three full collections per 50,000 steps).
+come fast. Why (``benchmarks/perf.py``, the CartPole rows): with the export queue on a thread of
+the application's process, a span cost the process ~13 µs more than with no exporter at all, of
+which encoding was only ~4 µs; the rest was the export thread itself (it takes the GIL from the
+application, and reading and freeing spans on another core drags their memory between the cores'
+caches) and the cyclic collector, which ran ten times as often and promoted the queued spans to
+the oldest generation (three full collections per 50,000 steps).
 
 Here the span becomes a tuple of plain values when it ends (its trace and span IDs, name, kind,
 times, attributes, events, links, status); every ``_BLOCK`` of them are serialised with
