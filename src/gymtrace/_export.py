@@ -38,9 +38,9 @@ measured, long enough to fill 8,192 spans. What was measured and chosen:
   only candidate that takes the encoding CPU off the application's process and GIL. A queue of
   records feeding this worker thread had not paid: making them cost the application thread more
   than the collector work they saved, and with an exporter that does nothing queueing alone cost
-  it 6-10 µs a step. What does pay is no export thread in the
-  application's process at all: records marshalled and written to a pipe by the thread that ends
-  the spans cost ~2 µs a span in the loop, against ~13 µs for this queue.
+  it 6-10 µs a step. What does pay is no export thread in the application's process at all:
+  records marshalled and written to a pipe by the thread that ends the spans cost ~2 µs a span in
+  the loop, against ~13 µs for this queue.
 """
 
 from __future__ import annotations
@@ -104,6 +104,11 @@ class ExportStats:
     @property
     def dropped(self) -> int:
         return self.dropped_queue_full + self.dropped_export_failed
+
+
+def remaining_millis(deadline: float) -> int:
+    """Milliseconds left until ``deadline`` (a ``time.monotonic()`` value), never negative."""
+    return max(0, int((deadline - time.monotonic()) * 1000))
 
 
 def log_totals(stats: ExportStats, flushed: bool = True) -> None:

@@ -4,8 +4,8 @@ An LLM agent loop ends tens of spans a second; a simulator with every step a spa
 thousands. For the first the thread queue (``_export.py``) costs nothing worth a process; for the
 second it costs the application's process ~13 µs a span (``benchmarks/perf.py``, the CartPole
 rows), and the encoder process (``_export_process.py``) ~2 µs. So the export starts on the thread
-queue, whose worker watches the rate at every wake (off the application's threads), and moves to an
-encoder process when :data:`UPGRADE_SPANS` spans ended within :data:`UPGRADE_WINDOW` seconds: from
+queue, whose worker watches the rate before each batch it takes (off the application's threads),
+and moves to an encoder process when :data:`UPGRADE_SPANS` spans ended within :data:`UPGRADE_WINDOW` seconds: from
 then on, spans end into the encoder process's pipe. The thread queue delivers what it already holds
 and stays as it is (a span ended on another thread while the switch happened still gets there), so
 nothing is lost or sent twice; the file exporter's writes are whole ``O_APPEND`` writes, so the two
@@ -27,7 +27,7 @@ import weakref
 from collections.abc import Callable
 from typing import Any
 
-from gymtrace._export import BatchExporter, ExportStats, log_totals
+from gymtrace._export import BatchExporter, ExportStats, log_totals, remaining_millis
 from gymtrace._export_process import ProcessExporter, build_exporter, pipes_available
 
 logger = logging.getLogger("gymtrace")
@@ -161,7 +161,7 @@ class AutoExporter:
         flushed = self._thread.force_flush(timeout_millis)
         process = self._process
         if process is not None:
-            flushed = process.force_flush(_remaining(deadline)) and flushed
+            flushed = process.force_flush(remaining_millis(deadline)) and flushed
         return flushed
 
     def shutdown(self, timeout_millis: int | None = None, *, report: bool = True) -> None:
@@ -175,7 +175,7 @@ class AutoExporter:
         deadline = time.monotonic() + timeout_millis / 1000
         if process is not None:
             process.shutdown(timeout_millis, report=False)
-        self._thread.shutdown(_remaining(deadline), report=False)
+        self._thread.shutdown(remaining_millis(deadline), report=False)
         if report:
             log_totals(self.stats())
 
@@ -198,7 +198,3 @@ class AutoExporter:
 
 def _thread_queue(target: dict[str, Any], queue: dict[str, Any]) -> BatchExporter:
     return BatchExporter(build_exporter(target), **queue)
-
-
-def _remaining(deadline: float) -> int:
-    return max(0, int((deadline - time.monotonic()) * 1000))

@@ -48,7 +48,7 @@ from typing import Any
 
 from opentelemetry.trace.span import DEFAULT_TRACE_STATE
 
-from gymtrace._export import BatchExporter, ExportStats, log_totals
+from gymtrace._export import BatchExporter, ExportStats, log_totals, remaining_millis
 from gymtrace._export_targets import file_exporter, otlp_exporter
 from gymtrace._otlp import _read, last_object_cache
 
@@ -523,11 +523,7 @@ class ProcessExporter:
     def _request(self, kind: int, deadline: float) -> bool:
         """Send what is pending, then a flush or shutdown request; wait for its answer (lock held)."""
         if self._proc is None and not self._start():
-            return (
-                self._fallback.force_flush(max(0, int((deadline - time.monotonic()) * 1000)))
-                if self._fallback
-                else False
-            )
+            return self._fallback.force_flush(remaining_millis(deadline)) if self._fallback else False
         if self._pending:
             self._send(self._take_pending())
         if self._proc is None:  # died while sending
@@ -772,27 +768,23 @@ class _Rebuilder:
             if parent_id is None
             else self._context(trace_id, parent_id, parent_remote, trace_flags, trace_state)
         )
-        event_objects: Any = [
-            self._event(e_name, self._bounded(e_attributes, e_dropped), e_time)
-            for e_name, e_time, e_attributes, e_dropped in events
-        ]
-        if dropped_events:
-            from opentelemetry.sdk.util import BoundedList
-
-            event_objects = BoundedList.from_seq(len(event_objects), event_objects)
-            event_objects.dropped = dropped_events
-        link_objects: Any = [
-            self._link(
-                self._context(l_trace, l_span, l_remote, self._flags(l_flags)),
-                self._bounded(l_attr, l_dropped),
-            )
-            for l_trace, l_span, l_flags, l_remote, l_attr, l_dropped in links
-        ]
-        if dropped_links:
-            from opentelemetry.sdk.util import BoundedList
-
-            link_objects = BoundedList.from_seq(len(link_objects), link_objects)
-            link_objects.dropped = dropped_links
+        event_objects = _counted(
+            [
+                self._event(e_name, self._bounded(e_attributes, e_dropped), e_time)
+                for e_name, e_time, e_attributes, e_dropped in events
+            ],
+            dropped_events,
+        )
+        link_objects = _counted(
+            [
+                self._link(
+                    self._context(l_trace, l_span, l_remote, self._flags(l_flags)),
+                    self._bounded(l_attr, l_dropped),
+                )
+                for l_trace, l_span, l_flags, l_remote, l_attr, l_dropped in links
+            ],
+            dropped_links,
+        )
         status = (
             self._unset if code == 0 and not description else self._status(self._codes[code], description)
         )
@@ -810,6 +802,17 @@ class _Rebuilder:
             end_time=end,
             instrumentation_scope=self.scopes.get(scope),
         )
+
+
+def _counted(items: list[Any], dropped: int) -> Any:
+    """``items`` as the span had them: a BoundedList saying how many were dropped, if any were."""
+    if not dropped:
+        return items
+    from opentelemetry.sdk.util import BoundedList
+
+    bounded = BoundedList.from_seq(len(items), items)
+    bounded.dropped = dropped
+    return bounded
 
 
 def build_exporter(target: dict[str, Any]) -> Any:

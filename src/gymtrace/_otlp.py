@@ -106,6 +106,7 @@ _KV_CACHE_MAX = 8192
 _KV_CACHEABLE = (str, bool, int, float)
 _KV_CACHE_MAX_STR = 256
 _Encoded = TypeVar("_Encoded", bytes, str)
+_Kept = TypeVar("_Kept")
 _Tag = TypeVar("_Tag")
 
 
@@ -131,11 +132,18 @@ def _cached_each(
         if encoded is None:
             continue
         if kind in _KV_CACHEABLE and (kind is not str or len(value) <= _KV_CACHE_MAX_STR):
-            if len(cache) >= _KV_CACHE_MAX:
-                cache.clear()
-            cache[(tag, key, kind, value)] = encoded
+            _keep(cache, (tag, key, kind, value), encoded)
         parts.append(encoded)
     return parts
+
+
+def _keep(cache: dict[Any, _Kept], key: Any, value: _Kept) -> _Kept:
+    """``cache[key] = value``, the cache cleared first when it holds :data:`_KV_CACHE_MAX` entries
+    (names and values that never repeat must not grow it without bound); returns ``value``."""
+    if len(cache) >= _KV_CACHE_MAX:
+        cache.clear()
+    cache[key] = value
+    return value
 
 
 def _attributes(tag: bytes, attributes: Mapping[str, Any] | None) -> bytes:
@@ -282,10 +290,12 @@ def _encode_read(read: _Read) -> bytes:
     # Keyed by the kind's value: an Enum member hashes through a Python-level __hash__.
     named = _NAMES.get((name, kind._value_))
     if named is None:
-        if len(_NAMES) >= _KV_CACHE_MAX:
-            _NAMES.clear()
-        named = _NAMES[(name, kind._value_)] = _field(b"\x2a", name.encode("utf-8", "surrogatepass")) + (
-            b"\x30" + _varint(kind.value + 1)  # Span.kind: OTLP's enum is the API's value plus one
+        named = _keep(
+            _NAMES,
+            (name, kind._value_),
+            _field(b"\x2a", name.encode("utf-8", "surrogatepass"))
+            + b"\x30"
+            + _varint(kind.value + 1),  # Span.kind: OTLP's enum is the API's value plus one
         )
     parts.append(named)
     parts.append(_pack_times(0x39, start, 0x41, end))
@@ -551,10 +561,8 @@ def encode_json_line(spans: Sequence[Any]) -> str:
          scope) = _read(span)  # fmt: skip
         named = _JSON_NAMES.get((name, kind._value_))  # '"name":...,"kind":N,' (see _encode_read)
         if named is None:
-            if len(_JSON_NAMES) >= _KV_CACHE_MAX:
-                _JSON_NAMES.clear()
-            named = _JSON_NAMES[(name, kind._value_)] = (
-                f'"name":{_json_string(name)},"kind":{kind.value + 1},'
+            named = _keep(
+                _JSON_NAMES, (name, kind._value_), f'"name":{_json_string(name)},"kind":{kind.value + 1},'
             )
         text = (
             f'{{"traceId":"{ctx.trace_id:032x}","spanId":"{ctx.span_id:016x}",{named}'

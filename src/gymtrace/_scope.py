@@ -200,7 +200,7 @@ class Scope:
         try:
             parent_context = current_context()
             # Only gymtrace stores under FRAME_KEY (a key with a random suffix), and only frames:
-            # no isinstance check, which was ~6 % of what a `with` block adds to a span.
+            # no isinstance check (with the one in __exit__, ~560 of ~70,000 instructions a span).
             parent: ActiveScope | None = parent_context.get(FRAME_KEY)  # type: ignore[assignment]
             static = self._static if self._static is not None else self._resolve()
             level = self._level
