@@ -18,6 +18,10 @@ The Collector is killed only after Jaeger holds everything exported so far: span
 acknowledged and then lost in its own memory (tail sampling holds them ``decision_wait``) are
 beyond what any client can count, and are not what this suite measures.
 
+Every scenario runs three times: export on a thread of the worker (``GYMTRACE_ENCODER=thread``),
+in an encoder process (``process``), and with the default ``auto`` moving from the first to the
+second after the worker's first rollout, so the fault meets spans on both paths at once.
+
 Bounded: workloads are fixed counts, every wait and subprocess has a timeout.
 """
 
@@ -39,6 +43,7 @@ from typing import Any
 import pytest
 
 from child_process import clean_env
+from gymtrace._export_auto import _cpus
 from pipeline import JAEGER_BIN, Pipeline, PipelineError, span_tags
 
 WORKER = Path(__file__).resolve().parents[1] / "support" / "fault_worker.py"
@@ -62,9 +67,12 @@ def pipe(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Pipeline]:
         p.stop()
 
 
-@pytest.fixture(params=["thread", "process"])
+@pytest.fixture(params=["thread", "process", "auto"])
 def encoder(request: pytest.FixtureRequest) -> str:
-    """Every scenario with the export queue on a thread of the worker and in an encoder process."""
+    """Every scenario with the export queue on a thread of the worker, in an encoder process, and
+    with the default (``auto``) moving from the one to the other after the first rollout."""
+    if request.param == "auto" and _cpus() < 2:
+        pytest.skip("auto never moves with one CPU (tests/test_export_auto.py covers that)")
     return str(request.param)
 
 
@@ -98,6 +106,9 @@ class Worker:
         self.stdout = tmp / "stdout.txt"
         self.stderr = tmp / "stderr.txt"
         full_env = clean_env(**(env or {}), GYMTRACE_ENCODER=encoder)
+        self.moves = encoder == "auto"
+        if self.moves:
+            extra = (*extra, "--move-at-once")
         with open(self.stdout, "wb") as out, open(self.stderr, "wb") as err:
             self.proc = subprocess.Popen(
                 [
@@ -134,7 +145,14 @@ class Worker:
         return path
 
     def wait_phase(self, phase: int) -> dict[str, Any]:
-        return json.loads(self.wait_file(f"phase-{phase}.json").read_text())
+        state: dict[str, Any] = json.loads(self.wait_file(f"phase-{phase}.json").read_text())
+        self.assert_moved(state)
+        return state
+
+    def assert_moved(self, state: dict[str, Any]) -> None:
+        """Under auto the export moved after the first rollout, and stays moved."""
+        if self.moves:
+            assert state["encoders"] == ["process"], (state, self.logs())
 
     def go(self, phase: int) -> None:
         (self.control / f"go-{phase}").write_text("")
@@ -148,6 +166,7 @@ class Worker:
             raise AssertionError(f"worker did not finish within {timeout}s:\n{self.logs()}") from None
         assert self.proc.returncode == 0, f"worker exited {self.proc.returncode}:\n{self.logs()}"
         result: dict[str, Any] = json.loads(self.stdout.read_text().strip().splitlines()[-1])
+        self.assert_moved(result)
         # (d) tracing never made user code raise, whatever the Collector did.
         assert result["user_errors"] == 0, self.logs()
         return result

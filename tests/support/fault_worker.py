@@ -12,6 +12,11 @@ flushes and prints one JSON line to stdout::
 Every finished, sampled span ID is appended to ``--ids`` as it ends (one hex ID a line, written
 with ``os.write`` on an ``O_APPEND`` descriptor), so the list survives a SIGTERM.
 
+``--move-at-once`` (with ``GYMTRACE_ENCODER=auto``, the default) moves the export to the encoder
+process at the queue's first look instead of at ~5,000 spans a second, a rate this worker never
+reaches: the scenarios then run across the move. Phase files and the result say where export ran
+(``"encoders"``: ``thread`` or ``process`` per exporter).
+
 ``--hang`` makes the worker open a run, rollout, episode and step after the last phase, write
 ``<control>/hanging``, and sleep: the test then stops it with a signal.
 
@@ -85,6 +90,21 @@ def stats_json() -> list[dict[str, Any]]:
     return [dataclasses.asdict(s) for s in gymtrace.export_stats()]
 
 
+def encoders() -> list[str]:
+    """Where each exporter encodes now: ``thread`` or ``process`` (what the queue says it is)."""
+    from gymtrace import _setup
+
+    return [str(getattr(p, "encoder", "thread")) for p in _setup._state.stage.processors()]
+
+
+def wait_moved(timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while set(encoders()) != {"process"}:
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"fault_worker: export did not move to the encoder process: {encoders()}")
+        time.sleep(0.02)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--service", required=True)
@@ -96,10 +116,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--ids", required=True, help="file that collects finished span IDs")
     parser.add_argument("--final-flush", type=float, default=30.0, help="seconds; 0 skips it")
     parser.add_argument("--hang", action="store_true")
+    parser.add_argument("--move-at-once", action="store_true")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING, stream=sys.stderr, format="%(name)s %(levelname)s %(message)s")
 
     control = Path(args.control)
+    if args.move_at_once:
+        from gymtrace import _export_auto
+
+        # One span, whenever: the queue's first look moves the export (its worker looks before
+        # each batch it takes, every 0.5 s here).
+        _export_auto.UPGRADE_SPANS, _export_auto.UPGRADE_WINDOW = 1, 3600.0
     gymtrace.configure(service_name=args.service, endpoint=args.endpoint, protocol="grpc")
     provider: Any = trace.get_tracer_provider()
     provider.add_span_processor(SpanIdRecorder(args.ids))
@@ -120,8 +147,10 @@ def main(argv: list[str] | None = None) -> int:
                     print(f"fault_worker: user code raised {exc!r}", file=sys.stderr)
                 max_rollout = max(max_rollout, time.perf_counter() - t0)
                 produced += 1
+                if args.move_at_once and produced == 1:
+                    wait_moved()  # the first rollout's spans are the thread queue's, the rest not
                 time.sleep(args.pace)
-            state = {"phase": phase, "produced": produced, "stats": stats_json()}
+            state = {"phase": phase, "produced": produced, "stats": stats_json(), "encoders": encoders()}
             tmp = control / f".phase-{phase}.json"
             tmp.write_text(json.dumps(state))
             tmp.rename(control / f"phase-{phase}.json")
@@ -139,6 +168,7 @@ def main(argv: list[str] | None = None) -> int:
     flushed = gymtrace.force_flush(int(args.final_flush * 1000)) if args.final_flush else None
     result = {
         "stats": stats_json(),
+        "encoders": encoders(),
         "flushed": flushed,
         "produced_rollouts": produced,
         "user_errors": user_errors,
