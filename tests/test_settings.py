@@ -49,6 +49,11 @@ def child_json(code: str, tmp_path: Path, **env: str) -> dict[str, Any]:
         ("GYMTRACE_SAMPLE_BY", "episode", "sample_by", "rollout"),
         ("GYMTRACE_TRACE_PER", "episode", "trace_per_run", False),
         ("OTEL_EXPORTER_OTLP_PROTOCOL", "carrier-pigeon", "protocol", "grpc"),
+        ("GYMTRACE_ENCODER", "gpu", "encoder", "auto"),
+        ("GYMTRACE_STEP_POLICY", "sometimes", "step_policy", "all"),
+        ("GYMTRACE_STEP_FIRST", "-1", "step_first", 1),
+        ("GYMTRACE_STEP_SLOWEST", "many", "step_slowest", 1),
+        ("GYMTRACE_STEP_EPISODE_SHARE", "1.5", "step_episode_share", 0.0),
     ],
 )
 def test_a_bad_environment_value_warns_naming_it_and_uses_the_default(

@@ -152,6 +152,30 @@ def test_a_bad_step_policy_is_an_error_naming_it(value: object, problem: str) ->
         gymtrace.StepPolicy("aggregate", episode_share=2)
 
 
+def test_a_bad_variable_warns_and_keeps_every_step_and_never_breaks_the_import(tmp_path: Path) -> None:
+    # A typo in the environment is reported like every bad variable, never raised into the
+    # application (not even at `import gymtrace`); strict mode raises at configure() instead.
+    code = """
+    import json, gymtrace
+    from gymtrace import _steps
+    gymtrace.configure(service_name="steps", file=False)
+    policy = _steps.current_policy()
+    print(json.dumps({"policy": policy.policy, "first": policy.first}))
+    """
+    out = run_python(
+        code=code, cwd=tmp_path, env={"GYMTRACE_STEP_POLICY": "aggregated", "GYMTRACE_STEP_FIRST": "-3"}
+    )
+    assert out.returncode == 0, out.stderr
+    assert json.loads(out.stdout.strip().splitlines()[-1]) == {"policy": "all", "first": 1}
+    assert "GYMTRACE_STEP_POLICY='aggregated' is not one of ('all', 'aggregate'); using 'all'" in out.stderr
+    assert "GYMTRACE_STEP_FIRST='-3' is not an integer >= 0; using 1" in out.stderr
+    strict = run_python(
+        code=code, cwd=tmp_path, env={"GYMTRACE_STEP_POLICY": "aggregated", "GYMTRACE_STRICT": "true"}
+    )
+    assert strict.returncode != 0
+    assert "InvalidArgumentError: GYMTRACE_STEP_POLICY must be one of ('all', 'aggregate')" in strict.stderr
+
+
 def test_the_variables_set_the_policy_and_tree_and_check_read_the_file(tmp_path: Path) -> None:
     code = """
     import json, gymtrace

@@ -30,6 +30,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any, Final
 
+from gymtrace import _constants as c
 from gymtrace import _environment as env
 from gymtrace._exceptions import InvalidArgumentError
 
@@ -71,6 +72,13 @@ ENCODER_THREAD: Final = "thread"
 ENCODER_PROCESS: Final = "process"
 ENCODERS: Final = (ENCODER_AUTO, ENCODER_THREAD, ENCODER_PROCESS)
 
+# What a gymtrace.step records (GYMTRACE_STEP_*; see _steps.py). The aggregate policy's defaults
+# are the Gymnasium integration's: a span costs about five CartPole steps, a random episode ~20.
+STEP_POLICIES: Final = (c.STEPS_POLICY_ALL, c.STEPS_POLICY_AGGREGATE)
+DEFAULT_STEP_FIRST: Final = 1
+DEFAULT_STEP_SLOWEST: Final = 1
+DEFAULT_STEP_EPISODE_SHARE: Final = 0.0
+
 DEFAULT_MAX_QUEUE_SIZE: Final = 8192
 DEFAULT_MAX_EXPORT_BATCH_SIZE: Final = 512
 DEFAULT_SCHEDULE_DELAY: Final = 0.5  # seconds (OTEL_BSP_SCHEDULE_DELAY is in milliseconds)
@@ -99,6 +107,10 @@ class Settings:
     max_export_batch_size: int = DEFAULT_MAX_EXPORT_BATCH_SIZE
     schedule_delay: float = DEFAULT_SCHEDULE_DELAY
     encoder: str = ENCODER_AUTO
+    step_policy: str = c.STEPS_POLICY_ALL
+    step_first: int = DEFAULT_STEP_FIRST
+    step_slowest: int = DEFAULT_STEP_SLOWEST
+    step_episode_share: float = DEFAULT_STEP_EPISODE_SHARE
     capture_content: str = NO_CONTENT
     content_max_value_bytes: int = DEFAULT_CONTENT_MAX_VALUE_BYTES
     content_max_span_bytes: int = DEFAULT_CONTENT_MAX_SPAN_BYTES
@@ -148,7 +160,15 @@ class _Reader:
         if first:
             logger.warning("gymtrace: %s=%r is not %s; using %r", name, raw[:80], expected, default)
 
-    def number(self, name: str, default: float, *, minimum: float, integer: bool = False) -> float:
+    def number(
+        self,
+        name: str,
+        default: float,
+        *,
+        minimum: float,
+        maximum: float | None = None,
+        integer: bool = False,
+    ) -> float:
         raw = self.raw(name)
         if raw is None:
             return default
@@ -156,9 +176,11 @@ class _Reader:
             value = int(raw.strip()) if integer else float(raw)
         except ValueError:
             value = None
-        if value is None or value != value or value < minimum:  # value != value: NaN
+        # value != value: NaN
+        if value is None or value != value or value < minimum or (maximum is not None and value > maximum):
             kind = "an integer" if integer else "a number"
-            self.bad(name, raw, f"{kind} >= {minimum:g}", default)
+            bounds = f">= {minimum:g}" if maximum is None else f"in [{minimum:g}, {maximum:g}]"
+            self.bad(name, raw, f"{kind} {bounds}", default)
             return default
         return value
 
@@ -371,6 +393,14 @@ def resolve(
         schedule_delay=read.number(env.OTEL_BSP_SCHEDULE_DELAY, DEFAULT_SCHEDULE_DELAY * 1000, minimum=0)
         / 1000,
         encoder=encoder or read.choice(env.GYMTRACE_ENCODER, ENCODERS, ENCODER_AUTO),
+        step_policy=read.choice(env.GYMTRACE_STEP_POLICY, STEP_POLICIES, c.STEPS_POLICY_ALL),
+        step_first=int(read.number(env.GYMTRACE_STEP_FIRST, DEFAULT_STEP_FIRST, minimum=0, integer=True)),
+        step_slowest=int(
+            read.number(env.GYMTRACE_STEP_SLOWEST, DEFAULT_STEP_SLOWEST, minimum=0, integer=True)
+        ),
+        step_episode_share=read.number(
+            env.GYMTRACE_STEP_EPISODE_SHARE, DEFAULT_STEP_EPISODE_SHARE, minimum=0, maximum=1
+        ),
         capture_content=capture,
         content_max_value_bytes=budget(
             "content_max_value_bytes", env.GYMTRACE_CONTENT_MAX_VALUE_BYTES, DEFAULT_CONTENT_MAX_VALUE_BYTES

@@ -282,12 +282,6 @@ def configure(
         raise InvalidArgumentError(
             f"gymtrace.configure(): argument 'trace_per' must be one of {_settings.TRACE_PER}, got {trace_per!r:.80}"
         )
-    # Validated here with the rest; made active with the rest, in _apply.
-    step = (
-        step_policy_from(step_policy)
-        if step_policy is not None or env.GYMTRACE_STEP_POLICY in os.environ
-        else None
-    )
     overrides, policy_changes = content_changes(
         capture=UNCHANGED if capture_content is None else capture_content,
         redact=UNCHANGED if redact_content is None else redact_content,
@@ -305,6 +299,13 @@ def configure(
         service_name=service_name,
         encoder=encoder,
         overrides=overrides,
+    )
+    # Validated here with the rest, its variables read with the rest; made active in _apply. Left
+    # as it is when neither the argument nor the variable says anything.
+    step = (
+        step_policy_from(step_policy, settings)
+        if step_policy is not None or env.GYMTRACE_STEP_POLICY in os.environ
+        else None
     )
     if settings.sdk_disabled:
         _apply(settings, overrides, policy_changes, step)
@@ -586,8 +587,8 @@ def reset() -> None:
     """
     shutdown()
     reset_content_policy()
-    reset_step_policy()
     _settings.reset()
+    reset_step_policy()  # from the settings just read again
     reset_seen()
 
 

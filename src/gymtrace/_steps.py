@@ -23,23 +23,22 @@ import os
 import random
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any
 
 from opentelemetry import trace
 from opentelemetry.trace import Status, StatusCode
 
 from gymtrace import _constants as c
-from gymtrace import _environment as env
+from gymtrace import _settings
 from gymtrace._errors import InvalidArgumentError
 from gymtrace._failures import qualified_name
 from gymtrace._tracing import active_tracer
 
 POLICY_ALL = c.STEPS_POLICY_ALL
 POLICY_AGGREGATE = c.STEPS_POLICY_AGGREGATE
-POLICIES = (POLICY_ALL, POLICY_AGGREGATE)
-_Number = TypeVar("_Number", int, float)
+POLICIES = _settings.STEP_POLICIES
 
 
 @dataclass(frozen=True)
@@ -47,11 +46,9 @@ class StepPolicy:
     """What a step records; see the module docstring. ``StepPolicy()`` is every step a span."""
 
     policy: str = POLICY_ALL
-    # Defaults as the Gymnasium integration's (DEFAULT_SAMPLE_FIRST): a span costs about five
-    # CartPole steps and a random CartPole episode lasts ~20 steps.
-    first: int = 1
-    slowest: int = 1
-    episode_share: float = 0.0
+    first: int = _settings.DEFAULT_STEP_FIRST
+    slowest: int = _settings.DEFAULT_STEP_SLOWEST
+    episode_share: float = _settings.DEFAULT_STEP_EPISODE_SHARE
 
     def __post_init__(self) -> None:
         if self.policy not in POLICIES:
@@ -75,21 +72,13 @@ class StepPolicy:
         return self.policy == POLICY_AGGREGATE
 
 
-def _env_number(name: str, default: _Number, parse: Callable[[str], _Number], expected: str) -> _Number:
-    """The variable ``name`` parsed, ``default`` when unset or blank; ``expected`` names the valid
-    values in the error (StepPolicy checks the range)."""
-    raw = os.environ.get(name, "").strip()
-    if not raw:
-        return default
-    try:
-        return parse(raw)
-    except ValueError:
-        raise InvalidArgumentError(f"{name} must be {expected}, got {raw!r}") from None
-
-
-def policy_from(value: str | StepPolicy | Mapping[str, Any] | None) -> StepPolicy:
-    """The policy for ``configure(step_policy=...)``: a StepPolicy, a policy name (parameters from
-    the ``GYMTRACE_STEP_*`` variables) or None (everything from the environment)."""
+def policy_from(
+    value: str | StepPolicy | Mapping[str, Any] | None, settings: _settings.Settings | None = None
+) -> StepPolicy:
+    """The policy for ``configure(step_policy=...)``: a StepPolicy, a policy name (its parameters
+    from the ``GYMTRACE_STEP_*`` variables) or None (all of it from the environment). The variables
+    come resolved in ``settings`` (default: the active ones), where a bad value was already reported
+    as every bad variable is; a bad argument raises."""
     if isinstance(value, StepPolicy):
         return value
     if isinstance(value, Mapping):
@@ -99,23 +88,18 @@ def policy_from(value: str | StepPolicy | Mapping[str, Any] | None) -> StepPolic
             "gymtrace.configure(): argument 'step_policy' must be 'all', 'aggregate' or a"
             f" gymtrace.StepPolicy, got {type(value).__name__}"
         )
-    name = (value or os.environ.get(env.GYMTRACE_STEP_POLICY, "") or POLICY_ALL).strip().lower()
+    read = _settings.active if settings is None else settings
+    name = read.step_policy if value is None else value.strip().lower()
     if name not in POLICIES:
         raise InvalidArgumentError(
-            f"step policy must be one of {POLICIES} (argument 'step_policy' or"
-            f" {env.GYMTRACE_STEP_POLICY}), got {name!r}"
+            f"gymtrace.configure(): argument 'step_policy' must be one of {POLICIES}, got {value!r:.60}"
         )
     return StepPolicy(
-        policy=name,
-        first=_env_number(env.GYMTRACE_STEP_FIRST, StepPolicy.first, int, "an int >= 0"),
-        slowest=_env_number(env.GYMTRACE_STEP_SLOWEST, StepPolicy.slowest, int, "an int >= 0"),
-        episode_share=_env_number(
-            env.GYMTRACE_STEP_EPISODE_SHARE, StepPolicy.episode_share, float, "a number in [0, 1]"
-        ),
+        policy=name, first=read.step_first, slowest=read.step_slowest, episode_share=read.step_episode_share
     )
 
 
-_policy = policy_from(None) if os.environ.get(env.GYMTRACE_STEP_POLICY) else StepPolicy()
+_policy = policy_from(None)
 # Read by the engine on every step: True when the policy is aggregate.
 aggregating = _policy.aggregate
 
@@ -131,8 +115,8 @@ def set_policy(policy: StepPolicy) -> None:
 
 
 def reset_policy() -> None:
-    """Back to what the environment says (``gymtrace.testing.reset()``)."""
-    set_policy(policy_from(None) if os.environ.get(env.GYMTRACE_STEP_POLICY) else StepPolicy())
+    """Back to what the environment says, as the active settings read it (``gymtrace.testing.reset()``)."""
+    set_policy(policy_from(None))
 
 
 # A private RNG for the episode share: RL code seeds the global one in every worker.
