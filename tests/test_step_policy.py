@@ -140,7 +140,11 @@ def test_explicit_step_numbers_stay_true_when_sampled(policy) -> None:
 
 @pytest.mark.parametrize(
     ("value", "problem"),
-    [("sometimes", "one of ('all', 'aggregate')"), (3, "must be 'all', 'aggregate'")],
+    [
+        ("sometimes", "one of ('all', 'aggregate')"),
+        (3, "must be 'all', 'aggregate'"),
+        ({"policy": "aggregate", "frist": 2}, "unknown keys ['frist']"),
+    ],
 )
 def test_a_bad_step_policy_is_an_error_naming_it(value: object, problem: str) -> None:
     with pytest.raises(gymtrace.InvalidArgumentError, match="step_policy") as info:

@@ -24,7 +24,7 @@ import random
 import threading
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Any
 
 from opentelemetry import trace
@@ -72,6 +72,9 @@ class StepPolicy:
         return self.policy == POLICY_AGGREGATE
 
 
+_FIELDS = tuple(f.name for f in fields(StepPolicy))
+
+
 def policy_from(
     value: str | StepPolicy | Mapping[str, Any] | None, settings: _settings.Settings | None = None
 ) -> StepPolicy:
@@ -82,6 +85,12 @@ def policy_from(
     if isinstance(value, StepPolicy):
         return value
     if isinstance(value, Mapping):
+        unknown = sorted(str(key) for key in value if key not in _FIELDS)
+        if unknown:
+            raise InvalidArgumentError(
+                f"gymtrace.configure(): argument 'step_policy' has unknown keys {unknown}; a step"
+                f" policy has {list(_FIELDS)}"
+            )
         return StepPolicy(**value)
     if value is not None and not isinstance(value, str):
         raise InvalidArgumentError(
