@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
@@ -10,6 +11,7 @@ import pytest
 
 import gymtrace
 from gymtrace import _constants as c
+from gymtrace import _steps
 from gymtrace._outcomes import final_outcomes
 from gymtrace.testing import CapturedSpans, capture_spans, check_trace
 
@@ -298,6 +300,55 @@ def test_untraced_without_a_provider_and_results_unchanged() -> None:
     # Other wrappers accept it as the environment it proxies.
     stats = gym.wrappers.RecordEpisodeStatistics(traced)
     assert play(stats, 7) == play(plain, 7)
+
+
+@pytest.fixture
+def chosen_policy() -> Iterator[Any]:
+    """Choose a global step policy as configure(step_policy=...) does; forgotten afterwards."""
+
+    def choose(policy: str, **parameters: Any) -> None:
+        _steps.set_policy(gymtrace.StepPolicy(policy, **parameters), chosen=True)
+
+    yield choose
+    _steps.reset_policy()
+
+
+@pytest.mark.parametrize(
+    ("chosen", "arguments", "policy", "sampled"),
+    [
+        (None, {}, "aggregate", 1),  # the integration's default
+        (("aggregate", {}), {}, "aggregate", 1),
+        (("aggregate", {"first": 3, "slowest": 2, "episode_share": 1.0}), {}, "aggregate", 3),
+        (("all", {}), {}, "all", None),
+        (("aggregate", {}), {"steps": "all"}, "all", None),  # the argument wins
+        (("all", {}), {"steps": "aggregate", "sample_first": 2}, "aggregate", 2),
+    ],
+)
+def test_the_chosen_step_policy_or_the_argument_decides_and_every_step_is_counted_once(
+    captured: CapturedSpans,
+    chosen_policy: Any,
+    chosen: tuple[str, dict[str, Any]] | None,
+    arguments: dict[str, Any],
+    policy: str,
+    sampled: int | None,
+) -> None:
+    # The wrapper samples and counts its own steps: gymtrace's step engine, aggregating too
+    # under a chosen "aggregate", must neither drop the wrapper's step spans nor overwrite its
+    # statistics with its own (which see only the spans).
+    if chosen is not None:
+        chosen_policy(chosen[0], **chosen[1])
+    env = TraceEnv(gym.make("CartPole-v1"), rollout_id=lambda n: f"pole-{n}", **arguments)
+    played = [play(env, seed, policy=lambda: 0) for seed in range(3)]
+    for n, (_, steps) in enumerate(played):
+        (episode,) = spans_of(captured, f"pole-{n}", "episode")
+        expected = steps if sampled is None else sampled
+        assert attrs(episode)[c.STEPS_POLICY] == policy
+        assert attrs(episode)[c.STEPS_COUNT] == steps
+        assert attrs(episode)[c.STEPS_SAMPLED] == expected
+        numbers = sorted(attrs(s)[c.STEP_NUMBER] for s in spans_of(captured, f"pole-{n}", "step"))
+        assert numbers == list(range(1, expected + 1))
+        assert all(c.STEP_KEPT not in attrs(s) for s in spans_of(captured, f"pole-{n}", "step"))
+    assert check_trace(captured) == []
 
 
 def test_bad_arguments_name_the_argument() -> None:

@@ -14,7 +14,7 @@ import pytest
 
 import gymtrace
 from child_process import run_python
-from gymtrace import _errors, _settings, _setup
+from gymtrace import _errors, _settings, _setup, _steps
 from gymtrace._spandata import read_otlp_json_lines
 
 _VARS = [k for k in os.environ if k.startswith(("OTEL_", "GYMTRACE_"))]
@@ -110,6 +110,26 @@ def test_configure_that_raises_changes_nothing() -> None:
     assert _settings.active.trace_per_run is False
     assert _settings.active.capture_content == "NO_CONTENT"
     assert gymtrace.is_configured() is False
+
+
+def test_a_step_policy_is_chosen_only_by_configure_or_a_valid_variable(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Chosen, it applies where an integration has a default of its own (TraceEnv aggregates).
+    assert _steps.chosen_policy() is None
+    monkeypatch.setenv("GYMTRACE_STEP_POLICY", "sometimes")
+    gymtrace.testing.reset()
+    assert _steps.chosen_policy() is None  # a bad value chooses nothing (and was reported)
+    monkeypatch.setenv("GYMTRACE_STEP_POLICY", "all")
+    gymtrace.testing.reset()
+    assert _steps.chosen_policy() == gymtrace.StepPolicy("all")
+    monkeypatch.delenv("GYMTRACE_STEP_POLICY")
+    gymtrace.testing.reset()
+    assert _steps.chosen_policy() is None
+    gymtrace.configure(service_name="chooses", file=False, step_policy="aggregate")
+    assert _steps.chosen_policy() == gymtrace.StepPolicy("aggregate")
+    gymtrace.configure(service_name="chooses", file=False)  # saying nothing keeps the choice
+    assert _steps.chosen_policy() == gymtrace.StepPolicy("aggregate")
 
 
 def test_configure_with_a_bad_content_argument_leaves_strict_mode_off() -> None:

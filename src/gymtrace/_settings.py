@@ -108,6 +108,8 @@ class Settings:
     schedule_delay: float = DEFAULT_SCHEDULE_DELAY
     encoder: str = ENCODER_AUTO
     step_policy: str = c.STEPS_POLICY_ALL
+    # GYMTRACE_STEP_POLICY holds a valid policy: chosen, so it applies to the integrations too.
+    step_policy_chosen: bool = False
     step_first: int = DEFAULT_STEP_FIRST
     step_slowest: int = DEFAULT_STEP_SLOWEST
     step_episode_share: float = DEFAULT_STEP_EPISODE_SHARE
@@ -394,6 +396,7 @@ def resolve(
         / 1000,
         encoder=encoder or read.choice(env.GYMTRACE_ENCODER, ENCODERS, ENCODER_AUTO),
         step_policy=read.choice(env.GYMTRACE_STEP_POLICY, STEP_POLICIES, c.STEPS_POLICY_ALL),
+        step_policy_chosen=(read.raw(env.GYMTRACE_STEP_POLICY) or "").strip().lower() in STEP_POLICIES,
         step_first=int(read.number(env.GYMTRACE_STEP_FIRST, DEFAULT_STEP_FIRST, minimum=0, integer=True)),
         step_slowest=int(
             read.number(env.GYMTRACE_STEP_SLOWEST, DEFAULT_STEP_SLOWEST, minimum=0, integer=True)

@@ -301,10 +301,10 @@ def configure(
         overrides=overrides,
     )
     # Validated here with the rest, its variables read with the rest; made active in _apply. Left
-    # as it is when neither the argument nor the variable says anything.
+    # as it is when neither the argument nor the variable (a valid one) says anything.
     step = (
         step_policy_from(step_policy, settings)
-        if step_policy is not None or env.GYMTRACE_STEP_POLICY in os.environ
+        if step_policy is not None or settings.step_policy_chosen
         else None
     )
     if settings.sdk_disabled:
@@ -394,7 +394,7 @@ def _apply(
     _settings.apply(settings, overrides)
     apply_content_changes(policy_changes)
     if step is not None:
-        set_step_policy(step)
+        set_step_policy(step, chosen=True)
 
 
 def _keep_sampler(provider: Any, sampler: Sampler | None) -> None:

@@ -109,6 +109,7 @@ def policy_from(
 
 
 _policy = policy_from(None)
+_chosen = _settings.active.step_policy_chosen
 # Read by the engine on every step: True when the policy is aggregate.
 aggregating = _policy.aggregate
 
@@ -117,15 +118,24 @@ def current_policy() -> StepPolicy:
     return _policy
 
 
-def set_policy(policy: StepPolicy) -> None:
-    global _policy, aggregating
+def set_policy(policy: StepPolicy, chosen: bool = False) -> None:
+    """Make ``policy`` the one in force; ``chosen`` when the user chose it (configure() or the
+    variable), so that it also applies where an integration has a default of its own."""
+    global _policy, _chosen, aggregating
     _policy = policy
+    _chosen = chosen
     aggregating = policy.aggregate
+
+
+def chosen_policy() -> StepPolicy | None:
+    """The policy ``configure(step_policy=...)`` or ``GYMTRACE_STEP_POLICY`` chose; None when neither
+    said anything, and an integration applies its own default (the Gymnasium one aggregates)."""
+    return _policy if _chosen else None
 
 
 def reset_policy() -> None:
     """Back to what the environment says, as the active settings read it (``gymtrace.testing.reset()``)."""
-    set_policy(policy_from(None))
+    set_policy(policy_from(None), _settings.active.step_policy_chosen)
 
 
 # A private RNG for the episode share: RL code seeds the global one in every worker.
@@ -244,6 +254,34 @@ class StepStats:
             out[c.STEPS_DURATION_MAX_MS] = self.max_ns / 1e6
             out[c.STEPS_SLOWEST_NUMBER] = self.slowest_number
         return out
+
+
+class _OwnedElsewhere(StepStats):
+    """The steps of an owner an integration samples and counts itself (the Gymnasium integration's
+    episodes: its steps are too fast for this engine). Every step span the integration opens is
+    kept as it is, and the integration, not this engine, writes the ``gym.steps.*`` statistics."""
+
+    __slots__ = ()
+
+    def __init__(self) -> None:
+        super().__init__(StepPolicy(POLICY_AGGREGATE))
+        self.everything = True  # no gym.step.kept: the integration's sample is not this engine's
+
+    def wants_span(self) -> bool:
+        return True
+
+    def record(self, number: int, start_ns: int, end_ns: int, as_span: bool, error: bool = False) -> None:
+        return None
+
+    def finish(
+        self, owner_span: Any, tracer: trace.Tracer | None, context: Any, identity: Mapping[str, Any]
+    ) -> None:
+        return None
+
+
+OWNED_ELSEWHERE: StepStats = _OwnedElsewhere()
+"""Set as an owner's ``step_stats`` by an integration with a step policy of its own. Shared: it
+holds no state."""
 
 
 def stats_for(owner: Any) -> StepStats:

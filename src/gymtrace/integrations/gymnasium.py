@@ -29,11 +29,14 @@ What each call records:
   environment's ``step`` fails the episode (``gym.failure.kind=error``, the rollout unscored) and
   is re-raised unchanged.
 - Steps follow the step policy, visible on the episode span as ``gym.steps.policy``. ``"aggregate"``
-  (the default, for simulators whose steps take microseconds): the first ``sample_first`` steps and
-  every step that raised are ``gym.step`` spans; every step is counted in ``gym.steps.count`` with
-  the duration statistics ``gym.steps.duration.{total,mean,min,max}_ms`` and
-  ``gym.steps.slowest.number``. ``"all"``: every step is a span (for environments whose steps take
-  milliseconds, e.g. an LLM agent loop).
+  (for simulators whose steps take microseconds): the first ``sample_first`` steps and every step
+  that raised are ``gym.step`` spans; every step is counted in ``gym.steps.count`` with the duration
+  statistics ``gym.steps.duration.{total,mean,min,max}_ms`` and ``gym.steps.slowest.number``.
+  ``"all"``: every step is a span (for environments whose steps take milliseconds, e.g. an LLM
+  agent loop). The policy is the ``steps`` argument; without it, the one
+  ``configure(step_policy=...)`` or ``GYMTRACE_STEP_POLICY`` chose (its ``first`` as
+  ``sample_first``); without either, ``"aggregate"`` with ``sample_first=1``. The wrapper counts
+  and samples its steps itself, under any global policy.
 - A vector environment (``SyncVectorEnv``, ``AsyncVectorEnv``, any ``gymnasium.vector.VectorEnv``)
   gets one rollout per sub-environment episode, each in its own context, so identities never mix;
   the sub-environment index is ``gym.env.index``. Every autoreset mode is followed: ``NextStep``
@@ -64,6 +67,7 @@ import wrapt
 
 import gymtrace
 from gymtrace import _constants as c
+from gymtrace._steps import OWNED_ELSEWHERE, chosen_policy
 
 __all__ = ["DEFAULT_SAMPLE_FIRST", "TraceEnv"]
 
@@ -213,8 +217,10 @@ class TraceEnv(wrapt.ObjectProxy):  # type: ignore[type-arg]  # proxies any envi
 
     ``rollout_id``: a callable of the wrapper's episode index (0, 1, ...) returning the rollout ID;
     default ``{env id}-{8 hex}-{index}``. ``task_id``: default the environment's ID.
-    ``steps``: ``"aggregate"`` (default) or ``"all"``; ``sample_first``: steps per episode recorded
-    as spans under ``"aggregate"``. Everything else (attributes, ``isinstance``, other wrappers
+    ``steps``: ``"aggregate"`` or ``"all"``; ``sample_first``: steps per episode recorded as spans
+    under ``"aggregate"``. Either, when not given, comes from the step policy ``configure()`` or
+    ``GYMTRACE_STEP_POLICY`` chose, else ``"aggregate"`` and :data:`DEFAULT_SAMPLE_FIRST`.
+    Everything else (attributes, ``isinstance``, other wrappers
     around it) behaves as the wrapped environment.
     """
 
@@ -232,8 +238,8 @@ class TraceEnv(wrapt.ObjectProxy):  # type: ignore[type-arg]  # proxies any envi
         *,
         rollout_id: Callable[[int], str] | None = None,
         task_id: str | None = None,
-        steps: str = c.STEPS_POLICY_AGGREGATE,
-        sample_first: int = DEFAULT_SAMPLE_FIRST,
+        steps: str | None = None,
+        sample_first: int | None = None,
     ) -> None:
         import gymnasium
         from gymnasium.vector import VectorEnv
@@ -250,12 +256,14 @@ class TraceEnv(wrapt.ObjectProxy):  # type: ignore[type-arg]  # proxies any envi
             )
         if task_id is not None and (not isinstance(task_id, str) or not task_id):
             raise TypeError(f"TraceEnv(): argument 'task_id' must be a non-empty string, got {task_id!r:.60}")
-        if steps not in (c.STEPS_POLICY_AGGREGATE, c.STEPS_POLICY_ALL):
+        if steps is not None and steps not in (c.STEPS_POLICY_AGGREGATE, c.STEPS_POLICY_ALL):
             raise ValueError(
                 f"TraceEnv(): argument 'steps' must be {c.STEPS_POLICY_AGGREGATE!r} or"
                 f" {c.STEPS_POLICY_ALL!r}, got {steps!r:.60}"
             )
-        if isinstance(sample_first, bool) or not isinstance(sample_first, int) or sample_first < 0:
+        if sample_first is not None and (
+            isinstance(sample_first, bool) or not isinstance(sample_first, int) or sample_first < 0
+        ):
             raise ValueError(
                 f"TraceEnv(): argument 'sample_first' must be an int >= 0, got {sample_first!r:.60}"
             )
@@ -265,10 +273,12 @@ class TraceEnv(wrapt.ObjectProxy):  # type: ignore[type-arg]  # proxies any envi
         self._self_rollout_id = rollout_id
         self._self_prefix = f"{self._self_env_id}-{uuid.uuid4().hex[:8]}"
         self._self_counter = itertools.count()
-        self._self_every = steps == c.STEPS_POLICY_ALL
+        # None: not given, the chosen step policy or the integration's default decides per episode.
+        self._self_every = None if steps is None else steps == c.STEPS_POLICY_ALL
         self._self_first = sample_first
         self._self_open: _Open | None = None
-        self._self_episodes: dict[int | None, gymtrace.Scope] = {}  # by sub-environment index
+        # By sub-environment index and policy ("all" or not).
+        self._self_episodes: dict[tuple[int | None, bool], gymtrace.Scope] = {}
 
     # -- opening and ending episodes ----------------------------------------------------------------
 
@@ -299,26 +309,40 @@ class TraceEnv(wrapt.ObjectProxy):  # type: ignore[type-arg]  # proxies any envi
             if not _recording(rollout.__enter__()):
                 _exit(rollout, None)  # tracing is off (or this rollout is sampled out): pass through
                 return None
-        episode = self._self_episodes.get(index)
+        every, first = self._self_policy()
+        episode = self._self_episodes.get((index, every))
         if episode is None:
             # Made once per sub-environment: validating the attributes is ~1.5 µs an episode.
             # The policy is known now: set at the start it is visible even on an episode cut
             # short, and costs nothing (an attribute set later is validated one by one).
             attributes: dict[str, Any] = {
                 c.ENV_ID: self._self_env_id,
-                c.STEPS_POLICY: c.STEPS_POLICY_ALL if self._self_every else c.STEPS_POLICY_AGGREGATE,
+                c.STEPS_POLICY: c.STEPS_POLICY_ALL if every else c.STEPS_POLICY_AGGREGATE,
             }
             if index is not None:
                 attributes[c.ENV_INDEX] = index
-            episode = self._self_episodes[index] = gymtrace.episode(attributes=attributes)
+            episode = self._self_episodes[index, every] = gymtrace.episode(attributes=attributes)
         frame = episode.__enter__()
         if not _recording(frame):
             _exit(episode, None)
             if rollout is not None:
                 _exit(rollout, None)
             return None
+        # Its steps are sampled and counted here: gymtrace's own step engine keeps its hands off.
+        frame.step_stats = OWNED_ELSEWHERE
         env_step = self.__wrapped__.step if index is None else None
-        return _Open(context, rollout, episode, frame, self._self_every, self._self_first, env_step)
+        return _Open(context, rollout, episode, frame, every, first, env_step)
+
+    def _self_policy(self) -> tuple[bool, int]:
+        """(every step a span, sample_first) for the episode opening now."""
+        every, first = self._self_every, self._self_first
+        if every is None or first is None:
+            chosen = chosen_policy()
+            if every is None:
+                every = chosen is not None and not chosen.aggregate
+            if first is None:
+                first = chosen.first if chosen is not None else DEFAULT_SAMPLE_FIRST
+        return every, first
 
     def _self_end(self, ep: _Open, exc: BaseException | None) -> None:
         """End the episode: completed with its return as the reward, failed with ``exc``, or
