@@ -139,6 +139,18 @@ SCENARIOS = {
             p.join(30)
             assert p.exitcode == 0, p.exitcode
     """,
+    "multiprocessing_worker_configures_itself": """
+        import multiprocessing
+        def work():
+            setup()  # the parent does not trace: the worker configures gymtrace itself
+            finished_rollouts("own")
+            gymtrace.rollout(rollout_id="own-open", task_id="t", repeat=0).__enter__()
+            # returns: multiprocessing leaves the child through os._exit
+        p = multiprocessing.get_context("fork").Process(target=work)
+        p.start()
+        p.join(30)
+        assert p.exitcode == 0, p.exitcode
+    """,
     "raw_fork": """
         setup()
         with gymtrace.run(run_id="fork"):
@@ -270,6 +282,14 @@ def test_multiprocessing_fork_worker_exports_before_os_exit(tmp_path: Path) -> N
     # The child ends only its own open rollout; the parent's run is the parent's (exported once).
     assert interrupted(spans) == {"rollout:mp-child-open"}
     assert names(spans)["gym.run"] == 1
+
+
+def test_a_multiprocessing_worker_that_configures_itself_exports_before_os_exit(tmp_path: Path) -> None:
+    code, spans, _ = run_both(tmp_path, "multiprocessing_worker_configures_itself")
+    assert code == 0
+    rollouts = Counter(s.attributes.get("gym.rollout.id") for s in spans if s.name == "gym.rollout")
+    assert rollouts == Counter({"own-0": 1, "own-1": 1, "own-open": 1})
+    assert interrupted(spans) == {"rollout:own-open"}
 
 
 def test_raw_fork_child_calling_os_exit_exports_its_spans(tmp_path: Path) -> None:

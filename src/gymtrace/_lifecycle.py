@@ -11,14 +11,17 @@ Installed by ``configure()`` when gymtrace owns the TracerProvider:
   SIGTERM as the default would; with one installed before ``configure()``, it flushes what has
   finished and runs that handler, which decides (a stop flag keeps the spans open; ``sys.exit``
   unwinds them, and exit ends the rest as interrupted);
-- **a forked worker leaving through ``os._exit``** (``multiprocessing`` children do), which skips
-  ``atexit``: in forked children ``os._exit`` flushes first.
+- **a worker leaving through ``os._exit``**, which skips ``atexit``: ``multiprocessing`` children
+  started by ``fork`` or ``forkserver`` always do. In a child forked after ``configure()``, and in
+  any ``multiprocessing`` child that calls ``configure()`` itself, ``os._exit`` flushes first.
+  Elsewhere ``os._exit`` keeps its meaning: leave now, as a crash would.
 """
 
 from __future__ import annotations
 
 import atexit
 import logging
+import multiprocessing
 import os
 import signal
 import threading
@@ -45,6 +48,10 @@ def install(flush: Callable[[], None]) -> None:
     _installed = True
     atexit.register(_at_exit)
     os.register_at_fork(after_in_child=_in_forked_child)
+    if multiprocessing.parent_process() is not None:
+        # A multiprocessing child that configured gymtrace itself (a forkserver worker, or one
+        # forked from a parent that did not configure it): its normal exit is os._exit.
+        _flush_at_os_exit()
     if threading.current_thread() is threading.main_thread():
         previous = signal.getsignal(signal.SIGTERM)
         if previous is not signal.SIG_IGN and previous is not _on_sigterm:
@@ -97,9 +104,13 @@ def _in_forked_child() -> None:
     # exports them. Ended here too, at os._exit or exit, each would be exported a second time with
     # the same span ID, marked interrupted (tests/test_process_endings.py, fork scenarios).
     forget_open_scopes()
+    _flush_at_os_exit()
 
-    def flushing_exit(status: int) -> NoReturn:
-        _end_and_flush("os._exit in a forked worker")
-        _real_os_exit(status)
 
-    os._exit = flushing_exit
+def _flushing_exit(status: int) -> NoReturn:
+    _end_and_flush("os._exit in a worker process")
+    _real_os_exit(status)
+
+
+def _flush_at_os_exit() -> None:
+    os._exit = _flushing_exit
