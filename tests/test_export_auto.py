@@ -99,9 +99,13 @@ def test_after_the_move_a_dead_encoder_is_counted_and_export_continues(tmp_path:
     assert result["moved"] == "process"
     [stats] = result["stats"]
     assert stats["finished"] == 30_002 + 202
-    # What the dead process had not confirmed is dropped; everything else is written once.
+    # What the dead process had not confirmed is counted dropped. It may have written some of it
+    # before the SIGKILL (nothing can tell): those are in the file too. Nothing is written twice,
+    # and every span is in the file or counted.
     assert stats["exported"] + stats["dropped_export_failed"] == stats["finished"]
-    assert stats["exported"] == len(spans) == len({s["spanId"] for s in spans})
+    assert len(spans) == len({s["spanId"] for s in spans})
+    assert stats["exported"] <= len(spans)
+    assert stats["finished"] - len(spans) <= stats["dropped_export_failed"]
     rollouts = {
         a["value"]["stringValue"]
         for s in spans
