@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import copy
+import pickle
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -349,6 +351,44 @@ def test_the_chosen_step_policy_or_the_argument_decides_and_every_step_is_counte
         assert numbers == list(range(1, expected + 1))
         assert all(c.STEP_KEPT not in attrs(s) for s in spans_of(captured, f"pole-{n}", "step"))
     assert check_trace(captured) == []
+
+
+COPIES = {
+    "copy": copy.copy,
+    "deepcopy": copy.deepcopy,
+    "pickle": lambda env: pickle.loads(pickle.dumps(env)),
+}
+
+
+@pytest.mark.parametrize("how", sorted(COPIES))
+def test_a_copy_is_a_trace_env_of_its_own_with_the_same_arguments(captured: CapturedSpans, how: str) -> None:
+    env = TraceEnv(gym.make("FrozenLake-v1", is_slippery=False), task_id="lake", steps="all")
+    env.reset(seed=0)
+    env.step(2)  # mid-episode: the copy carries no open episode
+    twin = COPIES[how](env)
+    assert isinstance(twin, TraceEnv) and twin is not env
+    _, twin_steps = play(twin, 1, policy=lambda: 1)
+    env.reset(seed=2)  # cancels the original's open episode
+    env.step(1)
+    env.close()
+
+    by_id = rollouts(captured)
+    assert all(a[c.TASK_ID] == "lake" for a in by_id.values())
+    twin_ids = [i for i, a in by_id.items() if a[c.ROLLOUT_OUTCOME] == "scored"]
+    assert len(twin_ids) == 1 and len(by_id) == 3  # its own rollout IDs: none collides
+    (episode,) = spans_of(captured, twin_ids[0], "episode")
+    assert attrs(episode)[c.STEPS_POLICY] == "all"
+    assert attrs(episode)[c.STEPS_COUNT] == twin_steps == len(spans_of(captured, twin_ids[0], "step"))
+    assert check_trace(captured) == []
+
+
+def test_a_deep_copy_of_a_traced_vector_env_traces_each_sub_environment(captured: CapturedSpans) -> None:
+    env = TraceEnv(gym.make_vec("CartPole-v1", num_envs=2, vectorization_mode="sync"))
+    twin = copy.deepcopy(env)
+    assert twin.num_envs == 2
+    returns = drive_vector(twin, 80, seed=3)
+    twin.close()
+    assert_one_rollout_per_sub_episode(captured, returns)
 
 
 def test_bad_arguments_name_the_argument() -> None:

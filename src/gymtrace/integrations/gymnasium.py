@@ -45,6 +45,9 @@ What each call records:
   vector step's duration counts for each sub-environment stepped. A vector environment always
   opens its own rollouts: inside a ``gymtrace.rollout()`` scope it is not traced (logged).
 
+``copy.copy``, ``copy.deepcopy`` and pickling give a TraceEnv with the same arguments around the
+environment's copy: it traces episodes of its own (none open, its own generated rollout IDs).
+
 The episode's spans live in a context of their own, held by the wrapper between calls: spans the
 environment itself opens inside ``reset``/``step`` nest under the episode, but code between two
 ``step()`` calls runs in the caller's context. ``AsyncVectorEnv``'s ``step_async``/``step_wait``
@@ -55,6 +58,7 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
+import copy
 import itertools
 import logging
 import sys
@@ -268,6 +272,13 @@ class TraceEnv(wrapt.ObjectProxy):  # type: ignore[type-arg]  # proxies any envi
                 f"TraceEnv(): argument 'sample_first' must be an int >= 0, got {sample_first!r:.60}"
             )
         super().__init__(env)
+        # As given, for a copy (copy, deepcopy, pickle): a copy is a new TraceEnv of a copy of env.
+        self._self_arguments: dict[str, Any] = {
+            "rollout_id": rollout_id,
+            "task_id": task_id,
+            "steps": steps,
+            "sample_first": sample_first,
+        }
         self._self_env_id = _env_id(env)
         self._self_task_id = task_id or self._self_env_id
         self._self_rollout_id = rollout_id
@@ -465,6 +476,27 @@ class TraceEnv(wrapt.ObjectProxy):  # type: ignore[type-arg]  # proxies any envi
 
     def __repr__(self) -> str:
         return f"<TraceEnv {self.__wrapped__!r}>"
+
+    # A copy is what the environment's copy is, traced on its own: a TraceEnv with the same
+    # arguments around a copy of the wrapped environment, with no open episode and rollout IDs of
+    # its own. (wrapt's proxy refuses to be copied: it cannot know what a copy of a proxy means.)
+
+    def __copy__(self) -> Any:
+        return TraceEnv(copy.copy(self.__wrapped__), **self._self_arguments)
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> Any:
+        return TraceEnv(copy.deepcopy(self.__wrapped__, memo), **self._self_arguments)
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return _rebuilt, (self.__wrapped__, self._self_arguments)
+
+    def __reduce_ex__(self, protocol: Any) -> tuple[Any, ...]:
+        return self.__reduce__()
+
+
+def _rebuilt(env: Any, arguments: dict[str, Any]) -> Any:
+    """A pickled TraceEnv, unpickled: a new one around the unpickled environment."""
+    return TraceEnv(env, **arguments)
 
 
 class _Batch:
