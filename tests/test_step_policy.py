@@ -205,6 +205,7 @@ def test_the_variables_set_the_policy_and_tree_and_check_read_the_file(tmp_path:
     tree = run_gymtrace("tree", str(trace_file), cwd=tmp_path)
     assert tree.returncode == 0, tree.stderr
     assert tree.stdout.count("gym.step") == 5  # 3 first + 2 slowest of 50
+    assert "steps=50 spans=5" in tree.stdout  # the episode line says the steps are a sample
     lines = [json.loads(line) for line in trace_file.read_text().splitlines()]
     episode = next(
         s

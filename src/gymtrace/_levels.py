@@ -308,6 +308,12 @@ _TOKENS = ((c.GEN_AI_USAGE_INPUT_TOKENS, "in_tokens"), (c.GEN_AI_USAGE_OUTPUT_TO
 _MESSAGES = (c.GEN_AI_INPUT_MESSAGES, c.GEN_AI_OUTPUT_MESSAGES)
 
 
+# On a step owner under a step policy that counts (the aggregate policy, the Gymnasium integration):
+# how many steps ran and how many of them are spans, so a tree with three step lines under a
+# 500-step episode says so.
+_STEP_COUNTS = ((c.STEPS_COUNT, "steps"), (c.STEPS_SAMPLED, "spans"))
+
+
 def _numbered(kind: str, rank: int, span_name: str, attribute: str) -> Level:
     """A level numbered 1, 2, 3... per agent invocation (turns and steps)."""
     return Level(
@@ -349,6 +355,7 @@ LEVELS: Mapping[str, Level] = {
                 (c.FAILURE_KIND, "failure"),
                 (c.FAILURE_RETRYABLE, "retryable"),
                 (c.REWARD, "reward"),
+                *_STEP_COUNTS,
             ),
         ),
         # seed_session and verify are phases of an episode and share a rank.
@@ -373,6 +380,7 @@ LEVELS: Mapping[str, Level] = {
             ),
             arguments={"agent_name": _an_id, "invocation_id": _an_id, **_ATTRIBUTES},
             content=(*_MESSAGES, c.CONTENT_EVENT),
+            shown=_STEP_COUNTS,
         ),
         _numbered(c.KIND_TURN, 5, c.SPAN_TURN, c.TURN_NUMBER),
         _numbered(c.KIND_STEP, 6, c.SPAN_STEP, c.STEP_NUMBER),
