@@ -268,3 +268,22 @@ def test_bad_protocol_is_a_clear_error_naming_the_argument() -> None:
 
     with pytest.raises(gymtrace.InvalidArgumentError, match="argument 'protocol'"):
         _resolve(endpoint=None, protocol="carrier-pigeon", file=None, console=None)
+
+
+@pytest.mark.parametrize(
+    ("argument", "value"),
+    [
+        ("file", 3),
+        ("file", ""),
+        ("file", b"trace.jsonl"),
+        ("endpoint", 4317),
+        ("service_name", ""),
+        ("encoder", "gpu"),
+    ],
+)
+def test_a_bad_configure_argument_is_a_clear_error_naming_it(argument: str, value: object) -> None:
+    import gymtrace
+
+    with pytest.raises(gymtrace.InvalidArgumentError, match=f"argument '{argument}'"):
+        gymtrace.configure(**{argument: value})  # type: ignore[arg-type]
+    assert gymtrace.is_configured() is False

@@ -289,6 +289,11 @@ def resolve(
         raise InvalidArgumentError(
             f"gymtrace.configure(): argument 'encoder' must be one of {ENCODERS}, got {encoder!r:.80}"
         )
+    if (file is not None and not isinstance(file, (bool, str, os.PathLike))) or file == "":
+        raise InvalidArgumentError(
+            "gymtrace.configure(): argument 'file' must be a path, True (the default file) or False"
+            f" (no file), got {file!r:.80}"
+        )
     if service_name is not None and (not isinstance(service_name, str) or not service_name):
         raise InvalidArgumentError(
             f"gymtrace.configure(): argument 'service_name' must be a non-empty string, got {service_name!r}"
