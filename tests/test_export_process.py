@@ -231,3 +231,34 @@ def _alive(pid: int) -> bool:
         return Path(f"/proc/{pid}/stat").read_text().split()[2] != "Z"
     except OSError:
         return False
+
+
+SECRET_APP = """
+import json, sys, time
+import gymtrace
+from gymtrace import _setup
+gymtrace.configure(service_name="secret", endpoint=sys.argv[1], protocol="http/protobuf", file=False,
+                   headers={"authorization": "Bearer s3cret-token"}, encoder="process")
+[queue] = _setup._state.stage.processors()
+with open(f"/proc/{queue._proc.pid}/cmdline", "rb") as f:
+    cmdline = f.read().decode(errors="replace")
+with gymtrace.rollout(rollout_id="r", task_id="t", repeat=0), gymtrace.episode():
+    pass
+print(json.dumps({"flushed": gymtrace.force_flush(), "cmdline": cmdline}))
+"""
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/cmdline"), reason="reads /proc")
+def test_exporter_headers_reach_the_collector_but_not_the_encoders_command_line(tmp_path: Path) -> None:
+    # A process's arguments are world-readable (ps); exporter headers often carry credentials.
+    from otlp_receiver import http_receiver
+
+    with http_receiver() as receiver:
+        out = run_python(receiver.endpoint, code=SECRET_APP, cwd=tmp_path)
+        assert out.returncode == 0, out.stderr
+        result = json.loads(out.stdout.strip().splitlines()[-1])
+        headers = list(receiver.headers)
+        spans = receiver.spans
+    assert result["flushed"] and len(spans) == 2
+    assert headers and all(h.get("authorization") == "Bearer s3cret-token" for h in headers)
+    assert "child_main" in result["cmdline"] and "s3cret" not in result["cmdline"]

@@ -88,6 +88,11 @@ on the thread; ``process`` uses a child process from the start, fed with plain r
 pipe, which takes the export's CPU, and the cost of the export thread itself, off the
 application's process (see the README's "Performance"). Argument: ``configure(encoder=...)``."""
 
+GYMTRACE_ENCODER_CONFIG: Final = "_GYMTRACE_ENCODER_CONFIG"
+"""Not a setting: how gymtrace hands its encoder process the exporter to build (JSON, headers
+included). An environment variable and not an argument: a process's arguments are readable by
+every user of the machine (``ps``), its environment only by its owner."""
+
 OTEL_BSP_MAX_QUEUE_SIZE: Final = "OTEL_BSP_MAX_QUEUE_SIZE"
 """Bound of gymtrace's export queue (default 8192 spans): when full, the oldest span is dropped
 and counted."""

@@ -48,6 +48,7 @@ from typing import Any
 
 from opentelemetry.trace.span import DEFAULT_TRACE_STATE
 
+from gymtrace import _environment as env
 from gymtrace._export import BatchExporter, ExportStats, log_totals, remaining_millis
 from gymtrace._export_targets import file_exporter, otlp_exporter
 from gymtrace._otlp import _read, last_object_cache
@@ -371,17 +372,17 @@ class ProcessExporter:
             return False
         try:
             proc = subprocess.Popen(
-                [
-                    sys.executable,
-                    "-c",
-                    "from gymtrace._export_process import child_main; child_main()",
-                    json.dumps(self._config),
-                ],
+                [sys.executable, "-c", "from gymtrace._export_process import child_main; child_main()"],
                 stdin=subprocess.PIPE,
                 stdout=subprocess.PIPE,
-                # The modules this process imports from wherever it found them (a source
-                # checkout on sys.path, a notebook's added directory).
-                env={**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)},
+                env={
+                    **os.environ,
+                    # The modules this process imports from wherever it found them (a source
+                    # checkout on sys.path, a notebook's added directory).
+                    "PYTHONPATH": os.pathsep.join(p for p in sys.path if p),
+                    # Exporter headers may hold credentials: not in the arguments, which `ps` shows.
+                    env.GYMTRACE_ENCODER_CONFIG: json.dumps(self._config),
+                },
                 # Its own session: a Ctrl-C or a signal to the application's process group must
                 # not stop it before the application's exit hooks flushed through it.
                 start_new_session=True,
@@ -829,7 +830,7 @@ def child_main() -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     logging.basicConfig(format="%(message)s", level=logging.WARNING)
-    config = json.loads(sys.argv[1])
+    config = json.loads(os.environ.pop(env.GYMTRACE_ENCODER_CONFIG))
     queue = BatchExporter(build_exporter(config["target"]), **config["queue"])
     rebuild = _Rebuilder()
     stdin, out = sys.stdin.fileno(), sys.stdout.buffer

@@ -47,6 +47,7 @@ class Received:
         self.endpoint = ""
         self.reject = frozenset(reject)  # requests (numbered from 0 as they arrive) refused for good
         self.requests = 0
+        self.headers: list[dict[str, str]] = []  # of each HTTP request, lower-case names
 
     def admit(self) -> bool:
         """Count a request; False if it is one of those to refuse."""
@@ -99,6 +100,7 @@ def http_receiver(reject: Collection[int] = ()) -> Iterator[Received]:
     class Handler(BaseHTTPRequestHandler):
         def do_POST(self) -> None:
             body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
+            received.headers.append({name.lower(): value for name, value in self.headers.items()})
             if self.path != "/v1/traces":
                 self.send_error(404)
                 return
