@@ -224,8 +224,8 @@ class TraceEnv(wrapt.ObjectProxy):  # type: ignore[type-arg]  # proxies any envi
     ``steps``: ``"aggregate"`` or ``"all"``; ``sample_first``: steps per episode recorded as spans
     under ``"aggregate"``. Either, when not given, comes from the step policy ``configure()`` or
     ``GYMTRACE_STEP_POLICY`` chose, else ``"aggregate"`` and :data:`DEFAULT_SAMPLE_FIRST`.
-    Everything else (attributes, ``isinstance``, other wrappers
-    around it) behaves as the wrapped environment.
+    Everything else (attributes, ``isinstance``, other wrappers around it) behaves as the wrapped
+    environment.
     """
 
     def __new__(cls, env: Any, *args: Any, **kwargs: Any) -> Any:
