@@ -56,7 +56,9 @@ def _parser() -> argparse.ArgumentParser:
 
     tree = sub.add_parser("tree", help="print span trees from a trace file or from Jaeger")
     tree.add_argument(
-        "file", nargs="?", help=f"OTLP/JSON lines file (default: {DEFAULT_FILE}); ignored with --jaeger"
+        "files",
+        nargs="*",
+        help=f"OTLP/JSON lines files, read together (default: {DEFAULT_FILE}); ignored with --jaeger",
     )
     tree.add_argument("--jaeger", metavar="URL", help="Jaeger query URL, e.g. http://127.0.0.1:16686")
     tree.add_argument("--service", help="service to search in Jaeger (default: every service)")
@@ -255,7 +257,8 @@ def _load(args: argparse.Namespace) -> list[SpanData]:
         tags = {c.ROLLOUT_ID: args.rollout} if args.rollout else {c.RUN_ID: args.run} if args.run else {}
         found: list[SpanData] = client.search(args.service, tags)
         return found
-    spans = read_otlp_json_lines(args.file or _default_file())
+    # Several files read as one: a Ray run writes one per worker, a traced service one per process.
+    spans = [span for path in args.files or [_default_file()] for span in read_otlp_json_lines(path)]
     if args.trace:
         return [s for s in spans if s.trace_id == args.trace.lower().rjust(32, "0")]
     if args.rollout or args.run:
