@@ -268,6 +268,23 @@ def test_environments_stepped_in_turn_keep_their_own_episodes(captured: Captured
     assert check_trace(captured) == []
 
 
+def test_a_time_limit_around_the_wrapper_is_not_seen_and_its_episode_ends_cancelled(
+    captured: CapturedSpans,
+) -> None:
+    # The documented limit: TraceEnv sees what passes through it. Inside, the same limit completes
+    # the episode (test_time_limit_truncation_is_a_completed_scored_episode).
+    env = gym.wrappers.TimeLimit(TraceEnv(gym.make("CartPole-v1"), rollout_id=lambda n: f"tl-{n}"), 5)
+    for seed in range(2):
+        play(env, seed, policy=lambda: 0)
+    env.close()
+    for n in range(2):
+        (episode,) = spans_of(captured, f"tl-{n}", "episode")
+        assert attrs(episode)[c.EPISODE_OUTCOME] == "cancelled"
+        assert attrs(episode)[c.STEPS_COUNT] == 5
+        assert rollouts(captured)[f"tl-{n}"][c.ROLLOUT_OUTCOME] == "unscored"
+    assert check_trace(captured) == []
+
+
 def test_a_reset_before_the_episode_ended_cancels_it(captured: CapturedSpans) -> None:
     env = TraceEnv(gym.make("CartPole-v1"), rollout_id=lambda n: f"cut-{n}")
     env.reset(seed=0)

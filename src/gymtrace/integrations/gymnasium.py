@@ -21,7 +21,9 @@ What each call records:
   reset opens its own rollout, with ``rollout_id`` from the callable given (called with the
   wrapper's episode index 0, 1, 2...) or generated (``{env id}-{8 hex}-{index}``), ``task_id`` the
   environment's ID (``CartPole-v1``) unless given, and ``repeat`` the episode index. A reset while
-  an episode is still open ends that episode ``cancelled`` (unscored). Inside an open
+  an episode is still open ends that episode ``cancelled`` (unscored): wrap the outermost
+  environment that ends episodes, since a ``TimeLimit`` added around TraceEnv truncates episodes
+  it never sees end. Inside an open
   ``gymtrace.episode()`` (the harness's own) the environment is not traced (logged once): TraceEnv
   opens the episode itself.
 - ``step()`` counts a step. ``terminated`` or ``truncated`` (a ``TimeLimit`` too) completes the
