@@ -257,8 +257,7 @@ def _load(args: argparse.Namespace) -> list[SpanData]:
         tags = {c.ROLLOUT_ID: args.rollout} if args.rollout else {c.RUN_ID: args.run} if args.run else {}
         found: list[SpanData] = client.search(args.service, tags)
         return found
-    # Several files read as one: a Ray run writes one per worker, a traced service one per process.
-    spans = [span for path in args.files or [_default_file()] for span in read_otlp_json_lines(path)]
+    spans = _read_files(args.files)
     if args.trace:
         return [s for s in spans if s.trace_id == args.trace.lower().rjust(32, "0")]
     if args.rollout or args.run:
@@ -282,10 +281,7 @@ def _tree(args: argparse.Namespace) -> int:
 def _check(args: argparse.Namespace) -> int:
     from gymtrace._check import check_spans
 
-    files = args.files or [_default_file()]
-    spans: list[SpanData] = []
-    for path in files:
-        spans.extend(read_otlp_json_lines(path))
+    spans = _read_files(args.files)
     from gymtrace._outcomes import final_outcomes
 
     problems = check_spans(spans)
@@ -310,8 +306,14 @@ def _read(args: argparse.Namespace) -> list[SpanData]:
             args.service, {c.RUN_ID: args.run} if args.run else {}
         )
         return found
+    return _read_files(args.files)
+
+
+def _read_files(files: list[str]) -> list[SpanData]:
+    """The spans of every file given, read as one (a Ray run writes one per worker, a traced
+    service one per process), or of the default file."""
     spans: list[SpanData] = []
-    for path in args.files or [_default_file()]:
+    for path in files or [_default_file()]:
         spans.extend(read_otlp_json_lines(path))
     return spans
 
