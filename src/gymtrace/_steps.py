@@ -108,10 +108,10 @@ def policy_from(
     )
 
 
-_policy = policy_from(None)
-_chosen = _settings.active.step_policy_chosen
+_policy: StepPolicy
+_chosen: bool
 # Read by the engine on every step: True when the policy is aggregate.
-aggregating = _policy.aggregate
+aggregating: bool
 
 
 def current_policy() -> StepPolicy:
@@ -136,6 +136,9 @@ def chosen_policy() -> StepPolicy | None:
 def reset_policy() -> None:
     """Back to what the environment says, as the active settings read it (``gymtrace.testing.reset()``)."""
     set_policy(policy_from(None), _settings.active.step_policy_chosen)
+
+
+reset_policy()  # at import: what the environment says
 
 
 # A private RNG for the episode share: RL code seeds the global one in every worker.
