@@ -184,6 +184,10 @@ def test_an_exception_in_step_fails_the_episode_and_leaves_the_rollout_unscored(
     steps = {attrs(s)[c.STEP_NUMBER]: s for s in captured.by_kind("step")}
     assert sorted(steps) == [1, 3]
     assert attrs(steps[3])[c.ERROR_TYPE].endswith("Broken")
+    assert attrs(steps[3])[c.STEP_KEPT] == "raised"
+    assert [e.name for e in steps[3].events] == ["exception"]
+    assert steps[1].end_time <= steps[3].start_time <= steps[3].end_time <= episode.end_time
+    assert attrs(episode)[c.STEPS_ERRORS] == 1 and attrs(episode)[c.STEPS_SAMPLED] == 2
     assert captured.by_kind("verify") == []
     assert check_trace(captured) == []
 
@@ -332,24 +336,37 @@ def chosen_policy() -> Iterator[Any]:
     _steps.reset_policy()
 
 
-@pytest.mark.parametrize(
-    ("chosen", "arguments", "policy", "sampled"),
-    [
-        (None, {}, "aggregate", 1),  # the integration's default
-        (("aggregate", {}), {}, "aggregate", 1),
-        (("aggregate", {"first": 3, "slowest": 2, "episode_share": 1.0}), {}, "aggregate", 3),
-        (("all", {}), {}, "all", None),
-        (("aggregate", {}), {"steps": "all"}, "all", None),  # the argument wins
-        (("all", {}), {"steps": "aggregate", "sample_first": 2}, "aggregate", 2),
-    ],
-)
+def kept_steps(captured: CapturedSpans, rollout_id: str) -> dict[int, str | None]:
+    """Step number -> why that step is a span (``gym.step.kept``; None: every step is one)."""
+    return {
+        attrs(s)[c.STEP_NUMBER]: attrs(s).get(c.STEP_KEPT) for s in spans_of(captured, rollout_id, "step")
+    }
+
+
+# (chosen policy, TraceEnv arguments) -> (policy on the episode span, first steps kept, slowest kept)
+# with None for "every step is a span".
+POLICY_CASES = [
+    (None, {}, "aggregate", 1, 0),  # the integration's own default
+    (("aggregate", {}), {}, "aggregate", 1, 1),  # StepPolicy's defaults: first=1, slowest=1
+    (("aggregate", {"first": 2, "slowest": 3}), {}, "aggregate", 2, 3),
+    (("aggregate", {"first": 3, "slowest": 2, "episode_share": 1.0}), {}, "all", None, None),
+    (("all", {}), {}, "all", None, None),
+    (("aggregate", {}), {"steps": "all"}, "all", None, None),  # the argument wins
+    (("all", {}), {"steps": "aggregate", "sample_first": 2}, "aggregate", 2, 0),  # the integration's
+    (("aggregate", {"slowest": 4}), {"sample_first": 0}, "aggregate", 0, 4),
+    (None, {"steps": gymtrace.StepPolicy("aggregate", first=0, slowest=2)}, "aggregate", 0, 2),
+]
+
+
+@pytest.mark.parametrize(("chosen", "arguments", "policy", "first", "slowest"), POLICY_CASES)
 def test_the_chosen_step_policy_or_the_argument_decides_and_every_step_is_counted_once(
     captured: CapturedSpans,
     chosen_policy: Any,
     chosen: tuple[str, dict[str, Any]] | None,
     arguments: dict[str, Any],
     policy: str,
-    sampled: int | None,
+    first: int | None,
+    slowest: int | None,
 ) -> None:
     # The wrapper samples and counts its own steps: gymtrace's step engine, aggregating too
     # under a chosen "aggregate", must neither drop the wrapper's step spans nor overwrite its
@@ -360,14 +377,93 @@ def test_the_chosen_step_policy_or_the_argument_decides_and_every_step_is_counte
     played = [play(env, seed, policy=lambda: 0) for seed in range(3)]
     for n, (_, steps) in enumerate(played):
         (episode,) = spans_of(captured, f"pole-{n}", "episode")
-        expected = steps if sampled is None else sampled
-        assert attrs(episode)[c.STEPS_POLICY] == policy
-        assert attrs(episode)[c.STEPS_COUNT] == steps
-        assert attrs(episode)[c.STEPS_SAMPLED] == expected
-        numbers = sorted(attrs(s)[c.STEP_NUMBER] for s in spans_of(captured, f"pole-{n}", "step"))
-        assert numbers == list(range(1, expected + 1))
-        assert all(c.STEP_KEPT not in attrs(s) for s in spans_of(captured, f"pole-{n}", "step"))
+        ep = attrs(episode)
+        kept = kept_steps(captured, f"pole-{n}")
+        assert ep[c.STEPS_POLICY] == policy
+        assert ep[c.STEPS_COUNT] == steps
+        assert ep[c.STEPS_SAMPLED] == len(kept)
+        if first is None or slowest is None:
+            assert kept == dict.fromkeys(range(1, steps + 1))  # every step, none marked as a sample
+            continue
+        assert (ep[c.STEPS_FIRST], ep[c.STEPS_SLOWEST]) == (first, slowest)
+        assert [k for k, why in kept.items() if why == "first"] == list(range(1, first + 1))
+        slow = sorted(k for k, why in kept.items() if why == "slowest")
+        assert len(slow) == min(slowest, steps - first) and all(k > first for k in slow)
+        assert set(kept.values()) <= {"first", "slowest"}
+        if ep[c.STEPS_SLOWEST_NUMBER] > first and slowest:
+            # The slowest step of all is among the slowest kept, with its true duration.
+            span = next(
+                s
+                for s in spans_of(captured, f"pole-{n}", "step")
+                if attrs(s)[c.STEP_NUMBER] == ep[c.STEPS_SLOWEST_NUMBER]
+            )
+            assert (span.end_time - span.start_time) / 1e6 == pytest.approx(ep[c.STEPS_DURATION_MAX_MS])
     assert check_trace(captured) == []
+
+
+def test_the_slowest_steps_are_spans_with_their_true_times_in_order(captured: CapturedSpans) -> None:
+    tracer = captured.tracer_provider.get_tracer("sim")
+    sleeps = {3: 0.010, 5: 0.030, 7: 0.020}
+    steps = gymtrace.StepPolicy("aggregate", first=1, slowest=2)
+    env = TraceEnv(SlowSteps(gym.make("CartPole-v1", max_episode_steps=8), sleeps, tracer), steps=steps)
+    env.reset(seed=0)
+    for n in range(8):
+        env.step(n % 2)
+
+    episode = captured.one("episode")
+    ep = attrs(episode)
+    assert ep[c.STEPS_COUNT] == 8 and ep[c.STEPS_SAMPLED] == 3
+    assert ep[c.STEPS_SLOWEST_NUMBER] == 5
+    by_number = {attrs(s)[c.STEP_NUMBER]: s for s in captured.by_kind("step")}
+    assert sorted(by_number) == [1, 5, 7]
+    assert [attrs(by_number[n])[c.STEP_KEPT] for n in (1, 5, 7)] == ["first", "slowest", "slowest"]
+    physics = {s.name: s for s in captured.spans if s.name.startswith("physics")}
+    for number, sleep in ((5, 0.030), (7, 0.020)):
+        span = by_number[number]
+        assert span.parent.span_id == episode.context.span_id
+        assert (span.end_time - span.start_time) / 1e9 >= sleep
+        # Its times are the step's own: the simulator's span inside it lies within them.
+        inner = physics[f"physics {number}"]
+        assert span.start_time <= inner.start_time <= inner.end_time <= span.end_time
+        assert attrs(span)[c.ROLLOUT_ID] == ep[c.ROLLOUT_ID]
+    assert by_number[5].end_time <= by_number[7].start_time
+    assert check_trace(captured) == []
+
+
+def test_a_share_of_episodes_has_every_step_as_a_span(captured: CapturedSpans) -> None:
+    # Half the episodes, drawn from gymtrace's own generator: seeding Python's does not fix it.
+    steps = gymtrace.StepPolicy("aggregate", first=1, slowest=0, episode_share=0.5)
+    env = TraceEnv(gym.make("CartPole-v1"), rollout_id=lambda n: f"share-{n}", steps=steps)
+    played = [play(env, seed, policy=lambda: 0) for seed in range(40)]
+    everything = 0
+    for n, (_, count) in enumerate(played):
+        ep = attrs(spans_of(captured, f"share-{n}", "episode")[0])
+        kept = kept_steps(captured, f"share-{n}")
+        assert ep[c.STEPS_EPISODE_SHARE] == 0.5
+        if ep[c.STEPS_POLICY] == "all":
+            everything += 1
+            assert kept == dict.fromkeys(range(1, count + 1))
+        else:
+            assert kept == {1: "first"}
+    assert 5 <= everything <= 35  # 40 draws at 1/2: outside this 1 time in ~10^5
+    assert check_trace(captured) == []
+
+
+def test_a_vector_env_keeps_each_sub_episodes_slowest_steps(captured: CapturedSpans) -> None:
+    steps = gymtrace.StepPolicy("aggregate", first=1, slowest=2)
+    env = TraceEnv(gym.vector.SyncVectorEnv([lambda: gym.make("CartPole-v1")] * 2), steps=steps)
+    returns = drive_vector(env, 80, seed=3)
+    env.close()
+    assert_one_rollout_per_sub_episode(captured, returns)
+    for root in captured.by_kind("rollout"):
+        rollout_id = attrs(root)[c.ROLLOUT_ID]
+        ep = attrs(spans_of(captured, rollout_id, "episode")[0])
+        if ep[c.EPISODE_OUTCOME] != "completed":
+            continue
+        kept = kept_steps(captured, rollout_id)
+        assert ep[c.STEPS_SAMPLED] == len(kept) == 1 + min(2, ep[c.STEPS_COUNT] - 1)
+        assert kept[1] == "first"
+        assert sorted(why for why in kept.values()) == ["first"] + ["slowest"] * (len(kept) - 1)
 
 
 COPIES = {

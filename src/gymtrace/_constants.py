@@ -209,8 +209,6 @@ STEPS_DURATION_MEAN_MS: Final = "gym.steps.duration.mean_ms"
 STEPS_DURATION_MIN_MS: Final = "gym.steps.duration.min_ms"
 STEPS_DURATION_MAX_MS: Final = "gym.steps.duration.max_ms"
 STEPS_SLOWEST_NUMBER: Final = "gym.steps.slowest.number"
-# On a step span made after the fact (a step that raised under the aggregate policy): its real length.
-STEP_DURATION_MS: Final = "gym.step.duration_ms"
 
 # Ray (gymtrace.integrations.ray): one span per task or actor-method execution in a worker, in the
 # caller's trace. ``ray.task.attempt`` is Ray's attempt number (0 first; >0 when Ray re-ran the task

@@ -314,14 +314,16 @@ _MESSAGES = (c.GEN_AI_INPUT_MESSAGES, c.GEN_AI_OUTPUT_MESSAGES)
 _STEP_COUNTS = ((c.STEPS_COUNT, "steps"), (c.STEPS_SAMPLED, "spans"))
 
 
-def _numbered(kind: str, rank: int, span_name: str, attribute: str) -> Level:
+def _numbered(
+    kind: str, rank: int, span_name: str, attribute: str, shown: tuple[tuple[str, str], ...] = ()
+) -> Level:
     """A level numbered 1, 2, 3... per agent invocation (turns and steps)."""
     return Level(
         kind,
         rank=rank,
         prepare=_prepare_numbered(kind, span_name, attribute),
         arguments={"number": _a_number, **_ATTRIBUTES},
-        shown=((attribute, "#"),),
+        shown=((attribute, "#"), *shown),
     )
 
 
@@ -383,7 +385,8 @@ LEVELS: Mapping[str, Level] = {
             shown=_STEP_COUNTS,
         ),
         _numbered(c.KIND_TURN, 5, c.SPAN_TURN, c.TURN_NUMBER),
-        _numbered(c.KIND_STEP, 6, c.SPAN_STEP, c.STEP_NUMBER),
+        # A step kept as a sample says why (first, slowest, raised).
+        _numbered(c.KIND_STEP, 6, c.SPAN_STEP, c.STEP_NUMBER, ((c.STEP_KEPT, "kept"),)),
         Level(
             c.KIND_MODEL_CALL,
             rank=7,

@@ -221,18 +221,7 @@ class StepStats:
             slow, self.slow = sorted(self.slow, key=lambda e: e[2]), []
         if tracer is not None:
             for _, number, start_ns, end_ns in slow:
-                span = tracer.start_span(
-                    c.SPAN_STEP,
-                    context=context,
-                    attributes={
-                        **identity,
-                        c.KIND: c.KIND_STEP,
-                        c.STEP_NUMBER: number,
-                        c.STEP_KEPT: c.STEP_KEPT_SLOWEST,
-                    },
-                    start_time=start_ns,
-                )
-                span.end(end_time=end_ns)
+                write_step(context, identity, number, start_ns, end_ns, c.STEP_KEPT_SLOWEST, tracer=tracer)
                 self.spans += 1
         owner_span.set_attributes(self.attributes())
 
@@ -309,9 +298,7 @@ def end_unsampled(frame: Any, timing: tuple[Any, int, int, bool], exc: BaseExcep
     raised = isinstance(exc, Exception)
     stats.record(number, start_ns, end_ns, raised, raised)
     if isinstance(exc, Exception):
-        tracer = active_tracer()
-        if tracer is not None:
-            _write_raised(tracer, frame.context, frame.identity, number, start_ns, end_ns, exc)
+        write_step(frame.context, frame.identity, number, start_ns, end_ns, c.STEP_KEPT_RAISED, exc)
 
 
 def write_owner(frame: Any) -> None:
@@ -319,23 +306,33 @@ def write_owner(frame: Any) -> None:
     frame.step_stats.finish(frame.span, active_tracer(), frame.context, frame.identity)
 
 
-def _write_raised(
-    tracer: trace.Tracer,
+def write_step(
     context: Any,
     identity: Mapping[str, Any],
     number: int,
     start_ns: int,
     end_ns: int,
-    exc: Exception,
-) -> None:
+    kept: str,
+    exc: Exception | None = None,
+    tracer: trace.Tracer | None = None,
+) -> bool:
+    """A step that ran without a span, written as one after the fact with its true number and
+    times: one of the slowest, or one that raised (``exc``, recorded as the engine records an
+    exception on a live span, _scope._record_error). ``context`` is its owner's; ``tracer``
+    default the active one. False when nothing records (no span was written)."""
+    if tracer is None:
+        tracer = active_tracer()
+        if tracer is None:
+            return False
     span = tracer.start_span(
         c.SPAN_STEP,
         context=context,
-        attributes={**identity, c.KIND: c.KIND_STEP, c.STEP_NUMBER: number, c.STEP_KEPT: c.STEP_KEPT_RAISED},
+        attributes={**identity, c.KIND: c.KIND_STEP, c.STEP_NUMBER: number, c.STEP_KEPT: kept},
         start_time=start_ns,
     )
-    # As the engine records an exception on a live span (_scope._record_error).
-    span.record_exception(exc, timestamp=end_ns)
-    span.set_status(Status(StatusCode.ERROR, f"{type(exc).__name__}: {exc}"))
-    span.set_attribute(c.ERROR_TYPE, qualified_name(type(exc)))
+    if exc is not None:
+        span.record_exception(exc, timestamp=end_ns)
+        span.set_status(Status(StatusCode.ERROR, f"{type(exc).__name__}: {exc}"))
+        span.set_attribute(c.ERROR_TYPE, qualified_name(type(exc)))
     span.end(end_time=end_ns)
+    return True

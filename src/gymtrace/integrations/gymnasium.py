@@ -31,14 +31,19 @@ What each call records:
   environment's ``step`` fails the episode (``gym.failure.kind=error``, the rollout unscored) and
   is re-raised unchanged.
 - Steps follow the step policy, visible on the episode span as ``gym.steps.policy``. ``"aggregate"``
-  (for simulators whose steps take microseconds): the first ``sample_first`` steps and every step
-  that raised are ``gym.step`` spans; every step is counted in ``gym.steps.count`` with the duration
-  statistics ``gym.steps.duration.{total,mean,min,max}_ms`` and ``gym.steps.slowest.number``.
-  ``"all"``: every step is a span (for environments whose steps take milliseconds, e.g. an LLM
-  agent loop). The policy is the ``steps`` argument; without it, the one
-  ``configure(step_policy=...)`` or ``GYMTRACE_STEP_POLICY`` chose (its ``first`` as
-  ``sample_first``); without either, ``"aggregate"`` with ``sample_first=1``. The wrapper counts
-  and samples its steps itself, under any global policy.
+  (for simulators whose steps take microseconds): the first ``first`` steps, the ``slowest``
+  slowest of the others (written when the episode ends, with their true times), every step of a
+  sampled share ``episode_share`` of episodes (those say ``"all"``) and every step that raised are
+  ``gym.step`` spans, each saying why in ``gym.step.kept``; every step is counted in
+  ``gym.steps.count`` with the duration statistics ``gym.steps.duration.{total,mean,min,max}_ms``
+  and ``gym.steps.slowest.number``, and the parameters are ``gym.steps.policy.{first,slowest,
+  episode_share}``, as gymtrace's own step engine writes them. ``"all"``: every step is a span
+  (for environments whose steps take milliseconds, e.g. an LLM agent loop). The policy is the
+  ``steps`` argument (a name or a ``gymtrace.StepPolicy``); without it, the one
+  ``configure(step_policy=...)`` or ``GYMTRACE_STEP_POLICY`` chose (an aggregate one with its
+  parameters); without either, ``"aggregate"`` with ``first=1`` (:data:`DEFAULT_SAMPLE_FIRST`),
+  no slowest steps (:data:`DEFAULT_SAMPLE_SLOWEST`) and no sampled share. ``sample_first`` wins
+  over any ``first``. The wrapper counts and samples its steps itself, under any global policy.
 - A vector environment (``SyncVectorEnv``, ``AsyncVectorEnv``, any ``gymnasium.vector.VectorEnv``)
   gets one rollout per sub-environment episode, each in its own context, so identities never mix;
   the sub-environment index is ``gym.env.index``. Every autoreset mode is followed: ``NextStep``
@@ -61,8 +66,11 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import copy
+import heapq
 import itertools
 import logging
+import os
+import random
 import sys
 import time
 import uuid
@@ -73,9 +81,9 @@ import wrapt
 
 import gymtrace
 from gymtrace import _constants as c
-from gymtrace._steps import OWNED_ELSEWHERE, chosen_policy
+from gymtrace._steps import OWNED_ELSEWHERE, POLICIES, StepPolicy, chosen_policy, write_step
 
-__all__ = ["DEFAULT_SAMPLE_FIRST", "TraceEnv"]
+__all__ = ["DEFAULT_SAMPLE_FIRST", "DEFAULT_SAMPLE_SLOWEST", "TraceEnv"]
 
 logger = logging.getLogger("gymtrace")
 
@@ -86,9 +94,52 @@ Measured with the file exporter: a step span costs ~40-60 µs of CPU made and en
 seven CartPole steps. One per episode shows a step's shape (and what the environment does inside
 it) for ~15 % of an episode's fixed cost; ``0`` keeps only the aggregates."""
 
+DEFAULT_SAMPLE_SLOWEST = 0
+"""The slowest steps of each episode written as spans under the integration's own default policy.
+
+0: each would cost what the first step's span costs, on every episode, while the episode span
+already names the slowest step (``gym.steps.slowest.number``) and its duration. A policy chosen
+with ``configure(step_policy=...)``/``GYMTRACE_STEP_POLICY``, or given as ``steps``, says how
+many."""
+
+# The integration's own policy, when neither the arguments nor configure() chose one.
+_DEFAULT_POLICY = StepPolicy(
+    c.STEPS_POLICY_AGGREGATE, first=DEFAULT_SAMPLE_FIRST, slowest=DEFAULT_SAMPLE_SLOWEST, episode_share=0.0
+)
+
 _perf_counter_ns = time.perf_counter_ns
-# A step number no episode reaches: under the "all" policy every step is below it.
+_time_ns = time.time_ns
+# A step number no episode reaches: under the "all" policy every step is below it. Also a
+# duration no step reaches: with no slowest steps to keep, no step is slow enough.
 _EVERY_STEP = sys.maxsize
+# A private generator for the sampled share of episodes: RL code seeds the global one.
+_random = random.Random(os.urandom(16))
+os.register_at_fork(after_in_child=lambda: _random.seed(os.urandom(16)))
+
+
+class _Policy:
+    """The step policy of one episode, resolved from the arguments and the chosen policy."""
+
+    __slots__ = ("aggregate", "every", "first", "share", "slowest")
+
+    def __init__(self, aggregate: bool, first: int, slowest: int, share: float) -> None:
+        self.aggregate = aggregate  # False: every step of every episode is a span ("all")
+        self.every = not aggregate or share >= 1.0
+        self.first = first
+        self.slowest = slowest
+        self.share = share
+
+    def episode_attributes(self, every: bool) -> dict[str, Any]:
+        """What the episode span says of its policy. An episode of the sampled share had every
+        step as a span, so for its reader the policy is "all", as gymtrace's own engine says."""
+        attributes: dict[str, Any] = {
+            c.STEPS_POLICY: c.STEPS_POLICY_ALL if every else c.STEPS_POLICY_AGGREGATE
+        }
+        if self.aggregate:
+            attributes[c.STEPS_FIRST] = self.first
+            attributes[c.STEPS_SLOWEST] = self.slowest
+            attributes[c.STEPS_EPISODE_SHARE] = float(self.share)
+        return attributes
 
 
 class _Open:
@@ -97,7 +148,9 @@ class _Open:
 
     ``Scope.__enter__``/``__exit__`` keep their state in the context they ran in, so every call on
     these scopes goes through ``context.run``. The statistics are plain slots in integer
-    nanoseconds: an unsampled step must cost a small fraction of a CartPole step (~8 µs).
+    nanoseconds: an unsampled step must cost a small fraction of a CartPole step (~8 µs). Steps
+    are timed with ``perf_counter_ns``; ``offset`` turns those times into the epoch nanoseconds
+    of a span written after the fact.
     """
 
     __slots__ = (
@@ -105,14 +158,20 @@ class _Open:
         "count",
         "env_step",
         "episode",
+        "errors",
+        "floor",
         "frame",
+        "keep",
         "limit",
         "max_ns",
         "min_ns",
+        "offset",
         "reward",
         "rollout",
         "run",
         "sampled",
+        "scopes",
+        "slow",
         "slowest",
         "total_ns",
     )
@@ -124,7 +183,7 @@ class _Open:
         episode: gymtrace.Scope,
         frame: gymtrace.ActiveScope,
         every: bool,
-        first: int,
+        policy: _Policy,
         env_step: Any,
     ) -> None:
         self.context = context
@@ -133,11 +192,19 @@ class _Open:
         self.rollout = rollout
         self.episode = episode
         self.frame = frame
-        # Steps numbered up to ``limit`` become spans.
-        self.limit = _EVERY_STEP if every else first
+        # Steps numbered up to ``limit`` become spans, marked as the first ones when sampled.
+        self.limit = _EVERY_STEP if every else policy.first
+        self.scopes = _STEP_SCOPES if every else _FIRST_STEP_SCOPES
+        # The ``keep`` slowest of the other steps become spans when the episode ends: a min-heap
+        # of (duration, number, start), entered by a step slower than ``floor``.
+        self.keep = 0 if every else policy.slowest
+        self.floor = -1 if self.keep else _EVERY_STEP
+        self.slow: list[tuple[int, int, int]] = []
+        self.offset = _time_ns() - _perf_counter_ns()
         self.reward = 0.0
         self.count = 0
         self.sampled = 0
+        self.errors = 0
         self.total_ns = 0
         self.min_ns = _EVERY_STEP
         self.max_ns = -1
@@ -153,12 +220,34 @@ class _Open:
         if ns < self.min_ns:
             self.min_ns = ns
 
+    def slower(self, number: int, start: int, ns: int) -> None:
+        """Step ``number`` (no span) is among the slowest so far: keep it, dropping the fastest."""
+        slow = self.slow
+        if len(slow) < self.keep:
+            heapq.heappush(slow, (ns, number, start))
+            if len(slow) < self.keep:
+                return
+        else:
+            heapq.heapreplace(slow, (ns, number, start))
+        self.floor = slow[0][0]
+
+    def write_slowest(self) -> None:
+        """The slowest steps kept, as spans under the episode in the order they ran."""
+        frame, offset = self.frame, self.offset
+        slow, self.slow = sorted(self.slow, key=lambda entry: entry[2]), []
+        for ns, number, start in slow:
+            start += offset
+            if write_step(frame.context, frame.identity, number, start, start + ns, c.STEP_KEPT_SLOWEST):
+                self.sampled += 1
+
     def attributes(self) -> dict[str, Any]:
         """The statistics set when the episode ends (the policy was set when it started)."""
         attributes: dict[str, Any] = {
             c.STEPS_COUNT: self.count,
             c.STEPS_SAMPLED: self.sampled,
         }
+        if self.errors:
+            attributes[c.STEPS_ERRORS] = self.errors
         if self.count:
             attributes[c.STEPS_DURATION_TOTAL_MS] = self.total_ns / 1e6
             attributes[c.STEPS_DURATION_MEAN_MS] = self.total_ns / 1e6 / self.count
@@ -177,12 +266,22 @@ def _exit(scope: gymtrace.Scope, exc: BaseException | None) -> None:
 
 # Scopes without per-episode arguments, made once: a Scope is reusable (as a decorator's is).
 _VERIFY = gymtrace.verify()
+# The first step numbers' scopes: of a step that is a span because every step is, and of one
+# that is because it is among the first sampled (``gym.step.kept``, as gymtrace's engine marks it).
 _STEP_SCOPES = tuple(gymtrace.step(number=number) for number in range(1, 65))
+_FIRST_STEP_SCOPES = tuple(
+    gymtrace.step(number=number, attributes={c.STEP_KEPT: c.STEP_KEPT_FIRST}) for number in range(1, 65)
+)
 
 
-def _step_scope(number: int) -> gymtrace.Scope:
-    """``gymtrace.step(number=number)``, made once for the first numbers (the sampled steps)."""
-    return _STEP_SCOPES[number - 1] if number <= len(_STEP_SCOPES) else gymtrace.step(number=number)
+def _step_scope(ep: _Open, number: int) -> gymtrace.Scope:
+    """The scope of step ``number`` of ``ep``, a span: made once for the first numbers."""
+    scopes = ep.scopes
+    if number <= len(scopes):
+        return scopes[number - 1]
+    if scopes is _FIRST_STEP_SCOPES:
+        return gymtrace.step(number=number, attributes={c.STEP_KEPT: c.STEP_KEPT_FIRST})
+    return gymtrace.step(number=number)
 
 
 def _env_id(env: Any) -> str:
@@ -223,9 +322,10 @@ class TraceEnv(wrapt.ObjectProxy):  # type: ignore[type-arg]  # proxies any envi
 
     ``rollout_id``: a callable of the wrapper's episode index (0, 1, ...) returning the rollout ID;
     default ``{env id}-{8 hex}-{index}``. ``task_id``: default the environment's ID.
-    ``steps``: ``"aggregate"`` or ``"all"``; ``sample_first``: steps per episode recorded as spans
-    under ``"aggregate"``. Either, when not given, comes from the step policy ``configure()`` or
-    ``GYMTRACE_STEP_POLICY`` chose, else ``"aggregate"`` and :data:`DEFAULT_SAMPLE_FIRST`.
+    ``steps``: ``"aggregate"``, ``"all"`` or a :class:`gymtrace.StepPolicy`; ``sample_first``: the
+    first steps of each episode recorded as spans under ``"aggregate"``. When not given, both come
+    from the step policy ``configure()`` or ``GYMTRACE_STEP_POLICY`` chose, else ``"aggregate"``
+    with :data:`DEFAULT_SAMPLE_FIRST` and :data:`DEFAULT_SAMPLE_SLOWEST`.
     Everything else (attributes, ``isinstance``, other wrappers around it) behaves as the wrapped
     environment.
     """
@@ -244,7 +344,7 @@ class TraceEnv(wrapt.ObjectProxy):  # type: ignore[type-arg]  # proxies any envi
         *,
         rollout_id: Callable[[int], str] | None = None,
         task_id: str | None = None,
-        steps: str | None = None,
+        steps: str | StepPolicy | None = None,
         sample_first: int | None = None,
     ) -> None:
         import gymnasium
@@ -262,10 +362,10 @@ class TraceEnv(wrapt.ObjectProxy):  # type: ignore[type-arg]  # proxies any envi
             )
         if task_id is not None and (not isinstance(task_id, str) or not task_id):
             raise TypeError(f"TraceEnv(): argument 'task_id' must be a non-empty string, got {task_id!r:.60}")
-        if steps is not None and steps not in (c.STEPS_POLICY_AGGREGATE, c.STEPS_POLICY_ALL):
+        if steps is not None and not isinstance(steps, StepPolicy) and steps not in POLICIES:
             raise ValueError(
-                f"TraceEnv(): argument 'steps' must be {c.STEPS_POLICY_AGGREGATE!r} or"
-                f" {c.STEPS_POLICY_ALL!r}, got {steps!r:.60}"
+                f"TraceEnv(): argument 'steps' must be {c.STEPS_POLICY_AGGREGATE!r},"
+                f" {c.STEPS_POLICY_ALL!r} or a gymtrace.StepPolicy, got {steps!r:.60}"
             )
         if sample_first is not None and (
             isinstance(sample_first, bool) or not isinstance(sample_first, int) or sample_first < 0
@@ -287,11 +387,13 @@ class TraceEnv(wrapt.ObjectProxy):  # type: ignore[type-arg]  # proxies any envi
         self._self_prefix = f"{self._self_env_id}-{uuid.uuid4().hex[:8]}"
         self._self_counter = itertools.count()
         # None: not given, the chosen step policy or the integration's default decides per episode.
-        self._self_every = None if steps is None else steps == c.STEPS_POLICY_ALL
+        self._self_steps = steps
         self._self_first = sample_first
+        # (the chosen policy it was resolved under, the episodes' policy): see _self_policy.
+        self._self_resolved: tuple[StepPolicy | None, _Policy] | None = None
         self._self_open: _Open | None = None
-        # By sub-environment index and policy ("all" or not).
-        self._self_episodes: dict[tuple[int | None, bool], gymtrace.Scope] = {}
+        # By sub-environment index, policy, and whether every step is a span.
+        self._self_episodes: dict[tuple[int | None, _Policy, bool], gymtrace.Scope] = {}
 
     # -- opening and ending episodes ----------------------------------------------------------------
 
@@ -322,19 +424,20 @@ class TraceEnv(wrapt.ObjectProxy):  # type: ignore[type-arg]  # proxies any envi
             if not _recording(rollout.__enter__()):
                 _exit(rollout, None)  # tracing is off (or this rollout is sampled out): pass through
                 return None
-        every, first = self._self_policy()
-        episode = self._self_episodes.get((index, every))
+        policy = self._self_policy()
+        every = policy.every or (policy.share > 0.0 and _random.random() < policy.share)
+        key = (index, policy, every)
+        episode = self._self_episodes.get(key)
         if episode is None:
-            # Made once per sub-environment: validating the attributes is ~1.5 µs an episode.
-            # The policy is known now: set at the start it is visible even on an episode cut
-            # short, and costs nothing (an attribute set later is validated one by one).
-            attributes: dict[str, Any] = {
-                c.ENV_ID: self._self_env_id,
-                c.STEPS_POLICY: c.STEPS_POLICY_ALL if every else c.STEPS_POLICY_AGGREGATE,
-            }
+            # Made once per sub-environment and policy: validating the attributes is ~1.5 µs an
+            # episode. The policy is known now: set at the start it is visible even on an episode
+            # cut short, and costs nothing (an attribute set later is validated one by one).
+            attributes: dict[str, Any] = {c.ENV_ID: self._self_env_id, **policy.episode_attributes(every)}
             if index is not None:
                 attributes[c.ENV_INDEX] = index
-            episode = self._self_episodes[index, every] = gymtrace.episode(attributes=attributes)
+            if len(self._self_episodes) >= 64:  # a policy changed per episode: keep it bounded
+                self._self_episodes.clear()
+            episode = self._self_episodes[key] = gymtrace.episode(attributes=attributes)
         frame = episode.__enter__()
         if not _recording(frame):
             _exit(episode, None)
@@ -344,18 +447,30 @@ class TraceEnv(wrapt.ObjectProxy):  # type: ignore[type-arg]  # proxies any envi
         # Its steps are sampled and counted here: gymtrace's own step engine keeps its hands off.
         frame.step_stats = OWNED_ELSEWHERE
         env_step = self.__wrapped__.step if index is None else None
-        return _Open(context, rollout, episode, frame, every, first, env_step)
+        return _Open(context, rollout, episode, frame, every, policy, env_step)
 
-    def _self_policy(self) -> tuple[bool, int]:
-        """(every step a span, sample_first) for the episode opening now."""
-        every, first = self._self_every, self._self_first
-        if every is None or first is None:
-            chosen = chosen_policy()
-            if every is None:
-                every = chosen is not None and not chosen.aggregate
-            if first is None:
-                first = chosen.first if chosen is not None else DEFAULT_SAMPLE_FIRST
-        return every, first
+    def _self_policy(self) -> _Policy:
+        """The step policy of the episode opening now. The ``steps`` argument decides, else the
+        policy ``configure()`` or ``GYMTRACE_STEP_POLICY`` chose, else the integration's default;
+        ``sample_first`` wins over any of them. Resolved again only when the chosen one changed."""
+        chosen = chosen_policy()
+        cached = self._self_resolved
+        if cached is not None and cached[0] is chosen:
+            return cached[1]
+        steps = self._self_steps
+        if isinstance(steps, StepPolicy):
+            base = steps
+        else:
+            # Its parameters from the chosen policy when that aggregates: a chosen "all" says
+            # nothing of how to sample, and the integration's own default applies.
+            base = chosen if chosen is not None and chosen.aggregate else _DEFAULT_POLICY
+            name = steps if steps is not None else chosen.policy if chosen is not None else base.policy
+            if name != base.policy:
+                base = StepPolicy(name, base.first, base.slowest, base.episode_share)
+        first = base.first if self._self_first is None else self._self_first
+        policy = _Policy(base.aggregate, first, base.slowest, base.episode_share)
+        self._self_resolved = (chosen, policy)
+        return policy
 
     def _self_end(self, ep: _Open, exc: BaseException | None) -> None:
         """End the episode: completed with its return as the reward, failed with ``exc``, or
@@ -367,6 +482,8 @@ class TraceEnv(wrapt.ObjectProxy):  # type: ignore[type-arg]  # proxies any envi
 
     @staticmethod
     def _self_end_in(ep: _Open, exc: BaseException | None) -> None:
+        if ep.slow:
+            ep.write_slowest()
         # One call for all the statistics: each set_attribute is validated and locked on its own.
         ep.frame.span.set_attributes(ep.attributes())
         if exc is None:
@@ -380,14 +497,19 @@ class TraceEnv(wrapt.ObjectProxy):  # type: ignore[type-arg]  # proxies any envi
             # A cancelled episode leaves its rollout unscored, not cancelled: nothing failed.
             _exit(ep.rollout, None if isinstance(exc, asyncio.CancelledError) else exc)
 
-    def _self_failed_step(self, ep: _Open, number: int, ns: int, exc: BaseException) -> None:
-        """Under the aggregate policy a step that raised had no span: it gets one now (always)."""
+    def _self_failed_step(self, ep: _Open, number: int, start: int, end: int, exc: BaseException) -> None:
+        """A step without a span raised: counted, and (an ``Exception``, not an interruption)
+        written as a span with its true times and its exception, as gymtrace's engine does."""
         try:
-            ep.add(number, ns)
-            ep.sampled += 1
-            scope = gymtrace.step(number=number, attributes={c.STEP_DURATION_MS: ns / 1e6})
-            ep.context.run(scope.__enter__)
-            ep.context.run(_exit, scope, exc)
+            ep.add(number, end - start)
+            if not isinstance(exc, Exception):
+                return
+            ep.errors += 1
+            frame, offset = ep.frame, ep.offset
+            if write_step(
+                frame.context, frame.identity, number, start + offset, end + offset, c.STEP_KEPT_RAISED, exc
+            ):
+                ep.sampled += 1
         except Exception as error:
             logger.warning("gymtrace: internal error recording a failed Gymnasium step", exc_info=error)
 
@@ -434,10 +556,13 @@ class TraceEnv(wrapt.ObjectProxy):  # type: ignore[type-arg]  # proxies any envi
             result = ep.run(ep.env_step, action)
         except BaseException as exc:
             self._self_open = None
-            self._self_failed_step(ep, number, _perf_counter_ns() - start, exc)
+            self._self_failed_step(ep, number, start, _perf_counter_ns(), exc)
             self._self_end(ep, exc)
             raise
-        ep.add(number, _perf_counter_ns() - start)
+        ns = _perf_counter_ns() - start
+        ep.add(number, ns)
+        if ns > ep.floor:  # never, unless the policy keeps the slowest steps
+            ep.slower(number, start, ns)
         ep.reward += result[1]
         if result[2] or result[3]:
             self._self_open = None
@@ -445,7 +570,7 @@ class TraceEnv(wrapt.ObjectProxy):  # type: ignore[type-arg]  # proxies any envi
         return result
 
     def _self_step_span(self, ep: _Open, number: int, action: Any) -> Any:
-        scope = _step_scope(number)
+        scope = _step_scope(ep, number)
         run = ep.run
         run(scope.__enter__)
         start = _perf_counter_ns()
@@ -454,6 +579,8 @@ class TraceEnv(wrapt.ObjectProxy):  # type: ignore[type-arg]  # proxies any envi
         except BaseException as exc:
             ep.add(number, _perf_counter_ns() - start)
             ep.sampled += 1
+            if isinstance(exc, Exception):
+                ep.errors += 1
             run(_exit, scope, exc)
             self._self_open = None
             self._self_end(ep, exc)
@@ -669,25 +796,27 @@ class _TraceVectorEnv(TraceEnv):
             assert ep is not None
             number = ep.count + 1
             if number <= ep.limit:
-                scope = _step_scope(number)
+                scope = _step_scope(ep, number)
                 ep.context.run(scope.__enter__)
                 spans.append((ep, scope))
         return _Batch(resetting, sessions, stepped, spans, _perf_counter_ns())
 
     def _self_step_failed(self, batch: _Batch, exc: BaseException) -> None:
-        ns = _perf_counter_ns() - batch.start
+        end = _perf_counter_ns()
         eps = self._self_eps
         for ep, scope in batch.sessions:
             ep.context.run(_exit, scope, exc)
         spanned = {id(ep) for ep, _ in batch.spans}
         for ep, scope in batch.spans:
-            ep.add(ep.count + 1, ns)
+            ep.add(ep.count + 1, end - batch.start)
             ep.sampled += 1
+            if isinstance(exc, Exception):
+                ep.errors += 1
             ep.context.run(_exit, scope, exc)
         for index in batch.stepped:
             sub = eps[index]
             if sub is not None and id(sub) not in spanned:
-                self._self_failed_step(sub, sub.count + 1, ns, exc)
+                self._self_failed_step(sub, sub.count + 1, batch.start, end, exc)
         self._self_fail_all(exc, range(self._self_num))
 
     def _self_after_step(self, batch: _Batch, result: Any) -> None:
@@ -701,10 +830,14 @@ class _TraceVectorEnv(TraceEnv):
             ep.context.run(_exit, scope, None)
         rewards = result[1].tolist()
         ended = (result[2] | result[3]).tolist()
+        spanned = {id(ep) for ep, _ in batch.spans} if batch.spans else ()
         for index in batch.stepped:
             sub = eps[index]
             assert sub is not None
-            sub.add(sub.count + 1, ns)
+            number = sub.count + 1
+            sub.add(number, ns)
+            if ns > sub.floor and id(sub) not in spanned:
+                sub.slower(number, batch.start, ns)
             sub.reward += rewards[index]
         mode = self._self_mode
         for index in range(self._self_num):
