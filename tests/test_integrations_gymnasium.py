@@ -401,6 +401,23 @@ def test_the_chosen_step_policy_or_the_argument_decides_and_every_step_is_counte
     assert check_trace(captured) == []
 
 
+def test_a_policy_chosen_between_episodes_applies_from_the_next_one(
+    captured: CapturedSpans, chosen_policy: Any
+) -> None:
+    env = TraceEnv(gym.make("CartPole-v1"), rollout_id=lambda n: f"switch-{n}")
+    play(env, 0, policy=lambda: 0)
+    chosen_policy("all")
+    _, second_steps = play(env, 1, policy=lambda: 0)
+    chosen_policy("aggregate", first=2, slowest=0)
+    play(env, 2, policy=lambda: 0)
+    policies = [attrs(spans_of(captured, f"switch-{n}", "episode")[0])[c.STEPS_POLICY] for n in range(3)]
+    assert policies == ["aggregate", "all", "aggregate"]
+    assert kept_steps(captured, "switch-0") == {1: "first"}
+    assert kept_steps(captured, "switch-1") == dict.fromkeys(range(1, second_steps + 1))
+    assert kept_steps(captured, "switch-2") == {1: "first", 2: "first"}
+    assert check_trace(captured) == []
+
+
 def test_the_slowest_steps_are_spans_with_their_true_times_in_order(captured: CapturedSpans) -> None:
     tracer = captured.tracer_provider.get_tracer("sim")
     sleeps = {3: 0.010, 5: 0.030, 7: 0.020}

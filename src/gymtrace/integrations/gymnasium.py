@@ -392,8 +392,8 @@ class TraceEnv(wrapt.ObjectProxy):  # type: ignore[type-arg]  # proxies any envi
         # (the chosen policy it was resolved under, the episodes' policy): see _self_policy.
         self._self_resolved: tuple[StepPolicy | None, _Policy] | None = None
         self._self_open: _Open | None = None
-        # By sub-environment index, policy, and whether every step is a span.
-        self._self_episodes: dict[tuple[int | None, _Policy, bool], gymtrace.Scope] = {}
+        # By sub-environment index and whether every step is a span, under the current policy.
+        self._self_episodes: dict[tuple[int | None, bool], gymtrace.Scope] = {}
 
     # -- opening and ending episodes ----------------------------------------------------------------
 
@@ -426,7 +426,7 @@ class TraceEnv(wrapt.ObjectProxy):  # type: ignore[type-arg]  # proxies any envi
                 return None
         policy = self._self_policy()
         every = policy.every or (policy.share > 0.0 and _random.random() < policy.share)
-        key = (index, policy, every)
+        key = (index, every)
         episode = self._self_episodes.get(key)
         if episode is None:
             # Made once per sub-environment and policy: validating the attributes is ~1.5 µs an
@@ -435,8 +435,6 @@ class TraceEnv(wrapt.ObjectProxy):  # type: ignore[type-arg]  # proxies any envi
             attributes: dict[str, Any] = {c.ENV_ID: self._self_env_id, **policy.episode_attributes(every)}
             if index is not None:
                 attributes[c.ENV_INDEX] = index
-            if len(self._self_episodes) >= 64:  # a policy changed per episode: keep it bounded
-                self._self_episodes.clear()
             episode = self._self_episodes[key] = gymtrace.episode(attributes=attributes)
         frame = episode.__enter__()
         if not _recording(frame):
@@ -470,6 +468,8 @@ class TraceEnv(wrapt.ObjectProxy):  # type: ignore[type-arg]  # proxies any envi
         first = base.first if self._self_first is None else self._self_first
         policy = _Policy(base.aggregate, first, base.slowest, base.episode_share)
         self._self_resolved = (chosen, policy)
+        # Episode scopes of the policy before are not used again: at most two per sub-environment.
+        self._self_episodes.clear()
         return policy
 
     def _self_end(self, ep: _Open, exc: BaseException | None) -> None:
