@@ -535,6 +535,46 @@ def test_bad_arguments_name_the_argument() -> None:
         env.reset(seed=0)
 
 
+@pytest.mark.parametrize("by", ["rollout", "task"])
+def test_under_the_rollout_sampler_a_dropped_episode_passes_through_and_a_kept_one_is_whole(by: str) -> None:
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    from gymtrace._tracing import pop_provider, push_provider
+    from gymtrace.sampling import RolloutSampler, keep_rollout
+
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider(sampler=RolloutSampler(0.5, by=by))
+    provider.add_span_processor(gymtrace.IdentitySpanProcessor())
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    envs = {
+        task: TraceEnv(gym.make("CartPole-v1"), rollout_id=lambda n, t=task: f"{t}-{n}", task_id=task)
+        for task in ("a", "b", "c", "d")
+    }
+    plain = gym.make("CartPole-v1")
+    push_provider(provider)
+    try:
+        played = {(task, n): play(env, n) for task, env in envs.items() for n in range(6)}
+    finally:
+        pop_provider(provider)
+    assert all(played[task, n] == play(plain, n) for task, n in played)  # results unchanged either way
+    spans = exporter.get_finished_spans()
+    kept = {s.attributes[c.ROLLOUT_ID] for s in spans if s.attributes[c.KIND] == "rollout"}
+    expected = {f"{t}-{n}" for t, n in played if keep_rollout(f"{t}-{n}" if by == "rollout" else t, 0.5)}
+    assert kept == expected and 0 < len(kept) < len(played)
+    for task, n in played:
+        rollout_id = f"{task}-{n}"
+        kinds = sorted(s.attributes[c.KIND] for s in spans if s.attributes.get(c.ROLLOUT_ID) == rollout_id)
+        if rollout_id in kept:  # the whole episode, its repeat the wrapper's episode index
+            assert kinds == ["episode", "rollout", "seed_session", "step", "verify"]
+            root = next(s for s in spans if s.attributes.get(c.ROLLOUT_ID) == rollout_id and s.parent is None)
+            assert root.attributes[c.ROLLOUT_REPEAT] == n
+        else:
+            assert kinds == []
+    assert check_trace(spans) == []
+
+
 # -- vector ------------------------------------------------------------------------------------------
 
 

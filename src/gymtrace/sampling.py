@@ -33,6 +33,7 @@ from opentelemetry.util.types import Attributes
 
 from gymtrace import _constants as c
 from gymtrace._errors import InvalidArgumentError
+from gymtrace._tracing import active_tracer
 
 __all__ = ["RolloutSampler", "keep_rollout"]
 
@@ -88,3 +89,17 @@ class RolloutSampler(Sampler):
 
     def get_description(self) -> str:
         return f"RolloutSampler{{ratio={self.ratio}, by={self.by}}}"
+
+
+def decided_in_advance(rollout_id: str, task_id: str | None) -> bool | None:
+    """Whether the active provider's sampler keeps a rollout with these IDs, when it is a
+    :class:`RolloutSampler` (which decides by the ID alone); None when nothing records or another
+    sampler decides at the span. For a caller that opens the rollout itself and would do nothing
+    with a rollout sampled out (the Gymnasium integration): it skips the rollout's whole span path.
+    """
+    tracer = active_tracer()
+    sampler = getattr(tracer, "sampler", None)
+    if type(sampler) is not RolloutSampler:
+        return None
+    key = rollout_id if sampler.by == "rollout" else task_id or rollout_id
+    return keep_rollout(key, sampler.ratio)
