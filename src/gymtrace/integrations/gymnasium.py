@@ -91,13 +91,13 @@ DEFAULT_SAMPLE_FIRST = 1
 """Steps of each episode recorded as spans under the ``aggregate`` policy (then only failures).
 
 Measured (``benchmarks/gymnasium_steps.py``, random-action CartPole, file exporter): the first
-step's span is ~11 µs of CPU of an episode's ~155 µs traced. It shows a step's shape (and what the
+step's span is ~11 µs of CPU of an episode's ~149 µs traced. It shows a step's shape (and what the
 environment does inside it); ``0`` keeps only the aggregates."""
 
 DEFAULT_SAMPLE_SLOWEST = 0
 """The slowest steps of each episode written as spans under the integration's own default policy.
 
-0: each would cost ~9 µs of CPU on every episode (the same benchmark), while the episode span
+0: each would cost ~10 µs of CPU on every episode (the same benchmark), while the episode span
 already names the slowest step (``gym.steps.slowest.number``) and its duration. A policy chosen
 with ``configure(step_policy=...)``/``GYMTRACE_STEP_POLICY``, or given as ``steps``, says how
 many."""
