@@ -91,7 +91,7 @@ class RolloutSampler(Sampler):
         return f"RolloutSampler{{ratio={self.ratio}, by={self.by}}}"
 
 
-def decided_in_advance(rollout_id: str, task_id: str | None) -> bool | None:
+def _decided_in_advance(rollout_id: str, task_id: str | None) -> bool | None:
     """Whether the active provider's sampler keeps a rollout with these IDs, when it is a
     :class:`RolloutSampler` (which decides by the ID alone); None when nothing records or another
     sampler decides at the span. For a caller that opens the rollout itself and would do nothing

@@ -317,7 +317,7 @@ def _sampled_out(rollout_id: str, task_id: str) -> bool:
     """Whether a :class:`gymtrace.sampling.RolloutSampler` in force drops this rollout. Without
     one, that module (which needs the SDK) was never imported, and nothing is decided here."""
     sampling = sys.modules.get("gymtrace.sampling")
-    return sampling is not None and sampling.decided_in_advance(rollout_id, task_id) is False
+    return sampling is not None and sampling._decided_in_advance(rollout_id, task_id) is False
 
 
 def _recording(frame: gymtrace.ActiveScope) -> bool:
