@@ -418,6 +418,48 @@ def test_a_policy_chosen_between_episodes_applies_from_the_next_one(
     assert check_trace(captured) == []
 
 
+@pytest.fixture
+def step_variables(monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
+    """Set GYMTRACE_STEP_* variables and read the environment again; read once more afterwards."""
+
+    def set_variables(**values: str) -> None:
+        for name, value in values.items():
+            monkeypatch.setenv(f"GYMTRACE_STEP_{name.upper()}", value)
+        gymtrace.testing.reset()
+
+    yield set_variables
+    monkeypatch.undo()
+    gymtrace.testing.reset()
+
+
+@pytest.mark.parametrize(
+    ("variables", "first", "slowest"),
+    [
+        ({"slowest": "2"}, 1, 2),  # a parameter alone: the integration's defaults for the rest
+        ({"first": "3"}, 3, 0),
+        ({"first": "0", "slowest": "1"}, 0, 1),
+        ({"slowest": "lots"}, 1, 0),  # a bad value is not a value given (warned, then the default)
+        ({"policy": "aggregate", "slowest": "3"}, 1, 3),  # a chosen policy: all of its parameters
+        ({"policy": "aggregate"}, 1, 1),
+    ],
+)
+def test_step_variables_set_the_wrappers_sample(
+    step_variables: Any, variables: dict[str, str], first: int, slowest: int
+) -> None:
+    step_variables(**variables)
+    with capture_spans(strict=False) as captured:
+        env = TraceEnv(gym.make("CartPole-v1"), rollout_id=lambda n: f"vars-{n}")
+        played = [play(env, seed, policy=lambda: 0) for seed in range(2)]
+    for n, (_, steps) in enumerate(played):
+        ep = attrs(spans_of(captured, f"vars-{n}", "episode")[0])
+        kept = kept_steps(captured, f"vars-{n}")
+        assert ep[c.STEPS_POLICY] == "aggregate"
+        assert (ep[c.STEPS_FIRST], ep[c.STEPS_SLOWEST]) == (first, slowest)
+        assert sorted(k for k, why in kept.items() if why == "first") == list(range(1, first + 1))
+        assert len([k for k, why in kept.items() if why == "slowest"]) == min(slowest, steps - first)
+    assert check_trace(captured) == []
+
+
 def test_the_slowest_steps_are_spans_with_their_true_times_in_order(captured: CapturedSpans) -> None:
     tracer = captured.tracer_provider.get_tracer("sim")
     sleeps = {3: 0.010, 5: 0.030, 7: 0.020}

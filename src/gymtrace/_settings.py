@@ -113,6 +113,9 @@ class Settings:
     step_first: int = DEFAULT_STEP_FIRST
     step_slowest: int = DEFAULT_STEP_SLOWEST
     step_episode_share: float = DEFAULT_STEP_EPISODE_SHARE
+    # Which of the step policy's parameters ("first", "slowest", "episode_share") a variable gave:
+    # an integration with a default policy of its own takes those, and its own for the rest.
+    step_parameters_given: frozenset[str] = frozenset()
     capture_content: str = NO_CONTENT
     content_max_value_bytes: int = DEFAULT_CONTENT_MAX_VALUE_BYTES
     content_max_span_bytes: int = DEFAULT_CONTENT_MAX_SPAN_BYTES
@@ -148,12 +151,18 @@ class _Reader:
         self.environ = environ
         self.strict = strict
         self.lenient = lenient  # at import: never raise
+        self.rejected: set[str] = set()  # variables set to a bad value (their default was used)
+
+    def given(self, name: str) -> bool:
+        """Whether variable ``name`` was set to a value read as it is (not replaced by a default)."""
+        return self.raw(name) is not None and name not in self.rejected
 
     def raw(self, name: str) -> str | None:
         value = self.environ.get(name)
         return value if value is not None and value.strip() else None
 
     def bad(self, name: str, raw: str, expected: str, default: object) -> None:
+        self.rejected.add(name)
         if self.strict and not self.lenient:
             raise InvalidArgumentError(f"{name} must be {expected}, got {raw[:80]!r}")
         with _lock:
@@ -408,6 +417,16 @@ def resolve(
         ),
         step_episode_share=read.number(
             env.GYMTRACE_STEP_EPISODE_SHARE, DEFAULT_STEP_EPISODE_SHARE, minimum=0, maximum=1
+        ),
+        # After the three reads above, which mark a bad value as not given.
+        step_parameters_given=frozenset(
+            name
+            for name, variable in (
+                ("first", env.GYMTRACE_STEP_FIRST),
+                ("slowest", env.GYMTRACE_STEP_SLOWEST),
+                ("episode_share", env.GYMTRACE_STEP_EPISODE_SHARE),
+            )
+            if read.given(variable)
         ),
         capture_content=capture,
         content_max_value_bytes=budget(

@@ -133,6 +133,25 @@ def chosen_policy() -> StepPolicy | None:
     return _policy if _chosen else None
 
 
+def given_parameters() -> dict[str, Any]:
+    """The step policy's parameters a ``GYMTRACE_STEP_*`` variable gave, by name (``first``,
+    ``slowest``, ``episode_share``): what an integration with a default policy of its own takes
+    over its own defaults when no policy was chosen (``GYMTRACE_STEP_SLOWEST=3`` alone, say)."""
+    read = _settings.active
+    values = {
+        "first": read.step_first,
+        "slowest": read.step_slowest,
+        "episode_share": read.step_episode_share,
+    }
+    return {name: values[name] for name in read.step_parameters_given}
+
+
+def policy_inputs() -> tuple[StepPolicy | None, _settings.Settings]:
+    """What :func:`chosen_policy` and :func:`given_parameters` answer from: when this changes
+    (compared item by item), their answers may have."""
+    return (_policy if _chosen else None), _settings.active
+
+
 def reset_policy() -> None:
     """Back to what the environment says, as the active settings read it (``gymtrace.testing.reset()``)."""
     set_policy(policy_from(None), _settings.active.step_policy_chosen)

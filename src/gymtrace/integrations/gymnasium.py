@@ -42,8 +42,9 @@ What each call records:
   ``steps`` argument (a name or a ``gymtrace.StepPolicy``); without it, the one
   ``configure(step_policy=...)`` or ``GYMTRACE_STEP_POLICY`` chose (an aggregate one with its
   parameters); without either, ``"aggregate"`` with ``first=1`` (:data:`DEFAULT_SAMPLE_FIRST`),
-  no slowest steps (:data:`DEFAULT_SAMPLE_SLOWEST`) and no sampled share. ``sample_first`` wins
-  over any ``first``. The wrapper counts and samples its steps itself, under any global policy.
+  no slowest steps (:data:`DEFAULT_SAMPLE_SLOWEST`) and no sampled share, each replaced by a
+  ``GYMTRACE_STEP_FIRST``/``_SLOWEST``/``_EPISODE_SHARE`` variable that is set. ``sample_first``
+  wins over any ``first``. The wrapper counts and samples its steps itself, under any global policy.
 - A vector environment (``SyncVectorEnv``, ``AsyncVectorEnv``, any ``gymnasium.vector.VectorEnv``)
   gets one rollout per sub-environment episode, each in its own context, so identities never mix;
   the sub-environment index is ``gym.env.index``. Every autoreset mode is followed: ``NextStep``
@@ -66,6 +67,7 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import copy
+import dataclasses
 import heapq
 import itertools
 import logging
@@ -81,7 +83,7 @@ import wrapt
 
 import gymtrace
 from gymtrace import _constants as c
-from gymtrace._steps import OWNED_ELSEWHERE, POLICIES, StepPolicy, chosen_policy, write_step
+from gymtrace._steps import OWNED_ELSEWHERE, POLICIES, StepPolicy, given_parameters, policy_inputs, write_step
 
 __all__ = ["DEFAULT_SAMPLE_FIRST", "DEFAULT_SAMPLE_SLOWEST", "TraceEnv"]
 
@@ -332,7 +334,8 @@ class TraceEnv(wrapt.ObjectProxy):  # type: ignore[type-arg]  # proxies any envi
     ``steps``: ``"aggregate"``, ``"all"`` or a :class:`gymtrace.StepPolicy`; ``sample_first``: the
     first steps of each episode recorded as spans under ``"aggregate"``. When not given, both come
     from the step policy ``configure()`` or ``GYMTRACE_STEP_POLICY`` chose, else ``"aggregate"``
-    with :data:`DEFAULT_SAMPLE_FIRST` and :data:`DEFAULT_SAMPLE_SLOWEST`.
+    with :data:`DEFAULT_SAMPLE_FIRST` and :data:`DEFAULT_SAMPLE_SLOWEST` unless a
+    ``GYMTRACE_STEP_*`` variable says otherwise.
     Everything else (attributes, ``isinstance``, other wrappers around it) behaves as the wrapped
     environment.
     """
@@ -397,7 +400,7 @@ class TraceEnv(wrapt.ObjectProxy):  # type: ignore[type-arg]  # proxies any envi
         self._self_steps = steps
         self._self_first = sample_first
         # (the chosen policy it was resolved under, the episodes' policy): see _self_policy.
-        self._self_resolved: tuple[StepPolicy | None, _Policy] | None = None
+        self._self_resolved: tuple[tuple[Any, Any], _Policy] | None = None
         self._self_open: _Open | None = None
         # By sub-environment index and whether every step is a span, under the current policy.
         self._self_episodes: dict[tuple[int | None, bool], gymtrace.Scope] = {}
@@ -461,25 +464,30 @@ class TraceEnv(wrapt.ObjectProxy):  # type: ignore[type-arg]  # proxies any envi
 
     def _self_policy(self) -> _Policy:
         """The step policy of the episode opening now. The ``steps`` argument decides, else the
-        policy ``configure()`` or ``GYMTRACE_STEP_POLICY`` chose, else the integration's default;
-        ``sample_first`` wins over any of them. Resolved again only when the chosen one changed."""
-        chosen = chosen_policy()
+        policy ``configure()`` or ``GYMTRACE_STEP_POLICY`` chose, else the integration's default
+        with any parameter a ``GYMTRACE_STEP_*`` variable gave; ``sample_first`` wins over any of
+        them. Resolved again only when what it depends on changed."""
+        inputs = policy_inputs()
         cached = self._self_resolved
-        if cached is not None and cached[0] is chosen:
+        if cached is not None and cached[0] == inputs:
             return cached[1]
+        chosen = inputs[0]
         steps = self._self_steps
         if isinstance(steps, StepPolicy):
             base = steps
         else:
-            # Its parameters from the chosen policy when that aggregates: a chosen "all" says
-            # nothing of how to sample, and the integration's own default applies.
-            base = chosen if chosen is not None and chosen.aggregate else _DEFAULT_POLICY
+            # The parameters of a chosen policy that aggregates; a chosen "all" says nothing of
+            # how to sample, so then the integration's own, with what the variables gave.
+            if chosen is not None and chosen.aggregate:
+                base = chosen
+            else:
+                base = dataclasses.replace(_DEFAULT_POLICY, **given_parameters())
             name = steps if steps is not None else chosen.policy if chosen is not None else base.policy
             if name != base.policy:
-                base = StepPolicy(name, base.first, base.slowest, base.episode_share)
+                base = dataclasses.replace(base, policy=name)
         first = base.first if self._self_first is None else self._self_first
         policy = _Policy(base.aggregate, first, base.slowest, base.episode_share)
-        self._self_resolved = (chosen, policy)
+        self._self_resolved = (inputs, policy)
         # Episode scopes of the policy before are not used again: at most two per sub-environment.
         self._self_episodes.clear()
         return policy
