@@ -747,7 +747,12 @@ def export_path(quick: bool, endpoint: str) -> dict[str, Any]:
     print(
         f"  gymtrace / stock: process CPU per delivered span {out['cpu_ratio']:.2f}x, app thread {out['thread_ratio']:.2f}x"
     )
-    ladder = "2000,4000,6000,7000,8000,9000,10000,11000,12000,14000,16000,18000,20000,24000,28000,32000,40000"
+    # Up to rates no Python process makes spans at: the ladder ends where a pipeline drops or the
+    # application cannot keep up, not before (gymtrace passed 40,000/s, then the ladder's top).
+    ladder = (
+        "2000,4000,6000,7000,8000,9000,10000,11000,12000,14000,16000,18000,20000,24000,28000,32000,"
+        "40000,48000,56000,64000,80000"
+    )
     seconds = "1.5" if quick else "3"
     ladders = {
         name: run_child(EXPORT_CODE, name, endpoint, "ladder", ladder, seconds, env=env) for name in pipelines
