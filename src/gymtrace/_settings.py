@@ -72,8 +72,9 @@ ENCODER_THREAD: Final = "thread"
 ENCODER_PROCESS: Final = "process"
 ENCODERS: Final = (ENCODER_AUTO, ENCODER_THREAD, ENCODER_PROCESS)
 
-# What a gymtrace.step records (GYMTRACE_STEP_*; see _steps.py). The aggregate policy's defaults
-# are the Gymnasium integration's: a span costs about five CartPole steps, a random episode ~20.
+# What a gymtrace.step records (GYMTRACE_STEP_*; see _steps.py). The aggregate policy keeps the
+# first step and the slowest by default: a span costs about five CartPole steps, a random episode
+# ~20. (The Gymnasium integration's own default keeps no slowest step: see DEFAULT_SAMPLE_SLOWEST.)
 STEP_POLICIES: Final = (c.STEPS_POLICY_ALL, c.STEPS_POLICY_AGGREGATE)
 DEFAULT_STEP_FIRST: Final = 1
 DEFAULT_STEP_SLOWEST: Final = 1
@@ -410,7 +411,7 @@ def resolve(
         / 1000,
         encoder=encoder or read.choice(env.GYMTRACE_ENCODER, ENCODERS, ENCODER_AUTO),
         step_policy=read.choice(env.GYMTRACE_STEP_POLICY, STEP_POLICIES, c.STEPS_POLICY_ALL),
-        step_policy_chosen=(read.raw(env.GYMTRACE_STEP_POLICY) or "").strip().lower() in STEP_POLICIES,
+        step_policy_chosen=read.given(env.GYMTRACE_STEP_POLICY),  # after its read, which rejects a bad value
         step_first=int(read.number(env.GYMTRACE_STEP_FIRST, DEFAULT_STEP_FIRST, minimum=0, integer=True)),
         step_slowest=int(
             read.number(env.GYMTRACE_STEP_SLOWEST, DEFAULT_STEP_SLOWEST, minimum=0, integer=True)

@@ -138,18 +138,13 @@ def given_parameters() -> dict[str, Any]:
     ``slowest``, ``episode_share``): what an integration with a default policy of its own takes
     over its own defaults when no policy was chosen (``GYMTRACE_STEP_SLOWEST=3`` alone, say)."""
     read = _settings.active
-    values = {
-        "first": read.step_first,
-        "slowest": read.step_slowest,
-        "episode_share": read.step_episode_share,
-    }
-    return {name: values[name] for name in read.step_parameters_given}
+    return {name: getattr(read, f"step_{name}") for name in read.step_parameters_given}
 
 
 def policy_inputs() -> tuple[StepPolicy | None, _settings.Settings]:
     """What :func:`chosen_policy` and :func:`given_parameters` answer from: when this changes
     (compared item by item), their answers may have."""
-    return (_policy if _chosen else None), _settings.active
+    return chosen_policy(), _settings.active
 
 
 def reset_policy() -> None:
