@@ -151,8 +151,8 @@ class _Open:
     ``Scope.__enter__``/``__exit__`` keep their state in the context they ran in, so every call on
     these scopes goes through ``context.run``. The statistics are plain slots in integer
     nanoseconds: an unsampled step must cost a small fraction of a CartPole step (~8 µs). Steps
-    are timed with ``perf_counter_ns``; ``offset`` turns those times into the epoch nanoseconds
-    of a span written after the fact.
+    are timed with ``perf_counter_ns``; :func:`_epoch_offset`, taken when a span is written after
+    the fact, turns those times into its epoch nanoseconds.
     """
 
     __slots__ = (
@@ -167,7 +167,6 @@ class _Open:
         "limit",
         "max_ns",
         "min_ns",
-        "offset",
         "reward",
         "rollout",
         "run",
@@ -202,7 +201,6 @@ class _Open:
         self.keep = 0 if every else policy.slowest
         self.floor = -1 if self.keep else _EVERY_STEP
         self.slow: list[tuple[int, int, int]] = []
-        self.offset = _time_ns() - _perf_counter_ns()
         self.reward = 0.0
         self.count = 0
         self.sampled = 0
@@ -235,7 +233,7 @@ class _Open:
 
     def write_slowest(self) -> None:
         """The slowest steps kept, as spans under the episode in the order they ran."""
-        frame, offset = self.frame, self.offset
+        frame, offset = self.frame, _epoch_offset()
         slow, self.slow = sorted(self.slow, key=lambda entry: entry[2]), []
         for ns, number, start in slow:
             start += offset
@@ -259,6 +257,12 @@ class _Open:
         return attributes
 
 
+def _epoch_offset() -> int:
+    """What turns a ``perf_counter_ns`` time into ``time_ns`` (epoch) nanoseconds, now: the two
+    clocks run at the same rate, so a step timed earlier in the episode maps through it too."""
+    return _time_ns() - _perf_counter_ns()
+
+
 def _exit(scope: gymtrace.Scope, exc: BaseException | None) -> None:
     if exc is None:
         scope.__exit__(None, None, None)
@@ -268,22 +272,27 @@ def _exit(scope: gymtrace.Scope, exc: BaseException | None) -> None:
 
 # Scopes without per-episode arguments, made once: a Scope is reusable (as a decorator's is).
 _VERIFY = gymtrace.verify()
-# The first step numbers' scopes: of a step that is a span because every step is, and of one
-# that is because it is among the first sampled (``gym.step.kept``, as gymtrace's engine marks it).
-_STEP_SCOPES = tuple(gymtrace.step(number=number) for number in range(1, 65))
-_FIRST_STEP_SCOPES = tuple(
-    gymtrace.step(number=number, attributes={c.STEP_KEPT: c.STEP_KEPT_FIRST}) for number in range(1, 65)
-)
+
+
+def _new_step_scope(number: int, first: bool) -> gymtrace.Scope:
+    """``gymtrace.step(number=number)``: of a step that is a span because every step is, or (``first``)
+    because it is among the first sampled (``gym.step.kept``, as gymtrace's engine marks it)."""
+    if first:
+        return gymtrace.step(number=number, attributes={c.STEP_KEPT: c.STEP_KEPT_FIRST})
+    return gymtrace.step(number=number)
+
+
+# The first step numbers' scopes, made once.
+_STEP_SCOPES = tuple(_new_step_scope(number, first=False) for number in range(1, 65))
+_FIRST_STEP_SCOPES = tuple(_new_step_scope(number, first=True) for number in range(1, 65))
 
 
 def _step_scope(ep: _Open, number: int) -> gymtrace.Scope:
-    """The scope of step ``number`` of ``ep``, a span: made once for the first numbers."""
+    """The scope of step ``number`` of ``ep``, a span."""
     scopes = ep.scopes
     if number <= len(scopes):
         return scopes[number - 1]
-    if scopes is _FIRST_STEP_SCOPES:
-        return gymtrace.step(number=number, attributes={c.STEP_KEPT: c.STEP_KEPT_FIRST})
-    return gymtrace.step(number=number)
+    return _new_step_scope(number, first=scopes is _FIRST_STEP_SCOPES)
 
 
 def _env_id(env: Any) -> str:
@@ -525,7 +534,7 @@ class TraceEnv(wrapt.ObjectProxy):  # type: ignore[type-arg]  # proxies any envi
             if not isinstance(exc, Exception):
                 return
             ep.errors += 1
-            frame, offset = ep.frame, ep.offset
+            frame, offset = ep.frame, _epoch_offset()
             if write_step(
                 frame.context, frame.identity, number, start + offset, end + offset, c.STEP_KEPT_RAISED, exc
             ):
