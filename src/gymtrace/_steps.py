@@ -240,26 +240,48 @@ class StepStats:
         owner_span.set_attributes(self.attributes())
 
     def attributes(self) -> dict[str, Any]:
-        """The statistics, named as the Gymnasium integration names them (gym.steps.*)."""
+        """The policy and the statistics (gym.steps.*), as the owner's span says them."""
         policy = self.policy
-        out: dict[str, Any] = {
-            # An owner of the sampled share had every step as a span: for its reader that is "all".
-            c.STEPS_POLICY: POLICY_ALL if self.everything else POLICY_AGGREGATE,
-            c.STEPS_FIRST: policy.first,
-            c.STEPS_SLOWEST: policy.slowest,
-            c.STEPS_EPISODE_SHARE: float(policy.episode_share),
-            c.STEPS_COUNT: self.count,
-            c.STEPS_SAMPLED: self.spans,
+        return {
+            **policy_attributes(self.everything, policy.first, policy.slowest, policy.episode_share),
+            **statistics_attributes(
+                self.count,
+                self.spans,
+                self.errors,
+                self.total_ns,
+                self.min_ns,
+                self.max_ns,
+                self.slowest_number,
+            ),
         }
-        if self.errors:
-            out[c.STEPS_ERRORS] = self.errors
-        if self.count:
-            out[c.STEPS_DURATION_TOTAL_MS] = self.total_ns / 1e6
-            out[c.STEPS_DURATION_MEAN_MS] = self.total_ns / self.count / 1e6
-            out[c.STEPS_DURATION_MIN_MS] = self.min_ns / 1e6
-            out[c.STEPS_DURATION_MAX_MS] = self.max_ns / 1e6
-            out[c.STEPS_SLOWEST_NUMBER] = self.slowest_number
-        return out
+
+
+def policy_attributes(every: bool, first: int, slowest: int, episode_share: float) -> dict[str, Any]:
+    """An aggregating owner's ``gym.steps.policy`` and its parameters. An owner of the sampled
+    share (``every``) had every step as a span: for its reader that is "all"."""
+    return {
+        c.STEPS_POLICY: POLICY_ALL if every else POLICY_AGGREGATE,
+        c.STEPS_FIRST: first,
+        c.STEPS_SLOWEST: slowest,
+        c.STEPS_EPISODE_SHARE: float(episode_share),
+    }
+
+
+def statistics_attributes(
+    count: int, sampled: int, errors: int, total_ns: int, min_ns: int, max_ns: int, slowest_number: int
+) -> dict[str, Any]:
+    """An owner's step statistics: how many steps ran, how many are spans, how many raised, and
+    (when any ran) their durations in milliseconds and the slowest one's number."""
+    out: dict[str, Any] = {c.STEPS_COUNT: count, c.STEPS_SAMPLED: sampled}
+    if errors:
+        out[c.STEPS_ERRORS] = errors
+    if count:
+        out[c.STEPS_DURATION_TOTAL_MS] = total_ns / 1e6
+        out[c.STEPS_DURATION_MEAN_MS] = total_ns / count / 1e6
+        out[c.STEPS_DURATION_MIN_MS] = min_ns / 1e6
+        out[c.STEPS_DURATION_MAX_MS] = max_ns / 1e6
+        out[c.STEPS_SLOWEST_NUMBER] = slowest_number
+    return out
 
 
 class _OwnedElsewhere(StepStats):

@@ -83,7 +83,16 @@ import wrapt
 
 import gymtrace
 from gymtrace import _constants as c
-from gymtrace._steps import OWNED_ELSEWHERE, POLICIES, StepPolicy, given_parameters, policy_inputs, write_step
+from gymtrace._steps import (
+    OWNED_ELSEWHERE,
+    POLICIES,
+    StepPolicy,
+    given_parameters,
+    policy_attributes,
+    policy_inputs,
+    statistics_attributes,
+    write_step,
+)
 
 __all__ = ["DEFAULT_SAMPLE_FIRST", "DEFAULT_SAMPLE_SLOWEST", "TraceEnv"]
 
@@ -132,16 +141,11 @@ class _Policy:
         self.share = share
 
     def episode_attributes(self, every: bool) -> dict[str, Any]:
-        """What the episode span says of its policy. An episode of the sampled share had every
-        step as a span, so for its reader the policy is "all", as gymtrace's own engine says."""
-        attributes: dict[str, Any] = {
-            c.STEPS_POLICY: c.STEPS_POLICY_ALL if every else c.STEPS_POLICY_AGGREGATE
-        }
-        if self.aggregate:
-            attributes[c.STEPS_FIRST] = self.first
-            attributes[c.STEPS_SLOWEST] = self.slowest
-            attributes[c.STEPS_EPISODE_SHARE] = float(self.share)
-        return attributes
+        """What the episode span says of its policy, as gymtrace's own engine says it (an episode
+        of the sampled share says "all"); under "all" there are no parameters to say."""
+        if not self.aggregate:
+            return {c.STEPS_POLICY: c.STEPS_POLICY_ALL}
+        return policy_attributes(every, self.first, self.slowest, self.share)
 
 
 class _Open:
@@ -242,19 +246,9 @@ class _Open:
 
     def attributes(self) -> dict[str, Any]:
         """The statistics set when the episode ends (the policy was set when it started)."""
-        attributes: dict[str, Any] = {
-            c.STEPS_COUNT: self.count,
-            c.STEPS_SAMPLED: self.sampled,
-        }
-        if self.errors:
-            attributes[c.STEPS_ERRORS] = self.errors
-        if self.count:
-            attributes[c.STEPS_DURATION_TOTAL_MS] = self.total_ns / 1e6
-            attributes[c.STEPS_DURATION_MEAN_MS] = self.total_ns / 1e6 / self.count
-            attributes[c.STEPS_DURATION_MIN_MS] = self.min_ns / 1e6
-            attributes[c.STEPS_DURATION_MAX_MS] = self.max_ns / 1e6
-            attributes[c.STEPS_SLOWEST_NUMBER] = self.slowest
-        return attributes
+        return statistics_attributes(
+            self.count, self.sampled, self.errors, self.total_ns, self.min_ns, self.max_ns, self.slowest
+        )
 
 
 def _epoch_offset() -> int:
