@@ -60,7 +60,6 @@ class RolloutSampler(Sampler):
             )
         self.ratio = float(ratio)
         self.by = by
-        self._key = c.ROLLOUT_ID if by == "rollout" else c.TASK_ID
         # Below a rollout (and outside any): follow the parent; roots outside rollouts are kept.
         self._parent_based = ParentBased(fallback or ALWAYS_ON)
 
@@ -76,9 +75,8 @@ class RolloutSampler(Sampler):
     ) -> SamplingResult:
         attrs = attributes or {}
         if attrs.get(c.KIND) == c.KIND_ROLLOUT:
-            key = attrs.get(self._key) or attrs.get(c.ROLLOUT_ID)
-            if isinstance(key, str):
-                keep = keep_rollout(key, self.ratio)
+            keep = self._keeps(attrs.get(c.ROLLOUT_ID), attrs.get(c.TASK_ID))
+            if keep is not None:
                 parent_state = get_current_span(parent_context).get_span_context().trace_state
                 return SamplingResult(
                     Decision.RECORD_AND_SAMPLE if keep else Decision.DROP,
@@ -89,6 +87,12 @@ class RolloutSampler(Sampler):
 
     def get_description(self) -> str:
         return f"RolloutSampler{{ratio={self.ratio}, by={self.by}}}"
+
+    def _keeps(self, rollout_id: object, task_id: object) -> bool | None:
+        """Whether the rollout with these IDs is kept: by its task ID under ``by="task"`` when it
+        has one, else by its rollout ID; None without a string ID to decide by."""
+        key = (task_id if self.by == "task" else None) or rollout_id
+        return keep_rollout(key, self.ratio) if isinstance(key, str) else None
 
 
 def _decided_in_advance(rollout_id: str, task_id: str | None) -> bool | None:
@@ -101,5 +105,4 @@ def _decided_in_advance(rollout_id: str, task_id: str | None) -> bool | None:
     sampler = getattr(tracer, "sampler", None)
     if type(sampler) is not RolloutSampler:
         return None
-    key = rollout_id if sampler.by == "rollout" else task_id or rollout_id
-    return keep_rollout(key, sampler.ratio)
+    return sampler._keeps(rollout_id, task_id)
