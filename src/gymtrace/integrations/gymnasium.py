@@ -224,6 +224,13 @@ class _Open:
         if ns < self.min_ns:
             self.min_ns = ns
 
+    def add_span(self, number: int, ns: int, exc: BaseException | None = None) -> None:
+        """Count step ``number``, a span, that took ``ns`` and raised ``exc`` (if not None)."""
+        self.add(number, ns)
+        self.sampled += 1
+        if isinstance(exc, Exception):
+            self.errors += 1
+
     def slower(self, number: int, start: int, ns: int) -> None:
         """Step ``number`` (no span) is among the slowest so far: keep it, dropping the fastest."""
         slow = self.slow
@@ -607,16 +614,12 @@ class TraceEnv(wrapt.ObjectProxy):  # type: ignore[type-arg]  # proxies any envi
         try:
             result = run(ep.env_step, action)
         except BaseException as exc:
-            ep.add(number, _perf_counter_ns() - start)
-            ep.sampled += 1
-            if isinstance(exc, Exception):
-                ep.errors += 1
+            ep.add_span(number, _perf_counter_ns() - start, exc)
             run(_exit, scope, exc)
             self._self_open = None
             self._self_end(ep, exc)
             raise
-        ep.add(number, _perf_counter_ns() - start)
-        ep.sampled += 1
+        ep.add_span(number, _perf_counter_ns() - start)
         run(_exit, scope, None)
         ep.reward += result[1]
         if result[2] or result[3]:
@@ -838,10 +841,7 @@ class _TraceVectorEnv(TraceEnv):
             ep.context.run(_exit, scope, exc)
         spanned = {id(ep) for ep, _ in batch.spans}
         for ep, scope in batch.spans:
-            ep.add(ep.count + 1, end - batch.start)
-            ep.sampled += 1
-            if isinstance(exc, Exception):
-                ep.errors += 1
+            ep.add_span(ep.count + 1, end - batch.start, exc)
             ep.context.run(_exit, scope, exc)
         for index in batch.stepped:
             sub = eps[index]
