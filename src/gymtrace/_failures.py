@@ -24,6 +24,9 @@ cannot have been raised, so gymtrace never imports them.
 from __future__ import annotations
 
 import sys
+from typing import Any
+
+from opentelemetry.trace import Status, StatusCode
 
 from gymtrace import _constants as c
 
@@ -89,3 +92,12 @@ def qualified_name(cls: type) -> str:
     (``builtins`` and ``__main__`` classes by their bare name)."""
     module = cls.__module__
     return cls.__qualname__ if module in ("builtins", "__main__") else f"{module}.{cls.__qualname__}"
+
+
+def record_error(span: Any, exc: BaseException, timestamp: int | None = None) -> None:
+    """Record ``exc`` on ``span`` as gymtrace records an exception that escaped a scope, like
+    ``use_span``: an exception event (at ``timestamp``, default now), an ERROR status with the
+    exception's description, and ``error.type``."""
+    span.record_exception(exc, timestamp=timestamp)
+    span.set_status(Status(StatusCode.ERROR, f"{type(exc).__name__}: {exc}"))
+    span.set_attribute(c.ERROR_TYPE, qualified_name(type(exc)))

@@ -26,12 +26,12 @@ from typing import Any, TypeVar
 
 from opentelemetry import context as otel_context
 from opentelemetry import trace
-from opentelemetry.trace import SpanKind, Status, StatusCode
+from opentelemetry.trace import SpanKind
 
 from gymtrace import _constants as c
 from gymtrace import _steps
 from gymtrace._errors import GymTraceError, HierarchyViolationError, contain, contract_problem, guard
-from gymtrace._failures import qualified_name
+from gymtrace._failures import qualified_name, record_error
 from gymtrace._frame import DISABLED_FRAME, FRAME_KEY, ActiveScope
 from gymtrace._levels import LEVELS, NUMBERING_OWNERS, allowed
 from gymtrace._tracing import SPAN_CONTEXT_KEY, active_tracer, attach, current_context, detach, reset
@@ -291,7 +291,7 @@ class Scope:
                 _steps.write_owner(frame)
             # Last, so the exception's description wins over the level's own failure status.
             if isinstance(exc, Exception) and span.is_recording():
-                _record_error(span, exc)
+                record_error(span, exc)
         except Exception as error:  # noqa: BLE001 - gymtrace's own failure: errors.contain decides
             contain(_ENDING[self.kind], error, may_raise=exc is None)
         finally:
@@ -313,7 +313,7 @@ class Scope:
                 value = getattr(result, str(source), None)
         except Exception as exc:  # noqa: BLE001 - the user's callable failed: their error, reported as such
             if frame.span.is_recording():
-                _record_error(frame.span, exc)
+                record_error(frame.span, exc)
             contract_problem(
                 ("reward_from", self.kind, type(exc)),
                 GymTraceError(
@@ -457,12 +457,6 @@ class Scope:
 
     def __repr__(self) -> str:
         return f"<gymtrace.{self.kind} scope>"
-
-
-def _record_error(span: trace.Span, exc: BaseException) -> None:
-    span.record_exception(exc)
-    span.set_status(Status(StatusCode.ERROR, f"{type(exc).__name__}: {exc}"))
-    span.set_attribute(c.ERROR_TYPE, qualified_name(type(exc)))
 
 
 def _report_violation(kind: str, parent_kind: str, site: object) -> None:

@@ -28,12 +28,11 @@ from dataclasses import dataclass, fields
 from typing import Any
 
 from opentelemetry import trace
-from opentelemetry.trace import Status, StatusCode
 
 from gymtrace import _constants as c
 from gymtrace import _settings
 from gymtrace._errors import InvalidArgumentError
-from gymtrace._failures import qualified_name
+from gymtrace._failures import record_error
 from gymtrace._tracing import active_tracer
 
 POLICY_ALL = c.STEPS_POLICY_ALL
@@ -354,7 +353,7 @@ def write_step(
 ) -> bool:
     """A step that ran without a span, written as one after the fact with its true number and
     times: one of the slowest, or one that raised (``exc``, recorded as the engine records an
-    exception on a live span, _scope._record_error). ``context`` is its owner's; ``tracer``
+    exception on a live span). ``context`` is its owner's; ``tracer``
     default the active one. False when nothing records (no span was written)."""
     if tracer is None:
         tracer = active_tracer()
@@ -367,8 +366,6 @@ def write_step(
         start_time=start_ns,
     )
     if exc is not None:
-        span.record_exception(exc, timestamp=end_ns)
-        span.set_status(Status(StatusCode.ERROR, f"{type(exc).__name__}: {exc}"))
-        span.set_attribute(c.ERROR_TYPE, qualified_name(type(exc)))
+        record_error(span, exc, timestamp=end_ns)
     span.end(end_time=end_ns)
     return True
