@@ -47,8 +47,9 @@ def test_reward_under_attach_is_the_rollouts_outcome_record(captured: CapturedSp
     assert record.attributes[c.ROLLOUT_ID] == "r-remote"
     assert record.attributes[c.OUTCOME_SOURCE] == c.SOURCE_REMOTE
     assert _hex_trace(record) == rollout.trace_id
-    # The rollout root ended before the worker scored it: unscored there, fixed by the record.
-    assert captured.one(c.KIND_ROLLOUT).attributes[c.ROLLOUT_OUTCOME] == c.OUTCOME_UNSCORED
+    # The rollout root ended before the worker scored it: pending there (it handed the episode
+    # over), concluded by the record.
+    assert captured.one(c.KIND_ROLLOUT).attributes[c.ROLLOUT_OUTCOME] == c.OUTCOME_PENDING
     verify = captured.one(c.KIND_VERIFY)
     assert verify.attributes[c.REWARD] == 1.0
     assert check_trace(captured) == []

@@ -279,11 +279,10 @@ def _tree(args: argparse.Namespace) -> int:
 
 
 def _check(args: argparse.Namespace) -> int:
-    from gymtrace._check import check_spans
-
-    spans = _read_files(args.files)
+    from gymtrace._check import awaiting_outcomes, check_spans
     from gymtrace._outcomes import final_outcomes
 
+    spans = _read_files(args.files)
     problems = check_spans(spans)
     rollouts = final_outcomes(spans)
     if problems:
@@ -291,7 +290,17 @@ def _check(args: argparse.Namespace) -> int:
         for problem in problems:
             print(f"  - {problem}")
         return 1
-    print(f"OK: {len(spans)} spans, {len(rollouts)} rollouts, no contract violations")
+    if not rollouts:
+        # Spans without any rollout identity say nothing about the contract: not an OK (issue 25).
+        print(f"nothing to check: {len(spans)} spans, no rollouts (no gym.rollout span or outcome record)")
+        return 1
+    awaiting = awaiting_outcomes(spans)
+    print(
+        f"OK: {len(spans)} spans, {len(rollouts)} rollouts, no contract violations"
+        + (f"; {len(awaiting)} awaiting an outcome from another process:" if awaiting else "")
+    )
+    for note in awaiting:
+        print(f"  - {note}")
     return 0
 
 
@@ -390,7 +399,9 @@ def _stats_line(run: RunStats, *, failed_as_zero: bool) -> str:
     mean = "n/a" if run.mean_reward is None else f"{run.mean_reward:.4g}"
     over = "scored and unscored as 0" if failed_as_zero else "scored only"
     line = (
-        f"run {run.run_id or '(no run)'}: {run.rollouts} rollouts, {run.scored} scored, {run.unscored} unscored;"
+        f"run {run.run_id or '(no run)'}: {run.rollouts} rollouts, {run.scored} scored, {run.unscored} unscored"
+        + (f", {run.pending} pending (outcome expected from another process)" if run.pending else "")
+        + ";"
         f" mean {mean} over {run.inputs} input{'s' if run.inputs != 1 else ''} ({over})"
     )
     if run.runs_sharing_id > 1:

@@ -26,6 +26,7 @@ from gymtrace import _content
 from gymtrace._errors import GymTraceError, InvalidArgumentError, contract_problem, data_lost, guard
 from gymtrace._failures import qualified_name, retryable_by_default
 from gymtrace._ids import ROLLOUT_IDENTITY, check_index, check_reward, clean_identity, episode_id
+from gymtrace._outcome_rule import CANCELLED, COMPLETED, FAILED, Attempt, Decision, Facts, decide
 from gymtrace._tracing import active_tracer, current_context
 
 FRAME_KEY = otel_context.create_key("gymtrace.frame")
@@ -51,6 +52,7 @@ class ActiveScope:
     """
 
     __slots__ = (
+        "_earlier_attempts",
         "_episodes",
         "_last_episode",
         "_next_attempt",
@@ -61,6 +63,7 @@ class ActiveScope:
         "context",
         "ended",
         "failure",
+        "handed_off",
         "identity",
         "kind",
         "level",
@@ -94,6 +97,11 @@ class ActiveScope:
         self._next_attempt = 0
         self._episodes = 0
         self._last_episode: ActiveScope | None = None
+        # For a rollout: what its episodes before the last one ended as (the outcome rule reports
+        # a reward they had, which the final attempt supersedes).
+        self._earlier_attempts: list[Attempt] = []
+        # For a rollout: a carrier or headers were taken inside it; its outcome may come from there.
+        self.handed_off = False
         self.attempt: int | None = None
         self.reward: float | None = None
         self.failure: Failure | None = None
@@ -144,13 +152,33 @@ class ActiveScope:
             frame = frame.parent
         return None
 
-    def final_reward(self) -> float | None:
-        """For a rollout: its final episode's reward, ``None`` when that episode failed, was cancelled
-        or was not scored (an unscored rollout has no reward, never an invented 0)."""
+    def attempt_fact(self) -> Attempt:
+        """For an episode: how it ended (so far), as the outcome rule reads it."""
+        if self.cancelled:
+            state = CANCELLED
+        elif self.failure is not None:
+            state = FAILED
+        else:
+            state = COMPLETED
+        return Attempt(self.attempt if self.attempt is not None else 0, state, self.reward)
+
+    def outcome_facts(self) -> Facts:
+        """For a rollout: what was recorded about it that bears on its outcome (``_outcome_rule``)."""
         final = self._last_episode
-        if final is None:
-            return self.reward  # no episode scopes: the rollout itself was scored directly
-        return final.reward if final.failure is None and not final.cancelled else None
+        attempts = (*self._earlier_attempts, final.attempt_fact()) if final is not None else ()
+        return Facts(
+            attempts=attempts,
+            reward=self.reward,
+            failure=self.failure[0] if self.failure is not None else None,
+            handed_off=self.handed_off,
+            started=self._episodes,
+        )
+
+    def decision(self) -> Decision:
+        """For a rollout: its outcome by the one rule; for an episode, the outcome it concludes."""
+        if self.kind == c.KIND_EPISODE:
+            return decide(Facts(attempts=(self.attempt_fact(),)))
+        return decide(self.outcome_facts())
 
     # -- state changes (each level's rules) ----------------------------------------------------
 
@@ -174,6 +202,8 @@ class ActiveScope:
         with _counter_lock:
             self._next_attempt = max(self._next_attempt, attempt + 1)
             self._episodes += 1
+            if self._last_episode is not None:
+                self._earlier_attempts.append(self._last_episode.attempt_fact())
             self._last_episode = episode
 
     def set_reward(self, number: float) -> bool:
@@ -229,8 +259,11 @@ class ActiveScope:
             target = self._target((c.KIND_EPISODE, c.KIND_ROLLOUT), "record_reward")
             if target is None:
                 return
-            if target.kind == c.KIND_ROLLOUT and target.ended and target.last_episode is not None:
-                target = target.last_episode  # a late reward scores the rollout's final episode
+            final = target.last_episode if target.kind == c.KIND_ROLLOUT else None
+            if final is not None and (target.ended or final.ended):
+                # A reward after the rollout's final episode ended (a verify() between the last
+                # episode and the rollout's end, or later) scores that episode: a record says so.
+                target = final
             verify = self.nearest(c.KIND_VERIFY)
             if verify is not None:
                 verify.reward = number
@@ -258,7 +291,18 @@ class ActiveScope:
                 kind = c.FAILURE_ERROR
             if self.kind == DISABLED_KIND:
                 return
-            target = self._target((c.KIND_EPISODE,), "record_failure")
+            target = self.nearest(c.KIND_EPISODE, c.KIND_ROLLOUT)
+            if target is not None and target.kind == c.KIND_ROLLOUT and target.last_episode is not None:
+                # Its episodes ended: a failure here belongs to none of them.
+                data_lost(
+                    GymTraceError(
+                        f"gymtrace.record_failure() was called in rollout {target.identity.get(c.ROLLOUT_ID)!r}"
+                        " after its episodes ended; dropped. Fix: record it inside the episode that failed"
+                    )
+                )
+                return
+            if target is None:
+                target = self._target((c.KIND_EPISODE,), "record_failure")
             if target is not None:
                 target.set_failure(kind, retryable, message, exception)
 
@@ -372,7 +416,15 @@ class ActiveScope:
             carrier["episode_span"] = span_ref(episode.span.get_span_context())
             if episode.attempt is not None:
                 carrier["attempt"] = episode.attempt  # the attempt a later phase scores with it
+        self.hand_off()  # whoever holds the carrier may record the outcome
         return carrier
+
+    def hand_off(self) -> None:
+        """A carrier or headers of this scope were taken: its rollout's outcome may be recorded in
+        another process, so a rollout ending with no outcome of its own is ``pending``."""
+        rollout = self.nearest(c.KIND_ROLLOUT)
+        if rollout is not None and not rollout.remote:
+            rollout.handed_off = True
 
     def _target(self, kinds: tuple[str, ...], caller: str) -> ActiveScope | None:
         target = self.nearest(*kinds)
@@ -434,22 +486,21 @@ def emit_outcome(frame: ActiveScope, source: str) -> None:
         return
     episode = frame if frame.kind == c.KIND_EPISODE else None
     if episode is not None:
-        attempt = episode.attempt if episode.attempt is not None else 0
-        reward = episode.reward if episode.failure is None and not episode.cancelled else None
         rollout = episode.parent.nearest(c.KIND_ROLLOUT) if episode.parent is not None else None
     else:
-        attempt = max(frame.attempts_started - 1, 0)
-        reward = frame.final_reward()
         rollout = frame
+    decision = frame.decision()
+    attempt = decision.attempt
     attributes: dict[str, Any] = {k: v for k, v in frame.identity.items() if k in ROLLOUT_IDENTITY}
     rollout_id = attributes.get(c.ROLLOUT_ID)
     attributes[c.EPISODE_ATTEMPT] = attempt
     if isinstance(rollout_id, str):
         attributes[c.EPISODE_ID] = episode_id(rollout_id, attempt)
     attributes[c.KIND] = c.KIND_OUTCOME
-    attributes[c.ROLLOUT_OUTCOME] = c.OUTCOME_UNSCORED if reward is None else c.OUTCOME_SCORED
-    if reward is not None:
-        attributes[c.REWARD] = reward
+    # A record concludes what was recorded: it is never pending itself.
+    attributes[c.ROLLOUT_OUTCOME] = c.OUTCOME_SCORED if decision.scored else c.OUTCOME_UNSCORED
+    if decision.reward is not None:
+        attributes[c.REWARD] = decision.reward
     attributes[c.ROLLOUT_ATTEMPTS] = attempt + 1
     attributes[c.OUTCOME_SOURCE] = source
     if episode is not None and episode.failure is not None:

@@ -321,6 +321,10 @@ def inject(
         carrier = {}
     with guard("gymtrace.propagation.inject"):
         ctx = with_identity(context, reserve_step=continuation)
+        if continuation:
+            frame = (context if context is not None else otel_context.get_current()).get(FRAME_KEY)
+            if isinstance(frame, ActiveScope):
+                frame.hand_off()  # the rollout's outcome may now be recorded where this goes
         propagate.inject(carrier, context=ctx)
         if "baggage" in carrier:
             # OpenTelemetry Python writes a space as "+", which W3C Baggage gives no meaning (and
