@@ -168,3 +168,38 @@ def _post(client: str, url: str, body: dict) -> dict:
             return await response.json()
 
     return asyncio.run(run_aiohttp())
+
+
+# -- NeMo Gym's own identity (shared by the live integration and `gymtrace import nemo-gym`) --------
+
+
+def test_rollout_identity_is_nemo_gyms_key_without_the_attempt_suffix() -> None:
+    row = {"_ng_task_index": 3, "_ng_rollout_index": 1, "_ng_attempt_index": 2, "x": 1}
+    assert nemo_gym.rollout_identity(row) == nemo_gym.RolloutIdentity("3-1", "3", 1, 2)
+
+
+def test_rollout_identity_prefers_the_explicit_rollout_id_and_defaults_attempt_to_zero() -> None:
+    row = {"_ng_task_index": "7", "_ng_rollout_index": 0, "_ng_rollout_id": "job-7-0"}
+    assert nemo_gym.rollout_identity(row) == nemo_gym.RolloutIdentity("job-7-0", "7", 0, 0)
+
+
+@pytest.mark.parametrize(
+    "row", [{}, {"_ng_task_index": -1}, {"_ng_task_index": True}, {"_ng_task_index": "a"}]
+)
+def test_rollout_identity_is_none_for_a_body_that_is_no_nemo_gym_rollout(row: dict[str, object]) -> None:
+    assert nemo_gym.rollout_identity(row) is None
+
+
+def test_run_id_for_output_is_stable_across_spellings_of_the_same_path(tmp_path, monkeypatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    first = nemo_gym.run_id_for_output("out/rollouts.jsonl")
+    assert first == nemo_gym.run_id_for_output(tmp_path / "out" / ".." / "out" / "rollouts.jsonl")
+    assert first.startswith("rollouts-")
+    assert first != nemo_gym.run_id_for_output(tmp_path / "other" / "rollouts.jsonl")
+
+
+def test_trace_id_for_is_deterministic_and_separates_runs_and_rollouts() -> None:
+    one = nemo_gym.trace_id_for("run-a", "0-0")
+    assert one == nemo_gym.trace_id_for("run-a", "0-0")
+    assert 0 < one < 2**128
+    assert len({one, nemo_gym.trace_id_for("run-b", "0-0"), nemo_gym.trace_id_for("run-a", "0-1")}) == 3

@@ -35,11 +35,14 @@ because a passed-through ID never contains ``__`` and an encoded one always star
 
 from __future__ import annotations
 
+import hashlib
 import json
+import os
 import re
 import threading
 from collections.abc import Mapping
-from typing import Any
+from pathlib import Path
+from typing import Any, NamedTuple
 
 import wrapt
 from opentelemetry import context as otel_context
@@ -51,6 +54,10 @@ from gymtrace._frame import FRAME_KEY, ActiveScope
 
 __all__ = [
     "NEMO_ID",
+    "RolloutIdentity",
+    "rollout_identity",
+    "run_id_for_output",
+    "trace_id_for",
     "alias_attributes",
     "body_fields",
     "from_nemo_id",
@@ -90,6 +97,72 @@ def from_nemo_id(nemo_id: str) -> str:
         position = match.end()
     raw += body[position:].encode("ascii")
     return raw.decode("utf-8")
+
+
+# -- NeMo Gym's own identity, read from what it sends or stores ------------------------------------
+#
+# One mapping for the live integration and for `gymtrace import nemo-gym`: a run traced live and the
+# same run imported afterwards must land in the same traces, so both derive their IDs here.
+
+
+class RolloutIdentity(NamedTuple):
+    """A NeMo Gym rollout as gymtrace names it (DESIGN.md section 8)."""
+
+    rollout_id: str
+    """``gym.rollout.id``: ``_ng_rollout_id`` when set, else ``"{task}-{rollout}"`` (never the
+    attempt-qualified capture key that the ``/ng-rollout/`` prefix carries)."""
+    task_id: str
+    """``gym.task.id``: ``_ng_task_index`` as text."""
+    repeat: int | None
+    """``gym.rollout.repeat``: ``_ng_rollout_index``."""
+    attempt: int
+    """``gym.episode.attempt``: ``_ng_attempt_index``, 0 when absent."""
+
+
+def _index(value: object) -> int | None:
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int):
+        return value if 0 <= value <= _MAX_ATTEMPT else None
+    if isinstance(value, str) and value.isascii() and value.isdigit() and len(value) <= 10:
+        number = int(value)
+        return number if number <= _MAX_ATTEMPT else None
+    return None
+
+
+def rollout_identity(fields: Mapping[str, Any]) -> RolloutIdentity | None:
+    """The rollout a NeMo Gym body (a ``/run`` request, a ``rollouts.jsonl`` row) belongs to, from
+    its ``_ng_*`` fields; ``None`` when it carries no task index (not a NeMo Gym rollout)."""
+    task = _index(fields.get(c.NEMO_GYM_BODY_TASK_INDEX))
+    if task is None:
+        return None
+    repeat = _index(fields.get(c.NEMO_GYM_BODY_ROLLOUT_INDEX))
+    attempt = _index(fields.get(c.NEMO_GYM_BODY_ATTEMPT_INDEX))
+    given = fields.get(c.NEMO_GYM_BODY_ROLLOUT_ID)
+    if isinstance(given, str) and given and len(given) <= 256 and given.isprintable():
+        rollout_id = given
+    else:
+        rollout_id = f"{task}-{repeat if repeat is not None else 0}"
+    return RolloutIdentity(rollout_id, str(task), repeat, attempt if attempt is not None else 0)
+
+
+def run_id_for_output(path: str | os.PathLike[str]) -> str:
+    """The run ID of a ``gym eval run`` that writes ``path``: the same for every pass over that
+    output (a ``+resume_from_cache=true`` rerun continues the run) and for a later import of it.
+
+    NeMo Gym stores nothing between passes, so the ID is derived from the output file's absolute
+    path: its stem, for people, and a digest of the path, so two outputs never share a run.
+    """
+    resolved = Path(path).expanduser().resolve()
+    digest = hashlib.sha256(str(resolved).encode("utf-8")).hexdigest()[:12]
+    return f"{resolved.stem}-{digest}"
+
+
+def trace_id_for(run_id: str, rollout_id: str) -> int:
+    """The trace of one rollout of one run, the same in every pass and every import: 128 bits of
+    SHA-256 over both IDs (never 0, which OpenTelemetry reads as invalid)."""
+    material = f"gymtrace/trace\x00{run_id}\x00{rollout_id}".encode()
+    return int.from_bytes(hashlib.sha256(material).digest()[:16], "big") or 1
 
 
 def _identity() -> dict[str, str | int]:
