@@ -54,6 +54,7 @@ def child_json(code: str, tmp_path: Path, **env: str) -> dict[str, Any]:
         ("GYMTRACE_STEP_FIRST", "-1", "step_first", 1),
         ("GYMTRACE_STEP_SLOWEST", "many", "step_slowest", 1),
         ("GYMTRACE_STEP_EPISODE_SHARE", "1.5", "step_episode_share", 0.0),
+        ("GYMTRACE_HEARTBEAT", "-1", "heartbeat", 10.0),
     ],
 )
 def test_a_bad_environment_value_warns_naming_it_and_uses_the_default(
@@ -217,3 +218,19 @@ def test_a_forked_child_draws_other_ids_than_its_parent() -> None:
     os.close(read)
     os.waitpid(pid, 0)
     assert child_id != generator.generate_trace_id()
+
+
+def test_heartbeat_and_step_metrics_resolve_argument_then_variable_then_default(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    assert (_settings.active.heartbeat, _settings.active.step_metrics) == (10.0, False)
+    monkeypatch.setenv("GYMTRACE_HEARTBEAT", "0.5")
+    monkeypatch.setenv("GYMTRACE_STEP_METRICS", "true")
+    settings = _settings.reload()
+    assert (settings.heartbeat, settings.step_metrics) == (0.5, True)
+    gymtrace.configure(file=False, heartbeat=0, step_metrics=False)
+    assert (_settings.active.heartbeat, _settings.active.step_metrics) == (0.0, False)
+    with pytest.raises(gymtrace.InvalidArgumentError, match="'heartbeat'"):
+        gymtrace.configure(file=False, heartbeat=-1)
+    with pytest.raises(gymtrace.InvalidArgumentError, match="'step_metrics'"):
+        gymtrace.configure(file=False, step_metrics="yes")  # type: ignore[arg-type]

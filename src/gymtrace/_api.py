@@ -16,6 +16,7 @@ from opentelemetry.trace import SpanKind
 
 from gymtrace import _constants as c
 from gymtrace._frame import ActiveScope
+from gymtrace._ids import check_timeout
 from gymtrace._scope import Scope, decorate
 
 P = ParamSpec("P")
@@ -153,6 +154,7 @@ def episode(
     restored_from: Any = None,
     continue_from: Mapping[str, Any] | ActiveScope | None = None,
     attributes: Attributes = None,
+    timeout: float | None = None,
 ) -> Scope: ...
 def episode(
     func: Any = None,
@@ -162,6 +164,7 @@ def episode(
     restored_from: Any = None,
     continue_from: Mapping[str, Any] | ActiveScope | None = None,
     attributes: Attributes = None,
+    timeout: float | None = None,
 ) -> Any:
     """One execution attempt of a rollout (``gym.episode``), from seed_session through verify.
 
@@ -175,9 +178,15 @@ def episode(
 
     ``continue_from`` opens the next attempt of a rollout from a carrier taken in another process
     (same rollout, task and run IDs; linked to the previous episode; in the rollout's trace).
+
+    ``timeout`` (seconds): an async episode (``async with``, or a decorated coroutine function)
+    still running after it is cancelled and fails with kind ``timeout`` (retryable, so
+    :func:`gymtrace.attempts` starts the next attempt); a sync one cannot be interrupted safely, so
+    it gets a ``gym.episode.overdue`` event and ``gymtrace live`` reads it ``stalled``.
     """
+    check_timeout("episode", timeout)
     no_source = continue_from is None and (restored_from is None or restored_from is False)
-    if func is None and attempt is None and attributes is None and no_source:
+    if func is None and attempt is None and attributes is None and no_source and timeout is None:
         return _BARE_EPISODE
     if restored_from is not None and restored_from is not False:
         source: tuple[str, Any] | None = (c.RELATION_RESTORE, restored_from)
@@ -186,7 +195,11 @@ def episode(
     else:
         source = None
     return _build(
-        c.KIND_EPISODE, func, "attempt", {"attempt": attempt, "attributes": attributes}, source=source
+        c.KIND_EPISODE,
+        func,
+        "attempt",
+        {"attempt": attempt, "attributes": attributes, "timeout": timeout},
+        source=source,
     )
 
 

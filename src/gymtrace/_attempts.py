@@ -29,6 +29,8 @@ from gymtrace import _constants as c
 from gymtrace._errors import InvalidArgumentError
 from gymtrace._failures import classify, classify_as_told, retryable_by_default
 from gymtrace._frame import ActiveScope
+from gymtrace._ids import check_timeout
+from gymtrace._live import deadline
 from gymtrace._scope import CANCELLATION, Scope
 
 
@@ -42,6 +44,7 @@ class Attempt:
         self._scope: Scope | None = None
         self.scope: ActiveScope | None = None
         self._failure: tuple[str, bool, str | None] | None = None
+        self._timer: deadline | None = None
 
     @property
     def number(self) -> int:
@@ -73,7 +76,9 @@ class Attempt:
         source = None
         if self._previous is not None and self._previous.kind == c.KIND_EPISODE:
             source = (c.RELATION_RESTORE if loop.restore else c.RELATION_RETRY, self._previous)
-        self._scope = Scope(c.KIND_EPISODE, {"attributes": loop.attributes}, source=source)
+        self._scope = Scope(
+            c.KIND_EPISODE, {"attributes": loop.attributes, "timeout": loop.timeout}, source=source
+        )
         self.scope = self._scope.__enter__()
         loop._entered = True
         return self
@@ -109,11 +114,25 @@ class Attempt:
         return exc is not None  # retrying: the exception was recorded on the failed episode
 
     async def __aenter__(self) -> Attempt:
+        timeout = self._loop.timeout
+        if timeout is not None:
+            # Entered before the episode, left after it: a body past the timeout is cancelled and
+            # the attempt fails with a TimeoutError (kind `timeout`, retryable), whether traced or not.
+            self._timer = deadline(timeout)
+            await self._timer.__aenter__()
         return self.__enter__()
 
     async def __aexit__(
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> bool:
+        timer, self._timer = self._timer, None
+        if timer is not None:
+            try:
+                await timer.__aexit__(exc_type, exc, tb)
+            except TimeoutError as timed_out:
+                if not self.__exit__(TimeoutError, timed_out, timed_out.__traceback__):
+                    raise
+                return True  # retried: the next attempt runs
         return self.__exit__(exc_type, exc, tb)
 
 
@@ -128,7 +147,9 @@ class Attempts:
         restore: bool = False,
         reraise: bool = True,
         attributes: dict[str, Any] | None = None,
+        timeout: float | None = None,
     ) -> None:
+        check_timeout("attempts", timeout)
         if isinstance(max_attempts, bool) or not isinstance(max_attempts, int) or max_attempts < 1:
             raise InvalidArgumentError(
                 f"gymtrace.attempts(): argument 'max_attempts' must be an int >= 1, got {max_attempts!r}"
@@ -138,6 +159,7 @@ class Attempts:
         self.restore = restore
         self.reraise = reraise
         self.attributes = attributes
+        self.timeout = timeout
         self.succeeded = False
         self.attempts_made = 0
         self.last_error: BaseException | None = None
@@ -162,6 +184,7 @@ def attempts(
     restore: bool = False,
     reraise: bool = True,
     attributes: dict[str, Any] | None = None,
+    timeout: float | None = None,
 ) -> Attempts:
     """Up to ``max_attempts`` episodes of the enclosing rollout, stopping at the first success.
 
@@ -173,5 +196,17 @@ def attempts(
     ``restore=True`` opens every attempt after the first as a checkpoint restore of the previous one
     (``gym.episode.restored``), instead of a clean retry. ``attempts.succeeded`` tells, after the
     loop, whether an attempt completed; a rollout whose attempts all failed is unscored.
+
+    ``timeout`` (seconds) bounds each attempt: used as ``async with attempt:``, an attempt still
+    running after it is cancelled and fails with kind ``timeout`` (retryable: the loop starts the
+    next attempt); used as ``with attempt:`` (sync code cannot be interrupted safely, threads are
+    never killed) it gets a ``gym.episode.overdue`` event and ``gymtrace live`` reads it ``stalled``.
     """
-    return Attempts(max_attempts, retry_on=retry_on, restore=restore, reraise=reraise, attributes=attributes)
+    return Attempts(
+        max_attempts,
+        retry_on=retry_on,
+        restore=restore,
+        reraise=reraise,
+        attributes=attributes,
+        timeout=timeout,
+    )

@@ -1,4 +1,4 @@
-"""The ``gymtrace`` command: ``demo``, ``tree``, ``check``, ``rollouts`` and ``stats``.
+"""The ``gymtrace`` command: ``demo``, ``tree``, ``check``, ``rollouts``, ``stats`` and ``live``.
 
 The only module that prints. ``demo-service`` serves one service of ``demo --distributed``, which
 starts them as processes.
@@ -9,14 +9,16 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import time
 import uuid
 from collections.abc import Sequence
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from gymtrace import _constants as c
 from gymtrace import _settings
 from gymtrace._environment import DEFAULT_FILE, GYMTRACE_FILE
-from gymtrace._spandata import SpanData, TraceFileError, read_otlp_json_lines
+from gymtrace._spandata import SpanData, TraceFileError, decode_otlp_json, read_otlp_json_lines
 
 if TYPE_CHECKING:
     from gymtrace._outcomes import RunStats
@@ -100,11 +102,27 @@ def _parser() -> argparse.ArgumentParser:
         action="store_true",
         help="one JSON object per run (run_id, scored, unscored, inputs, mean_reward, ...)",
     )
+    live = sub.add_parser(
+        "live", help="the open rollouts: running, stalled (no progress) or lost (process gone)"
+    )
+    _add_reader_arguments(live, what="OTLP/JSON lines files or directories of them")
+    live.add_argument(
+        "--stalled-after",
+        type=float,
+        default=60.0,
+        metavar="S",
+        help="seconds without progress after which a live rollout reads stalled (default: 60)",
+    )
+    live.add_argument(
+        "--json",
+        action="store_true",
+        help="one JSON object per rollout (run_id, task_id, rollout_id, attempt, state, age_s, idle_s, step, service)",
+    )
     return parser
 
 
-def _add_reader_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("files", nargs="*", help=f"OTLP/JSON lines files (default: {DEFAULT_FILE})")
+def _add_reader_arguments(parser: argparse.ArgumentParser, what: str = "OTLP/JSON lines files") -> None:
+    parser.add_argument("files", nargs="*", help=f"{what} (default: {DEFAULT_FILE})")
     parser.add_argument(
         "--jaeger", metavar="URL", help="read from Jaeger's query API instead, e.g. http://127.0.0.1:16686"
     )
@@ -125,6 +143,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _rollouts(args)
         if args.command == "stats":
             return _stats(args)
+        if args.command == "live":
+            return _live(args)
         return _check(args)
     except (TraceFileError, OSError) as exc:
         print(f"gymtrace {args.command}: {exc}", file=sys.stderr)
@@ -356,11 +376,91 @@ def _rollouts(args: argparse.Namespace) -> int:
         )
         for o in outcomes
     ]
-    header = ("RUN", "TASK", "ROLLOUT", "REPEAT", "OUTCOME", "REWARD", "ATTEMPTS", "RAN IN", "DECIDED BY")
+    _print_table(
+        ("RUN", "TASK", "ROLLOUT", "REPEAT", "OUTCOME", "REWARD", "ATTEMPTS", "RAN IN", "DECIDED BY"), rows
+    )
+    return 0
+
+
+def _print_table(header: tuple[str, ...], rows: Sequence[tuple[str, ...]]) -> None:
     widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
     for row in [header, *rows]:
         print("  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip())
+
+
+def _live(args: argparse.Namespace) -> int:
+    from gymtrace._liveview import live_rollouts
+
+    if args.stalled_after < 0:
+        print("gymtrace live: --stalled-after must be >= 0 seconds", file=sys.stderr)
+        return 2
+    if args.jaeger:
+        from gymtrace._jaeger import JaegerClient
+
+        if args.files:
+            raise TraceFileError("give trace files or --jaeger, not both")
+        tags: dict[str, str] = {c.KIND: c.KIND_LIVE}
+        if args.run:
+            tags[c.RUN_ID] = args.run
+        spans: list[SpanData] = JaegerClient(args.jaeger).search(args.service, tags)
+    else:
+        spans = []
+        for path in expand_paths(args.files or [_default_file()]):
+            spans.extend(_read_growing(path))
+    rollouts = live_rollouts(spans, now_ns=time.time_ns(), stalled_after=args.stalled_after, run_id=args.run)
+    if args.json:
+        for rollout in rollouts:
+            print(json.dumps(rollout.as_json()))
+        return 0
+    if not rollouts:
+        print("no open rollouts")
+        return 0
+    rows = [
+        (
+            r.run_id or "-",
+            r.task_id or "-",
+            r.rollout_id,
+            str(r.attempt),
+            r.state,
+            f"{r.age_s:.1f}s",
+            f"{r.idle_s:.1f}s",
+            str(r.step),
+            r.service or "-",
+        )
+        for r in rollouts
+    ]
+    _print_table(("RUN", "TASK", "ROLLOUT", "ATTEMPT", "STATE", "AGE", "IDLE", "STEP", "SERVICE"), rows)
     return 0
+
+
+def expand_paths(paths: Sequence[str]) -> list[str]:
+    """Files as given; a directory (GYMTRACE_FILE=DIR/: one file per process) as its ``*.jsonl``."""
+    files: list[str] = []
+    for path in paths:
+        folder = Path(path)
+        if folder.is_dir():
+            files.extend(str(p) for p in sorted(folder.glob("*.jsonl")) if p.is_file())
+        else:
+            files.append(path)
+    return files
+
+
+def _read_growing(path: str) -> list[SpanData]:
+    """A trace file that its processes are still writing: a last line caught mid-write is skipped
+    (it is whole at the next read); a bad line anywhere else is an error."""
+    spans: list[SpanData] = []
+    with open(path, encoding="utf-8") as f:
+        lines = f.read().split("\n")
+    for number, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            spans.extend(decode_otlp_json(json.loads(line)))
+        except (ValueError, KeyError, TypeError) as exc:
+            if number == len(lines):
+                break
+            raise TraceFileError(f"{path}:{number}: not an OTLP/JSON trace request ({exc})") from exc
+    return spans
 
 
 def _ran_in(services: tuple[str, ...]) -> str:

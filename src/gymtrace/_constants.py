@@ -26,6 +26,11 @@ KIND_VERIFY: Final = "verify"
 # elsewhere): spans are immutable once ended, so the outcome travels in a record of its own.
 KIND_OUTCOME: Final = "outcome"
 SPAN_OUTCOME: Final = "gym.outcome"
+# A live marker (_live.py): a zero-length span a rollout's process writes while the rollout is open,
+# when it and each episode start and as a heartbeat, so a rollout that never ends is visible.
+# Readers of finished traces fold markers away; `gymtrace live` reads nothing else.
+KIND_LIVE: Final = "live"
+SPAN_LIVE: Final = "gym.live"
 
 ALL_KINDS: Final = (
     KIND_RUN,
@@ -39,6 +44,7 @@ ALL_KINDS: Final = (
     KIND_TOOL_CALL,
     KIND_VERIFY,
     KIND_OUTCOME,
+    KIND_LIVE,
 )
 
 SPAN_RUN: Final = "gym.run"
@@ -116,6 +122,41 @@ SOURCE_REMOTE: Final = "remote"
 SOURCE_LATE: Final = "late"
 SOURCE_CONTINUED: Final = "continued"
 OUTCOME_SOURCES: Final = (SOURCE_REMOTE, SOURCE_LATE, SOURCE_CONTINUED)
+
+# -- live markers and the watchdog (_live.py, `gymtrace live`) ----------------------------------------
+
+# On a marker: what it marks (``rollout`` or ``episode`` start, or ``heartbeat``).
+LIVE_EVENT: Final = "gym.live.event"
+LIVE_EVENT_ROLLOUT: Final = "rollout"
+LIVE_EVENT_EPISODE: Final = "episode"
+LIVE_EVENT_HEARTBEAT: Final = "heartbeat"
+# When the rollout started (Unix ns), the heartbeat interval its process uses (s), the number of the
+# last step started in it (0: none yet), and whether its episode ran past its timeout.
+LIVE_STARTED: Final = "gym.live.started_ns"
+LIVE_INTERVAL: Final = "gym.live.interval_s"
+LIVE_STEP: Final = "gym.live.step"
+LIVE_OVERDUE: Final = "gym.live.overdue"
+# States `gymtrace live` reads (DESIGN.md §8, fixed).
+LIVE_RUNNING: Final = "running"
+LIVE_STALLED: Final = "stalled"
+LIVE_LOST: Final = "lost"
+# Event on a sync episode still running past its timeout (it cannot be interrupted safely).
+EVENT_EPISODE_OVERDUE: Final = "gym.episode.overdue"
+EPISODE_TIMEOUT: Final = "gym.episode.timeout_s"
+
+# -- metrics (_metrics.py; DESIGN.md §8, fixed) --------------------------------------------------------
+
+METER_NAME: Final = "gymtrace"
+METRIC_ROLLOUT_ACTIVE: Final = "gym.rollout.active"
+METRIC_ROLLOUT_COMPLETED: Final = "gym.rollout.completed"
+METRIC_ROLLOUT_REWARD: Final = "gym.rollout.reward"
+METRIC_EPISODE_COMPLETED: Final = "gym.episode.completed"
+METRIC_EPISODE_DURATION: Final = "gym.episode.duration"
+METRIC_STEP_DURATION: Final = "gym.step.duration"
+UNIT_ROLLOUT: Final = "{rollout}"
+UNIT_EPISODE: Final = "{episode}"
+UNIT_SECONDS: Final = "s"
+UNIT_REWARD: Final = "1"
 
 # Baggage entry (not identity): the step number a continuation in another process starts at, reserved
 # from the caller's numbering when it injected its context outside any step.

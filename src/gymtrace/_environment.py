@@ -80,6 +80,18 @@ GYMTRACE_STEP_EPISODE_SHARE: Final = "GYMTRACE_STEP_EPISODE_SHARE"
 """Under the ``aggregate`` step policy: the share of owners (a number in [0, 1], default 0) whose
 every step is a span, so some episodes can be read step by step."""
 
+GYMTRACE_HEARTBEAT: Final = "GYMTRACE_HEARTBEAT"
+"""Seconds between heartbeats of an open rollout (default 10): while a rollout is open its process
+writes a ``gym.live`` marker when the rollout and each episode start and, while the rollout shows
+no other activity, a heartbeat every this many seconds, so ``gymtrace live`` can tell a running
+rollout from a stalled one and from one whose process is gone. ``0`` turns markers and heartbeats
+off. Argument: ``configure(heartbeat=...)``."""
+
+GYMTRACE_STEP_METRICS: Final = "GYMTRACE_STEP_METRICS"
+"""``true`` records the ``gym.step.duration`` histogram (one measurement per step, so off by
+default; the rollout and episode metrics are always recorded). Argument:
+``configure(step_metrics=...)``."""
+
 GYMTRACE_ENCODER: Final = "GYMTRACE_ENCODER"
 """Where gymtrace's OTLP and file exporters encode and send: ``auto`` (default) starts on a thread
 of the application's process and moves to an encoder process once spans end faster than ~5,000 a

@@ -22,7 +22,7 @@ from opentelemetry import trace
 from opentelemetry.trace import SpanContext, TraceFlags
 
 from gymtrace import _constants as c
-from gymtrace import _content
+from gymtrace import _content, _metrics
 from gymtrace._errors import GymTraceError, InvalidArgumentError, contract_problem, data_lost, guard
 from gymtrace._failures import qualified_name, retryable_by_default
 from gymtrace._ids import ROLLOUT_IDENTITY, check_index, check_reward, clean_identity, episode_id
@@ -61,6 +61,7 @@ class ActiveScope:
         "attempt",
         "cancelled",
         "context",
+        "counted",
         "ended",
         "failure",
         "handed_off",
@@ -74,11 +75,15 @@ class ActiveScope:
         "restored",
         "reward",
         "span",
+        "started_ns",
         "step_stats",
         "step_timing",
         "token",
         "unsampled",
     )
+    # Not set in __init__ (see there): read with getattr and a default.
+    counted: bool
+    started_ns: int
 
     def __init__(
         self, kind: str, parent: ActiveScope | None, owner: object = None, level: Any = None
@@ -107,6 +112,9 @@ class ActiveScope:
         self.failure: Failure | None = None
         self.cancelled = False
         self.restored = False
+        # Set only on rollouts and episodes, never per step (read with getattr): ``counted``, the
+        # rollout (or the frame standing for one) was counted in gym.rollout.completed here, once;
+        # ``started_ns``, when the rollout or episode started (live markers, episode duration).
         # Its span has ended: what is recorded now is a late outcome.
         self.ended = False
         # It stands for a scope of another process (gymtrace.propagation): it has no span here.
@@ -138,6 +146,11 @@ class ActiveScope:
     def attempts_started(self) -> int:
         """For a rollout: how many episodes it has opened."""
         return self._episodes
+
+    @property
+    def steps_started(self) -> int:
+        """For a step owner: the number of the last step started below it (0: none yet)."""
+        return self._next_step - 1
 
     @property
     def last_episode(self) -> ActiveScope | None:
@@ -518,7 +531,14 @@ def emit_outcome(frame: ActiveScope, source: str) -> None:
     if episode is not None and not episode.remote and episode.span.get_span_context().is_valid:
         links = [trace.Link(episode.span.get_span_context(), {c.LINK_RELATION: c.RELATION_OUTCOME})]
     context = trace.set_span_in_context(trace.NonRecordingSpan(parent), otel_context.Context())
-    tracer.start_span(c.SPAN_OUTCOME, context=context, attributes=attributes, links=links).end()
+    record = tracer.start_span(c.SPAN_OUTCOME, context=context, attributes=attributes, links=links)
+    record.end()
+    # Counted where the final outcome is known: a rollout that ended pending was not counted at its
+    # end, so the process that records its outcome counts it (gymtrace stats reads this record).
+    counted = rollout if rollout is not None else frame
+    if not getattr(counted, "counted", False):
+        counted.counted = True
+        _metrics.rollout_counted(attributes[c.ROLLOUT_OUTCOME], decision.reward, record)
 
 
 # -- carriers ----------------------------------------------------------------------------------------

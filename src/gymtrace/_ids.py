@@ -117,3 +117,18 @@ def clean_identity(entries: Mapping[str, object]) -> dict[str, str | int]:
 def episode_id(rollout_id: str, attempt: int) -> str:
     """``gym.episode.id``: the rollout ID for attempt 0, ``{rollout_id}-a{attempt}`` after it."""
     return rollout_id if attempt == 0 else f"{rollout_id}-a{attempt}"
+
+
+def check_timeout(caller: str, value: object) -> None:
+    """A ``timeout=`` argument: None, or a finite number of seconds > 0 (else InvalidArgumentError)."""
+    if value is None:
+        return
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, (int, float))
+        or not math.isfinite(value)
+        or value <= 0
+    ):
+        raise InvalidArgumentError(
+            f"gymtrace.{caller}(): argument 'timeout' must be a number of seconds > 0, got {value!r:.40}"
+        )

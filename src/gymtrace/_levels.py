@@ -13,9 +13,11 @@ Adding a level: a constant for its kind and span name in ``_constants.py``, one 
 
 from __future__ import annotations
 
+import math
 import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from time import time_ns
 from typing import Any
 
 from opentelemetry import context as otel_context
@@ -23,7 +25,7 @@ from opentelemetry import trace
 from opentelemetry.trace import Link, SpanContext, SpanKind, Status, StatusCode
 
 from gymtrace import _constants as c
-from gymtrace import _settings
+from gymtrace import _live, _metrics, _settings, _steps
 from gymtrace._errors import GymTraceError, InvalidArgumentError, contract_problem, data_lost
 from gymtrace._failures import classify
 from gymtrace._frame import ActiveScope, emit_outcome, read_carrier
@@ -48,6 +50,18 @@ def _an_index(kind: str, name: str, value: Any) -> int | None:
 
 def _a_number(kind: str, name: str, value: Any) -> int | None:
     return check_index(kind, name, value, 1)
+
+
+def _a_duration(kind: str, name: str, value: Any) -> float | None:
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, (int, float))
+        or not math.isfinite(value)
+        or value <= 0
+    ):
+        report(kind, name, f"must be a number of seconds > 0, got {value!r:.40}")
+        return None
+    return float(value)
 
 
 def _a_mapping(kind: str, name: str, value: Any) -> dict[str, Any] | None:
@@ -130,6 +144,9 @@ def _prepare_rollout(
     if "repeat" in values:
         identity[c.ROLLOUT_REPEAT] = values["repeat"]
     frame.identity = identity
+    frame.started_ns = time_ns()
+    _live.watch(frame)
+    _metrics.rollout_opened()
     links = None
     start_context = ctx
     run = frame.parent.nearest(c.KIND_RUN) if frame.parent is not None else None
@@ -191,7 +208,12 @@ def _prepare_episode(
         identity[c.EPISODE_ID] = episode_id(rollout_id, attempt)
     frame.identity = identity
     frame.attempt = attempt
+    frame.started_ns = time_ns()
     attributes = _base(frame, values)
+    timeout = values.get("timeout")
+    if timeout is not None:
+        attributes[c.EPISODE_TIMEOUT] = timeout
+        _live.watch_deadline(frame, timeout)
     if restored:
         frame.restored = True
         attributes[c.EPISODE_RESTORED] = True
@@ -258,6 +280,10 @@ def _finish_episode(frame: ActiveScope) -> None:
     else:
         outcome = c.OUTCOME_COMPLETED
     span.set_attribute(c.EPISODE_OUTCOME, outcome)
+    _live.unwatch_deadline(frame)
+    seconds = (time_ns() - getattr(frame, "started_ns", time_ns())) / 1e9
+    failure = frame.failure[0] if outcome == c.OUTCOME_FAILED and frame.failure is not None else None
+    _metrics.episode_ended(outcome, failure, seconds, span)
     if outcome == c.OUTCOME_FAILED and frame.failure is not None:
         kind, retryable, message = frame.failure
         span.set_attribute(c.FAILURE_KIND, kind)
@@ -294,11 +320,17 @@ def _rollout_failed(frame: ActiveScope, exc: Exception) -> None:
 
 def _finish_rollout(frame: ActiveScope) -> None:
     span = frame.span
+    _live.unwatch(frame)
+    _metrics.rollout_closed()
     decision = frame.decision()
     span.set_attribute(c.ROLLOUT_ATTEMPTS, decision.attempts)
     span.set_attribute(c.ROLLOUT_OUTCOME, decision.outcome)
     if decision.reward is not None:
         span.set_attribute(c.REWARD, decision.reward)
+    if decision.outcome != c.OUTCOME_PENDING and not getattr(frame, "counted", False):
+        # Known here; a pending one is counted where its outcome is recorded (_frame.emit_outcome).
+        frame.counted = True
+        _metrics.rollout_counted(decision.outcome, decision.reward, span)
     if decision.discarded:
         # Last: in strict mode this raises, and the span above is complete by then.
         data_lost(GymTraceError(warning_text(frame.identity.get(c.ROLLOUT_ID), decision)))
@@ -357,7 +389,7 @@ LEVELS: Mapping[str, Level] = {
             c.KIND_EPISODE,
             rank=2,
             prepare=_prepare_episode,
-            arguments={"attempt": _an_index, **_ATTRIBUTES},
+            arguments={"attempt": _an_index, "timeout": _a_duration, **_ATTRIBUTES},
             finish=_finish_episode,
             failed=_episode_failed,
             shown=(
@@ -425,6 +457,20 @@ LEVELS: Mapping[str, Level] = {
 }
 
 
+def _finish_step(frame: ActiveScope) -> None:
+    started = getattr(frame.span, "start_time", None)  # an SDK span's; an API-only span has none
+    if isinstance(started, int):
+        _metrics.step_ended((time_ns() - started) / 1e9)
+
+
+def measure_steps(on: bool) -> None:
+    """``gym.step.duration`` on or off (GYMTRACE_STEP_METRICS). Off, a step level has no finish at
+    all, so a step costs exactly what it did before metrics existed."""
+    # Level is frozen for everyone else; this one field is the switch, read by every Scope of steps.
+    object.__setattr__(LEVELS[c.KIND_STEP], "finish", _finish_step if on else None)
+    _steps.measure = _metrics.step_ended if on else None
+
+
 def allowed(parent_kind: str, kind: str) -> bool:
     """Whether a ``kind`` span may open below a ``parent_kind`` span."""
     parent = LEVELS.get(parent_kind)
@@ -433,3 +479,7 @@ def allowed(parent_kind: str, kind: str) -> bool:
     if LEVELS[kind].rank > parent.rank:
         return True
     return kind in parent.may_contain
+
+
+# GYMTRACE_STEP_METRICS set in the environment applies without configure().
+measure_steps(_settings.active.step_metrics)

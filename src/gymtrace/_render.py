@@ -8,7 +8,7 @@ from collections.abc import Iterable
 from gymtrace import _constants as c
 from gymtrace._levels import LEVELS
 from gymtrace._outcomes import final_outcomes
-from gymtrace._spandata import SpanData
+from gymtrace._spandata import SpanData, normalize
 
 _IDENTITY_SHORT = (
     (c.RUN_ID, "run"),
@@ -74,7 +74,7 @@ def _overridden(spans: list[SpanData]) -> dict[str, str]:
 
 
 def render_tree(spans: Iterable[SpanData], *, show_ids: bool = False) -> str:
-    spans = sorted(spans, key=lambda s: (s.start_ns, s.end_ns))
+    spans = sorted(normalize(spans), key=lambda s: (s.start_ns, s.end_ns))
     marks = _overridden(spans)
     by_id = {s.span_id: s for s in spans}
     children: dict[str | None, list[SpanData]] = defaultdict(list)

@@ -29,7 +29,7 @@ from opentelemetry import trace
 from opentelemetry.trace import SpanKind
 
 from gymtrace import _constants as c
-from gymtrace import _steps
+from gymtrace import _live, _steps
 from gymtrace._errors import GymTraceError, HierarchyViolationError, contain, contract_problem, guard
 from gymtrace._failures import qualified_name, record_error
 from gymtrace._frame import DISABLED_FRAME, FRAME_KEY, ActiveScope
@@ -75,6 +75,8 @@ _EXITED: asyncio.Future[None] = _finished(None)
 # Every activation whose span has started and not ended, so that a process being stopped can end
 # them as interrupted instead of losing them (see _lifecycle). Insertion order: outermost first.
 _OPEN: dict[int, ActiveScope] = {}
+# The heartbeat thread tells from this table which spans of a rollout ended since its last beat.
+_live.open_scopes = _OPEN
 
 # Where gymtrace failed, per level, made once: these paths run for every span and catch their own
 # failures (errors.contain) rather than enter a guard.
@@ -121,6 +123,8 @@ class Scope:
         "_source",
         "_span_kind",
         "_static",
+        "_timeout",
+        "_timers",
         "kind",
     )
 
@@ -140,6 +144,13 @@ class Scope:
         # For episodes: (relation, previous episode or carrier); relation is retry or restore.
         self._source = source
         self._static: dict[str, Any] | None = None
+        # An episode's timeout= (validated by gymtrace.episode()): an async body is cancelled after
+        # it, whether or not anything records; the timers of open `async with` blocks, per task.
+        timeout = arguments.get("timeout") if kind == c.KIND_EPISODE else None
+        self._timeout: float | None = None
+        self._timers: dict[object, list[_live.deadline]] | None = None
+        if isinstance(timeout, (int, float)):
+            self._timeout, self._timers = float(timeout), {}
         # Free when off: while nothing records, the arguments are kept as given and
         # checked at the first activation that records; building a scope cost ~0.9 µs a `with`.
         if active_tracer() is not None:
@@ -425,6 +436,8 @@ class Scope:
     # alone costs what the whole disabled `async with` may (benchmarks/perf.py, forms), so the
     # disabled path hands back futures that finished at import, which `await` reads at once.
     def __aenter__(self) -> Awaitable[ActiveScope]:
+        if self._timeout is not None:
+            return self._timed_aenter(self._timeout)
         if active_tracer() is None and not _OPEN:
             return _ENTERED_DISABLED
         return self._aenter()
@@ -435,9 +448,40 @@ class Scope:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> Awaitable[None]:
+        if self._timeout is not None:
+            return self._timed_aexit(exc_type, exc, tb)
         if not _OPEN and not _steps.aggregating:
             return _EXITED
         return self._aexit(exc_type, exc, tb)
+
+    async def _timed_aenter(self, seconds: float) -> ActiveScope:
+        """``async with gymtrace.episode(timeout=S)``: the body is cancelled after S seconds."""
+        timer = _live.deadline(seconds)
+        await timer.__aenter__()
+        assert self._timers is not None  # made with the timeout
+        self._timers.setdefault(asyncio.current_task(), []).append(timer)
+        return self.__enter__()
+
+    async def _timed_aexit(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        task = asyncio.current_task()
+        assert self._timers is not None  # made with the timeout
+        timers = self._timers.get(task)
+        timer = timers.pop() if timers else None
+        if not timers:
+            self._timers.pop(task, None)
+        if timer is not None:
+            try:
+                await timer.__aexit__(exc_type, exc, tb)
+            except TimeoutError as timed_out:
+                # The cancellation was the timeout's: the episode failed with kind `timeout`.
+                self.__exit__(TimeoutError, timed_out, timed_out.__traceback__)
+                raise
+        self.__exit__(exc_type, exc, tb)
 
     async def _aenter(self) -> ActiveScope:
         return self.__enter__()
@@ -491,8 +535,11 @@ def decorate(scope: Scope, func: F) -> F:
     if scope.kind == c.KIND_TOOL_CALL:
         # A decorated tool is named after its function unless told otherwise.
         scope = scope.with_default("tool_name", getattr(func, "__name__", None))
-    if inspect.isasyncgenfunction(func):
-        wrapper: Callable[..., Any] = _async_generator_wrapper(scope, func)
+    if scope._timeout is not None and inspect.iscoroutinefunction(func):
+        # The timer inside the span: a body cancelled by it ends the span failed, kind `timeout`.
+        wrapper: Callable[..., Any] = _coroutine_wrapper(scope, _timed(func, scope._timeout))
+    elif inspect.isasyncgenfunction(func):
+        wrapper = _async_generator_wrapper(scope, func)
     elif inspect.isgeneratorfunction(func):
         wrapper = _generator_wrapper(scope, func)
     elif inspect.iscoroutinefunction(func):
@@ -500,6 +547,15 @@ def decorate(scope: Scope, func: F) -> F:
     else:
         wrapper = _function_wrapper(scope, func)
     return functools.update_wrapper(wrapper, func)  # type: ignore[return-value]
+
+
+def _timed(func: Callable[..., Any], seconds: float) -> Callable[..., Any]:
+    @functools.wraps(func)
+    async def timed(*args: Any, **kwargs: Any) -> Any:
+        async with _live.deadline(seconds):
+            return await func(*args, **kwargs)
+
+    return timed
 
 
 def _function_wrapper(scope: Scope, func: Callable[..., Any]) -> Callable[..., Any]:

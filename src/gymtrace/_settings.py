@@ -84,6 +84,9 @@ DEFAULT_MAX_QUEUE_SIZE: Final = 8192
 DEFAULT_MAX_EXPORT_BATCH_SIZE: Final = 512
 DEFAULT_SCHEDULE_DELAY: Final = 0.5  # seconds (OTEL_BSP_SCHEDULE_DELAY is in milliseconds)
 DEFAULT_FLUSH_TIMEOUT: Final = 5.0
+# Seconds between heartbeats of an open rollout: a few per minute cost nothing, and `gymtrace live`
+# reads a process lost after three missed ones (30 s), well inside a stuck run's hours.
+DEFAULT_HEARTBEAT: Final = 10.0
 DEFAULT_CONTENT_MAX_VALUE_BYTES: Final = 16 * 1024
 DEFAULT_CONTENT_MAX_SPAN_BYTES: Final = 32 * 1024
 
@@ -124,6 +127,8 @@ class Settings:
     # The first signs, all verify. Never in repr(): settings get logged.
     identity_secrets: tuple[str, ...] = field(default=(), repr=False)
     baggage_allow: frozenset[str] = frozenset()
+    heartbeat: float = DEFAULT_HEARTBEAT  # 0: no live markers, no heartbeats
+    step_metrics: bool = False
 
 
 # Settings made in code (configure(strict=...), configure_content(capture=...), ...): they outlive
@@ -138,6 +143,8 @@ OVERRIDABLE: Final = frozenset(
         "trust_identity",
         "identity_secrets",
         "baggage_allow",
+        "heartbeat",
+        "step_metrics",
     }
 )
 _overrides: dict[str, Any] = {}
@@ -439,6 +446,12 @@ def resolve(
         trust_identity=trust_identity,
         identity_secrets=identity_secrets,
         baggage_allow=baggage_allow,
+        heartbeat=float(given["heartbeat"])
+        if given.get("heartbeat") is not None
+        else read.number(env.GYMTRACE_HEARTBEAT, DEFAULT_HEARTBEAT, minimum=0),
+        step_metrics=bool(given["step_metrics"])
+        if given.get("step_metrics") is not None
+        else env.env_flag(environ.get(env.GYMTRACE_STEP_METRICS)),
     )
 
 

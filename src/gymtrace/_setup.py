@@ -22,7 +22,7 @@ from opentelemetry import trace
 
 from gymtrace import _constants as c
 from gymtrace import _environment as env
-from gymtrace import _lifecycle, _settings
+from gymtrace import _levels, _lifecycle, _settings
 from gymtrace._content import (
     UNCHANGED,
     apply_content_changes,
@@ -160,6 +160,8 @@ class _State:
         self.provider: TracerProvider | None = None  # the provider gymtrace created, if any
         self.stage: _ExportStage | None = None
         self.key: tuple[Any, ...] | None = None  # what the current configuration was built from
+        # The MeterProvider gymtrace set (OTLP to the spans' endpoint) when the application had none.
+        self.meter_provider: Any = None
 
 
 _state = _State()
@@ -232,6 +234,8 @@ def configure(
     baggage_allow: str | Sequence[str] | None = None,
     step_policy: str | StepPolicy | None = None,
     encoder: str | None = None,
+    heartbeat: float | None = None,
+    step_metrics: bool | None = None,
 ) -> Configuration:
     """Set up tracing for gymtrace. Optional: instrumentation works under any TracerProvider.
 
@@ -267,6 +271,11 @@ def configure(
     faster than ~5,000 a second when the process may use two CPUs or more), ``"thread"`` (always
     the thread) or ``"process"`` (a child process fed with plain records from the start; see the
     README's "Performance").
+    ``heartbeat`` (``GYMTRACE_HEARTBEAT``, seconds, default 10; ``0`` off) is the interval of the
+    live markers of open rollouts that ``gymtrace live`` reads; ``step_metrics``
+    (``GYMTRACE_STEP_METRICS``) adds the ``gym.step.duration`` histogram to the rollout and episode
+    metrics (see docs/live-and-metrics.md). When the application set no MeterProvider and spans go
+    over OTLP, the metrics go to the same endpoint.
 
     Idempotent: the same call twice does nothing; a different call replaces gymtrace's exporters.
     If the application already set a TracerProvider, gymtrace never replaces it: it adds
@@ -277,6 +286,19 @@ def configure(
     if strict is not None and not isinstance(strict, bool):
         raise InvalidArgumentError(
             f"gymtrace.configure(): argument 'strict' must be a bool, got {strict!r:.80}"
+        )
+    if heartbeat is not None and (
+        isinstance(heartbeat, bool)
+        or not isinstance(heartbeat, (int, float))
+        or not heartbeat >= 0
+        or heartbeat == float("inf")
+    ):
+        raise InvalidArgumentError(
+            f"gymtrace.configure(): argument 'heartbeat' must be a number of seconds >= 0, got {heartbeat!r:.80}"
+        )
+    if step_metrics is not None and not isinstance(step_metrics, bool):
+        raise InvalidArgumentError(
+            f"gymtrace.configure(): argument 'step_metrics' must be a bool, got {step_metrics!r:.80}"
         )
     if trace_per is not None and trace_per not in _settings.TRACE_PER:
         raise InvalidArgumentError(
@@ -290,6 +312,10 @@ def configure(
         overrides["strict"] = strict
     if trace_per is not None:
         overrides["trace_per_run"] = trace_per == "run"
+    if heartbeat is not None:
+        overrides["heartbeat"] = float(heartbeat)
+    if step_metrics is not None:
+        overrides["step_metrics"] = step_metrics
     overrides.update(trust_overrides(mode=trust_identity, secret=identity_secret, allow=baggage_allow))
     settings = _settings.resolve(
         endpoint=endpoint,
@@ -359,6 +385,7 @@ def configure(
         provider = _state.provider
         assert _state.stage is not None
         _state.stage.replace(processors)
+        _meter_provider(settings, headers)
         _lifecycle.install(_flush_at_exit)
         resolved_name = str(provider.resource.attributes.get("service.name", ""))
         if service_name is not None and service_name != resolved_name:
@@ -384,6 +411,40 @@ def configure(
         return _state.configuration
 
 
+def _meter_provider(settings: _settings.Settings, headers: Mapping[str, str] | None) -> None:
+    """The metrics (``_metrics``) over OTLP to the spans' endpoint, when the application set no
+    MeterProvider; one it set is never replaced, and without OTLP nothing is set up."""
+    from opentelemetry import metrics
+
+    if "otlp" not in settings.exporters or _state.meter_provider is not None:
+        return
+    # Until someone sets one, the API hands out its proxy provider (a private class, so by name).
+    if type(metrics.get_meter_provider()).__name__ != "_ProxyMeterProvider":
+        return  # the application's
+    from opentelemetry.sdk.metrics import MeterProvider
+    from opentelemetry.sdk.metrics.export import PeriodicExportingMetricReader
+
+    if settings.protocol == "grpc":
+        from opentelemetry.exporter.otlp.proto.grpc.metric_exporter import OTLPMetricExporter
+    else:
+        from opentelemetry.exporter.otlp.proto.http.metric_exporter import (  # type: ignore[assignment]
+            OTLPMetricExporter,
+        )
+    endpoint = settings.endpoint
+    if endpoint is not None and settings.protocol != "grpc":
+        # The traces URL (…/v1/traces) names the Collector; its metrics path is beside it.
+        endpoint = endpoint.rstrip("/").removesuffix("/v1/traces") + "/v1/metrics"
+    exporter = OTLPMetricExporter(endpoint=endpoint, headers=dict(headers) if headers else None)
+    provider = trace.get_tracer_provider()
+    resource = getattr(provider, "resource", None)
+    meter_provider = MeterProvider(
+        metric_readers=[PeriodicExportingMetricReader(exporter)],
+        **({"resource": resource} if resource is not None else {}),
+    )
+    metrics.set_meter_provider(meter_provider)
+    _state.meter_provider = meter_provider
+
+
 def _apply(
     settings: _settings.Settings,
     overrides: dict[str, Any],
@@ -392,6 +453,7 @@ def _apply(
 ) -> None:
     """Make validated settings, content policy changes and the step policy the active ones."""
     _settings.apply(settings, overrides)
+    _levels.measure_steps(settings.step_metrics)
     apply_content_changes(policy_changes)
     if step is not None:
         set_step_policy(step, chosen=True)
@@ -588,6 +650,7 @@ def reset() -> None:
     shutdown()
     reset_content_policy()
     _settings.reset()
+    _levels.measure_steps(_settings.active.step_metrics)
     reset_step_policy()  # from the settings just read again
     reset_seen()
 

@@ -14,6 +14,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from gymtrace import _constants as c
+
 
 @dataclass(frozen=True)
 class LinkData:
@@ -248,6 +250,13 @@ def read_otlp_json_lines(path: str | Path) -> list[SpanData]:
     return spans
 
 
+def is_marker(span: SpanData) -> bool:
+    """A live marker (``gym.kind=live``): read by ``gymtrace live`` only."""
+    return span.attributes.get(c.KIND) == c.KIND_LIVE
+
+
 def normalize(spans: Iterable[Any]) -> list[SpanData]:
-    """Accept SpanData, SDK ReadableSpans, or a mix of both."""
-    return [s if isinstance(s, SpanData) else from_readable(s) for s in spans]
+    """Accept SpanData, SDK ReadableSpans, or a mix of both; live markers are folded away, so a
+    finished rollout reads the same to tree, check, rollouts and stats with or without them."""
+    data = (s if isinstance(s, SpanData) else from_readable(s) for s in spans)
+    return [s for s in data if s.attributes.get(c.KIND) != c.KIND_LIVE]

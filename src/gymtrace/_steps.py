@@ -326,10 +326,16 @@ def stats_for(owner: Any) -> StepStats:
     return stats
 
 
+# gym.step.duration's recorder while GYMTRACE_STEP_METRICS is on (_levels.measure_steps), else None.
+measure: Any = None
+
+
 def end_unsampled(frame: Any, timing: tuple[Any, int, int, bool], exc: BaseException | None) -> None:
     """A step without a span ended: count it; if it raised, it becomes a span now."""
     stats, number, start_ns, _ = timing
     end_ns = time.time_ns()
+    if measure is not None:
+        measure((end_ns - start_ns) / 1e9)
     raised = isinstance(exc, Exception)
     stats.record(number, start_ns, end_ns, raised, raised)
     if isinstance(exc, Exception):

@@ -50,7 +50,17 @@ class CapturedSpans:
 
     @property
     def spans(self) -> list[ReadableSpan]:
-        return list(self._exporter.get_finished_spans())
+        """The finished spans, without live markers (as every reader of finished traces)."""
+        return [
+            s for s in self._exporter.get_finished_spans() if (s.attributes or {}).get(c.KIND) != c.KIND_LIVE
+        ]
+
+    @property
+    def markers(self) -> list[ReadableSpan]:
+        """The live markers (``gym.kind=live``) written while rollouts were open."""
+        return [
+            s for s in self._exporter.get_finished_spans() if (s.attributes or {}).get(c.KIND) == c.KIND_LIVE
+        ]
 
     @property
     def data(self) -> list[SpanData]:
