@@ -66,7 +66,7 @@ class _Watched:
         self.started_ns = started_ns
         self.marked = False
         self.episode: ActiveScope | None = None  # the last episode a marker was written for
-        self.open: frozenset[int] = frozenset()  # its activations open at the last beat
+        self.open: frozenset[int] = frozenset()  # span IDs of its activations open at the last mark
         self.step = 0
         self.skipped = False
 
@@ -90,7 +90,7 @@ class _State:
         self.wake = threading.Condition(threading.Lock())
         self.thread: threading.Thread | None = None
         self.next_mark = 0.0
-        self.next_beat = 0.0
+        self.last_beat = 0.0
         self.instance: str | None = None
 
 
@@ -160,16 +160,19 @@ def _run(state: _State) -> None:
             with guard("the episode watchdog", may_raise=False):
                 _check_deadlines(state, now)
         if interval > 0 and now >= state.next_mark:
+            # Due by the interval in force now: a shorter one set meanwhile applies at once.
+            beat = now >= state.last_beat + interval
             with guard("live markers", may_raise=False):
-                _mark(state, now >= state.next_beat, interval)
-            if now >= state.next_beat:
-                state.next_beat = now + interval
+                _mark(state, beat, interval)
+            if beat:
+                state.last_beat = now
             state.next_mark = now + min(interval, MARK_EVERY)
-        waits = [d.at - now for d in list(state.deadlines.values()) if not d.overdue]
+        # At most a mark apart: GYMTRACE_HEARTBEAT may be switched on (or shortened) meanwhile.
+        waits = [MARK_EVERY, *(d.at - now for d in list(state.deadlines.values()) if not d.overdue)]
         if interval > 0 and state.watched:
             waits.append(state.next_mark - now)
         with state.wake:
-            state.wake.wait(max(0.01, min(waits)) if waits else None if interval <= 0 else MARK_EVERY)
+            state.wake.wait(max(0.01, min(waits)))
 
 
 def _check_deadlines(state: _State, now: float) -> None:
@@ -276,12 +279,13 @@ def _emit(
 
 
 def _open_by_rollout() -> dict[int, frozenset[int]]:
-    """For each open rollout (by frame id): the ids of its activations open now."""
+    """For each open rollout (by frame id): the span IDs of its activations open now (not the
+    frames' ids, which Python reuses as soon as a frame is freed: a step would hide the next)."""
     by_rollout: dict[int, set[int]] = {}
     for frame in list(open_scopes.values()):
         rollout = frame.nearest(c.KIND_ROLLOUT)
         if rollout is not None and rollout is not frame:
-            by_rollout.setdefault(id(rollout), set()).add(id(frame))
+            by_rollout.setdefault(id(rollout), set()).add(frame.span.get_span_context().span_id)
     return {key: frozenset(ids) for key, ids in by_rollout.items()}
 
 

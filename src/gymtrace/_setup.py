@@ -437,8 +437,11 @@ def _meter_provider(settings: _settings.Settings, headers: Mapping[str, str] | N
     exporter = OTLPMetricExporter(endpoint=endpoint, headers=dict(headers) if headers else None)
     provider = trace.get_tracer_provider()
     resource = getattr(provider, "resource", None)
+    # Flushed by gymtrace's exit hook within GYMTRACE_FLUSH_TIMEOUT like the spans, not by the
+    # SDK's own, which waits up to 30 s for an unreachable Collector.
     meter_provider = MeterProvider(
         metric_readers=[PeriodicExportingMetricReader(exporter)],
+        shutdown_on_exit=False,
         **({"resource": resource} if resource is not None else {}),
     )
     metrics.set_meter_provider(meter_provider)
@@ -565,6 +568,8 @@ def _flush_at_exit() -> None:
     if stage is not None:
         for processor in stage.processors():
             processor.force_flush(int(processor.shutdown_timeout * 1000))
+    if _state.meter_provider is not None:
+        _state.meter_provider.force_flush(int(_settings.active.flush_timeout * 1000))
 
 
 def export_stats() -> list[Any]:

@@ -1,0 +1,268 @@
+"""Live rollouts: markers and heartbeats while a rollout is open, `gymtrace live`, the timeouts.
+
+Heartbeats are short here (0.2-0.5 s) so the tests run in seconds; every wait is bounded.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import gymtrace
+from child_process import clean_env, run_gymtrace
+from gymtrace import _constants as c
+from gymtrace import _settings
+from gymtrace._liveview import live_rollouts
+from gymtrace._render import render_tree
+from gymtrace._spandata import from_readable
+from gymtrace.testing import CapturedSpans, capture_spans, check_trace
+
+SUPPORT = Path(__file__).resolve().parent / "support"
+
+
+@pytest.fixture
+def heartbeat() -> Iterator[float]:
+    interval = 0.2
+    _settings.override(heartbeat=interval)
+    yield interval
+    _settings.override(heartbeat=None)
+
+
+def _live(*args: str) -> list[dict[str, Any]]:
+    out = run_gymtrace("live", *args, "--json", check=True)
+    return [json.loads(line) for line in out.stdout.splitlines() if line.strip()]
+
+
+def _wait_for(predicate: Any, timeout: float = 20.0) -> Any:
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value or time.monotonic() > deadline:
+            return value
+        time.sleep(0.1)
+
+
+def test_a_hung_rollout_reads_stalled_at_its_step_a_busy_one_running_and_both_lost_after_sigkill(
+    tmp_path: Path,
+) -> None:
+    trace_file = tmp_path / "traces.jsonl"
+    interval = 0.5
+    env = clean_env(GYMTRACE_HEARTBEAT=str(interval), OTEL_BSP_SCHEDULE_DELAY="50")
+    program = subprocess.Popen(
+        [sys.executable, str(SUPPORT / "live_program.py"), str(trace_file)],
+        env=env,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert program.stdout is not None and program.stdout.readline().strip() == "ready"
+
+        def stalled() -> list[dict[str, Any]] | None:
+            rows = _live(str(tmp_path), "--stalled-after", "2")
+            by_id = {r["rollout_id"]: r for r in rows}
+            return rows if by_id.get("hangs", {}).get("state") == c.LIVE_STALLED else None
+
+        rows = _wait_for(stalled)
+        assert rows, "the hung rollout never read stalled"
+        by_id = {r["rollout_id"]: r for r in rows}
+        assert set(by_id) == {"hangs", "busy"}  # the finished one is not live
+        assert by_id["hangs"]["step"] == 3
+        assert by_id["busy"]["state"] == c.LIVE_RUNNING
+        assert by_id["busy"]["step"] > 3
+        for row in rows:
+            assert set(row) == {
+                "run_id",
+                "task_id",
+                "rollout_id",
+                "attempt",
+                "state",
+                "age_s",
+                "idle_s",
+                "step",
+                "service",
+            }
+            assert row["run_id"] == "live-run" and row["attempt"] == 0
+            assert row["service"].startswith("live-program")
+        assert by_id["hangs"]["idle_s"] > 2 and by_id["hangs"]["age_s"] >= by_id["hangs"]["idle_s"]
+    finally:
+        program.send_signal(signal.SIGKILL)
+        program.wait(timeout=10)
+    killed = time.monotonic()
+    rows = _wait_for(
+        lambda: (r := _live(str(trace_file))) and all(x["state"] == c.LIVE_LOST for x in r) and r
+    )
+    assert {r["rollout_id"] for r in rows} == {"hangs", "busy"}
+    assert time.monotonic() - killed < 3 * interval + 5  # three beats, plus the reader's own start-up
+    # The readers of finished traces see the finished rollout only, as if no marker was written.
+    out = run_gymtrace("rollouts", str(trace_file), "--json", check=True)
+    assert [json.loads(line)["rollout_id"] for line in out.stdout.splitlines()] == ["finishes"]
+
+
+def test_markers_are_folded_away_so_tree_check_and_rollouts_are_unchanged(heartbeat: float) -> None:
+    with capture_spans() as captured:
+        with gymtrace.rollout(rollout_id="r", task_id="t"), gymtrace.episode():
+            with gymtrace.step():
+                pass
+            time.sleep(heartbeat * 4)
+            gymtrace.record_reward(0.5)
+    markers = captured.markers
+    assert markers, "no marker was written while the rollout was open"
+    assert {m.attributes[c.LIVE_EVENT] for m in markers} >= {c.LIVE_EVENT_ROLLOUT, c.LIVE_EVENT_HEARTBEAT}
+    rollout = captured.one(c.KIND_ROLLOUT)
+    for marker in markers:
+        assert marker.context.trace_id == rollout.context.trace_id
+        assert marker.attributes[c.ROLLOUT_ID] == "r" and marker.attributes[c.EPISODE_ATTEMPT] == 0
+        assert marker.attributes[c.LIVE_STEP] == 1
+        assert marker.attributes[c.LIVE_INTERVAL] == heartbeat
+        assert marker.attributes[c.SERVICE_INSTANCE_ID]
+    everything = [*captured.spans, *markers]
+    assert check_trace(everything) == []
+    assert render_tree([from_readable(s) for s in everything]) == captured.tree()
+    # Once the rollout ended, `live` lists nothing.
+    assert live_rollouts([from_readable(s) for s in everything], now_ns=time.time_ns()) == []
+
+
+def test_a_rollout_shorter_than_a_mark_costs_no_marker(heartbeat: float) -> None:
+    with capture_spans() as captured:
+        for index in range(20):
+            with gymtrace.rollout(rollout_id=f"r{index}"), gymtrace.episode():
+                pass
+    assert captured.markers == []
+
+
+def test_heartbeat_zero_writes_no_marker() -> None:
+    _settings.override(heartbeat=0)
+    try:
+        with capture_spans() as captured, gymtrace.rollout(rollout_id="r"), gymtrace.episode():
+            time.sleep(1.3)
+    finally:
+        _settings.override(heartbeat=None)
+    assert captured.markers == []
+
+
+def test_a_busy_rollout_beats_every_other_interval_an_idle_one_every_interval(heartbeat: float) -> None:
+    def beats(captured: CapturedSpans, rollout_id: str) -> int:
+        return sum(
+            1
+            for m in captured.markers
+            if m.attributes[c.ROLLOUT_ID] == rollout_id
+            and m.attributes[c.LIVE_EVENT] == c.LIVE_EVENT_HEARTBEAT
+        )
+
+    def work(rollout_id: str, busy: bool) -> None:
+        with gymtrace.rollout(rollout_id=rollout_id), gymtrace.episode():
+            end = time.monotonic() + heartbeat * 12
+            while time.monotonic() < end:
+                if busy:
+                    with gymtrace.step():
+                        time.sleep(0.01)
+                else:
+                    time.sleep(0.01)
+
+    with capture_spans() as captured:
+        # Side by side, so both see the same beats of the one thread.
+        other = threading.Thread(target=work, args=("busy", True))
+        other.start()
+        work("idle", False)
+        other.join()
+    idle, busy = beats(captured, "idle"), beats(captured, "busy")
+    assert idle >= 4
+    assert 1 <= busy <= (idle + 1) // 2 + 1
+
+
+def test_a_sync_episode_past_its_timeout_is_overdue_and_reads_stalled(heartbeat: float) -> None:
+    with capture_spans() as captured:
+        with gymtrace.rollout(rollout_id="slow"), gymtrace.episode(timeout=0.3):
+            with gymtrace.step():
+                time.sleep(1.2)  # sync code is never interrupted: it finishes
+            # Read while it is open: its markers alone say what `gymtrace live` would.
+            rows = live_rollouts([from_readable(m) for m in captured.markers], now_ns=time.time_ns())
+            gymtrace.record_reward(1.0)
+    episode = captured.one(c.KIND_EPISODE)
+    assert [e.name for e in episode.events if e.name == c.EVENT_EPISODE_OVERDUE] == [c.EVENT_EPISODE_OVERDUE]
+    assert episode.attributes[c.EPISODE_TIMEOUT] == 0.3
+    assert episode.attributes[c.EPISODE_OUTCOME] == c.OUTCOME_COMPLETED
+    assert any(m.attributes.get(c.LIVE_OVERDUE) for m in captured.markers)
+    assert [(r.rollout_id, r.state, r.step) for r in rows] == [("slow", c.LIVE_STALLED, 1)]
+    assert captured.one(c.KIND_ROLLOUT).attributes[c.ROLLOUT_OUTCOME] == c.OUTCOME_SCORED
+
+
+async def _scored_after_a_timeout(started: list[int]) -> None:
+    async with gymtrace.rollout(rollout_id="r"):
+        for attempt in gymtrace.attempts(3, timeout=0.2):
+            async with attempt:
+                started.append(attempt.number)
+                if attempt.number == 0:
+                    await asyncio.sleep(30)  # a call that hangs: cancelled by the timeout
+                gymtrace.record_reward(1.0)
+
+
+def test_an_async_attempt_over_its_timeout_is_cancelled_and_retried_as_attempt_1(
+    captured: CapturedSpans,
+) -> None:
+    started: list[int] = []
+    began = time.monotonic()
+    asyncio.run(_scored_after_a_timeout(started))
+    assert time.monotonic() - began < 10
+    first, second = sorted(captured.by_kind(c.KIND_EPISODE), key=lambda s: s.attributes[c.EPISODE_ATTEMPT])
+    assert started == [0, 1]
+    assert first.attributes[c.EPISODE_OUTCOME] == c.OUTCOME_FAILED
+    assert first.attributes[c.FAILURE_KIND] == c.FAILURE_TIMEOUT
+    assert first.attributes[c.FAILURE_RETRYABLE] is True
+    assert second.attributes[c.EPISODE_ATTEMPT] == 1 and second.attributes[c.REWARD] == 1.0
+    root = captured.one(c.KIND_ROLLOUT)
+    assert root.attributes[c.ROLLOUT_OUTCOME] == c.OUTCOME_SCORED and root.attributes[c.ROLLOUT_ATTEMPTS] == 2
+    assert check_trace(captured) == []
+
+
+def test_the_attempt_timeout_retries_with_tracing_off_too() -> None:
+    started: list[int] = []
+    asyncio.run(_scored_after_a_timeout(started))
+    assert started == [0, 1]
+
+
+def test_an_async_episode_over_its_timeout_fails_with_kind_timeout(captured: CapturedSpans) -> None:
+    @gymtrace.episode(timeout=0.1)
+    async def decorated() -> None:
+        await asyncio.sleep(30)
+
+    async def main() -> None:
+        async with gymtrace.rollout(rollout_id="decorated"):
+            with pytest.raises(TimeoutError):
+                await decorated()
+        async with gymtrace.rollout(rollout_id="block"):
+            with pytest.raises(TimeoutError):
+                async with gymtrace.episode(timeout=0.1):
+                    await asyncio.sleep(30)
+        async with gymtrace.rollout(rollout_id="in-time"), gymtrace.episode(timeout=5):
+            await asyncio.sleep(0)
+            gymtrace.record_reward(1.0)
+
+    asyncio.run(main())
+    outcomes = {
+        s.attributes[c.ROLLOUT_ID]: (s.attributes[c.EPISODE_OUTCOME], s.attributes.get(c.FAILURE_KIND))
+        for s in captured.by_kind(c.KIND_EPISODE)
+    }
+    assert outcomes == {
+        "decorated": (c.OUTCOME_FAILED, c.FAILURE_TIMEOUT),
+        "block": (c.OUTCOME_FAILED, c.FAILURE_TIMEOUT),
+        "in-time": (c.OUTCOME_COMPLETED, None),
+    }
+
+
+@pytest.mark.parametrize("bad", [0, -1, float("nan"), "5", True])
+def test_a_bad_timeout_is_refused_naming_the_argument(bad: Any) -> None:
+    with pytest.raises(gymtrace.InvalidArgumentError, match="'timeout'"):
+        gymtrace.episode(timeout=bad)
+    with pytest.raises(gymtrace.InvalidArgumentError, match="'timeout'"):
+        gymtrace.attempts(2, timeout=bad)
