@@ -1,7 +1,8 @@
 """A run with three rollouts for tests/test_live.py: one finishes, one hangs inside a step, one works
 without pause. Prints ``ready`` once the hung one is stuck, then runs until it is killed.
 
-Usage: python live_program.py TRACE_FILE   (GYMTRACE_HEARTBEAT and OTEL_BSP_SCHEDULE_DELAY from the test)
+Usage: python live_program.py TRACE_FILE|OTLP_GRPC_ENDPOINT   (GYMTRACE_HEARTBEAT and
+OTEL_BSP_SCHEDULE_DELAY from the test)
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import time
 import gymtrace
 
 HUNG_STEP = 3
+SERVICE = "live-program"
 
 
 def finishes() -> None:
@@ -41,7 +43,11 @@ def busy() -> None:
 
 
 def main() -> None:
-    gymtrace.configure(service_name="live-program", file=sys.argv[1])
+    target = sys.argv[1]
+    if target.startswith("http"):
+        gymtrace.configure(service_name=SERVICE, endpoint=target, protocol="grpc", file=False)
+    else:
+        gymtrace.configure(service_name=SERVICE, file=target)
     with gymtrace.run(run_id="live-run"):
         finishes()
         stuck = threading.Event()
