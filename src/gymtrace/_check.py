@@ -403,7 +403,9 @@ def _check_final_outcome(group: RolloutSpans) -> list[Problem]:
     completed without a reward: the outcome was handed to another process.
     """
     decider = decide(group.candidates)
-    decided = decision_of(group)
+    # What the root and records say by themselves: the checker judges them, not the readers' answer
+    # (which the episode spans already correct).
+    decided = decision_of(group, episodes=False)
     finished = [e for e in group.episodes if isinstance(e.attributes.get(c.EPISODE_ATTEMPT), int)]
     if decider is None or decided is None or not finished:
         return []
@@ -431,7 +433,14 @@ def _check_final_outcome(group: RolloutSpans) -> list[Problem]:
     late_score = awaiting and is_outcome_record(decider)
     if outcome != expected.outcome and not late_score and not (awaiting and outcome == c.OUTCOME_PENDING):
         return [("stale rollout outcome", f"rollout {rollout_id}: {what} {says}, but {found}{fix}")]
-    if expected.reward is not None and reward is not None and not math.isclose(reward, expected.reward):
+    # A record may re-score its attempt: a second reward recorded later counts (and was warned
+    # about when it was recorded); a root has no such excuse.
+    if (
+        expected.reward is not None
+        and reward is not None
+        and not is_outcome_record(decider)
+        and not math.isclose(reward, expected.reward)
+    ):
         return [
             (
                 "reward not the final episode's",

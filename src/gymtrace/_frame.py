@@ -13,6 +13,7 @@ the OpenTelemetry context (``contextvars.copy_context()``, asyncio tasks) carrie
 from __future__ import annotations
 
 import math
+import os
 import threading
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -23,6 +24,7 @@ from opentelemetry.trace import SpanContext, TraceFlags
 
 from gymtrace import _constants as c
 from gymtrace import _content, _metrics
+from gymtrace._environment import GYMTRACE_PARENT
 from gymtrace._errors import GymTraceError, InvalidArgumentError, contract_problem, data_lost, guard
 from gymtrace._failures import qualified_name, retryable_by_default
 from gymtrace._ids import ROLLOUT_IDENTITY, check_index, check_reward, clean_identity, episode_id
@@ -221,10 +223,13 @@ class ActiveScope:
 
     def set_reward(self, number: float) -> bool:
         """Record a validated reward on this episode or rollout."""
-        if self.ended and self.kind == c.KIND_EPISODE and (self.failure is not None or self.cancelled):
+        # An episode, or a rollout without any (its own implicit attempt), that ended failed.
+        attempt = self.kind == c.KIND_EPISODE or (self.kind == c.KIND_ROLLOUT and self._last_episode is None)
+        if self.ended and attempt and (self.failure is not None or self.cancelled):
             data_lost(
                 GymTraceError(
-                    f"a reward ({number}) was recorded for episode {self.identity.get(c.EPISODE_ID)!r}"
+                    f"a reward ({number}) was recorded for {self.kind}"
+                    f" {self.identity.get(c.EPISODE_ID if self.kind == c.KIND_EPISODE else c.ROLLOUT_ID)!r}"
                     " after it ended failed or cancelled; failed episodes are never scored, so it is ignored"
                 )
             )
@@ -466,6 +471,9 @@ def frame_for(scope: ActiveScope | None, caller: str, kinds: tuple[str, ...]) ->
     if scope is not None:
         return scope
     if active_tracer() is None:
+        frame = current_frame()
+        if frame is not None and frame.remote:
+            untraced_worker(caller)
         return None
     frame = current_frame()
     if frame is None:
@@ -486,6 +494,21 @@ def _outside(caller: str, kinds: tuple[str, ...], frame: ActiveScope | None) -> 
     )
 
 
+def untraced_worker(what: str) -> None:
+    """Something was recorded under another process's gym context in a process that exports
+    nothing: said once per process, with the fix."""
+    contract_problem(
+        ("untraced worker", os.getpid()),
+        GymTraceError(
+            f"{what} was recorded under a gym context continued from another process, in process"
+            f" {os.getpid()} where tracing is not configured and no parent settings were inherited"
+            f" ({GYMTRACE_PARENT}); it is lost. Fix: call gymtrace.configure() in this process"
+            " (e.g. multiprocessing.Pool(initializer=gymtrace.configure)), or start it from a process"
+            " that called gymtrace.configure() and keep its environment"
+        ),
+    )
+
+
 # -- outcome records -----------------------------------------------------------------------------------
 
 
@@ -496,6 +519,7 @@ def emit_outcome(frame: ActiveScope, source: str) -> None:
     concluded attempt, a record beating the rollout root on a tie."""
     tracer = active_tracer()
     if tracer is None:
+        untraced_worker("an outcome")
         return
     episode = frame if frame.kind == c.KIND_EPISODE else None
     if episode is not None:

@@ -54,6 +54,9 @@ class Attempt:
     state: str
     reward: float | None = None
     order: tuple[int, ...] = ()
+    # Said by the episode itself (its span): a failed or cancelled attempt stays so, whatever a
+    # record written elsewhere, without knowing it, says about the same attempt.
+    definite: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -104,9 +107,19 @@ def decide(facts: Facts) -> Decision:
         attempts = [Attempt(0, state, None if facts.failure is not None else rollout_reward)]
         rollout_reward = None
     final = max(attempts, key=lambda a: (a.number, a.order))
+    ended = [
+        a for a in attempts if a.definite and a.number == final.number and a.state in (FAILED, CANCELLED)
+    ]
+    if ended and final is not ended[0]:
+        if final.reward is not None:
+            discarded.append(
+                f"reward {final.reward:g} was recorded for attempt {final.number} elsewhere or later,"
+                f" but the attempt {ended[0].state}; a {ended[0].state} attempt is never scored"
+            )
+        final = ended[0]
     reward = final.reward
     for other in attempts:
-        if other.reward is None or other.state == PENDING:
+        if other.reward is None or other.state == PENDING or other.definite:
             continue
         if other.state != COMPLETED:
             discarded.append(

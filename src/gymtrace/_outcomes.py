@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gymtrace import _constants as c
-from gymtrace._outcome_rule import FAILED, Attempt, Decision, Facts, state_of
+from gymtrace._outcome_rule import CANCELLED, FAILED, Attempt, Decision, Facts, state_of
 from gymtrace._outcome_rule import decide as decide_outcome
 from gymtrace._spandata import SpanData, normalize
 
@@ -97,13 +97,22 @@ def decide(candidates: Iterable[SpanData]) -> SpanData | None:
     return max(candidates, key=lambda s: (concluded_attempt(s), _order(s)), default=None)
 
 
-def decision_of(group: RolloutSpans) -> Decision | None:
-    """The outcome rule over a rollout's root and outcome records; None when it has neither."""
+def decision_of(group: RolloutSpans, *, episodes: bool = True) -> Decision | None:
+    """The outcome rule over a rollout's root and outcome records (and, unless ``episodes=False``,
+    the episode spans that say their attempt failed); None when it has no root and no record."""
     candidates = group.candidates
     if not candidates:
         return None
     started = max((_int(s.attributes.get(c.ROLLOUT_ATTEMPTS)) or 0 for s in candidates), default=0)
-    return decide_outcome(Facts(attempts=tuple(candidate_fact(s) for s in candidates), started=started))
+    facts = [candidate_fact(s) for s in candidates]
+    # An episode span that says its attempt failed or was cancelled outranks a record that scored
+    # the attempt without knowing (written in another process, or later).
+    for episode in group.episodes if episodes else ():
+        attempt = _int(episode.attributes.get(c.EPISODE_ATTEMPT))
+        outcome = episode.attributes.get(c.EPISODE_OUTCOME)
+        if attempt is not None and outcome in (FAILED, CANCELLED):
+            facts.append(Attempt(attempt, str(outcome), None, (-1,), definite=True))
+    return decide_outcome(Facts(attempts=tuple(facts), started=started))
 
 
 @dataclass(frozen=True)

@@ -46,7 +46,7 @@ from opentelemetry import context as otel_context
 from opentelemetry.propagators.textmap import Getter
 
 from gymtrace import _constants as c
-from gymtrace import _trust
+from gymtrace import _tracing, _trust
 from gymtrace._errors import guard, internal_error, logger
 from gymtrace._frame import CARRIER_FORMAT, DISABLED_KIND, FRAME_KEY, REMOTE_KIND, ActiveScope, read_carrier
 from gymtrace._ids import clean_identity, clean_value, episode_id
@@ -347,6 +347,9 @@ def extract(
     """
     base = context if context is not None else otel_context.Context()
     try:
+        # A worker that was never configured continues its parent's context under its parent's
+        # settings (GYMTRACE_PARENT), so what it records is not lost (issue 25).
+        _tracing.inherit_parent_settings()
         if isinstance(carrier, Mapping) and carrier.get("format") == CARRIER_FORMAT:
             # A scope carrier is made by this application's own code (ActiveScope.carrier()).
             return _from_scope_carrier(carrier, base)
@@ -434,6 +437,10 @@ def attach(carrier: Any, *, trusted: bool | None = None) -> Iterator[otel_contex
         yield ctx
     finally:
         otel_context.detach(token)
+        flush = _tracing.flush_after_continuation
+        if flush is not None:
+            with guard("flushing a continued context"):
+                flush()
 
 
 def env_carrier(context: otel_context.Context | None = None) -> dict[str, str]:
