@@ -36,6 +36,13 @@ Sections:
   ``collector/bin/jaeger``, with a ``debug`` exporter): 20,000 spans made as fast as possible,
   CPU per delivered span, and the highest paced span rate with zero drops; gymtrace's pipeline vs
   the stock ``BatchSpanProcessor`` + OTLP exporter, the same span-making code on both sides.
+- **live** (``--only live``): what live markers, heartbeats and the ``gym.*`` metrics add
+  (docs/live-and-metrics.md): a rollout with one scored episode, and a step, under
+  ``configure()`` with no exporter, in child processes alternating between ``GYMTRACE_HEARTBEAT=0``
+  without a MeterProvider (off) and the default heartbeat with an SDK MeterProvider (on; an
+  in-memory reader, so collection is not in the timing). The per-rollout difference is the cost;
+  the per-step ratio shows nothing is added per step while ``GYMTRACE_STEP_METRICS`` is off.
+  Last, one marker span made alone (what a rollout open past a mark pays per marker).
 - **peers** (``--peers``): Traceloop ``@task``, Logfire ``@instrument``, Langfuse ``@observe`` and
   OpenInference's ``@tracer.chain``, each installed into its own virtualenv (not a gymtrace
   dependency), content capture off and on. As the targets were first measured: the peer in its own process
@@ -254,6 +261,77 @@ def forms(quick: bool) -> dict[str, Any]:
         "with_vs_decorated": en["with_vs_decorated"],
         "decorated_vs_stock": en["decorated_vs_stock"],
     }
+
+
+# -- live markers, heartbeats and metrics ---------------------------------------------------------------
+
+LIVE_CODE = r"""
+mode, n, steps, repeats = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
+if mode == "on":
+    from opentelemetry import metrics
+    from opentelemetry.sdk.metrics import MeterProvider
+    from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+    metrics.set_meter_provider(MeterProvider(metric_readers=[InMemoryMetricReader()]))
+import gymtrace
+gymtrace.configure(service_name="bench-live", file=False, heartbeat=0 if mode == "off" else 10)
+rollout, episode, step, reward = gymtrace.rollout, gymtrace.episode, gymtrace.step, gymtrace.record_reward
+
+def one_rollout(i):
+    with rollout(rollout_id="r", task_id="t"), episode():
+        reward(1.0)
+
+def rollouts():
+    # force_flush() hands the counts gathered to the instruments, as the heartbeat thread does
+    # each second: that deferred work is part of what a rollout costs.
+    start = clock()
+    for i in range(n):
+        one_rollout(i)
+    gymtrace.force_flush()
+    return (clock() - start) / n / 1000
+
+def one_step(i):
+    with step():
+        pass
+
+def stepping():
+    with rollout(rollout_id="r"), episode():
+        return time_block(one_step, steps)
+
+result = interleaved({"rollout": rollouts, "step": stepping}, repeats)
+out = {k: statistics.median(v) for k, v in result.items()}
+if mode == "on":
+    from gymtrace import _live, _tracing
+    with rollout(rollout_id="m") as open_rollout:
+        watched = _live._Watched(open_rollout, time.time_ns())
+        tracer = _tracing.active_tracer()
+        state = _live._state
+        start = clock()
+        for i in range(n):
+            _live._emit(tracer, state, watched, "heartbeat", open_rollout.span, 0, 10.0)
+        out["marker"] = (clock() - start) / n / 1000
+print(json.dumps(out))
+"""
+
+
+def live(quick: bool) -> dict[str, float]:
+    n, steps, repeats, rounds = (2_000, 20_000, 3, 2) if quick else (10_000, 100_000, 5, 4)
+    runs: dict[str, list[dict[str, float]]] = {"off": [], "on": []}
+    for index in range(rounds):
+        for mode in ("off", "on") if index % 2 == 0 else ("on", "off"):
+            runs[mode].append(run_child(LIVE_CODE, mode, str(n), str(steps), str(repeats)))
+    off = {key: med([r[key] for r in runs["off"]]) for key in ("rollout", "step")}
+    on = {key: med([r[key] for r in runs["on"]]) for key in ("rollout", "step", "marker")}
+    added = on["rollout"] - off["rollout"]
+    print("live (µs; off = GYMTRACE_HEARTBEAT=0 and no MeterProvider, on = default heartbeat + SDK metrics)")
+    print(
+        f"  rollout + scored episode      off {off['rollout']:7.2f}  on {on['rollout']:7.2f}  added {added:+6.2f}"
+    )
+    print(
+        f"  step (step metrics off)       off {off['step']:7.3f}  on {on['step']:7.3f}"
+        f"  ratio {on['step'] / off['step']:.3f}x"
+    )
+    print(f"  one marker span, made alone   {on['marker']:.2f}")
+    return {"added": added, "step_ratio": on["step"] / off["step"], "marker": on["marker"]}
 
 
 # -- cartpole -----------------------------------------------------------------------------------------
@@ -849,10 +927,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="fewer iterations (noisier)")
     parser.add_argument("--peers", action="store_true", help="also the peer decorators (slow first time)")
     parser.add_argument(
-        "--only", action="append", choices=["forms", "cartpole", "export", "peers"], help="one section"
+        "--only",
+        action="append",
+        choices=["forms", "cartpole", "export", "live", "peers"],
+        help="one section",
     )
     args = parser.parse_args(argv)
-    only = set(args.only or ["forms", "cartpole", "export"] + (["peers"] if args.peers else []))
+    only = set(args.only or ["forms", "cartpole", "export", "live"] + (["peers"] if args.peers else []))
     t0 = time.monotonic()
     import opentelemetry.version
 
@@ -875,13 +956,21 @@ def main(argv: Sequence[str] | None = None) -> int:
             ("`@step` (configure()) vs stock SDK span, same name+attributes, no exporter", "1.13x",
              "<= 0.7x", f"{f['decorated_vs_stock']:.2f}x", f["decorated_vs_stock"] <= 0.7),
         ]  # fmt: skip
+    if "live" in only:
+        lv = live(args.quick)
+        rows += [
+            ("live markers + heartbeats + gym.* metrics, added per rollout (one scored episode)",
+             "not measured", "<= 20 µs", f"{lv['added']:+.2f} µs", lv["added"] <= 20),
+            ("  per step while GYMTRACE_STEP_METRICS is off, on vs off", "", "1.00x",
+             f"{lv['step_ratio']:.3f}x", None),
+        ]  # fmt: skip
     receiver = Receiver()
-    live = receiver.available and bool({"cartpole", "export"} & only)
+    live_collector = receiver.available and bool({"cartpole", "export"} & only)
     if not receiver.available:
         print(f"(no {receiver.binary}: run collector/build for the live-Collector rows)")
-    with receiver if live else _nothing():
+    with receiver if live_collector else _nothing():
         if "cartpole" in only:
-            c = cartpole(args.quick, receiver.endpoint if live else None)
+            c = cartpole(args.quick, receiver.endpoint if live_collector else None)
             interleave(args.quick)
             floor = contract_spans(args.quick, c["untraced_episode_us"]["random"])
             for workload, label, today in (
@@ -928,7 +1017,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                         (f"  (the Gymnasium integration, every step a span, {label})", "", "",
                          f"{integration[0]:.2f}x, {integration[1]} dropped", None)
                     )  # fmt: skip
-        if "export" in only and live:
+        if "export" in only and live_collector:
             e = export_path(args.quick, receiver.endpoint)
             rows += [
                 ("application-process CPU per delivered span vs stock SDK + OTLP", "0.90x", "<= 0.5x",

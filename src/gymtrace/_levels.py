@@ -146,7 +146,6 @@ def _prepare_rollout(
     frame.identity = identity
     frame.started_ns = time_ns()
     _live.watch(frame)
-    _metrics.rollout_opened()
     links = None
     start_context = ctx
     run = frame.parent.nearest(c.KIND_RUN) if frame.parent is not None else None
@@ -321,7 +320,6 @@ def _rollout_failed(frame: ActiveScope, exc: Exception) -> None:
 def _finish_rollout(frame: ActiveScope) -> None:
     span = frame.span
     _live.unwatch(frame)
-    _metrics.rollout_closed()
     decision = frame.decision()
     span.set_attribute(c.ROLLOUT_ATTEMPTS, decision.attempts)
     span.set_attribute(c.ROLLOUT_OUTCOME, decision.outcome)

@@ -16,7 +16,8 @@ marker spans into the rollout's trace (``gym.kind=live``), from one daemon threa
   the frames when the beat fires: nothing is done per step), the interval, when the rollout started
   and the process (``service.instance.id``).
 
-The same thread is the watchdog of sync episodes opened with ``timeout=``: one cannot be
+The same thread hands the metrics' counts to the MeterProvider (``_metrics.flush``) at each mark,
+and is the watchdog of sync episodes opened with ``timeout=``: one cannot be
 interrupted safely (threads are never killed), so past its deadline it gets a
 ``gym.episode.overdue`` event and its heartbeats say ``gym.live.overdue``, which ``gymtrace live``
 reads as ``stalled``. Async episodes are cancelled instead (:func:`deadline`).
@@ -41,7 +42,7 @@ from opentelemetry import context as otel_context
 from opentelemetry import trace
 
 from gymtrace import _constants as c
-from gymtrace import _settings
+from gymtrace import _metrics, _settings
 from gymtrace._errors import guard
 from gymtrace._frame import ActiveScope
 from gymtrace._ids import ROLLOUT_IDENTITY
@@ -110,11 +111,11 @@ os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 def watch(rollout: ActiveScope) -> None:
-    """A rollout started: mark it and beat for it while it is open (nothing if heartbeats are off)."""
-    if _settings.active.heartbeat <= 0:
-        return
+    """A rollout started: mark it and beat for it while it is open (unless heartbeats are off; the
+    thread starts all the same, it also hands the metrics' counts over, ``_metrics.flush``)."""
     state = _state
-    state.watched[id(rollout)] = _Watched(rollout, time.time_ns())
+    if _settings.active.heartbeat > 0:
+        state.watched[id(rollout)] = _Watched(rollout, time.time_ns())
     if state.thread is None:
         _start(state)
 
@@ -167,12 +168,22 @@ def _run(state: _State) -> None:
             if beat:
                 state.last_beat = now
             state.next_mark = now + min(interval, MARK_EVERY)
+        with guard("the metrics' counts", may_raise=False):
+            flush_metrics()
         # At most a mark apart: GYMTRACE_HEARTBEAT may be switched on (or shortened) meanwhile.
         waits = [MARK_EVERY, *(d.at - now for d in list(state.deadlines.values()) if not d.overdue)]
         if interval > 0 and state.watched:
             waits.append(state.next_mark - now)
         with state.wake:
             state.wake.wait(max(0.01, min(waits)))
+
+
+def flush_metrics() -> None:
+    """Hand the metrics' counts over (``_metrics.flush``), with the rollouts open now: the
+    rollout spans started in this process and not ended (``gym.rollout.active``), counted here
+    rather than per rollout."""
+    active = sum(1 for frame in list(open_scopes.values()) if frame.kind == c.KIND_ROLLOUT)
+    _metrics.flush(active)
 
 
 def _check_deadlines(state: _State, now: float) -> None:
@@ -187,7 +198,7 @@ def _check_deadlines(state: _State, now: float) -> None:
             watched = state.watched.get(id(rollout)) if rollout is not None else None
             if watched is not None and _settings.active.heartbeat > 0:
                 # Said now, not at the next beat: this is the news `gymtrace live` is for.
-                _beat(state, watched, _step_of(watched.frame), overdue=True)
+                _beat(state, watched, _step_of(watched.frame, _activity()), overdue=True)
 
 
 def _overdue(state: _State, episode: ActiveScope | None) -> bool:
@@ -197,11 +208,11 @@ def _overdue(state: _State, episode: ActiveScope | None) -> bool:
 
 def _mark(state: _State, beat: bool, interval: float) -> None:
     tracer = active_tracer()
-    if tracer is None:
+    if tracer is None or not state.watched:
         return
     if state.instance is None:
         state.instance = _instance_of(tracer)
-    opens = _open_by_rollout()
+    activity = _activity()
     for key, watched in list(state.watched.items()):
         frame = watched.frame
         if frame.ended:
@@ -209,8 +220,8 @@ def _mark(state: _State, beat: bool, interval: float) -> None:
             continue
         if not frame.span.get_span_context().is_valid:
             continue  # its span is not started yet (or tracing failed to start it)
-        now_open = opens.get(id(frame), frozenset())
-        step = _step_of(frame)
+        now_open = activity.get(id(frame), (frozenset(), 0))[0]
+        step = _step_of(frame, activity)
         episode = frame.last_episode
         if not watched.marked:
             watched.marked = True
@@ -278,39 +289,37 @@ def _emit(
     tracer.start_span(c.SPAN_LIVE, context=context, attributes=attributes).end()
 
 
-def _open_by_rollout() -> dict[int, frozenset[int]]:
-    """For each open rollout (by frame id): the span IDs of its activations open now (not the
-    frames' ids, which Python reuses as soon as a frame is freed: a step would hide the next)."""
-    by_rollout: dict[int, set[int]] = {}
+def _activity() -> dict[int, tuple[frozenset[int], int]]:
+    """For each open rollout (by frame id), in one pass over the open activations: the span IDs of
+    its activations open now (not the frames' ids, which Python reuses as soon as a frame is freed:
+    a step would hide the next), and the number of the last step started in its innermost open
+    step owner (an agent invocation, else the episode)."""
+    spans: dict[int, set[int]] = {}
+    steps: dict[int, tuple[int, int]] = {}  # rollout -> (depth of the owner, its last step)
     for frame in list(open_scopes.values()):
-        rollout = frame.nearest(c.KIND_ROLLOUT)
-        if rollout is not None and rollout is not frame:
-            by_rollout.setdefault(id(rollout), set()).add(frame.span.get_span_context().span_id)
-    return {key: frozenset(ids) for key, ids in by_rollout.items()}
-
-
-def _step_of(rollout: ActiveScope) -> int:
-    """The number of the last step started in the rollout's newest step owner (0: none yet)."""
-    best = 0
-    depth = -1
-    for frame in list(open_scopes.values()):
-        if (
-            frame.kind not in (c.KIND_AGENT_INVOCATION, c.KIND_EPISODE)
-            or frame.nearest(c.KIND_ROLLOUT) is not rollout
-        ):
+        depth = 0
+        rollout = frame.parent
+        while rollout is not None and rollout.kind != c.KIND_ROLLOUT:
+            depth += 1
+            rollout = rollout.parent
+        if rollout is None:
             continue
-        level = 0
-        parent = frame.parent
-        while parent is not None:
-            level += 1
-            parent = parent.parent
-        number = frame.steps_started
-        if level > depth or (level == depth and number > best):
-            best, depth = number, level
-    if depth < 0:
-        episode = rollout.last_episode
-        best = (episode or rollout).steps_started
-    return best
+        key = id(rollout)
+        spans.setdefault(key, set()).add(frame.span.get_span_context().span_id)
+        if frame.kind in (c.KIND_AGENT_INVOCATION, c.KIND_EPISODE):
+            best = steps.get(key)
+            number = frame.steps_started
+            if best is None or (depth, number) > best:
+                steps[key] = (depth, number)
+    return {key: (frozenset(ids), steps.get(key, (0, 0))[1]) for key, ids in spans.items()}
+
+
+def _step_of(rollout: ActiveScope, activity: dict[int, tuple[frozenset[int], int]]) -> int:
+    """The last step started in the rollout (0: none yet); its episode's when nothing below is open."""
+    found = activity.get(id(rollout))
+    if found is not None and found[1]:
+        return found[1]
+    return (rollout.last_episode or rollout).steps_started
 
 
 def _instance_of(tracer: trace.Tracer) -> str:

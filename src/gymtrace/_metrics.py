@@ -12,6 +12,9 @@ sets a MeterProvider, and follows the provider once it is set. Every measurement
 context of the span it describes, so an SDK exemplar carries that span's trace ID. Attributes stay
 low-cardinality: outcomes and failure kinds, never rollout or task IDs.
 
+The counters are added up in this process and handed to the SDK at most a second later (see
+:class:`_Pending`): read them after ``gymtrace.force_flush()``. The histograms are recorded at once.
+
 Rollouts are counted by the one outcome rule (``_outcome_rule.decide``), the decision the rollout
 span or its outcome record carries and ``gymtrace stats`` reads: at the rollout's end when it is
 ``scored`` or ``unscored``, or, when it ended ``pending`` (handed to another process), where its
@@ -20,14 +23,15 @@ outcome is recorded (see ``_frame.emit_outcome``). A frame is counted at most on
 
 from __future__ import annotations
 
+import bisect
+import collections
+import os
 import threading
-from typing import Any
 
 from opentelemetry import context as otel_context
 from opentelemetry import metrics, trace
 
 from gymtrace import _constants as c
-from gymtrace import _settings
 
 # Seconds: an LLM episode takes seconds to half an hour (NeMo Gym's own buckets end at 30 minutes).
 EPISODE_BUCKETS = (0.1, 0.5, 1.0, 5.0, 15.0, 30.0, 60.0, 120.0, 300.0, 600.0, 900.0, 1800.0)
@@ -97,42 +101,131 @@ def reset() -> None:
         _instruments = None
 
 
-def _in(span: trace.Span) -> otel_context.Context:
-    # A fresh context holding only the span: the exemplar's trace ID, nothing of the caller's.
-    return trace.set_span_in_context(span, otel_context.Context())
+# A context with no span: the SDK's trace-based exemplar filter offers no exemplar for it.
+_NO_EXEMPLAR = otel_context.Context()
+
+# Attribute sets made once (the SDK hashes what it is given; building them is ours to save).
+_ROLLOUT_OUTCOME = {outcome: {c.ROLLOUT_OUTCOME: outcome} for outcome in c.ROLLOUT_OUTCOMES}
+_EPISODE_OUTCOME = {
+    outcome: {c.EPISODE_OUTCOME: outcome}
+    for outcome in (c.OUTCOME_COMPLETED, c.OUTCOME_FAILED, c.OUTCOME_CANCELLED)
+}
 
 
-def rollout_opened() -> None:
-    instruments().active.add(1)
+class _Pending:
+    """What the instruments have not been given yet.
+
+    An SDK instrument call costs 3-7 µs alone, and about 10 µs between a rollout's other work
+    (each evicts the other from the processor's caches, as ``benchmarks/perf.py`` shows for spans
+    and env steps): one call per instrument per rollout was 35 µs a rollout against a 20 µs budget.
+    So a rollout or an episode appends one tuple here (``deque.append`` is atomic: no lock), and
+    the heartbeat thread (``_live``) hands them over at most a second later, at
+    ``gymtrace.force_flush()`` and at exit: the counters one call per attribute set, the
+    histograms one call per value in a tight loop. Exemplars still carry the trace ID: a counter's
+    is its last rollout's, and each histogram bucket is offered the first value that falls in it
+    per flush (the SDK keeps one per bucket); only span contexts are kept, never spans.
+    """
+
+    def __init__(self) -> None:
+        # (rollout outcome, reward or None, span context)
+        self.completed: collections.deque[tuple[str, float | None, trace.SpanContext]] = collections.deque()
+        # (episode outcome, failure kind or None, seconds, span context)
+        self.episodes: collections.deque[tuple[str, str | None, float, trace.SpanContext]] = (
+            collections.deque()
+        )
+        self.active = 0  # gym.rollout.active as last added
+        self.reported = False  # whether it was added at all (a 0 makes the series exist)
+        self.lock = threading.Lock()  # one flush at a time (the thread, force_flush, exit)
 
 
-def rollout_closed() -> None:
-    instruments().active.add(-1)
+_pending = _Pending()
+
+
+def _context(span_context: trace.SpanContext) -> otel_context.Context:
+    return trace.set_span_in_context(trace.NonRecordingSpan(span_context), otel_context.Context())
 
 
 def rollout_counted(outcome: str, reward: float | None, span: trace.Span) -> None:
     """One rollout's final outcome (the outcome rule's decision) and, when scored, its reward."""
-    made = instruments()
-    context = _in(span)
-    made.completed.add(1, {c.ROLLOUT_OUTCOME: outcome}, context=context)
-    if outcome == c.OUTCOME_SCORED and reward is not None:
-        made.reward.record(reward, context=context)
+    scored = reward if outcome == c.OUTCOME_SCORED else None
+    _pending.completed.append((outcome, scored, span.get_span_context()))
 
 
 def episode_ended(outcome: str, failure: str | None, seconds: float, span: trace.Span) -> None:
-    made = instruments()
-    context = _in(span)
-    attributes: dict[str, Any] = {c.EPISODE_OUTCOME: outcome}
-    if failure is not None:
-        attributes[c.FAILURE_KIND] = failure
-    made.episodes.add(1, attributes, context=context)
-    made.episode_duration.record(seconds, {c.EPISODE_OUTCOME: outcome}, context=context)
+    _pending.episodes.append((outcome, failure, seconds, span.get_span_context()))
+
+
+def flush(active: int) -> None:
+    """Hand what was gathered since the last flush to the instruments, and ``gym.rollout.active``
+    its change to ``active`` (the rollouts open now, which ``_live`` counts): see :class:`_Pending`."""
+    pending = _pending
+    with pending.lock:
+        _flush(pending, active)
+
+
+def _flush(pending: _Pending, active: int) -> None:
+    made: _Instruments | None = None
+    completed: dict[str, tuple[int, trace.SpanContext]] = {}
+    offered: set[tuple[object, int]] = set()
+    while pending.completed:
+        outcome, reward, span_context = pending.completed.popleft()
+        completed[outcome] = (completed.get(outcome, (0, span_context))[0] + 1, span_context)
+        if reward is not None:
+            made = made or instruments()
+            made.reward.record(reward, context=_exemplar(offered, None, REWARD_BUCKETS, reward, span_context))
+    episodes: dict[tuple[str, str | None], tuple[int, trace.SpanContext]] = {}
+    while pending.episodes:
+        outcome, failure, seconds, span_context = pending.episodes.popleft()
+        key = (outcome, failure)
+        episodes[key] = (episodes.get(key, (0, span_context))[0] + 1, span_context)
+        made = made or instruments()
+        made.episode_duration.record(
+            seconds,
+            _EPISODE_OUTCOME.get(outcome) or {c.EPISODE_OUTCOME: outcome},
+            context=_exemplar(offered, outcome, EPISODE_BUCKETS, seconds, span_context),
+        )
+    change, pending.active = active - pending.active, active
+    first = not pending.reported and bool(change or completed or episodes)
+    if not (change or first or completed or episodes):
+        return
+    made = made or instruments()
+    if change or first:
+        pending.reported = True
+        made.active.add(change)
+    for outcome, (count, span_context) in completed.items():
+        attributes = _ROLLOUT_OUTCOME.get(outcome) or {c.ROLLOUT_OUTCOME: outcome}
+        made.completed.add(count, attributes, context=_context(span_context))
+    for (outcome, failure), (count, span_context) in episodes.items():
+        attributes = {c.EPISODE_OUTCOME: outcome}
+        if failure is not None:
+            attributes[c.FAILURE_KIND] = failure
+        made.episodes.add(count, attributes, context=_context(span_context))
+
+
+def _exemplar(
+    offered: set[tuple[object, int]],
+    series: object,
+    bounds: tuple[float, ...],
+    value: float,
+    span_context: trace.SpanContext,
+) -> otel_context.Context:
+    """The span's context for the first value of a flush in its bucket (the exemplar), else none."""
+    key = (series, bisect.bisect_left(bounds, value))
+    if key in offered:
+        return _NO_EXEMPLAR
+    offered.add(key)
+    return _context(span_context)
+
+
+def _after_fork_in_child() -> None:
+    # The parent's counts are the parent's to add.
+    global _pending
+    _pending = _Pending()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 def step_ended(seconds: float) -> None:
-    """Only with ``GYMTRACE_STEP_METRICS``: the caller checks ``_settings.active.step_metrics``."""
+    """Only with ``GYMTRACE_STEP_METRICS`` (``_levels.measure_steps`` installs it)."""
     instruments().step_duration.record(seconds)
-
-
-def step_metrics_on() -> bool:
-    return _settings.active.step_metrics

@@ -24,7 +24,7 @@ from opentelemetry import trace
 
 from gymtrace import _constants as c
 from gymtrace import _environment as env
-from gymtrace import _levels, _lifecycle, _settings, _tracing
+from gymtrace import _levels, _lifecycle, _live, _settings, _tracing
 from gymtrace._content import (
     UNCHANGED,
     apply_content_changes,
@@ -643,6 +643,7 @@ def _flush_at_exit() -> None:
     if stage is not None:
         for processor in stage.processors():
             processor.force_flush(int(processor.shutdown_timeout * 1000))
+    _live.flush_metrics()
     if _state.meter_provider is not None:
         _state.meter_provider.force_flush(int(_settings.active.flush_timeout * 1000))
 
@@ -701,8 +702,12 @@ def force_flush(timeout_millis: int = 30000) -> bool:
     """Export every finished span now. True when all exporters finished within the timeout.
 
     Flushes the provider gymtrace's spans go to: inside ``gymtrace.testing.capture_spans()`` its
-    private one, else the global one.
+    private one, else the global one. The ``gym.*`` counters gathered so far are handed to the
+    global MeterProvider first (and exported, when it is the one ``configure()`` set).
     """
+    _live.flush_metrics()
+    if _state.meter_provider is not None:
+        _state.meter_provider.force_flush(timeout_millis)
     provider = current_provider()
     flush = getattr(provider, "force_flush", None)
     return bool(flush(timeout_millis)) if flush is not None else True
