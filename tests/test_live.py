@@ -266,3 +266,38 @@ def test_a_bad_timeout_is_refused_naming_the_argument(bad: Any) -> None:
         gymtrace.episode(timeout=bad)
     with pytest.raises(gymtrace.InvalidArgumentError, match="'timeout'"):
         gymtrace.attempts(2, timeout=bad)
+
+
+def test_a_forked_child_marks_its_own_rollouts_not_its_parents(tmp_path: Path) -> None:
+    code = """
+import contextvars, os, time
+import gymtrace
+from gymtrace import _live, _settings
+from gymtrace.testing import capture_spans
+_settings.override(heartbeat=0.2)
+with capture_spans() as captured, gymtrace.rollout(rollout_id="parent"), gymtrace.episode():
+    time.sleep(0.5)  # the parent's thread is running and watching "parent"
+    assert _live._state.thread is not None and _live._state.watched
+    pid = os.fork()
+    if pid == 0:
+        ok = not _live._state.watched and _live._state.thread is None
+        captured.clear()
+        def child():
+            with gymtrace.rollout(rollout_id="child"), gymtrace.episode():
+                time.sleep(1.0)
+        contextvars.Context().run(child)  # a rollout of its own, not inside the parent's episode
+        ids = {m.attributes["gym.rollout.id"] for m in captured.markers}
+        os._exit(0 if ok and ids == {"child"} else 3)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0, status
+print("ok")
+"""
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        env=clean_env(),
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr

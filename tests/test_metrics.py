@@ -149,3 +149,57 @@ with gymtrace.rollout(rollout_id="r"):
     result = _run(tmp_path, body, GYMTRACE_FLUSH_TIMEOUT="0.5", OTEL_EXPORTER_OTLP_TIMEOUT="1")
     [completed] = _points(result, "gym.rollout.completed")
     assert completed["value"] == 1
+
+
+def test_configure_sends_the_metrics_over_otlp_to_the_spans_endpoint_when_no_provider_is_set(
+    tmp_path: Path,
+) -> None:
+    import http.server
+    import threading
+
+    from opentelemetry.proto.collector.metrics.v1 import metrics_service_pb2
+
+    received: dict[str, list[bytes]] = {}
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_POST(self) -> None:
+            body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
+            received.setdefault(self.path, []).append(body)
+            self.send_response(200)
+            self.send_header("Content-Type", "application/x-protobuf")
+            self.end_headers()
+
+        def log_message(self, format: str, *args: Any) -> None:
+            return None
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        code = f"""
+import gymtrace
+from opentelemetry import metrics
+gymtrace.configure(service_name="metrics-otlp", endpoint="http://127.0.0.1:{server.server_port}",
+                   protocol="http/protobuf", file=False)
+assert type(metrics.get_meter_provider()).__name__ == "MeterProvider"
+with gymtrace.rollout(rollout_id="r"), gymtrace.episode():
+    gymtrace.record_reward(0.5)
+"""  # the exit hook flushes the spans and the metrics
+        out = run_python(code=code, cwd=tmp_path)
+        assert out.returncode == 0, out.stderr
+    finally:
+        server.shutdown()
+    assert received.get("/v1/traces")
+    names = set()
+    for body in received.get("/v1/metrics", []):
+        request = metrics_service_pb2.ExportMetricsServiceRequest.FromString(body)
+        for rm in request.resource_metrics:
+            assert {a.key: a.value.string_value for a in rm.resource.attributes}[
+                "service.name"
+            ] == "metrics-otlp"
+            names |= {m.name for sm in rm.scope_metrics for m in sm.metrics}
+    assert {
+        "gym.rollout.completed",
+        "gym.rollout.reward",
+        "gym.episode.completed",
+        "gym.episode.duration",
+    } <= names

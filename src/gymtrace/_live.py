@@ -30,6 +30,7 @@ markers away.
 from __future__ import annotations
 
 import asyncio
+import atexit
 import os
 import socket
 import threading
@@ -141,12 +142,26 @@ def unwatch_deadline(episode: ActiveScope) -> None:
 
 
 def _start(state: _State) -> None:
+    global _exit_hook
     with state.wake:
         if state.thread is not None:
             return
         thread = threading.Thread(target=_run, args=(state,), name="gymtrace-heartbeat", daemon=True)
         state.thread = thread
+        if not _exit_hook:
+            # Registered at the first rollout, after the application's MeterProvider (exit hooks
+            # run last-registered first): the last counts reach it before it shuts down.
+            _exit_hook = True
+            atexit.register(_flush_metrics_at_exit)
     thread.start()
+
+
+_exit_hook = False
+
+
+def _flush_metrics_at_exit() -> None:
+    with guard("the metrics' counts at exit", may_raise=False):
+        flush_metrics()
 
 
 # -- the thread --------------------------------------------------------------------------------------

@@ -7,6 +7,7 @@ that have none. It never replaces a provider the application already set: it add
 
 from __future__ import annotations
 
+import atexit
 import functools
 import json
 import logging
@@ -451,6 +452,14 @@ def _meter_provider(settings: _settings.Settings, headers: Mapping[str, str] | N
     )
     metrics.set_meter_provider(meter_provider)
     _state.meter_provider = meter_provider
+    atexit.register(_export_metrics_at_exit)
+
+
+def _export_metrics_at_exit() -> None:
+    # After the heartbeat thread's exit hook (registered later, at the first rollout) handed over
+    # the last counts; bounded like the spans' flush.
+    if _state.meter_provider is not None:
+        _state.meter_provider.force_flush(int(_settings.active.flush_timeout * 1000))
 
 
 def _export_to_children(settings: _settings.Settings, service_name: str) -> None:
