@@ -78,6 +78,7 @@ class ActiveScope:
         "span",
         "step_stats",
         "step_timing",
+        "thread",
         "token",
         "unsampled",
     )
@@ -121,6 +122,9 @@ class ActiveScope:
         self.step_timing: tuple[Any, int, int, bool] | None = None
         # Entered by a `with` block: the token of the context it attached, which its exit detaches.
         self.token: object = None
+        # Entered by a `with` block: the thread that entered it, so that an exit in another context
+        # ends this thread's activation of a shared scope object, never another thread's.
+        self.thread = 0
         # On a step's parent: the steps the aggregate policy did not sample that are open in a
         # `with` block, innermost first, as (frame, the ones below) or None. They attach nothing,
         # so their exit finds them here, on the frame that is current.
