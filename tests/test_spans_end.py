@@ -76,3 +76,37 @@ def test_a_shared_episode_exited_in_another_thread_never_ends_another_threads_sp
         stacks["A"].close()
         assert not frames["B"].ended and not frames["A"].ended
         assert frames["A"] is not frames["B"]
+
+
+def test_a_ray_generator_tasks_context_is_attached_only_while_its_body_runs() -> None:
+    # The wrapper instrument() puts around a generator task, driven as Ray drives it: the consumer
+    # between items must stay in its own context.
+    import os
+
+    from opentelemetry import trace
+
+    from gymtrace import propagation
+    from gymtrace.integrations import ray as gym_ray
+
+    def chunks(n: int):  # type: ignore[no-untyped-def]
+        for i in range(n):
+            assert gymtrace.current().rollout_id == "r-gen"  # the body runs in the caller's episode
+            yield i
+
+    traced = gym_ray._traced(chunks, "chunks")
+    with capture_spans() as captured:
+        with gymtrace.rollout(rollout_id="r-gen"), gymtrace.episode():
+            payload = {"headers": dict(propagation.inject({})), "pid": os.getpid()}
+        items = []
+        for item in traced(3, _gymtrace=payload):
+            items.append(item)
+            # Between items: nothing of the task's execution is current here.
+            assert gymtrace.current_scope() is None
+            assert not trace.get_current_span().get_span_context().is_valid
+        with gymtrace.rollout(rollout_id="r-later") as later:
+            pass
+    assert items == [0, 1, 2]
+    # The later, unrelated rollout is a root of its own trace, not a child of the generator's episode.
+    (root,) = [s for s in captured.by_kind(c.KIND_ROLLOUT) if s.attributes[c.ROLLOUT_ID] == "r-later"]
+    assert root.parent is None
+    assert later.identity == {c.ROLLOUT_ID: "r-later"}
