@@ -175,7 +175,11 @@ class ActiveScope:
         return Facts(
             attempts=attempts,
             reward=self.reward,
-            failure=self.failure[0] if self.failure is not None else None,
+            failure=self.failure[0]
+            if self.failure is not None
+            else c.OUTCOME_CANCELLED
+            if self.cancelled
+            else None,
             handed_off=self.handed_off,
             started=self._episodes,
         )
