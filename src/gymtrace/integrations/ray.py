@@ -187,9 +187,7 @@ def _traced(function: Callable[..., Any], name: str) -> Callable[..., Any]:
                 async for item in function(*args, **kwargs):
                     yield item
                 return
-            context = contextvars.copy_context()
-            execution = _Execution(_gymtrace, name)
-            context.run(execution.__enter__)
+            context, execution = _entered_apart(_gymtrace, name)
             body = function(*args, **kwargs)
             error: BaseException | None = None
             try:
@@ -205,7 +203,7 @@ def _traced(function: Callable[..., Any], name: str) -> Callable[..., Any]:
             finally:
                 with contextlib.suppress(Exception):
                     await asyncio.create_task(body.aclose(), context=context)
-                context.run(execution.__exit__, type(error) if error else None, error, None)
+                execution.exit_in(context, error)
 
         traced: Callable[..., Any] = async_generator
     elif inspect.isgeneratorfunction(function):
@@ -214,9 +212,7 @@ def _traced(function: Callable[..., Any], name: str) -> Callable[..., Any]:
         def generator(*args: Any, _gymtrace: dict[str, Any] | None = None, **kwargs: Any) -> Any:
             if _gymtrace is None:
                 return (yield from function(*args, **kwargs))
-            context = contextvars.copy_context()
-            execution = _Execution(_gymtrace, name)
-            context.run(execution.__enter__)
+            context, execution = _entered_apart(_gymtrace, name)
             body = function(*args, **kwargs)
             error: BaseException | None = None
             try:
@@ -237,7 +233,7 @@ def _traced(function: Callable[..., Any], name: str) -> Callable[..., Any]:
                 raise
             finally:
                 context.run(body.close)
-                context.run(execution.__exit__, type(error) if error else None, error, None)
+                execution.exit_in(context, error)
 
         traced = generator
     elif inspect.iscoroutinefunction(function):
@@ -395,6 +391,14 @@ def _task_id() -> str | None:
         return None
 
 
+def _entered_apart(payload: dict[str, Any], name: str) -> tuple[contextvars.Context, _Execution]:
+    """A generator task's execution, entered in a context of its own that only its body runs in."""
+    context = contextvars.copy_context()
+    execution = _Execution(payload, name)
+    context.run(execution.__enter__)
+    return context, execution
+
+
 class _Execution:
     """One traced execution of a task or actor method in a worker."""
 
@@ -436,6 +440,9 @@ class _Execution:
                 )
         except Exception as exc:
             logger.warning("gymtrace: internal error entering a Ray task", exc_info=exc)
+
+    def exit_in(self, context: contextvars.Context, error: BaseException | None) -> None:
+        context.run(self.__exit__, type(error) if error else None, error, None)
 
     def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
         try:
