@@ -181,14 +181,14 @@ class ActiveScope:
         """For a rollout: what was recorded about it that bears on its outcome (``_outcome_rule``)."""
         final = self._last_episode
         attempts = (*self._earlier_attempts, final.attempt_fact()) if final is not None else ()
+        # Without episodes the rollout is its own attempt: what ended it is that attempt's failure.
+        failure = self.failure[0] if self.failure is not None else None
+        if failure is None and self.cancelled:
+            failure = c.OUTCOME_CANCELLED
         return Facts(
             attempts=attempts,
             reward=self.reward,
-            failure=self.failure[0]
-            if self.failure is not None
-            else c.OUTCOME_CANCELLED
-            if self.cancelled
-            else None,
+            failure=failure,
             handed_off=self.handed_off,
             started=self._episodes,
         )
