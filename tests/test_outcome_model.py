@@ -250,3 +250,40 @@ def test_the_shapes_the_issue_names_read_back_right(
         path.write_text(json.dumps(encode_otlp_json(captured.spans)) + "\n")
         (row,) = _cli_json("rollouts", str(path), "--json")
     assert (row["outcome"], row["reward"], row["attempts"]) == (outcome, reward, attempts)
+
+
+def test_a_reward_on_the_rollout_before_its_episodes_never_beats_the_final_episodes(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    with capture_spans(strict=False) as captured, caplog.at_level(logging.WARNING, "gymtrace"):
+        with gymtrace.rollout(rollout_id="r-early"):
+            gymtrace.record_reward(0.3)
+            with gymtrace.episode():
+                gymtrace.record_reward(1.0)
+    root = captured.one("rollout")
+    assert (root.attributes["gym.rollout.outcome"], root.attributes["gym.reward"]) == ("scored", 1.0)
+    assert any(
+        "reward 0.3 was recorded on the rollout outside its episodes" in r.getMessage()
+        for r in caplog.records
+    )
+
+
+def test_a_cancelled_rollout_without_episodes_is_unscored_whatever_it_recorded() -> None:
+    import asyncio
+
+    async def harness() -> None:
+        async with gymtrace.rollout(rollout_id="r-cancelled"):
+            gymtrace.record_reward(0.5)
+            await asyncio.sleep(10)
+
+    async def main() -> None:
+        task = asyncio.create_task(harness())
+        await asyncio.sleep(0.01)
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+
+    with capture_spans(strict=False) as captured:
+        asyncio.run(main())
+    root = captured.one("rollout")
+    assert root.attributes["gym.rollout.outcome"] == "unscored" and "gym.reward" not in root.attributes

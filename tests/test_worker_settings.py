@@ -105,3 +105,19 @@ def test_check_on_spans_without_any_rollout_says_there_is_nothing_to_check(tmp_p
     check = run_gymtrace("check", str(tmp_path / "plain.jsonl"))
     assert check.returncode == 1
     assert "nothing to check" in check.stdout and "OK" not in check.stdout
+
+
+def test_check_says_which_gym_spans_no_rollout_vouches_for(tmp_path: Path) -> None:
+    code = f"""
+    import gymtrace
+    gymtrace.configure(file={str(tmp_path / "mixed.jsonl")!r})
+    with gymtrace.rollout(rollout_id="r-1"), gymtrace.episode():
+        gymtrace.record_reward(1.0)
+    with gymtrace.step():
+        pass
+    gymtrace.shutdown()
+    """
+    assert run_python(code=code, cwd=tmp_path).returncode == 0
+    check = run_gymtrace("check", str(tmp_path / "mixed.jsonl"))
+    assert check.returncode == 0, check.stdout
+    assert "1 gym spans carry no rollout identity" in check.stdout

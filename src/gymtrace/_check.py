@@ -462,6 +462,17 @@ def awaiting_outcomes(spans: Iterable[Any]) -> list[str]:
     ]
 
 
+def rerun_notes(spans: Iterable[Any]) -> list[str]:
+    """The rollouts in which Ray re-ran a task (``max_retries``): their attempt was not one clean
+    run, which only the worker's ``ray.task`` span says otherwise."""
+    return [
+        f"rollout {o.rollout_id}: Ray re-ran {o.task_reruns} task(s) of attempt {max(o.attempts - 1, 0)}"
+        " (max_retries or retry_exceptions: a worker died or raised); the attempt was not one clean run"
+        for o in final_outcomes(spans)
+        if o.task_reruns
+    ]
+
+
 def _check_episode_links(index: _Index) -> list[Problem]:
     problems: list[Problem] = []
     for span in index.spans:

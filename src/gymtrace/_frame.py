@@ -40,6 +40,11 @@ REMOTE_KIND = "remote"
 
 CARRIER_FORMAT = "gymtrace.carrier/1"
 
+# The steps a continuation in another process numbers after its reserved first one: base * this + k
+# (issue 25: 12 Ray tasks of one episode numbered 279 steps with 35 distinct numbers). Readable
+# (30002 is continuation 3's second step) and, nested two levels deep, still within int64.
+STEP_RANGE = 10_000
+
 _counter_lock = threading.Lock()
 
 # (kind, retryable, message)
@@ -78,8 +83,10 @@ class ActiveScope:
         "reward",
         "span",
         "started_ns",
+        "step_jump",
         "step_stats",
         "step_timing",
+        "thread",
         "token",
         "unsampled",
     )
@@ -126,9 +133,15 @@ class ActiveScope:
         # The aggregate step policy (_steps.py): on a step owner, its steps' statistics; on a step,
         # (statistics, number, start time in ns, whether it is a span).
         self.step_stats: Any = None
+        # A continuation in another process: after its first (reserved) step number, where its next
+        # steps number from (see continue_steps_from).
+        self.step_jump = 0
         self.step_timing: tuple[Any, int, int, bool] | None = None
         # Entered by a `with` block: the token of the context it attached, which its exit detaches.
         self.token: object = None
+        # Entered by a `with` block: the thread that entered it, so that an exit in another context
+        # ends this thread's activation of a shared scope object, never another thread's.
+        self.thread = 0
         # On a step's parent: the steps the aggregate policy did not sample that are open in a
         # `with` block, innermost first, as (frame, the ones below) or None. They attach nothing,
         # so their exit finds them here, on the frame that is current.
@@ -181,10 +194,14 @@ class ActiveScope:
         """For a rollout: what was recorded about it that bears on its outcome (``_outcome_rule``)."""
         final = self._last_episode
         attempts = (*self._earlier_attempts, final.attempt_fact()) if final is not None else ()
+        # Without episodes the rollout is its own attempt: what ended it is that attempt's failure.
+        failure = self.failure[0] if self.failure is not None else None
+        if failure is None and self.cancelled:
+            failure = c.OUTCOME_CANCELLED
         return Facts(
             attempts=attempts,
             reward=self.reward,
-            failure=self.failure[0] if self.failure is not None else None,
+            failure=failure,
             handed_off=self.handed_off,
             started=self._episodes,
         )
@@ -206,7 +223,18 @@ class ActiveScope:
             else:
                 number = self._next_step if explicit is None else explicit
                 self._next_step = max(self._next_step, number + 1)
+                if self.step_jump and explicit is None:
+                    self._next_step, self.step_jump = self.step_jump, 0
         return number
+
+    def continue_steps_from(self, base: int) -> None:
+        """A continuation of the caller's scope in another process, given the step number ``base``
+        the caller reserved for it: its first step is ``base``; any further steps number from
+        ``base * STEP_RANGE + 1``, a range no other continuation and (below ``STEP_RANGE`` steps)
+        not the caller itself uses, so the numbers of one episode stay unique across processes."""
+        with _counter_lock:
+            self._next_step = base
+            self.step_jump = base * STEP_RANGE + 1
 
     def next_attempt(self) -> int:
         """For a rollout: the attempt number its next episode gets."""

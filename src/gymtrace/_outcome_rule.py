@@ -21,7 +21,9 @@ already lost (issue 25). The seed's rule, as it decides it:
   (its reward, an exception escaping it) is that attempt's, so ``attempts`` is 1 and a failure after
   a reward leaves it unscored.
 - A reward recorded on the rollout after its final episode (a ``verify()`` between the last episode
-  and the rollout's end) scores that episode when it completed.
+  and the rollout's end) scores that episode when it completed (the writer records it on that
+  episode); one recorded on the rollout outside every episode otherwise scores the final attempt
+  only when that attempt has no reward of its own.
 
 What the rule has to throw away (a reward of an attempt that failed or was superseded by a later
 attempt, a rollout-level reward after a failed final attempt) is listed in
@@ -132,8 +134,13 @@ def decide(facts: Facts) -> Decision:
                 f" {final.number} followed it; a rollout is scored by its final attempt only"
             )
     if rollout_reward is not None:
-        if final.state == COMPLETED:
-            reward = rollout_reward  # a verify() after the final episode scores it
+        if final.state == COMPLETED and reward is None:
+            reward = rollout_reward  # recorded on the rollout while its final episode ran
+        elif final.state == COMPLETED:
+            discarded.append(
+                f"reward {rollout_reward:g} was recorded on the rollout outside its episodes, but its"
+                f" final attempt {final.number} has a reward of its own ({reward:g}), which counts"
+            )
         else:
             discarded.append(
                 f"reward {rollout_reward:g} was recorded on the rollout after its final attempt"

@@ -134,6 +134,8 @@ class RolloutOutcome:
     # The gym.run span this rollout belongs to (its link or ancestor), when the input holds it; it
     # tells apart two runs that share a run ID.
     run_span_id: str | None = None
+    # Task executions Ray re-ran inside this rollout's episodes (max_retries, retry_exceptions).
+    task_reruns: int = 0
     decided_by: SpanData | None = field(default=None, compare=False, repr=False)
     root: SpanData | None = field(default=None, compare=False, repr=False)
 
@@ -149,6 +151,7 @@ class RolloutOutcome:
             "services": list(self.services),
             "source": self.source,
             "trace_id": self.trace_id,
+            "task_reruns": self.task_reruns,
         }
 
 
@@ -162,6 +165,8 @@ class RolloutSpans:
     roots: list[SpanData] = field(default_factory=list)
     records: list[SpanData] = field(default_factory=list)
     episodes: list[SpanData] = field(default_factory=list)
+    # Task executions Ray re-ran (``ray.task.attempt >= 1``): a worker died or raised meanwhile.
+    reruns: list[SpanData] = field(default_factory=list)
 
     @property
     def candidates(self) -> list[SpanData]:
@@ -179,7 +184,8 @@ def group_rollouts(spans: Iterable[Any]) -> list[RolloutSpans]:
     groups: dict[tuple[str | None, str, str], RolloutSpans] = {}
     for span in spans:
         kind = span.attributes.get(c.KIND)
-        if kind not in (c.KIND_ROLLOUT, c.KIND_OUTCOME, c.KIND_EPISODE):
+        rerun = (_int(span.attributes.get(c.RAY_TASK_ATTEMPT)) or 0) >= 1
+        if kind not in (c.KIND_ROLLOUT, c.KIND_OUTCOME, c.KIND_EPISODE) and not rerun:
             continue
         rollout_id = span.attributes.get(c.ROLLOUT_ID)
         if not isinstance(rollout_id, str):
@@ -194,8 +200,10 @@ def group_rollouts(spans: Iterable[Any]) -> list[RolloutSpans]:
             group.roots.append(span)
         elif kind == c.KIND_OUTCOME:
             group.records.append(span)
-        else:
+        elif kind == c.KIND_EPISODE:
             group.episodes.append(span)
+        else:
+            group.reruns.append(span)
     with_root: dict[tuple[str | None, str], list[RolloutSpans]] = defaultdict(list)
     in_trace: dict[tuple[str, str], list[RolloutSpans]] = defaultdict(list)
     for group in groups.values():
@@ -213,6 +221,7 @@ def group_rollouts(spans: Iterable[Any]) -> list[RolloutSpans]:
             if len(owners) == 1:
                 owners[0].records.extend(group.records)
                 owners[0].episodes.extend(group.episodes)
+                owners[0].reruns.extend(group.reruns)
                 continue
         result.append(group)
     return result
@@ -282,6 +291,7 @@ def outcome_of(group: RolloutSpans, ancestors: Mapping[str, str] | None = None) 
         else SOURCE_ROOT,
         trace_id=group.trace_id,
         run_span_id=_run_span_of(root, ancestors or {}),
+        task_reruns=len(group.reruns),
         decided_by=decider,
         root=root,
     )

@@ -146,14 +146,16 @@ def with_identity(
 
 
 def _reserve_step(ctx: otel_context.Context) -> int | None:
-    """Called directly at the level that numbers steps (an episode or agent invocation, not inside
-    a step): the work continued elsewhere is a step of its own, so it gets the caller's next step
-    number, and the caller's later steps number after it. Inside a step nothing is reserved: what runs
-    elsewhere is part of that step (a model or tool request)."""
+    """The work continued elsewhere gets the next step number of the scope that numbers steps here
+    (the episode or agent invocation, also from inside a step, also in a continuation handing on),
+    and the steps here number after it; its further steps number in a range of their own
+    (``ActiveScope.continue_steps_from``), so one episode's step numbers are unique across
+    processes."""
     frame = ctx.get(FRAME_KEY)
-    if isinstance(frame, ActiveScope) and not frame.remote and frame.kind in NUMBERING_OWNERS:
-        return frame.take_number(c.KIND_STEP, None)
-    return None
+    owner = frame.nearest(*NUMBERING_OWNERS) if isinstance(frame, ActiveScope) else None
+    # Inside a step too (a Ray task called from a step), and from a continuation handing on (a task
+    # calling a task): whatever the other process numbers must not repeat a number here (issue 25).
+    return owner.take_number(c.KIND_STEP, None) if owner is not None else None
 
 
 # -- carriers ---------------------------------------------------------------------------------------
@@ -312,9 +314,9 @@ def inject(
 
     Returns the carrier (a new dict when none is given). The ``baggage`` written holds the gym
     identity and the keys of ``GYMTRACE_BAGGAGE_ALLOW``, never other baggage entries of the context;
-    called directly at an episode or agent invocation (outside any step) it also holds
-    ``gym.step.base``, the step number reserved for the work continued elsewhere, so steps in other
-    processes never repeat the caller's numbers. ``continuation=False`` (what the HTTP helpers use
+    called inside an episode or agent invocation it also holds ``gym.step.base``, the step number
+    reserved for the work continued elsewhere (its further steps number from ``base * 10000 + 1``),
+    so steps in other processes never repeat the caller's numbers nor each other's. ``continuation=False`` (what the HTTP helpers use
     for requests) reserves nothing.
     """
     if carrier is None:
@@ -399,7 +401,7 @@ def _remote_context(
     if isinstance(attempt, int):
         frame.attempt = attempt
     if isinstance(base_number, int) and base_number > 0:
-        frame.take_number(c.KIND_STEP, base_number - 1)  # the next step here is base_number
+        frame.continue_steps_from(base_number)
     return otel_context.set_value(FRAME_KEY, frame, ctx)
 
 
