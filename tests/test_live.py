@@ -301,3 +301,22 @@ print("ok")
         timeout=60,
     )
     assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr
+
+
+def test_a_retry_gets_its_own_marker_and_live_reads_its_attempt(heartbeat: float) -> None:
+    with capture_spans() as captured, gymtrace.rollout(rollout_id="retried"):
+        for attempt in gymtrace.attempts(2):
+            with attempt:
+                time.sleep(heartbeat * 4)  # past a mark: the rollout's marker, then beats
+                if attempt.number == 0:
+                    raise ConnectionError("sandbox lost")
+                rows = live_rollouts(
+                    [from_readable(s) for s in [*captured.spans, *captured.markers]], now_ns=time.time_ns()
+                )
+    events = [(m.attributes[c.LIVE_EVENT], m.attributes[c.EPISODE_ATTEMPT]) for m in captured.markers]
+    assert events[0] == (c.LIVE_EVENT_ROLLOUT, 0)
+    assert (c.LIVE_EVENT_EPISODE, 1) in events
+    episode_marker = next(m for m in captured.markers if m.attributes[c.LIVE_EVENT] == c.LIVE_EVENT_EPISODE)
+    second = next(s for s in captured.by_kind(c.KIND_EPISODE) if s.attributes[c.EPISODE_ATTEMPT] == 1)
+    assert episode_marker.parent is not None and episode_marker.parent.span_id == second.context.span_id
+    assert [(r.rollout_id, r.attempt, r.state) for r in rows] == [("retried", 1, c.LIVE_RUNNING)]

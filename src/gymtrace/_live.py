@@ -4,9 +4,10 @@ A trace appears when its rollout ends; a rollout that never ends (a tool call th
 dead sandbox) would show nothing. So while a rollout is open, its process writes ``gym.live``
 marker spans into the rollout's trace (``gym.kind=live``), from one daemon thread per process:
 
-- a marker for the rollout and for each episode that is still open at the next mark (every
-  ``min(GYMTRACE_HEARTBEAT, 1)`` seconds): a rollout that ends sooner needs none, its spans are the
-  record, so short rollouts cost a dictionary entry and no span;
+- a marker for the rollout, and for each later episode, still open at the next mark (every
+  ``min(GYMTRACE_HEARTBEAT, 1)`` seconds; the rollout's marker carries the attempt open then): a
+  rollout that ends sooner needs none, its spans are the record, so short rollouts cost a
+  dictionary entry and no span;
 - a heartbeat every ``GYMTRACE_HEARTBEAT`` seconds (default 10) while the rollout shows no other
   activity. A span of the rollout that ended since the last beat is activity: that beat is skipped,
   but never two in a row, because a reader behind a tail sampler (Jaeger through ``collector/``)
@@ -61,7 +62,7 @@ open_scopes: Mapping[int, ActiveScope] = {}
 class _Watched:
     """One open rollout of this process, as the heartbeat thread last saw it."""
 
-    __slots__ = ("episode", "frame", "marked", "open", "skipped", "started_ns", "step")
+    __slots__ = ("episode", "frame", "marked", "open", "skipped", "started_ns")
 
     def __init__(self, frame: ActiveScope, started_ns: int) -> None:
         self.frame = frame
@@ -69,7 +70,6 @@ class _Watched:
         self.marked = False
         self.episode: ActiveScope | None = None  # the last episode a marker was written for
         self.open: frozenset[int] = frozenset()  # span IDs of its activations open at the last mark
-        self.step = 0
         self.skipped = False
 
 
@@ -252,7 +252,6 @@ def _mark(state: _State, beat: bool, interval: float) -> None:
         if episode is not None:
             watched.episode = episode
         watched.open = now_open
-        watched.step = step
 
 
 def _beat(
@@ -286,7 +285,8 @@ def _emit(
     rollout = watched.frame
     episode = rollout.last_episode
     source = episode if episode is not None else rollout
-    attributes: dict[str, Any] = {k: v for k, v in source.identity.items()}
+    # The episode's identity (with its attempt), else the rollout's.
+    attributes: dict[str, Any] = dict(source.identity)
     if episode is None:
         attributes = {k: v for k, v in attributes.items() if k in ROLLOUT_IDENTITY}
     attributes[c.KIND] = c.KIND_LIVE
