@@ -125,11 +125,14 @@ def test_markers_are_folded_away_so_tree_check_and_rollouts_are_unchanged(heartb
         assert marker.attributes[c.LIVE_STEP] == 1
         assert marker.attributes[c.LIVE_INTERVAL] == heartbeat
         assert marker.attributes[c.SERVICE_INSTANCE_ID]
+    assert markers[-1].attributes[c.LIVE_EVENT] == c.LIVE_EVENT_END
     everything = [*captured.spans, *markers]
     assert check_trace(everything) == []
     assert render_tree([from_readable(s) for s in everything]) == captured.tree()
-    # Once the rollout ended, `live` lists nothing.
+    # Once the rollout ended, `live` lists nothing, even from the markers alone (a tail sampler
+    # may have dropped the rollout's own spans).
     assert live_rollouts([from_readable(s) for s in everything], now_ns=time.time_ns()) == []
+    assert live_rollouts([from_readable(m) for m in markers], now_ns=time.time_ns()) == []
 
 
 def test_a_rollout_shorter_than_a_mark_costs_no_marker(heartbeat: float) -> None:

@@ -125,11 +125,14 @@ OUTCOME_SOURCES: Final = (SOURCE_REMOTE, SOURCE_LATE, SOURCE_CONTINUED)
 
 # -- live markers and the watchdog (_live.py, `gymtrace live`) ----------------------------------------
 
-# On a marker: what it marks (``rollout`` or ``episode`` start, or ``heartbeat``).
+# On a marker: what it marks (``rollout`` or ``episode`` start, ``heartbeat``, or ``end``).
 LIVE_EVENT: Final = "gym.live.event"
 LIVE_EVENT_ROLLOUT: Final = "rollout"
 LIVE_EVENT_EPISODE: Final = "episode"
 LIVE_EVENT_HEARTBEAT: Final = "heartbeat"
+# Written when a rollout that has markers ends: behind a tail sampler that drops the rollout's own
+# spans, it is what tells `gymtrace live --jaeger` the rollout ended rather than was lost.
+LIVE_EVENT_END: Final = "end"
 # When the rollout started (Unix ns), the heartbeat interval its process uses (s), the number of the
 # last step started in it (0: none yet), and whether its episode ran past its timeout.
 LIVE_STARTED: Final = "gym.live.started_ns"

@@ -13,6 +13,8 @@ marker spans into the rollout's trace (``gym.kind=live``), from one daemon threa
   but never two in a row, because a reader behind a tail sampler (Jaeger through ``collector/``)
   sees the rollout's other spans only once the trace is decided, and would read a busy rollout
   lost;
+- an ``end`` marker when a rollout that has markers ends: behind a tail sampler that drops the
+  rollout's spans, the markers alone must tell an ended rollout from a lost one;
 - every marker carries the identity, the attempt, the number of the last step started (read from
   the frames when the beat fires: nothing is done per step), the interval, when the rollout started
   and the process (``service.instance.id``).
@@ -122,7 +124,14 @@ def watch(rollout: ActiveScope) -> None:
 
 
 def unwatch(rollout: ActiveScope) -> None:
-    _state.watched.pop(id(rollout), None)
+    """The rollout ends. One that was marked gets an ``end`` marker: a tail sampler may drop its
+    spans, and markers alone must still say it ended (a rollout too short for a mark has none)."""
+    watched = _state.watched.pop(id(rollout), None)
+    if watched is not None and watched.marked:
+        tracer = active_tracer()
+        if tracer is not None:
+            step = (rollout.last_episode or rollout).steps_started
+            _emit(tracer, _state, watched, c.LIVE_EVENT_END, rollout.span, step, _settings.active.heartbeat)
 
 
 def watch_deadline(episode: ActiveScope, timeout: float) -> None:

@@ -6,8 +6,8 @@ Example::
     run      task  rollout  attempt  state    age     idle    step  service
     run-1    t3    t3-r0    1        stalled  312.4s  301.9s  7     env-worker (5b1c…)
 
-A rollout is open while its trace holds ``gym.live`` markers (``_live.py``) and no ended rollout
-span. What the markers and the rollout's other spans say, read at ``now``:
+A rollout is open while its trace holds ``gym.live`` markers (``_live.py``), and neither its
+rollout span nor its ``end`` marker. What the markers and the rollout's other spans say, read at ``now``:
 
 - ``lost``: nothing of it (no marker, no span) for three heartbeat intervals: its process is gone;
 - ``stalled``: its process is alive, but no progress for ``--stalled-after`` seconds (no span of
@@ -80,7 +80,9 @@ def live_rollouts(
                 for s in trace_spans
                 if not is_marker(s) and s.attributes.get(c.ROLLOUT_ID) in (rollout_id, None)
             ]
-            if any(s.attributes.get(c.KIND) == c.KIND_ROLLOUT for s in rest):
+            if any(s.attributes.get(c.KIND) == c.KIND_ROLLOUT for s in rest) or any(
+                m.attributes.get(c.LIVE_EVENT) == c.LIVE_EVENT_END for m in own
+            ):
                 continue  # it ended: the readers of finished traces take it from here
             rollout = _read(rollout_id, own, rest, now_ns, stalled_after)
             if run_id is None or rollout.run_id == run_id:
