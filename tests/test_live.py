@@ -69,11 +69,11 @@ def test_a_hung_rollout_reads_stalled_at_its_step_a_busy_one_running_and_both_lo
 
         def stalled() -> list[dict[str, Any]] | None:
             rows = _live(str(tmp_path), "--stalled-after", "2")
-            by_id = {r["rollout_id"]: r for r in rows}
-            return rows if by_id.get("hangs", {}).get("state") == c.LIVE_STALLED else None
+            states = {r["rollout_id"]: r["state"] for r in rows}
+            return rows if states == {"hangs": c.LIVE_STALLED, "busy": c.LIVE_RUNNING} else None
 
         rows = _wait_for(stalled)
-        assert rows, "the hung rollout never read stalled"
+        assert rows, "the hung rollout never read stalled beside the busy one running"
         by_id = {r["rollout_id"]: r for r in rows}
         assert set(by_id) == {"hangs", "busy"}  # the finished one is not live
         assert by_id["hangs"]["step"] == 3
@@ -109,11 +109,14 @@ def test_a_hung_rollout_reads_stalled_at_its_step_a_busy_one_running_and_both_lo
 
 
 def test_markers_are_folded_away_so_tree_check_and_rollouts_are_unchanged(heartbeat: float) -> None:
+    def beats(captured: CapturedSpans) -> int:
+        return sum(1 for m in captured.markers if m.attributes[c.LIVE_EVENT] == c.LIVE_EVENT_HEARTBEAT)
+
     with capture_spans() as captured:
         with gymtrace.rollout(rollout_id="r", task_id="t"), gymtrace.episode():
             with gymtrace.step():
                 pass
-            time.sleep(heartbeat * 4)
+            assert _wait_for(lambda: beats(captured) >= 2, timeout=20)  # a loaded machine is slow
             gymtrace.record_reward(0.5)
     markers = captured.markers
     assert markers, "no marker was written while the rollout was open"
@@ -183,19 +186,27 @@ def test_a_busy_rollout_beats_every_other_interval_an_idle_one_every_interval(he
     assert 1 <= busy <= (idle + 1) // 2 + 1
 
 
-def test_a_sync_episode_past_its_timeout_is_overdue_and_reads_stalled(heartbeat: float) -> None:
-    with capture_spans() as captured:
-        with gymtrace.rollout(rollout_id="slow"), gymtrace.episode(timeout=0.3):
-            with gymtrace.step():
-                time.sleep(1.2)  # sync code is never interrupted: it finishes
-            # Read while it is open: its markers alone say what `gymtrace live` would.
-            rows = live_rollouts([from_readable(m) for m in captured.markers], now_ns=time.time_ns())
-            gymtrace.record_reward(1.0)
+def _overdue_beats(captured: CapturedSpans) -> bool:
+    return any(m.attributes.get(c.LIVE_OVERDUE) for m in captured.markers)
+
+
+def test_a_sync_episode_past_its_timeout_is_overdue_and_reads_stalled() -> None:
+    _settings.override(heartbeat=1.0)  # lost only after 3 s: a loaded machine cannot fake it here
+    try:
+        with capture_spans() as captured:
+            with gymtrace.rollout(rollout_id="slow"), gymtrace.episode(timeout=0.3):
+                with gymtrace.step():
+                    # Sync code is never interrupted: it runs on past its timeout and finishes.
+                    assert _wait_for(lambda: _overdue_beats(captured), timeout=20)
+                # Read while it is open: its markers alone say what `gymtrace live` would.
+                rows = live_rollouts([from_readable(m) for m in captured.markers], now_ns=time.time_ns())
+                gymtrace.record_reward(1.0)
+    finally:
+        _settings.override(heartbeat=None)
     episode = captured.one(c.KIND_EPISODE)
     assert [e.name for e in episode.events if e.name == c.EVENT_EPISODE_OVERDUE] == [c.EVENT_EPISODE_OVERDUE]
     assert episode.attributes[c.EPISODE_TIMEOUT] == 0.3
     assert episode.attributes[c.EPISODE_OUTCOME] == c.OUTCOME_COMPLETED
-    assert any(m.attributes.get(c.LIVE_OVERDUE) for m in captured.markers)
     assert [(r.rollout_id, r.state, r.step) for r in rows] == [("slow", c.LIVE_STALLED, 1)]
     assert captured.one(c.KIND_ROLLOUT).attributes[c.ROLLOUT_OUTCOME] == c.OUTCOME_SCORED
 
@@ -287,7 +298,9 @@ with capture_spans() as captured, gymtrace.rollout(rollout_id="parent"), gymtrac
         captured.clear()
         def child():
             with gymtrace.rollout(rollout_id="child"), gymtrace.episode():
-                time.sleep(1.0)
+                deadline = time.monotonic() + 20
+                while not captured.markers and time.monotonic() < deadline:
+                    time.sleep(0.05)
         contextvars.Context().run(child)  # a rollout of its own, not inside the parent's episode
         ids = {m.attributes["gym.rollout.id"] for m in captured.markers}
         os._exit(0 if ok and ids == {"child"} else 3)
@@ -307,12 +320,16 @@ print("ok")
 
 
 def test_a_retry_gets_its_own_marker_and_live_reads_its_attempt(heartbeat: float) -> None:
+    def marked(event: str) -> bool:
+        return any(m.attributes[c.LIVE_EVENT] == event for m in captured.markers)
+
     with capture_spans() as captured, gymtrace.rollout(rollout_id="retried"):
         for attempt in gymtrace.attempts(2):
             with attempt:
-                time.sleep(heartbeat * 4)  # past a mark: the rollout's marker, then beats
                 if attempt.number == 0:
+                    assert _wait_for(lambda: marked(c.LIVE_EVENT_ROLLOUT))
                     raise ConnectionError("sandbox lost")
+                assert _wait_for(lambda: marked(c.LIVE_EVENT_EPISODE))
                 rows = live_rollouts(
                     [from_readable(s) for s in [*captured.spans, *captured.markers]], now_ns=time.time_ns()
                 )

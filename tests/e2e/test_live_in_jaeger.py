@@ -61,8 +61,9 @@ def test_markers_are_searchable_in_jaeger_while_the_sampler_holds_the_rollout(
     )
     try:
         assert program.stdout is not None and program.stdout.readline().strip() == "ready"
+        expected = {"hangs": c.LIVE_STALLED, "busy": c.LIVE_RUNNING}
         rows = _until(
-            lambda: (r := _live(held_pipeline)).get("hangs", {}).get("state") == c.LIVE_STALLED and r
+            lambda: (r := _live(held_pipeline)) and {k: v["state"] for k, v in r.items()} == expected and r
         )
         assert rows, held_pipeline.logs()
         assert rows["hangs"]["step"] == 3
