@@ -32,9 +32,12 @@ attempt, a rollout-level reward after a failed final attempt) is listed in
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from typing import NamedTuple
 
 from gymtrace import _constants as c
+
+# Named tuples, not frozen dataclasses: every rollout's end builds a few, and a tuple is built in a
+# fraction of the time (benchmarks/overhead.py, nested levels).
 
 # The state of one attempt, as the rule sees it.
 COMPLETED = c.OUTCOME_COMPLETED
@@ -44,8 +47,7 @@ CANCELLED = c.OUTCOME_CANCELLED
 PENDING = c.OUTCOME_PENDING
 
 
-@dataclass(frozen=True, slots=True)
-class Attempt:
+class Attempt(NamedTuple):
     """One fact about one attempt: its number, how it ended, its reward (``None``: none recorded).
 
     ``order`` breaks ties between facts about the same attempt (the later one wins): the rollout
@@ -61,8 +63,7 @@ class Attempt:
     definite: bool = False
 
 
-@dataclass(frozen=True, slots=True)
-class Facts:
+class Facts(NamedTuple):
     """Everything recorded about one rollout that bears on its outcome."""
 
     attempts: tuple[Attempt, ...] = ()
@@ -76,8 +77,7 @@ class Facts:
     started: int = 0
 
 
-@dataclass(frozen=True, slots=True)
-class Decision:
+class Decision(NamedTuple):
     """A rollout's outcome: ``scored`` (with ``reward``), ``unscored`` or ``pending``."""
 
     outcome: str
