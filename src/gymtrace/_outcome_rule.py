@@ -93,9 +93,13 @@ class Decision(NamedTuple):
         return self.outcome == c.OUTCOME_SCORED
 
 
+def _final_first(attempt: Attempt) -> tuple[int, tuple[int, ...]]:
+    return attempt.number, attempt.order
+
+
 def decide(facts: Facts) -> Decision:
     """The outcome of the rollout ``facts`` describe (see the module docstring for the rule)."""
-    attempts = list(facts.attempts)
+    attempts = facts.attempts
     discarded: list[str] = []
     rollout_reward = facts.reward
     if not attempts:
@@ -106,9 +110,10 @@ def decide(facts: Facts) -> Decision:
                 f"reward {rollout_reward:g} was recorded before a failure ({facts.failure}) ended the rollout;"
                 " its only attempt failed, and a failed attempt is never scored"
             )
-        attempts = [Attempt(0, state, None if facts.failure is not None else rollout_reward)]
+        attempts = (Attempt(0, state, None if facts.failure is not None else rollout_reward),)
         rollout_reward = None
-    final = max(attempts, key=lambda a: (a.number, a.order))
+    # One attempt is the common case: every rollout's end runs this.
+    final = attempts[0] if len(attempts) == 1 else max(attempts, key=_final_first)
     ended = [
         a for a in attempts if a.definite and a.number == final.number and a.state in (FAILED, CANCELLED)
     ]
@@ -154,7 +159,7 @@ def decide(facts: Facts) -> Decision:
         outcome = c.OUTCOME_PENDING
     else:
         outcome = c.OUTCOME_UNSCORED
-    count = max(facts.started, max(a.number for a in attempts) + 1)
+    count = max(facts.started, max(a.number for a in attempts) + 1 if len(attempts) > 1 else final.number + 1)
     return Decision(outcome, reward, final.number, count, tuple(discarded))
 
 
