@@ -114,9 +114,11 @@ def decide(facts: Facts) -> Decision:
         rollout_reward = None
     # One attempt is the common case: every rollout's end runs this.
     final = attempts[0] if len(attempts) == 1 else max(attempts, key=_final_first)
-    ended = [
-        a for a in attempts if a.definite and a.number == final.number and a.state in (FAILED, CANCELLED)
-    ]
+    ended = (
+        [a for a in attempts if a.definite and a.number == final.number and a.state in (FAILED, CANCELLED)]
+        if len(attempts) > 1
+        else ()
+    )
     if ended and final is not ended[0]:
         if final.reward is not None:
             discarded.append(
