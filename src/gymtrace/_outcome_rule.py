@@ -32,9 +32,12 @@ attempt, a rollout-level reward after a failed final attempt) is listed in
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from typing import NamedTuple
 
 from gymtrace import _constants as c
+
+# Named tuples, not frozen dataclasses: every rollout's end builds a few, and a tuple is built in a
+# fraction of the time (benchmarks/overhead.py, nested levels).
 
 # The state of one attempt, as the rule sees it.
 COMPLETED = c.OUTCOME_COMPLETED
@@ -44,8 +47,7 @@ CANCELLED = c.OUTCOME_CANCELLED
 PENDING = c.OUTCOME_PENDING
 
 
-@dataclass(frozen=True, slots=True)
-class Attempt:
+class Attempt(NamedTuple):
     """One fact about one attempt: its number, how it ended, its reward (``None``: none recorded).
 
     ``order`` breaks ties between facts about the same attempt (the later one wins): the rollout
@@ -61,8 +63,7 @@ class Attempt:
     definite: bool = False
 
 
-@dataclass(frozen=True, slots=True)
-class Facts:
+class Facts(NamedTuple):
     """Everything recorded about one rollout that bears on its outcome."""
 
     attempts: tuple[Attempt, ...] = ()
@@ -76,8 +77,7 @@ class Facts:
     started: int = 0
 
 
-@dataclass(frozen=True, slots=True)
-class Decision:
+class Decision(NamedTuple):
     """A rollout's outcome: ``scored`` (with ``reward``), ``unscored`` or ``pending``."""
 
     outcome: str
@@ -93,9 +93,13 @@ class Decision:
         return self.outcome == c.OUTCOME_SCORED
 
 
+def _final_first(attempt: Attempt) -> tuple[int, tuple[int, ...]]:
+    return attempt.number, attempt.order
+
+
 def decide(facts: Facts) -> Decision:
     """The outcome of the rollout ``facts`` describe (see the module docstring for the rule)."""
-    attempts = list(facts.attempts)
+    attempts = facts.attempts
     discarded: list[str] = []
     rollout_reward = facts.reward
     if not attempts:
@@ -106,12 +110,15 @@ def decide(facts: Facts) -> Decision:
                 f"reward {rollout_reward:g} was recorded before a failure ({facts.failure}) ended the rollout;"
                 " its only attempt failed, and a failed attempt is never scored"
             )
-        attempts = [Attempt(0, state, None if facts.failure is not None else rollout_reward)]
+        attempts = (Attempt(0, state, None if facts.failure is not None else rollout_reward),)
         rollout_reward = None
-    final = max(attempts, key=lambda a: (a.number, a.order))
-    ended = [
-        a for a in attempts if a.definite and a.number == final.number and a.state in (FAILED, CANCELLED)
-    ]
+    # One attempt is the common case: every rollout's end runs this.
+    final = attempts[0] if len(attempts) == 1 else max(attempts, key=_final_first)
+    ended = (
+        [a for a in attempts if a.definite and a.number == final.number and a.state in (FAILED, CANCELLED)]
+        if len(attempts) > 1
+        else ()
+    )
     if ended and final is not ended[0]:
         if final.reward is not None:
             discarded.append(
@@ -154,7 +161,7 @@ def decide(facts: Facts) -> Decision:
         outcome = c.OUTCOME_PENDING
     else:
         outcome = c.OUTCOME_UNSCORED
-    count = max(facts.started, max(a.number for a in attempts) + 1)
+    count = max(facts.started, max(a.number for a in attempts) + 1 if len(attempts) > 1 else final.number + 1)
     return Decision(outcome, reward, final.number, count, tuple(discarded))
 
 

@@ -13,6 +13,7 @@ import json
 import logging
 import os
 import random
+import signal
 import threading
 import uuid
 import weakref
@@ -505,6 +506,11 @@ def configure_from_parent() -> bool:
             return active_tracer() is not None
         file = parent.get("file")
         endpoint = parent.get("endpoint")
+        # A worker's SIGTERM is its pool's (Pool.terminate()): keep whatever it meant before, so a
+        # flush at the signal cannot deadlock on a lock the interrupted code holds. Each continued
+        # block flushes when it ends instead (see propagation.attach).
+        main = threading.current_thread() is threading.main_thread()
+        sigterm = signal.getsignal(signal.SIGTERM) if main else None
         configure(
             service_name=parent.get("service_name"),
             endpoint=endpoint,
@@ -514,6 +520,8 @@ def configure_from_parent() -> bool:
             strict=bool(parent.get("strict")),
             trace_per=parent.get("trace_per"),
         )
+        if main and sigterm is not None:
+            signal.signal(signal.SIGTERM, sigterm)
         _state.inherited = True
         _tracing.flush_after_continuation = force_flush
         logger.info("gymtrace: configured from the parent process %s (GYMTRACE_PARENT)", parent.get("pid"))
