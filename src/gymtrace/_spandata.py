@@ -14,6 +14,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from gymtrace import _constants as c
+
 
 @dataclass(frozen=True)
 class LinkData:
@@ -185,6 +187,56 @@ def encode_otlp_json(spans: Iterable[Any]) -> dict[str, Any]:
             for resource, scopes in by_resource.values()
         ]
     }
+
+
+def encode_spandata_json(
+    spans: Iterable[SpanData], resource: Mapping[str, Any] | None = None
+) -> dict[str, Any]:
+    """``SpanData`` records to one OTLP/JSON ``ExportTraceServiceRequest`` (the inverse of
+    :func:`decode_otlp_json`): one resource per service and instance, ``resource`` added to each."""
+    by_resource: dict[tuple[str, str], list[dict[str, Any]]] = {}
+    for span in spans:
+        record: dict[str, Any] = {
+            "traceId": span.trace_id,
+            "spanId": span.span_id,
+            "name": span.name,
+            "kind": _OTLP_KINDS.index(span.span_kind) if span.span_kind in _OTLP_KINDS else 1,
+            "startTimeUnixNano": str(span.start_ns),
+            "endTimeUnixNano": str(span.end_ns),
+            "attributes": _key_values(span.attributes),
+            "flags": 1,
+        }
+        if span.parent_id is not None:
+            record["parentSpanId"] = span.parent_id
+        if span.events:
+            record["events"] = [
+                {"timeUnixNano": str(e.time_ns), "name": e.name, "attributes": _key_values(e.attributes)}
+                for e in span.events
+            ]
+        if span.links:
+            record["links"] = [
+                {"traceId": link.trace_id, "spanId": link.span_id, "attributes": _key_values(link.attributes)}
+                for link in span.links
+            ]
+        status: dict[str, Any] = {
+            "code": _OTLP_STATUS.index(span.status) if span.status in _OTLP_STATUS else 0
+        }
+        if span.status_message:
+            status["message"] = span.status_message
+        record["status"] = status
+        by_resource.setdefault((span.service, span.service_instance), []).append(record)
+    resource_spans = []
+    for (service, instance), records in by_resource.items():
+        attributes = {**(resource or {}), c.SERVICE_NAME: service}
+        if instance:
+            attributes[c.SERVICE_INSTANCE_ID] = instance
+        resource_spans.append(
+            {
+                "resource": {"attributes": _key_values(attributes)},
+                "scopeSpans": [{"scope": {"name": c.INSTRUMENTATION_NAME}, "spans": records}],
+            }
+        )
+    return {"resourceSpans": resource_spans}
 
 
 def decode_otlp_json(request: Mapping[str, Any]) -> Iterator[SpanData]:

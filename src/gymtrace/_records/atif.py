@@ -1,0 +1,184 @@
+"""``gymtrace import atif``: ATIF trajectories (Harbor, NeMo Gym's exporter) as traces.
+
+Each trajectory, validated by the ``atif`` package's models, is one rollout of one episode: its
+agent is an agent invocation, each agent step a ``gym.step`` (numbered as in the glossary, 1, 2, 3
+among the agent's steps) with its model call (tokens from the step's metrics) and its tool calls.
+User and system steps are no steps of the glossary: they are ``gym.record.message`` events on the
+invocation. ATIF holds one timestamp per step at most, so step ends and every model and tool call's
+times are synthesised. ATIF holds no reward: a trajectory is scored only when its ``extra`` says
+``reward`` (a number); otherwise its rollout is unscored.
+
+The rollout ID is the ``session_id`` (the file's name when several trajectories share one), the
+task ID ``extra.task_id`` or ``extra.task_name`` when given, else the rollout ID; the run ID
+defaults to :func:`~gymtrace.integrations.nemo_gym.run_id_for_output` of the directory the
+trajectories are in.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections import Counter
+from collections.abc import Iterable
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+from gymtrace import _constants as c
+from gymtrace._records._build import (
+    Attempt,
+    Imported,
+    Node,
+    conclude,
+    episode,
+    finish,
+    rollout_node,
+    run_node,
+)
+from gymtrace.integrations.nemo_gym import run_id_for_output
+
+SERVICE = "atif"
+
+
+def _ns(timestamp: str | None) -> int | None:
+    if not timestamp:
+        return None
+    try:
+        return round(datetime.fromisoformat(timestamp.replace("Z", "+00:00")).timestamp() * 1e9)
+    except ValueError:
+        return None
+
+
+def _files(paths: Iterable[Path]) -> list[tuple[Path, Path]]:
+    """(trajectory file, the directory whose run it belongs to)."""
+    found: list[tuple[Path, Path]] = []
+    for path in paths:
+        if path.is_dir():
+            found.extend((p, path) for p in sorted(path.rglob("*.json")))
+        elif path.exists():
+            found.append((path, path.parent))
+        else:
+            raise ValueError(f"{path}: no such file or directory")
+    return found
+
+
+def import_files(paths: Iterable[Path], *, run_id: str | None = None) -> Imported:
+    try:
+        from atif import Trajectory
+    except ImportError as exc:
+        raise ImportError(
+            "gymtrace import atif needs the atif package: pip install 'gymtrace[atif]'"
+        ) from exc
+    from pydantic import ValidationError
+
+    result = Imported()
+    loaded: list[tuple[str, Path, Any]] = []
+    for path, directory in _files(paths):
+        try:
+            raw = json.loads(path.read_text(encoding="utf-8"))
+        except ValueError as exc:
+            raise ValueError(f"{path}: not JSON ({exc})") from exc
+        if not (isinstance(raw, dict) and str(raw.get("schema_version", "")).startswith("ATIF")):
+            result.unmapped["atif file that is no ATIF trajectory"] += 1
+            continue
+        try:
+            trajectory = Trajectory.model_validate(raw)
+        except ValidationError as exc:
+            raise ValueError(f"{path}: not a valid ATIF trajectory ({exc.error_count()} errors)") from exc
+        loaded.append((run_id or run_id_for_output(directory), path, trajectory))
+    sessions = Counter((rid, t.session_id or path.stem) for rid, path, t in loaded)
+    runs: dict[str, list[Node]] = {}
+    for rid, path, trajectory in loaded:
+        session = trajectory.session_id or path.stem
+        rollout_id = session if sessions[(rid, session)] == 1 else f"{session}.{path.stem}"
+        if rollout_id != session:
+            result.unmapped["atif session_id shared by several files (rollout ID takes the file name)"] += 1
+        runs.setdefault(rid, []).append(_rollout(rid, rollout_id, trajectory, result))
+    for rid, rollouts in runs.items():
+        finish(run_node(rid), rollouts, service=SERVICE, result=result)
+    return result
+
+
+def _reward(extra: dict[str, Any] | None) -> float | None:
+    value = (extra or {}).get("reward")
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        return None
+    return float(value)
+
+
+def _rollout(run_id: str, rollout_id: str, trajectory: Any, result: Imported) -> Node:
+    extra = trajectory.extra or {}
+    task = extra.get("task_id") or extra.get("task_name")
+    rollout = rollout_node(run_id, rollout_id, str(task) if task is not None else rollout_id, None)
+    attempt = Attempt(0, episode(rollout, 0), reward=_reward(extra))
+    agent = trajectory.agent
+    invocation = attempt.node.child(
+        f"{c.OPERATION_INVOKE_AGENT} {agent.name}",
+        "invocation",
+        {
+            c.KIND: c.KIND_AGENT_INVOCATION,
+            c.GEN_AI_OPERATION_NAME: c.OPERATION_INVOKE_AGENT,
+            c.GEN_AI_AGENT_NAME: agent.name,
+            c.GEN_AI_AGENT_ID: rollout_id,
+        },
+    )
+    number = 0
+    for step in trajectory.steps:
+        if step.source != "agent":
+            invocation.events.append(
+                (
+                    c.EVENT_RECORD_MESSAGE,
+                    _ns(step.timestamp),
+                    {c.RECORD_SOURCE: step.source, c.RECORD_STEP_ID: step.step_id},
+                )
+            )
+            continue
+        number += 1
+        _step(invocation, number, step, agent.model_name, result)
+    if trajectory.subagent_trajectories:
+        result.unmapped["atif embedded subagent trajectory"] += len(trajectory.subagent_trajectories)
+    conclude(rollout, [attempt])
+    return rollout
+
+
+def _step(invocation: Node, number: int, step: Any, default_model: str | None, result: Imported) -> None:
+    node = invocation.child(
+        c.SPAN_STEP,
+        f"step:{step.step_id}",
+        {c.KIND: c.KIND_STEP, c.STEP_NUMBER: number},
+        start_ns=_ns(step.timestamp),
+    )
+    model = step.model_name or default_model
+    attributes: dict[str, Any] = {c.KIND: c.KIND_MODEL_CALL, c.GEN_AI_OPERATION_NAME: c.OPERATION_CHAT}
+    if model:
+        attributes[c.GEN_AI_REQUEST_MODEL] = model
+    metrics = step.metrics
+    if metrics is not None:
+        for value, target in (
+            (metrics.prompt_tokens, c.GEN_AI_USAGE_INPUT_TOKENS),
+            (metrics.completion_tokens, c.GEN_AI_USAGE_OUTPUT_TOKENS),
+            (metrics.cached_tokens, c.GEN_AI_USAGE_CACHE_READ_INPUT_TOKENS),
+        ):
+            if value is not None:
+                attributes[target] = value
+    node.child(
+        f"{c.OPERATION_CHAT} {model}" if model else c.OPERATION_CHAT,
+        "model_call",
+        attributes,
+        start_ns=_ns(step.timestamp),
+        span_kind="CLIENT",
+    )
+    for call in step.tool_calls or ():
+        node.child(
+            f"{c.OPERATION_EXECUTE_TOOL} {call.function_name}",
+            f"tool:{call.tool_call_id}",
+            {
+                c.KIND: c.KIND_TOOL_CALL,
+                c.GEN_AI_OPERATION_NAME: c.OPERATION_EXECUTE_TOOL,
+                c.GEN_AI_TOOL_NAME: call.function_name,
+                c.GEN_AI_TOOL_CALL_ID: call.tool_call_id,
+            },
+        )
+    for observed in step.observation.results if step.observation is not None else ():
+        if observed.subagent_trajectory_ref:
+            result.unmapped["atif subagent trajectory reference"] += len(observed.subagent_trajectory_ref)
