@@ -20,6 +20,7 @@ import hashlib
 from collections import Counter
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from gymtrace import _constants as c
@@ -27,8 +28,9 @@ from gymtrace._ids import episode_id
 from gymtrace._spandata import EventData, LinkData, SpanData
 from gymtrace.integrations.nemo_gym import trace_id_for
 
-# Where synthesised times start when nothing in the record holds a time: 2025-01-01T00:00:00Z. A
-# fixed instant, so a record without times imports to the same trace every time.
+# Where synthesised times start when nothing in the record holds a time and the importer names no
+# origin (the record file's modification time, so Jaeger's recent-traces search finds the run):
+# 2025-01-01T00:00:00Z.
 SYNTHETIC_EPOCH_NS = 1_735_689_600 * 1_000_000_000
 # The length of a synthesised span with nothing below it.
 SYNTHETIC_SPAN_NS = 1_000_000
@@ -283,12 +285,22 @@ def _spans(node: Node, parent: Node | None, inherited: Mapping[str, Any], servic
         yield from _spans(child, node, below, service)
 
 
-def finish(run: Node, rollouts: Iterable[Node], *, service: str, result: Imported | None = None) -> Imported:
-    """The spans of ``run`` and its ``rollouts`` (each a trace of its own, linked to the run)."""
+def finish(
+    run: Node,
+    rollouts: Iterable[Node],
+    *,
+    service: str,
+    result: Imported | None = None,
+    origin_ns: int | None = None,
+) -> Imported:
+    """The spans of ``run`` and its ``rollouts`` (each a trace of its own, linked to the run).
+
+    ``origin_ns``: where synthesised times start when the record holds no time at all.
+    """
     result = result if result is not None else Imported()
     run_id = str(run.attributes[c.RUN_ID])
     rollouts = list(rollouts)
-    cursor = run.start_ns if run.start_ns is not None else _earliest_of(rollouts)
+    cursor = run.start_ns if run.start_ns is not None else _earliest_of(rollouts, origin_ns)
     for rollout in rollouts:
         _assign_ids(rollout, trace_id_for(run_id, str(rollout.attributes[c.ROLLOUT_ID])))
         cursor = _place(rollout, cursor)
@@ -309,6 +321,15 @@ def finish(run: Node, rollouts: Iterable[Node], *, service: str, result: Importe
     return result
 
 
-def _earliest_of(nodes: list[Node]) -> int:
+def _earliest_of(nodes: list[Node], origin_ns: int | None) -> int:
     found = [t for t in (_earliest(n) for n in nodes) if t is not None]
-    return min(found) if found else SYNTHETIC_EPOCH_NS
+    if found:
+        return min(found)
+    return origin_ns if origin_ns is not None else SYNTHETIC_EPOCH_NS
+
+
+def file_time_ns(paths: Iterable[Path]) -> int | None:
+    """The earliest modification time of ``paths`` that exist: the origin of a record's
+    synthesised times (the same on every import of the unchanged file)."""
+    times = [p.stat().st_mtime_ns for p in paths if p.exists()]
+    return min(times) if times else None

@@ -31,6 +31,7 @@ from gymtrace._records._build import (
     Node,
     conclude,
     episode,
+    file_time_ns,
     finish,
     rollout_node,
     run_node,
@@ -88,14 +89,16 @@ def import_files(paths: Iterable[Path], *, run_id: str | None = None) -> Importe
         loaded.append((run_id or run_id_for_output(directory), path, trajectory))
     sessions = Counter((rid, t.session_id or path.stem) for rid, path, t in loaded)
     runs: dict[str, list[Node]] = {}
+    files: dict[str, list[Path]] = {}
     for rid, path, trajectory in loaded:
+        files.setdefault(rid, []).append(path)
         session = trajectory.session_id or path.stem
         rollout_id = session if sessions[(rid, session)] == 1 else f"{session}.{path.stem}"
         if rollout_id != session:
             result.unmapped["atif session_id shared by several files (rollout ID takes the file name)"] += 1
         runs.setdefault(rid, []).append(_rollout(rid, rollout_id, trajectory, result))
     for rid, rollouts in runs.items():
-        finish(run_node(rid), rollouts, service=SERVICE, result=result)
+        finish(run_node(rid), rollouts, service=SERVICE, result=result, origin_ns=file_time_ns(files[rid]))
     return result
 
 

@@ -32,6 +32,7 @@ from gymtrace._records._build import (
     Node,
     conclude,
     episode,
+    file_time_ns,
     finish,
     rollout_node,
     run_node,
@@ -103,6 +104,7 @@ def import_files(paths: Iterable[Path], *, run_id: str | None = None) -> Importe
     ``run_id`` puts them all in one."""
     result = Imported()
     runs: dict[str, dict[str, _Rollout]] = {}
+    origins: dict[str, list[Path]] = {}
     order = 0
     for main in _main_files(paths):
         sidecar = failures_path(main)
@@ -110,6 +112,7 @@ def import_files(paths: Iterable[Path], *, run_id: str | None = None) -> Importe
             raise RecordError(f"{main}: no such file (nor its sidecar {sidecar.name})")
         rid = run_id or run_id_for_output(main)
         rollouts = runs.setdefault(rid, {})
+        origins.setdefault(rid, []).extend((main, sidecar))
         for source, failed in ((main, False), (sidecar, True)):
             if not source.exists():
                 continue
@@ -123,7 +126,7 @@ def import_files(paths: Iterable[Path], *, run_id: str | None = None) -> Importe
                 order += 1
     for rid, rollouts in runs.items():
         nodes = [_rollout(rid, entry, result) for entry in rollouts.values()]
-        finish(run_node(rid), nodes, service=SERVICE, result=result)
+        finish(run_node(rid), nodes, service=SERVICE, result=result, origin_ns=file_time_ns(origins[rid]))
     return result
 
 
