@@ -21,6 +21,7 @@ from gymtrace._passk import pass_at_k, per_task
 from gymtrace._records import nemo_gym as nemo_import
 from gymtrace._spandata import SpanData, read_otlp_json_lines
 from gymtrace.integrations.nemo_gym import run_id_for_output, trace_id_for
+from gymtrace.testing import CapturedSpans
 from records_support import write_nemo_gym_output
 
 DATA = Path(__file__).parent / "data" / "records"
@@ -437,3 +438,59 @@ def test_compare_of_a_run_with_itself_has_no_difference() -> None:
     assert imported_spans
     result = compare(outcomes, outcomes)
     assert result.delta == 0.0 and result.ci95 == (0.0, 0.0) and result.verdict == "inconclusive"
+
+
+def test_an_imported_inspect_log_says_what_the_live_integration_traced(
+    captured: CapturedSpans, tmp_path: Path
+) -> None:
+    import gymtrace.integrations.inspect_ai
+
+    gymtrace.integrations.inspect_ai.instrument()
+    write_inspect_log(tmp_path / "logs", {(3, 2): 1, (4, 1): 5}, target_of={2: "5"})
+    live = captured.data
+    spans = imported("inspect", tmp_path / "logs", out=tmp_path / "traces.jsonl")
+
+    def summary(of: list[Any]) -> set[tuple[Any, ...]]:
+        return {
+            (o.run_id, o.task_id, o.rollout_id, o.repeat, o.outcome, o.reward, o.attempts)
+            for o in final_outcomes(of)
+        }
+
+    def episodes(of: list[SpanData]) -> set[tuple[Any, ...]]:
+        return {
+            (
+                s.attributes[c.EPISODE_ID],
+                s.attributes[c.EPISODE_OUTCOME],
+                s.attributes.get(c.FAILURE_KIND),
+                s.attributes.get(c.FAILURE_RETRYABLE),
+                s.attributes.get(c.ERROR_TYPE),
+            )
+            for s in kinds(of, c.KIND_EPISODE)
+        }
+
+    def tokens(of: list[SpanData]) -> dict[str, int]:
+        found: dict[str, int] = {}
+        for s in kinds(of, c.KIND_MODEL_CALL):
+            key = str(s.attributes[c.ROLLOUT_ID])
+            found[key] = found.get(key, 0) + int(s.attributes[c.GEN_AI_USAGE_INPUT_TOKENS])
+        return found
+
+    assert summary(spans) == summary(live)
+    assert episodes(spans) == episodes(live)
+    assert tokens(spans) == tokens(live)
+
+
+def test_bad_input_gets_a_clear_error_naming_it(tmp_path: Path, capsys: Any) -> None:
+    missing = tmp_path / "nowhere.jsonl"
+    assert main(["import", "nemo-gym", str(missing), "-o", str(tmp_path / "t.jsonl")]) == 2
+    assert str(missing) in capsys.readouterr().err
+    broken = tmp_path / "rollouts.jsonl"
+    broken.write_text('{"_ng_task_index": 0, "reward": 1}\n{not json\n')
+    assert main(["import", "nemo-gym", str(broken), "-o", str(tmp_path / "t.jsonl")]) == 2
+    assert f"{broken}:2" in capsys.readouterr().err
+    assert not (tmp_path / "t.jsonl").exists()  # nothing half-written
+    assert main(["stats", str(tmp_path / "t.jsonl"), "--pass-k", "0"]) == 2
+    assert "--pass-k" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(["import", "csv", str(broken)])
+    assert "invalid choice" in capsys.readouterr().err
