@@ -494,3 +494,62 @@ def test_bad_input_gets_a_clear_error_naming_it(tmp_path: Path, capsys: Any) -> 
     with pytest.raises(SystemExit):
         main(["import", "csv", str(broken)])
     assert "invalid choice" in capsys.readouterr().err
+
+
+def test_a_harbor_job_gives_tasks_rewards_failures_and_phase_times(tmp_path: Path) -> None:
+    pytest.importorskip("atif")
+    # Harbor's trial layout (harbor/models/trial/paths.py) and TrialResult (result.py).
+    job = tmp_path / "job"
+    trajectory = (DATA / "atif" / "terminus-2-hello-world-invalid-json.trajectory.json").read_text()
+    trials = {
+        "hello-world__Ab3": {
+            "verifier_result": {"rewards": {"reward": 1.0}},
+            "verifier": {
+                "started_at": "2026-01-05T10:00:40+00:00",
+                "finished_at": "2026-01-05T10:00:45+00:00",
+            },
+        },
+        "hello-world__Zq9": {
+            "verifier_result": None,
+            "exception_info": {
+                "exception_type": "AgentTimeoutError",
+                "exception_message": "agent ran past 600s",
+                "exception_traceback": "",
+                "occurred_at": "2026-01-05T10:10:00+00:00",
+            },
+        },
+    }
+    for name, fields in trials.items():
+        (job / name / "agent").mkdir(parents=True)
+        (job / name / "agent" / "trajectory.json").write_text(trajectory)
+        result = {
+            "task_name": "hello-world",
+            "trial_name": name,
+            "started_at": "2026-01-05T10:00:00+00:00",
+            "finished_at": "2026-01-05T10:00:50+00:00",
+            "agent_execution": {
+                "started_at": "2026-01-05T10:00:05+00:00",
+                "finished_at": "2026-01-05T10:00:39+00:00",
+            },
+            **fields,
+        }
+        (job / name / "result.json").write_text(json.dumps(result))
+    spans = imported("atif", job, out=tmp_path / "traces.jsonl")
+    assert check_spans(spans) == []
+    outcomes = {o.rollout_id: o for o in final_outcomes(spans)}
+    assert {k: (o.task_id, o.outcome, o.reward) for k, o in outcomes.items()} == {
+        "hello-world__Ab3": ("hello-world", "scored", 1.0),
+        "hello-world__Zq9": ("hello-world", "unscored", None),
+    }
+    failed = next(s for s in kinds(spans, c.KIND_EPISODE) if s.attributes[c.ROLLOUT_ID] == "hello-world__Zq9")
+    assert (
+        failed.attributes[c.FAILURE_KIND] == c.FAILURE_TIMEOUT
+        and failed.attributes[c.ERROR_TYPE] == "AgentTimeoutError"
+    )
+    (verify,) = kinds(spans, c.KIND_VERIFY)
+    assert (verify.start_ns, verify.end_ns) == (1_767_607_240 * 10**9, 1_767_607_245 * 10**9)
+    assert c.TIMING not in verify.attributes
+    invocation = next(
+        s for s in kinds(spans, c.KIND_AGENT_INVOCATION) if s.attributes[c.ROLLOUT_ID] == "hello-world__Ab3"
+    )
+    assert (invocation.start_ns, invocation.end_ns) == (1_767_607_205 * 10**9, 1_767_607_239 * 10**9)
