@@ -142,6 +142,75 @@ def episode(rollout: Node, attempt: int, *, start_ns: int | None = None, end_ns:
     )
 
 
+def invocation(
+    parent: Node,
+    key: str,
+    agent_name: str | None,
+    agent_id: str,
+    *,
+    start_ns: int | None = None,
+    end_ns: int | None = None,
+) -> Node:
+    """An ``invoke_agent {agent}`` span, as ``gymtrace.agent_invocation`` names it."""
+    attributes: dict[str, Any] = {
+        c.KIND: c.KIND_AGENT_INVOCATION,
+        c.GEN_AI_OPERATION_NAME: c.OPERATION_INVOKE_AGENT,
+        c.GEN_AI_AGENT_ID: agent_id,
+    }
+    if agent_name:
+        attributes[c.GEN_AI_AGENT_NAME] = agent_name
+    name = f"{c.OPERATION_INVOKE_AGENT} {agent_name}" if agent_name else c.OPERATION_INVOKE_AGENT
+    return parent.child(name, key, attributes, start_ns=start_ns, end_ns=end_ns)
+
+
+def model_call(
+    parent: Node,
+    key: str,
+    model: str | None,
+    *,
+    provider: str | None = None,
+    input_tokens: int | None = None,
+    output_tokens: int | None = None,
+    cached_input_tokens: int | None = None,
+    start_ns: int | None = None,
+    end_ns: int | None = None,
+) -> Node:
+    """A ``chat {model}`` span with the tokens the record holds, as ``gymtrace.model_call`` names it."""
+    attributes: dict[str, Any] = {c.KIND: c.KIND_MODEL_CALL, c.GEN_AI_OPERATION_NAME: c.OPERATION_CHAT}
+    for name, value in (
+        (c.GEN_AI_REQUEST_MODEL, model),
+        (c.GEN_AI_PROVIDER_NAME, provider),
+        (c.GEN_AI_USAGE_INPUT_TOKENS, input_tokens),
+        (c.GEN_AI_USAGE_OUTPUT_TOKENS, output_tokens),
+        (c.GEN_AI_USAGE_CACHE_READ_INPUT_TOKENS, cached_input_tokens),
+    ):
+        if value is not None and value != "":
+            attributes[name] = value
+    name = f"{c.OPERATION_CHAT} {model}" if model else c.OPERATION_CHAT
+    return parent.child(name, key, attributes, start_ns=start_ns, end_ns=end_ns, span_kind="CLIENT")
+
+
+def tool_call(
+    parent: Node,
+    key: str,
+    tool_name: str | None,
+    call_id: str,
+    *,
+    start_ns: int | None = None,
+    end_ns: int | None = None,
+) -> Node:
+    """An ``execute_tool {tool}`` span, as ``gymtrace.tool_call`` names it."""
+    attributes: dict[str, Any] = {
+        c.KIND: c.KIND_TOOL_CALL,
+        c.GEN_AI_OPERATION_NAME: c.OPERATION_EXECUTE_TOOL,
+        c.GEN_AI_TOOL_CALL_ID: call_id,
+    }
+    if tool_name:
+        attributes[c.GEN_AI_TOOL_NAME] = tool_name
+    name = f"{c.OPERATION_EXECUTE_TOOL} {tool_name}" if tool_name else c.OPERATION_EXECUTE_TOOL
+    return parent.child(name, key, attributes, start_ns=start_ns, end_ns=end_ns)
+
+
 def conclude(rollout: Node, attempts: list[Attempt]) -> None:
     """Write each episode's outcome, the verify span of a scored one, the retry links between
     attempts and the rollout's outcome, exactly as a live rollout writes them."""

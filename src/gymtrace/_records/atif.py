@@ -37,8 +37,11 @@ from gymtrace._records._build import (
     episode,
     file_time_ns,
     finish,
+    invocation,
+    model_call,
     rollout_node,
     run_node,
+    tool_call,
 )
 from gymtrace.integrations.nemo_gym import run_id_for_output
 
@@ -165,22 +168,13 @@ def _rollout(
         _trial_outcome(attempt, trial, result)
     agent = trajectory.agent
     agent_start, agent_end = _phase(trial, "agent_execution")
-    invocation = attempt.node.child(
-        f"{c.OPERATION_INVOKE_AGENT} {agent.name}",
-        "invocation",
-        {
-            c.KIND: c.KIND_AGENT_INVOCATION,
-            c.GEN_AI_OPERATION_NAME: c.OPERATION_INVOKE_AGENT,
-            c.GEN_AI_AGENT_NAME: agent.name,
-            c.GEN_AI_AGENT_ID: rollout_id,
-        },
-        start_ns=agent_start,
-        end_ns=agent_end,
+    agent_node = invocation(
+        attempt.node, "invocation", agent.name, rollout_id, start_ns=agent_start, end_ns=agent_end
     )
     number = 0
     for step in trajectory.steps:
         if step.source != "agent":
-            invocation.events.append(
+            agent_node.events.append(
                 (
                     c.EVENT_RECORD_MESSAGE,
                     _ns(step.timestamp),
@@ -189,7 +183,7 @@ def _rollout(
             )
             continue
         number += 1
-        _step(invocation, number, step, agent.model_name, result)
+        _step(agent_node, number, step, agent.model_name, result)
     if trajectory.subagent_trajectories:
         result.unmapped["atif embedded subagent trajectory"] += len(trajectory.subagent_trajectories)
     conclude(rollout, [attempt])
@@ -219,44 +213,25 @@ def _trial_outcome(attempt: Attempt, trial: Mapping[str, Any], result: Imported)
     attempt.error_type, attempt.message = kind, str(exception.get("exception_message") or "")
 
 
-def _step(invocation: Node, number: int, step: Any, default_model: str | None, result: Imported) -> None:
-    node = invocation.child(
+def _step(agent_node: Node, number: int, step: Any, default_model: str | None, result: Imported) -> None:
+    node = agent_node.child(
         c.SPAN_STEP,
         f"step:{step.step_id}",
         {c.KIND: c.KIND_STEP, c.STEP_NUMBER: number},
         start_ns=_ns(step.timestamp),
     )
-    model = step.model_name or default_model
-    attributes: dict[str, Any] = {c.KIND: c.KIND_MODEL_CALL, c.GEN_AI_OPERATION_NAME: c.OPERATION_CHAT}
-    if model:
-        attributes[c.GEN_AI_REQUEST_MODEL] = model
     metrics = step.metrics
-    if metrics is not None:
-        for value, target in (
-            (metrics.prompt_tokens, c.GEN_AI_USAGE_INPUT_TOKENS),
-            (metrics.completion_tokens, c.GEN_AI_USAGE_OUTPUT_TOKENS),
-            (metrics.cached_tokens, c.GEN_AI_USAGE_CACHE_READ_INPUT_TOKENS),
-        ):
-            if value is not None:
-                attributes[target] = value
-    node.child(
-        f"{c.OPERATION_CHAT} {model}" if model else c.OPERATION_CHAT,
+    model_call(
+        node,
         "model_call",
-        attributes,
+        step.model_name or default_model,
+        input_tokens=metrics.prompt_tokens if metrics is not None else None,
+        output_tokens=metrics.completion_tokens if metrics is not None else None,
+        cached_input_tokens=metrics.cached_tokens if metrics is not None else None,
         start_ns=_ns(step.timestamp),
-        span_kind="CLIENT",
     )
     for call in step.tool_calls or ():
-        node.child(
-            f"{c.OPERATION_EXECUTE_TOOL} {call.function_name}",
-            f"tool:{call.tool_call_id}",
-            {
-                c.KIND: c.KIND_TOOL_CALL,
-                c.GEN_AI_OPERATION_NAME: c.OPERATION_EXECUTE_TOOL,
-                c.GEN_AI_TOOL_NAME: call.function_name,
-                c.GEN_AI_TOOL_CALL_ID: call.tool_call_id,
-            },
-        )
+        tool_call(node, f"tool:{call.tool_call_id}", call.function_name, call.tool_call_id)
     for observed in step.observation.results if step.observation is not None else ():
         if observed.subagent_trajectory_ref:
             result.unmapped["atif subagent trajectory reference"] += len(observed.subagent_trajectory_ref)

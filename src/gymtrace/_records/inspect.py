@@ -24,8 +24,10 @@ from gymtrace._records._build import (
     conclude,
     episode,
     finish,
+    model_call,
     rollout_node,
     run_node,
+    tool_call,
 )
 from gymtrace.integrations.inspect_ai import SampleError, _safe, reward_of
 
@@ -138,40 +140,27 @@ def _events(attempt: Attempt, events: Iterable[Any], result: Imported) -> None:
 
 def _model_call(episode_node: Node, index: int, event: Any) -> None:
     provider, _, model = str(event.model).partition("/")
-    attributes: dict[str, Any] = {
-        c.KIND: c.KIND_MODEL_CALL,
-        c.GEN_AI_OPERATION_NAME: c.OPERATION_CHAT,
-        c.GEN_AI_REQUEST_MODEL: model or provider,
-    }
-    if model:
-        attributes[c.GEN_AI_PROVIDER_NAME] = provider
     usage = getattr(event.output, "usage", None)
-    if usage is not None:
-        attributes[c.GEN_AI_USAGE_INPUT_TOKENS] = usage.input_tokens
-        attributes[c.GEN_AI_USAGE_OUTPUT_TOKENS] = usage.output_tokens
-    node = episode_node.child(
-        f"{c.OPERATION_CHAT} {model or provider}",
+    node = model_call(
+        episode_node,
         f"model_call:{event.uuid or index}",
-        attributes,
+        model or provider,
+        provider=provider if model else None,
+        input_tokens=usage.input_tokens if usage is not None else None,
+        output_tokens=usage.output_tokens if usage is not None else None,
         start_ns=_ns(event.timestamp),
         end_ns=_ns(event.completed),
-        span_kind="CLIENT",
     )
     if event.error:
         node.fail("inspect_ai.ModelError", str(event.error))
 
 
 def _tool_call(episode_node: Node, index: int, event: Any) -> None:
-    attributes: dict[str, Any] = {
-        c.KIND: c.KIND_TOOL_CALL,
-        c.GEN_AI_OPERATION_NAME: c.OPERATION_EXECUTE_TOOL,
-        c.GEN_AI_TOOL_NAME: str(event.function),
-        c.GEN_AI_TOOL_CALL_ID: str(event.id),
-    }
-    node = episode_node.child(
-        f"{c.OPERATION_EXECUTE_TOOL} {event.function}",
+    node = tool_call(
+        episode_node,
         f"tool:{event.id or index}",
-        attributes,
+        str(event.function),
+        str(event.id),
         start_ns=_ns(event.timestamp),
         end_ns=_ns(event.completed),
     )

@@ -34,8 +34,11 @@ from gymtrace._records._build import (
     episode,
     file_time_ns,
     finish,
+    invocation,
+    model_call,
     rollout_node,
     run_node,
+    tool_call,
 )
 from gymtrace._records._build import seconds_to_ns as _ns
 from gymtrace.integrations.nemo_gym import RolloutIdentity, rollout_identity, run_id_for_output
@@ -197,15 +200,13 @@ def _trajectory(
         for t in _items(record, "tool_calls", result)
         if isinstance(t.get("tool_call_id"), str)
     }
-    agent = row.get("agent_ref")
-    agent_name = (
-        agent.get("name") if isinstance(agent, Mapping) and isinstance(agent.get("name"), str) else None
-    )
+    agent_ref = _mapping(row.get("agent_ref"))
+    agent_name = agent_ref.get("name") if isinstance(agent_ref.get("name"), str) else None
     nodes: dict[str, Node] = {}
     tool_nodes: dict[str, Node] = {}
     failed: list[str] = []
 
-    def invocation(inv_id: str, visiting: frozenset[str] = frozenset()) -> Node:
+    def agent(inv_id: str, visiting: frozenset[str] = frozenset()) -> Node:
         if inv_id in nodes:
             return nodes[inv_id]
         inv = invocations[inv_id]
@@ -218,16 +219,8 @@ def _trajectory(
         ):
             parent = tool(spawned_by, visiting | {inv_id})
         elif isinstance(parent_id, str) and parent_id in invocations and parent_id not in visiting | {inv_id}:
-            parent = invocation(parent_id, visiting | {inv_id})
-        name = f"{c.OPERATION_INVOKE_AGENT} {agent_name}" if agent_name else c.OPERATION_INVOKE_AGENT
-        attributes: dict[str, Any] = {
-            c.KIND: c.KIND_AGENT_INVOCATION,
-            c.GEN_AI_OPERATION_NAME: c.OPERATION_INVOKE_AGENT,
-            c.GEN_AI_AGENT_ID: inv_id,
-        }
-        if agent_name:
-            attributes[c.GEN_AI_AGENT_NAME] = agent_name
-        node = nodes[inv_id] = parent.child(name, f"invocation:{inv_id}", attributes)
+            parent = agent(parent_id, visiting | {inv_id})
+        node = nodes[inv_id] = invocation(parent, f"invocation:{inv_id}", agent_name, inv_id)
         if inv.get("status") == "failed":
             error = str(inv.get("error_type") or "failed")
             node.fail(error)
@@ -239,31 +232,18 @@ def _trajectory(
             return tool_nodes[tool_id]
         t = tools[tool_id]
         owner = t.get("invocation_id")
-        parent = (
-            invocation(owner, visiting) if isinstance(owner, str) and owner in invocations else episode_node
-        )
+        parent = agent(owner, visiting) if isinstance(owner, str) and owner in invocations else episode_node
         name = t.get("tool_name") if isinstance(t.get("tool_name"), str) else None
         start, end = _times(t)
-        attributes: dict[str, Any] = {
-            c.KIND: c.KIND_TOOL_CALL,
-            c.GEN_AI_OPERATION_NAME: c.OPERATION_EXECUTE_TOOL,
-            c.GEN_AI_TOOL_CALL_ID: tool_id,
-        }
-        if name:
-            attributes[c.GEN_AI_TOOL_NAME] = name
-        node = tool_nodes[tool_id] = parent.child(
-            f"{c.OPERATION_EXECUTE_TOOL} {name}" if name else c.OPERATION_EXECUTE_TOOL,
-            f"tool:{tool_id}",
-            attributes,
-            start_ns=start,
-            end_ns=end,
+        node = tool_nodes[tool_id] = tool_call(
+            parent, f"tool:{tool_id}", name, tool_id, start_ns=start, end_ns=end
         )
         if t.get("status") in _FAILED_TOOL:
             node.fail(str(t.get("error_type") or t.get("status")))
         return node
 
     for inv_id in invocations:
-        invocation(inv_id)
+        agent(inv_id)
     for tool_id in tools:
         tool(tool_id)
     # Turns and the model calls they reference (by call ID, else response ID).
@@ -289,30 +269,21 @@ def _trajectory(
         meta = _mapping(call.get("response_metadata"))
         owner = next((owner_of_call[k] for k in _ref_keys({**call, **meta}) if k in owner_of_call), None)
         parent = owner or only or episode_node
-        model = meta.get("model") if isinstance(meta.get("model"), str) else None
-        attributes: dict[str, Any] = {c.KIND: c.KIND_MODEL_CALL, c.GEN_AI_OPERATION_NAME: c.OPERATION_CHAT}
-        if model:
-            attributes[c.GEN_AI_REQUEST_MODEL] = model
         stats = _mapping(call.get("token_stats"))
-        for source, target in (
-            ("prompt_tokens", c.GEN_AI_USAGE_INPUT_TOKENS),
-            ("completion_tokens", c.GEN_AI_USAGE_OUTPUT_TOKENS),
-            ("cached_tokens", c.GEN_AI_USAGE_CACHE_READ_INPUT_TOKENS),
-        ):
-            if isinstance(stats.get(source), int):
-                attributes[target] = stats[source]
-        if isinstance(meta.get("finish_reason"), str):
-            attributes[c.GEN_AI_RESPONSE_FINISH_REASONS] = (meta["finish_reason"],)
         start, end = _times(call)
         key = str(call["model_call_id"]) if isinstance(call.get("model_call_id"), str) else str(index)
-        node = parent.child(
-            f"{c.OPERATION_CHAT} {model}" if model else c.OPERATION_CHAT,
+        node = model_call(
+            parent,
             f"model_call:{key}",
-            attributes,
+            meta.get("model") if isinstance(meta.get("model"), str) else None,
+            input_tokens=_count(stats.get("prompt_tokens")),
+            output_tokens=_count(stats.get("completion_tokens")),
+            cached_input_tokens=_count(stats.get("cached_tokens")),
             start_ns=start,
             end_ns=end,
-            span_kind="CLIENT",
         )
+        if isinstance(meta.get("finish_reason"), str):
+            node.attributes[c.GEN_AI_RESPONSE_FINISH_REASONS] = (meta["finish_reason"],)
         if isinstance(meta.get("error_category"), str):
             node.fail(meta["error_category"])
     for gap in _items(record, "gaps", result):
@@ -344,6 +315,10 @@ def _ref_keys(ref: Any) -> list[str]:
     return [
         f"{name}:{ref[name]}" for name in ("model_call_id", "response_id") if isinstance(ref.get(name), str)
     ]
+
+
+def _count(value: Any) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else None
 
 
 def _int(value: Any) -> int:
