@@ -184,6 +184,10 @@ def _rollout(
             continue
         number += 1
         _step(agent_node, number, step, agent.model_name, result)
+    if trajectory.continued_trajectory_ref:
+        # Continued in another file (after context summarisation): that file imports as a rollout
+        # of its own, not as more of this episode.
+        result.unmapped["atif continued_trajectory_ref (the continuation is its own rollout)"] += 1
     if trajectory.subagent_trajectories:
         result.unmapped["atif embedded subagent trajectory"] += len(trajectory.subagent_trajectories)
     conclude(rollout, [attempt])

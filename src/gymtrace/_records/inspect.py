@@ -50,13 +50,14 @@ def _ns(value: Any) -> int | None:
     return None
 
 
-def _logs(paths: Iterable[Path]) -> list[Path]:
-    found: list[Path] = []
+def _logs(paths: Iterable[Path]) -> list[tuple[Path, bool]]:
+    """(log file, whether it was found in a directory rather than named)."""
+    found: list[tuple[Path, bool]] = []
     for path in paths:
         if path.is_dir():
-            found.extend(sorted(p for p in path.iterdir() if p.suffix in (".eval", ".json")))
+            found.extend((p, True) for p in sorted(path.iterdir()) if p.suffix in (".eval", ".json"))
         elif path.exists():
-            found.append(path)
+            found.append((path, False))
         else:
             raise ValueError(f"{path}: no such file or directory")
     return found
@@ -69,8 +70,15 @@ def import_files(paths: Iterable[Path], *, run_id: str | None = None) -> Importe
 
     result = Imported()
     runs: dict[str, tuple[Node, list[Node]]] = {}
-    for path in _logs(paths):
-        log = read_eval_log(str(path))
+    for path, listed in _logs(paths):
+        try:
+            log = read_eval_log(str(path))
+        except Exception as exc:  # Inspect raises many kinds for a file it cannot read
+            if not listed:
+                raise ValueError(f"{path}: not an Inspect eval log ({exc})") from exc
+            # A log directory also holds Inspect's own index files (logs.json): counted, skipped.
+            result.unmapped["inspect file in a log directory that is no eval log"] += 1
+            continue
         rid = run_id or log.eval.run_id
         if rid not in runs:
             runs[rid] = (
