@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import math
 import random
+import re
 from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -112,6 +113,11 @@ class Comparison:
         }
 
 
+def _natural(task_id: str) -> list[str | int]:
+    """Task 2 before task 10: digits compare as numbers (re.split keeps text at even places)."""
+    return [int(part) if i % 2 else part for i, part in enumerate(re.split(r"(\d+)", task_id))]
+
+
 def _sides(outcomes: Sequence[RolloutOutcome]) -> dict[str, Side]:
     repeats: dict[str, int] = defaultdict(int)
     rewards: dict[str, list[float]] = defaultdict(list)
@@ -153,7 +159,7 @@ def compare(
     empty = Side(0, ())
     tasks = tuple(
         TaskDelta(task, sides_a.get(task, empty), sides_b.get(task, empty))
-        for task in sorted(set(sides_a) | set(sides_b))
+        for task in sorted(set(sides_a) | set(sides_b), key=_natural)
     )
     joined = [t for t in tasks if t.delta is not None]
     deltas = [t.delta for t in joined if t.delta is not None]
