@@ -47,7 +47,12 @@ def imported(fmt: str, *files: Path, out: Path, run: str | None = None) -> list[
 @pytest.fixture
 def nemo_gym_output(tmp_path: Path) -> tuple[Path, dict[tuple[int, int], float | None]]:
     """A NeMo Gym output with a failure and a resume pass, and each rollout's final reward as NeMo
-    Gym counts it. (A stack test that runs the real 0.7.0 `gym eval run` can stand in here.)"""
+    Gym counts it.
+
+    A stack test that runs the real 0.7.0 `gym eval run` twice (the second with
+    `+resume_from_cache=true`) can stand in here: return its output path and the rewards of its
+    rollouts.jsonl rows (the failed-only keys as None); `mean/reward` in its
+    `<stem>_aggregate_metrics.json` is then the mean these tests compare `stats` with."""
     out = tmp_path / "results" / "rollouts.jsonl"
     return out, write_nemo_gym_output(out)
 

@@ -1,4 +1,4 @@
-"""The ``gymtrace`` command: ``demo``, ``tree``, ``check``, ``rollouts`` and ``stats``.
+"""The ``gymtrace`` command: ``demo``, ``tree``, ``check``, ``rollouts``, ``stats``, ``import`` and ``compare``.
 
 The only module that prints. ``demo-service`` serves one service of ``demo --distributed``, which
 starts them as processes.
