@@ -130,7 +130,9 @@ def _add_records_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser
         "-o", "--output", metavar="OUT", help=f"OTLP/JSON lines file to append to (default: {DEFAULT_FILE})"
     )
     imp.add_argument(
-        "--endpoint", metavar="URL", help="send over OTLP/HTTP (JSON) instead, e.g. http://127.0.0.1:4318"
+        "--endpoint",
+        metavar="URL",
+        help="send over OTLP/HTTP (JSON), e.g. http://127.0.0.1:4318 (also to OUT if -o)",
     )
     imp.add_argument("--run", metavar="ID", help="the run ID (default: from the records)")
 
@@ -491,12 +493,14 @@ def _import(args: argparse.Namespace) -> int:
         print("gymtrace import: no records found", file=sys.stderr)
         return 1
     resource = {c.RECORD_FORMAT: args.format}
+    targets = []
+    if args.output or not args.endpoint:
+        targets.append(args.output or _default_file())
+        _write.write_file(result.spans, targets[-1], resource)
     if args.endpoint:
+        targets.append(_write.traces_url(args.endpoint))
         _write.send(result.spans, args.endpoint, resource)
-        target = _write.traces_url(args.endpoint)
-    else:
-        target = args.output or _default_file()
-        _write.write_file(result.spans, target, resource)
+    target = " and ".join(targets)
     runs = sorted(
         {str(s.attributes.get(c.RUN_ID)) for s in result.spans if s.attributes.get(c.KIND) == c.KIND_RUN}
     )
