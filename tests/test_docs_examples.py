@@ -51,11 +51,14 @@ def _blocks(page: Path) -> list[Block]:
     blocks: list[Block] = []
     i = 0
     while i < len(lines):
-        if lines[i].startswith("```"):
-            lang = lines[i][3:].strip().split(" ")[0]
-            end = next(j for j in range(i + 1, len(lines)) if lines[j].startswith("```"))
+        if lines[i].lstrip().startswith("```"):
+            # A fence may be indented (inside a list item): its code is, by as much.
+            indent = len(lines[i]) - len(lines[i].lstrip())
+            lang = lines[i].strip()[3:].strip().split(" ")[0]
+            end = next(j for j in range(i + 1, len(lines)) if lines[j].strip().startswith("```"))
+            code = "\n".join(line[indent:] for line in lines[i + 1 : end]) + "\n"
             marked = i > 0 and lines[i - 1].strip() == RUN_MARK
-            blocks.append(Block(page, i + 1, lang, "\n".join(lines[i + 1 : end]) + "\n", marked))
+            blocks.append(Block(page, i + 1, lang, code, marked))
             i = end
         i += 1
     return blocks
