@@ -131,6 +131,7 @@ def test_the_integration_seam_is_pinned() -> None:
         "STEPS_OWNED_ELSEWHERE",
         "STEP_POLICIES",
         "accept_identity",
+        "bind_tracer_provider",
         "chosen_step_parameters",
         "continue_scope",
         "current_identity",
@@ -141,6 +142,7 @@ def test_the_integration_seam_is_pinned() -> None:
         "incoming_identity",
         "innermost_scope",
         "report_error",
+        "rollout_sampled_out",
         "set_identity_aliases",
         "set_identity_fallback",
         "stamp_identity",
@@ -149,6 +151,7 @@ def test_the_integration_seam_is_pinned() -> None:
         "step_policy_inputs",
         "step_statistics_attributes",
         "use_tracer_provider",
+        "warn",
         "warn_once",
         "write_step",
     ]
