@@ -22,7 +22,7 @@ from opentelemetry import trace
 
 from gymtrace import _constants as c
 from gymtrace import _environment as env
-from gymtrace import _lifecycle, _settings
+from gymtrace import _errors, _frame, _lifecycle, _settings, _tracing
 from gymtrace._content import (
     UNCHANGED,
     apply_content_changes,
@@ -170,12 +170,22 @@ _state = _State()
 _GENERATORS: weakref.WeakSet[Any] = weakref.WeakSet()
 
 
-def _reseed_generators_in_child() -> None:
+def _after_fork_in_child() -> None:
+    """A forked child gets new locks for gymtrace's own module state: one a parent's thread held at
+    the fork (an export worker, a thread configuring or logging) would never be released, and the
+    child's first use would hang. And its ID generators are reseeded."""
+    _settings._lock = threading.RLock()
+    _tracing._lock = threading.Lock()
+    _errors._seen_lock = threading.Lock()
+    _frame._counter_lock = threading.Lock()
+    _state.lock = threading.RLock()
+    if _state.stage is not None:
+        _state.stage._lock = threading.Lock()
     for generator in list(_GENERATORS):
         generator.reseed()
 
 
-os.register_at_fork(after_in_child=_reseed_generators_in_child)
+os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 def make_id_generator() -> Any:
@@ -500,9 +510,21 @@ def _flush_at_exit() -> None:
     # Each queue flushes within the GYMTRACE_FLUSH_TIMEOUT it was built with (read once, in
     # _processors); an exit is no time to parse the environment again.
     stage = _state.stage
-    if stage is not None:
-        for processor in stage.processors():
-            processor.force_flush(int(processor.shutdown_timeout * 1000))
+    if stage is None:
+        return
+    late = []
+    for processor in stage.processors():
+        if not processor.force_flush(int(processor.shutdown_timeout * 1000)):
+            late.append(
+                f"{getattr(processor, 'name', type(processor).__name__)} ({processor.shutdown_timeout:g} s)"
+            )
+    if late:
+        # One line for the whole exit: what was still queued is lost with this process.
+        logger.warning(
+            "gymtrace: the exit flush did not finish within GYMTRACE_FLUSH_TIMEOUT: %s; spans still"
+            " queued there are lost",
+            ", ".join(late),
+        )
 
 
 def export_stats() -> list[Any]:
