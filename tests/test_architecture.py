@@ -18,7 +18,7 @@ SRC = Path(__file__).resolve().parent.parent / "src" / "gymtrace"
 # Lowest first. A module may import modules of its own layer or of lower layers, never higher; the
 # whole graph must also be free of cycles. Patterns match dotted names below ``gymtrace``.
 LAYERS: list[tuple[str, list[str]]] = [
-    ("constants", ["_version", "_constants", "_environment", "_exceptions", "attributes"]),
+    ("constants", ["_version", "_constants", "_environment", "_exceptions", "_fastpaths", "attributes"]),
     ("settings and errors", ["_settings", "_errors"]),
     ("values", ["_ids", "_failures", "_tracing", "_trust", "_content", "_content.*", "_content_*"]),
     ("levels", ["_frame", "_levels", "_steps"]),

@@ -26,11 +26,16 @@ from opentelemetry.sdk import trace as sdk_trace
 from opentelemetry.sdk.trace import sampling as sdk_sampling
 from opentelemetry.sdk.util import BoundedList
 from opentelemetry.trace import SpanContext, SpanKind
-from opentelemetry.trace.propagation import _SPAN_KEY
 from opentelemetry.trace.span import DEFAULT_TRACE_STATE
 from opentelemetry.trace.status import Status, StatusCode
 
 from gymtrace import _constants as c
+from gymtrace import _fastpaths
+
+try:  # the key the API stores the current span under (private): a parent read without two calls
+    from opentelemetry.trace.propagation import _SPAN_KEY
+except ImportError:  # an API without it: the SDK's path (make_lean leaves the tracer as it is)
+    _SPAN_KEY = None  # type: ignore[assignment]  # checked before use (_SUPPORTED)
 
 try:
     from opentelemetry.sdk.trace import _tracer_metrics
@@ -154,7 +159,7 @@ class _LeanSpan(_SpanBase):  # type: ignore[misc]
         super()._add_link(link)
 
 
-def _span_fields_present() -> bool:
+def _span_fields_present() -> list[str]:
     probe = sdk_trace.TracerProvider().get_tracer("gymtrace.probe")
     span: Any = probe.start_span("probe")
     span.end()
@@ -182,15 +187,25 @@ def _span_fields_present() -> bool:
         "_record_end_metrics",
     ]
     present = set(vars(span))
+    missing = [f"sdk Span.{name}" for name in wanted if name not in present]
     # Events and links reach the span through these two (see _LeanSpan).
-    hooks = all(callable(getattr(_SpanBase, name, None)) for name in ("_add_event", "_add_link"))
-    return all(name in present for name in wanted) and hasattr(span._attributes, "_dict") and hooks
+    missing += [
+        f"sdk _Span.{name}()"
+        for name in ("_add_event", "_add_link")
+        if not callable(getattr(_SpanBase, name, None))
+    ]
+    if not hasattr(span._attributes, "_dict"):
+        missing.append("BoundedAttributes._dict")
+    if not hasattr(sdk_trace, "_Span"):
+        missing.append("opentelemetry.sdk.trace._Span")
+    return missing
 
 
 try:
-    _SUPPORTED = _span_fields_present()
-except Exception:  # noqa: BLE001 - an SDK we do not know: keep the SDK's path
-    _SUPPORTED = False
+    _MISSING_SPAN_FIELDS = _span_fields_present()
+except Exception as exc:  # noqa: BLE001 - an SDK we do not know: keep the SDK's path
+    _MISSING_SPAN_FIELDS = [f"sdk Span fields ({type(exc).__name__}: {exc})"]
+_SUPPORTED = not _MISSING_SPAN_FIELDS and _SPAN_KEY is not None
 
 
 _RECORD_AND_SAMPLE = sdk_sampling.Decision.RECORD_AND_SAMPLE
@@ -422,6 +437,49 @@ class LeanTracer(sdk_trace.Tracer):
         self.span_processor.on_start(span, parent_context=context)
         lean: trace_api.Span = span
         return lean
+
+
+def _tracer_fields_missing() -> list[str]:
+    tracer = sdk_trace.TracerProvider().get_tracer("gymtrace.probe")
+    return [
+        f"sdk Tracer.{f}"
+        for f in (*_TRACER_FIELDS, "_tracer_metrics", "_is_enabled")
+        if not hasattr(tracer, f)
+    ]
+
+
+def _lean_spans_missing() -> list[str]:
+    """What the lean span path needs that this SDK lacks (empty: it is active)."""
+    missing = list(_MISSING_SPAN_FIELDS)
+    if _SPAN_KEY is None:
+        missing.append("opentelemetry.trace.propagation._SPAN_KEY")
+    missing += _tracer_fields_missing()
+    for known, what in (
+        (_CONTEXT_LAYOUT_KNOWN, "SpanContext tuple layout"),
+        (_ATTRIBUTE_FIELDS_KNOWN, "BoundedAttributes fields"),
+        (_SETITEM_KNOWN, "BoundedAttributes._setitem_locked()"),
+        (_DEFAULT_ON_INTACT, "sampling.DEFAULT_ON delegates (ParentBased._root, ...)"),
+        (_NoOpMetrics is not None, "sdk.trace._tracer_metrics.NoOpTracerMetrics / noop"),
+    ):
+        if not known:
+            missing.append(what)
+    return missing
+
+
+_fastpaths.register(
+    "lean spans",
+    __name__,
+    (
+        "sdk _Span private fields",
+        "Tracer.__class__ swap",
+        "trace.propagation._SPAN_KEY",
+        "BoundedAttributes._dict/_setitem_locked",
+        "sampling.DEFAULT_ON delegates",
+        "_tracer_metrics.noop",
+    ),
+    "the SDK's Tracer.start_span and Span (each missing part alone falls back to the SDK's code)",
+    _lean_spans_missing,
+)
 
 
 def make_lean(tracer: Any, name: str) -> Any:

@@ -7,6 +7,7 @@ that have none. It never replaces a provider the application already set: it add
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
 import os
@@ -22,7 +23,7 @@ from opentelemetry import trace
 
 from gymtrace import _constants as c
 from gymtrace import _environment as env
-from gymtrace import _errors, _frame, _lifecycle, _settings, _tracing
+from gymtrace import _errors, _fastpaths, _frame, _lifecycle, _otlp, _settings, _tracing
 from gymtrace._content import (
     UNCHANGED,
     apply_content_changes,
@@ -525,6 +526,16 @@ def _flush_at_exit() -> None:
             " queued there are lost",
             ", ".join(late),
         )
+
+
+def fast_paths() -> list[Any]:
+    """Every use of private OpenTelemetry names (``_fastpaths.FastPath``), with whether this
+    installation has what it needs: loaded here, since the span and exporter ones need the SDK."""
+    # API only: the SDK's paths are not registered, and nothing uses them.
+    with contextlib.suppress(ImportError):
+        from gymtrace import _leanspan  # noqa: F401 - registers its fast path
+    _otlp.register_fast_paths()
+    return _fastpaths.all_paths()
 
 
 def export_stats() -> list[Any]:

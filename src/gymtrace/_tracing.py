@@ -18,6 +18,7 @@ from opentelemetry import context as otel_context
 from opentelemetry import trace
 
 from gymtrace import _constants as c
+from gymtrace import _fastpaths
 from gymtrace._version import __version__
 
 # (provider, tracer or None): the answer for the provider seen last. Replaced as a whole tuple so
@@ -200,3 +201,22 @@ else:
     current_context = otel_context.get_current
     attach = otel_context.attach
     detach = reset = otel_context.detach
+
+
+_fastpaths.register(
+    "global provider read",
+    __name__,
+    ("opentelemetry.trace._TRACER_PROVIDER",),
+    "trace.get_tracer_provider() on every decorated call (~1 µs while no provider is set)",
+    lambda: [] if hasattr(trace, "_TRACER_PROVIDER") else ["opentelemetry.trace._TRACER_PROVIDER"],
+)
+_fastpaths.register(
+    "context variable",
+    __name__,
+    ("the ContextVar behind otel_context.attach() (Token.var)", "the key set_span_in_context() uses"),
+    "otel_context.get_current/attach/detach and set_span_in_context/set_value (two calls more each)",
+    lambda: (
+        (["contextvars runtime context (Token.var)"] if _CONTEXT_VAR is None else [])
+        + (["set_span_in_context's context key"] if SPAN_CONTEXT_KEY is None else [])
+    ),
+)
