@@ -24,6 +24,7 @@ from opentelemetry import trace as trace_api
 from opentelemetry.attributes import BoundedAttributes
 from opentelemetry.sdk import trace as sdk_trace
 from opentelemetry.sdk.trace import sampling as sdk_sampling
+from opentelemetry.sdk.trace.id_generator import RandomIdGenerator
 from opentelemetry.sdk.util import BoundedList
 from opentelemetry.trace import SpanContext, SpanKind
 from opentelemetry.trace.span import DEFAULT_TRACE_STATE
@@ -216,7 +217,10 @@ _new_tuple = tuple.__new__
 _SAMPLED = int(trace_api.TraceFlags.SAMPLED)
 _TRACE_ID_MAX = 2**128 - 1
 _SPAN_ID_MAX = 2**64 - 1
-_RANDOM = int(trace_api.TraceFlags.RANDOM_TRACE_ID)
+# W3C Trace Context level 2's random-trace-ID flag, which the SDK sets from 1.42 on; the lean path
+# sets it as the SDK does, so without it (an older API) the SDK's own path runs.
+_RANDOM = int(getattr(trace_api.TraceFlags, "RANDOM_TRACE_ID", 0))
+_RANDOM_KNOWN = bool(_RANDOM) and callable(getattr(RandomIdGenerator, "is_trace_id_random", None))
 
 
 def _context_layout_known() -> bool:
@@ -454,6 +458,8 @@ def _lean_spans_missing() -> list[str]:
     if _SPAN_KEY is None:
         missing.append("opentelemetry.trace.propagation._SPAN_KEY")
     missing += _tracer_fields_missing()
+    if not _RANDOM_KNOWN:
+        missing.append("TraceFlags.RANDOM_TRACE_ID / IdGenerator.is_trace_id_random() (1.42+)")
     for known, what in (
         (_CONTEXT_LAYOUT_KNOWN, "SpanContext tuple layout"),
         (_ATTRIBUTE_FIELDS_KNOWN, "BoundedAttributes fields"),
@@ -486,6 +492,7 @@ def make_lean(tracer: Any, name: str) -> Any:
     """gymtrace's own tracer from the provider gymtrace created, made lean if the SDK allows."""
     if (
         _SUPPORTED
+        and _RANDOM_KNOWN
         and name == c.INSTRUMENTATION_NAME
         and type(tracer) is sdk_trace.Tracer
         and all(hasattr(tracer, f) for f in (*_TRACER_FIELDS, "_tracer_metrics", "_is_enabled"))
