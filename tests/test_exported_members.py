@@ -132,6 +132,7 @@ def test_the_integration_seam_is_pinned() -> None:
         "STEP_POLICIES",
         "accept_identity",
         "bind_tracer_provider",
+        "check_tracer_provider",
         "chosen_step_parameters",
         "continue_scope",
         "current_identity",

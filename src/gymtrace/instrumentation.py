@@ -77,6 +77,7 @@ __all__ = [
     "InvalidArgumentError",
     "accept_identity",
     "bind_tracer_provider",
+    "check_tracer_provider",
     "chosen_step_parameters",
     "continue_scope",
     "current_identity",
@@ -189,12 +190,19 @@ def set_identity_aliases(derive: Callable[[Mapping[str, Any]], Mapping[str, Any]
 # -- tracers -------------------------------------------------------------------------------------------
 
 
-def _check_provider(tracer_provider: object, caller: str) -> None:
+def check_tracer_provider(tracer_provider: object, caller: str) -> trace.TracerProvider | None:
+    """``tracer_provider`` as given to ``caller`` (say ``"instrument()"``), or an
+    :class:`InvalidArgumentError` naming the argument when it is neither a ``TracerProvider`` nor
+    ``None``: what every integration that takes ``tracer_provider=`` checks first."""
     if tracer_provider is not None and not isinstance(tracer_provider, trace.TracerProvider):
         raise InvalidArgumentError(
-            f"{caller}: tracer_provider must be an opentelemetry TracerProvider or None,"
+            f"{caller}: argument 'tracer_provider' must be an opentelemetry TracerProvider or None,"
             f" got {tracer_provider!r:.60}"
         )
+    return tracer_provider
+
+
+_check_provider = check_tracer_provider
 
 
 def get_tracer(tracer_provider: trace.TracerProvider | None = None) -> trace.Tracer | None:

@@ -43,7 +43,7 @@ from opentelemetry import context as otel_context
 from opentelemetry import trace
 
 from gymtrace.instrumentation import (
-    InvalidArgumentError,
+    check_tracer_provider,
     continue_scope,
     identity_fallback,
     incoming_identity,
@@ -120,11 +120,7 @@ class GymTraceMiddleware:
     """
 
     def __init__(self, app: _ASGIApp, *, tracer_provider: trace.TracerProvider | None = None) -> None:
-        if tracer_provider is not None and not isinstance(tracer_provider, trace.TracerProvider):
-            raise InvalidArgumentError(
-                "GymTraceMiddleware(): tracer_provider must be an opentelemetry TracerProvider or None,"
-                f" got {tracer_provider!r:.60}"
-            )
+        check_tracer_provider(tracer_provider, "GymTraceMiddleware()")
         self.app = app
         self.tracer_provider = tracer_provider
 

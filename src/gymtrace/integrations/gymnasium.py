@@ -87,8 +87,8 @@ from gymtrace import attributes as c
 from gymtrace.instrumentation import STEP_POLICIES as POLICIES
 from gymtrace.instrumentation import STEPS_OWNED_ELSEWHERE as OWNED_ELSEWHERE
 from gymtrace.instrumentation import (
-    InvalidArgumentError,
     bind_tracer_provider,
+    check_tracer_provider,
     report_error,
     rollout_sampled_out,
     warn_once,
@@ -387,11 +387,7 @@ class TraceEnv(wrapt.ObjectProxy):  # type: ignore[type-arg]  # proxies any envi
             raise ValueError(
                 f"TraceEnv(): argument 'sample_first' must be an int >= 0, got {sample_first!r:.60}"
             )
-        if tracer_provider is not None and not isinstance(tracer_provider, trace.TracerProvider):
-            raise InvalidArgumentError(
-                "TraceEnv(): argument 'tracer_provider' must be an opentelemetry TracerProvider or None,"
-                f" got {tracer_provider!r:.60}"
-            )
+        check_tracer_provider(tracer_provider, "TraceEnv()")
         super().__init__(env)
         # Where this environment's spans go (None: the global provider). Kept out of the arguments
         # a pickle carries: a provider cannot cross one, and the unpickled copy uses the global one.

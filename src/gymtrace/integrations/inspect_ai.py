@@ -48,7 +48,12 @@ from opentelemetry import trace
 
 import gymtrace
 from gymtrace import attributes as c
-from gymtrace.instrumentation import InvalidArgumentError, report_error, use_tracer_provider, warn
+from gymtrace.instrumentation import (
+    check_tracer_provider,
+    report_error,
+    use_tracer_provider,
+    warn,
+)
 
 __all__ = ["SampleError", "instrument", "reward_of"]
 
@@ -354,11 +359,7 @@ def instrument(*, scorer: str | None = None, tracer_provider: trace.TracerProvid
     """
     if scorer is not None and (not isinstance(scorer, str) or not scorer):
         raise TypeError(f"instrument(): argument 'scorer' must be a scorer name, got {scorer!r:.60}")
-    if tracer_provider is not None and not isinstance(tracer_provider, trace.TracerProvider):
-        raise InvalidArgumentError(
-            "instrument(): tracer_provider must be an opentelemetry TracerProvider or None,"
-            f" got {tracer_provider!r:.60}"
-        )
+    check_tracer_provider(tracer_provider, "inspect_ai.instrument()")
     _installed["tracer_provider"] = tracer_provider
     if "tracer" in _installed:
         _installed["tracer"].scorer = scorer

@@ -58,7 +58,7 @@ from opentelemetry import trace
 from gymtrace import ActiveScope, Scope, model_call
 from gymtrace import attributes as c
 from gymtrace.instrumentation import (
-    InvalidArgumentError,
+    check_tracer_provider,
     end_scope,
     get_tracer,
     innermost_scope,
@@ -371,11 +371,7 @@ def instrument(*, tracer_provider: trace.TracerProvider | None = None) -> None:
     Call it before ``OpenAIInstrumentor().instrument()`` if you use both (see the module docs).
     """
     global _instrumented, _tracer_provider
-    if tracer_provider is not None and not isinstance(tracer_provider, trace.TracerProvider):
-        raise InvalidArgumentError(
-            "openai.instrument(): tracer_provider must be an opentelemetry TracerProvider or None,"
-            f" got {tracer_provider!r:.60}"
-        )
+    check_tracer_provider(tracer_provider, "openai.instrument()")
     with _lock:
         _tracer_provider = tracer_provider
         if _instrumented:

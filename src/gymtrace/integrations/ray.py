@@ -53,7 +53,12 @@ from opentelemetry import trace
 
 import gymtrace
 from gymtrace import attributes as c
-from gymtrace.instrumentation import InvalidArgumentError, get_tracer, report_error, warn_once
+from gymtrace.instrumentation import (
+    check_tracer_provider,
+    get_tracer,
+    report_error,
+    warn_once,
+)
 
 __all__ = ["instrument", "worker_file"]
 
@@ -280,11 +285,7 @@ def instrument(
     mode; default: the global provider). A worker process has its own provider, the one it
     configured.
     """
-    if tracer_provider is not None and not isinstance(tracer_provider, trace.TracerProvider):
-        raise InvalidArgumentError(
-            "instrument(): tracer_provider must be an opentelemetry TracerProvider or None,"
-            f" got {tracer_provider!r:.60}"
-        )
+    check_tracer_provider(tracer_provider, "ray.instrument()")
     _state["tracer_provider"] = tracer_provider
     if configuration is not None and not isinstance(configuration, gymtrace.Configuration):
         raise TypeError(
