@@ -152,14 +152,10 @@ def test_server_error_is_recorded_and_raised_unchanged(model_server, instrumente
 def test_with_openai_v2_instrumentation_there_is_one_chat_span_and_tokens_count_once(
     model_server, order, stream
 ):
-    # Installed wherever the dev extra is; its only importable companion (opentelemetry-util-genai
-    # 1.1b0) needs OpenTelemetry 1.43+, so the version matrix's oldest leg has it not.
-    openai_v2 = pytest.importorskip(
-        "opentelemetry.instrumentation.openai_v2", reason="needs OpenTelemetry 1.43+ (the dev extra's pins)"
-    )
+    from opentelemetry.instrumentation.openai_v2 import OpenAIInstrumentor
 
     with gymtrace.testing.capture_spans() as captured:
-        official = openai_v2.OpenAIInstrumentor()
+        official = OpenAIInstrumentor()
         if order == "gymtrace-first":
             gym_openai.instrument()
             official.instrument(tracer_provider=captured.tracer_provider)

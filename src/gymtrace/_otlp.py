@@ -703,7 +703,7 @@ def _http_seams_missing() -> list[str]:
         return (
             []
             if callable(getattr(getattr(probe, "_client", None), "export", None))
-            else ["OTLPSpanExporter._client.export(bytes) (1.40+)"]
+            else ["OTLPSpanExporter._client.export(bytes) (1.45+)"]
         )
     finally:
         probe.shutdown()  # type: ignore[no-untyped-call]  # the SDK leaves it unannotated
@@ -791,7 +791,7 @@ def http_exporter(**kwargs: Any) -> Any:
     """The SDK's OTLP/HTTP span exporter, posting the lean encoder's bytes.
 
     Uses the SDK's HTTP client (its retries, TLS, compression and headers) when it has the
-    ``_client.export(bytes)`` seam of opentelemetry-exporter-otlp-proto-http 1.40+; older
+    ``_client.export(bytes)`` seam of opentelemetry-exporter-otlp-proto-http 1.45+; older
     versions keep their stock encoding.
     """
     from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
