@@ -34,15 +34,17 @@ any release; this module changes only by addition):
   :class:`gymtrace.integrations.asgi.GymTraceMiddleware`); :func:`set_identity_aliases` (extra
   attributes the ``IdentitySpanProcessor`` derives from the identity).
 - **Tracers.** :func:`get_tracer` honours an optional ``tracer_provider`` (default: the one gymtrace
-  scopes use, normally the global one); :func:`use_tracer_provider` sends the gymtrace scopes opened
-  inside it to a given provider, :func:`bind_tracer_provider` those opened in a given context; :func:`start_scope` / :func:`end_scope` run a gymtrace scope by hand
-  on a chosen tracer (for spans whose end is not a block's end: a stream, a hook pair);
-  :func:`rollout_sampled_out` tells whether the sampler drops a rollout before it is opened.
+  scopes use, normally the global one), which :func:`check_tracer_provider` validates;
+  :func:`use_tracer_provider` sends the gymtrace scopes opened inside a block to a given provider,
+  :func:`bind_tracer_provider` those opened in a given context; :func:`start_scope` /
+  :func:`end_scope` run a gymtrace scope by hand on a chosen tracer (for spans whose end is not a
+  block's end: a stream, a hook pair); :func:`rollout_sampled_out` tells whether the sampler drops
+  a rollout before it is opened.
 - **Errors.** :class:`guard` (context manager and decorator) and :func:`report_error` hand
-  gymtrace's own failures to its policy (logged once on the ``gymtrace`` logger and swallowed; raised
-  under pytest and in strict mode); :func:`warn_once` reports a misuse once per key, :func:`warn` something about one
-  datum each time;
-  :class:`InvalidArgumentError` is what a bad argument to an integration raises.
+  gymtrace's own failures to its policy (logged once on the ``gymtrace`` logger and swallowed;
+  raised under pytest and in strict mode); :func:`warn_once` reports a misuse once per key,
+  :func:`warn` something about one datum each time; :class:`InvalidArgumentError` is what a bad
+  argument to an integration raises.
 - **Step aggregation** (what :class:`gymtrace.integrations.gymnasium.TraceEnv` samples steps with):
   :data:`STEP_POLICIES`, :data:`STEPS_OWNED_ELSEWHERE`, :func:`chosen_step_parameters`,
   :func:`step_policy_inputs`, :func:`step_policy_attributes`, :func:`step_statistics_attributes`,
