@@ -85,3 +85,37 @@ def test_openai_chat_spans_go_to_the_provider_instrument_was_handed(
 def test_a_bad_tracer_provider_is_a_clear_error_naming_the_argument(make: Any) -> None:
     with pytest.raises(gymtrace.InvalidArgumentError, match="tracer_provider"):
         make("not a provider")
+
+
+def test_the_asgi_middleware_sends_the_handlers_scopes_to_its_provider(
+    captured: CapturedSpans, own: tuple[TracerProvider, InMemorySpanExporter]
+) -> None:
+    import asyncio
+
+    from gymtrace.integrations.asgi import GymTraceMiddleware
+
+    provider, exporter = own
+    with gymtrace.rollout(rollout_id="r-asgi"), gymtrace.episode():
+        headers = [(k.encode(), v.encode()) for k, v in gymtrace.propagation.inject({}).items()]
+
+    async def app(scope: Any, receive: Any, send: Any) -> None:
+        with gymtrace.step():
+            await send({"type": "http.response.start", "status": 200, "headers": []})
+            await send({"type": "http.response.body", "body": b"ok"})
+
+    sent: list[Any] = []
+
+    async def receive() -> Any:
+        return {"type": "http.request", "body": b"", "more_body": False}
+
+    async def send(message: Any) -> None:
+        sent.append(message)
+
+    scope = {"type": "http", "method": "POST", "path": "/run", "headers": headers}
+    asyncio.run(GymTraceMiddleware(app, tracer_provider=provider)(scope, receive, send))
+    assert [m["type"] for m in sent] == ["http.response.start", "http.response.body"]
+    (step,) = exporter.get_finished_spans()
+    assert step.attributes[c.KIND] == c.KIND_STEP
+    assert step.attributes[c.ROLLOUT_ID] == "r-asgi"
+    # Only the caller's rollout and episode (opened here, before the request) are in the global one.
+    assert sorted(str(s.attributes[c.KIND]) for s in captured.spans) == ["episode", "rollout"]
