@@ -41,7 +41,7 @@ repeats of a task together (a GRPO group)."""
 
 GYMTRACE_FLUSH_TIMEOUT: Final = "GYMTRACE_FLUSH_TIMEOUT"
 """Seconds gymtrace waits to export what is queued when the process ends (normal exit,
-``sys.exit``, an unhandled exception, SIGTERM, a ``multiprocessing`` worker's ``os._exit``). What is still
+``sys.exit``, an unhandled exception, SIGTERM, a ``multiprocessing`` child's exit). What is still
 queued then is counted as dropped and logged. Default ``5``."""
 
 GYMTRACE_TRUST_IDENTITY: Final = "GYMTRACE_TRUST_IDENTITY"

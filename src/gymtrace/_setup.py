@@ -7,6 +7,7 @@ that have none. It never replaces a provider the application already set: it add
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
 import os
@@ -22,7 +23,7 @@ from opentelemetry import trace
 
 from gymtrace import _constants as c
 from gymtrace import _environment as env
-from gymtrace import _lifecycle, _settings
+from gymtrace import _errors, _fastpaths, _frame, _lifecycle, _otlp, _settings, _tracing
 from gymtrace._content import (
     UNCHANGED,
     apply_content_changes,
@@ -170,12 +171,22 @@ _state = _State()
 _GENERATORS: weakref.WeakSet[Any] = weakref.WeakSet()
 
 
-def _reseed_generators_in_child() -> None:
+def _after_fork_in_child() -> None:
+    """A forked child gets new locks for gymtrace's own module state: one a parent's thread held at
+    the fork (an export worker, a thread configuring or logging) would never be released, and the
+    child's first use would hang. And its ID generators are reseeded."""
+    _settings._lock = threading.RLock()
+    _tracing._lock = threading.Lock()
+    _errors._seen_lock = threading.Lock()
+    _frame._counter_lock = threading.Lock()
+    _state.lock = threading.RLock()
+    if _state.stage is not None:
+        _state.stage._lock = threading.Lock()
     for generator in list(_GENERATORS):
         generator.reseed()
 
 
-os.register_at_fork(after_in_child=_reseed_generators_in_child)
+os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 def make_id_generator() -> Any:
@@ -320,7 +331,7 @@ def configure(
             list(settings.unknown_exporters),
         )
     if sampler is None and settings.sample_ratio is not None:
-        from gymtrace.sampling import RolloutSampler  # needs the SDK, imported only when used
+        from gymtrace._sampler import RolloutSampler  # needs the SDK, imported only when used
 
         sampler = RolloutSampler(settings.sample_ratio, by=settings.sample_by)
     key = (
@@ -500,9 +511,31 @@ def _flush_at_exit() -> None:
     # Each queue flushes within the GYMTRACE_FLUSH_TIMEOUT it was built with (read once, in
     # _processors); an exit is no time to parse the environment again.
     stage = _state.stage
-    if stage is not None:
-        for processor in stage.processors():
-            processor.force_flush(int(processor.shutdown_timeout * 1000))
+    if stage is None:
+        return
+    late = []
+    for processor in stage.processors():
+        if not processor.force_flush(int(processor.shutdown_timeout * 1000)):
+            late.append(
+                f"{getattr(processor, 'name', type(processor).__name__)} ({processor.shutdown_timeout:g} s)"
+            )
+    if late:
+        # One line for the whole exit: what was still queued is lost with this process.
+        logger.warning(
+            "gymtrace: the exit flush did not finish within GYMTRACE_FLUSH_TIMEOUT: %s; spans still"
+            " queued there are lost",
+            ", ".join(late),
+        )
+
+
+def fast_paths() -> list[Any]:
+    """Every use of private OpenTelemetry names (``_fastpaths.FastPath``), with whether this
+    installation has what it needs: loaded here, since the span and exporter ones need the SDK."""
+    # API only: the SDK's paths are not registered, and nothing uses them.
+    with contextlib.suppress(ImportError):
+        from gymtrace import _leanspan  # noqa: F401 - registers its fast path
+    _otlp.register_fast_paths()
+    return _fastpaths.all_paths()
 
 
 def export_stats() -> list[Any]:
