@@ -922,6 +922,17 @@ def table(rows: list[tuple[str, str, str, str, bool | None]]) -> None:
         print(f"  {metric:<88} {today:>14} {target:>12} {measured:>18}{mark}")
 
 
+def print_fast_paths() -> None:
+    """Which of gymtrace's uses of private OpenTelemetry names this installation runs (the numbers
+    below hold only with all of them active; CONTRIBUTING.md lists what each is worth)."""
+    from gymtrace._setup import fast_paths
+
+    print("fast paths (private OpenTelemetry names, checked by capability at import)")
+    for path in fast_paths():
+        state = "active" if path.active else f"OFF, missing {', '.join(path.missing)}; runs {path.fallback}"
+        print(f"  {path.name:<44} {path.module:<26} {state}")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="fewer iterations (noisier)")
@@ -941,6 +952,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         f"gymtrace perf  (Python {sys.version.split()[0]}, opentelemetry {opentelemetry.version.__version__},"
         f" CPU time, medians of interleaved rounds)"
     )
+    print_fast_paths()
     rows: list[tuple[str, str, str, str, bool | None]] = []
     if "forms" in only:
         f = forms(args.quick)

@@ -44,7 +44,8 @@ elif then == "fork":
     pid = os.fork()
     if pid == 0:
         loop("child", 300)
-        os._exit(0)  # gymtrace flushes a forked child's spans before os._exit
+        gymtrace.force_flush()  # a bare fork's os._exit runs no hook: flush first (docs)
+        os._exit(0)
     os.waitpid(pid, 0)
 flushed = gymtrace.force_flush()
 print(json.dumps({"moved": moved, "flushed": flushed, "kind": type(queue).__name__,

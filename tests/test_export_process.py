@@ -63,7 +63,8 @@ elif then == "fork":
     pid = os.fork()
     if pid == 0:
         work(3, prefix="child")
-        os._exit(0)  # gymtrace flushes a forked child's spans before os._exit
+        gymtrace.force_flush()  # a bare fork's os._exit runs no hook: flush first (docs)
+        os._exit(0)
     os.waitpid(pid, 0)
     print(json.dumps({"flushed": gymtrace.force_flush(), "stats": [s.__dict__ for s in gymtrace.export_stats()]}))
 elif then == "hang":

@@ -153,12 +153,27 @@ SCENARIOS = {
     """,
     "raw_fork": """
         setup()
+        finished_rollouts("fork-parent")
+        pid = os.fork()
+        if pid == 0:
+            # A bare fork: no multiprocessing exit hooks. A normal exit runs the atexit hooks the
+            # child inherited, which end its open scopes and flush.
+            finished_rollouts("fork-child")
+            gymtrace.rollout(rollout_id="fork-child-open", task_id="t", repeat=0).__enter__()
+            sys.exit(7)
+        _, status = os.waitpid(pid, 0)
+        assert os.waitstatus_to_exitcode(status) == 7, status
+    """,
+    "raw_fork_os_exit": """
+        setup()
         with gymtrace.run(run_id="fork"):
             finished_rollouts("fork-parent")
             pid = os.fork()
             if pid == 0:
+                # The one ending gymtrace cannot see: a bare fork's child leaving through os._exit,
+                # which runs no hook at all. The documented remedy: flush first.
                 finished_rollouts("fork-child")
-                gymtrace.rollout(rollout_id="fork-child-open", task_id="t", repeat=0).__enter__()
+                gymtrace.force_flush()
                 os._exit(7)
             _, status = os.waitpid(pid, 0)
             assert os.waitstatus_to_exitcode(status) == 7, status
@@ -292,12 +307,21 @@ def test_a_multiprocessing_worker_that_configures_itself_exports_before_os_exit(
     assert interrupted(spans) == {"rollout:own-open"}
 
 
-def test_raw_fork_child_calling_os_exit_exports_its_spans(tmp_path: Path) -> None:
+def test_raw_fork_child_exiting_normally_exports_its_spans(tmp_path: Path) -> None:
     code, spans, _ = run_both(tmp_path, "raw_fork")
     assert code == 0
-    rollouts = {s.attributes.get("gym.rollout.id") for s in spans if s.name == "gym.rollout"}
-    assert {"fork-child-0", "fork-child-1", "fork-child-open", "fork-parent-0"} <= rollouts
+    rollouts = Counter(s.attributes.get("gym.rollout.id") for s in spans if s.name == "gym.rollout")
+    assert rollouts == Counter(
+        {"fork-parent-0": 1, "fork-parent-1": 1, "fork-child-0": 1, "fork-child-1": 1, "fork-child-open": 1}
+    )
     assert interrupted(spans) == {"rollout:fork-child-open"}
+
+
+def test_raw_fork_child_that_flushes_before_os_exit_exports_its_spans(tmp_path: Path) -> None:
+    code, spans, _ = run_both(tmp_path, "raw_fork_os_exit")
+    assert code == 0
+    rollouts = {s.attributes.get("gym.rollout.id") for s in spans if s.name == "gym.rollout"}
+    assert {"fork-child-0", "fork-child-1", "fork-parent-0", "fork-parent-1"} <= rollouts
     assert names(spans)["gym.run"] == 1
 
 

@@ -41,7 +41,7 @@ repeats of a task together (a GRPO group)."""
 
 GYMTRACE_FLUSH_TIMEOUT: Final = "GYMTRACE_FLUSH_TIMEOUT"
 """Seconds gymtrace waits to export what is queued when the process ends (normal exit,
-``sys.exit``, an unhandled exception, SIGTERM, a ``multiprocessing`` worker's ``os._exit``). What is still
+``sys.exit``, an unhandled exception, SIGTERM, a ``multiprocessing`` child's exit). What is still
 queued then is counted as dropped and logged. Default ``5``."""
 
 GYMTRACE_TRUST_IDENTITY: Final = "GYMTRACE_TRUST_IDENTITY"
@@ -98,7 +98,7 @@ of the application's process and moves to an encoder process once spans end fast
 second (a simulator tracing every step), if the process may use two CPUs or more; ``thread`` stays
 on the thread; ``process`` uses a child process from the start, fed with plain records through a
 pipe, which takes the export's CPU, and the cost of the export thread itself, off the
-application's process (see the README's "Performance"). Argument: ``configure(encoder=...)``."""
+application's process (see docs/performance.md). Argument: ``configure(encoder=...)``."""
 
 GYMTRACE_ENCODER_CONFIG: Final = "_GYMTRACE_ENCODER_CONFIG"
 """Not a setting: how gymtrace hands its encoder process the exporter to build (JSON, headers

@@ -287,6 +287,11 @@ class BatchExporter:
         self._abandoned = False
         self._finished = self._exported = self._dropped_full = self._dropped_failed = self._retries = 0
         self._pid = os.getpid()
+        # The exporter's own lock, when it has one (the file exporter's), may be held by the
+        # parent's worker mid-export: a child that waited on it would lose its spans at exit.
+        after_fork = getattr(self.exporter, "after_fork_in_child", None)
+        if callable(after_fork):
+            after_fork()
         if not self._shutdown:
             self._start_worker()
 

@@ -49,6 +49,7 @@ from typing import Any
 from opentelemetry.trace.span import DEFAULT_TRACE_STATE
 
 from gymtrace import _environment as env
+from gymtrace import _fastpaths
 from gymtrace._export import BatchExporter, ExportStats, log_totals, remaining_millis
 from gymtrace._export_targets import file_exporter, otlp_exporter
 from gymtrace._otlp import _read, last_object_cache
@@ -145,6 +146,22 @@ def _learn_lean_span() -> None:
 
     _UNSET_STATUS = _leanspan._UNSET_STATUS
     _FAST = _leanspan._LeanSpan if _leanspan._SUPPORTED and _leanspan._CONTEXT_LAYOUT_KNOWN else None
+
+
+def _records_from_fields_missing() -> list[str]:
+    try:
+        from opentelemetry.sdk.trace import ReadableSpan
+        from opentelemetry.trace import SpanContext
+
+        from gymtrace import _leanspan
+    except ImportError:
+        return ["opentelemetry-sdk (not installed)"]
+    missing = (
+        [] if _leanspan._SUPPORTED and _leanspan._CONTEXT_LAYOUT_KNOWN else ["the lean span path (_leanspan)"]
+    )
+    if not _readable_fields_known(ReadableSpan, SpanContext):
+        missing.append(f"ReadableSpan.__init__ fields {', '.join(_READABLE_FIELDS)}")
+    return missing
 
 
 def pipes_available() -> bool:
@@ -898,3 +915,12 @@ def _read_exactly(fd: int, size: int) -> bytes | None:
         chunks.append(chunk)
         size -= len(chunk)
     return b"".join(chunks)
+
+
+_fastpaths.register(
+    "encoder-process records from span fields",
+    __name__,
+    ("sdk _Span fields (as _leanspan checks them)", "ReadableSpan.__init__ fields"),
+    "records built through the span's properties, spans rebuilt through ReadableSpan(...)",
+    _records_from_fields_missing,
+)

@@ -61,6 +61,11 @@ def file_exporter(path: str, line_spans: int = _settings.DEFAULT_MAX_EXPORT_BATC
         def force_flush(self, timeout_millis: int = 30000) -> bool:
             return True
 
+        def after_fork_in_child(self) -> None:
+            # A lock the parent's export worker held at the fork is never released in the child.
+            # The open file stays: appends from both processes land whole (O_APPEND).
+            self._lock = threading.Lock()
+
     return OtlpJsonLinesExporter(path, line_spans)
 
 

@@ -24,13 +24,19 @@ from opentelemetry import trace as trace_api
 from opentelemetry.attributes import BoundedAttributes
 from opentelemetry.sdk import trace as sdk_trace
 from opentelemetry.sdk.trace import sampling as sdk_sampling
+from opentelemetry.sdk.trace.id_generator import RandomIdGenerator
 from opentelemetry.sdk.util import BoundedList
 from opentelemetry.trace import SpanContext, SpanKind
-from opentelemetry.trace.propagation import _SPAN_KEY
 from opentelemetry.trace.span import DEFAULT_TRACE_STATE
 from opentelemetry.trace.status import Status, StatusCode
 
 from gymtrace import _constants as c
+from gymtrace import _fastpaths
+
+try:  # the key the API stores the current span under (private): a parent read without two calls
+    from opentelemetry.trace.propagation import _SPAN_KEY
+except ImportError:  # an API without it: the SDK's path (make_lean leaves the tracer as it is)
+    _SPAN_KEY = None  # type: ignore[assignment]  # checked before use (_SUPPORTED)
 
 try:
     from opentelemetry.sdk.trace import _tracer_metrics
@@ -154,7 +160,7 @@ class _LeanSpan(_SpanBase):  # type: ignore[misc]
         super()._add_link(link)
 
 
-def _span_fields_present() -> bool:
+def _span_fields_present() -> list[str]:
     probe = sdk_trace.TracerProvider().get_tracer("gymtrace.probe")
     span: Any = probe.start_span("probe")
     span.end()
@@ -182,15 +188,25 @@ def _span_fields_present() -> bool:
         "_record_end_metrics",
     ]
     present = set(vars(span))
+    missing = [f"sdk Span.{name}" for name in wanted if name not in present]
     # Events and links reach the span through these two (see _LeanSpan).
-    hooks = all(callable(getattr(_SpanBase, name, None)) for name in ("_add_event", "_add_link"))
-    return all(name in present for name in wanted) and hasattr(span._attributes, "_dict") and hooks
+    missing += [
+        f"sdk _Span.{name}()"
+        for name in ("_add_event", "_add_link")
+        if not callable(getattr(_SpanBase, name, None))
+    ]
+    if not hasattr(span._attributes, "_dict"):
+        missing.append("BoundedAttributes._dict")
+    if not hasattr(sdk_trace, "_Span"):
+        missing.append("opentelemetry.sdk.trace._Span")
+    return missing
 
 
 try:
-    _SUPPORTED = _span_fields_present()
-except Exception:  # noqa: BLE001 - an SDK we do not know: keep the SDK's path
-    _SUPPORTED = False
+    _MISSING_SPAN_FIELDS = _span_fields_present()
+except Exception as exc:  # noqa: BLE001 - an SDK we do not know: keep the SDK's path
+    _MISSING_SPAN_FIELDS = [f"sdk Span fields ({type(exc).__name__}: {exc})"]
+_SUPPORTED = not _MISSING_SPAN_FIELDS and _SPAN_KEY is not None
 
 
 _RECORD_AND_SAMPLE = sdk_sampling.Decision.RECORD_AND_SAMPLE
@@ -201,7 +217,10 @@ _new_tuple = tuple.__new__
 _SAMPLED = int(trace_api.TraceFlags.SAMPLED)
 _TRACE_ID_MAX = 2**128 - 1
 _SPAN_ID_MAX = 2**64 - 1
-_RANDOM = int(trace_api.TraceFlags.RANDOM_TRACE_ID)
+# W3C Trace Context level 2's random-trace-ID flag, which the SDK sets from 1.42 on; the lean path
+# sets it as the SDK does, so without it (an older API) the SDK's own path runs.
+_RANDOM = int(getattr(trace_api.TraceFlags, "RANDOM_TRACE_ID", 0))
+_RANDOM_KNOWN = bool(_RANDOM) and callable(getattr(RandomIdGenerator, "is_trace_id_random", None))
 
 
 def _context_layout_known() -> bool:
@@ -424,10 +443,56 @@ class LeanTracer(sdk_trace.Tracer):
         return lean
 
 
+def _tracer_fields_missing() -> list[str]:
+    tracer = sdk_trace.TracerProvider().get_tracer("gymtrace.probe")
+    return [
+        f"sdk Tracer.{f}"
+        for f in (*_TRACER_FIELDS, "_tracer_metrics", "_is_enabled")
+        if not hasattr(tracer, f)
+    ]
+
+
+def _lean_spans_missing() -> list[str]:
+    """What the lean span path needs that this SDK lacks (empty: it is active)."""
+    missing = list(_MISSING_SPAN_FIELDS)
+    if _SPAN_KEY is None:
+        missing.append("opentelemetry.trace.propagation._SPAN_KEY")
+    missing += _tracer_fields_missing()
+    if not _RANDOM_KNOWN:
+        missing.append("TraceFlags.RANDOM_TRACE_ID / IdGenerator.is_trace_id_random() (1.42+)")
+    for known, what in (
+        (_CONTEXT_LAYOUT_KNOWN, "SpanContext tuple layout"),
+        (_ATTRIBUTE_FIELDS_KNOWN, "BoundedAttributes fields"),
+        (_SETITEM_KNOWN, "BoundedAttributes._setitem_locked()"),
+        (_DEFAULT_ON_INTACT, "sampling.DEFAULT_ON delegates (ParentBased._root, ...)"),
+        (_NoOpMetrics is not None, "sdk.trace._tracer_metrics.NoOpTracerMetrics / noop"),
+    ):
+        if not known:
+            missing.append(what)
+    return missing
+
+
+_fastpaths.register(
+    "lean spans",
+    __name__,
+    (
+        "sdk _Span private fields",
+        "Tracer.__class__ swap",
+        "trace.propagation._SPAN_KEY",
+        "BoundedAttributes._dict/_setitem_locked",
+        "sampling.DEFAULT_ON delegates",
+        "_tracer_metrics.noop",
+    ),
+    "the SDK's Tracer.start_span and Span (each missing part alone falls back to the SDK's code)",
+    _lean_spans_missing,
+)
+
+
 def make_lean(tracer: Any, name: str) -> Any:
     """gymtrace's own tracer from the provider gymtrace created, made lean if the SDK allows."""
     if (
         _SUPPORTED
+        and _RANDOM_KNOWN
         and name == c.INSTRUMENTATION_NAME
         and type(tracer) is sdk_trace.Tracer
         and all(hasattr(tracer, f) for f in (*_TRACER_FIELDS, "_tracer_metrics", "_is_enabled"))

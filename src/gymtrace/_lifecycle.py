@@ -11,10 +11,18 @@ Installed by ``configure()`` when gymtrace owns the TracerProvider:
   SIGTERM as the default would; with one installed before ``configure()``, it flushes what has
   finished and runs that handler, which decides (a stop flag keeps the spans open; ``sys.exit``
   unwinds them, and exit ends the rest as interrupted);
-- **a worker leaving through ``os._exit``**, which skips ``atexit``: ``multiprocessing`` children
-  started by ``fork`` or ``forkserver`` always do. In a child forked after ``configure()``, and in
-  any ``multiprocessing`` child that calls ``configure()`` itself, ``os._exit`` flushes first.
-  Elsewhere ``os._exit`` keeps its meaning: leave now, as a crash would.
+- **a ``multiprocessing`` child leaving through ``os._exit``** (children started by ``fork`` or
+  ``forkserver`` always do, which skips ``atexit``): ``Process._bootstrap`` runs
+  ``multiprocessing.util._exit_function`` first, which runs the finalizers registered with
+  ``multiprocessing.util.Finalize``. A child forked after ``configure()`` registers one through
+  ``multiprocessing.util.register_after_fork``; a child that calls ``configure()`` itself registers
+  it then. It ends the child's open scopes as interrupted and flushes, bounded by
+  ``GYMTRACE_FLUSH_TIMEOUT``.
+
+Nothing of the standard library is replaced: ``os._exit`` keeps its meaning everywhere (leave now,
+as a crash would). The one ending that cannot be covered is a process that calls ``os._exit``
+itself, outside ``multiprocessing`` (a bare ``os.fork()`` child, say): call
+``gymtrace.force_flush()`` before it.
 """
 
 from __future__ import annotations
@@ -22,12 +30,13 @@ from __future__ import annotations
 import atexit
 import logging
 import multiprocessing
+import multiprocessing.util
 import os
 import signal
 import threading
 from collections.abc import Callable
 from types import FrameType
-from typing import Any, NoReturn
+from typing import Any
 
 from gymtrace._scope import end_open_scopes, forget_open_scopes
 
@@ -36,7 +45,11 @@ logger = logging.getLogger("gymtrace")
 _installed = False
 _flush: Callable[[], None] = lambda: None  # noqa: E731 - replaced by install()
 _previous_sigterm: Any = signal.SIG_DFL
-_real_os_exit = os._exit
+# Handed to multiprocessing.util.register_after_fork, which keeps a weak reference to its object.
+_after_fork_owner = type("_AfterForkOwner", (), {})()
+# The order in which multiprocessing's exit function runs finalizers, highest first: gymtrace's goes
+# last, after the application's own finalizers, which may still end spans.
+_EXIT_PRIORITY = -100
 
 
 def install(flush: Callable[[], None]) -> None:
@@ -47,11 +60,18 @@ def install(flush: Callable[[], None]) -> None:
         return
     _installed = True
     atexit.register(_at_exit)
-    os.register_at_fork(after_in_child=_in_forked_child)
+    # Resets gymtrace's own state only (the scopes open at the fork are the parent's).
+    os.register_at_fork(after_in_child=forget_open_scopes)
+    # Runs in a multiprocessing child after Process._bootstrap cleared the finalizers it inherited.
+    multiprocessing.util.register_after_fork(_after_fork_owner, _in_multiprocessing_child)
     if multiprocessing.parent_process() is not None:
         # A multiprocessing child that configured gymtrace itself (a forkserver worker, or one
         # forked from a parent that did not configure it): its normal exit is os._exit.
-        _flush_at_os_exit()
+        _flush_at_multiprocessing_exit()
+    # SIGTERM (what cluster schedulers send) skips atexit, so without a handler every finished span
+    # still queued is lost. The handler chains: one the application installed before configure()
+    # runs after the flush and decides what SIGTERM means; without one, gymtrace does the default
+    # (dies of SIGTERM) after flushing; one installed later simply replaces gymtrace's.
     if threading.current_thread() is threading.main_thread():
         previous = signal.getsignal(signal.SIGTERM)
         if previous is not signal.SIG_IGN and previous is not _on_sigterm:
@@ -99,18 +119,13 @@ def _on_sigterm(signum: int, frame: FrameType | None) -> None:
     os.kill(os.getpid(), signal.SIGTERM)
 
 
-def _in_forked_child() -> None:
-    # The scopes open at the fork (the run, the rollout that forked) are the parent's: it ends and
-    # exports them. Ended here too, at os._exit or exit, each would be exported a second time with
-    # the same span ID, marked interrupted (tests/test_process_endings.py, fork scenarios).
-    forget_open_scopes()
-    _flush_at_os_exit()
+def _in_multiprocessing_child(_: object) -> None:
+    _flush_at_multiprocessing_exit()
 
 
-def _flushing_exit(status: int) -> NoReturn:
-    _end_and_flush("os._exit in a worker process")
-    _real_os_exit(status)
-
-
-def _flush_at_os_exit() -> None:
-    os._exit = _flushing_exit
+def _flush_at_multiprocessing_exit() -> None:
+    # Process._bootstrap calls multiprocessing.util._exit_function, which runs this, before the
+    # os._exit that ends every fork and forkserver child (CPython 3.10 to 3.13 alike).
+    multiprocessing.util.Finalize(
+        None, _end_and_flush, args=("multiprocessing child exit",), exitpriority=_EXIT_PRIORITY
+    )

@@ -8,6 +8,7 @@ that have none. It never replaces a provider the application already set: it add
 from __future__ import annotations
 
 import atexit
+import contextlib
 import functools
 import json
 import logging
@@ -26,7 +27,7 @@ from opentelemetry import trace
 
 from gymtrace import _constants as c
 from gymtrace import _environment as env
-from gymtrace import _levels, _lifecycle, _live, _settings, _tracing
+from gymtrace import _errors, _fastpaths, _frame, _levels, _lifecycle, _live, _otlp, _settings, _tracing
 from gymtrace._content import (
     UNCHANGED,
     apply_content_changes,
@@ -178,12 +179,22 @@ _state = _State()
 _GENERATORS: weakref.WeakSet[Any] = weakref.WeakSet()
 
 
-def _reseed_generators_in_child() -> None:
+def _after_fork_in_child() -> None:
+    """A forked child gets new locks for gymtrace's own module state: one a parent's thread held at
+    the fork (an export worker, a thread configuring or logging) would never be released, and the
+    child's first use would hang. And its ID generators are reseeded."""
+    _settings._lock = threading.RLock()
+    _tracing._lock = threading.Lock()
+    _errors._seen_lock = threading.Lock()
+    _frame._counter_lock = threading.Lock()
+    _state.lock = threading.RLock()
+    if _state.stage is not None:
+        _state.stage._lock = threading.Lock()
     for generator in list(_GENERATORS):
         generator.reseed()
 
 
-os.register_at_fork(after_in_child=_reseed_generators_in_child)
+os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 def make_id_generator() -> Any:
@@ -267,7 +278,7 @@ def configure(
     ``trust_identity`` (``all``, ``none``, ``signed``; ``GYMTRACE_TRUST_IDENTITY``),
     ``identity_secret`` (``GYMTRACE_IDENTITY_SECRET``) and ``baggage_allow``
     (``GYMTRACE_BAGGAGE_ALLOW``) set which incoming gym identity is believed and which application
-    baggage is forwarded; see the README's "Trusting incoming identity".
+    baggage is forwarded; see docs/distributed.md, "Trusting incoming identity".
     ``step_policy`` (``GYMTRACE_STEP_POLICY``) says what a ``gymtrace.step`` records: ``"all"``
     (default, every step a span: an LLM agent loop) or ``"aggregate"`` (a simulator: step count and
     duration statistics on the owner's span, a bounded sample of steps as spans), or a
@@ -275,8 +286,8 @@ def configure(
     ``encoder`` (``GYMTRACE_ENCODER``) says where the OTLP and file exporters encode and send:
     ``"auto"`` (default: a thread of this process, moving to an encoder process once spans end
     faster than ~5,000 a second when the process may use two CPUs or more), ``"thread"`` (always
-    the thread) or ``"process"`` (a child process fed with plain records from the start; see the
-    README's "Performance").
+    the thread) or ``"process"`` (a child process fed with plain records from the start; see
+    docs/performance.md).
     ``heartbeat`` (``GYMTRACE_HEARTBEAT``, seconds, default 10; ``0`` off) is the interval of the
     live markers of open rollouts that ``gymtrace live`` reads; ``step_metrics``
     (``GYMTRACE_STEP_METRICS``) adds the ``gym.step.duration`` histogram to the rollout and episode
@@ -352,7 +363,7 @@ def configure(
             list(settings.unknown_exporters),
         )
     if sampler is None and settings.sample_ratio is not None:
-        from gymtrace.sampling import RolloutSampler  # needs the SDK, imported only when used
+        from gymtrace._sampler import RolloutSampler  # needs the SDK, imported only when used
 
         sampler = RolloutSampler(settings.sample_ratio, by=settings.sample_by)
     key = (
@@ -658,11 +669,32 @@ def _flush_at_exit() -> None:
     # _processors); an exit is no time to parse the environment again.
     stage = _state.stage
     if stage is not None:
+        late = []
         for processor in stage.processors():
-            processor.force_flush(int(processor.shutdown_timeout * 1000))
+            if not processor.force_flush(int(processor.shutdown_timeout * 1000)):
+                late.append(
+                    f"{getattr(processor, 'name', type(processor).__name__)} ({processor.shutdown_timeout:g} s)"
+                )
+        if late:
+            # One line for the whole exit: what was still queued is lost with this process.
+            logger.warning(
+                "gymtrace: the exit flush did not finish within GYMTRACE_FLUSH_TIMEOUT: %s; spans still"
+                " queued there are lost",
+                ", ".join(late),
+            )
     _live.flush_metrics()
     if _state.meter_provider is not None:
         _state.meter_provider.force_flush(int(_settings.active.flush_timeout * 1000))
+
+
+def fast_paths() -> list[Any]:
+    """Every use of private OpenTelemetry names (``_fastpaths.FastPath``), with whether this
+    installation has what it needs: loaded here, since the span and exporter ones need the SDK."""
+    # API only: the SDK's paths are not registered, and nothing uses them.
+    with contextlib.suppress(ImportError):
+        from gymtrace import _leanspan  # noqa: F401 - registers its fast path
+    _otlp.register_fast_paths()
+    return _fastpaths.all_paths()
 
 
 def export_stats() -> list[Any]:

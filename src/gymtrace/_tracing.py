@@ -18,6 +18,7 @@ from opentelemetry import context as otel_context
 from opentelemetry import trace
 
 from gymtrace import _constants as c
+from gymtrace import _fastpaths
 from gymtrace._version import __version__
 
 # (provider, tracer or None): the answer for the provider seen last. Replaced as a whole tuple so
@@ -55,8 +56,23 @@ def inherit_parent_settings() -> bool:
     return hook() if hook is not None else False
 
 
+# A provider an integration was handed (``tracer_provider=``), in force in this context only: set by
+# gymtrace.instrumentation.use_tracer_provider around the integration's work. Read only once some
+# integration was handed one, so the hot path of everyone else pays one global read.
+_contextual: contextvars.ContextVar[trace.TracerProvider | None] = contextvars.ContextVar(
+    "gymtrace.tracer_provider", default=None
+)
+_contextual_in_use = False
+# Tracers of the providers integrations were handed, by provider (few: one per instrument() call).
+_contextual_tracers: dict[int, tuple[trace.TracerProvider, trace.Tracer | None]] = {}
+
+
 def active_tracer() -> trace.Tracer | None:
     provider: trace.TracerProvider | None
+    if _contextual_in_use:
+        given = _contextual.get()
+        if given is not None:
+            return tracer_for(given)
     if _overrides:
         provider = _overrides[-1]
     elif _GLOBAL_PROVIDER_READABLE:
@@ -87,6 +103,33 @@ def _refresh(provider: trace.TracerProvider) -> trace.Tracer | None:
     with _lock:
         _cache = (provider, tracer)
     return tracer
+
+
+def tracer_for(provider: trace.TracerProvider) -> trace.Tracer | None:
+    """gymtrace's tracer from ``provider``; None when it records nothing (a no-op or proxy provider,
+    or the SDK disabled). Cached per provider."""
+    entry = _contextual_tracers.get(id(provider))
+    if entry is not None and entry[0] is provider:
+        return entry[1]
+    tracer: trace.Tracer | None = None
+    if not isinstance(provider, (trace.ProxyTracerProvider, trace.NoOpTracerProvider)):
+        tracer = provider.get_tracer(c.INSTRUMENTATION_NAME, __version__)
+        if isinstance(tracer, trace.NoOpTracer):
+            tracer = None
+    with _lock:
+        _contextual_tracers[id(provider)] = (provider, tracer)
+    return tracer
+
+
+def set_contextual_provider(provider: trace.TracerProvider | None) -> contextvars.Token[Any]:
+    """Make ``provider`` the one gymtrace scopes opened in this context go to; the token resets it."""
+    global _contextual_in_use
+    _contextual_in_use = True
+    return _contextual.set(provider)
+
+
+def reset_contextual_provider(token: contextvars.Token[Any]) -> None:
+    _contextual.reset(token)
 
 
 def push_provider(provider: trace.TracerProvider) -> None:
@@ -175,3 +218,22 @@ else:
     current_context = otel_context.get_current
     attach = otel_context.attach
     detach = reset = otel_context.detach
+
+
+_fastpaths.register(
+    "global provider read",
+    __name__,
+    ("opentelemetry.trace._TRACER_PROVIDER",),
+    "trace.get_tracer_provider() on every decorated call (~1 µs while no provider is set)",
+    lambda: [] if hasattr(trace, "_TRACER_PROVIDER") else ["opentelemetry.trace._TRACER_PROVIDER"],
+)
+_fastpaths.register(
+    "context variable",
+    __name__,
+    ("the ContextVar behind otel_context.attach() (Token.var)", "the key set_span_in_context() uses"),
+    "otel_context.get_current/attach/detach and set_span_in_context/set_value (two calls more each)",
+    lambda: (
+        (["contextvars runtime context (Token.var)"] if _CONTEXT_VAR is None else [])
+        + (["set_span_in_context's context key"] if SPAN_CONTEXT_KEY is None else [])
+    ),
+)

@@ -2,8 +2,14 @@
 
 from __future__ import annotations
 
+import sys
 from collections.abc import AsyncIterator, Iterator
-from typing import assert_type
+
+# typing.assert_type is new in Python 3.11; the version matrix runs this check on 3.10 too.
+if sys.version_info >= (3, 11):
+    from typing import assert_type
+else:
+    from typing_extensions import assert_type
 
 import gymtrace
 

@@ -45,7 +45,6 @@ import contextlib
 import contextvars
 import functools
 import inspect
-import logging
 import os
 import threading
 from collections.abc import Callable
@@ -53,18 +52,22 @@ from pathlib import Path
 from typing import Any
 
 import wrapt
+from opentelemetry import trace
 
 import gymtrace
-from gymtrace import _constants as c
+from gymtrace import attributes as c
+from gymtrace.instrumentation import (
+    check_tracer_provider,
+    get_tracer,
+    report_error,
+    warn_once,
+)
 
 __all__ = ["instrument", "worker_file"]
-
-logger = logging.getLogger("gymtrace")
 
 PARAMETER = "_gymtrace"
 _state: dict[str, Any] = {}
 _lock = threading.Lock()
-_warned: set[str] = set()
 
 
 def worker_file(path: str | os.PathLike[str], pid: int | None = None) -> str:
@@ -121,9 +124,7 @@ def _signature_with_parameter(function: Callable[..., Any]) -> inspect.Signature
 
 
 def _warn_once(key: str, message: str) -> None:
-    if key not in _warned:
-        _warned.add(key)
-        logger.warning("gymtrace: %s", message)
+    warn_once(("gymtrace.integrations.ray", key), message)
 
 
 def _with_payload(args: Any, kwargs: Any, payload: dict[str, Any]) -> tuple[Any, Any]:
@@ -142,8 +143,8 @@ def _remote_function(wrapped: Any, instance: Any, args: Any, kwargs: Any) -> Any
         payload = _prepare_function(instance)
         if payload is not None:
             args, kwargs = _with_payload(args, kwargs, payload)
-    except Exception as exc:
-        logger.warning("gymtrace: internal error preparing a Ray task", exc_info=exc)
+    except Exception as exc:  # noqa: BLE001 - telemetry must not break the call
+        report_error("gymtrace.integrations.ray preparing a task", exc)
     return wrapped(*args, **kwargs)
 
 
@@ -263,8 +264,8 @@ def _traced(function: Callable[..., Any], name: str) -> Callable[..., Any]:
 def _actor_creation(wrapped: Any, instance: Any, args: Any, kwargs: Any) -> Any:
     try:
         _prepare_actor_class(instance)
-    except Exception as exc:
-        logger.warning("gymtrace: internal error preparing a Ray actor class", exc_info=exc)
+    except Exception as exc:  # noqa: BLE001 - telemetry must not break the call
+        report_error("gymtrace.integrations.ray preparing an actor class", exc)
     return wrapped(*args, **kwargs)
 
 
@@ -302,12 +303,16 @@ def _actor_method(wrapped: Any, instance: Any, args: Any, kwargs: Any) -> Any:
             payload = _payload()
             if payload is not None:
                 args, kwargs = _with_payload(args, kwargs, payload)
-    except Exception as exc:
-        logger.warning("gymtrace: internal error preparing a Ray actor call", exc_info=exc)
+    except Exception as exc:  # noqa: BLE001 - telemetry must not break the call
+        report_error("gymtrace.integrations.ray preparing an actor call", exc)
     return wrapped(*args, **kwargs)
 
 
-def instrument(configuration: gymtrace.Configuration | None = None) -> None:
+def instrument(
+    configuration: gymtrace.Configuration | None = None,
+    *,
+    tracer_provider: trace.TracerProvider | None = None,
+) -> None:
     """Carry gym scopes into Ray tasks and actor methods (idempotent; ``ray`` may be imported and
     initialised before or after).
 
@@ -315,7 +320,13 @@ def instrument(configuration: gymtrace.Configuration | None = None) -> None:
     gymtrace alike. Without it, the driver's configuration at the time of each call is used
     (:func:`gymtrace.get_configuration`), and workers of an unconfigured driver configure from the
     environment they inherited.
+
+    ``tracer_provider``: where the ``ray.task`` spans of tasks run in this process go (Ray's local
+    mode; default: the global provider). A worker process has its own provider, the one it
+    configured.
     """
+    check_tracer_provider(tracer_provider, "ray.instrument()")
+    _state["tracer_provider"] = tracer_provider
     if configuration is not None and not isinstance(configuration, gymtrace.Configuration):
         raise TypeError(
             "instrument(): argument 'configuration' must be what gymtrace.configure() returned,"
@@ -413,8 +424,6 @@ class _Execution:
     def __enter__(self) -> None:
         try:
             _ensure_configured(self._payload.get("settings") or {}, self._payload.get("pid"))
-            from opentelemetry import trace
-
             self._attach = gymtrace.propagation.attach(self._payload.get("headers") or {})
             self._attach.__enter__()
             attempt = _attempt_number()
@@ -424,7 +433,9 @@ class _Execution:
                 attributes[c.RAY_TASK_ID] = task_id
             if attempt is not None:
                 attributes[c.RAY_TASK_ATTEMPT] = attempt
-            tracer = trace.get_tracer(c.INSTRUMENTATION_NAME)
+            tracer = get_tracer(_state.get("tracer_provider"))
+            if tracer is None:
+                return  # tracing is off here
             self._span_cm = tracer.start_as_current_span(
                 f"{c.SPAN_RAY_TASK} {self._name}", kind=trace.SpanKind.CONSUMER, attributes=attributes
             )
@@ -438,8 +449,8 @@ class _Execution:
                         " (its worker died, or it raised and retry_exceptions is on)",
                     },
                 )
-        except Exception as exc:
-            logger.warning("gymtrace: internal error entering a Ray task", exc_info=exc)
+        except Exception as exc:  # noqa: BLE001 - telemetry must not break the task
+            report_error("gymtrace.integrations.ray entering a task", exc)
 
     def exit_in(self, context: contextvars.Context, error: BaseException | None) -> None:
         context.run(self.__exit__, type(error) if error else None, error, None)
@@ -452,5 +463,5 @@ class _Execution:
                 self._attach.__exit__(exc_type, exc, tb)
             # Ray reuses workers and kills idle ones without exit handlers: flush each call.
             gymtrace.force_flush()
-        except Exception as error:
-            logger.warning("gymtrace: internal error ending a Ray task", exc_info=error)
+        except Exception as error:  # noqa: BLE001 - telemetry must not break the task
+            report_error("gymtrace.integrations.ray ending a task", error, may_raise=exc is None)

@@ -1,0 +1,144 @@
+"""Forked children without process-wide patching: ``os._exit`` stays the standard library's, and a
+child's spans still arrive through multiprocessing's own exit hooks, with gymtrace's locks new in
+the child. Real ``fork`` children, real files, real sockets."""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+from pathlib import Path
+
+from child_process import run_python
+from gymtrace._spandata import read_otlp_json_lines
+
+
+def _rollouts(path: Path) -> Counter[str]:
+    spans = read_otlp_json_lines(path) if path.exists() else []
+    return Counter(str(s.attributes.get("gym.rollout.id")) for s in spans if s.name == "gym.rollout")
+
+
+def test_os_exit_is_the_standard_librarys_after_configure_and_in_forked_children(tmp_path: Path) -> None:
+    traces = tmp_path / "traces.jsonl"
+    result = run_python(
+        code=f"""
+        import multiprocessing, os, posix, signal, sys, warnings
+        import gymtrace
+
+        # Python 3.12+ warns on every fork of a process with threads (gymtrace's export worker is
+        # one); what this test reads on stderr is anything gymtrace itself says.
+        warnings.filterwarnings("ignore", ".*multi-threaded.*fork", DeprecationWarning)
+
+        def same():
+            return os._exit is posix._exit
+
+        def child(queue):
+            queue.put(("multiprocessing child", same()))
+            with gymtrace.rollout(rollout_id="mp-child", task_id="t"):
+                pass
+
+        gymtrace.configure(service_name="forks", file={str(traces)!r})
+        print("after configure", same())
+        queue = multiprocessing.get_context("fork").SimpleQueue()
+        p = multiprocessing.get_context("fork").Process(target=child, args=(queue,))
+        p.start()
+        p.join(30)
+        print(*queue.get())
+        print("multiprocessing exit code", p.exitcode)
+        pid = os.fork()
+        if pid == 0:
+            os.write(1, f"bare fork child {{same()}}\\n".encode())
+            os._exit(0)
+        os.waitpid(pid, 0)
+        print("after the fork", same())
+        """,
+        check=True,
+        timeout=120,
+    )
+    lines = result.stdout.splitlines()
+    assert "after configure True" in lines
+    assert "multiprocessing child True" in lines
+    assert "bare fork child True" in lines
+    assert "after the fork True" in lines
+    assert "multiprocessing exit code 0" in lines
+    # Without any patching, the multiprocessing child's span still arrived (its exit is os._exit).
+    assert _rollouts(traces) == Counter({"mp-child": 1})
+    assert result.stderr == ""
+
+
+def test_a_child_forked_while_the_file_exporter_writes_exits_at_once_with_its_spans(tmp_path: Path) -> None:
+    # The file exporter's lock held by the parent's export worker at the fork used to stay held in
+    # the child forever: its exit flush waited out GYMTRACE_FLUSH_TIMEOUT (5 s) and lost its spans.
+    # Here the parent holds that lock itself across the fork, which is the same state, every time.
+    traces = tmp_path / "traces.jsonl"
+    result = run_python(
+        code=f"""
+        import multiprocessing, time
+        import gymtrace
+        from gymtrace import _setup
+
+        def child():
+            for i in range(3):
+                with gymtrace.rollout(rollout_id=f"child-{{i}}", task_id="t"):
+                    pass
+
+        gymtrace.configure(service_name="forks", file={str(traces)!r})
+        for i in range(1500):
+            with gymtrace.rollout(rollout_id=f"parent-{{i}}", task_id="t"):
+                pass
+        gymtrace.force_flush()
+        [queue] = _setup._state.stage.processors()
+        exporter = getattr(queue, "exporter", None) or queue._queue.exporter
+        with exporter._lock:
+            p = multiprocessing.get_context("fork").Process(target=child)
+            started = time.monotonic()
+            p.start()
+        p.join(30)
+        print("child exit", p.exitcode, round(time.monotonic() - started, 2))
+        """,
+        env={"GYMTRACE_FLUSH_TIMEOUT": "5", "GYMTRACE_ENCODER": "thread"},
+        check=True,
+        timeout=120,
+    )
+    [line] = [line for line in result.stdout.splitlines() if line.startswith("child exit")]
+    _, _, code, seconds = line.split()
+    assert code == "0"
+    assert float(seconds) < 4.0, result.stdout  # far below the 5 s timeout it used to wait out
+    rollouts = _rollouts(traces)
+    assert {rollouts[f"child-{i}"] for i in range(3)} == {1}
+    assert sum(n for r, n in rollouts.items() if r.startswith("parent-")) == 1500
+
+
+def test_a_child_whose_exit_flush_times_out_says_so_once(tmp_path: Path) -> None:
+    # A Collector that accepts the connection and never answers: the child's exit flush cannot
+    # finish within GYMTRACE_FLUSH_TIMEOUT, and that is reported, once, on the gymtrace logger.
+    started = time.monotonic()
+    result = run_python(
+        code="""
+        import logging, multiprocessing, socket
+        import gymtrace
+
+        logging.basicConfig(level=logging.WARNING, format="%(name)s %(levelname)s %(message)s")
+        silent = socket.socket()
+        silent.bind(("127.0.0.1", 0))
+        silent.listen(16)   # accepted by the kernel, never read or answered
+        endpoint = f"http://127.0.0.1:{silent.getsockname()[1]}"
+
+        def child():
+            for i in range(5):
+                with gymtrace.rollout(rollout_id=f"child-{i}", task_id="t"):
+                    pass
+
+        gymtrace.configure(service_name="forks", endpoint=endpoint, protocol="http/protobuf", file=False)
+        p = multiprocessing.get_context("fork").Process(target=child)
+        p.start()
+        p.join(60)
+        print("child exit", p.exitcode)
+        """,
+        env={"GYMTRACE_FLUSH_TIMEOUT": "0.5", "GYMTRACE_ENCODER": "thread"},
+        timeout=120,
+    )
+    assert "child exit 0" in result.stdout, result.stderr
+    reports = [line for line in result.stderr.splitlines() if "exit flush did not finish" in line]
+    assert len(reports) == 1, result.stderr
+    assert reports[0].startswith("gymtrace WARNING")
+    assert time.monotonic() - started < 60
