@@ -25,8 +25,10 @@ from __future__ import annotations
 
 import bisect
 import collections
+import inspect
 import os
 import threading
+from typing import Any
 
 from opentelemetry import context as otel_context
 from opentelemetry import metrics, trace
@@ -39,6 +41,23 @@ EPISODE_BUCKETS = (0.1, 0.5, 1.0, 5.0, 15.0, 30.0, 60.0, 120.0, 300.0, 600.0, 90
 STEP_BUCKETS = (0.0001, 0.001, 0.005, 0.025, 0.1, 0.5, 1.0, 5.0, 15.0, 60.0, 300.0)
 # Rewards are usually in [0, 1]; the histogram's sum and count give the exact mean whatever they are.
 REWARD_BUCKETS = (0.0, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0)
+
+
+# Checked by capability, once: opentelemetry-api before 1.28 has neither a measurement's
+# ``context`` (the exemplar's span) nor histogram bucket advice; without them the instruments
+# still count (and an SDK that has exemplars needs a newer API anyway).
+_TAKES_CONTEXT = "context" in inspect.signature(metrics.Counter.add).parameters
+_TAKES_BUCKETS = (
+    "explicit_bucket_boundaries_advisory" in inspect.signature(metrics.Meter.create_histogram).parameters
+)
+
+
+def _buckets(bounds: tuple[float, ...]) -> dict[str, Any]:
+    return {"explicit_bucket_boundaries_advisory": bounds} if _TAKES_BUCKETS else {}
+
+
+def _with(context: otel_context.Context) -> dict[str, Any]:
+    return {"context": context} if _TAKES_CONTEXT else {}
 
 
 class _Instruments:
@@ -58,7 +77,7 @@ class _Instruments:
             c.METRIC_ROLLOUT_REWARD,
             unit=c.UNIT_REWARD,
             description="Rewards of scored rollouts",
-            explicit_bucket_boundaries_advisory=REWARD_BUCKETS,
+            **_buckets(REWARD_BUCKETS),
         )
         self.episodes = meter.create_counter(
             c.METRIC_EPISODE_COMPLETED,
@@ -69,13 +88,13 @@ class _Instruments:
             c.METRIC_EPISODE_DURATION,
             unit=c.UNIT_SECONDS,
             description="Episode wall time",
-            explicit_bucket_boundaries_advisory=EPISODE_BUCKETS,
+            **_buckets(EPISODE_BUCKETS),
         )
         self.step_duration = meter.create_histogram(
             c.METRIC_STEP_DURATION,
             unit=c.UNIT_SECONDS,
             description="Step wall time (GYMTRACE_STEP_METRICS)",
-            explicit_bucket_boundaries_advisory=STEP_BUCKETS,
+            **_buckets(STEP_BUCKETS),
         )
 
 
@@ -172,7 +191,9 @@ def _flush(pending: _Pending, active: int) -> None:
         completed[outcome] = (completed.get(outcome, (0, span_context))[0] + 1, span_context)
         if reward is not None:
             made = made or instruments()
-            made.reward.record(reward, context=_exemplar(offered, None, REWARD_BUCKETS, reward, span_context))
+            made.reward.record(
+                reward, **_with(_exemplar(offered, None, REWARD_BUCKETS, reward, span_context))
+            )
     episodes: dict[tuple[str, str | None], tuple[int, trace.SpanContext]] = {}
     while pending.episodes:
         outcome, failure, seconds, span_context = pending.episodes.popleft()
@@ -182,7 +203,7 @@ def _flush(pending: _Pending, active: int) -> None:
         made.episode_duration.record(
             seconds,
             _EPISODE_OUTCOME.get(outcome) or {c.EPISODE_OUTCOME: outcome},
-            context=_exemplar(offered, outcome, EPISODE_BUCKETS, seconds, span_context),
+            **_with(_exemplar(offered, outcome, EPISODE_BUCKETS, seconds, span_context)),
         )
     change, pending.active = active - pending.active, active
     first = not pending.reported and bool(change or completed or episodes)
@@ -194,12 +215,12 @@ def _flush(pending: _Pending, active: int) -> None:
         made.active.add(change)
     for outcome, (count, span_context) in completed.items():
         attributes = _ROLLOUT_OUTCOME.get(outcome) or {c.ROLLOUT_OUTCOME: outcome}
-        made.completed.add(count, attributes, context=_context(span_context))
+        made.completed.add(count, attributes, **_with(_context(span_context)))
     for (outcome, failure), (count, span_context) in episodes.items():
         attributes = {c.EPISODE_OUTCOME: outcome}
         if failure is not None:
             attributes[c.FAILURE_KIND] = failure
-        made.episodes.add(count, attributes, context=_context(span_context))
+        made.episodes.add(count, attributes, **_with(_context(span_context)))
 
 
 def _exemplar(

@@ -470,8 +470,9 @@ def _meter_provider(settings: _settings.Settings, headers: Mapping[str, str] | N
 def _export_metrics_at_exit() -> None:
     # After the heartbeat thread's exit hook (registered later, at the first rollout) handed over
     # the last counts; bounded like the spans' flush.
-    if _state.meter_provider is not None:
-        _state.meter_provider.force_flush(int(_settings.active.flush_timeout * 1000))
+    with _errors.guard("the exit export of the gym.* metrics", may_raise=False):
+        if _state.meter_provider is not None:
+            _state.meter_provider.force_flush(int(_settings.active.flush_timeout * 1000))
 
 
 def _export_to_children(settings: _settings.Settings, service_name: str) -> None:
@@ -682,9 +683,10 @@ def _flush_at_exit() -> None:
                 " queued there are lost",
                 ", ".join(late),
             )
-    _live.flush_metrics()
-    if _state.meter_provider is not None:
-        _state.meter_provider.force_flush(int(_settings.active.flush_timeout * 1000))
+    with _errors.guard("the exit flush of the gym.* metrics", may_raise=False):
+        _live.flush_metrics()
+        if _state.meter_provider is not None:
+            _state.meter_provider.force_flush(int(_settings.active.flush_timeout * 1000))
 
 
 def fast_paths() -> list[Any]:
@@ -754,9 +756,10 @@ def force_flush(timeout_millis: int = 30000) -> bool:
     private one, else the global one. The ``gym.*`` counters gathered so far are handed to the
     global MeterProvider first (and exported, when it is the one ``configure()`` set).
     """
-    _live.flush_metrics()
-    if _state.meter_provider is not None:
-        _state.meter_provider.force_flush(timeout_millis)
+    with _errors.guard("gymtrace.force_flush(): the gym.* metrics"):
+        _live.flush_metrics()
+        if _state.meter_provider is not None:
+            _state.meter_provider.force_flush(timeout_millis)
     provider = current_provider()
     flush = getattr(provider, "force_flush", None)
     return bool(flush(timeout_millis)) if flush is not None else True
