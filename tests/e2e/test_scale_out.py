@@ -80,9 +80,7 @@ def test_scale_out_keeps_traces_whole_and_a_killed_sampler_loses_only_what_it_he
         workers = [
             subprocess.Popen(
                 [*argv, f"{run_base}-w{i}", str(ROLLOUTS_PER_WORKER), str(files[i]), str(LONG_SECONDS)],
-                # Live markers go to Jaeger past the sampler by design (docs/live-and-metrics.md):
-                # off here, where every trace stored must be a sampling decision.
-                env=clean_env(GYMTRACE_HEARTBEAT="0"),
+                env=clean_env(),
                 stdout=subprocess.DEVNULL,
                 stderr=subprocess.PIPE,
                 text=True,

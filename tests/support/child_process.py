@@ -11,12 +11,17 @@ from pathlib import Path
 
 
 def clean_env(**overrides: str) -> dict[str, str]:
-    """This process's environment without ``OTEL_*``, ``GYMTRACE_*`` and ``PYTEST_*``, plus overrides.
+    """This process's environment without ``OTEL_*``, ``GYMTRACE_*`` and ``PYTEST_*``, no live
+    markers, plus overrides.
 
     A child must not inherit the test run's tracing settings, and must not believe it runs under
     pytest (gymtrace raises its own internal errors there instead of logging them).
     """
     env = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "GYMTRACE_", "PYTEST_"))}
+    # No live markers unless a test asks for them (GYMTRACE_HEARTBEAT=...): many children count the
+    # spans they export exactly, and a rollout open past a second would add markers
+    # (docs/live-and-metrics.md). The live tests set the interval they read.
+    env["GYMTRACE_HEARTBEAT"] = "0"
     env.update(overrides)
     return env
 
