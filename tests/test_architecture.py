@@ -18,12 +18,15 @@ SRC = Path(__file__).resolve().parent.parent / "src" / "gymtrace"
 # Lowest first. A module may import modules of its own layer or of lower layers, never higher; the
 # whole graph must also be free of cycles. Patterns match dotted names below ``gymtrace``.
 LAYERS: list[tuple[str, list[str]]] = [
-    ("constants", ["_version", "_constants", "_environment", "_exceptions"]),
+    ("constants", ["_version", "_constants", "_environment", "_exceptions", "attributes"]),
     ("settings and errors", ["_settings", "_errors"]),
     ("values", ["_ids", "_failures", "_tracing", "_trust", "_content", "_content.*", "_content_*"]),
     ("levels", ["_frame", "_levels", "_steps"]),
     ("engine", ["_scope"]),
-    ("public API", ["_record", "_api", "_attempts", "propagation", "_processor", "sampling"]),
+    (
+        "public API",
+        ["_record", "_api", "_attempts", "propagation", "_processor", "sampling", "instrumentation"],
+    ),
     (
         "setup and readers",
         [

@@ -18,6 +18,7 @@ PUBLIC_MODULES = [
     "gymtrace.propagation",
     "gymtrace.testing",
     "gymtrace.sampling",
+    "gymtrace.instrumentation",
     "gymtrace.integrations.aiohttp",
     "gymtrace.integrations.asgi",
     "gymtrace.integrations.concurrent",
@@ -28,7 +29,7 @@ PUBLIC_MODULES = [
 
 
 # Modules whose surface is what they re-export.
-FACADES = {"gymtrace", "gymtrace.integrations.concurrent"}
+FACADES = {"gymtrace", "gymtrace.integrations.concurrent", "gymtrace.instrumentation"}
 
 
 def _bound_names(body: list[ast.stmt], *, facade: bool, lazy: bool = False) -> set[str]:
@@ -118,3 +119,46 @@ def test_the_documented_propagation_and_testing_names_are_there() -> None:
     documented = {"inject", "extract", "attach", "env_carrier", "submit", "map", "carry", "ContextCarrier"}
     assert documented <= set(gymtrace.propagation.__all__)
     assert sorted(gymtrace.testing.__all__) == ["CapturedSpans", "capture_spans", "check_trace", "reset"]
+
+
+def test_the_integration_seam_is_pinned() -> None:
+    # Integrations (gymtrace's own and third parties') build on gymtrace.instrumentation: it changes
+    # only by addition, so this list only grows.
+    import gymtrace.instrumentation
+
+    assert sorted(gymtrace.instrumentation.__all__) == [
+        "InvalidArgumentError",
+        "STEPS_OWNED_ELSEWHERE",
+        "STEP_POLICIES",
+        "accept_identity",
+        "chosen_step_parameters",
+        "continue_scope",
+        "current_identity",
+        "end_scope",
+        "get_tracer",
+        "guard",
+        "identity_fallback",
+        "incoming_identity",
+        "innermost_scope",
+        "report_error",
+        "set_identity_aliases",
+        "set_identity_fallback",
+        "stamp_identity",
+        "start_scope",
+        "step_policy_attributes",
+        "step_policy_inputs",
+        "step_statistics_attributes",
+        "use_tracer_provider",
+        "warn_once",
+        "write_step",
+    ]
+
+
+def test_the_attribute_names_module_is_every_name_gymtrace_writes() -> None:
+    # One table spells the names; gymtrace.attributes shows all of it and nothing else.
+    from gymtrace import _constants, attributes
+
+    expected = sorted(name for name in vars(_constants) if name.isupper())
+    assert sorted(attributes.__all__) == expected
+    assert all(getattr(attributes, name) == getattr(_constants, name) for name in expected)
+    assert attributes.ROLLOUT_ID == "gym.rollout.id"

@@ -38,8 +38,23 @@ _GLOBAL_PROVIDER_READABLE = hasattr(trace, "_TRACER_PROVIDER") and (
 )
 
 
+# A provider an integration was handed (``tracer_provider=``), in force in this context only: set by
+# gymtrace.instrumentation.use_tracer_provider around the integration's work. Read only once some
+# integration was handed one, so the hot path of everyone else pays one global read.
+_contextual: contextvars.ContextVar[trace.TracerProvider | None] = contextvars.ContextVar(
+    "gymtrace.tracer_provider", default=None
+)
+_contextual_in_use = False
+# Tracers of the providers integrations were handed, by provider (few: one per instrument() call).
+_contextual_tracers: dict[int, tuple[trace.TracerProvider, trace.Tracer | None]] = {}
+
+
 def active_tracer() -> trace.Tracer | None:
     provider: trace.TracerProvider | None
+    if _contextual_in_use:
+        given = _contextual.get()
+        if given is not None:
+            return tracer_for(given)
     if _overrides:
         provider = _overrides[-1]
     elif _GLOBAL_PROVIDER_READABLE:
@@ -70,6 +85,33 @@ def _refresh(provider: trace.TracerProvider) -> trace.Tracer | None:
     with _lock:
         _cache = (provider, tracer)
     return tracer
+
+
+def tracer_for(provider: trace.TracerProvider) -> trace.Tracer | None:
+    """gymtrace's tracer from ``provider``; None when it records nothing (a no-op or proxy provider,
+    or the SDK disabled). Cached per provider."""
+    entry = _contextual_tracers.get(id(provider))
+    if entry is not None and entry[0] is provider:
+        return entry[1]
+    tracer: trace.Tracer | None = None
+    if not isinstance(provider, (trace.ProxyTracerProvider, trace.NoOpTracerProvider)):
+        tracer = provider.get_tracer(c.INSTRUMENTATION_NAME, __version__)
+        if isinstance(tracer, trace.NoOpTracer):
+            tracer = None
+    with _lock:
+        _contextual_tracers[id(provider)] = (provider, tracer)
+    return tracer
+
+
+def set_contextual_provider(provider: trace.TracerProvider | None) -> contextvars.Token[Any]:
+    """Make ``provider`` the one gymtrace scopes opened in this context go to; the token resets it."""
+    global _contextual_in_use
+    _contextual_in_use = True
+    return _contextual.set(provider)
+
+
+def reset_contextual_provider(token: contextvars.Token[Any]) -> None:
+    _contextual.reset(token)
 
 
 def push_provider(provider: trace.TracerProvider) -> None:

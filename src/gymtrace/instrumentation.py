@@ -1,0 +1,265 @@
+"""The seam integrations build on: gymtrace's own (``gymtrace.integrations.*``) and yours.
+
+Example: a client instrumentation that sends the gym identity with each request, spans its own
+work under the caller's gym scope, and never lets a telemetry bug reach the caller::
+
+    from gymtrace import attributes, instrumentation
+
+    class MyClientInstrumentor:
+        def instrument(self, *, tracer_provider=None):
+            self._provider = tracer_provider
+
+        def on_request(self, request):
+            with instrumentation.guard("myclient request"):
+                identity = instrumentation.current_identity()     # {} outside any gym scope
+                if identity:
+                    request.headers["x-rollout"] = str(identity[attributes.ROLLOUT_ID])
+                tracer = instrumentation.get_tracer(self._provider)   # None: tracing is off
+                if tracer is not None:
+                    with tracer.start_as_current_span("myclient.send") as span:
+                        instrumentation.stamp_identity(span, identity)
+
+And a server middleware that continues the caller's gym scope on the span it is handed::
+
+    identity = instrumentation.incoming_identity(request.headers.get("baggage"))
+    context = instrumentation.continue_scope(context, identity)    # attach it for the request
+
+What is here, by concern (everything else in gymtrace whose name starts with ``_`` may change in
+any release; this module changes only by addition):
+
+- **Identity.** :func:`current_identity`, :func:`innermost_scope` (read); :func:`stamp_identity`,
+  :func:`continue_scope` (write); :func:`incoming_identity` and :func:`accept_identity` (what this
+  process believes of an identity that arrived, per ``GYMTRACE_TRUST_IDENTITY``);
+  :func:`set_identity_fallback` (where a request without gym baggage gets its identity, read by
+  :class:`gymtrace.integrations.asgi.GymTraceMiddleware`); :func:`set_identity_aliases` (extra
+  attributes the ``IdentitySpanProcessor`` derives from the identity).
+- **Tracers.** :func:`get_tracer` honours an optional ``tracer_provider`` (default: the one gymtrace
+  scopes use, normally the global one); :func:`use_tracer_provider` sends the gymtrace scopes opened
+  inside it to a given provider; :func:`start_scope` / :func:`end_scope` run a gymtrace scope by hand
+  on a chosen tracer (for spans whose end is not a block's end: a stream, a hook pair).
+- **Errors.** :class:`guard` (context manager and decorator) and :func:`report_error` hand
+  gymtrace's own failures to its policy (logged once on the ``gymtrace`` logger and swallowed; raised
+  under pytest and in strict mode); :func:`warn_once` reports a misuse once per key;
+  :class:`InvalidArgumentError` is what a bad argument to an integration raises.
+- **Step aggregation** (what :class:`gymtrace.integrations.gymnasium.TraceEnv` samples steps with):
+  :data:`STEP_POLICIES`, :data:`STEPS_OWNED_ELSEWHERE`, :func:`chosen_step_parameters`,
+  :func:`step_policy_inputs`, :func:`step_policy_attributes`, :func:`step_statistics_attributes`,
+  :func:`write_step`.
+
+Span and attribute names are in :mod:`gymtrace.attributes`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
+from typing import Any
+
+from opentelemetry import context as otel_context
+from opentelemetry import trace
+
+from gymtrace import _errors, _processor, _steps, _trust
+from gymtrace import _tracing as _which
+from gymtrace._errors import InvalidArgumentError, guard
+from gymtrace._frame import DISABLED_KIND as _DISABLED_KIND
+from gymtrace._frame import FRAME_KEY as _FRAME_KEY
+from gymtrace._frame import ActiveScope as _ActiveScope
+from gymtrace._scope import Scope as _Scope
+from gymtrace.propagation import _incoming_identity, _remote_context
+
+__all__ = [
+    "STEPS_OWNED_ELSEWHERE",
+    "STEP_POLICIES",
+    "InvalidArgumentError",
+    "accept_identity",
+    "chosen_step_parameters",
+    "continue_scope",
+    "current_identity",
+    "end_scope",
+    "get_tracer",
+    "guard",
+    "identity_fallback",
+    "incoming_identity",
+    "innermost_scope",
+    "report_error",
+    "set_identity_aliases",
+    "set_identity_fallback",
+    "stamp_identity",
+    "start_scope",
+    "step_policy_attributes",
+    "step_policy_inputs",
+    "step_statistics_attributes",
+    "use_tracer_provider",
+    "warn_once",
+    "write_step",
+]
+
+# -- identity: read ------------------------------------------------------------------------------------
+
+
+def innermost_scope(context: otel_context.Context | None = None) -> _ActiveScope | None:
+    """The innermost gym scope of ``context`` (default: the current one), including a scope
+    continued from another process; ``None`` outside every gym scope or while tracing is off."""
+    frame = (context if context is not None else _which.current_context()).get(_FRAME_KEY)
+    if not isinstance(frame, _ActiveScope) or frame.kind == _DISABLED_KIND:
+        return None
+    return frame
+
+
+def current_identity(context: otel_context.Context | None = None) -> dict[str, str | int]:
+    """The gym identity (``gym.run.id``, ``gym.rollout.id``, ``gym.episode.attempt``, ...) of the
+    innermost gym scope, as attribute name to value; empty outside every gym scope. A copy."""
+    frame = innermost_scope(context)
+    return dict(frame.identity) if frame is not None else {}
+
+
+# -- identity: write -----------------------------------------------------------------------------------
+
+
+def stamp_identity(span: trace.Span, identity: Mapping[str, str | int]) -> None:
+    """Write ``identity`` onto ``span`` as attributes (nothing when the span does not record)."""
+    if identity and span.is_recording():
+        span.set_attributes(dict(identity))
+
+
+def continue_scope(
+    context: otel_context.Context, identity: Mapping[str, str | int], *, step_base: object = None
+) -> otel_context.Context:
+    """``context`` continuing the gym scope ``identity`` names (already believed: see
+    :func:`incoming_identity`), under ``context``'s current span.
+
+    Spans opened in the returned context carry the identity; ``gymtrace.current()``,
+    ``record_reward()``, ``record_failure()``, ``step()`` and ``turn()`` work as in the caller's
+    process (outcomes become ``gym.outcome`` records). Its ``gym.*`` baggage is replaced by
+    ``identity``; other baggage stays. ``step_base``: the first step number the caller reserved for
+    this process (its ``gym.step.base`` baggage, read from ``context`` when not given).
+    """
+    return _remote_context(context, dict(identity), step_base)
+
+
+def incoming_identity(baggage_header: str | None) -> dict[str, str | int]:
+    """The gym identity in a raw W3C ``baggage`` header, validated, as far as this process believes
+    it (``GYMTRACE_TRUST_IDENTITY``: all, none, or signed with ``GYMTRACE_IDENTITY_SECRET``)."""
+    return _incoming_identity(baggage_header)[0]
+
+
+def accept_identity(identity: Mapping[str, str | int], signature: object = None) -> dict[str, str | int]:
+    """The part of an identity read from elsewhere (already validated: headers of another protocol,
+    say) this process believes, per ``GYMTRACE_TRUST_IDENTITY``; ``signature`` is its ``gym.sig``."""
+    return _trust.accept(dict(identity), signature)
+
+
+_fallback: Callable[[Any], dict[str, str | int]] | None = None
+
+
+def set_identity_fallback(read: Callable[[Any], dict[str, str | int]] | None) -> None:
+    """Where a request without believed gym baggage gets its identity: ``read(headers)`` with the
+    request's ASGI ``(name, value)`` byte pairs, returning a believed identity or ``{}``. ``None``:
+    nowhere. One reader per process (the last one set)."""
+    global _fallback
+    if read is not None and not callable(read):
+        raise InvalidArgumentError(
+            f"set_identity_fallback(): read must be callable or None, got {read!r:.60}"
+        )
+    _fallback = read
+
+
+def identity_fallback() -> Callable[[Any], dict[str, str | int]] | None:
+    """The reader :func:`set_identity_fallback` set, or ``None``."""
+    return _fallback
+
+
+def set_identity_aliases(derive: Callable[[Mapping[str, Any]], Mapping[str, Any]] | None) -> None:
+    """Extra attributes the ``IdentitySpanProcessor`` stamps beside the identity: ``derive(identity)``
+    for each span started in a gym scope. ``None``: none. One deriver per process."""
+    if derive is not None and not callable(derive):
+        raise InvalidArgumentError(
+            f"set_identity_aliases(): derive must be callable or None, got {derive!r:.60}"
+        )
+    _processor.set_aliases(derive)
+
+
+# -- tracers -------------------------------------------------------------------------------------------
+
+
+def _check_provider(tracer_provider: object, caller: str) -> None:
+    if tracer_provider is not None and not isinstance(tracer_provider, trace.TracerProvider):
+        raise InvalidArgumentError(
+            f"{caller}: tracer_provider must be an opentelemetry TracerProvider or None,"
+            f" got {tracer_provider!r:.60}"
+        )
+
+
+def get_tracer(tracer_provider: trace.TracerProvider | None = None) -> trace.Tracer | None:
+    """gymtrace's tracer from ``tracer_provider``, default the provider gymtrace scopes use here
+    (the global one, or the one :func:`use_tracer_provider` or ``gymtrace.testing.capture_spans``
+    put in force). ``None`` when it records nothing (no SDK configured, ``OTEL_SDK_DISABLED``): skip
+    the work."""
+    _check_provider(tracer_provider, "get_tracer()")
+    if tracer_provider is None:
+        return _which.active_tracer()
+    return _which.tracer_for(tracer_provider)
+
+
+@contextmanager
+def use_tracer_provider(tracer_provider: trace.TracerProvider | None) -> Iterator[None]:
+    """Send the gymtrace scopes opened inside this block, in this context (thread, task), to
+    ``tracer_provider``; ``None`` changes nothing. What an integration handed ``tracer_provider=``
+    wraps its work in."""
+    _check_provider(tracer_provider, "use_tracer_provider()")
+    if tracer_provider is None:
+        yield
+        return
+    token = _which.set_contextual_provider(tracer_provider)
+    try:
+        yield
+    finally:
+        _which.reset_contextual_provider(token)
+
+
+def start_scope(scope: _Scope, tracer: trace.Tracer) -> _ActiveScope | None:
+    """Start ``scope`` (what ``gymtrace.model_call(...)`` and the other levels return) on
+    ``tracer`` without entering it: the returned activation's ``span`` is its span, its ``context``
+    the context to run its work in (not attached). ``None`` when nothing was started. Every started
+    scope must reach :func:`end_scope`."""
+    return scope.start(tracer)
+
+
+def end_scope(scope: _Scope, frame: _ActiveScope, exc: BaseException | None = None) -> None:
+    """End what :func:`start_scope` started: the level's outcome, then its span. ``exc``: what the
+    work raised (recorded as the error), or ``None``."""
+    scope.finish(frame, exc)
+
+
+# -- errors --------------------------------------------------------------------------------------------
+
+
+def report_error(where: str, exc: BaseException, *, may_raise: bool = True) -> None:
+    """Hand a failure of the integration's own telemetry code to gymtrace's policy: logged once per
+    ``where`` and exception type on the ``gymtrace`` logger and swallowed; raised under pytest and
+    in strict mode, unless ``may_raise=False`` (a user exception is already on its way out, and
+    replacing it would change what the user's code raises)."""
+    _errors.internal_error(where, exc, may_raise=may_raise)
+
+
+def warn_once(key: object, message: str) -> None:
+    """Report a misuse the integration can live with (it is left untraced, say): one WARNING on the
+    ``gymtrace`` logger per ``key`` in this process."""
+    if _errors.first_time(key):
+        _errors.logger.warning("gymtrace: %s", message)
+
+
+# -- step aggregation ----------------------------------------------------------------------------------
+
+STEP_POLICIES = _steps.POLICIES
+"""The names a step policy may be given by (``"aggregate"``, ``"all"``)."""
+
+STEPS_OWNED_ELSEWHERE = _steps.OWNED_ELSEWHERE
+"""Set as a step owner's ``step_stats`` (an episode an integration opened) when the integration
+samples and counts its steps itself, and writes the ``gym.steps.*`` statistics itself."""
+
+chosen_step_parameters = _steps.given_parameters
+step_policy_inputs = _steps.policy_inputs
+step_policy_attributes = _steps.policy_attributes
+step_statistics_attributes = _steps.statistics_attributes
+write_step = _steps.write_step
