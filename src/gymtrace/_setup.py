@@ -22,7 +22,7 @@ from opentelemetry import trace
 
 from gymtrace import _constants as c
 from gymtrace import _environment as env
-from gymtrace import _lifecycle, _settings
+from gymtrace import _lifecycle, _settings, _tracing
 from gymtrace._content import (
     UNCHANGED,
     apply_content_changes,
@@ -195,12 +195,18 @@ def make_id_generator() -> Any:
             self._random.seed(os.urandom(32))
 
         def generate_span_id(self) -> int:
+            pinned = _tracing.take_pinned(1)
+            if pinned is not None:
+                return pinned
             value = self._random.getrandbits(64)
             while value == 0:
                 value = self._random.getrandbits(64)
             return value
 
         def generate_trace_id(self) -> int:
+            pinned = _tracing.take_pinned(0)
+            if pinned is not None:
+                return pinned
             value = self._random.getrandbits(128)
             while value == 0:
                 value = self._random.getrandbits(128)

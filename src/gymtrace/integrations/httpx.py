@@ -38,8 +38,8 @@ _logger = logging.getLogger("gymtrace")
 def _enter(request: httpx.Request) -> object:
     """Inject headers and attach the identity context; the token, or None if gymtrace failed."""
     try:
-        ctx = with_identity()
-        inject(request.headers, ctx, continuation=False)
+        ctx = with_identity(destination=request.url)  # identity only to gym destinations
+        inject(request.headers, ctx, continuation=False, destination=request.url)
         return otel_context.attach(ctx)
     except Exception:
         _logger.warning("gymtrace: the httpx transport could not attach the trace context", exc_info=True)
