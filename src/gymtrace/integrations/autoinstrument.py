@@ -54,6 +54,12 @@ class GymTraceConfigurator:
         if is_helper_process():
             return
         service = None if os.environ.get("OTEL_SERVICE_NAME") else nemo_gym.process_service_name()
+        directory = os.environ.get("GYMTRACE_FILE", "")
+        if service and directory.endswith(("/", os.sep)):
+            # One file per process, named after the server it belongs to (not ``app.py-PID``).
+            safe = "".join(ch if ch.isalnum() or ch in "._-" else "_" for ch in service)
+            gymtrace.configure(service_name=service, file=os.path.join(directory, f"{safe}-{os.getpid()}.jsonl"))
+            return
         gymtrace.configure(service_name=service)
 
 
