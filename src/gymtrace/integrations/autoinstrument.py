@@ -58,7 +58,9 @@ class GymTraceConfigurator:
         if service and directory.endswith(("/", os.sep)):
             # One file per process, named after the server it belongs to (not ``app.py-PID``).
             safe = "".join(ch if ch.isalnum() or ch in "._-" else "_" for ch in service)
-            gymtrace.configure(service_name=service, file=os.path.join(directory, f"{safe}-{os.getpid()}.jsonl"))
+            gymtrace.configure(
+                service_name=service, file=os.path.join(directory, f"{safe}-{os.getpid()}.jsonl")
+            )
             return
         gymtrace.configure(service_name=service)
 
