@@ -47,10 +47,8 @@ from typing import Any, NamedTuple
 import wrapt
 from opentelemetry import context as otel_context
 
-from gymtrace import _constants as c
-from gymtrace import _trust
-from gymtrace._errors import internal_error
-from gymtrace._frame import FRAME_KEY, ActiveScope
+from gymtrace import attributes as c
+from gymtrace import instrumentation
 
 __all__ = [
     "NEMO_ID",
@@ -172,10 +170,7 @@ def trace_id_for(run_id: str, rollout_id: str) -> int:
 
 
 def _identity() -> dict[str, str | int]:
-    frame = otel_context.get_current().get(FRAME_KEY)
-    if isinstance(frame, ActiveScope) and frame.kind != "disabled":
-        return frame.identity
-    return {}
+    return instrumentation.current_identity()
 
 
 def _execution(identity: Mapping[str, str | int]) -> tuple[str, int] | None:
@@ -263,7 +258,7 @@ def identity_from_headers(carrier: Any) -> dict[str, str | int]:
         c.EPISODE_ATTEMPT: attempt,
         c.EPISODE_ID: rollout_id if attempt == 0 else f"{rollout_id}-a{attempt}",
     }
-    return _trust.accept(identity, None)
+    return instrumentation.accept_identity(identity)
 
 
 def alias_attributes(identity: Mapping[str, Any]) -> dict[str, str]:
@@ -304,7 +299,7 @@ def _httpx_request(request: Any) -> Any:
     """``request`` with the identity added (a new request when the body or path changes)."""
     import httpx
 
-    wire = headers()
+    wire = headers() if instrumentation.may_carry_identity(request.url) else {}
     if not wire or _has_identity_header(request.headers.keys()):
         return request  # the caller chose the identity (or sent one header on purpose)
     request.headers.update(wire)
@@ -337,7 +332,7 @@ def _send_arguments(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any,
             return (_httpx_request(args[0]), *args[1:])
         kwargs["request"] = _httpx_request(kwargs["request"])
     except Exception as exc:  # noqa: BLE001 - telemetry must not break the request
-        internal_error("gymtrace.integrations.nemo_gym httpx", exc)
+        instrumentation.report_error("gymtrace.integrations.nemo_gym httpx", exc)
     return args
 
 
@@ -353,7 +348,8 @@ async def _asend(wrapped: Any, instance: Any, args: tuple[Any, ...], kwargs: dic
 
 async def _aiohttp_request(wrapped: Any, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     try:
-        wire = headers()
+        destination = args[1] if len(args) > 1 else kwargs.get("str_or_url")
+        wire = headers() if instrumentation.may_carry_identity(destination) else {}
         given = kwargs.get("headers") or {}
         if wire and not _has_identity_header(
             given.keys() if hasattr(given, "keys") else (k for k, _ in given)
@@ -371,7 +367,7 @@ async def _aiohttp_request(wrapped: Any, instance: Any, args: tuple[Any, ...], k
                 url = yarl.URL(str(args[1]))
                 args = (args[0], url.with_path(_prefixed(url.path, path_prefix())), *args[2:])
     except Exception as exc:  # noqa: BLE001 - telemetry must not break the request
-        internal_error("gymtrace.integrations.nemo_gym aiohttp", exc)
+        instrumentation.report_error("gymtrace.integrations.nemo_gym aiohttp", exc)
     return await wrapped(*args, **kwargs)
 
 
@@ -386,15 +382,15 @@ def instrument(*, body: bool = False, path: bool = False, aliases: bool = False)
     """
     for name, value in (("body", body), ("path", path), ("aliases", aliases)):
         if not isinstance(value, bool):
-            from gymtrace._errors import InvalidArgumentError
-
-            raise InvalidArgumentError(f"nemo_gym.instrument(): {name} must be a bool, got {value!r}")
-    from gymtrace import _processor
+            raise instrumentation.InvalidArgumentError(
+                f"nemo_gym.instrument(): {name} must be a bool, got {value!r}"
+            )
     from gymtrace.integrations import asgi as _asgi
 
     with _lock:
         _options.body, _options.path = body, path
-        _processor.set_aliases(alias_attributes if aliases else None)
+        instrumentation.set_identity_aliases(alias_attributes if aliases else None)
+        instrumentation.set_identity_fallback(identity_from_headers)
         _asgi._set_fallback_identity(identity_from_headers)
         if _patched:
             return
@@ -416,11 +412,11 @@ def instrument(*, body: bool = False, path: bool = False, aliases: bool = False)
 
 
 def uninstrument() -> None:
-    from gymtrace import _processor
     from gymtrace.integrations import asgi as _asgi
 
     with _lock:
-        _processor.set_aliases(None)
+        instrumentation.set_identity_aliases(None)
+        instrumentation.set_identity_fallback(None)
         _asgi._set_fallback_identity(None)
         _options.body = _options.path = False
         for owner, name in reversed(_patched):
@@ -485,15 +481,14 @@ def process_service_name(
 
 
 def _attributes(identity: RolloutIdentity) -> dict[str, str | int]:
-    from gymtrace import attributes as a
 
-    values: dict[str, str | int] = {a.ROLLOUT_ID: identity.rollout_id}
+    values: dict[str, str | int] = {c.ROLLOUT_ID: identity.rollout_id}
     if identity.task_id:
-        values[a.TASK_ID] = identity.task_id
+        values[c.TASK_ID] = identity.task_id
     if identity.repeat is not None:
-        values[a.ROLLOUT_REPEAT] = identity.repeat
-    values[a.EPISODE_ATTEMPT] = identity.attempt
-    values[a.EPISODE_ID] = (
+        values[c.ROLLOUT_REPEAT] = identity.repeat
+    values[c.EPISODE_ATTEMPT] = identity.attempt
+    values[c.EPISODE_ID] = (
         identity.rollout_id if identity.attempt == 0 else f"{identity.rollout_id}-a{identity.attempt}"
     )
     return values
@@ -538,8 +533,6 @@ async def _dispatch_run(
     from contextlib import ExitStack
 
     import gymtrace
-    from gymtrace import attributes as a
-    from gymtrace import instrumentation
 
     trace_id = trace_id_for(run_id, row.rollout_id)
     rollout_span = span_id_for(run_id, row.rollout_id, "rollout")
@@ -556,12 +549,12 @@ async def _dispatch_run(
             # A resume pass: NeMo Gym stored nothing, the IDs of the rollout and of the attempt that
             # failed are derived again; the attempt joins that trace, linked to it (relation retry).
             identity: dict[str, str | int] = {
-                a.RUN_ID: run_id,
-                a.ROLLOUT_ID: row.rollout_id,
-                a.TASK_ID: row.task_id,
+                c.RUN_ID: run_id,
+                c.ROLLOUT_ID: row.rollout_id,
+                c.TASK_ID: row.task_id,
             }
             if row.repeat is not None:
-                identity[a.ROLLOUT_REPEAT] = row.repeat
+                identity[c.ROLLOUT_REPEAT] = row.repeat
             carrier = instrumentation.episode_carrier(
                 identity,
                 next_attempt=row.attempt,
@@ -602,8 +595,6 @@ async def _server_client_request(
             fields = body.model_dump() if hasattr(body, "model_dump") else body
             row = rollout_identity(fields) if isinstance(fields, Mapping) else None
     except Exception as exc:  # noqa: BLE001 - telemetry must not break the request
-        from gymtrace import instrumentation
-
         instrumentation.report_error("gymtrace.integrations.nemo_gym ServerClient.request", exc)
     if row is None:
         return await wrapped(*args, **kwargs)
@@ -613,8 +604,6 @@ async def _server_client_request(
 async def _run_from_config(wrapped: Any, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     """`gym eval run`: one gym run per output file; a resume pass continues it (no second run span)."""
     import gymtrace
-    from gymtrace import attributes as a
-    from gymtrace import instrumentation
 
     config: Any = args[0] if args else kwargs.get("config")
     try:
@@ -627,7 +616,7 @@ async def _run_from_config(wrapped: Any, instance: Any, args: tuple[Any, ...], k
     token = _driver_run.set(run_id)
     try:
         if resume:
-            ctx = instrumentation.continue_scope(otel_context.Context(), {a.RUN_ID: run_id})
+            ctx = instrumentation.continue_scope(otel_context.Context(), {c.RUN_ID: run_id})
             attached = otel_context.attach(ctx)
             try:
                 return await wrapped(*args, **kwargs)
@@ -643,8 +632,6 @@ async def _request_with_retries(
     wrapped: Any, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
 ) -> Any:
     """NeMo Gym's one HTTP function says whether a request goes to one of its servers."""
-    from gymtrace import instrumentation
-
     with instrumentation.gym_destination(bool(kwargs.get("_internal", False))):
         return await wrapped(*args, **kwargs)
 
@@ -727,8 +714,6 @@ class NeMoGymServerMiddleware:
         if scope.get("type") != "http":
             await self.app(scope, receive, send)
             return
-        from gymtrace import instrumentation
-
         try:
             ctx, phase, root, receive = await self._prepare(scope, receive)
         except Exception as exc:  # noqa: BLE001 - telemetry must not break the request
@@ -745,8 +730,6 @@ class NeMoGymServerMiddleware:
         self, scope: Any, receive: Any
     ) -> tuple[otel_context.Context, _Phase, RolloutIdentity | None, Any]:
         from opentelemetry import propagate
-
-        from gymtrace import instrumentation
 
         headers: dict[str, str] = {}
         for name, value in scope.get("headers") or ():
@@ -784,7 +767,6 @@ class NeMoGymServerMiddleware:
         from contextlib import ExitStack
 
         import gymtrace
-        from gymtrace import instrumentation
 
         captured: dict[str, Any] = {"status": None, "body": b""}
 
@@ -840,8 +822,6 @@ def _add_middleware(wrapped: Any, instance: Any, args: tuple[Any, ...], kwargs: 
     """``SimpleServer.instrument_app_for_telemetry(app)``: every NeMo Gym server calls it once its
     FastAPI app is built and before uvicorn starts it; the middleware is added there."""
     result = wrapped(*args, **kwargs)
-    from gymtrace import instrumentation
-
     with instrumentation.guard("gymtrace.integrations.nemo_gym server"):
         from nemo_gym.server_utils import (  # type: ignore[import-not-found,unused-ignore]
             _telemetry_server_type,
@@ -873,8 +853,6 @@ _stack_on = False
 
 
 def _patch_module(module: Any) -> None:
-    from gymtrace import instrumentation
-
     with instrumentation.guard("gymtrace.integrations.nemo_gym instrument_stack"), _lock:
         if not _stack_on:
             return
