@@ -35,10 +35,12 @@ because a passed-through ID never contains ``__`` and an encoded one always star
 
 from __future__ import annotations
 
+import contextvars
 import hashlib
 import json
 import os
 import re
+import sys
 import threading
 from collections.abc import Mapping
 from pathlib import Path
@@ -438,8 +440,8 @@ def uninstrument() -> None:
 #   the `/run` response's;
 # - every server: an ASGI middleware continues the caller's identity (gym baggage, else the `_ng_*`
 #   body fields, the path prefix, the development branch's `x-nemo-gym-*` headers) and spans the
-#   phases it recognises (agent `/run`, `/seed_session`, `/verify` with the reward, model calls,
-#   tools); the first server that receives a row without identity opens the rollout itself;
+#   phases it recognises (`/seed_session`, `/verify` with the reward, model calls, tools); the first
+#   server that receives a row without identity opens the rollout itself;
 # - outgoing: NeMo Gym's one HTTP function says which requests go to its own servers (`_internal`):
 #   gym identity goes with those, never to the upstream model endpoint.
 
@@ -449,7 +451,7 @@ _KEY = re.compile(r"^(\d+)-(\d+)(?:-a(\d+))?$")
 _RUN, _SEED, _VERIFY = "/run", "/seed_session", "/verify"
 _MODEL_PATHS = ("/v1/responses", "/v1/chat/completions", "/v1/messages")
 _BODY_LIMIT = 4 << 20  # request and response bodies read for identity and reward: NeMo Gym's are small
-_CLI_NAMES = ("gym", "ng_", "nemo_gym_")
+_CLI_PREFIXES = ("ng_", "nemo_gym_")  # NeMo Gym's other console scripts (ng_collect_rollouts, ...)
 
 
 def span_id_for(run_id: str, rollout_id: str, part: str) -> int:
@@ -464,8 +466,6 @@ def process_service_name(
 ) -> str | None:
     """The service name of a NeMo Gym process: its server's name for a server ``gym env start``
     launched, ``gym-eval-run`` (the command, joined) for the CLI; ``None`` for any other process."""
-    import sys
-
     environ = os.environ if environ is None else environ
     argv = sys.argv if argv is None else argv
     server = environ.get(_SERVER_NAME_ENV)
@@ -475,13 +475,12 @@ def process_service_name(
     if program == "gym":
         words = [w for w in argv[1:3] if re.fullmatch(r"[a-z][a-z0-9_-]*", w)]
         return "-".join(["gym", *words])
-    if program.startswith(_CLI_NAMES[1:]):
+    if program.startswith(_CLI_PREFIXES):
         return program
     return None
 
 
 def _attributes(identity: RolloutIdentity) -> dict[str, str | int]:
-
     values: dict[str, str | int] = {c.ROLLOUT_ID: identity.rollout_id}
     if identity.task_id:
         values[c.TASK_ID] = identity.task_id
@@ -509,8 +508,11 @@ def identity_from_key(key: str) -> RolloutIdentity | None:
     return RolloutIdentity(key, "", None, 0)
 
 
-# The driver's run: set by run_from_config for the tasks it starts, read by the /run dispatches.
-_driver_run: Any = None  # contextvars.ContextVar[str | None], made at instrument time
+# The driver's run: set by run_from_config for the tasks it starts, read by the /run dispatches (the
+# environment server also POSTs to /run, to the agent, and opens no rollout for it).
+_driver_run: contextvars.ContextVar[str | None] = contextvars.ContextVar(
+    "gymtrace_nemo_gym_run", default=None
+)
 
 
 async def _read_response(response: Any) -> Any:
@@ -584,7 +586,7 @@ async def _dispatch_run(
 async def _server_client_request(
     wrapped: Any, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
 ) -> Any:
-    run_id = _driver_run.get() if _driver_run is not None else None
+    run_id = _driver_run.get()
     if run_id is None:
         return await wrapped(*args, **kwargs)
     row = None
@@ -596,7 +598,8 @@ async def _server_client_request(
             row = rollout_identity(fields) if isinstance(fields, Mapping) else None
     except Exception as exc:  # noqa: BLE001 - telemetry must not break the request
         instrumentation.report_error("gymtrace.integrations.nemo_gym ServerClient.request", exc)
-    if row is None:
+    if row is None or _own_telemetry("rollout"):
+        # NeMo Gym's own rollout span (nemo.gym.rollout.id, read as the rollout ID) is the one.
         return await wrapped(*args, **kwargs)
     return await _dispatch_run(wrapped, args, kwargs, run_id, row)
 
@@ -876,15 +879,10 @@ def instrument_stack(*, tracer_provider: Any = None) -> None:
     above and docs/integrations/nemo-gym.md). Patches NeMo Gym when its modules are imported (so a
     process that never imports them pays nothing); idempotent. What
     ``opentelemetry-instrument`` runs through :class:`gymtrace.integrations.autoinstrument.NeMoGymInstrumentor`."""
-    global _stack_registered, _stack_on, _driver_run, _provider
-    import contextvars
-    import sys
-
+    global _stack_registered, _stack_on, _provider
     from gymtrace.integrations import aiohttp as gym_aiohttp
 
     with _lock:
-        if _driver_run is None:
-            _driver_run = contextvars.ContextVar("gymtrace_nemo_gym_run", default=None)
         register = not _stack_registered
         _stack_registered = _stack_on = True
         _provider = tracer_provider
