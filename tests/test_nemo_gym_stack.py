@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -55,6 +56,7 @@ class Stack:
     headers: Path
     fail_flag: Path
     env: dict[str, str]
+    head: str  # the head server override: a free port, not NeMo Gym's fixed default 11000
 
     def eval_run(self, name: str, *extra: str, limit: int, traced: bool = True) -> Path:
         """``gym eval run`` over ``limit`` tasks x 2 repeats into ``<root>/<name>/rollouts.jsonl``."""
@@ -74,6 +76,7 @@ class Stack:
             "2",
             "--output",
             str(output),
+            self.head,
             *extra,
         ]
         if traced:
@@ -165,6 +168,9 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     }
     for name in ("OTEL_SERVICE_NAME", "OTEL_EXPORTER_OTLP_ENDPOINT", "GYMTRACE_PROPAGATE_TO", "PYTHONPATH"):
         env.pop(name, None)
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        head = f"++head_server.port={probe.getsockname()[1]}"
     servers = None
     try:
         deadline = time.monotonic() + 30
@@ -191,6 +197,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
                     "not-a-key",
                     "+skip_venv_if_present=true",
                     f"+uv_venv_dir={root / 'venvs'}",
+                    head,
                 ],
                 cwd=root,
                 env=env,
@@ -199,7 +206,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
                 start_new_session=True,
             )
         _wait_for(log, "All 4 / 4 servers ready", servers, START_TIMEOUT_S)
-        yield Stack(root, traces, headers, fail_flag, env)
+        yield Stack(root, traces, headers, fail_flag, env, head)
     finally:
         if servers is not None:
             _stop(servers)
