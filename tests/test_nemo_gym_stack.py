@@ -320,6 +320,19 @@ def test_a_failure_then_a_resume_pass_reads_as_a_second_attempt_of_the_same_roll
         (by_attempt[0].span_id, "retry")
     ]
 
+    # The model call that failed upstream is a failed span in the failed attempt.
+    failed_calls = [
+        s
+        for s in spans
+        if s.attributes.get("gym.kind") == "model_call"
+        and s.attributes.get("gym.run.id") == run_id
+        and s.attributes.get("gym.rollout.id") == "1-0"
+    ]
+    assert {(s.attributes["gym.episode.attempt"], s.status) for s in failed_calls} >= {
+        (0, "ERROR"),
+        (1, "UNSET"),
+    }
+
     tree = stack.cli("tree", str(stack.traces), "--rollout", "1-0")
     assert tree.returncode == 0, tree.stderr
     ARTIFACTS.mkdir(exist_ok=True)

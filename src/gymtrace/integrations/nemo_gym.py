@@ -48,6 +48,7 @@ from typing import Any, NamedTuple
 
 import wrapt
 from opentelemetry import context as otel_context
+from opentelemetry.trace import Status, StatusCode
 
 from gymtrace import attributes as c
 from gymtrace import instrumentation
@@ -773,15 +774,19 @@ class NeMoGymServerMiddleware:
 
         captured: dict[str, Any] = {"status": None, "body": b""}
 
+        stack = ExitStack()
+        scored = False
+
         async def capture(message: Any) -> None:
             if message.get("type") == "http.response.start":
                 captured["status"] = message.get("status")
-            elif message.get("type") == "http.response.body" and len(captured["body"]) < _BODY_LIMIT:
+            elif (
+                scored and message.get("type") == "http.response.body" and len(captured["body"]) < _BODY_LIMIT
+            ):
                 captured["body"] += message.get("body", b"")
             await send(message)
 
-        stack = ExitStack()
-        scored = False
+        opened = False  # a span of this request's own: its status follows the response's
         try:
             stack.enter_context(instrumentation.use_tracer_provider(_provider))
             if root is not None and not _own_telemetry("rollout"):
@@ -792,33 +797,41 @@ class NeMoGymServerMiddleware:
                     )
                 )
                 stack.enter_context(gymtrace.episode(attempt=root.attempt))
-                scored = True
-            elif phase.kind == "seed":
-                stack.enter_context(gymtrace.seed_session())
-            elif phase.kind == "verify" and not _own_telemetry("verify"):
-                stack.enter_context(gymtrace.verify())
-                scored = True
-            elif phase.kind == "model":
-                stack.enter_context(gymtrace.model_call(model=phase.argument))
-            elif phase.kind == "tool":
-                stack.enter_context(gymtrace.tool_call(tool_name=phase.argument))
+                scored = opened = True
+            else:
+                own: Any = None
+                if phase.kind == "seed":
+                    own = gymtrace.seed_session()
+                elif phase.kind == "verify" and not _own_telemetry("verify"):
+                    own, scored = gymtrace.verify(), True
+                elif phase.kind == "model":
+                    own = gymtrace.model_call(model=phase.argument)
+                elif phase.kind == "tool":
+                    own = gymtrace.tool_call(tool_name=phase.argument)
+                if own is not None:
+                    stack.enter_context(own)
+                    opened = True
         except Exception as exc:  # noqa: BLE001 - telemetry must not break the request
             stack.close()
             instrumentation.report_error("gymtrace.integrations.nemo_gym middleware", exc)
             await self.app(scope, receive, send)
             return
         with stack:
-            await self.app(scope, receive, capture if scored else send)
-            if scored:
-                with instrumentation.guard("gymtrace.integrations.nemo_gym response"):
-                    status = captured["status"] or 500
-                    if status >= 500 and root is not None:
-                        gymtrace.record_failure(message=f"/run answered HTTP {status}")
-                    elif status < 400:
-                        body = captured["body"]
-                        reward = _reward_of(json.loads(body)) if body else None
-                        if reward is not None:
-                            gymtrace.record_reward(reward)
+            await self.app(scope, receive, capture if opened else send)
+            with instrumentation.guard("gymtrace.integrations.nemo_gym response"):
+                status = captured["status"] or 500
+                if status >= 500 and root is not None and scored:
+                    gymtrace.record_failure(message=f"/run answered HTTP {status}")
+                elif status >= 500 and opened:
+                    # The handler's exception became a 500 inside the app: the phase still failed.
+                    frame = instrumentation.innermost_scope()
+                    if frame is not None:
+                        frame.span.set_status(Status(StatusCode.ERROR, f"HTTP {status}"))
+                elif scored and status < 400:
+                    body = captured["body"]
+                    reward = _reward_of(json.loads(body)) if body else None
+                    if reward is not None:
+                        gymtrace.record_reward(reward)
 
 
 def _add_middleware(wrapped: Any, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
