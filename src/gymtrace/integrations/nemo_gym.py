@@ -1,4 +1,14 @@
-"""NeMo Gym's wire identity: headers, body fields and path prefix for the current gym scope.
+"""NeMo Gym: its stack traced with no code, and its wire identity for code you own.
+
+**The stack as it is** (nemo-gym 0.7.0): ``opentelemetry-instrument gym env start ...`` and
+``opentelemetry-instrument gym eval run ...`` run :func:`instrument_stack` in every NeMo Gym process
+(through :mod:`gymtrace.integrations.autoinstrument`): each ``/run`` row is a rollout named by NeMo
+Gym's key, a resume pass the next attempt of it, identity kept inside the gym
+(docs/integrations/nemo-gym.md). :func:`rollout_identity`, :func:`run_id_for_output`,
+:func:`trace_id_for` and :func:`span_id_for` are the one mapping from what NeMo Gym sends or stores
+to gymtrace's IDs, shared with ``gymtrace import nemo-gym``.
+
+**Headers, body fields and path prefix** for the current gym scope, for code you own:
 
 NeMo Gym servers identify one execution by two headers sent together (a server answers 409
 ``execution_identity_mismatch`` when only one is present)::
