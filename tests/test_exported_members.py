@@ -132,6 +132,7 @@ def test_the_integration_seam_is_pinned() -> None:
         "STEPS_OWNED_ELSEWHERE",
         "STEP_POLICIES",
         "accept_identity",
+        "bind_tracer_provider",
         "chosen_step_parameters",
         "continue_scope",
         "current_identity",
@@ -146,6 +147,7 @@ def test_the_integration_seam_is_pinned() -> None:
         "may_carry_identity",
         "pinned_ids",
         "report_error",
+        "rollout_sampled_out",
         "set_identity_aliases",
         "set_identity_fallback",
         "stamp_identity",
@@ -154,6 +156,7 @@ def test_the_integration_seam_is_pinned() -> None:
         "step_policy_inputs",
         "step_statistics_attributes",
         "use_tracer_provider",
+        "warn",
         "warn_once",
         "write_step",
     ]

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import uuid
 from collections.abc import Sequence
@@ -17,6 +18,7 @@ from gymtrace import _constants as c
 from gymtrace import _settings
 from gymtrace._environment import DEFAULT_FILE, GYMTRACE_FILE
 from gymtrace._spandata import SpanData, TraceFileError, read_otlp_json_lines
+from gymtrace._version import __version__
 
 if TYPE_CHECKING:
     from gymtrace._outcomes import RunStats
@@ -29,6 +31,7 @@ def _default_file() -> str:
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="gymtrace", description="OpenTelemetry traces of RL rollouts.")
+    parser.add_argument("--version", action="version", version=f"gymtrace {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
 
     demo = sub.add_parser("demo", help="trace a small simulated gym run and print its span tree")
@@ -112,7 +115,38 @@ def _add_reader_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--run", metavar="RUN_ID", help="only this run (gym.run.id)")
 
 
+# Exit codes (docs/cli.md): 0 success; 1 the answer is "no" (contract violations, nothing found);
+# 2 bad usage or an unreadable input (argparse's own convention for usage errors); 130 interrupted;
+# 141 the reader of standard output went away (128 + SIGPIPE, what a shell reports for a command
+# killed by the signal, as `yes | head -1` is).
+EXIT_CLOSED_PIPE = 141
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    try:
+        code = _main(argv)
+        # Flushed here, not at interpreter exit, so a reader that went away is noticed below
+        # instead of in Python's exit-time flush, which prints "Exception ignored ...".
+        sys.stdout.flush()
+        return code
+    except BrokenPipeError:
+        return _closed_pipe()
+
+
+def _closed_pipe() -> int:
+    """Standard output's reader closed the pipe (``gymtrace rollouts --json | head -1``): stop
+    quietly, as ``cat`` does. What is still buffered cannot be written anywhere; pointing standard
+    output at the null device keeps the interpreter's exit-time flush from failing again."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+    except (OSError, ValueError):
+        pass
+    return EXIT_CLOSED_PIPE
+
+
+def _main(argv: Sequence[str] | None) -> int:
     args = _parser().parse_args(argv)
     try:
         if args.command == "demo":
@@ -126,6 +160,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command == "stats":
             return _stats(args)
         return _check(args)
+    except BrokenPipeError:
+        raise  # an OSError, but not the input's: main() stops quietly
     except (TraceFileError, OSError) as exc:
         print(f"gymtrace {args.command}: {exc}", file=sys.stderr)
         return 2

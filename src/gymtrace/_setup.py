@@ -326,7 +326,7 @@ def configure(
             list(settings.unknown_exporters),
         )
     if sampler is None and settings.sample_ratio is not None:
-        from gymtrace.sampling import RolloutSampler  # needs the SDK, imported only when used
+        from gymtrace._sampler import RolloutSampler  # needs the SDK, imported only when used
 
         sampler = RolloutSampler(settings.sample_ratio, by=settings.sample_by)
     key = (

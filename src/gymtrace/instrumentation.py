@@ -35,11 +35,13 @@ any release; this module changes only by addition):
   attributes the ``IdentitySpanProcessor`` derives from the identity).
 - **Tracers.** :func:`get_tracer` honours an optional ``tracer_provider`` (default: the one gymtrace
   scopes use, normally the global one); :func:`use_tracer_provider` sends the gymtrace scopes opened
-  inside it to a given provider; :func:`start_scope` / :func:`end_scope` run a gymtrace scope by hand
-  on a chosen tracer (for spans whose end is not a block's end: a stream, a hook pair).
+  inside it to a given provider, :func:`bind_tracer_provider` those opened in a given context; :func:`start_scope` / :func:`end_scope` run a gymtrace scope by hand
+  on a chosen tracer (for spans whose end is not a block's end: a stream, a hook pair);
+  :func:`rollout_sampled_out` tells whether the sampler drops a rollout before it is opened.
 - **Errors.** :class:`guard` (context manager and decorator) and :func:`report_error` hand
   gymtrace's own failures to its policy (logged once on the ``gymtrace`` logger and swallowed; raised
-  under pytest and in strict mode); :func:`warn_once` reports a misuse once per key;
+  under pytest and in strict mode); :func:`warn_once` reports a misuse once per key, :func:`warn` something about one
+  datum each time;
   :class:`InvalidArgumentError` is what a bad argument to an integration raises.
 - **Step aggregation** (what :class:`gymtrace.integrations.gymnasium.TraceEnv` samples steps with):
   :data:`STEP_POLICIES`, :data:`STEPS_OWNED_ELSEWHERE`, :func:`chosen_step_parameters`,
@@ -51,6 +53,8 @@ Span and attribute names are in :mod:`gymtrace.attributes`.
 
 from __future__ import annotations
 
+import contextvars
+import sys
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any
@@ -73,6 +77,7 @@ __all__ = [
     "STEP_POLICIES",
     "InvalidArgumentError",
     "accept_identity",
+    "bind_tracer_provider",
     "chosen_step_parameters",
     "continue_scope",
     "current_identity",
@@ -87,6 +92,7 @@ __all__ = [
     "may_carry_identity",
     "pinned_ids",
     "report_error",
+    "rollout_sampled_out",
     "set_identity_aliases",
     "set_identity_fallback",
     "stamp_identity",
@@ -95,6 +101,7 @@ __all__ = [
     "step_policy_inputs",
     "step_statistics_attributes",
     "use_tracer_provider",
+    "warn",
     "warn_once",
     "write_step",
 ]
@@ -222,6 +229,15 @@ def use_tracer_provider(tracer_provider: trace.TracerProvider | None) -> Iterato
         _which.reset_contextual_provider(token)
 
 
+def bind_tracer_provider(context: contextvars.Context, tracer_provider: trace.TracerProvider | None) -> None:
+    """Send the gymtrace scopes opened whenever ``context.run(...)`` runs to ``tracer_provider``
+    (``None`` changes nothing): for an integration that keeps a context of its own between calls
+    (an environment's episode, say) rather than a block."""
+    _check_provider(tracer_provider, "bind_tracer_provider()")
+    if tracer_provider is not None:
+        context.run(_which.set_contextual_provider, tracer_provider)
+
+
 def start_scope(scope: _Scope, tracer: trace.Tracer) -> _ActiveScope | None:
     """Start ``scope`` (what ``gymtrace.model_call(...)`` and the other levels return) on
     ``tracer`` without entering it: the returned activation's ``span`` is its span, its ``context``
@@ -236,6 +252,16 @@ def end_scope(scope: _Scope, frame: _ActiveScope, exc: BaseException | None = No
     scope.finish(frame, exc)
 
 
+def rollout_sampled_out(rollout_id: str, task_id: str | None = None) -> bool:
+    """Whether the sampler in force (a :class:`gymtrace.sampling.RolloutSampler`, which decides by
+    the IDs alone) drops a rollout with these IDs: for an integration that opens rollouts itself and
+    can then skip their whole span path. False when another sampler decides at the span, or none
+    was configured."""
+    # Without a RolloutSampler ever made, its SDK module was never loaded: nothing decides early.
+    sampler_module = sys.modules.get("gymtrace._sampler")
+    return sampler_module is not None and sampler_module.decided_in_advance(rollout_id, task_id) is False
+
+
 # -- errors --------------------------------------------------------------------------------------------
 
 
@@ -245,6 +271,12 @@ def report_error(where: str, exc: BaseException, *, may_raise: bool = True) -> N
     in strict mode, unless ``may_raise=False`` (a user exception is already on its way out, and
     replacing it would change what the user's code raises)."""
     _errors.internal_error(where, exc, may_raise=may_raise)
+
+
+def warn(message: str) -> None:
+    """Report something about one datum the integration handled (a sample without a score, say):
+    one WARNING on the ``gymtrace`` logger each time."""
+    _errors.logger.warning("gymtrace: %s", message)
 
 
 def warn_once(key: object, message: str) -> None:

@@ -306,3 +306,22 @@ def test_configure_raises_import_error_naming_the_sdk_extra(monkeypatch, tmp_pat
 def test_capture_spans_raises_import_error_without_the_sdk() -> None:
     with pytest.raises(ImportError), gymtrace.testing.capture_spans():
         pass
+
+
+def test_public_modules_import_without_the_sdk_and_rollout_sampler_names_the_extra() -> None:
+    # gymtrace.sampling is public: importing it (and its SDK-free keep_rollout) must work API-only;
+    # only the SDK sampler itself needs the SDK, and says which extra to install.
+    code = (
+        "import sys, gymtrace.sampling, gymtrace.instrumentation, gymtrace.attributes;"
+        "from gymtrace.sampling import keep_rollout;"
+        "assert keep_rollout('r-1', 1.0) and not keep_rollout('r-1', 0.0);"
+        "sdk = sorted(m for m in sys.modules if m.startswith('opentelemetry.sdk'));"
+        "assert not sdk, sdk\n"
+        "try:\n"
+        "    from gymtrace.sampling import RolloutSampler\n"
+        "except ImportError as exc:\n"
+        '    assert "gymtrace[sdk]" in str(exc), exc\n'
+        "else:\n"
+        "    raise AssertionError('RolloutSampler imported without the SDK')\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True)

@@ -40,7 +40,7 @@ import wrapt
 from multidict import CIMultiDict
 from opentelemetry import context as otel_context
 
-from gymtrace._errors import internal_error
+from gymtrace.instrumentation import report_error
 from gymtrace.propagation import inject, with_identity
 
 __all__ = ["aiohttp_trace_config", "instrument", "uninstrument"]
@@ -57,7 +57,7 @@ async def _on_request_start(
         if otel_context.get_value(_OUTGOING_KEY) is None:  # instrument() already injected
             inject(params.headers, continuation=False, destination=params.url)
     except Exception as exc:  # noqa: BLE001 - telemetry must not break the request
-        internal_error("gymtrace.http aiohttp trace config", exc)
+        report_error("gymtrace.http aiohttp trace config", exc)
 
 
 def aiohttp_trace_config() -> aiohttp.TraceConfig:
@@ -89,7 +89,7 @@ async def _request_with_identity(
         # Attached for the whole request, so the official instrumentor's attach nests inside.
         token = otel_context.attach(ctx)
     except Exception as exc:  # noqa: BLE001 - telemetry must not break the request
-        internal_error("gymtrace aiohttp instrument", exc)
+        report_error("gymtrace aiohttp instrument", exc)
     try:
         return await wrapped(*args, **kwargs)
     finally:

@@ -36,22 +36,26 @@ Non-HTTP scopes (``lifespan``) pass straight through.
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 
 from opentelemetry import context as otel_context
 from opentelemetry import trace
 
-# _remote_context and _incoming_identity are what an integration needs beyond the public API: the
-# caller's scope continued on a chosen parent span, and the identity in a raw baggage header
-# believed per GYMTRACE_TRUST_IDENTITY. FRAME_KEY tells whether a scope is continued.
-from gymtrace._frame import FRAME_KEY, ActiveScope
-from gymtrace.propagation import _incoming_identity, _remote_context, extract
+from gymtrace.instrumentation import (
+    InvalidArgumentError,
+    continue_scope,
+    identity_fallback,
+    incoming_identity,
+    innermost_scope,
+    report_error,
+    set_identity_fallback,
+    stamp_identity,
+    use_tracer_provider,
+)
+from gymtrace.propagation import extract
 
 __all__ = ["GymTraceMiddleware"]
-
-_logger = logging.getLogger("gymtrace")
 
 _Scope = MutableMapping[str, Any]
 _Receive = Callable[[], Awaitable[MutableMapping[str, Any]]]
@@ -68,22 +72,19 @@ def _first_baggage(headers: Any) -> str | None:
     return None
 
 
-# Where identity comes from when a request carries no believed gym baggage: NeMo Gym's headers once
-# gymtrace.integrations.nemo_gym.instrument() ran. None: nowhere else.
-_fallback: Callable[[Any], dict[str, str | int]] | None = None
-
-
 def _set_fallback_identity(read: Callable[[Any], dict[str, str | int]] | None) -> None:
-    global _fallback
-    _fallback = read
+    """Kept for callers written before gymtrace.instrumentation.set_identity_fallback existed."""
+    set_identity_fallback(read)
 
 
 def _with_fallback(ctx: otel_context.Context, headers: Any) -> otel_context.Context:
-    read = _fallback
-    if read is None or isinstance(ctx.get(FRAME_KEY), ActiveScope):
+    # Where identity comes from when a request carries no believed gym baggage (NeMo Gym's headers
+    # once gymtrace.integrations.nemo_gym.instrument() ran), unless the extraction continued a scope.
+    read = identity_fallback()
+    if read is None or innermost_scope(ctx) is not None:
         return ctx
     identity = read(headers)
-    return _remote_context(ctx, identity) if identity else ctx
+    return continue_scope(ctx, identity) if identity else ctx
 
 
 def _request_context(headers: Any, current: otel_context.Context | None = None) -> otel_context.Context:
@@ -101,21 +102,31 @@ def _request_context(headers: Any, current: otel_context.Context | None = None) 
     local = trace.get_current_span(current)
     if not local.get_span_context().is_valid:
         return _with_fallback(extract(headers, current), headers)
-    identity, _ = _incoming_identity(_first_baggage(headers))
-    if not identity and _fallback is not None:
-        identity = _fallback(headers)
-    if identity and local.is_recording():
-        # The outer middleware's span got what OpenTelemetry's propagator decoded (a baggage
-        # property inside the value, "+" as a space); this is the identity the request runs with.
-        local.set_attributes(identity)
-    return _remote_context(current, identity)
+    identity = incoming_identity(_first_baggage(headers))
+    read = identity_fallback()
+    if not identity and read is not None:
+        identity = read(headers)
+    # The outer middleware's span got what OpenTelemetry's propagator decoded (a baggage property
+    # inside the value, "+" as a space); this is the identity the request runs with.
+    stamp_identity(local, identity)
+    return continue_scope(current, identity)
 
 
 class GymTraceMiddleware:
-    """Continue the caller's trace and gym identity for each HTTP or WebSocket request."""
+    """Continue the caller's trace and gym identity for each HTTP or WebSocket request.
 
-    def __init__(self, app: _ASGIApp) -> None:
+    ``tracer_provider``: where the gymtrace scopes the handler opens go (default: the global
+    provider). The middleware itself makes no spans.
+    """
+
+    def __init__(self, app: _ASGIApp, *, tracer_provider: trace.TracerProvider | None = None) -> None:
+        if tracer_provider is not None and not isinstance(tracer_provider, trace.TracerProvider):
+            raise InvalidArgumentError(
+                "GymTraceMiddleware(): tracer_provider must be an opentelemetry TracerProvider or None,"
+                f" got {tracer_provider!r:.60}"
+            )
         self.app = app
+        self.tracer_provider = tracer_provider
 
     async def __call__(self, scope: _Scope, receive: _Receive, send: _Send) -> None:
         if scope.get("type") not in ("http", "websocket"):
@@ -124,12 +135,11 @@ class GymTraceMiddleware:
         token = None
         try:
             token = otel_context.attach(_request_context(scope.get("headers") or ()))
-        except Exception:
-            _logger.warning(
-                "gymtrace: GymTraceMiddleware could not continue the caller's trace", exc_info=True
-            )
+        except Exception as exc:  # noqa: BLE001 - telemetry must not break the request
+            report_error("gymtrace.integrations.asgi GymTraceMiddleware", exc)
         try:
-            await self.app(scope, receive, send)
+            with use_tracer_provider(self.tracer_provider):
+                await self.app(scope, receive, send)
         finally:
             if token is not None:
                 otel_context.detach(token)

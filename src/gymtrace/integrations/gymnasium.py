@@ -70,7 +70,6 @@ import copy
 import dataclasses
 import heapq
 import itertools
-import logging
 import os
 import random
 import sys
@@ -80,23 +79,28 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import wrapt
+from opentelemetry import trace
 
 import gymtrace
-from gymtrace import _constants as c
-from gymtrace._steps import (
-    OWNED_ELSEWHERE,
-    POLICIES,
-    StepPolicy,
-    given_parameters,
-    policy_attributes,
-    policy_inputs,
-    statistics_attributes,
+from gymtrace import StepPolicy
+from gymtrace import attributes as c
+from gymtrace.instrumentation import STEP_POLICIES as POLICIES
+from gymtrace.instrumentation import STEPS_OWNED_ELSEWHERE as OWNED_ELSEWHERE
+from gymtrace.instrumentation import (
+    InvalidArgumentError,
+    bind_tracer_provider,
+    report_error,
+    rollout_sampled_out,
+    warn_once,
     write_step,
 )
+from gymtrace.instrumentation import chosen_step_parameters as given_parameters
+from gymtrace.instrumentation import step_policy_attributes as policy_attributes
+from gymtrace.instrumentation import step_policy_inputs as policy_inputs
+from gymtrace.instrumentation import step_statistics_attributes as statistics_attributes
 
 __all__ = ["DEFAULT_SAMPLE_FIRST", "DEFAULT_SAMPLE_SLOWEST", "TraceEnv"]
 
-logger = logging.getLogger("gymtrace")
 
 DEFAULT_SAMPLE_FIRST = 1
 """Steps of each episode recorded as spans under the ``aggregate`` policy (then only failures).
@@ -313,23 +317,12 @@ def _env_id(env: Any) -> str:
     return str(env_id) if env_id else type(getattr(env, "unwrapped", env)).__name__
 
 
-_warned: set[str] = set()
-
-
 def _warn_inside_episode() -> None:
-    if "episode" not in _warned:
-        _warned.add("episode")
-        logger.warning(
-            "gymtrace: TraceEnv.reset() inside an open gymtrace.episode(): TraceEnv opens the episode"
-            " itself (use it inside a rollout or no scope); this environment's episodes are not traced"
-        )
-
-
-def _sampled_out(rollout_id: str, task_id: str) -> bool:
-    """Whether a :class:`gymtrace.sampling.RolloutSampler` in force drops this rollout. Without
-    one, that module (which needs the SDK) was never imported, and nothing is decided here."""
-    sampling = sys.modules.get("gymtrace.sampling")
-    return sampling is not None and sampling._decided_in_advance(rollout_id, task_id) is False
+    warn_once(
+        ("gymtrace.integrations.gymnasium", "episode"),
+        "TraceEnv.reset() inside an open gymtrace.episode(): TraceEnv opens the episode"
+        " itself (use it inside a rollout or no scope); this environment's episodes are not traced",
+    )
 
 
 def _recording(frame: gymtrace.ActiveScope) -> bool:
@@ -366,6 +359,7 @@ class TraceEnv(wrapt.ObjectProxy):  # type: ignore[type-arg]  # proxies any envi
         task_id: str | None = None,
         steps: str | StepPolicy | None = None,
         sample_first: int | None = None,
+        tracer_provider: trace.TracerProvider | None = None,
     ) -> None:
         import gymnasium
         from gymnasium.vector import VectorEnv
@@ -393,7 +387,15 @@ class TraceEnv(wrapt.ObjectProxy):  # type: ignore[type-arg]  # proxies any envi
             raise ValueError(
                 f"TraceEnv(): argument 'sample_first' must be an int >= 0, got {sample_first!r:.60}"
             )
+        if tracer_provider is not None and not isinstance(tracer_provider, trace.TracerProvider):
+            raise InvalidArgumentError(
+                "TraceEnv(): argument 'tracer_provider' must be an opentelemetry TracerProvider or None,"
+                f" got {tracer_provider!r:.60}"
+            )
         super().__init__(env)
+        # Where this environment's spans go (None: the global provider). Kept out of the arguments
+        # a pickle carries: a provider cannot cross one, and the unpickled copy uses the global one.
+        self._self_tracer_provider = tracer_provider
         # As given, for a copy (copy, deepcopy, pickle): a copy is a new TraceEnv of a copy of env.
         self._self_arguments: dict[str, Any] = {
             "rollout_id": rollout_id,
@@ -432,12 +434,13 @@ class TraceEnv(wrapt.ObjectProxy):  # type: ignore[type-arg]  # proxies any envi
         """Open rollout (when ``own_rollout``) and episode in a copy of the caller's context."""
         n = next(self._self_counter)
         rollout_id = self._self_new_rollout_id(n) if own_rollout else None
-        if rollout_id is not None and _sampled_out(rollout_id, self._self_task_id):
+        if rollout_id is not None and rollout_sampled_out(rollout_id, self._self_task_id):
             # Sampled out by the rollout sampler, which decides by the ID alone: the episode passes
             # through untraced, as it would after opening the rollout's span only to find it dropped
             # (~8 µs an episode that nothing records).
             return None
         context = contextvars.copy_context()
+        bind_tracer_provider(context, self._self_tracer_provider)
         return context.run(self._self_open_in, context, index, rollout_id, n)
 
     def _self_open_in(
@@ -507,8 +510,8 @@ class TraceEnv(wrapt.ObjectProxy):  # type: ignore[type-arg]  # proxies any envi
         cancelled when ``exc`` is a ``CancelledError``. Never raises."""
         try:
             ep.context.run(self._self_end_in, ep, exc)
-        except Exception as error:
-            logger.warning("gymtrace: internal error ending a Gymnasium episode", exc_info=error)
+        except Exception as error:  # noqa: BLE001 - telemetry must not break the environment
+            report_error("gymtrace.integrations.gymnasium ending an episode", error, may_raise=exc is None)
 
     @staticmethod
     def _self_end_in(ep: _Open, exc: BaseException | None) -> None:
@@ -536,12 +539,19 @@ class TraceEnv(wrapt.ObjectProxy):  # type: ignore[type-arg]  # proxies any envi
                 return
             ep.errors += 1
             frame, offset = ep.frame, _epoch_offset()
-            if write_step(
-                frame.context, frame.identity, number, start + offset, end + offset, c.STEP_KEPT_RAISED, exc
+            if ep.context.run(
+                write_step,
+                frame.context,
+                frame.identity,
+                number,
+                start + offset,
+                end + offset,
+                c.STEP_KEPT_RAISED,
+                exc,
             ):
                 ep.sampled += 1
-        except Exception as error:
-            logger.warning("gymtrace: internal error recording a failed Gymnasium step", exc_info=error)
+        except Exception as error:  # noqa: BLE001 - the step's own exception is on its way out
+            report_error("gymtrace.integrations.gymnasium recording a failed step", error, may_raise=False)
 
     # -- the Env API ----------------------------------------------------------------------------------
 
@@ -644,10 +654,16 @@ class TraceEnv(wrapt.ObjectProxy):  # type: ignore[type-arg]  # proxies any envi
     # its own. (wrapt's proxy refuses to be copied: it cannot know what a copy of a proxy means.)
 
     def __copy__(self) -> Any:
-        return TraceEnv(copy.copy(self.__wrapped__), **self._self_arguments)
+        return TraceEnv(
+            copy.copy(self.__wrapped__), **self._self_arguments, tracer_provider=self._self_tracer_provider
+        )
 
     def __deepcopy__(self, memo: dict[int, Any]) -> Any:
-        return TraceEnv(copy.deepcopy(self.__wrapped__, memo), **self._self_arguments)
+        return TraceEnv(
+            copy.deepcopy(self.__wrapped__, memo),
+            **self._self_arguments,
+            tracer_provider=self._self_tracer_provider,
+        )
 
     def __reduce__(self) -> tuple[Any, ...]:
         return _rebuilt, (self.__wrapped__, self._self_arguments)
@@ -707,8 +723,8 @@ class _TraceVectorEnv(TraceEnv):
             return self._self_open_episode(index, own_rollout=True)
         except (TypeError, ValueError):
             raise  # the user's rollout_id callable
-        except Exception as error:
-            logger.warning("gymtrace: internal error opening a Gymnasium episode", exc_info=error)
+        except Exception as error:  # noqa: BLE001 - telemetry must not break the environment
+            report_error("gymtrace.integrations.gymnasium opening an episode", error)
             return None
 
     def _self_sessions(self, indices: Sequence[int], seed: Any) -> list[tuple[_Open, gymtrace.Scope]]:
@@ -742,10 +758,11 @@ class _TraceVectorEnv(TraceEnv):
         current = gymtrace.current_scope()
         if current is not None and current.nearest(c.KIND_ROLLOUT) is not None:
             if self._self_traced:
-                logger.warning(
-                    "gymtrace: TraceEnv of a vector environment opens one rollout per sub-environment"
+                warn_once(
+                    ("gymtrace.integrations.gymnasium", "vector rollout", id(self)),
+                    "TraceEnv of a vector environment opens one rollout per sub-environment"
                     " episode; inside gymtrace.rollout() it would nest rollouts, so it is not traced."
-                    " Use it inside gymtrace.run() or no scope."
+                    " Use it inside gymtrace.run() or no scope.",
                 )
             self._self_traced = False
             self._self_cancel_all("environment reset inside a rollout")

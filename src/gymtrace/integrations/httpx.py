@@ -18,7 +18,6 @@ context whose baggage is the gym identity, its own injection sends the identity 
 
 from __future__ import annotations
 
-import logging
 from typing import Any
 
 try:
@@ -28,11 +27,10 @@ except ImportError as exc:  # pragma: no cover - depends on the installed extras
 
 from opentelemetry import context as otel_context
 
+from gymtrace.instrumentation import report_error
 from gymtrace.propagation import inject, with_identity
 
 __all__ = ["AsyncHttpxTransport", "HttpxTransport"]
-
-_logger = logging.getLogger("gymtrace")
 
 
 def _enter(request: httpx.Request) -> object:
@@ -41,8 +39,8 @@ def _enter(request: httpx.Request) -> object:
         ctx = with_identity(destination=request.url)  # identity only to gym destinations
         inject(request.headers, ctx, continuation=False, destination=request.url)
         return otel_context.attach(ctx)
-    except Exception:
-        _logger.warning("gymtrace: the httpx transport could not attach the trace context", exc_info=True)
+    except Exception as exc:  # noqa: BLE001 - telemetry must not break the request
+        report_error("gymtrace.integrations.httpx transport", exc)
         return None
 
 

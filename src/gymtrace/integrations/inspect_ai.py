@@ -40,17 +40,17 @@ hooks for one sample can interleave with another's.
 from __future__ import annotations
 
 import contextvars
-import logging
 import re
 from collections import deque
 from typing import Any
 
+from opentelemetry import trace
+
 import gymtrace
-from gymtrace import _constants as c
+from gymtrace import attributes as c
+from gymtrace.instrumentation import InvalidArgumentError, report_error, use_tracer_provider, warn
 
 __all__ = ["SampleError", "instrument", "reward_of"]
-
-logger = logging.getLogger("gymtrace")
 
 _HOOK_NAME = "gymtrace"
 _installed: dict[str, Any] = {}
@@ -233,17 +233,13 @@ class _Tracer:
         name = self.scorer if self.scorer is not None else next(iter(scores))
         score = scores.get(name)
         if score is None:
-            logger.warning(
-                "gymtrace: Inspect sample has no score %r (scores: %s); unscored", name, list(scores)
-            )
+            warn(f"Inspect sample has no score {name!r} (scores: {list(scores)}); unscored")
             return None
         reward = reward_of(score.value)
         if reward is None:
-            logger.warning(
-                "gymtrace: Inspect score %r has value %r:.80, which is no single reward; the rollout"
-                " stays unscored (pick a scorer with instrument(scorer=...))",
-                name,
-                score.value,
+            warn(
+                f"Inspect score {name!r} has value {score.value!r:.80}, which is no single reward; the"
+                " rollout stays unscored (pick a scorer with instrument(scorer=...))"
             )
         return reward
 
@@ -339,22 +335,32 @@ def _detach(sample: _Sample) -> None:
 
 
 def _call(method: Any, *args: Any) -> None:
-    # Inspect would log a hook's exception as a warning of its own; gymtrace logs its own, named.
+    # Inspect would log a hook's exception as a warning of its own; gymtrace reports its own, named.
+    # The contexts the hooks copy (a run's, a sample's) keep the provider instrument() was handed.
     try:
-        method(*args)
-    except Exception as exc:
-        logger.warning("gymtrace: internal error in Inspect hook %s", method.__name__, exc_info=exc)
+        with use_tracer_provider(_installed.get("tracer_provider")):
+            method(*args)
+    except Exception as exc:  # noqa: BLE001 - telemetry must not break the evaluation
+        report_error(f"gymtrace.integrations.inspect_ai hook {method.__name__}", exc)
 
 
-def instrument(*, scorer: str | None = None) -> None:
+def instrument(*, scorer: str | None = None, tracer_provider: trace.TracerProvider | None = None) -> None:
     """Register gymtrace with Inspect AI's hooks, once per process (later calls change nothing
-    but the scorer).
+    but the scorer and the provider).
 
     ``scorer``: the name of the scorer whose value is the reward (default: the first scorer).
+    ``tracer_provider``: where the run, rollout, episode, verify and model-call spans go, and the
+    gymtrace scopes a solver opens (default: the global provider).
     """
     if scorer is not None and (not isinstance(scorer, str) or not scorer):
         raise TypeError(f"instrument(): argument 'scorer' must be a scorer name, got {scorer!r:.60}")
-    if _installed:
+    if tracer_provider is not None and not isinstance(tracer_provider, trace.TracerProvider):
+        raise InvalidArgumentError(
+            "instrument(): tracer_provider must be an opentelemetry TracerProvider or None,"
+            f" got {tracer_provider!r:.60}"
+        )
+    _installed["tracer_provider"] = tracer_provider
+    if "tracer" in _installed:
         _installed["tracer"].scorer = scorer
         return
     from inspect_ai.hooks import Hooks, hooks

@@ -55,12 +55,17 @@ except ImportError as exc:  # pragma: no cover - depends on the installed extras
 from opentelemetry import context as otel_context
 from opentelemetry import trace
 
-from gymtrace import _constants as c
-from gymtrace._api import model_call
-from gymtrace._errors import internal_error, logger
-from gymtrace._frame import FRAME_KEY, ActiveScope
-from gymtrace._scope import Scope
-from gymtrace._tracing import active_tracer
+from gymtrace import ActiveScope, Scope, model_call
+from gymtrace import attributes as c
+from gymtrace.instrumentation import (
+    InvalidArgumentError,
+    end_scope,
+    get_tracer,
+    innermost_scope,
+    report_error,
+    start_scope,
+    warn_once,
+)
 from gymtrace.propagation import inject
 
 __all__ = ["instrument", "uninstrument"]
@@ -68,6 +73,8 @@ __all__ = ["instrument", "uninstrument"]
 _PROVIDER = "openai"
 _lock = threading.Lock()
 _instrumented = False
+# The provider instrument() was handed (None: the one gymtrace scopes use, normally the global one).
+_tracer_provider: trace.TracerProvider | None = None
 
 
 # -- what a response says ------------------------------------------------------------------------------
@@ -171,10 +178,10 @@ class _Call:
         try:
             self.record()
         except Exception as internal:  # noqa: BLE001 - telemetry must not break the caller
-            internal_error("gymtrace.integrations.openai", internal, may_raise=exc is None)
+            report_error("gymtrace.integrations.openai", internal, may_raise=exc is None)
         if self.frame is not None and self.scope is not None:
             frame, self.frame = self.frame, None
-            self.scope.finish(frame, exc)
+            end_scope(self.scope, frame, exc)
 
 
 def _foreign_chat_span(span: Any) -> bool:
@@ -195,20 +202,20 @@ def _wrapped_by_other_instrumentation(wrapped: Any) -> bool:
 def _begin(wrapped: Any, kwargs: dict[str, Any]) -> tuple[_Call | None, Any]:
     """Decide where this request is recorded; the call and the context to run it in."""
     ctx = otel_context.get_current()
-    frame = ctx.get(FRAME_KEY)
-    if isinstance(frame, ActiveScope) and frame.kind == c.KIND_MODEL_CALL:
+    frame = innermost_scope(ctx)
+    if frame is not None and frame.kind == c.KIND_MODEL_CALL:
         return _Call(frame.span, frame=None, scope=None, enrich_only=False), None
     current = trace.get_current_span(ctx)
     if _foreign_chat_span(current):
         return _Call(current, frame=None, scope=None, enrich_only=True), None
     if _wrapped_by_other_instrumentation(wrapped):
         return None, None
-    tracer = active_tracer()
+    tracer = get_tracer(_tracer_provider)
     if tracer is None:
         return None, None
     model = kwargs.get("model")
     scope = model_call(model=model if isinstance(model, str) and model else None, provider=_PROVIDER)
-    started = scope.start(tracer)
+    started = start_scope(scope, tracer)
     if started is None:
         return None, None
     if started.span.is_recording():
@@ -310,7 +317,7 @@ def _prepare(wrapped: Any, kwargs: dict[str, Any]) -> tuple[_Call | None, object
         token = otel_context.attach(context) if context is not None else None
         return call, token
     except Exception as exc:  # noqa: BLE001 - telemetry must not break the caller
-        internal_error("gymtrace.integrations.openai", exc)
+        report_error("gymtrace.integrations.openai", exc)
         return None, None
 
 
@@ -324,7 +331,7 @@ def _after(call: _Call | None, result: Any, stream: bool, asynchronous: bool) ->
         call.usage.take_response(result.parse() if hasattr(result, "parse") else result)
         call.finish(None)
     except Exception as exc:  # noqa: BLE001 - telemetry must not break the caller
-        internal_error("gymtrace.integrations.openai", exc)
+        report_error("gymtrace.integrations.openai", exc)
     return result
 
 
@@ -356,13 +363,21 @@ async def _acreate(wrapped: Any, instance: Any, args: tuple[Any, ...], kwargs: d
     return _after(call, result, bool(kwargs.get("stream")), asynchronous=True)
 
 
-def instrument() -> None:
-    """Trace every ``chat.completions.create`` of the ``openai`` package. Idempotent.
+def instrument(*, tracer_provider: trace.TracerProvider | None = None) -> None:
+    """Trace every ``chat.completions.create`` of the ``openai`` package. Idempotent; a second call
+    changes only the provider.
 
+    ``tracer_provider``: where the ``chat`` spans go (default: the global provider).
     Call it before ``OpenAIInstrumentor().instrument()`` if you use both (see the module docs).
     """
-    global _instrumented
+    global _instrumented, _tracer_provider
+    if tracer_provider is not None and not isinstance(tracer_provider, trace.TracerProvider):
+        raise InvalidArgumentError(
+            "openai.instrument(): tracer_provider must be an opentelemetry TracerProvider or None,"
+            f" got {tracer_provider!r:.60}"
+        )
     with _lock:
+        _tracer_provider = tracer_provider
         if _instrumented:
             return
         wrapt.wrap_function_wrapper(_completions, "Completions.create", _create)
@@ -373,8 +388,9 @@ def instrument() -> None:
 def uninstrument() -> None:
     """Undo :func:`instrument`. Undo instrumentations in reverse order: OpenTelemetry's
     ``uninstrument()`` removes whichever wrapper is outermost."""
-    global _instrumented
+    global _instrumented, _tracer_provider
     with _lock:
+        _tracer_provider = None
         if not _instrumented:
             return
         removed = [_unwrap(cls) for cls in (_completions.Completions, _completions.AsyncCompletions)]
@@ -388,7 +404,8 @@ def _unwrap(cls: type) -> bool:
         return True
     # Another instrumentation wrapped after gymtrace; removing gymtrace's wrapper from under it
     # would mean rebuilding its wrapper. Undo in reverse order instead.
-    logger.warning(
-        "gymtrace: %s.create is wrapped by another instrumentation; uninstrument that first", cls.__name__
+    warn_once(
+        ("openai uninstrument", cls),
+        f"{cls.__name__}.create is wrapped by another instrumentation; uninstrument that first",
     )
     return False

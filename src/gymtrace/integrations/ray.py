@@ -42,7 +42,6 @@ from __future__ import annotations
 
 import functools
 import inspect
-import logging
 import os
 import threading
 from collections.abc import Callable
@@ -50,18 +49,17 @@ from pathlib import Path
 from typing import Any
 
 import wrapt
+from opentelemetry import trace
 
 import gymtrace
-from gymtrace import _constants as c
+from gymtrace import attributes as c
+from gymtrace.instrumentation import InvalidArgumentError, get_tracer, report_error, warn_once
 
 __all__ = ["instrument", "worker_file"]
-
-logger = logging.getLogger("gymtrace")
 
 PARAMETER = "_gymtrace"
 _state: dict[str, Any] = {}
 _lock = threading.Lock()
-_warned: set[str] = set()
 
 
 def worker_file(path: str | os.PathLike[str], pid: int | None = None) -> str:
@@ -118,9 +116,7 @@ def _signature_with_parameter(function: Callable[..., Any]) -> inspect.Signature
 
 
 def _warn_once(key: str, message: str) -> None:
-    if key not in _warned:
-        _warned.add(key)
-        logger.warning("gymtrace: %s", message)
+    warn_once(("gymtrace.integrations.ray", key), message)
 
 
 def _with_payload(args: Any, kwargs: Any, payload: dict[str, Any]) -> tuple[Any, Any]:
@@ -139,8 +135,8 @@ def _remote_function(wrapped: Any, instance: Any, args: Any, kwargs: Any) -> Any
         payload = _prepare_function(instance)
         if payload is not None:
             args, kwargs = _with_payload(args, kwargs, payload)
-    except Exception as exc:
-        logger.warning("gymtrace: internal error preparing a Ray task", exc_info=exc)
+    except Exception as exc:  # noqa: BLE001 - telemetry must not break the call
+        report_error("gymtrace.integrations.ray preparing a task", exc)
     return wrapped(*args, **kwargs)
 
 
@@ -223,8 +219,8 @@ def _traced(function: Callable[..., Any], name: str) -> Callable[..., Any]:
 def _actor_creation(wrapped: Any, instance: Any, args: Any, kwargs: Any) -> Any:
     try:
         _prepare_actor_class(instance)
-    except Exception as exc:
-        logger.warning("gymtrace: internal error preparing a Ray actor class", exc_info=exc)
+    except Exception as exc:  # noqa: BLE001 - telemetry must not break the call
+        report_error("gymtrace.integrations.ray preparing an actor class", exc)
     return wrapped(*args, **kwargs)
 
 
@@ -262,12 +258,16 @@ def _actor_method(wrapped: Any, instance: Any, args: Any, kwargs: Any) -> Any:
             payload = _payload()
             if payload is not None:
                 args, kwargs = _with_payload(args, kwargs, payload)
-    except Exception as exc:
-        logger.warning("gymtrace: internal error preparing a Ray actor call", exc_info=exc)
+    except Exception as exc:  # noqa: BLE001 - telemetry must not break the call
+        report_error("gymtrace.integrations.ray preparing an actor call", exc)
     return wrapped(*args, **kwargs)
 
 
-def instrument(configuration: gymtrace.Configuration | None = None) -> None:
+def instrument(
+    configuration: gymtrace.Configuration | None = None,
+    *,
+    tracer_provider: trace.TracerProvider | None = None,
+) -> None:
     """Carry gym scopes into Ray tasks and actor methods (idempotent; ``ray`` may be imported and
     initialised before or after).
 
@@ -275,7 +275,17 @@ def instrument(configuration: gymtrace.Configuration | None = None) -> None:
     gymtrace alike. Without it, the driver's configuration at the time of each call is used
     (:func:`gymtrace.get_configuration`), and workers of an unconfigured driver configure from the
     environment they inherited.
+
+    ``tracer_provider``: where the ``ray.task`` spans of tasks run in this process go (Ray's local
+    mode; default: the global provider). A worker process has its own provider, the one it
+    configured.
     """
+    if tracer_provider is not None and not isinstance(tracer_provider, trace.TracerProvider):
+        raise InvalidArgumentError(
+            "instrument(): tracer_provider must be an opentelemetry TracerProvider or None,"
+            f" got {tracer_provider!r:.60}"
+        )
+    _state["tracer_provider"] = tracer_provider
     if configuration is not None and not isinstance(configuration, gymtrace.Configuration):
         raise TypeError(
             "instrument(): argument 'configuration' must be what gymtrace.configure() returned,"
@@ -365,8 +375,6 @@ class _Execution:
     def __enter__(self) -> None:
         try:
             _ensure_configured(self._payload.get("settings") or {}, self._payload.get("pid"))
-            from opentelemetry import trace
-
             self._attach = gymtrace.propagation.attach(self._payload.get("headers") or {})
             self._attach.__enter__()
             attempt = _attempt_number()
@@ -376,7 +384,9 @@ class _Execution:
                 attributes[c.RAY_TASK_ID] = task_id
             if attempt is not None:
                 attributes[c.RAY_TASK_ATTEMPT] = attempt
-            tracer = trace.get_tracer(c.INSTRUMENTATION_NAME)
+            tracer = get_tracer(_state.get("tracer_provider"))
+            if tracer is None:
+                return  # tracing is off here
             self._span_cm = tracer.start_as_current_span(
                 f"{c.SPAN_RAY_TASK} {self._name}", kind=trace.SpanKind.CONSUMER, attributes=attributes
             )
@@ -390,8 +400,8 @@ class _Execution:
                         " (its worker died, or it raised and retry_exceptions is on)",
                     },
                 )
-        except Exception as exc:
-            logger.warning("gymtrace: internal error entering a Ray task", exc_info=exc)
+        except Exception as exc:  # noqa: BLE001 - telemetry must not break the task
+            report_error("gymtrace.integrations.ray entering a task", exc)
 
     def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
         try:
@@ -401,5 +411,5 @@ class _Execution:
                 self._attach.__exit__(exc_type, exc, tb)
             # Ray reuses workers and kills idle ones without exit handlers: flush each call.
             gymtrace.force_flush()
-        except Exception as error:
-            logger.warning("gymtrace: internal error ending a Ray task", exc_info=error)
+        except Exception as error:  # noqa: BLE001 - telemetry must not break the task
+            report_error("gymtrace.integrations.ray ending a task", error, may_raise=exc is None)
