@@ -398,13 +398,11 @@ def instrument(*, body: bool = False, path: bool = False, aliases: bool = False)
             raise instrumentation.InvalidArgumentError(
                 f"nemo_gym.instrument(): {name} must be a bool, got {value!r}"
             )
-    from gymtrace.integrations import asgi as _asgi
-
     with _lock:
         _options.body, _options.path = body, path
         instrumentation.set_identity_aliases(alias_attributes if aliases else None)
+        # GymTraceMiddleware reads NeMo Gym's headers where a request carries no gym baggage.
         instrumentation.set_identity_fallback(identity_from_headers)
-        _asgi._set_fallback_identity(identity_from_headers)
         if _patched:
             return
         try:
@@ -425,12 +423,9 @@ def instrument(*, body: bool = False, path: bool = False, aliases: bool = False)
 
 
 def uninstrument() -> None:
-    from gymtrace.integrations import asgi as _asgi
-
     with _lock:
         instrumentation.set_identity_aliases(None)
         instrumentation.set_identity_fallback(None)
-        _asgi._set_fallback_identity(None)
         _options.body = _options.path = False
         for owner, name in reversed(_patched):
             wrapper = owner.__dict__[name]
