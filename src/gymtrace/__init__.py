@@ -17,7 +17,7 @@ Example::
                 gymtrace.record_reward(env.score(answer))
 
 Every span carries ``gym.kind`` and the gym identity (``gym.rollout.id``,
-``gym.episode.attempt``, ...); the README describes the vocabulary and every attribute.
+``gym.episode.attempt``, ...); docs/concepts.md describes the vocabulary and its rules.
 """
 
 from gymtrace import propagation, testing

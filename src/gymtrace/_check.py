@@ -1,6 +1,6 @@
 """The contract checker behind ``gymtrace.testing.check_trace`` and ``gymtrace check FILE``.
 
-Each rule is a rule of the vocabulary the README describes; each message names the rollout or span
+Each rule is a rule of the vocabulary docs/concepts.md describes; each message names the rollout or span
 it is about. Nesting comes from the level table (``_levels.LEVELS``), so a new level is checked
 without touching this module. A rule reports at most :data:`EXAMPLES` examples and then a count, so
 a systematic problem in a big trace stays readable. Rollout outcomes are judged by the rule every

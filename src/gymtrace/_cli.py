@@ -1,4 +1,4 @@
-"""The ``gymtrace`` command: ``demo``, ``tree``, ``check``, ``rollouts`` and ``stats``.
+"""The ``gymtrace`` command: ``demo``, ``tree``, ``check``, ``rollouts``, ``stats``, ``import`` and ``compare``.
 
 The only module that prints. ``demo-service`` serves one service of ``demo --distributed``, which
 starts them as processes.
@@ -7,7 +7,9 @@ starts them as processes.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
+import operator
 import os
 import sys
 import uuid
@@ -21,7 +23,9 @@ from gymtrace._spandata import SpanData, TraceFileError, read_otlp_json_lines
 from gymtrace._version import __version__
 
 if TYPE_CHECKING:
+    from gymtrace._compare import Comparison
     from gymtrace._outcomes import RunStats
+    from gymtrace._passk import PassK
     from gymtrace.demo.distributed import DistributedResult
 
 
@@ -103,7 +107,63 @@ def _parser() -> argparse.ArgumentParser:
         action="store_true",
         help="one JSON object per run (run_id, scored, unscored, inputs, mean_reward, ...)",
     )
+    stats.add_argument(
+        "--pass-k",
+        type=int,
+        metavar="K",
+        help="pass@K per task (unbiased estimator over scored repeats; a repeat passes above --pass-threshold)"
+        " and its mean; JSON key pass_k",
+    )
+    _add_records_parsers(sub)
     return parser
+
+
+def _add_records_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    imp = sub.add_parser(
+        "import",
+        help="write trajectory records (NeMo Gym output, ATIF, Inspect AI logs) as traces",
+        description="Write records as the traces a live gymtrace run writes: deterministic IDs,"
+        " recorded times kept, synthesised ones marked gym.timing=synthetic.",
+    )
+    imp.add_argument("format", choices=("nemo-gym", "atif", "inspect"), help="the records' format")
+    imp.add_argument(
+        "records", nargs="+", metavar="FILE", help="record files (directories for atif and inspect)"
+    )
+    imp.add_argument(
+        "-o", "--output", metavar="OUT", help=f"OTLP/JSON lines file to append to (default: {DEFAULT_FILE})"
+    )
+    imp.add_argument(
+        "--endpoint",
+        metavar="URL",
+        help="send over OTLP/HTTP (JSON), e.g. http://127.0.0.1:4318 (also to OUT if -o)",
+    )
+    imp.add_argument("--run", metavar="ID", help="the run ID (default: from the records)")
+
+    compare = sub.add_parser(
+        "compare", help="per task: mean reward of run B minus run A, with a bootstrap interval and flips"
+    )
+    compare.add_argument("a", metavar="A", help="run A: a trace file or directory, or a run ID with --jaeger")
+    compare.add_argument("b", metavar="B", help="run B, the same way")
+    compare.add_argument("--jaeger", metavar="URL", help="read both runs from Jaeger by run ID")
+    compare.add_argument("--service", help="service to search in Jaeger (default: every service)")
+    compare.add_argument(
+        "--json", action="store_true", help="one JSON object (tasks, delta, ci95, verdict, ...)"
+    )
+    compare.add_argument(
+        "--pass-threshold",
+        type=float,
+        default=0.5,
+        metavar="X",
+        help="a task passes when its mean reward is at least X (flips; pass@k per repeat) (default: 0.5)",
+    )
+    compare.add_argument(
+        "--max-unscored-gap",
+        type=float,
+        default=10.0,
+        metavar="PP",
+        help="refuse a verdict when the runs' unscored shares differ by more than PP points (default: 10)",
+    )
+    compare.add_argument("--pass-k", type=int, metavar="K", help="also give pass@K per task and run")
 
 
 def _add_reader_arguments(parser: argparse.ArgumentParser) -> None:
@@ -159,6 +219,10 @@ def _main(argv: Sequence[str] | None) -> int:
             return _rollouts(args)
         if args.command == "stats":
             return _stats(args)
+        if args.command == "import":
+            return _import(args)
+        if args.command == "compare":
+            return _compare(args)
         return _check(args)
     except BrokenPipeError:
         raise  # an OSError, but not the input's: main() stops quietly
@@ -400,20 +464,212 @@ def _ran_in(services: tuple[str, ...]) -> str:
 
 
 def _stats(args: argparse.Namespace) -> int:
-    from gymtrace._outcomes import summarise
+    from gymtrace._outcomes import final_outcomes, summarise
+    from gymtrace._passk import per_task
 
+    if args.pass_k is not None and args.pass_k < 1:
+        print("gymtrace stats: --pass-k must be at least 1", file=sys.stderr)
+        return 2
+    outcomes = final_outcomes(_read(args), run_id=args.run)
     stats = summarise(
-        _read(args), run_id=args.run, failed_as_zero=args.failed_as_zero, pass_threshold=args.pass_threshold
+        outcomes=outcomes, failed_as_zero=args.failed_as_zero, pass_threshold=args.pass_threshold
     )
     if not stats:
         print("no rollouts found", file=sys.stderr)
         return 1
     for run in stats:
+        body = run.as_json()
+        pass_k = None
+        if args.pass_k is not None:
+            pass_k = per_task(
+                (o for o in outcomes if o.run_id == run.run_id),
+                args.pass_k,
+                functools.partial(operator.lt, args.pass_threshold),
+            )
+            body["pass_k"] = pass_k.as_json()
         if args.json:
-            print(json.dumps(run.as_json()))
+            print(json.dumps(body))
             continue
         _print_stats(run, failed_as_zero=args.failed_as_zero)
+        if pass_k is not None:
+            _print_pass_k(pass_k)
     return 0
+
+
+def _print_pass_k(pass_k: PassK, indent: str = "  ") -> None:
+    mean = "n/a" if pass_k.mean is None else f"{pass_k.mean:.4g}"
+    print(
+        f"{indent}pass@{pass_k.k}: {mean} over {len(pass_k.tasks)} tasks"
+        + (
+            f" ({pass_k.too_few} with fewer than {pass_k.k} scored repeats left out)"
+            if pass_k.too_few
+            else ""
+        )
+    )
+
+
+def _import(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from gymtrace._records import _write
+
+    paths = [Path(p) for p in args.records]
+    if args.format == "nemo-gym":
+        from gymtrace._records import nemo_gym as importer
+    elif args.format == "atif":
+        from gymtrace._records import atif as importer  # type: ignore[no-redef]
+    else:
+        from gymtrace._records import inspect as importer  # type: ignore[no-redef]
+    try:
+        result = importer.import_files(paths, run_id=args.run)
+    except (ValueError, ImportError) as exc:
+        print(f"gymtrace import: {exc}", file=sys.stderr)
+        return 2
+    if not result.spans:
+        print("gymtrace import: no records found", file=sys.stderr)
+        return 1
+    resource = {c.RECORD_FORMAT: args.format}
+    targets = []
+    if args.output or not args.endpoint:
+        targets.append(args.output or _default_file())
+        _write.write_file(result.spans, targets[-1], resource)
+    if args.endpoint:
+        targets.append(_write.traces_url(args.endpoint))
+        _write.send(result.spans, args.endpoint, resource)
+    target = " and ".join(targets)
+    runs = sorted(
+        {str(s.attributes.get(c.RUN_ID)) for s in result.spans if s.attributes.get(c.KIND) == c.KIND_RUN}
+    )
+    print(
+        f"imported {result.rollouts} rollouts of run {', '.join(runs)}: {len(result.spans)} spans"
+        f" ({result.synthetic} with synthesised times) to {target}"
+    )
+    if result.unmapped:
+        print(f"not mapped ({sum(result.unmapped.values())}):")
+        for what, count in sorted(result.unmapped.items()):
+            print(f"  {count:>6}  {what}")
+    return 0
+
+
+def _run_spans(args: argparse.Namespace, which: str) -> list[SpanData]:
+    """The spans of run A or B: a run ID searched in Jaeger, a trace file, or a directory of them."""
+    from pathlib import Path
+
+    given = getattr(args, which)
+    if args.jaeger:
+        from gymtrace._jaeger import JaegerClient
+
+        found: list[SpanData] = JaegerClient(args.jaeger).search(args.service, {c.RUN_ID: given})
+        return found
+    path = Path(given)
+    files = (
+        sorted(p for p in path.iterdir() if p.is_file() and not p.name.startswith("."))
+        if path.is_dir()
+        else [path]
+    )
+    return _read_files([str(p) for p in files])
+
+
+def _compare(args: argparse.Namespace) -> int:
+    from gymtrace._compare import compare
+    from gymtrace._outcomes import final_outcomes
+    from gymtrace._passk import per_task
+
+    if args.max_unscored_gap < 0:
+        print("gymtrace compare: --max-unscored-gap must be at least 0", file=sys.stderr)
+        return 2
+    if args.pass_k is not None and args.pass_k < 1:
+        print("gymtrace compare: --pass-k must be at least 1", file=sys.stderr)
+        return 2
+    sides = []
+    for which in ("a", "b"):
+        outcomes = final_outcomes(
+            _run_spans(args, which), run_id=getattr(args, which) if args.jaeger else None
+        )
+        runs = sorted({o.run_id or "(no run)" for o in outcomes})
+        if not outcomes:
+            print(
+                f"gymtrace compare: no rollouts in {which.upper()} ({getattr(args, which)})", file=sys.stderr
+            )
+            return 1
+        if len(runs) > 1:
+            print(
+                f"gymtrace compare: {which.upper()} holds {len(runs)} runs ({', '.join(runs)}); give one run per side",
+                file=sys.stderr,
+            )
+            return 2
+        sides.append((runs[0], outcomes))
+    (run_a, a), (run_b, b) = sides
+    result = compare(a, b, threshold=args.pass_threshold, max_unscored_gap_pp=args.max_unscored_gap)
+    threshold = args.pass_threshold
+    if args.pass_k is not None:
+        result.extra["pass_k"] = {
+            side: per_task(outcomes, args.pass_k, lambda r: r >= threshold).as_json()
+            for side, outcomes in (("a", a), ("b", b))
+        }
+    result.extra["a_run_id"], result.extra["b_run_id"] = run_a, run_b
+    if args.json:
+        print(json.dumps(result.as_json()))
+    else:
+        _print_comparison(result, run_a, run_b)
+    return 0
+
+
+def _print_comparison(result: Comparison, run_a: str, run_b: str) -> None:
+    def num(value: float | None) -> str:
+        return "-" if value is None else f"{value:.3f}"
+
+    def delta_bar(delta: float | None, width: int = 10) -> str:
+        # One column per tenth of reward on each side of 0: a terminal plot of the per-task deltas.
+        if delta is None:
+            return " " * width + "?" + " " * width
+        cells = min(width, round(abs(delta) * width))
+        left = " " * (width - cells) + "#" * cells if delta < 0 else " " * width
+        right = "#" * cells + " " * (width - cells) if delta > 0 else " " * width
+        return f"{left}|{right}"
+
+    print(f"A = {run_a}    B = {run_b}    (every delta is B - A)")
+    header = ("TASK", "A MEAN", "A N", "B MEAN", "B N", "DELTA")
+    rows = [
+        (
+            t.task_id,
+            num(t.a.mean),
+            f"{t.a.n}/{t.a.repeats}",
+            num(t.b.mean),
+            f"{t.b.n}/{t.b.repeats}",
+            num(t.delta),
+        )
+        for t in result.tasks
+    ]
+    widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
+    print(
+        "  ".join(h.ljust(w) for h, w in zip(header, widths, strict=True))
+        + "  -1"
+        + " " * 8
+        + "0"
+        + " " * 8
+        + "+1"
+    )
+    for row, task in zip(rows, result.tasks, strict=True):
+        print(
+            "  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True))
+            + "  "
+            + delta_bar(task.delta)
+        )
+    ci = "n/a" if result.ci95 is None else f"[{result.ci95[0]:+.3f}, {result.ci95[1]:+.3f}]"
+    delta = "n/a" if result.delta is None else f"{result.delta:+.3f}"
+    print(f"mean delta {delta}, 95% CI {ci} (paired bootstrap over tasks)")
+    print(f"unscored: A {result.a_unscored_share:.1%}, B {result.b_unscored_share:.1%}")
+    print(
+        f"flips at {result.threshold:g}: pass->fail {len(result.pass_to_fail)} {list(result.pass_to_fail)},"
+        f" fail->pass {len(result.fail_to_pass)} {list(result.fail_to_pass)}"
+    )
+    for side in ("a", "b"):
+        pass_k = result.extra.get("pass_k", {}).get(side)
+        if pass_k is not None:
+            mean = "n/a" if pass_k["mean"] is None else f"{pass_k['mean']:.4g}"
+            print(f"pass@{pass_k['k']} {side.upper()}: {mean} over {len(pass_k['tasks'])} tasks")
+    print(f"verdict: {result.verdict} ({result.reason})")
 
 
 def _print_stats(run: RunStats, *, failed_as_zero: bool, indent: str = "") -> None:

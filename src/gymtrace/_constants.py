@@ -179,6 +179,22 @@ NEMO_GYM_PATH_PREFIX: Final = "/ng-rollout/"
 NEMO_GYM_ROLLOUT_ID: Final = "nemo.gym.rollout.id"  # the attempt-qualified key ({id}-a{n} after 0)
 NEMO_GYM_RUN_ID: Final = "nemo.gym.run.id"
 NEMO_GYM_TASK_ID: Final = "nemo.gym.task.id"
+# On an episode imported from a NeMo Gym failures sidecar row: its ``_ng_failure_class``.
+NEMO_GYM_FAILURE_CLASS: Final = "nemo.gym.failure.class"
+
+# -- records imported as traces (gymtrace import) -------------------------------------------------
+
+# On every imported span whose start or end the record did not hold: the time is synthesised (laid
+# out in record order, or spanning the recorded times of the spans below it), never measured.
+TIMING: Final = "gym.timing"
+TIMING_SYNTHETIC: Final = "synthetic"
+# A message of the record that is no step of the glossary (an ATIF user or system step): an event
+# on the agent invocation, with the record's role and its step number there.
+EVENT_RECORD_MESSAGE: Final = "gym.record.message"
+RECORD_SOURCE: Final = "gym.record.source"
+RECORD_STEP_ID: Final = "gym.record.step_id"
+# Which importer wrote a span (``nemo-gym``, ``atif``, ``inspect``): a resource attribute.
+RECORD_FORMAT: Final = "gym.record.format"
 
 # Stable OpenTelemetry conventions.
 ERROR_TYPE: Final = "error.type"

@@ -95,7 +95,7 @@ of the application's process and moves to an encoder process once spans end fast
 second (a simulator tracing every step), if the process may use two CPUs or more; ``thread`` stays
 on the thread; ``process`` uses a child process from the start, fed with plain records through a
 pipe, which takes the export's CPU, and the cost of the export thread itself, off the
-application's process (see the README's "Performance"). Argument: ``configure(encoder=...)``."""
+application's process (see docs/performance.md). Argument: ``configure(encoder=...)``."""
 
 GYMTRACE_ENCODER_CONFIG: Final = "_GYMTRACE_ENCODER_CONFIG"
 """Not a setting: how gymtrace hands its encoder process the exporter to build (JSON, headers

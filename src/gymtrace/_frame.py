@@ -426,8 +426,8 @@ def _outside(caller: str, kinds: tuple[str, ...], frame: ActiveScope | None) -> 
 
 def emit_outcome(frame: ActiveScope, source: str) -> None:
     """Record ``frame``'s outcome (an episode's, or a rollout's) as a ``gym.outcome`` span in the
-    rollout's trace: the outcome was decided where the rollout span cannot carry it (see the README,
-    "Outcomes decided later or elsewhere"). Readers take, per rollout, the candidate with the highest
+    rollout's trace: the outcome was decided where the rollout span cannot carry it (see docs/results.md,
+    "Late and remote outcomes"). Readers take, per rollout, the candidate with the highest
     concluded attempt, a record beating the rollout root on a tie."""
     tracer = active_tracer()
     if tracer is None:

@@ -20,7 +20,7 @@ _IDENTITY_SHORT = (
 # Attributes shown on every kind of span; each level adds its own (``Level.shown``).
 _ALWAYS_SHOWN = ((c.HIERARCHY_VIOLATION, "VIOLATION"), (c.INTERRUPTED, "interrupted"))
 _SHOWN = {kind: (*level.shown, *_ALWAYS_SHOWN) for kind, level in LEVELS.items()}
-if c.KIND_OUTCOME not in _SHOWN:  # an outcome record is no level (README, late and remote outcomes)
+if c.KIND_OUTCOME not in _SHOWN:  # an outcome record is no level (docs/results.md, late and remote outcomes)
     _SHOWN[c.KIND_OUTCOME] = (
         (c.ROLLOUT_OUTCOME, "outcome"),
         (c.ROLLOUT_ATTEMPTS, "attempts"),

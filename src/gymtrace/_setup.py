@@ -263,7 +263,7 @@ def configure(
     ``trust_identity`` (``all``, ``none``, ``signed``; ``GYMTRACE_TRUST_IDENTITY``),
     ``identity_secret`` (``GYMTRACE_IDENTITY_SECRET``) and ``baggage_allow``
     (``GYMTRACE_BAGGAGE_ALLOW``) set which incoming gym identity is believed and which application
-    baggage is forwarded; see the README's "Trusting incoming identity".
+    baggage is forwarded; see docs/distributed.md, "Trusting incoming identity".
     ``step_policy`` (``GYMTRACE_STEP_POLICY``) says what a ``gymtrace.step`` records: ``"all"``
     (default, every step a span: an LLM agent loop) or ``"aggregate"`` (a simulator: step count and
     duration statistics on the owner's span, a bounded sample of steps as spans), or a
@@ -271,8 +271,8 @@ def configure(
     ``encoder`` (``GYMTRACE_ENCODER``) says where the OTLP and file exporters encode and send:
     ``"auto"`` (default: a thread of this process, moving to an encoder process once spans end
     faster than ~5,000 a second when the process may use two CPUs or more), ``"thread"`` (always
-    the thread) or ``"process"`` (a child process fed with plain records from the start; see the
-    README's "Performance").
+    the thread) or ``"process"`` (a child process fed with plain records from the start; see
+    docs/performance.md).
 
     Idempotent: the same call twice does nothing; a different call replaces gymtrace's exporters.
     If the application already set a TracerProvider, gymtrace never replaces it: it adds

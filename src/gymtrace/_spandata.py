@@ -136,6 +136,14 @@ def _from_key_values(items: Iterable[Mapping[str, Any]] | None) -> dict[str, Any
     return {item["key"]: _from_any_value(item.get("value", {})) for item in items or ()}
 
 
+def _event_json(time_ns: int, name: str, attributes: Mapping[str, Any] | None) -> dict[str, Any]:
+    return {"timeUnixNano": str(time_ns), "name": name, "attributes": _key_values(attributes)}
+
+
+def _link_json(trace_id: str, span_id: str, attributes: Mapping[str, Any] | None) -> dict[str, Any]:
+    return {"traceId": trace_id, "spanId": span_id, "attributes": _key_values(attributes)}
+
+
 def encode_otlp_json(spans: Iterable[Any]) -> dict[str, Any]:
     """SDK ``ReadableSpan`` objects to one OTLP/JSON ``ExportTraceServiceRequest``."""
     by_resource: dict[int, tuple[Any, dict[tuple[str, str], list[dict[str, Any]]]]] = {}
@@ -158,17 +166,10 @@ def encode_otlp_json(spans: Iterable[Any]) -> dict[str, Any]:
         if span.parent is not None:
             record["parentSpanId"] = _hex(span.parent.span_id, 16)
         if span.events:
-            record["events"] = [
-                {"timeUnixNano": str(e.timestamp), "name": e.name, "attributes": _key_values(e.attributes)}
-                for e in span.events
-            ]
+            record["events"] = [_event_json(e.timestamp, e.name, e.attributes) for e in span.events]
         if span.links:
             record["links"] = [
-                {
-                    "traceId": _hex(link.context.trace_id, 32),
-                    "spanId": _hex(link.context.span_id, 16),
-                    "attributes": _key_values(link.attributes),
-                }
+                _link_json(_hex(link.context.trace_id, 32), _hex(link.context.span_id, 16), link.attributes)
                 for link in span.links
             ]
         status: dict[str, Any] = {"code": span.status.status_code.value}
@@ -205,6 +206,52 @@ def _with_rollout_id(attributes: dict[str, Any]) -> dict[str, Any]:
     if qualified and c.EPISODE_ATTEMPT not in attributes:
         attributes[c.EPISODE_ATTEMPT] = int(qualified.group(2))
     return attributes
+
+
+def encode_spandata_json(
+    spans: Iterable[SpanData], resource: Mapping[str, Any] | None = None
+) -> dict[str, Any]:
+    """``SpanData`` records to one OTLP/JSON ``ExportTraceServiceRequest`` (the inverse of
+    :func:`decode_otlp_json`): one resource per service and instance, ``resource`` added to each."""
+    by_resource: dict[tuple[str, str], list[dict[str, Any]]] = {}
+    for span in spans:
+        record: dict[str, Any] = {
+            "traceId": span.trace_id,
+            "spanId": span.span_id,
+            "name": span.name,
+            "kind": _OTLP_KINDS.index(span.span_kind) if span.span_kind in _OTLP_KINDS else 1,
+            "startTimeUnixNano": str(span.start_ns),
+            "endTimeUnixNano": str(span.end_ns),
+            "attributes": _key_values(span.attributes),
+            "flags": 1,
+        }
+        if span.parent_id is not None:
+            record["parentSpanId"] = span.parent_id
+        if span.events:
+            record["events"] = [_event_json(e.time_ns, e.name, e.attributes) for e in span.events]
+        if span.links:
+            record["links"] = [
+                _link_json(link.trace_id, link.span_id, link.attributes) for link in span.links
+            ]
+        status: dict[str, Any] = {
+            "code": _OTLP_STATUS.index(span.status) if span.status in _OTLP_STATUS else 0
+        }
+        if span.status_message:
+            status["message"] = span.status_message
+        record["status"] = status
+        by_resource.setdefault((span.service, span.service_instance), []).append(record)
+    resource_spans = []
+    for (service, instance), records in by_resource.items():
+        attributes = {**(resource or {}), c.SERVICE_NAME: service}
+        if instance:
+            attributes[c.SERVICE_INSTANCE_ID] = instance
+        resource_spans.append(
+            {
+                "resource": {"attributes": _key_values(attributes)},
+                "scopeSpans": [{"scope": {"name": c.INSTRUMENTATION_NAME}, "spans": records}],
+            }
+        )
+    return {"resourceSpans": resource_spans}
 
 
 def decode_otlp_json(request: Mapping[str, Any]) -> Iterator[SpanData]:

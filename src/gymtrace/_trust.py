@@ -13,7 +13,7 @@ is believed only as the operator says (``GYMTRACE_TRUST_IDENTITY``, resolved in 
 The signature (``v1.`` + 22 base64url characters, 128 bits of HMAC-SHA256) covers the identity
 entries that travel beside it, in the fixed order of ``IDENTITY_KEYS``, as ``key=value`` lines: a
 peer can neither change, add nor drop an entry without the secret. It does not cover the trace
-context: a caller that captured a signed header can replay that same identity (see the README).
+context: a caller that captured a signed header can replay that same identity (see docs/distributed.md).
 Senders sign whenever they have a secret, whatever they trust themselves. Several secrets,
 comma-separated, verify; the first signs (key rotation).
 """

@@ -39,9 +39,9 @@ def _collector_copy(tmp_path: Path) -> Path:
 
 
 def _free_sampler_base(samplers: int) -> int:
-    """A port BASE where every port `up --scale-out` takes (BASE+10i .. +2) is free right now."""
+    """A port BASE where every port `up --scale-out` takes (BASE+10i .. +3) is free right now."""
     for base in range(21000, 60000, 97):
-        wanted = [base + 10 * i + k for i in range(samplers) for k in range(3)]
+        wanted = [base + 10 * i + k for i in range(samplers) for k in range(4)]
         socks = []
         try:
             for port in wanted:
@@ -67,6 +67,7 @@ def _ports_env(**extra: str) -> dict[str, str]:
         "GYMTRACE_JAEGER_QUERY_PORT",
         "GYMTRACE_JAEGER_QUERY_GRPC_PORT",
         "GYMTRACE_JAEGER_HEALTH_PORT",
+        "GYMTRACE_PROMETHEUS_PORT",
     ]
     env = dict(zip(names, map(str, free_ports(len(names))), strict=True))
     env["GYMTRACE_SAMPLER_BASE_PORT"] = str(_free_sampler_base(samplers=2))
@@ -110,6 +111,12 @@ def test_up_scale_out_is_ready_only_after_its_probes_and_down_stops_exactly_it(t
         with urllib.request.urlopen(f"{query}/api/traces?{params}", timeout=10) as resp:
             probes = json.load(resp)["data"]
         assert len(probes) == 1 + 2 + 2
+        # The metrics endpoint `up` prints answers, with the span metrics of the probes it sent
+        # through the front (counted there, before sampling).
+        metrics = f"http://127.0.0.1:{env['GYMTRACE_PROMETHEUS_PORT']}/metrics"
+        assert f"Metrics: {metrics}" in up.stdout
+        with urllib.request.urlopen(metrics, timeout=10) as resp:
+            assert resp.status == 200
 
         again = _script(copy, "up", "--scale-out", "2", env=env)  # idempotent: nothing new started
         assert again.returncode == 0, again.stdout + again.stderr

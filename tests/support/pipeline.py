@@ -27,6 +27,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -197,7 +198,8 @@ class Pipeline:
             self.otlp_grpc_port,
             self.otlp_http_port,
             self.collector_health_port,
-        ) = free_ports(8)
+            self.prometheus_port,
+        ) = free_ports(9)
 
         env = {k: v for k, v in os.environ.items() if not k.startswith("GYMTRACE_")}
         env.update(
@@ -211,6 +213,9 @@ class Pipeline:
             GYMTRACE_OTLP_GRPC_PORT=str(self.otlp_grpc_port),
             GYMTRACE_OTLP_HTTP_PORT=str(self.otlp_http_port),
             GYMTRACE_COLLECTOR_HEALTH_PORT=str(self.collector_health_port),
+            GYMTRACE_PROMETHEUS_PORT=str(self.prometheus_port),
+            # Span metrics reach the Prometheus endpoint within a second, not the default 5 s.
+            GYMTRACE_SPANMETRICS_FLUSH="1s",
             GYMTRACE_DECISION_WAIT=str(decision_wait),
             GYMTRACE_SAMPLE_PERCENT=str(sample_percent),
         )
@@ -242,13 +247,14 @@ class Pipeline:
         self.samplers: list[_Process] = []
         self.sampler_ports: list[tuple[int, int, int]] = []
         for i in range(samplers):
-            grpc, http, health = free_ports(3)
+            grpc, http, health, metrics = free_ports(4)
             self.sampler_ports.append((grpc, http, health))
             sampler_env = dict(
                 env,
                 GYMTRACE_OTLP_GRPC_PORT=str(grpc),
                 GYMTRACE_OTLP_HTTP_PORT=str(http),
                 GYMTRACE_COLLECTOR_HEALTH_PORT=str(health),
+                GYMTRACE_PROMETHEUS_PORT=str(metrics),
             )
             extra = [a for path in (sampler_extra_configs or {}).get(i, []) for a in ("--config", path)]
             self.samplers.append(
@@ -370,6 +376,16 @@ class Pipeline:
     def query_url(self) -> str:
         return f"http://127.0.0.1:{self.jaeger_query_port}"
 
+    @property
+    def metrics_url(self) -> str:
+        """The Collector's Prometheus scrape endpoint (span metrics + the applications' metrics)."""
+        return f"http://127.0.0.1:{self.prometheus_port}/metrics"
+
+    def metrics(self) -> list[tuple[str, dict[str, str], float]]:
+        """One scrape of :attr:`metrics_url` as ``(name, labels, value)`` samples."""
+        with urllib.request.urlopen(self.metrics_url, timeout=10) as resp:
+            return parse_prometheus(resp.read().decode("utf-8"))
+
     # -- Jaeger query API (v1) ---------------------------------------------------------------------
 
     def _get(self, path: str, params: Mapping[str, Any] | None = None) -> Any:
@@ -448,6 +464,27 @@ class Pipeline:
 
 
 # -- helpers over Jaeger's v1 JSON -------------------------------------------------------------------
+
+
+_LABEL = re.compile(r'([a-zA-Z_][a-zA-Z0-9_]*)="((?:[^"\\]|\\.)*)"')
+
+
+def parse_prometheus(text: str) -> list[tuple[str, dict[str, str], float]]:
+    """Samples of the Prometheus text exposition format (comments and exemplars skipped)."""
+    samples: list[tuple[str, dict[str, str], float]] = []
+    for line in text.splitlines():
+        if not line or line.startswith("#"):
+            continue
+        line = line.split(" # ", 1)[0]  # an OpenMetrics exemplar follows " # "
+        if "{" in line:
+            name, rest = line.split("{", 1)
+            label_text, value_text = rest.rsplit("}", 1)
+            labels = {k: bytes(v, "utf-8").decode("unicode_escape") for k, v in _LABEL.findall(label_text)}
+        else:
+            name, value_text = line.split(" ", 1)
+            labels = {}
+        samples.append((name, labels, float(value_text.split()[0])))
+    return samples
 
 
 def span_tags(span: Span) -> dict[str, Any]:

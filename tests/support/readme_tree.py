@@ -1,6 +1,7 @@
-"""The README's ``gymtrace tree`` excerpts of the integrations are written by their tests.
+"""The docs' ``gymtrace tree`` excerpts of the integrations are written by their tests.
 
-Each excerpt sits between ``<!-- tree:NAME -->`` and ``<!-- /tree:NAME -->`` in README.md. A test
+Each excerpt sits between ``<!-- tree:NAME -->`` and ``<!-- /tree:NAME -->`` in one page of docs/
+(or README.md). A test
 renders the trace it just produced, normalised (durations, IDs that change every run), and compares;
 ``GYMTRACE_WRITE_README=1`` rewrites the block instead, so the excerpt can never go stale.
 """
@@ -16,7 +17,8 @@ from typing import Any
 from gymtrace._render import render_tree
 from gymtrace._spandata import normalize
 
-README = Path(__file__).parent.parent.parent / "README.md"
+ROOT = Path(__file__).parent.parent.parent
+PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
 _DURATION = re.compile(r" \d+(?:\.\d+)?(?:ms|s)\b")
 _HEX = re.compile(r"\b[0-9a-f]{16}(?:[0-9a-f]{16})?\b")
 
@@ -31,15 +33,15 @@ def excerpt(spans: Iterable[Any], replace: Iterable[tuple[str, str]] = ()) -> st
 
 
 def check_readme_tree(name: str, text: str) -> None:
-    readme = README.read_text()
     start, end = f"<!-- tree:{name} -->\n```\n", f"```\n<!-- /tree:{name} -->"
-    assert start in readme and end in readme, f"README.md has no block {start.strip()!r}"
-    before, rest = readme.split(start, 1)
+    page = next((p for p in PAGES if start in p.read_text()), None)
+    assert page is not None, f"no page of README.md or docs/ has the block {start.strip()!r}"
+    before, rest = page.read_text().split(start, 1)
     current, after = rest.split(end, 1)
     if os.environ.get("GYMTRACE_WRITE_README"):
-        README.write_text(before + start + text + end + after)
+        page.write_text(before + start + text + end + after)
         return
     assert current == text, (
-        f"README.md's {name} tree is stale; regenerate with GYMTRACE_WRITE_README=1 pytest {name}\n"
-        f"--- README\n{current}--- now\n{text}"
+        f"{page.relative_to(ROOT)}'s {name} tree is stale; regenerate with GYMTRACE_WRITE_README=1 pytest {name}\n"
+        f"--- {page.name}\n{current}--- now\n{text}"
     )

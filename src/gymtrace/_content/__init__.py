@@ -12,8 +12,8 @@ Example::
         result = search(**arguments)
         gymtrace.record_content(input=arguments, output=result)
 
-The trace is not the trajectory record: by default nothing is recorded (README, "Content
-capture"). ``OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT`` (or
+The trace is not the trajectory record: by default nothing is recorded
+(docs/content-capture.md). ``OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT`` (or
 ``configure(capture_content=...)``) turns it on. Then every value is
 
 1. copied into plain JSON data by walking only ``dict``, ``list``, ``tuple``, ``str``, ``int``,
