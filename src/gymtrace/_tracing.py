@@ -213,9 +213,15 @@ _pinned: contextvars.ContextVar[list[int | None] | None] = contextvars.ContextVa
 )
 
 
+# False until the first pin: the ID generator then skips the context variable (every span asks).
+pinning = False
+
+
 def pin_ids(trace_id: int | None, span_id: int | None) -> contextvars.Token[list[int | None] | None]:
     """The next root span started in this context gets ``trace_id``, the next span ``span_id``
     (each once; ``None``: drawn as usual). Undo with :func:`unpin_ids`."""
+    global pinning
+    pinning = True
     return _pinned.set([trace_id, span_id])
 
 
