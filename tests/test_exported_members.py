@@ -24,6 +24,7 @@ PUBLIC_MODULES = [
     "gymtrace.integrations.concurrent",
     "gymtrace.integrations.httpx",
     "gymtrace.integrations.nemo_gym",
+    "gymtrace.integrations.autoinstrument",
     "gymtrace.integrations.openai",
 ]
 
@@ -137,11 +138,15 @@ def test_the_integration_seam_is_pinned() -> None:
         "continue_scope",
         "current_identity",
         "end_scope",
+        "episode_carrier",
         "get_tracer",
         "guard",
+        "gym_destination",
         "identity_fallback",
         "incoming_identity",
         "innermost_scope",
+        "may_carry_identity",
+        "pinned_ids",
         "report_error",
         "rollout_sampled_out",
         "set_identity_aliases",

@@ -217,3 +217,17 @@ def test_a_forked_child_draws_other_ids_than_its_parent() -> None:
     os.close(read)
     os.waitpid(pid, 0)
     assert child_id != generator.generate_trace_id()
+
+
+def test_propagate_to_and_a_trace_directory_are_read_from_the_environment(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.setenv("GYMTRACE_PROPAGATE_TO", " *.Gym.Internal, 10.0.0.7:8000 ,")
+    monkeypatch.setenv("GYMTRACE_FILE", f"{tmp_path}/traces/")
+    settings = _settings.reload()
+    assert settings.propagate_to == ("*.gym.internal", "10.0.0.7:8000")
+    # A directory: this process's own file in it, never the directory itself.
+    assert settings.file is not None and Path(settings.file).parent == tmp_path / "traces"
+    assert Path(settings.file).name.endswith(f"-{os.getpid()}.jsonl")
+    monkeypatch.delenv("GYMTRACE_PROPAGATE_TO")
+    assert _settings.reload().propagate_to == ()

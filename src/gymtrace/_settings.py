@@ -25,6 +25,8 @@ from __future__ import annotations
 
 import logging
 import os
+import re
+import sys
 import threading
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
@@ -124,6 +126,7 @@ class Settings:
     # The first signs, all verify. Never in repr(): settings get logged.
     identity_secrets: tuple[str, ...] = field(default=(), repr=False)
     baggage_allow: frozenset[str] = frozenset()
+    propagate_to: tuple[str, ...] = ()
 
 
 # Settings made in code (configure(strict=...), configure_content(capture=...), ...): they outlive
@@ -213,6 +216,15 @@ def parse_capture(raw: str) -> str | None:
     if text.upper() in CAPTURE_MODES:
         return text.upper()
     return _LENIENT_CAPTURE.get(text.lower())
+
+
+def process_file_name() -> str:
+    """This process's file in a ``GYMTRACE_FILE`` directory: its program and PID, so processes
+    that share the directory never share a file."""
+    program = re.sub(
+        r"[^A-Za-z0-9._-]+", "_", os.path.basename(sys.argv[0] if sys.argv and sys.argv[0] else "python")
+    )
+    return f"{program or 'python'}-{os.getpid()}.jsonl"
 
 
 def split_list(raw: str | None) -> tuple[str, ...]:
@@ -343,6 +355,8 @@ def resolve(
         path = os.fspath(file)
     elif read.raw(env.GYMTRACE_FILE):
         path = environ[env.GYMTRACE_FILE]
+        if path.endswith(("/", os.sep)):
+            path = os.path.join(path, process_file_name())
     elif file is True or (not exporters and "none" not in wanted):
         path = env.DEFAULT_FILE  # the embedded default: no server needed
     else:
@@ -439,6 +453,7 @@ def resolve(
         trust_identity=trust_identity,
         identity_secrets=identity_secrets,
         baggage_allow=baggage_allow,
+        propagate_to=tuple(p.lower() for p in split_list(read.environ.get(env.GYMTRACE_PROPAGATE_TO))),
     )
 
 

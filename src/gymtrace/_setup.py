@@ -206,12 +206,20 @@ def make_id_generator() -> Any:
             self._random.seed(os.urandom(32))
 
         def generate_span_id(self) -> int:
+            if _tracing.pinning:
+                pinned = _tracing.take_pinned(1)
+                if pinned is not None:
+                    return pinned
             value = self._random.getrandbits(64)
             while value == 0:
                 value = self._random.getrandbits(64)
             return value
 
         def generate_trace_id(self) -> int:
+            if _tracing.pinning:
+                pinned = _tracing.take_pinned(0)
+                if pinned is not None:
+                    return pinned
             value = self._random.getrandbits(128)
             while value == 0:
                 value = self._random.getrandbits(128)

@@ -115,7 +115,7 @@ def _identity_of(ctx: otel_context.Context) -> dict[str, str | int]:
 
 
 def with_identity(
-    context: otel_context.Context | None = None, *, reserve_step: bool = False
+    context: otel_context.Context | None = None, *, reserve_step: bool = False, destination: object = None
 ) -> otel_context.Context:
     """``context`` (default: the current one) with the baggage that may leave the process.
 
@@ -123,10 +123,19 @@ def with_identity(
     plus the application baggage keys listed in ``GYMTRACE_BAGGAGE_ALLOW``; every other entry stays
     behind. Every propagator sends exactly that as ``baggage``: attach this context around a call
     that another instrumentation injects headers for.
+
+    ``destination``: the URL the request goes to. Identity leaves only for gym destinations
+    (loopback, ``GYMTRACE_PROPAGATE_TO``, servers the framework calls its own); elsewhere only the
+    allowed application keys do. ``None``: not known, identity included.
     """
     ctx = context if context is not None else otel_context.get_current()
-    identity = _identity_of(ctx)
-    step_base = baggage.get_baggage(c.STEP_BASE, ctx) or (_reserve_step(ctx) if reserve_step else None)
+    inside = _trust.may_carry_identity(destination)
+    identity = _identity_of(ctx) if inside else {}
+    step_base = (
+        (baggage.get_baggage(c.STEP_BASE, ctx) or (_reserve_step(ctx) if reserve_step else None))
+        if inside
+        else None
+    )
     allow = _trust.allowed_baggage()
     kept = {}
     if allow:
@@ -307,6 +316,7 @@ def inject(
     context: otel_context.Context | None = None,
     *,
     continuation: bool = True,
+    destination: object = None,
 ) -> MutableMapping[str, str]:
     """Write ``traceparent``, ``tracestate`` and the gym identity (``baggage``) into ``carrier``.
 
@@ -315,12 +325,13 @@ def inject(
     called directly at an episode or agent invocation (outside any step) it also holds
     ``gym.step.base``, the step number reserved for the work continued elsewhere, so steps in other
     processes never repeat the caller's numbers. ``continuation=False`` (what the HTTP helpers use
-    for requests) reserves nothing.
+    for requests) reserves nothing. ``destination``: the request's URL; gym identity is written only
+    for a gym destination (see :func:`with_identity`).
     """
     if carrier is None:
         carrier = {}
     with guard("gymtrace.propagation.inject"):
-        ctx = with_identity(context, reserve_step=continuation)
+        ctx = with_identity(context, reserve_step=continuation, destination=destination)
         propagate.inject(carrier, context=ctx)
         if "baggage" in carrier:
             # OpenTelemetry Python writes a space as "+", which W3C Baggage gives no meaning (and
