@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 from gymtrace import _constants as c
 from gymtrace import _settings
 from gymtrace._environment import DEFAULT_FILE, GYMTRACE_FILE
+from gymtrace._setup import child_files
 from gymtrace._spandata import SpanData, TraceFileError, read_otlp_json_lines
 
 if TYPE_CHECKING:
@@ -331,7 +332,9 @@ def _read_files(files: list[str]) -> list[SpanData]:
     """The spans of every file given, read as one (a Ray run writes one per worker, a traced
     service one per process), or of the default file."""
     spans: list[SpanData] = []
-    for path in files or [_default_file()]:
+    # With no file named: the default file and the files its workers wrote beside it (a worker
+    # configured from GYMTRACE_PARENT writes {stem}.pid-{pid}{suffix}), so their outcomes count.
+    for path in files or [_default_file(), *child_files(_default_file())]:
         spans.extend(read_otlp_json_lines(path))
     return spans
 

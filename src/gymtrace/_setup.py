@@ -8,6 +8,7 @@ that have none. It never replaces a provider the application already set: it add
 from __future__ import annotations
 
 import functools
+import glob
 import json
 import logging
 import os
@@ -417,7 +418,16 @@ def child_file(path: str, pid: int | None = None) -> str:
     if path.endswith(("/", os.sep)) or os.path.isdir(path):
         return path
     p = Path(path)
-    return str(p.with_name(f"{p.stem}.pid-{pid if pid is not None else os.getpid()}{p.suffix}"))
+    return str(p.with_name(f"{p.stem}{_CHILD_TAG}{pid if pid is not None else os.getpid()}{p.suffix}"))
+
+
+def child_files(path: str) -> list[str]:
+    """The files :func:`child_file` gave the children of a process that writes ``path``."""
+    p = Path(path)
+    return sorted(str(f) for f in p.parent.glob(f"{glob.escape(p.stem)}{_CHILD_TAG}*{glob.escape(p.suffix)}"))
+
+
+_CHILD_TAG = ".pid-"
 
 
 def configure_from_parent() -> bool:
