@@ -20,7 +20,10 @@ SRC = Path(__file__).resolve().parent.parent / "src" / "gymtrace"
 LAYERS: list[tuple[str, list[str]]] = [
     ("constants", ["_version", "_constants", "_environment", "_exceptions", "_fastpaths", "attributes"]),
     ("settings and errors", ["_settings", "_errors"]),
-    ("values", ["_ids", "_failures", "_tracing", "_trust", "_content", "_content.*", "_content_*"]),
+    (
+        "values",
+        ["_ids", "_failures", "_outcome_rule", "_tracing", "_trust", "_content", "_content.*", "_content_*"],
+    ),
     ("levels", ["_frame", "_levels", "_steps"]),
     ("engine", ["_scope"]),
     (

@@ -142,6 +142,7 @@ def test_the_integration_seam_is_pinned() -> None:
         "get_tracer",
         "guard",
         "gym_destination",
+        "hand_off",
         "identity_fallback",
         "incoming_identity",
         "innermost_scope",

@@ -223,6 +223,15 @@ def test_a_task_whose_worker_died_and_that_ray_retried_is_visible(
     assert "survivor" in tools and "doomed" not in tools  # os._exit lost what it had not flushed
     other = [s for s in named(spans, "ray.task ") if s.name != "ray.task dies_once"]
     assert all(s.attributes[c.RAY_TASK_ATTEMPT] == 0 for s in other)
+    # Not only the raw ray.task span knows: the rollout's readers say it too (issue 25).
+    from gymtrace._check import rerun_notes
+    from gymtrace._outcomes import final_outcomes
+    from gymtrace._render import render_tree
+
+    (rollout,) = [o for o in final_outcomes(spans) if o.rollout_id == "ray-rollout"]
+    assert rollout.task_reruns == 1 and rollout.as_json()["task_reruns"] == 1
+    assert any("rollout ray-rollout: Ray re-ran 1 task(s)" in note for note in rerun_notes(spans))
+    assert "=> Ray re-ran 1 task (max_retries" in render_tree(spans)
 
 
 def test_steps_and_reward_recorded_in_workers_count_as_in_the_driver(

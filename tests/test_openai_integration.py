@@ -199,3 +199,21 @@ def test_uninstrument_restores_the_plain_client(model_server):
     with gymtrace.testing.capture_spans() as captured, gymtrace.step():
         _client(model_server).chat.completions.create(model="qwen", messages=MESSAGES)
     assert _chat_spans(captured) == []
+
+
+def test_a_stream_abandoned_after_one_chunk_ends_its_span_marked_interrupted(model_server, instrumented):
+    import gc
+
+    with gymtrace.testing.capture_spans() as captured:
+        with gymtrace.rollout(rollout_id="r-drop"), gymtrace.episode(), gymtrace.step():
+            stream = _client(model_server).chat.completions.create(
+                model="qwen", messages=MESSAGES, stream=True
+            )
+            next(iter(stream))  # one chunk, then the caller loses interest and drops the stream
+            del stream
+            gc.collect()
+        (span,) = _chat_spans(captured)
+    assert span.attributes[c.INTERRUPTED] is True
+    # It ended before its step did: dropped inside the step, it is not left open after the rollout.
+    assert span.end_time <= captured.one(c.KIND_STEP).end_time
+    assert check_trace(captured.spans) == []

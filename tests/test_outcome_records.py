@@ -47,8 +47,9 @@ def test_reward_under_attach_is_the_rollouts_outcome_record(captured: CapturedSp
     assert record.attributes[c.ROLLOUT_ID] == "r-remote"
     assert record.attributes[c.OUTCOME_SOURCE] == c.SOURCE_REMOTE
     assert _hex_trace(record) == rollout.trace_id
-    # The rollout root ended before the worker scored it: unscored there, fixed by the record.
-    assert captured.one(c.KIND_ROLLOUT).attributes[c.ROLLOUT_OUTCOME] == c.OUTCOME_UNSCORED
+    # The rollout root ended before the worker scored it: pending there (it handed the episode
+    # over), concluded by the record.
+    assert captured.one(c.KIND_ROLLOUT).attributes[c.ROLLOUT_OUTCOME] == c.OUTCOME_PENDING
     verify = captured.one(c.KIND_VERIFY)
     assert verify.attributes[c.REWARD] == 1.0
     assert check_trace(captured) == []
@@ -266,3 +267,31 @@ def test_attempts_retry_http_5xx_of_httpx() -> None:
     assert classify(overloaded) == (c.FAILURE_INFRASTRUCTURE, True)
     assert classify(not_found) == (c.FAILURE_ERROR, False)
     assert classify(httpx.ConnectTimeout("slow")) == (c.FAILURE_TIMEOUT, True)
+
+
+def test_step_numbers_stay_unique_when_continuations_record_several_steps(captured: CapturedSpans) -> None:
+    # Issue 25: one episode spread over many tasks, each recording several steps, numbered 279
+    # steps with 35 distinct numbers. Hand-offs at the episode level, and from a continuation
+    # handing on (a task calling a task). (All in this one process here, so check_trace, which
+    # compares the order of numbers per process, does not apply.)
+    with gymtrace.rollout(rollout_id="r-many"), gymtrace.episode():
+        with gymtrace.step():
+            pass
+        handoffs = [propagation.inject({}) for _ in range(12)]
+        with gymtrace.step():
+            pass
+    for headers in handoffs:
+        with propagation.attach(headers):
+            for _ in range(3):
+                with gymtrace.step():
+                    pass
+            nested = propagation.inject({})
+        with propagation.attach(nested):
+            for _ in range(2):
+                with gymtrace.step():
+                    pass
+    numbers = [s.attributes[c.STEP_NUMBER] for s in captured.by_kind(c.KIND_STEP)]
+    assert len(numbers) == 2 + 12 * 5
+    assert len(set(numbers)) == len(numbers), sorted(numbers)
+    # The caller's own steps keep small numbers: 1, then 14 after the 12 reserved ones.
+    assert numbers[:2] == [1, 14]

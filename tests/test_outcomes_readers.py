@@ -348,9 +348,16 @@ def test_a_reward_recorded_in_another_process_is_the_rollouts(tmp_path: Path) ->
         ("r-remote", "scored", 1.0, "remote")
     ]
     assert rows[0]["services"] == ["harness"]
-    # Without the reward server's file the harness's own root is all there is: unscored.
+    # Without the reward server's file the harness's own root is all there is: it handed the
+    # episode to the server and has no outcome of its own, so it is pending, never unscored.
     alone = json.loads(run_gymtrace("rollouts", str(harness), "--json", check=True).stdout)
-    assert (alone["outcome"], alone["reward"]) == ("unscored", None)
+    assert (alone["outcome"], alone["reward"]) == ("pending", None)
+    lone_check = run_gymtrace("check", str(harness))
+    assert lone_check.returncode == 0, lone_check.stdout
+    assert "rollout r-remote: pending" in lone_check.stdout
+    assert "may be in a file not given" in lone_check.stdout
+    stats = json.loads(run_gymtrace("stats", str(harness), "--json", check=True).stdout)
+    assert (stats["pending"], stats["scored"], stats["unscored"], stats["mean_reward"]) == (1, 0, 0, None)
     check = run_gymtrace("check", str(harness), str(server))
     assert check.returncode == 0, check.stdout
     tree = run_gymtrace("tree", str(harness), "--run", "run-1", check=True).stdout

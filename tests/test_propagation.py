@@ -156,8 +156,9 @@ def test_application_baggage_stays_in_the_context_but_is_forwarded_only_when_all
         default = _sent(propagation.inject({}))
         _trust.configure_trust(allow="tenant, flag")
         allowed = _sent(propagation.inject({}))
-    assert default == {c.ROLLOUT_ID: "r-1"}
-    assert allowed == {c.ROLLOUT_ID: "r-1", "tenant": "acme", "flag": "on"}
+    # Each hand-off from the continued scope reserves a step number of its own (issue 25).
+    assert default == {c.ROLLOUT_ID: "r-1", c.STEP_BASE: "1"}
+    assert allowed == {c.ROLLOUT_ID: "r-1", "tenant": "acme", "flag": "on", c.STEP_BASE: "2"}
 
 
 def test_allow_list_comes_from_the_environment_and_never_lets_gym_keys_through(monkeypatch):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 from typing import Any
 
 import pytest
@@ -10,7 +11,7 @@ from opentelemetry.trace import StatusCode
 
 import gymtrace
 from gymtrace import _constants as c
-from gymtrace.testing import CapturedSpans, check_trace
+from gymtrace.testing import CapturedSpans, capture_spans, check_trace
 from tree_asserts import assert_child
 
 
@@ -102,13 +103,19 @@ def test_non_retryable_exception_stops_the_loop_at_once(captured: CapturedSpans)
     assert episode.attributes[c.FAILURE_RETRYABLE] is False
 
 
-def test_earlier_reward_does_not_survive_a_later_failed_final_attempt(captured: CapturedSpans) -> None:
-    with gymtrace.rollout(rollout_id="r-5"):
-        with gymtrace.episode():
-            gymtrace.record_reward(1.0)
-            gymtrace.record_failure("infrastructure", message="lost after verify")
-        with gymtrace.episode():
-            gymtrace.record_failure("terminal")
+def test_earlier_reward_does_not_survive_a_later_failed_final_attempt(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    with capture_spans(strict=False) as captured, caplog.at_level(logging.WARNING, "gymtrace"):
+        with gymtrace.rollout(rollout_id="r-5"):
+            with gymtrace.episode():
+                gymtrace.record_reward(1.0)
+                gymtrace.record_failure("infrastructure", message="lost after verify")
+            with gymtrace.episode():
+                gymtrace.record_failure("terminal")
+    # The discarded reward is said once, when the rollout is written.
+    (warning,) = [r.getMessage() for r in caplog.records if "r-5" in r.getMessage()]
+    assert "reward 1 of attempt 0 was recorded before the attempt failed" in warning
     first, second = _episodes(captured)
     assert c.REWARD not in first.attributes  # failed episodes are never scored
     assert second.attributes[c.FAILURE_RETRYABLE] is False
@@ -123,7 +130,7 @@ def test_checkpoint_restore_is_marked_and_links_to_the_episode_it_continues(capt
         with gymtrace.episode() as first:
             first.record_failure("timeout")
         with gymtrace.episode(restored_from=first):
-            gymtrace.record_reward(1.0)
+            gymtrace.record_failure("timeout")
         with gymtrace.episode(restored_from=True):  # True: the previous episode of this rollout
             pass
     a0, a1, a2 = _episodes(captured)

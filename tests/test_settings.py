@@ -54,6 +54,7 @@ def child_json(code: str, tmp_path: Path, **env: str) -> dict[str, Any]:
         ("GYMTRACE_STEP_FIRST", "-1", "step_first", 1),
         ("GYMTRACE_STEP_SLOWEST", "many", "step_slowest", 1),
         ("GYMTRACE_STEP_EPISODE_SHARE", "1.5", "step_episode_share", 0.0),
+        ("GYMTRACE_PARENT", '{"file": "x.jsonl"}', "parent", None),
     ],
 )
 def test_a_bad_environment_value_warns_naming_it_and_uses_the_default(

@@ -19,11 +19,15 @@ from typing import Any
 from gymtrace import _constants as c
 from gymtrace._ids import episode_id
 from gymtrace._levels import LEVELS, NUMBERING_OWNERS, allowed
+from gymtrace._outcome_rule import CANCELLED, COMPLETED, FAILED, Attempt, Facts
+from gymtrace._outcome_rule import decide as decide_outcome
 from gymtrace._outcomes import (
     RolloutSpans,
     concluded_attempt,
     decide,
+    decision_of,
     dedupe,
+    final_outcomes,
     group_rollouts,
     is_outcome_record,
 )
@@ -363,6 +367,11 @@ def _check_roots_of(group: RolloutSpans) -> list[Problem]:
                 problems.append(
                     ("scored without a reward", f"rollout {rollout_id}: scored but has no gym.reward")
                 )
+        elif outcome == c.OUTCOME_PENDING:
+            if reward is not None:
+                problems.append(
+                    ("pending with a reward", f"rollout {rollout_id}: pending but has gym.reward={reward}")
+                )
         elif outcome is not None:
             problems.append(
                 ("unknown rollout outcome", f"rollout {rollout_id}: unknown gym.rollout.outcome {outcome!r}")
@@ -370,64 +379,98 @@ def _check_roots_of(group: RolloutSpans) -> list[Problem]:
     return problems
 
 
-def _expected(final: SpanData) -> tuple[str, float | None]:
-    """The outcome the final episode implies: scored with its reward if it completed with one."""
-    reward = final.attributes.get(c.REWARD)
-    if final.attributes.get(c.EPISODE_OUTCOME) == c.OUTCOME_COMPLETED and isinstance(reward, (int, float)):
-        return c.OUTCOME_SCORED, float(reward)
-    return c.OUTCOME_UNSCORED, None
+def _episode_fact(episode: SpanData) -> Attempt:
+    """What an episode span says about its attempt, for the outcome rule."""
+    outcome = episode.attributes.get(c.EPISODE_OUTCOME)
+    state = outcome if outcome in (COMPLETED, FAILED) else CANCELLED  # unfinished: no outcome
+    reward = episode.attributes.get(c.REWARD)
+    number = episode.attributes.get(c.EPISODE_ATTEMPT)
+    return Attempt(
+        number if isinstance(number, int) else -1,
+        state,
+        float(reward) if isinstance(reward, (int, float)) and not isinstance(reward, bool) else None,
+        (episode.end_ns,),
+    )
 
 
 def _check_final_outcome(group: RolloutSpans) -> list[Problem]:
-    """The final outcome (by the rule every reader applies) must agree with the final episode.
+    """The final outcome (by the rule every reader applies) must agree with the same rule applied
+    to the episode spans.
 
     A root that ended before a later attempt, or before a late reward, is stale; that is fine when
     an outcome record concludes the later attempt, and a violation when nothing fixes it, because
-    then every reader reports the stale answer.
+    then every reader reports the stale answer. A root may say ``pending`` where the final episode
+    completed without a reward: the outcome was handed to another process.
     """
     decider = decide(group.candidates)
+    # What the root and records say by themselves: the checker judges them, not the readers' answer
+    # (which the episode spans already correct).
+    decided = decision_of(group, episodes=False)
     finished = [e for e in group.episodes if isinstance(e.attributes.get(c.EPISODE_ATTEMPT), int)]
-    if decider is None or not finished:
+    if decider is None or decided is None or not finished:
         return []
-    final = max(finished, key=lambda e: (e.attributes[c.EPISODE_ATTEMPT], e.end_ns))
-    final_attempt = int(final.attributes[c.EPISODE_ATTEMPT])
-    expected, expected_reward = _expected(final)
-    outcome = decider.attributes.get(c.ROLLOUT_OUTCOME)
-    if outcome is None:
+    if decider.attributes.get(c.ROLLOUT_OUTCOME) is None:
         return []  # a root without an outcome never finished; nothing to compare
-    reward = decider.attributes.get(c.REWARD)
+    expected = decide_outcome(Facts(attempts=tuple(_episode_fact(e) for e in finished)))
+    final_attempt = expected.attempt
+    final = max(
+        (e for e in finished if e.attributes[c.EPISODE_ATTEMPT] == final_attempt), key=lambda e: e.end_ns
+    )
+    outcome, reward = decided.outcome, decided.reward
     concluded = concluded_attempt(decider)
     what = f"outcome record {_label(decider)}" if is_outcome_record(decider) else "stale rollout root"
     rollout_id = group.rollout_id
     says = f"says {outcome}" + (f" {reward}" if reward is not None else "") + f" after attempt {concluded}"
     found = f"attempt {final_attempt} {final.attributes.get(c.EPISODE_OUTCOME, 'ended')}" + (
-        f" with reward {expected_reward:g}" if expected_reward is not None else ""
+        f" with reward {expected.reward:g}" if expected.reward is not None else ""
     )
     fix = "" if is_outcome_record(decider) else " and no outcome record fixes it"
     if concluded < final_attempt:
         return [("stale rollout outcome", f"rollout {rollout_id}: {what} {says}, but {found}{fix}")]
-    late_score = (
-        is_outcome_record(decider)
-        and final.attributes.get(c.EPISODE_OUTCOME) == c.OUTCOME_COMPLETED
-        and expected_reward is None
-    )
-    # A record may score a completed episode that ended without a reward: the reward came later.
-    if outcome != expected and not late_score:
+    # The final episode completed without a reward: a record may score it (the reward came later,
+    # or from another process), and a root may wait for one (pending).
+    awaiting = final.attributes.get(c.EPISODE_OUTCOME) == COMPLETED and expected.reward is None
+    late_score = awaiting and is_outcome_record(decider)
+    if outcome != expected.outcome and not late_score and not (awaiting and outcome == c.OUTCOME_PENDING):
         return [("stale rollout outcome", f"rollout {rollout_id}: {what} {says}, but {found}{fix}")]
+    # A record may re-score its attempt: a second reward recorded later counts (and was warned
+    # about when it was recorded); a root has no such excuse.
     if (
-        expected == c.OUTCOME_SCORED
-        and isinstance(reward, (int, float))
-        and expected_reward is not None
-        and not math.isclose(float(reward), expected_reward)
+        expected.reward is not None
+        and reward is not None
+        and not is_outcome_record(decider)
+        and not math.isclose(reward, expected.reward)
     ):
         return [
             (
                 "reward not the final episode's",
                 f"rollout {rollout_id}: reward {reward} is not its final episode's"
-                f" (attempt {final_attempt}: {expected_reward})",
+                f" (attempt {final_attempt}: {expected.reward})",
             )
         ]
     return []
+
+
+def awaiting_outcomes(spans: Iterable[Any]) -> list[str]:
+    """The rollouts whose outcome is still expected from another process (``pending``): not a
+    violation of the contract, but the answer may be in a trace file not given."""
+    return [
+        f"rollout {o.rollout_id}: pending, its outcome was handed to another process; the outcome"
+        " record may be in a file not given (pass every process's file, or the directory)"
+        for o in final_outcomes(spans)
+        if o.outcome == c.OUTCOME_PENDING
+    ]
+
+
+def rerun_notes(spans: Iterable[Any]) -> list[str]:
+    """The rollouts in which Ray re-ran a task (``max_retries``): their attempt was not one clean
+    run, which only the worker's ``ray.task`` span says otherwise."""
+    return [
+        f"rollout {o.rollout_id}: Ray re-ran {o.task_reruns} task(s) of attempt {max(o.attempts - 1, 0)}"
+        " (max_retries or retry_exceptions: a worker died or raised); the attempt was not one clean run"
+        for o in final_outcomes(spans)
+        if o.task_reruns
+    ]
 
 
 def _check_episode_links(index: _Index) -> list[Problem]:

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING
 from gymtrace import _constants as c
 from gymtrace import _settings
 from gymtrace._environment import DEFAULT_FILE, GYMTRACE_FILE
+from gymtrace._setup import child_files
 from gymtrace._spandata import SpanData, TraceFileError, read_otlp_json_lines
 from gymtrace._version import __version__
 
@@ -379,11 +380,10 @@ def _tree(args: argparse.Namespace) -> int:
 
 
 def _check(args: argparse.Namespace) -> int:
-    from gymtrace._check import check_spans
-
-    spans = _read_files(args.files)
+    from gymtrace._check import awaiting_outcomes, check_spans, rerun_notes
     from gymtrace._outcomes import final_outcomes
 
+    spans = _read_files(args.files)
     problems = check_spans(spans)
     rollouts = final_outcomes(spans)
     if problems:
@@ -391,7 +391,26 @@ def _check(args: argparse.Namespace) -> int:
         for problem in problems:
             print(f"  - {problem}")
         return 1
-    print(f"OK: {len(spans)} spans, {len(rollouts)} rollouts, no contract violations")
+    if not rollouts:
+        # Spans without any rollout identity say nothing about the contract: not an OK (issue 25).
+        print(f"nothing to check: {len(spans)} spans, no rollouts (no gym.rollout span or outcome record)")
+        return 1
+    awaiting = awaiting_outcomes(spans)
+    print(
+        f"OK: {len(spans)} spans, {len(rollouts)} rollouts, no contract violations"
+        + (f"; {len(awaiting)} awaiting an outcome from another process:" if awaiting else "")
+    )
+    outside = sum(
+        1
+        for s in spans
+        if s.attributes.get(c.KIND) not in (None, c.KIND_RUN)
+        and not isinstance(s.attributes.get(c.ROLLOUT_ID), str)
+    )
+    if outside:
+        # Not a violation (a run's own work, a service's spans), but not vouched for either.
+        print(f"  - {outside} gym spans carry no rollout identity: no outcome rule applies to them")
+    for note in [*awaiting, *rerun_notes(spans)]:
+        print(f"  - {note}")
     return 0
 
 
@@ -413,7 +432,9 @@ def _read_files(files: list[str]) -> list[SpanData]:
     """The spans of every file given, read as one (a Ray run writes one per worker, a traced
     service one per process), or of the default file."""
     spans: list[SpanData] = []
-    for path in files or [_default_file()]:
+    # With no file named: the default file and the files its workers wrote beside it (a worker
+    # configured from GYMTRACE_PARENT writes {stem}.pid-{pid}{suffix}), so their outcomes count.
+    for path in files or [_default_file(), *child_files(_default_file())]:
         spans.extend(read_otlp_json_lines(path))
     return spans
 
@@ -441,7 +462,7 @@ def _rollouts(args: argparse.Namespace) -> int:
             "-" if o.repeat is None else str(o.repeat),
             o.outcome,
             _reward_text(o.reward),
-            str(o.attempts),
+            str(o.attempts) + (f" ({o.task_reruns} Ray re-run)" if o.task_reruns else ""),
             _ran_in(o.services),
             o.source,
         )
@@ -682,7 +703,9 @@ def _stats_line(run: RunStats, *, failed_as_zero: bool) -> str:
     mean = "n/a" if run.mean_reward is None else f"{run.mean_reward:.4g}"
     over = "scored and unscored as 0" if failed_as_zero else "scored only"
     line = (
-        f"run {run.run_id or '(no run)'}: {run.rollouts} rollouts, {run.scored} scored, {run.unscored} unscored;"
+        f"run {run.run_id or '(no run)'}: {run.rollouts} rollouts, {run.scored} scored, {run.unscored} unscored"
+        + (f", {run.pending} pending (outcome expected from another process)" if run.pending else "")
+        + ";"
         f" mean {mean} over {run.inputs} input{'s' if run.inputs != 1 else ''} ({over})"
     )
     if run.runs_sharing_id > 1:

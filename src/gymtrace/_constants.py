@@ -88,6 +88,10 @@ LINK_RELATION: Final = "gym.link.relation"
 
 OUTCOME_SCORED: Final = "scored"
 OUTCOME_UNSCORED: Final = "unscored"
+# The rollout's episode was handed to another process (a carrier or headers taken) and it ended with
+# no outcome of its own: the outcome is expected from there, in an outcome record (DESIGN.md §8).
+OUTCOME_PENDING: Final = "pending"
+ROLLOUT_OUTCOMES: Final = (OUTCOME_SCORED, OUTCOME_UNSCORED, OUTCOME_PENDING)
 OUTCOME_COMPLETED: Final = "completed"
 OUTCOME_FAILED: Final = "failed"
 OUTCOME_CANCELLED: Final = "cancelled"

@@ -102,6 +102,17 @@ GYMTRACE_ENCODER_CONFIG: Final = "_GYMTRACE_ENCODER_CONFIG"
 included). An environment variable and not an argument: a process's arguments are readable by
 every user of the machine (``ps``), its environment only by its owner."""
 
+GYMTRACE_PARENT: Final = "GYMTRACE_PARENT"
+"""Written by ``configure()`` into its own process's environment, so that every process it starts
+inherits it (``multiprocessing`` under any start method, ``subprocess``, a pool worker): the
+settings it resolved, as JSON (``pid``, ``service_name``, ``endpoint``, ``protocol``, ``file``,
+``console``, ``strict``, ``trace_per``; never headers or secrets). A process that inherited it and
+was never configured configures itself from it the first time it continues a gym context
+(``gymtrace.propagation.attach``/``extract``), so what a worker records under the parent's carrier
+is exported without any code in the worker; a file becomes one file per process beside the
+parent's (``{stem}.pid-{pid}{suffix}``; a directory stays the directory). Set it to an empty string
+to turn this off in a child."""
+
 OTEL_BSP_MAX_QUEUE_SIZE: Final = "OTEL_BSP_MAX_QUEUE_SIZE"
 """Bound of gymtrace's export queue (default 8192 spans): when full, the oldest span is dropped
 and counted."""

@@ -13,6 +13,7 @@ the OpenTelemetry context (``contextvars.copy_context()``, asyncio tasks) carrie
 from __future__ import annotations
 
 import math
+import os
 import threading
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -23,9 +24,11 @@ from opentelemetry.trace import SpanContext, TraceFlags
 
 from gymtrace import _constants as c
 from gymtrace import _content
+from gymtrace._environment import GYMTRACE_PARENT
 from gymtrace._errors import GymTraceError, InvalidArgumentError, contract_problem, data_lost, guard
 from gymtrace._failures import qualified_name, retryable_by_default
 from gymtrace._ids import ROLLOUT_IDENTITY, check_index, check_reward, clean_identity, episode_id
+from gymtrace._outcome_rule import CANCELLED, COMPLETED, FAILED, Attempt, Decision, Facts, decide
 from gymtrace._tracing import active_tracer, current_context
 
 FRAME_KEY = otel_context.create_key("gymtrace.frame")
@@ -36,6 +39,11 @@ DISABLED_KIND = "disabled"
 REMOTE_KIND = "remote"
 
 CARRIER_FORMAT = "gymtrace.carrier/1"
+
+# The steps a continuation in another process numbers after its reserved first one: base * this + k
+# (issue 25: 12 Ray tasks of one episode numbered 279 steps with 35 distinct numbers). Readable
+# (30002 is continuation 3's second step) and, nested two levels deep, still within int64.
+STEP_RANGE = 10_000
 
 _counter_lock = threading.Lock()
 
@@ -51,6 +59,7 @@ class ActiveScope:
     """
 
     __slots__ = (
+        "_earlier_attempts",
         "_episodes",
         "_last_episode",
         "_next_attempt",
@@ -61,6 +70,7 @@ class ActiveScope:
         "context",
         "ended",
         "failure",
+        "handed_off",
         "identity",
         "kind",
         "level",
@@ -71,8 +81,10 @@ class ActiveScope:
         "restored",
         "reward",
         "span",
+        "step_jump",
         "step_stats",
         "step_timing",
+        "thread",
         "token",
         "unsampled",
     )
@@ -94,6 +106,11 @@ class ActiveScope:
         self._next_attempt = 0
         self._episodes = 0
         self._last_episode: ActiveScope | None = None
+        # For a rollout: what its episodes before the last one ended as (the outcome rule reports
+        # a reward they had, which the final attempt supersedes).
+        self._earlier_attempts: list[Attempt] = []
+        # For a rollout: a carrier or headers were taken inside it; its outcome may come from there.
+        self.handed_off = False
         self.attempt: int | None = None
         self.reward: float | None = None
         self.failure: Failure | None = None
@@ -108,9 +125,15 @@ class ActiveScope:
         # The aggregate step policy (_steps.py): on a step owner, its steps' statistics; on a step,
         # (statistics, number, start time in ns, whether it is a span).
         self.step_stats: Any = None
+        # A continuation in another process: after its first (reserved) step number, where its next
+        # steps number from (see continue_steps_from).
+        self.step_jump = 0
         self.step_timing: tuple[Any, int, int, bool] | None = None
         # Entered by a `with` block: the token of the context it attached, which its exit detaches.
         self.token: object = None
+        # Entered by a `with` block: the thread that entered it, so that an exit in another context
+        # ends this thread's activation of a shared scope object, never another thread's.
+        self.thread = 0
         # On a step's parent: the steps the aggregate policy did not sample that are open in a
         # `with` block, innermost first, as (frame, the ones below) or None. They attach nothing,
         # so their exit finds them here, on the frame that is current.
@@ -144,13 +167,32 @@ class ActiveScope:
             frame = frame.parent
         return None
 
-    def final_reward(self) -> float | None:
-        """For a rollout: its final episode's reward, ``None`` when that episode failed, was cancelled
-        or was not scored (an unscored rollout has no reward, never an invented 0)."""
+    def attempt_fact(self) -> Attempt:
+        """For an episode: how it ended (so far), as the outcome rule reads it."""
+        if self.cancelled:
+            state = CANCELLED
+        elif self.failure is not None:
+            state = FAILED
+        else:
+            state = COMPLETED
+        return Attempt(self.attempt if self.attempt is not None else 0, state, self.reward)
+
+    def outcome_facts(self) -> Facts:
+        """For a rollout: what was recorded about it that bears on its outcome (``_outcome_rule``)."""
         final = self._last_episode
-        if final is None:
-            return self.reward  # no episode scopes: the rollout itself was scored directly
-        return final.reward if final.failure is None and not final.cancelled else None
+        attempts = (*self._earlier_attempts, final.attempt_fact()) if final is not None else ()
+        # Without episodes the rollout is its own attempt: what ended it is that attempt's failure.
+        failure = self.failure[0] if self.failure is not None else None
+        if failure is None and self.cancelled:
+            failure = c.OUTCOME_CANCELLED
+        # Positional: keywords cost a named tuple twice the time, at every rollout's end.
+        return Facts(attempts, self.reward, failure, self.handed_off, self._episodes)
+
+    def decision(self) -> Decision:
+        """For a rollout: its outcome by the one rule; for an episode, the outcome it concludes."""
+        if self.kind == c.KIND_EPISODE:
+            return decide(Facts(attempts=(self.attempt_fact(),)))
+        return decide(self.outcome_facts())
 
     # -- state changes (each level's rules) ----------------------------------------------------
 
@@ -163,7 +205,18 @@ class ActiveScope:
             else:
                 number = self._next_step if explicit is None else explicit
                 self._next_step = max(self._next_step, number + 1)
+                if self.step_jump and explicit is None:
+                    self._next_step, self.step_jump = self.step_jump, 0
         return number
+
+    def continue_steps_from(self, base: int) -> None:
+        """A continuation of the caller's scope in another process, given the step number ``base``
+        the caller reserved for it: its first step is ``base``; any further steps number from
+        ``base * STEP_RANGE + 1``, a range no other continuation and (below ``STEP_RANGE`` steps)
+        not the caller itself uses, so the numbers of one episode stay unique across processes."""
+        with _counter_lock:
+            self._next_step = base
+            self.step_jump = base * STEP_RANGE + 1
 
     def next_attempt(self) -> int:
         """For a rollout: the attempt number its next episode gets."""
@@ -174,14 +227,19 @@ class ActiveScope:
         with _counter_lock:
             self._next_attempt = max(self._next_attempt, attempt + 1)
             self._episodes += 1
+            if self._last_episode is not None:
+                self._earlier_attempts.append(self._last_episode.attempt_fact())
             self._last_episode = episode
 
     def set_reward(self, number: float) -> bool:
         """Record a validated reward on this episode or rollout."""
-        if self.ended and self.kind == c.KIND_EPISODE and (self.failure is not None or self.cancelled):
+        # An episode, or a rollout without any (its own implicit attempt), that ended failed.
+        attempt = self.kind == c.KIND_EPISODE or (self.kind == c.KIND_ROLLOUT and self._last_episode is None)
+        if self.ended and attempt and (self.failure is not None or self.cancelled):
             data_lost(
                 GymTraceError(
-                    f"a reward ({number}) was recorded for episode {self.identity.get(c.EPISODE_ID)!r}"
+                    f"a reward ({number}) was recorded for {self.kind}"
+                    f" {self.identity.get(c.EPISODE_ID if self.kind == c.KIND_EPISODE else c.ROLLOUT_ID)!r}"
                     " after it ended failed or cancelled; failed episodes are never scored, so it is ignored"
                 )
             )
@@ -229,8 +287,11 @@ class ActiveScope:
             target = self._target((c.KIND_EPISODE, c.KIND_ROLLOUT), "record_reward")
             if target is None:
                 return
-            if target.kind == c.KIND_ROLLOUT and target.ended and target.last_episode is not None:
-                target = target.last_episode  # a late reward scores the rollout's final episode
+            final = target.last_episode if target.kind == c.KIND_ROLLOUT else None
+            if final is not None and (target.ended or final.ended):
+                # A reward after the rollout's final episode ended (a verify() between the last
+                # episode and the rollout's end, or later) scores that episode: a record says so.
+                target = final
             verify = self.nearest(c.KIND_VERIFY)
             if verify is not None:
                 verify.reward = number
@@ -258,7 +319,18 @@ class ActiveScope:
                 kind = c.FAILURE_ERROR
             if self.kind == DISABLED_KIND:
                 return
-            target = self._target((c.KIND_EPISODE,), "record_failure")
+            target = self.nearest(c.KIND_EPISODE, c.KIND_ROLLOUT)
+            if target is not None and target.kind == c.KIND_ROLLOUT and target.last_episode is not None:
+                # Its episodes ended: a failure here belongs to none of them.
+                data_lost(
+                    GymTraceError(
+                        f"gymtrace.record_failure() was called in rollout {target.identity.get(c.ROLLOUT_ID)!r}"
+                        " after its episodes ended; dropped. Fix: record it inside the episode that failed"
+                    )
+                )
+                return
+            if target is None:
+                target = self._target((c.KIND_EPISODE,), "record_failure")
             if target is not None:
                 target.set_failure(kind, retryable, message, exception)
 
@@ -372,7 +444,15 @@ class ActiveScope:
             carrier["episode_span"] = span_ref(episode.span.get_span_context())
             if episode.attempt is not None:
                 carrier["attempt"] = episode.attempt  # the attempt a later phase scores with it
+        self.hand_off()  # whoever holds the carrier may record the outcome
         return carrier
+
+    def hand_off(self) -> None:
+        """A carrier or headers of this scope were taken: its rollout's outcome may be recorded in
+        another process, so a rollout ending with no outcome of its own is ``pending``."""
+        rollout = self.nearest(c.KIND_ROLLOUT)
+        if rollout is not None and not rollout.remote:
+            rollout.handed_off = True
 
     def _target(self, kinds: tuple[str, ...], caller: str) -> ActiveScope | None:
         target = self.nearest(*kinds)
@@ -401,6 +481,9 @@ def frame_for(scope: ActiveScope | None, caller: str, kinds: tuple[str, ...]) ->
     if scope is not None:
         return scope
     if active_tracer() is None:
+        frame = current_frame()
+        if frame is not None and frame.remote:
+            untraced_worker(caller)
         return None
     frame = current_frame()
     if frame is None:
@@ -421,6 +504,21 @@ def _outside(caller: str, kinds: tuple[str, ...], frame: ActiveScope | None) -> 
     )
 
 
+def untraced_worker(what: str) -> None:
+    """Something was recorded under another process's gym context in a process that exports
+    nothing: said once per process, with the fix."""
+    contract_problem(
+        ("untraced worker", os.getpid()),
+        GymTraceError(
+            f"{what} was recorded under a gym context continued from another process, in process"
+            f" {os.getpid()} where tracing is not configured and no parent settings were inherited"
+            f" ({GYMTRACE_PARENT}); it is lost. Fix: call gymtrace.configure() in this process"
+            " (e.g. multiprocessing.Pool(initializer=gymtrace.configure)), or start it from a process"
+            " that called gymtrace.configure() and keep its environment"
+        ),
+    )
+
+
 # -- outcome records -----------------------------------------------------------------------------------
 
 
@@ -431,25 +529,25 @@ def emit_outcome(frame: ActiveScope, source: str) -> None:
     concluded attempt, a record beating the rollout root on a tie."""
     tracer = active_tracer()
     if tracer is None:
+        untraced_worker("an outcome")
         return
     episode = frame if frame.kind == c.KIND_EPISODE else None
     if episode is not None:
-        attempt = episode.attempt if episode.attempt is not None else 0
-        reward = episode.reward if episode.failure is None and not episode.cancelled else None
         rollout = episode.parent.nearest(c.KIND_ROLLOUT) if episode.parent is not None else None
     else:
-        attempt = max(frame.attempts_started - 1, 0)
-        reward = frame.final_reward()
         rollout = frame
+    decision = frame.decision()
+    attempt = decision.attempt
     attributes: dict[str, Any] = {k: v for k, v in frame.identity.items() if k in ROLLOUT_IDENTITY}
     rollout_id = attributes.get(c.ROLLOUT_ID)
     attributes[c.EPISODE_ATTEMPT] = attempt
     if isinstance(rollout_id, str):
         attributes[c.EPISODE_ID] = episode_id(rollout_id, attempt)
     attributes[c.KIND] = c.KIND_OUTCOME
-    attributes[c.ROLLOUT_OUTCOME] = c.OUTCOME_UNSCORED if reward is None else c.OUTCOME_SCORED
-    if reward is not None:
-        attributes[c.REWARD] = reward
+    # A record concludes what was recorded: it is never pending itself.
+    attributes[c.ROLLOUT_OUTCOME] = c.OUTCOME_SCORED if decision.scored else c.OUTCOME_UNSCORED
+    if decision.reward is not None:
+        attributes[c.REWARD] = decision.reward
     attributes[c.ROLLOUT_ATTEMPTS] = attempt + 1
     attributes[c.OUTCOME_SOURCE] = source
     if episode is not None and episode.failure is not None:

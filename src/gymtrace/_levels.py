@@ -24,10 +24,11 @@ from opentelemetry.trace import Link, SpanContext, SpanKind, Status, StatusCode
 
 from gymtrace import _constants as c
 from gymtrace import _settings
-from gymtrace._errors import GymTraceError, InvalidArgumentError, contract_problem
+from gymtrace._errors import GymTraceError, InvalidArgumentError, contract_problem, data_lost
 from gymtrace._failures import classify
 from gymtrace._frame import ActiveScope, emit_outcome, read_carrier
 from gymtrace._ids import check_id, check_index, episode_id, report
+from gymtrace._outcome_rule import warning_text
 
 # What a level's prepare() returns: span name, start attributes, links, the context to start it in.
 Prepared = tuple[str, dict[str, Any], "list[Link] | None", otel_context.Context]
@@ -285,15 +286,22 @@ def _episode_failed(frame: ActiveScope, exc: Exception) -> None:
     frame.fail_unless_classified(*classify(exc))
 
 
+def _rollout_failed(frame: ActiveScope, exc: Exception) -> None:
+    # An exception escaping a rollout that opened no episode fails its implicit attempt 0, whatever
+    # was recorded before it (with episodes the rule leaves it to them).
+    frame.fail_unless_classified(*classify(exc))
+
+
 def _finish_rollout(frame: ActiveScope) -> None:
     span = frame.span
-    reward = frame.final_reward()
-    span.set_attribute(c.ROLLOUT_ATTEMPTS, frame.attempts_started)
-    if reward is None:
-        span.set_attribute(c.ROLLOUT_OUTCOME, c.OUTCOME_UNSCORED)
-    else:
-        span.set_attribute(c.ROLLOUT_OUTCOME, c.OUTCOME_SCORED)
-        span.set_attribute(c.REWARD, reward)
+    decision = frame.decision()
+    span.set_attribute(c.ROLLOUT_ATTEMPTS, decision.attempts)
+    span.set_attribute(c.ROLLOUT_OUTCOME, decision.outcome)
+    if decision.reward is not None:
+        span.set_attribute(c.REWARD, decision.reward)
+    if decision.discarded:
+        # Last: in strict mode this raises, and the span above is complete by then.
+        data_lost(GymTraceError(warning_text(frame.identity.get(c.ROLLOUT_ID), decision)))
 
 
 def _finish_verify(frame: ActiveScope) -> None:
@@ -342,6 +350,7 @@ LEVELS: Mapping[str, Level] = {
             prepare=_prepare_rollout,
             arguments={"rollout_id": _an_id, "task_id": _an_id, "repeat": _an_index, **_ATTRIBUTES},
             finish=_finish_rollout,
+            failed=_rollout_failed,
             shown=((c.ROLLOUT_OUTCOME, "outcome"), (c.ROLLOUT_ATTEMPTS, "attempts"), (c.REWARD, "reward")),
         ),
         Level(

@@ -4,12 +4,15 @@ Every reader of a finished trace (``gymtrace tree``, ``check``, ``rollouts``, ``
 summary) answers "what was this rollout's outcome?" through :func:`final_outcomes`, so they can
 never disagree. Spans are immutable once ended: when a rollout's outcome is decided outside its
 rollout span (a reward recorded in another process, after the rollout span ended, or by an episode
-continued from a carrier elsewhere), gymtrace writes a short ``gym.outcome`` record span. The rule:
+continued from a carrier elsewhere), gymtrace writes a short ``gym.outcome`` record span. Each
+candidate is one fact for the outcome rule (``_outcome_rule.decide``, the same function the writer
+used):
 
 - the candidates of a rollout are its root span (it concludes attempt ``gym.rollout.attempts - 1``)
   and every outcome record (it concludes ``gym.episode.attempt``);
 - the final outcome is the candidate concluding the highest attempt; on a tie a record beats the
-  root, and among records the one that ended last wins;
+  root, and among records the one that ended last wins; a root saying ``pending`` that no record
+  concludes stays ``pending`` (its record may be in a file not given);
 - the rollout's attempts are the highest ``gym.rollout.attempts`` of all candidates.
 
 A rollout is keyed by run ID and rollout ID, and, so that a re-run appended to the same file with
@@ -26,6 +29,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gymtrace import _constants as c
+from gymtrace._outcome_rule import CANCELLED, FAILED, Attempt, Decision, Facts, state_of
+from gymtrace._outcome_rule import decide as decide_outcome
 from gymtrace._spandata import SpanData, normalize
 
 # Where an outcome came from when the rollout root decided it (an outcome record says its own).
@@ -68,13 +73,46 @@ def concluded_attempt(candidate: SpanData) -> int:
     return attempts - 1 if attempts is not None else -1
 
 
+def _order(candidate: SpanData) -> tuple[int, ...]:
+    """Among candidates concluding the same attempt: a record beats the root, then the later one."""
+    try:
+        span_number = int(candidate.span_id, 16)
+    except ValueError:
+        span_number = 0
+    return (int(is_outcome_record(candidate)), candidate.end_ns, span_number)
+
+
+def candidate_fact(candidate: SpanData) -> Attempt:
+    """What a rollout root or outcome record says about the attempt it concludes, for the rule."""
+    outcome = candidate.attributes.get(c.ROLLOUT_OUTCOME)
+    reward = _reward(candidate.attributes.get(c.REWARD)) if outcome == c.OUTCOME_SCORED else None
+    # A root that says scored without a usable reward has no score to give.
+    state = FAILED if outcome == c.OUTCOME_SCORED and reward is None else state_of(outcome)
+    return Attempt(concluded_attempt(candidate), state, reward, _order(candidate))
+
+
 def decide(candidates: Iterable[SpanData]) -> SpanData | None:
-    """The candidate (rollout root or outcome record) that holds the rollout's final outcome."""
-    return max(
-        candidates,
-        key=lambda s: (concluded_attempt(s), is_outcome_record(s), s.end_ns, s.span_id),
-        default=None,
-    )
+    """The candidate (rollout root or outcome record) that holds the rollout's final outcome: the
+    one whose fact the outcome rule takes as the final attempt's."""
+    return max(candidates, key=lambda s: (concluded_attempt(s), _order(s)), default=None)
+
+
+def decision_of(group: RolloutSpans, *, episodes: bool = True) -> Decision | None:
+    """The outcome rule over a rollout's root and outcome records (and, unless ``episodes=False``,
+    the episode spans that say their attempt failed); None when it has no root and no record."""
+    candidates = group.candidates
+    if not candidates:
+        return None
+    started = max((_int(s.attributes.get(c.ROLLOUT_ATTEMPTS)) or 0 for s in candidates), default=0)
+    facts = [candidate_fact(s) for s in candidates]
+    # An episode span that says its attempt failed or was cancelled outranks a record that scored
+    # the attempt without knowing (written in another process, or later).
+    for episode in group.episodes if episodes else ():
+        attempt = _int(episode.attributes.get(c.EPISODE_ATTEMPT))
+        outcome = episode.attributes.get(c.EPISODE_OUTCOME)
+        if attempt is not None and outcome in (FAILED, CANCELLED):
+            facts.append(Attempt(attempt, str(outcome), None, (-1,), definite=True))
+    return decide_outcome(Facts(attempts=tuple(facts), started=started))
 
 
 @dataclass(frozen=True)
@@ -85,7 +123,7 @@ class RolloutOutcome:
     task_id: str | None
     rollout_id: str
     repeat: int | None
-    outcome: str  # "scored" or "unscored"
+    outcome: str  # "scored", "unscored" or "pending"
     reward: float | None  # None unless scored
     attempts: int
     # The service each attempt's episode ran in, by attempt ("" where no episode span is at hand).
@@ -96,6 +134,8 @@ class RolloutOutcome:
     # The gym.run span this rollout belongs to (its link or ancestor), when the input holds it; it
     # tells apart two runs that share a run ID.
     run_span_id: str | None = None
+    # Task executions Ray re-ran inside this rollout's episodes (max_retries, retry_exceptions).
+    task_reruns: int = 0
     decided_by: SpanData | None = field(default=None, compare=False, repr=False)
     root: SpanData | None = field(default=None, compare=False, repr=False)
 
@@ -111,6 +151,7 @@ class RolloutOutcome:
             "services": list(self.services),
             "source": self.source,
             "trace_id": self.trace_id,
+            "task_reruns": self.task_reruns,
         }
 
 
@@ -124,6 +165,8 @@ class RolloutSpans:
     roots: list[SpanData] = field(default_factory=list)
     records: list[SpanData] = field(default_factory=list)
     episodes: list[SpanData] = field(default_factory=list)
+    # Task executions Ray re-ran (``ray.task.attempt >= 1``): a worker died or raised meanwhile.
+    reruns: list[SpanData] = field(default_factory=list)
 
     @property
     def candidates(self) -> list[SpanData]:
@@ -141,7 +184,8 @@ def group_rollouts(spans: Iterable[Any]) -> list[RolloutSpans]:
     groups: dict[tuple[str | None, str, str], RolloutSpans] = {}
     for span in spans:
         kind = span.attributes.get(c.KIND)
-        if kind not in (c.KIND_ROLLOUT, c.KIND_OUTCOME, c.KIND_EPISODE):
+        rerun = (_int(span.attributes.get(c.RAY_TASK_ATTEMPT)) or 0) >= 1
+        if kind not in (c.KIND_ROLLOUT, c.KIND_OUTCOME, c.KIND_EPISODE) and not rerun:
             continue
         rollout_id = span.attributes.get(c.ROLLOUT_ID)
         if not isinstance(rollout_id, str):
@@ -156,8 +200,10 @@ def group_rollouts(spans: Iterable[Any]) -> list[RolloutSpans]:
             group.roots.append(span)
         elif kind == c.KIND_OUTCOME:
             group.records.append(span)
-        else:
+        elif kind == c.KIND_EPISODE:
             group.episodes.append(span)
+        else:
+            group.reruns.append(span)
     with_root: dict[tuple[str | None, str], list[RolloutSpans]] = defaultdict(list)
     in_trace: dict[tuple[str, str], list[RolloutSpans]] = defaultdict(list)
     for group in groups.values():
@@ -175,6 +221,7 @@ def group_rollouts(spans: Iterable[Any]) -> list[RolloutSpans]:
             if len(owners) == 1:
                 owners[0].records.extend(group.records)
                 owners[0].episodes.extend(group.episodes)
+                owners[0].reruns.extend(group.reruns)
                 continue
         result.append(group)
     return result
@@ -222,11 +269,10 @@ def _services(episodes: list[SpanData], attempts: int) -> tuple[str, ...]:
 def outcome_of(group: RolloutSpans, ancestors: Mapping[str, str] | None = None) -> RolloutOutcome | None:
     """The final outcome of one rollout, or None when the input holds no root and no record."""
     decider = decide(group.candidates)
-    if decider is None:
+    decision = decision_of(group)
+    if decider is None or decision is None:
         return None
-    attempts = max((_int(s.attributes.get(c.ROLLOUT_ATTEMPTS)) or 0 for s in group.candidates), default=0)
-    outcome = decider.attributes.get(c.ROLLOUT_OUTCOME)
-    reward = _reward(decider.attributes.get(c.REWARD)) if outcome == c.OUTCOME_SCORED else None
+    attempts = decision.attempts
     root = max(group.roots, key=lambda s: s.end_ns) if group.roots else None
     # Identity: the root's if at hand, else the deciding record's (both carry it).
     identity = root.attributes if root is not None else decider.attributes
@@ -236,10 +282,8 @@ def outcome_of(group: RolloutSpans, ancestors: Mapping[str, str] | None = None) 
         task_id=task_id if isinstance(task_id, str) else None,
         rollout_id=group.rollout_id,
         repeat=_int(identity.get(c.ROLLOUT_REPEAT)),
-        outcome=c.OUTCOME_SCORED
-        if outcome == c.OUTCOME_SCORED and reward is not None
-        else c.OUTCOME_UNSCORED,
-        reward=reward,
+        outcome=decision.outcome,
+        reward=decision.reward,
         attempts=attempts,
         services=_services(group.episodes, attempts),
         source=str(decider.attributes.get(c.OUTCOME_SOURCE, "record"))
@@ -247,6 +291,7 @@ def outcome_of(group: RolloutSpans, ancestors: Mapping[str, str] | None = None) 
         else SOURCE_ROOT,
         trace_id=group.trace_id,
         run_span_id=_run_span_of(root, ancestors or {}),
+        task_reruns=len(group.reruns),
         decided_by=decider,
         root=root,
     )
@@ -301,16 +346,20 @@ class RunStats:
     # Set when several runs in the input share this run ID (one RunStats each): the run span's ID.
     run_span_id: str | None = None
     runs_sharing_id: int = 1
+    # Rollouts whose outcome is expected from another process (a record not in the input): never in
+    # the mean, never a zero.
+    pending: int = 0
 
     @property
     def rollouts(self) -> int:
-        return self.scored + self.unscored
+        return self.scored + self.unscored + self.pending
 
     def as_json(self) -> dict[str, Any]:
         body: dict[str, Any] = {
             "run_id": self.run_id,
             "scored": self.scored,
             "unscored": self.unscored,
+            "pending": self.pending,
             "inputs": self.inputs,
             "mean_reward": self.mean_reward,
         }
@@ -334,7 +383,8 @@ def _stats(
     sharing: int = 1,
 ) -> RunStats:
     rewards = [o.reward for o in outcomes if o.outcome == c.OUTCOME_SCORED and o.reward is not None]
-    unscored = len(outcomes) - len(rewards)
+    pending = sum(1 for o in outcomes if o.outcome == c.OUTCOME_PENDING)
+    unscored = len(outcomes) - len(rewards) - pending
     # The denominator rule: an unscored rollout has no reward (never an invented 0) and is left out
     # of the mean; --failed-as-zero counts it as an input of 0 here, in the metric only.
     inputs = [*rewards, *([0.0] * unscored if failed_as_zero else [])]
@@ -360,6 +410,7 @@ def _stats(
         pass_at_k=pass_at_k,
         run_span_id=run_span_id,
         runs_sharing_id=sharing,
+        pending=pending,
     )
 
 

@@ -70,7 +70,15 @@ def _overridden(spans: list[SpanData]) -> dict[str, str]:
                 f"=> final: outcome={o.outcome}{reward} attempts={o.attempts}"
                 f" (from outcome record {o.decided_by.span_id}, {o.source})"
             )
+        if o.root is not None and o.task_reruns:
+            # Only the worker's ray.task span knows otherwise: said on the rollout's line.
+            rerun = f"=> {_reruns_text(o.task_reruns)}"
+            marks[o.root.span_id] = f"{marks[o.root.span_id]} {rerun}" if o.root.span_id in marks else rerun
     return marks
+
+
+def _reruns_text(count: int) -> str:
+    return f"Ray re-ran {count} task{'s' if count != 1 else ''} (max_retries: a worker died or raised)"
 
 
 def render_tree(spans: Iterable[SpanData], *, show_ids: bool = False) -> str:

@@ -20,6 +20,7 @@ import functools
 import inspect
 import sys
 from collections.abc import Awaitable, Callable, Mapping
+from threading import get_ident
 from time import time_ns
 from types import TracebackType
 from typing import Any, TypeVar
@@ -344,6 +345,7 @@ class Scope:
             parent.unsampled = (frame, parent.unsampled)
         else:
             frame.token = attach(frame.context)  # type: ignore[arg-type]
+            frame.thread = get_ident()
         return frame
 
     def _shadow(self) -> None:
@@ -404,10 +406,22 @@ class Scope:
         """``__exit__`` in another context than ``__enter__`` (an ``ExitStack`` handed across asyncio
         tasks or threads): the entering context's token cannot be detached here, but the span is
         still ended, and nothing is raised into user code."""
-        frame = next(
-            (f for f in reversed(list(_OPEN.values())) if f.owner is self and f.token is not None), None
-        )
+        mine = [f for f in reversed(list(_OPEN.values())) if f.owner is self and f.token is not None]
+        # One object entered by several threads (a shared bare `gymtrace.episode()`): this thread's
+        # own activation, or the only one; never guess among other threads' (issue 25).
+        here = [f for f in mine if f.thread == get_ident()]
+        frame = here[0] if here else mine[0] if len(mine) == 1 else None
         if frame is None:
+            if mine:
+                contract_problem(
+                    ("exit elsewhere, ambiguous", self.kind),
+                    GymTraceError(
+                        f"gymtrace.{self.kind}() was exited in a thread that did not enter it while"
+                        f" {len(mine)} threads have it open (one scope object shared by several"
+                        " threads); no span was ended here: each ends when its own thread exits it,"
+                        " else as interrupted at exit. Fix: create the scope inside each thread"
+                    ),
+                )
             return  # tracing was off when it was entered, or the span already ended
         contract_problem(
             ("exit elsewhere", self.kind),

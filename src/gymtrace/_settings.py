@@ -23,6 +23,7 @@ This module sits at the bottom of gymtrace's import graph: it imports only the s
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import re
@@ -127,6 +128,9 @@ class Settings:
     identity_secrets: tuple[str, ...] = field(default=(), repr=False)
     baggage_allow: frozenset[str] = frozenset()
     propagate_to: tuple[str, ...] = ()
+    # GYMTRACE_PARENT: the settings a parent process's configure() resolved, as (name, value)
+    # pairs, for a child that was never configured (see _setup.configure_from_parent).
+    parent: tuple[tuple[str, Any], ...] | None = None
 
 
 # Settings made in code (configure(strict=...), configure_content(capture=...), ...): they outlive
@@ -454,7 +458,39 @@ def resolve(
         identity_secrets=identity_secrets,
         baggage_allow=baggage_allow,
         propagate_to=tuple(p.lower() for p in split_list(read.environ.get(env.GYMTRACE_PROPAGATE_TO))),
+        parent=_parent(read),
     )
+
+
+# What GYMTRACE_PARENT may hold, and of which type each value must be.
+PARENT_FIELDS: Final = {
+    "pid": (int,),
+    "service_name": (str, type(None)),
+    "endpoint": (str, type(None)),
+    "protocol": (str, type(None)),
+    "file": (str, type(None)),
+    "console": (bool,),
+    "strict": (bool,),
+    "trace_per": (str,),
+}
+
+
+def _parent(read: _Reader) -> tuple[tuple[str, Any], ...] | None:
+    raw = read.raw(env.GYMTRACE_PARENT)
+    if raw is None:
+        return None
+    try:
+        value = json.loads(raw)
+    except ValueError:
+        value = None
+    if (
+        not isinstance(value, dict)
+        or not isinstance(value.get("pid"), int)
+        or any(k not in PARENT_FIELDS or not isinstance(v, PARENT_FIELDS[k]) for k, v in value.items())
+    ):
+        read.bad(env.GYMTRACE_PARENT, raw, "the JSON object configure() writes", None)
+        return None
+    return tuple(sorted(value.items()))
 
 
 active: Settings = resolve(lenient=True)

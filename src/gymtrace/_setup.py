@@ -9,14 +9,18 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import glob
+import json
 import logging
 import os
 import random
+import signal
 import threading
 import uuid
 import weakref
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from opentelemetry import trace
@@ -44,7 +48,7 @@ from gymtrace._steps import StepPolicy
 from gymtrace._steps import policy_from as step_policy_from
 from gymtrace._steps import reset_policy as reset_step_policy
 from gymtrace._steps import set_policy as set_step_policy
-from gymtrace._tracing import current_provider
+from gymtrace._tracing import active_tracer, current_provider
 from gymtrace._trust import trust_overrides
 
 if TYPE_CHECKING:
@@ -161,6 +165,8 @@ class _State:
         self.provider: TracerProvider | None = None  # the provider gymtrace created, if any
         self.stage: _ExportStage | None = None
         self.key: tuple[Any, ...] | None = None  # what the current configuration was built from
+        # Configured from GYMTRACE_PARENT (a worker of a configured process), not by its own code.
+        self.inherited = False
 
 
 _state = _State()
@@ -400,7 +406,94 @@ def configure(
         )
         _state.key = key
         logger.info("gymtrace: tracing to %s", _describe(_state.configuration))
+        _export_to_children(settings, resolved_name)
         return _state.configuration
+
+
+def _export_to_children(settings: _settings.Settings, service_name: str) -> None:
+    """Leave the settings just applied in the environment every child process inherits
+    (``GYMTRACE_PARENT``): a worker that never calls configure() then exports what it records under
+    this process's carriers the same way (issue 25). Headers and secrets stay out: the environment
+    of a child (a sandbox) is readable by whatever runs there."""
+    exporters = settings.exporters
+    file = settings.file if "file" in exporters else None
+    parent = {
+        "pid": os.getpid(),
+        "service_name": service_name or None,
+        "endpoint": settings.endpoint if "otlp" in exporters else None,
+        "protocol": settings.protocol if "otlp" in exporters else None,
+        "file": os.path.abspath(file) if file else None,
+        "console": "console" in exporters,
+        "strict": settings.strict,
+        "trace_per": "run" if settings.trace_per_run else "rollout",
+    }
+    os.environ[env.GYMTRACE_PARENT] = json.dumps(parent)
+
+
+def child_file(path: str, pid: int | None = None) -> str:
+    """The trace file a child process writes when its parent writes ``path``: a directory stays the
+    directory (one file per process already), a file gets a sibling per process, because processes
+    appending to one file could interleave their lines."""
+    if path.endswith(("/", os.sep)) or os.path.isdir(path):
+        return path
+    p = Path(path)
+    return str(p.with_name(f"{p.stem}{_CHILD_TAG}{pid if pid is not None else os.getpid()}{p.suffix}"))
+
+
+def child_files(path: str) -> list[str]:
+    """The files :func:`child_file` gave the children of a process that writes ``path``."""
+    p = Path(path)
+    return sorted(str(f) for f in p.parent.glob(f"{glob.escape(p.stem)}{_CHILD_TAG}*{glob.escape(p.suffix)}"))
+
+
+_CHILD_TAG = ".pid-"
+
+
+def configure_from_parent() -> bool:
+    """Configure this never-configured process from ``GYMTRACE_PARENT`` (see ``_tracing``). True
+    when it did; every later call is free."""
+    parent = dict(_settings.active.parent or ())
+    if not parent or parent.get("pid") == os.getpid() or _state.configuration is not None:
+        return False
+    if not isinstance(trace.get_tracer_provider(), trace.ProxyTracerProvider):
+        return False  # the application set a provider of its own: gymtrace never replaces it
+    with _inherit_lock:
+        if _state.configuration is not None:
+            return active_tracer() is not None
+        file = parent.get("file")
+        endpoint = parent.get("endpoint")
+        # A worker's SIGTERM is its pool's (Pool.terminate()): keep whatever it meant before, so a
+        # flush at the signal cannot deadlock on a lock the interrupted code holds. Each continued
+        # block flushes when it ends instead (see propagation.attach).
+        main = threading.current_thread() is threading.main_thread()
+        sigterm = signal.getsignal(signal.SIGTERM) if main else None
+        configure(
+            service_name=parent.get("service_name"),
+            endpoint=endpoint,
+            protocol=parent.get("protocol") if endpoint else None,
+            file=child_file(file) if isinstance(file, str) else False,
+            console=bool(parent.get("console")) or None,
+            strict=bool(parent.get("strict")),
+            trace_per=parent.get("trace_per"),
+        )
+        if main and sigterm is not None:
+            signal.signal(signal.SIGTERM, sigterm)
+        _state.inherited = True
+        _tracing.flush_after_continuation = force_flush
+        logger.info("gymtrace: configured from the parent process %s (GYMTRACE_PARENT)", parent.get("pid"))
+    return active_tracer() is not None
+
+
+def _forget_exported_settings() -> None:
+    """After shutdown: children started from now on must not configure from settings no longer in
+    force (only the variable this process wrote is removed, not one it inherited)."""
+    raw = os.environ.get(env.GYMTRACE_PARENT)
+    if raw and f'"pid": {os.getpid()},' in raw:
+        del os.environ[env.GYMTRACE_PARENT]
+
+
+_inherit_lock = threading.Lock()
+_tracing.inherit_hook = configure_from_parent
 
 
 def _apply(
@@ -644,3 +737,6 @@ def shutdown() -> None:
             _state.stage.shutdown()
         _state.configuration = None
         _state.key = None
+        _state.inherited = False
+        _tracing.flush_after_continuation = None
+        _forget_exported_settings()

@@ -49,6 +49,22 @@ _contextual_in_use = False
 # Tracers of the providers integrations were handed, by provider (few: one per instrument() call).
 _contextual_tracers: dict[int, tuple[trace.TracerProvider, trace.Tracer | None]] = {}
 
+# Set by _setup at import: configures this process from GYMTRACE_PARENT when it never was (a worker
+# started by a configured process). Called where a gym context from another process is continued.
+inherit_hook: Callable[[], bool] | None = None
+# Set when that happened: the flush each continued block ends with (workers often end without exit
+# handlers: a pool's os._exit, a killed process).
+flush_after_continuation: Callable[[], Any] | None = None
+
+
+def inherit_parent_settings() -> bool:
+    """Configure this process like the parent that started it, if it never was configured and the
+    parent left its settings (``GYMTRACE_PARENT``). True when tracing is on afterwards."""
+    if active_tracer() is not None:
+        return True
+    hook = inherit_hook
+    return hook() if hook is not None else False
+
 
 def active_tracer() -> trace.Tracer | None:
     provider: trace.TracerProvider | None

@@ -89,6 +89,7 @@ __all__ = [
     "get_tracer",
     "gym_destination",
     "guard",
+    "hand_off",
     "identity_fallback",
     "incoming_identity",
     "innermost_scope",
@@ -119,6 +120,15 @@ def innermost_scope(context: otel_context.Context | None = None) -> _ActiveScope
     if not isinstance(frame, _ActiveScope) or frame.kind == _DISABLED_KIND:
         return None
     return frame
+
+
+def hand_off(context: otel_context.Context | None = None) -> None:
+    """Say that the innermost gym scope's work goes on in another process (its headers or a carrier
+    were sent there): a rollout that then ends with no outcome of its own reads ``pending``, its
+    outcome expected from there, rather than ``unscored``. Nothing outside every gym scope."""
+    frame = innermost_scope(context)
+    if frame is not None:
+        frame.hand_off()
 
 
 def current_identity(context: otel_context.Context | None = None) -> dict[str, str | int]:

@@ -46,7 +46,7 @@ from opentelemetry import context as otel_context
 from opentelemetry.propagators.textmap import Getter
 
 from gymtrace import _constants as c
-from gymtrace import _trust
+from gymtrace import _tracing, _trust
 from gymtrace._errors import guard, internal_error, logger
 from gymtrace._frame import CARRIER_FORMAT, DISABLED_KIND, FRAME_KEY, REMOTE_KIND, ActiveScope, read_carrier
 from gymtrace._ids import clean_identity, clean_value, episode_id
@@ -155,14 +155,16 @@ def with_identity(
 
 
 def _reserve_step(ctx: otel_context.Context) -> int | None:
-    """Called directly at the level that numbers steps (an episode or agent invocation, not inside
-    a step): the work continued elsewhere is a step of its own, so it gets the caller's next step
-    number, and the caller's later steps number after it. Inside a step nothing is reserved: what runs
-    elsewhere is part of that step (a model or tool request)."""
+    """The work continued elsewhere gets the next step number of the scope that numbers steps here
+    (the episode or agent invocation, also from inside a step, also in a continuation handing on),
+    and the steps here number after it; its further steps number in a range of their own
+    (``ActiveScope.continue_steps_from``), so one episode's step numbers are unique across
+    processes."""
     frame = ctx.get(FRAME_KEY)
-    if isinstance(frame, ActiveScope) and not frame.remote and frame.kind in NUMBERING_OWNERS:
-        return frame.take_number(c.KIND_STEP, None)
-    return None
+    owner = frame.nearest(*NUMBERING_OWNERS) if isinstance(frame, ActiveScope) else None
+    # Inside a step too (a Ray task called from a step), and from a continuation handing on (a task
+    # calling a task): whatever the other process numbers must not repeat a number here (issue 25).
+    return owner.take_number(c.KIND_STEP, None) if owner is not None else None
 
 
 # -- carriers ---------------------------------------------------------------------------------------
@@ -322,16 +324,21 @@ def inject(
 
     Returns the carrier (a new dict when none is given). The ``baggage`` written holds the gym
     identity and the keys of ``GYMTRACE_BAGGAGE_ALLOW``, never other baggage entries of the context;
-    called directly at an episode or agent invocation (outside any step) it also holds
-    ``gym.step.base``, the step number reserved for the work continued elsewhere, so steps in other
-    processes never repeat the caller's numbers. ``continuation=False`` (what the HTTP helpers use
-    for requests) reserves nothing. ``destination``: the request's URL; gym identity is written only
-    for a gym destination (see :func:`with_identity`).
+    called inside an episode or agent invocation it also holds ``gym.step.base``, the step number
+    reserved for the work continued elsewhere (its further steps number from ``base * 10000 + 1``),
+    so steps in other processes never repeat the caller's numbers nor each other's.
+    ``continuation=False`` (what the HTTP helpers use for requests) reserves nothing.
+    ``destination``: the request's URL; gym identity is written only for a gym destination (see
+    :func:`with_identity`).
     """
     if carrier is None:
         carrier = {}
     with guard("gymtrace.propagation.inject"):
         ctx = with_identity(context, reserve_step=continuation, destination=destination)
+        if continuation:
+            frame = (context if context is not None else otel_context.get_current()).get(FRAME_KEY)
+            if isinstance(frame, ActiveScope):
+                frame.hand_off()  # the rollout's outcome may now be recorded where this goes
         propagate.inject(carrier, context=ctx)
         if "baggage" in carrier:
             # OpenTelemetry Python writes a space as "+", which W3C Baggage gives no meaning (and
@@ -354,6 +361,9 @@ def extract(
     """
     base = context if context is not None else otel_context.Context()
     try:
+        # A worker that was never configured continues its parent's context under its parent's
+        # settings (GYMTRACE_PARENT), so what it records is not lost (issue 25).
+        _tracing.inherit_parent_settings()
         if isinstance(carrier, Mapping) and carrier.get("format") == CARRIER_FORMAT:
             # A scope carrier is made by this application's own code (ActiveScope.carrier()).
             return _from_scope_carrier(carrier, base)
@@ -403,7 +413,7 @@ def _remote_context(
     if isinstance(attempt, int):
         frame.attempt = attempt
     if isinstance(base_number, int) and base_number > 0:
-        frame.take_number(c.KIND_STEP, base_number - 1)  # the next step here is base_number
+        frame.continue_steps_from(base_number)
     return otel_context.set_value(FRAME_KEY, frame, ctx)
 
 
@@ -441,6 +451,10 @@ def attach(carrier: Any, *, trusted: bool | None = None) -> Iterator[otel_contex
         yield ctx
     finally:
         otel_context.detach(token)
+        flush = _tracing.flush_after_continuation
+        if flush is not None:
+            with guard("flushing a continued context"):
+                flush()
 
 
 def env_carrier(context: otel_context.Context | None = None) -> dict[str, str]:

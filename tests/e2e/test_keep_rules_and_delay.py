@@ -37,19 +37,32 @@ def _provider(pipeline: Pipeline, service: str) -> TracerProvider:
 
 
 def _rollout_with_record(
-    tracer: trace_api.Tracer, rollout_id: str, *, record: dict[str, object] | None
+    tracer: trace_api.Tracer,
+    rollout_id: str,
+    *,
+    record: dict[str, object] | None,
+    root: dict[str, object] | None = None,
+    task: dict[str, object] | None = None,
 ) -> str:
     """A clean, scored rollout (kept by no rollout rule) and optionally an outcome record in its
     trace, linked to the episode it concludes; the trace ID in hex."""
     identity = {c.RUN_ID: "keep-rules", c.TASK_ID: "t", c.ROLLOUT_ID: rollout_id, c.ROLLOUT_REPEAT: 0}
     with tracer.start_as_current_span(
         "gym.rollout",
-        attributes={**identity, c.KIND: "rollout", c.ROLLOUT_OUTCOME: "scored", c.ROLLOUT_ATTEMPTS: 1},
+        attributes={
+            **identity,
+            c.KIND: "rollout",
+            c.ROLLOUT_OUTCOME: "scored",
+            c.ROLLOUT_ATTEMPTS: 1,
+            **(root or {}),
+        },
     ) as rollout:
         with tracer.start_as_current_span(
             "gym.episode", attributes={**identity, c.KIND: "episode", c.EPISODE_ATTEMPT: 0}
         ) as episode:
-            pass
+            if task is not None:
+                with tracer.start_as_current_span("ray.task play", attributes={**identity, **task}):  # type: ignore[arg-type]
+                    pass
         if record is not None:
             link = trace_api.Link(episode.get_span_context(), {c.LINK_RELATION: c.RELATION_OUTCOME})
             attributes = {**identity, c.KIND: KIND_OUTCOME, c.EPISODE_ATTEMPT: 0, **record}
@@ -72,11 +85,15 @@ def test_outcome_records_saying_unscored_or_retried_keep_their_rollout(pipeline:
         tracer, "r-scored", record={c.ROLLOUT_OUTCOME: "scored", c.REWARD: 1.0, c.ROLLOUT_ATTEMPTS: 1}
     )
     plain = _rollout_with_record(tracer, "r-plain", record=None)
+    # Issue 25: a rollout awaiting its outcome from another process, and one in which Ray re-ran a
+    # task, are kept too (the record that concludes the first must find its trace).
+    pending = _rollout_with_record(tracer, "r-pending", record=None, root={c.ROLLOUT_OUTCOME: "pending"})
+    rerun = _rollout_with_record(tracer, "r-rerun", record=None, task={c.RAY_TASK_ATTEMPT: 1})
     provider.shutdown()
-    kept = pipeline.wait_for_traces(service, count=2, timeout=30)
+    kept = pipeline.wait_for_traces(service, count=4, timeout=30)
     time.sleep(4)  # past the drop decisions of the other two (decision_wait 2s + a tick)
     stored = {t["traceID"].rjust(32, "0"): len(t["spans"]) for t in pipeline.find_traces(service)}
-    assert stored == {unscored: 3, retried: 3}, (kept, scored, plain)
+    assert stored == {unscored: 3, retried: 3, pending: 2, rerun: 3}, (kept, scored, plain)
 
     # The reader takes the link relation from Jaeger's v3 API: an outcome link is not a "retry".
     tree = run_gymtrace("tree", "--jaeger", pipeline.query_url, "--trace", unscored, check=True).stdout

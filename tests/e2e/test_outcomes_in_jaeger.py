@@ -57,6 +57,7 @@ def test_rollouts_and_stats_read_the_final_outcome_from_jaeger(pipeline: Pipelin
         "run_id": run_id,
         "scored": 1,
         "unscored": 1,
+        "pending": 0,
         "inputs": 1,
         "mean_reward": 1.0,
         "pass_at_k": {"t": {"k": 2, "passed": 1, "value": 1.0}},

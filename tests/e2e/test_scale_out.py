@@ -107,7 +107,7 @@ def test_scale_out_keeps_traces_whole_and_a_killed_sampler_loses_only_what_it_he
         roots = {s.trace_id: s for s in sent if s.parent_id is None}
         must_keep = {
             t for t, s in roots.items() if s.attributes[c.KIND] == c.KIND_RUN
-            or s.attributes.get(c.ROLLOUT_OUTCOME) == c.OUTCOME_UNSCORED
+            or s.attributes.get(c.ROLLOUT_OUTCOME) in (c.OUTCOME_UNSCORED, c.OUTCOME_PENDING)
             or int(s.attributes.get(c.ROLLOUT_ATTEMPTS, 1)) > 1
         }  # fmt: skip
         clean = set(roots) - must_keep

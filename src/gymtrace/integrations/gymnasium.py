@@ -75,6 +75,7 @@ import random
 import sys
 import time
 import uuid
+import weakref
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -262,6 +263,24 @@ class _Open:
         )
 
 
+def _end_abandoned(live: set[_Open]) -> None:
+    """The wrapper was collected (or the process is exiting) with episodes open: end each as
+    cancelled, marked interrupted. Never raises: it runs in a finalizer."""
+    while live:
+        ep = live.pop()
+        try:
+            ep.frame.span.set_attribute(c.INTERRUPTED, True)
+            ep.context.run(
+                TraceEnv._self_end_in,
+                ep,
+                asyncio.CancelledError("TraceEnv dropped mid-episode without close()"),
+            )
+        except Exception as error:  # noqa: BLE001 - a finalizer must not raise
+            report_error(
+                "gymtrace.integrations.gymnasium ending an abandoned episode", error, may_raise=False
+            )
+
+
 def _epoch_offset() -> int:
     """What turns a ``perf_counter_ns`` time into ``time_ns`` (epoch) nanoseconds, now: the two
     clocks run at the same rate, so a step timed earlier in the episode maps through it too."""
@@ -412,6 +431,10 @@ class TraceEnv(wrapt.ObjectProxy):  # type: ignore[type-arg]  # proxies any envi
         self._self_open: _Open | None = None
         # By sub-environment index and whether every step is a span, under the current policy.
         self._self_episodes: dict[tuple[int | None, bool], gymtrace.Scope] = {}
+        # The episodes open now. A wrapper dropped mid-episode without close() ends them,
+        # interrupted, when it is collected or the process exits: no span stays open (issue 25).
+        self._self_live: set[_Open] = set()
+        weakref.finalize(self, _end_abandoned, self._self_live)
 
     # -- opening and ending episodes ----------------------------------------------------------------
 
@@ -437,7 +460,10 @@ class TraceEnv(wrapt.ObjectProxy):  # type: ignore[type-arg]  # proxies any envi
             return None
         context = contextvars.copy_context()
         bind_tracer_provider(context, self._self_tracer_provider)
-        return context.run(self._self_open_in, context, index, rollout_id, n)
+        ep = context.run(self._self_open_in, context, index, rollout_id, n)
+        if ep is not None:
+            self._self_live.add(ep)
+        return ep
 
     def _self_open_in(
         self, context: contextvars.Context, index: int | None, rollout_id: str | None, n: int
@@ -504,6 +530,7 @@ class TraceEnv(wrapt.ObjectProxy):  # type: ignore[type-arg]  # proxies any envi
     def _self_end(self, ep: _Open, exc: BaseException | None) -> None:
         """End the episode: completed with its return as the reward, failed with ``exc``, or
         cancelled when ``exc`` is a ``CancelledError``. Never raises."""
+        self._self_live.discard(ep)
         try:
             ep.context.run(self._self_end_in, ep, exc)
         except Exception as error:  # noqa: BLE001 - telemetry must not break the environment

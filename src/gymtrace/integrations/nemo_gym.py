@@ -201,6 +201,9 @@ def headers() -> dict[str, str]:
     execution = _execution(_identity())
     if execution is None:
         return {}
+    # NeMo Gym runs and verifies the rollout on its side: a rollout that ends without an outcome of
+    # its own here is pending, its outcome expected from there (issue 25).
+    instrumentation.hand_off()
     return {c.NEMO_GYM_ROLLOUT_HEADER: execution[0], c.NEMO_GYM_ATTEMPT_HEADER: str(execution[1])}
 
 

@@ -40,8 +40,10 @@ suppresses another instrumentation:
 
 from __future__ import annotations
 
+import asyncio
 import threading
 import time
+import weakref
 from collections.abc import AsyncIterator, Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -183,6 +185,16 @@ class _Call:
             frame, self.frame = self.frame, None
             end_scope(self.scope, frame, exc)
 
+    def abandon(self) -> None:
+        """The stream was dropped before its end (collected, or the process exits): end the span,
+        cancelled and marked interrupted, instead of leaving it open forever (issue 25)."""
+        if self.frame is not None:
+            try:
+                self.frame.span.set_attribute(c.INTERRUPTED, True)
+            except Exception as internal:  # noqa: BLE001 - a finalizer must not raise
+                report_error("gymtrace.integrations.openai", internal, may_raise=False)
+            self.finish(asyncio.CancelledError("stream abandoned before its end"))
+
 
 def _foreign_chat_span(span: Any) -> bool:
     attributes = getattr(span, "attributes", None)
@@ -241,6 +253,8 @@ class _StreamProxy(wrapt.ObjectProxy[Any]):
     def __init__(self, stream: Any, call: _Call) -> None:
         super().__init__(stream)
         self._self_call = call
+        # Ends the span if the caller drops the stream after a few chunks; no-op once it finished.
+        weakref.finalize(self, call.abandon)
 
     def _stopped(self, exc: BaseException, end: type[BaseException]) -> None:
         # Running out of chunks (``end``) is how a stream finishes, not an error on the span.

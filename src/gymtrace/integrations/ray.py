@@ -40,6 +40,9 @@ What it does:
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import contextvars
 import functools
 import inspect
 import os
@@ -174,6 +177,9 @@ def _traced(function: Callable[..., Any], name: str) -> Callable[..., Any]:
     """``function`` accepting ``_gymtrace=`` and running under it, of the same kind (function,
     coroutine, generator, async generator): Ray decides how to run a task or method (e.g. streaming
     generators) by what kind of function it is. Arguments pass through unchanged, ``self`` too."""
+    # A generator's execution runs in a context of its own, entered only while its body runs:
+    # between items the consumer (Ray's thread or task) keeps its own context, so a later unrelated
+    # rollout there never gets this episode as its parent (issue 25).
     if inspect.isasyncgenfunction(function):
 
         @functools.wraps(function)
@@ -182,9 +188,23 @@ def _traced(function: Callable[..., Any], name: str) -> Callable[..., Any]:
                 async for item in function(*args, **kwargs):
                     yield item
                 return
-            with _Execution(_gymtrace, name):
-                async for item in function(*args, **kwargs):
+            context, execution = _entered_apart(_gymtrace, name)
+            body = function(*args, **kwargs)
+            error: BaseException | None = None
+            try:
+                while True:
+                    try:
+                        item = await asyncio.create_task(body.__anext__(), context=context)
+                    except StopAsyncIteration:
+                        return
                     yield item
+            except BaseException as exc:
+                error = exc
+                raise
+            finally:
+                with contextlib.suppress(Exception):
+                    await asyncio.create_task(body.aclose(), context=context)
+                execution.exit_in(context, error)
 
         traced: Callable[..., Any] = async_generator
     elif inspect.isgeneratorfunction(function):
@@ -193,8 +213,28 @@ def _traced(function: Callable[..., Any], name: str) -> Callable[..., Any]:
         def generator(*args: Any, _gymtrace: dict[str, Any] | None = None, **kwargs: Any) -> Any:
             if _gymtrace is None:
                 return (yield from function(*args, **kwargs))
-            with _Execution(_gymtrace, name):
-                return (yield from function(*args, **kwargs))
+            context, execution = _entered_apart(_gymtrace, name)
+            body = function(*args, **kwargs)
+            error: BaseException | None = None
+            try:
+                step: tuple[Callable[..., Any], Any] = (body.send, None)
+                while True:
+                    try:
+                        item = context.run(step[0], step[1])
+                    except StopIteration as stop:
+                        return stop.value
+                    try:
+                        step = (body.send, (yield item))
+                    except GeneratorExit:
+                        raise
+                    except BaseException as thrown:  # noqa: BLE001 - forwarded into the body, like `yield from`
+                        step = (body.throw, thrown)
+            except BaseException as exc:
+                error = exc
+                raise
+            finally:
+                context.run(body.close)
+                execution.exit_in(context, error)
 
         traced = generator
     elif inspect.iscoroutinefunction(function):
@@ -362,6 +402,14 @@ def _task_id() -> str | None:
         return None
 
 
+def _entered_apart(payload: dict[str, Any], name: str) -> tuple[contextvars.Context, _Execution]:
+    """A generator task's execution, entered in a context of its own that only its body runs in."""
+    context = contextvars.copy_context()
+    execution = _Execution(payload, name)
+    context.run(execution.__enter__)
+    return context, execution
+
+
 class _Execution:
     """One traced execution of a task or actor method in a worker."""
 
@@ -403,6 +451,9 @@ class _Execution:
                 )
         except Exception as exc:  # noqa: BLE001 - telemetry must not break the task
             report_error("gymtrace.integrations.ray entering a task", exc)
+
+    def exit_in(self, context: contextvars.Context, error: BaseException | None) -> None:
+        context.run(self.__exit__, type(error) if error else None, error, None)
 
     def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
         try:
