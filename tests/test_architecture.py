@@ -207,21 +207,6 @@ def test_the_core_imports_gymtrace_modules_at_module_level() -> None:
 # -- integrations are written the way a user could write them ------------------------------------------
 
 _INTEGRATIONS = sorted(name for name in _modules() if name.startswith("integrations."))
-# nemo_gym.py is being rewritten on gymtrace.instrumentation on another branch (issue 24); until that
-# lands it still reaches into private modules.
-_STILL_PRIVATE = {"integrations.nemo_gym"}
-
-
-def _integration_params() -> list[object]:
-    return [
-        pytest.param(
-            name,
-            marks=pytest.mark.xfail(reason="rewritten on the seam on branch issue-24", strict=False),
-        )
-        if name in _STILL_PRIVATE
-        else name
-        for name in _INTEGRATIONS
-    ]
 
 
 def _private_uses(tree: ast.Module) -> list[str]:
@@ -255,7 +240,7 @@ def _private_uses(tree: ast.Module) -> list[str]:
     return found
 
 
-@pytest.mark.parametrize("name", _integration_params())
+@pytest.mark.parametrize("name", _INTEGRATIONS)
 def test_an_integration_uses_only_the_public_api_and_the_seam(name: str) -> None:
     # CONTRIBUTING: an integration imports the public API and gymtrace.instrumentation, nothing
     # private, so the core can change behind it.

@@ -340,3 +340,16 @@ def test_a_retry_gets_its_own_marker_and_live_reads_its_attempt(heartbeat: float
     second = next(s for s in captured.by_kind(c.KIND_EPISODE) if s.attributes[c.EPISODE_ATTEMPT] == 1)
     assert episode_marker.parent is not None and episode_marker.parent.span_id == second.context.span_id
     assert [(r.rollout_id, r.attempt, r.state) for r in rows] == [("retried", 1, c.LIVE_RUNNING)]
+
+
+def test_live_reads_a_file_still_being_written_up_to_its_last_whole_line(tmp_path: Path) -> None:
+    from gymtrace._spandata import TraceFileError, encode_otlp_json, read_otlp_json_lines
+
+    with capture_spans() as captured, gymtrace.rollout(rollout_id="r"):
+        pass
+    whole = json.dumps(encode_otlp_json(captured.spans))
+    path = tmp_path / "traces.jsonl"
+    path.write_text(whole + "\n" + whole[: len(whole) // 2])  # the writer is mid-line
+    assert len(read_otlp_json_lines(path, partial_last_line=True)) == len(captured.spans)
+    with pytest.raises(TraceFileError, match=":2:"):
+        read_otlp_json_lines(path)

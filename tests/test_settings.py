@@ -235,3 +235,17 @@ def test_heartbeat_and_step_metrics_resolve_argument_then_variable_then_default(
         gymtrace.configure(file=False, heartbeat=-1)
     with pytest.raises(gymtrace.InvalidArgumentError, match="'step_metrics'"):
         gymtrace.configure(file=False, step_metrics="yes")  # type: ignore[arg-type]
+
+
+def test_propagate_to_and_a_trace_directory_are_read_from_the_environment(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.setenv("GYMTRACE_PROPAGATE_TO", " *.Gym.Internal, 10.0.0.7:8000 ,")
+    monkeypatch.setenv("GYMTRACE_FILE", f"{tmp_path}/traces/")
+    settings = _settings.reload()
+    assert settings.propagate_to == ("*.gym.internal", "10.0.0.7:8000")
+    # A directory: this process's own file in it, never the directory itself.
+    assert settings.file is not None and Path(settings.file).parent == tmp_path / "traces"
+    assert Path(settings.file).name.endswith(f"-{os.getpid()}.jsonl")
+    monkeypatch.delenv("GYMTRACE_PROPAGATE_TO")
+    assert _settings.reload().propagate_to == ()

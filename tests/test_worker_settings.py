@@ -121,3 +121,29 @@ def test_check_says_which_gym_spans_no_rollout_vouches_for(tmp_path: Path) -> No
     check = run_gymtrace("check", str(tmp_path / "mixed.jsonl"))
     assert check.returncode == 0, check.stdout
     assert "1 gym spans carry no rollout identity" in check.stdout
+
+
+def test_the_commands_read_the_default_file_with_the_files_its_workers_wrote(tmp_path: Path) -> None:
+    code = """
+    import os, subprocess, sys
+    import gymtrace
+    from gymtrace import propagation
+    gymtrace.configure(service_name="driver")  # the default file, ./gymtrace-traces.jsonl
+    with gymtrace.rollout(rollout_id="r-default"), gymtrace.episode():
+        env = {**os.environ, **propagation.env_carrier()}
+    scorer = (
+        "import os, gymtrace\\n"
+        "with gymtrace.propagation.attach(os.environ), gymtrace.verify():\\n"
+        "    gymtrace.record_reward(0.5)\\n"
+    )
+    subprocess.run([sys.executable, "-c", scorer], env=env, check=True, timeout=60)
+    gymtrace.shutdown()
+    """
+    out = run_python(code=code, cwd=tmp_path)
+    assert out.returncode == 0, out.stderr
+    assert len(list(tmp_path.glob("gymtrace-traces.pid-*.jsonl"))) == 1
+    (row,) = [
+        json.loads(line)
+        for line in run_gymtrace("rollouts", "--json", cwd=tmp_path, check=True).stdout.splitlines()
+    ]
+    assert (row["rollout_id"], row["outcome"], row["reward"]) == ("r-default", "scored", 0.5)

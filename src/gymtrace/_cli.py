@@ -22,7 +22,8 @@ from typing import TYPE_CHECKING
 from gymtrace import _constants as c
 from gymtrace import _settings
 from gymtrace._environment import DEFAULT_FILE, GYMTRACE_FILE
-from gymtrace._spandata import SpanData, TraceFileError, decode_otlp_json, read_otlp_json_lines
+from gymtrace._setup import child_files
+from gymtrace._spandata import SpanData, TraceFileError, read_otlp_json_lines
 from gymtrace._version import __version__
 
 if TYPE_CHECKING:
@@ -452,7 +453,9 @@ def _read_files(files: list[str]) -> list[SpanData]:
     """The spans of every file given, read as one (a Ray run writes one per worker, a traced
     service one per process), or of the default file."""
     spans: list[SpanData] = []
-    for path in files or [_default_file()]:
+    # With no file named: the default file and the files its workers wrote beside it (a worker
+    # configured from GYMTRACE_PARENT writes {stem}.pid-{pid}{suffix}), so their outcomes count.
+    for path in files or [_default_file(), *child_files(_default_file())]:
         spans.extend(read_otlp_json_lines(path))
     return spans
 
@@ -515,8 +518,9 @@ def _live(args: argparse.Namespace) -> int:
         spans: list[SpanData] = JaegerClient(args.jaeger).search(args.service, tags)
     else:
         spans = []
-        for path in expand_paths(args.files or [_default_file()]):
-            spans.extend(_read_growing(path))
+        # Files its processes are still writing: a last line caught mid-write is read next time.
+        for path in args.files or [_default_file(), *child_files(_default_file())]:
+            spans.extend(read_otlp_json_lines(path, partial_last_line=True))
     rollouts = live_rollouts(spans, now_ns=time.time_ns(), stalled_after=args.stalled_after, run_id=args.run)
     if args.json:
         for rollout in rollouts:
@@ -541,39 +545,6 @@ def _live(args: argparse.Namespace) -> int:
     ]
     _print_table(("RUN", "TASK", "ROLLOUT", "ATTEMPT", "STATE", "AGE", "IDLE", "STEP", "SERVICE"), rows)
     return 0
-
-
-def expand_paths(paths: Sequence[str]) -> list[str]:
-    """Files as given; a directory (GYMTRACE_FILE=DIR/: one file per process) as the files in it,
-    hidden ones left out. The one place a reader turns a directory into its files."""
-    files: list[str] = []
-    for path in paths:
-        folder = Path(path)
-        if folder.is_dir():
-            files.extend(
-                str(p) for p in sorted(folder.iterdir()) if p.is_file() and not p.name.startswith(".")
-            )
-        else:
-            files.append(path)
-    return files
-
-
-def _read_growing(path: str) -> list[SpanData]:
-    """A trace file that its processes are still writing: a last line caught mid-write is skipped
-    (it is whole at the next read); a bad line anywhere else is an error."""
-    spans: list[SpanData] = []
-    with open(path, encoding="utf-8") as f:
-        lines = f.read().split("\n")
-    for number, line in enumerate(lines, 1):
-        if not line.strip():
-            continue
-        try:
-            spans.extend(decode_otlp_json(json.loads(line)))
-        except (ValueError, KeyError, TypeError) as exc:
-            if number == len(lines):
-                break
-            raise TraceFileError(f"{path}:{number}: not an OTLP/JSON trace request ({exc})") from exc
-    return spans
 
 
 def _ran_in(services: tuple[str, ...]) -> str:
@@ -631,7 +602,6 @@ def _print_pass_k(pass_k: PassK, indent: str = "  ") -> None:
 
 
 def _import(args: argparse.Namespace) -> int:
-    from pathlib import Path
 
     from gymtrace._records import _write
 
@@ -675,13 +645,20 @@ def _import(args: argparse.Namespace) -> int:
 
 def _run_spans(args: argparse.Namespace, which: str) -> list[SpanData]:
     """The spans of run A or B: a run ID searched in Jaeger, a trace file, or a directory of them."""
+
     given = getattr(args, which)
     if args.jaeger:
         from gymtrace._jaeger import JaegerClient
 
         found: list[SpanData] = JaegerClient(args.jaeger).search(args.service, {c.RUN_ID: given})
         return found
-    return _read_files(expand_paths([given]))
+    path = Path(given)
+    files = (
+        sorted(p for p in path.iterdir() if p.is_file() and not p.name.startswith("."))
+        if path.is_dir()
+        else [path]
+    )
+    return _read_files([str(p) for p in files])
 
 
 def _compare(args: argparse.Namespace) -> int:

@@ -24,7 +24,9 @@ GYMTRACE_STRICT: Final = "GYMTRACE_STRICT"
 GYMTRACE_FILE: Final = "GYMTRACE_FILE"
 """Path of a local file that receives every finished span as OTLP/JSON lines (one
 ``ExportTraceServiceRequest`` per line, the format of the Collector's ``file`` exporter). When no
-OTLP endpoint is configured this file is the embedded default, ``./gymtrace-traces.jsonl``."""
+OTLP endpoint is configured this file is the embedded default, ``./gymtrace-traces.jsonl``. A path
+ending in ``/`` is a directory: each process writes its own file there (``{program}-{pid}.jsonl``),
+and every reader (``gymtrace tree``, ``check``, ``rollouts``, ``stats``) accepts the directory."""
 
 GYMTRACE_TRACE_PER: Final = "GYMTRACE_TRACE_PER"
 """``rollout`` (default): every rollout span is the root of its own trace and links to its run.
@@ -61,6 +63,13 @@ GYMTRACE_BAGGAGE_ALLOW: Final = "GYMTRACE_BAGGAGE_ALLOW"
 (default empty: only identity leaves the process). Other application baggage stays in the
 application's context and is never sent. ``gym.*`` keys cannot be listed.
 ``configure(baggage_allow=...)`` overrides it."""
+
+GYMTRACE_PROPAGATE_TO: Final = "GYMTRACE_PROPAGATE_TO"
+"""Comma-separated host patterns (``fnmatch`` style, ``host`` or ``host:port``: ``*.gym.internal``,
+``10.0.0.*``, ``env-server:8000``) that outgoing gym identity may go to, beside loopback and, in a
+NeMo Gym process, the servers NeMo Gym itself addresses. Gym baggage and ``x-nemo-gym-*`` headers
+go nowhere else (a model provider is a third party); ``traceparent`` is sent as usual. Default:
+empty. ``*`` sends identity everywhere, as before this setting existed."""
 GYMTRACE_STEP_POLICY: Final = "GYMTRACE_STEP_POLICY"
 """What a ``gymtrace.step`` records. ``all`` (default): every step is a span, right for an LLM
 agent loop whose steps take milliseconds. ``aggregate``: for simulators whose steps take

@@ -26,6 +26,8 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
+import sys
 import threading
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
@@ -130,6 +132,7 @@ class Settings:
     baggage_allow: frozenset[str] = frozenset()
     heartbeat: float = DEFAULT_HEARTBEAT  # 0: no live markers, no heartbeats
     step_metrics: bool = False
+    propagate_to: tuple[str, ...] = ()
     # GYMTRACE_PARENT: the settings a parent process's configure() resolved, as (name, value)
     # pairs, for a child that was never configured (see _setup.configure_from_parent).
     parent: tuple[tuple[str, Any], ...] | None = None
@@ -224,6 +227,15 @@ def parse_capture(raw: str) -> str | None:
     if text.upper() in CAPTURE_MODES:
         return text.upper()
     return _LENIENT_CAPTURE.get(text.lower())
+
+
+def process_file_name() -> str:
+    """This process's file in a ``GYMTRACE_FILE`` directory: its program and PID, so processes
+    that share the directory never share a file."""
+    program = re.sub(
+        r"[^A-Za-z0-9._-]+", "_", os.path.basename(sys.argv[0] if sys.argv and sys.argv[0] else "python")
+    )
+    return f"{program or 'python'}-{os.getpid()}.jsonl"
 
 
 def split_list(raw: str | None) -> tuple[str, ...]:
@@ -354,6 +366,8 @@ def resolve(
         path = os.fspath(file)
     elif read.raw(env.GYMTRACE_FILE):
         path = environ[env.GYMTRACE_FILE]
+        if path.endswith(("/", os.sep)):
+            path = os.path.join(path, process_file_name())
     elif file is True or (not exporters and "none" not in wanted):
         path = env.DEFAULT_FILE  # the embedded default: no server needed
     else:
@@ -456,6 +470,7 @@ def resolve(
         step_metrics=bool(given["step_metrics"])
         if given.get("step_metrics") is not None
         else env.env_flag(environ.get(env.GYMTRACE_STEP_METRICS)),
+        propagate_to=tuple(p.lower() for p in split_list(read.environ.get(env.GYMTRACE_PROPAGATE_TO))),
         parent=_parent(read),
     )
 

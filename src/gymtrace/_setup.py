@@ -10,6 +10,7 @@ from __future__ import annotations
 import atexit
 import contextlib
 import functools
+import glob
 import json
 import logging
 import os
@@ -214,12 +215,20 @@ def make_id_generator() -> Any:
             self._random.seed(os.urandom(32))
 
         def generate_span_id(self) -> int:
+            if _tracing.pinning:
+                pinned = _tracing.take_pinned(1)
+                if pinned is not None:
+                    return pinned
             value = self._random.getrandbits(64)
             while value == 0:
                 value = self._random.getrandbits(64)
             return value
 
         def generate_trace_id(self) -> int:
+            if _tracing.pinning:
+                pinned = _tracing.take_pinned(0)
+                if pinned is not None:
+                    return pinned
             value = self._random.getrandbits(128)
             while value == 0:
                 value = self._random.getrandbits(128)
@@ -502,7 +511,16 @@ def child_file(path: str, pid: int | None = None) -> str:
     if path.endswith(("/", os.sep)) or os.path.isdir(path):
         return path
     p = Path(path)
-    return str(p.with_name(f"{p.stem}.pid-{pid if pid is not None else os.getpid()}{p.suffix}"))
+    return str(p.with_name(f"{p.stem}{_CHILD_TAG}{pid if pid is not None else os.getpid()}{p.suffix}"))
+
+
+def child_files(path: str) -> list[str]:
+    """The files :func:`child_file` gave the children of a process that writes ``path``."""
+    p = Path(path)
+    return sorted(str(f) for f in p.parent.glob(f"{glob.escape(p.stem)}{_CHILD_TAG}*{glob.escape(p.suffix)}"))
+
+
+_CHILD_TAG = ".pid-"
 
 
 def configure_from_parent() -> bool:

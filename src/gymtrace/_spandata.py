@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import base64
 import json
+import re
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -190,6 +191,23 @@ def encode_otlp_json(spans: Iterable[Any]) -> dict[str, Any]:
     }
 
 
+_ATTEMPT_SUFFIX = re.compile(r"^(.+)-a([0-9]{1,9})$")
+
+
+def _with_rollout_id(attributes: dict[str, Any]) -> dict[str, Any]:
+    """NeMo Gym's own telemetry names a rollout ``nemo.gym.rollout.id`` (its capture key, with
+    ``-a{n}`` after attempt 0): where no ``gym.rollout.id`` is set, that key is the rollout ID, and
+    its suffix the attempt, so every reader finds NeMo Gym's rollouts as its own."""
+    key = attributes.get(c.NEMO_GYM_ROLLOUT_ID)
+    if c.ROLLOUT_ID in attributes or not isinstance(key, str) or not key:
+        return attributes
+    qualified = _ATTEMPT_SUFFIX.match(key)
+    attributes[c.ROLLOUT_ID] = qualified.group(1) if qualified else key
+    if qualified and c.EPISODE_ATTEMPT not in attributes:
+        attributes[c.EPISODE_ATTEMPT] = int(qualified.group(2))
+    return attributes
+
+
 def encode_spandata_json(
     spans: Iterable[SpanData], resource: Mapping[str, Any] | None = None
 ) -> dict[str, Any]:
@@ -254,7 +272,7 @@ def decode_otlp_json(request: Mapping[str, Any]) -> Iterator[SpanData]:
                     name=s.get("name", ""),
                     start_ns=int(s.get("startTimeUnixNano", 0)),
                     end_ns=int(s.get("endTimeUnixNano", 0)),
-                    attributes=_from_key_values(s.get("attributes")),
+                    attributes=_with_rollout_id(_from_key_values(s.get("attributes"))),
                     events=tuple(
                         EventData(
                             e.get("name", ""),
@@ -283,16 +301,28 @@ class TraceFileError(ValueError):
     """A file of OTLP/JSON lines could not be read; the message names the file and line."""
 
 
-def read_otlp_json_lines(path: str | Path) -> list[SpanData]:
+def read_otlp_json_lines(path: str | Path, *, partial_last_line: bool = False) -> list[SpanData]:
+    """The spans in a file of OTLP/JSON lines, or in every ``*.jsonl`` file of a directory (what
+    ``GYMTRACE_FILE=DIR/`` writes: one file per process). ``partial_last_line``: the file is still
+    being written (``gymtrace live``), so a last line without its newline that does not parse is
+    skipped rather than an error; it is whole at the next read."""
+    if Path(path).is_dir():
+        files = sorted(p for p in Path(path).glob("*.jsonl") if p.is_file())
+        return [
+            span for file in files for span in read_otlp_json_lines(file, partial_last_line=partial_last_line)
+        ]
     spans: list[SpanData] = []
     with open(path, encoding="utf-8") as f:
         for number, line in enumerate(f, 1):
+            unfinished = partial_last_line and not line.endswith("\n")
             line = line.strip()
             if not line:
                 continue
             try:
                 spans.extend(decode_otlp_json(json.loads(line)))
             except (ValueError, KeyError, TypeError) as exc:
+                if unfinished:
+                    break
                 raise TraceFileError(f"{path}:{number}: not an OTLP/JSON trace request ({exc})") from exc
     return spans
 

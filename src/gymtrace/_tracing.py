@@ -39,6 +39,16 @@ _GLOBAL_PROVIDER_READABLE = hasattr(trace, "_TRACER_PROVIDER") and (
 )
 
 
+# A provider an integration was handed (``tracer_provider=``), in force in this context only: set by
+# gymtrace.instrumentation.use_tracer_provider around the integration's work. Read only once some
+# integration was handed one, so the hot path of everyone else pays one global read.
+_contextual: contextvars.ContextVar[trace.TracerProvider | None] = contextvars.ContextVar(
+    "gymtrace.tracer_provider", default=None
+)
+_contextual_in_use = False
+# Tracers of the providers integrations were handed, by provider (few: one per instrument() call).
+_contextual_tracers: dict[int, tuple[trace.TracerProvider, trace.Tracer | None]] = {}
+
 # Set by _setup at import: configures this process from GYMTRACE_PARENT when it never was (a worker
 # started by a configured process). Called where a gym context from another process is continued.
 inherit_hook: Callable[[], bool] | None = None
@@ -54,17 +64,6 @@ def inherit_parent_settings() -> bool:
         return True
     hook = inherit_hook
     return hook() if hook is not None else False
-
-
-# A provider an integration was handed (``tracer_provider=``), in force in this context only: set by
-# gymtrace.instrumentation.use_tracer_provider around the integration's work. Read only once some
-# integration was handed one, so the hot path of everyone else pays one global read.
-_contextual: contextvars.ContextVar[trace.TracerProvider | None] = contextvars.ContextVar(
-    "gymtrace.tracer_provider", default=None
-)
-_contextual_in_use = False
-# Tracers of the providers integrations were handed, by provider (few: one per instrument() call).
-_contextual_tracers: dict[int, tuple[trace.TracerProvider, trace.Tracer | None]] = {}
 
 
 def active_tracer() -> trace.Tracer | None:
@@ -237,3 +236,39 @@ _fastpaths.register(
         + (["set_span_in_context's context key"] if SPAN_CONTEXT_KEY is None else [])
     ),
 )
+
+# -- IDs chosen by the caller --------------------------------------------------------------------------
+#
+# A span whose IDs another process (or a later pass) must know without being told: the NeMo Gym
+# integration derives a rollout's trace and span IDs from its run and rollout key, so a resume pass
+# hours later links to the attempt that failed. The ID generator configure() installs takes a
+# pinned ID once, in the context that pinned it; every other span draws random IDs as before.
+_pinned: contextvars.ContextVar[list[int | None] | None] = contextvars.ContextVar(
+    "gymtrace_pinned_ids", default=None
+)
+
+
+# False until the first pin: the ID generator then skips the context variable (every span asks).
+pinning = False
+
+
+def pin_ids(trace_id: int | None, span_id: int | None) -> contextvars.Token[list[int | None] | None]:
+    """The next root span started in this context gets ``trace_id``, the next span ``span_id``
+    (each once; ``None``: drawn as usual). Undo with :func:`unpin_ids`."""
+    global pinning
+    pinning = True
+    return _pinned.set([trace_id, span_id])
+
+
+def unpin_ids(token: contextvars.Token[list[int | None] | None]) -> None:
+    _pinned.reset(token)
+
+
+def take_pinned(which: int) -> int | None:
+    """The pinned trace ID (``which=0``) or span ID (``1``), once; ``None`` when none is pinned."""
+    pinned = _pinned.get()
+    if pinned is None:
+        return None
+    value = pinned[which]
+    pinned[which] = None
+    return value

@@ -21,9 +21,13 @@ comma-separated, verify; the first signs (key rotation).
 from __future__ import annotations
 
 import base64
+import contextvars
+import fnmatch
 import hashlib
 import hmac
+import ipaddress
 from collections.abc import Iterable, Mapping
+from urllib.parse import urlsplit
 
 from gymtrace import _constants as c
 from gymtrace import _settings
@@ -151,3 +155,48 @@ def accept(
     if mode == TRUST_SIGNED and verified(identity, sig):
         return identity
     return {}
+
+
+# -- where identity may go ----------------------------------------------------------------------------
+#
+# Baggage travels on every outgoing request, and an upstream model provider is usually a third party:
+# gym identity goes to loopback, to the host patterns of GYMTRACE_PROPAGATE_TO, and to the servers a
+# framework says are its own (NeMo Gym marks each request it makes as internal or not), never
+# elsewhere. traceparent is not gated: it names no rollout and OpenTelemetry sends it everywhere.
+
+# True: the framework making this request says the destination is one of the gym's servers; False:
+# it says it is not (an upstream model endpoint, even on loopback); None: it says nothing.
+destination_inside: contextvars.ContextVar[bool | None] = contextvars.ContextVar(
+    "gymtrace_destination_inside", default=None
+)
+
+
+def _is_loopback(host: str) -> bool:
+    if host == "localhost" or host.endswith(".localhost"):
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+def may_carry_identity(url: object) -> bool:
+    """Whether gym identity may be sent with a request to ``url`` (a URL string or an object whose
+    ``str()`` is one; ``None``: the destination is unknown, as for a carrier the caller builds)."""
+    if url is None:
+        return True
+    try:
+        parts = urlsplit(str(url))
+        host = (parts.hostname or "").lower()
+        port = parts.port
+    except ValueError:
+        return False
+    patterns = _settings.active.propagate_to
+    if patterns:
+        address = f"{host}:{port}" if port is not None else host
+        if any(fnmatch.fnmatchcase(host, p) or fnmatch.fnmatchcase(address, p) for p in patterns):
+            return True
+    inside = destination_inside.get()
+    if inside is not None:
+        return inside
+    return _is_loopback(host)

@@ -67,6 +67,7 @@ from opentelemetry import trace
 from gymtrace import _errors, _processor, _steps, _trust
 from gymtrace import _tracing as _which
 from gymtrace._errors import InvalidArgumentError, guard
+from gymtrace._frame import CARRIER_FORMAT as _CARRIER_FORMAT
 from gymtrace._frame import DISABLED_KIND as _DISABLED_KIND
 from gymtrace._frame import FRAME_KEY as _FRAME_KEY
 from gymtrace._frame import ActiveScope as _ActiveScope
@@ -83,12 +84,17 @@ __all__ = [
     "chosen_step_parameters",
     "continue_scope",
     "current_identity",
+    "episode_carrier",
     "end_scope",
     "get_tracer",
+    "gym_destination",
     "guard",
+    "hand_off",
     "identity_fallback",
     "incoming_identity",
     "innermost_scope",
+    "may_carry_identity",
+    "pinned_ids",
     "report_error",
     "rollout_sampled_out",
     "set_identity_aliases",
@@ -114,6 +120,15 @@ def innermost_scope(context: otel_context.Context | None = None) -> _ActiveScope
     if not isinstance(frame, _ActiveScope) or frame.kind == _DISABLED_KIND:
         return None
     return frame
+
+
+def hand_off(context: otel_context.Context | None = None) -> None:
+    """Say that the innermost gym scope's work goes on in another process (its headers or a carrier
+    were sent there): a rollout that then ends with no outcome of its own reads ``pending``, its
+    outcome expected from there, rather than ``unscored``. Nothing outside every gym scope."""
+    frame = innermost_scope(context)
+    if frame is not None:
+        frame.hand_off()
 
 
 def current_identity(context: otel_context.Context | None = None) -> dict[str, str | int]:
@@ -305,3 +320,77 @@ step_policy_inputs = _steps.policy_inputs
 step_policy_attributes = _steps.policy_attributes
 step_statistics_attributes = _steps.statistics_attributes
 write_step = _steps.write_step
+
+
+# -- IDs known in advance --------------------------------------------------------------------------------
+
+
+@contextmanager
+def pinned_ids(trace_id: int | None = None, span_id: int | None = None) -> Iterator[None]:
+    """The first span started inside this block gets ``span_id``, and, when it is a trace root,
+    ``trace_id`` (``None``: drawn at random, as for every other span). For spans another process
+    or a later pass must find without being told, from IDs both derive (a hash of a run and a
+    rollout key, say). Honoured by the ID generator :func:`gymtrace.configure` installs; under a
+    provider of your own the IDs stay random."""
+    for name, value, bits in (("trace_id", trace_id, 128), ("span_id", span_id, 64)):
+        if value is not None and (
+            isinstance(value, bool) or not isinstance(value, int) or not 0 < value < 1 << bits
+        ):
+            raise InvalidArgumentError(
+                f"pinned_ids(): {name} must be a non-zero {bits}-bit int, got {value!r:.40}"
+            )
+    token = _which.pin_ids(trace_id, span_id)
+    try:
+        yield
+    finally:
+        _which.unpin_ids(token)
+
+
+def episode_carrier(
+    identity: Mapping[str, str | int],
+    *,
+    next_attempt: int,
+    trace_id: int,
+    rollout_span_id: int,
+    episode_span_id: int | None = None,
+) -> dict[str, Any]:
+    """A carrier for ``gymtrace.episode(continue_from=...)`` built from known IDs instead of taken
+    from a live scope: the rollout ``identity`` (``gym.run.id``, ``gym.rollout.id``, ``gym.task.id``,
+    ``gym.rollout.repeat``), the attempt to open, the rollout's trace and span, and the previous
+    attempt's episode span (linked with relation ``retry``)."""
+
+    def ref(span_id: int) -> dict[str, Any]:
+        return {
+            "trace_id": trace.format_trace_id(trace_id),
+            "span_id": trace.format_span_id(span_id),
+            "sampled": True,
+        }
+
+    carrier: dict[str, Any] = {
+        "format": _CARRIER_FORMAT,
+        "identity": dict(identity),
+        "next_attempt": next_attempt,
+        "rollout_span": ref(rollout_span_id),
+    }
+    if episode_span_id is not None:
+        carrier["episode_span"] = ref(episode_span_id)
+    return carrier
+
+
+@contextmanager
+def gym_destination(inside: bool) -> Iterator[None]:
+    """Requests made inside this block go to one of the gym's own servers (``True``), whatever their
+    host, or out of the gym (``False``: an upstream model endpoint, even on loopback). Gym baggage and
+    ``x-nemo-gym-*`` headers go only to gym destinations; by default those are loopback and the
+    host patterns of ``GYMTRACE_PROPAGATE_TO`` (which win over ``False``). For a framework that
+    knows which of its requests are internal."""
+    token = _trust.destination_inside.set(bool(inside))
+    try:
+        yield
+    finally:
+        _trust.destination_inside.reset(token)
+
+
+def may_carry_identity(url: object) -> bool:
+    """Whether gym identity may go with a request to ``url`` (see :func:`gym_destination`)."""
+    return _trust.may_carry_identity(url)

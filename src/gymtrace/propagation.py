@@ -115,7 +115,7 @@ def _identity_of(ctx: otel_context.Context) -> dict[str, str | int]:
 
 
 def with_identity(
-    context: otel_context.Context | None = None, *, reserve_step: bool = False
+    context: otel_context.Context | None = None, *, reserve_step: bool = False, destination: object = None
 ) -> otel_context.Context:
     """``context`` (default: the current one) with the baggage that may leave the process.
 
@@ -123,10 +123,19 @@ def with_identity(
     plus the application baggage keys listed in ``GYMTRACE_BAGGAGE_ALLOW``; every other entry stays
     behind. Every propagator sends exactly that as ``baggage``: attach this context around a call
     that another instrumentation injects headers for.
+
+    ``destination``: the URL the request goes to. Identity leaves only for gym destinations
+    (loopback, ``GYMTRACE_PROPAGATE_TO``, servers the framework calls its own); elsewhere only the
+    allowed application keys do. ``None``: not known, identity included.
     """
     ctx = context if context is not None else otel_context.get_current()
-    identity = _identity_of(ctx)
-    step_base = baggage.get_baggage(c.STEP_BASE, ctx) or (_reserve_step(ctx) if reserve_step else None)
+    inside = _trust.may_carry_identity(destination)
+    identity = _identity_of(ctx) if inside else {}
+    step_base = (
+        (baggage.get_baggage(c.STEP_BASE, ctx) or (_reserve_step(ctx) if reserve_step else None))
+        if inside
+        else None
+    )
     allow = _trust.allowed_baggage()
     kept = {}
     if allow:
@@ -309,6 +318,7 @@ def inject(
     context: otel_context.Context | None = None,
     *,
     continuation: bool = True,
+    destination: object = None,
 ) -> MutableMapping[str, str]:
     """Write ``traceparent``, ``tracestate`` and the gym identity (``baggage``) into ``carrier``.
 
@@ -316,13 +326,15 @@ def inject(
     identity and the keys of ``GYMTRACE_BAGGAGE_ALLOW``, never other baggage entries of the context;
     called inside an episode or agent invocation it also holds ``gym.step.base``, the step number
     reserved for the work continued elsewhere (its further steps number from ``base * 10000 + 1``),
-    so steps in other processes never repeat the caller's numbers nor each other's. ``continuation=False`` (what the HTTP helpers use
-    for requests) reserves nothing.
+    so steps in other processes never repeat the caller's numbers nor each other's.
+    ``continuation=False`` (what the HTTP helpers use for requests) reserves nothing.
+    ``destination``: the request's URL; gym identity is written only for a gym destination (see
+    :func:`with_identity`).
     """
     if carrier is None:
         carrier = {}
     with guard("gymtrace.propagation.inject"):
-        ctx = with_identity(context, reserve_step=continuation)
+        ctx = with_identity(context, reserve_step=continuation, destination=destination)
         if continuation:
             frame = (context if context is not None else otel_context.get_current()).get(FRAME_KEY)
             if isinstance(frame, ActiveScope):

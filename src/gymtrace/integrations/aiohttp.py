@@ -55,7 +55,7 @@ async def _on_request_start(
     # trace config ran first: either way the right parent.
     try:
         if otel_context.get_value(_OUTGOING_KEY) is None:  # instrument() already injected
-            inject(params.headers, continuation=False)
+            inject(params.headers, continuation=False, destination=params.url)
     except Exception as exc:  # noqa: BLE001 - telemetry must not break the request
         report_error("gymtrace.http aiohttp trace config", exc)
 
@@ -80,9 +80,11 @@ async def _request_with_identity(
 ) -> Any:
     token = None
     try:
-        ctx = otel_context.set_value(_OUTGOING_KEY, True, with_identity())
+        # _request(method, url, ...): identity goes only to gym destinations.
+        destination = args[1] if len(args) > 1 else kwargs.get("str_or_url")
+        ctx = otel_context.set_value(_OUTGOING_KEY, True, with_identity(destination=destination))
         headers: CIMultiDict[str] = CIMultiDict(kwargs.get("headers") or {})
-        inject(headers, ctx, continuation=False)
+        inject(headers, ctx, continuation=False, destination=destination)
         kwargs["headers"] = headers
         # Attached for the whole request, so the official instrumentor's attach nests inside.
         token = otel_context.attach(ctx)

@@ -277,7 +277,7 @@ def _end_abandoned(live: set[_Open]) -> None:
             )
         except Exception as error:  # noqa: BLE001 - a finalizer must not raise
             report_error(
-                "gymtrace.integrations.gymnasium: ending an abandoned episode", error, may_raise=False
+                "gymtrace.integrations.gymnasium ending an abandoned episode", error, may_raise=False
             )
 
 

@@ -36,8 +36,8 @@ __all__ = ["AsyncHttpxTransport", "HttpxTransport"]
 def _enter(request: httpx.Request) -> object:
     """Inject headers and attach the identity context; the token, or None if gymtrace failed."""
     try:
-        ctx = with_identity()
-        inject(request.headers, ctx, continuation=False)
+        ctx = with_identity(destination=request.url)  # identity only to gym destinations
+        inject(request.headers, ctx, continuation=False, destination=request.url)
         return otel_context.attach(ctx)
     except Exception as exc:  # noqa: BLE001 - telemetry must not break the request
         report_error("gymtrace.integrations.httpx transport", exc)

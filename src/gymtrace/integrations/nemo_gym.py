@@ -1,4 +1,14 @@
-"""NeMo Gym's wire identity: headers, body fields and path prefix for the current gym scope.
+"""NeMo Gym: its stack traced with no code, and its wire identity for code you own.
+
+**The stack as it is** (nemo-gym 0.7.0): ``opentelemetry-instrument gym env start ...`` and
+``opentelemetry-instrument gym eval run ...`` run :func:`instrument_stack` in every NeMo Gym process
+(through :mod:`gymtrace.integrations.autoinstrument`): each ``/run`` row is a rollout named by NeMo
+Gym's key, a resume pass the next attempt of it, identity kept inside the gym
+(docs/integrations/nemo-gym.md). :func:`rollout_identity`, :func:`run_id_for_output`,
+:func:`trace_id_for` and :func:`span_id_for` are the one mapping from what NeMo Gym sends or stores
+to gymtrace's IDs, shared with ``gymtrace import nemo-gym``.
+
+**Headers, body fields and path prefix** for the current gym scope, for code you own:
 
 NeMo Gym servers identify one execution by two headers sent together (a server answers 409
 ``execution_identity_mismatch`` when only one is present)::
@@ -35,10 +45,12 @@ because a passed-through ID never contains ``__`` and an encoded one always star
 
 from __future__ import annotations
 
+import contextvars
 import hashlib
 import json
 import os
 import re
+import sys
 import threading
 from collections.abc import Mapping
 from pathlib import Path
@@ -46,14 +58,19 @@ from typing import Any, NamedTuple
 
 import wrapt
 from opentelemetry import context as otel_context
+from opentelemetry.trace import Status, StatusCode
 
-from gymtrace import _constants as c
-from gymtrace import _trust
-from gymtrace._errors import internal_error
-from gymtrace._frame import FRAME_KEY, ActiveScope
+from gymtrace import attributes as c
+from gymtrace import instrumentation
 
 __all__ = [
     "NEMO_ID",
+    "NeMoGymServerMiddleware",
+    "identity_from_key",
+    "instrument_stack",
+    "process_service_name",
+    "span_id_for",
+    "uninstrument_stack",
     "RolloutIdentity",
     "rollout_identity",
     "run_id_for_output",
@@ -166,10 +183,7 @@ def trace_id_for(run_id: str, rollout_id: str) -> int:
 
 
 def _identity() -> dict[str, str | int]:
-    frame = otel_context.get_current().get(FRAME_KEY)
-    if isinstance(frame, ActiveScope) and frame.kind != "disabled":
-        return frame.identity
-    return {}
+    return instrumentation.current_identity()
 
 
 def _execution(identity: Mapping[str, str | int]) -> tuple[str, int] | None:
@@ -187,11 +201,9 @@ def headers() -> dict[str, str]:
     execution = _execution(_identity())
     if execution is None:
         return {}
-    frame = otel_context.get_current().get(FRAME_KEY)
-    if isinstance(frame, ActiveScope):
-        # NeMo Gym runs and verifies the rollout on its side: a rollout that ends without an
-        # outcome of its own here is pending, its outcome expected from there (issue 25).
-        frame.hand_off()
+    # NeMo Gym runs and verifies the rollout on its side: a rollout that ends without an outcome of
+    # its own here is pending, its outcome expected from there (issue 25).
+    instrumentation.hand_off()
     return {c.NEMO_GYM_ROLLOUT_HEADER: execution[0], c.NEMO_GYM_ATTEMPT_HEADER: str(execution[1])}
 
 
@@ -262,7 +274,7 @@ def identity_from_headers(carrier: Any) -> dict[str, str | int]:
         c.EPISODE_ATTEMPT: attempt,
         c.EPISODE_ID: rollout_id if attempt == 0 else f"{rollout_id}-a{attempt}",
     }
-    return _trust.accept(identity, None)
+    return instrumentation.accept_identity(identity)
 
 
 def alias_attributes(identity: Mapping[str, Any]) -> dict[str, str]:
@@ -303,7 +315,7 @@ def _httpx_request(request: Any) -> Any:
     """``request`` with the identity added (a new request when the body or path changes)."""
     import httpx
 
-    wire = headers()
+    wire = headers() if instrumentation.may_carry_identity(request.url) else {}
     if not wire or _has_identity_header(request.headers.keys()):
         return request  # the caller chose the identity (or sent one header on purpose)
     request.headers.update(wire)
@@ -336,7 +348,7 @@ def _send_arguments(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any,
             return (_httpx_request(args[0]), *args[1:])
         kwargs["request"] = _httpx_request(kwargs["request"])
     except Exception as exc:  # noqa: BLE001 - telemetry must not break the request
-        internal_error("gymtrace.integrations.nemo_gym httpx", exc)
+        instrumentation.report_error("gymtrace.integrations.nemo_gym httpx", exc)
     return args
 
 
@@ -352,7 +364,8 @@ async def _asend(wrapped: Any, instance: Any, args: tuple[Any, ...], kwargs: dic
 
 async def _aiohttp_request(wrapped: Any, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     try:
-        wire = headers()
+        destination = args[1] if len(args) > 1 else kwargs.get("str_or_url")
+        wire = headers() if instrumentation.may_carry_identity(destination) else {}
         given = kwargs.get("headers") or {}
         if wire and not _has_identity_header(
             given.keys() if hasattr(given, "keys") else (k for k, _ in given)
@@ -370,7 +383,7 @@ async def _aiohttp_request(wrapped: Any, instance: Any, args: tuple[Any, ...], k
                 url = yarl.URL(str(args[1]))
                 args = (args[0], url.with_path(_prefixed(url.path, path_prefix())), *args[2:])
     except Exception as exc:  # noqa: BLE001 - telemetry must not break the request
-        internal_error("gymtrace.integrations.nemo_gym aiohttp", exc)
+        instrumentation.report_error("gymtrace.integrations.nemo_gym aiohttp", exc)
     return await wrapped(*args, **kwargs)
 
 
@@ -385,16 +398,14 @@ def instrument(*, body: bool = False, path: bool = False, aliases: bool = False)
     """
     for name, value in (("body", body), ("path", path), ("aliases", aliases)):
         if not isinstance(value, bool):
-            from gymtrace._errors import InvalidArgumentError
-
-            raise InvalidArgumentError(f"nemo_gym.instrument(): {name} must be a bool, got {value!r}")
-    from gymtrace import _processor
-    from gymtrace.integrations import asgi as _asgi
-
+            raise instrumentation.InvalidArgumentError(
+                f"nemo_gym.instrument(): {name} must be a bool, got {value!r}"
+            )
     with _lock:
         _options.body, _options.path = body, path
-        _processor.set_aliases(alias_attributes if aliases else None)
-        _asgi._set_fallback_identity(identity_from_headers)
+        instrumentation.set_identity_aliases(alias_attributes if aliases else None)
+        # GymTraceMiddleware reads NeMo Gym's headers where a request carries no gym baggage.
+        instrumentation.set_identity_fallback(identity_from_headers)
         if _patched:
             return
         try:
@@ -415,15 +426,510 @@ def instrument(*, body: bool = False, path: bool = False, aliases: bool = False)
 
 
 def uninstrument() -> None:
-    from gymtrace import _processor
-    from gymtrace.integrations import asgi as _asgi
-
     with _lock:
-        _processor.set_aliases(None)
-        _asgi._set_fallback_identity(None)
+        instrumentation.set_identity_aliases(None)
+        instrumentation.set_identity_fallback(None)
         _options.body = _options.path = False
         for owner, name in reversed(_patched):
             wrapper = owner.__dict__[name]
             if getattr(wrapper, "_self_wrapper", None) in (_send, _asend, _aiohttp_request):
                 setattr(owner, name, wrapper.__wrapped__)
         _patched.clear()
+
+
+# -- the NeMo Gym stack as it is (0.7.0), traced with no code -----------------------------------------
+#
+# `opentelemetry-instrument gym env start ...` / `... gym eval run ...` load this through the
+# `gymtrace` configurator and the `gymtrace_nemo_gym` instrumentor (gymtrace.integrations.autoinstrument).
+# NeMo Gym 0.7.0 names a rollout by the `_ng_*` fields of the row it POSTs to `/run` (and, with its
+# observability on, by the `/ng-rollout/<key>/` path prefix); the patches below read exactly that:
+#
+# - driver (`gym eval run`): RolloutCollectionHelper.run_from_config is the run, each ServerClient
+#   POST to `/run` one rollout (first pass) or the next attempt of one (a resume pass), its reward
+#   the `/run` response's;
+# - every server: an ASGI middleware continues the caller's identity (gym baggage, else the `_ng_*`
+#   body fields, the path prefix, the development branch's `x-nemo-gym-*` headers) and spans the
+#   phases it recognises (`/seed_session`, `/verify` with the reward, model calls, tools); the first
+#   server that receives a row without identity opens the rollout itself;
+# - outgoing: NeMo Gym's one HTTP function says which requests go to its own servers (`_internal`):
+#   gym identity goes with those, never to the upstream model endpoint.
+
+_SERVER_NAME_ENV = "NEMO_GYM_CONFIG_PATH"  # set by `gym env start` for each server it launches
+_PREFIX_PATH = re.compile(r"^/ng-rollout/([A-Za-z0-9][A-Za-z0-9._-]*)(/.*)$")
+_KEY = re.compile(r"^(\d+)-(\d+)(?:-a(\d+))?$")
+_RUN, _SEED, _VERIFY = "/run", "/seed_session", "/verify"
+_MODEL_PATHS = ("/v1/responses", "/v1/chat/completions", "/v1/messages")
+_BODY_LIMIT = 4 << 20  # request and response bodies read for identity and reward: NeMo Gym's are small
+_CLI_PREFIXES = ("ng_", "nemo_gym_")  # NeMo Gym's other console scripts (ng_collect_rollouts, ...)
+
+
+def span_id_for(run_id: str, rollout_id: str, part: str) -> int:
+    """A span ID of one rollout of one run (``part``: ``"rollout"``, ``"episode-0"``, ...), the same
+    in every pass: what a resume pass links its next attempt to."""
+    material = f"gymtrace/span\x00{run_id}\x00{rollout_id}\x00{part}".encode()
+    return int.from_bytes(hashlib.sha256(material).digest()[:8], "big") or 1
+
+
+def process_service_name(
+    argv: list[str] | None = None, environ: Mapping[str, str] | None = None
+) -> str | None:
+    """The service name of a NeMo Gym process: its server's name for a server ``gym env start``
+    launched, ``gym-eval-run`` (the command, joined) for the CLI; ``None`` for any other process."""
+    environ = os.environ if environ is None else environ
+    argv = sys.argv if argv is None else argv
+    server = environ.get(_SERVER_NAME_ENV)
+    if server:
+        return server
+    program = Path(argv[0]).name if argv and argv[0] else ""
+    if program == "gym":
+        words = [w for w in argv[1:3] if re.fullmatch(r"[a-z][a-z0-9_-]*", w)]
+        return "-".join(["gym", *words])
+    if program.startswith(_CLI_PREFIXES):
+        return program
+    return None
+
+
+def _attributes(identity: RolloutIdentity) -> dict[str, str | int]:
+    values: dict[str, str | int] = {c.ROLLOUT_ID: identity.rollout_id}
+    if identity.task_id:
+        values[c.TASK_ID] = identity.task_id
+    if identity.repeat is not None:
+        values[c.ROLLOUT_REPEAT] = identity.repeat
+    values[c.EPISODE_ATTEMPT] = identity.attempt
+    values[c.EPISODE_ID] = (
+        identity.rollout_id if identity.attempt == 0 else f"{identity.rollout_id}-a{identity.attempt}"
+    )
+    return values
+
+
+def identity_from_key(key: str) -> RolloutIdentity | None:
+    """The rollout a ``/ng-rollout/<key>/`` capture key names: ``"{task}-{rollout}"`` with
+    ``-a{n}`` after attempt 0, or an explicit ``_ng_rollout_id`` (whose task is not in the key)."""
+    match = _KEY.fullmatch(key)
+    if match:
+        task, repeat, attempt = match.groups()
+        return RolloutIdentity(f"{task}-{repeat}", task, int(repeat), int(attempt or 0))
+    if not NEMO_ID.fullmatch(key) or len(key) > 256:
+        return None
+    explicit = re.fullmatch(r"(.+)-a(\d{1,9})", key)
+    if explicit:
+        return RolloutIdentity(explicit.group(1), "", None, int(explicit.group(2)))
+    return RolloutIdentity(key, "", None, 0)
+
+
+# The driver's run: set by run_from_config for the tasks it starts, read by the /run dispatches (the
+# environment server also POSTs to /run, to the agent, and opens no rollout for it).
+_driver_run: contextvars.ContextVar[str | None] = contextvars.ContextVar(
+    "gymtrace_nemo_gym_run", default=None
+)
+
+
+async def _read_response(response: Any) -> Any:
+    """The JSON of an aiohttp response, read once (aiohttp keeps the bytes for NeMo Gym's own read)."""
+    body = await response.read()
+    return json.loads(body) if body and len(body) <= _BODY_LIMIT else None
+
+
+def _reward_of(result: Any) -> float | None:
+    reward = result.get("reward") if isinstance(result, Mapping) else None
+    if isinstance(reward, bool) or not isinstance(reward, (int, float)):
+        return None
+    return float(reward)
+
+
+async def _dispatch_run(
+    wrapped: Any, args: tuple[Any, ...], kwargs: dict[str, Any], run_id: str, row: RolloutIdentity
+) -> Any:
+    """One `/run` POST of the driver as a rollout (attempt 0) or the next attempt of one."""
+    from contextlib import ExitStack
+
+    import gymtrace
+
+    trace_id = trace_id_for(run_id, row.rollout_id)
+    rollout_span = span_id_for(run_id, row.rollout_id, "rollout")
+    stack = ExitStack()
+    try:
+        stack.enter_context(instrumentation.use_tracer_provider(_provider))
+        if row.attempt == 0:
+            with instrumentation.pinned_ids(trace_id, rollout_span):
+                stack.enter_context(
+                    gymtrace.rollout(rollout_id=row.rollout_id, task_id=row.task_id, repeat=row.repeat)
+                )
+            episode = gymtrace.episode(attempt=0)
+        else:
+            # A resume pass: NeMo Gym stored nothing, the IDs of the rollout and of the attempt that
+            # failed are derived again; the attempt joins that trace, linked to it (relation retry).
+            identity: dict[str, str | int] = {
+                c.RUN_ID: run_id,
+                c.ROLLOUT_ID: row.rollout_id,
+                c.TASK_ID: row.task_id,
+            }
+            if row.repeat is not None:
+                identity[c.ROLLOUT_REPEAT] = row.repeat
+            carrier = instrumentation.episode_carrier(
+                identity,
+                next_attempt=row.attempt,
+                trace_id=trace_id,
+                rollout_span_id=rollout_span,
+                episode_span_id=span_id_for(run_id, row.rollout_id, f"episode-{row.attempt - 1}"),
+            )
+            episode = gymtrace.episode(continue_from=carrier)
+        with instrumentation.pinned_ids(None, span_id_for(run_id, row.rollout_id, f"episode-{row.attempt}")):
+            stack.enter_context(episode)
+    except Exception as exc:  # noqa: BLE001 - telemetry must not break the dispatch
+        stack.close()
+        instrumentation.report_error("gymtrace.integrations.nemo_gym /run", exc)
+        return await wrapped(*args, **kwargs)
+    with stack:
+        response = await wrapped(*args, **kwargs)
+        with instrumentation.guard("gymtrace.integrations.nemo_gym /run response"):
+            if response.status >= 400:
+                gymtrace.record_failure(message=f"/run answered HTTP {response.status}")
+            else:
+                reward = _reward_of(await _read_response(response))
+                if reward is not None:
+                    gymtrace.record_reward(reward)
+        return response
+
+
+async def _server_client_request(
+    wrapped: Any, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
+) -> Any:
+    run_id = _driver_run.get()
+    if run_id is None:
+        return await wrapped(*args, **kwargs)
+    row = None
+    try:
+        url_path = kwargs.get("url_path", args[1] if len(args) > 1 else "")
+        body: Any = kwargs.get("json")
+        if isinstance(url_path, str) and url_path.split("?", 1)[0].endswith(_RUN):
+            fields = body.model_dump() if hasattr(body, "model_dump") else body
+            row = rollout_identity(fields) if isinstance(fields, Mapping) else None
+    except Exception as exc:  # noqa: BLE001 - telemetry must not break the request
+        instrumentation.report_error("gymtrace.integrations.nemo_gym ServerClient.request", exc)
+    if row is None or _own_telemetry("rollout"):
+        # NeMo Gym's own rollout span (nemo.gym.rollout.id, read as the rollout ID) is the one.
+        return await wrapped(*args, **kwargs)
+    return await _dispatch_run(wrapped, args, kwargs, run_id, row)
+
+
+async def _run_from_config(wrapped: Any, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    """`gym eval run`: one gym run per output file; a resume pass continues it (no second run span)."""
+    import gymtrace
+
+    config: Any = args[0] if args else kwargs.get("config")
+    try:
+        output = Path(config.output_jsonl_fpath)
+        run_id = run_id_for_output(output)
+        resume = bool(getattr(config, "resume_from_cache", False)) and output.exists()
+    except Exception as exc:  # noqa: BLE001 - telemetry must not break the run
+        instrumentation.report_error("gymtrace.integrations.nemo_gym run_from_config", exc)
+        return await wrapped(*args, **kwargs)
+    token = _driver_run.set(run_id)
+    try:
+        if resume:
+            ctx = instrumentation.continue_scope(otel_context.Context(), {c.RUN_ID: run_id})
+            attached = otel_context.attach(ctx)
+            try:
+                return await wrapped(*args, **kwargs)
+            finally:
+                otel_context.detach(attached)
+        with instrumentation.use_tracer_provider(_provider), gymtrace.run(run_id=run_id):
+            return await wrapped(*args, **kwargs)
+    finally:
+        _driver_run.reset(token)
+
+
+async def _request_with_retries(
+    wrapped: Any, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
+) -> Any:
+    """NeMo Gym's one HTTP function says whether a request goes to one of its servers."""
+    with instrumentation.gym_destination(bool(kwargs.get("_internal", False))):
+        return await wrapped(*args, **kwargs)
+
+
+# -- servers ---------------------------------------------------------------------------------------------
+
+
+def _own_telemetry(group: str) -> bool:
+    """Whether NeMo Gym's own telemetry (nemo-lens) spans ``group``: then gymtrace opens no second
+    span for that work (its spans are named gym.rollout / gym.verify too)."""
+    try:
+        from nemo_gym.telemetry._fallbacks import (  # type: ignore[import-not-found,unused-ignore]
+            is_span_group_enabled,
+        )
+
+        return bool(is_span_group_enabled(group))
+    except Exception:  # noqa: BLE001 - an older or newer NeMo Gym without it: ours are the only spans
+        return False
+
+
+async def _buffered(receive: Any) -> tuple[bytes, Any]:
+    """The request body, and a ``receive`` that hands the application the same messages again."""
+    messages: list[Any] = []
+    body = b""
+    while True:
+        message = await receive()
+        messages.append(message)
+        if message.get("type") != "http.request":
+            break
+        body += message.get("body", b"")
+        if not message.get("more_body") or len(body) > _BODY_LIMIT:
+            break
+    replay = iter(messages)
+
+    async def again() -> Any:
+        for message in replay:
+            return message
+        return await receive()
+
+    return body, again
+
+
+class _Phase(NamedTuple):
+    # "root", "seed", "verify", "model", "tool", or "" (identity only). No agent invocation for an
+    # agent's /run: it spans the seed_session and verify calls, which rank above it.
+    kind: str
+    argument: str | None = None
+
+
+class NeMoGymServerMiddleware:
+    """ASGI middleware for one NeMo Gym server: its requests run in the caller's gym identity, and
+    the phases it serves are spans (``gymtrace.integrations.nemo_gym.instrument_stack`` adds it to
+    every server NeMo Gym starts)."""
+
+    def __init__(
+        self, app: Any, *, server_type: str | None, server_name: str | None, model: str | None = None
+    ) -> None:
+        self.app = app
+        self.server_type = server_type
+        self.server_name = server_name
+        self.model = model
+
+    def _phase(self, method: str, path: str, rooted: bool) -> _Phase:
+        kind = self.server_type
+        if path == _RUN and not rooted:
+            return _Phase("root")
+        if kind == "resources_servers" and method == "POST":
+            if path == _SEED:
+                return _Phase("seed")
+            if path == _VERIFY:
+                return _Phase("verify")
+            name = path.strip("/")
+            if name and "/" not in name and name not in ("aggregate_metrics", "close_session", "run"):
+                return _Phase("tool", name)
+        if kind == "responses_api_models" and path in _MODEL_PATHS:
+            return _Phase("model", self.model)
+        return _Phase("")
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if scope.get("type") != "http":
+            await self.app(scope, receive, send)
+            return
+        try:
+            ctx, phase, root, receive = await self._prepare(scope, receive)
+        except Exception as exc:  # noqa: BLE001 - telemetry must not break the request
+            instrumentation.report_error("gymtrace.integrations.nemo_gym middleware", exc)
+            await self.app(scope, receive, send)
+            return
+        token = otel_context.attach(ctx)
+        try:
+            await self._serve(scope, receive, send, phase, root)
+        finally:
+            otel_context.detach(token)
+
+    async def _prepare(
+        self, scope: Any, receive: Any
+    ) -> tuple[otel_context.Context, _Phase, RolloutIdentity | None, Any]:
+        from opentelemetry import propagate
+
+        headers: dict[str, str] = {}
+        for name, value in scope.get("headers") or ():
+            headers.setdefault(bytes(name).decode("latin-1").lower(), bytes(value).decode("latin-1"))
+        ctx = propagate.extract(headers)
+        identity = instrumentation.incoming_identity(headers.get("baggage")) or identity_from_headers(headers)
+        path = scope.get("path", "")
+        key = None
+        prefixed = _PREFIX_PATH.match(path)
+        if prefixed:
+            key, path = prefixed.group(1), prefixed.group(2)
+        found: RolloutIdentity | None = None
+        if not identity and scope.get("method") == "POST" and path in (_RUN, _SEED, _VERIFY):
+            body, receive = await _buffered(receive)
+            try:
+                fields = json.loads(body) if body else None
+            except ValueError:
+                fields = None
+            found = rollout_identity(fields) if isinstance(fields, Mapping) else None
+        if found is None and key is not None and not identity:
+            found = identity_from_key(key)
+        if found is not None:
+            identity = instrumentation.accept_identity(_attributes(found))
+            if not identity:
+                found = None
+        rooted = bool(identity) and found is None  # continued from a gym caller (baggage, headers)
+        phase = self._phase(scope.get("method", ""), path, rooted or found is None)
+        if phase.kind == "root" and found is not None:
+            return ctx, phase, found, receive
+        return instrumentation.continue_scope(ctx, identity), phase, None, receive
+
+    async def _serve(
+        self, scope: Any, receive: Any, send: Any, phase: _Phase, root: RolloutIdentity | None
+    ) -> None:
+        from contextlib import ExitStack
+
+        import gymtrace
+
+        captured: dict[str, Any] = {"status": None, "body": b""}
+
+        stack = ExitStack()
+        scored = False
+
+        async def capture(message: Any) -> None:
+            if message.get("type") == "http.response.start":
+                captured["status"] = message.get("status")
+            elif (
+                scored and message.get("type") == "http.response.body" and len(captured["body"]) < _BODY_LIMIT
+            ):
+                captured["body"] += message.get("body", b"")
+            await send(message)
+
+        opened = False  # a span of this request's own: its status follows the response's
+        try:
+            stack.enter_context(instrumentation.use_tracer_provider(_provider))
+            if root is not None and not _own_telemetry("rollout"):
+                # Nobody upstream traced this row (the driver runs without gymtrace): it starts here.
+                stack.enter_context(
+                    gymtrace.rollout(
+                        rollout_id=root.rollout_id, task_id=root.task_id or None, repeat=root.repeat
+                    )
+                )
+                stack.enter_context(gymtrace.episode(attempt=root.attempt))
+                scored = opened = True
+            else:
+                own: Any = None
+                if phase.kind == "seed":
+                    own = gymtrace.seed_session()
+                elif phase.kind == "verify" and not _own_telemetry("verify"):
+                    own, scored = gymtrace.verify(), True
+                elif phase.kind == "model":
+                    own = gymtrace.model_call(model=phase.argument)
+                elif phase.kind == "tool":
+                    own = gymtrace.tool_call(tool_name=phase.argument)
+                if own is not None:
+                    stack.enter_context(own)
+                    opened = True
+        except Exception as exc:  # noqa: BLE001 - telemetry must not break the request
+            stack.close()
+            instrumentation.report_error("gymtrace.integrations.nemo_gym middleware", exc)
+            await self.app(scope, receive, send)
+            return
+        with stack:
+            await self.app(scope, receive, capture if opened else send)
+            with instrumentation.guard("gymtrace.integrations.nemo_gym response"):
+                status = captured["status"] or 500
+                if status >= 500 and root is not None and scored:
+                    gymtrace.record_failure(message=f"/run answered HTTP {status}")
+                elif status >= 500 and opened:
+                    # The handler's exception became a 500 inside the app: the phase still failed.
+                    frame = instrumentation.innermost_scope()
+                    if frame is not None:
+                        frame.span.set_status(Status(StatusCode.ERROR, f"HTTP {status}"))
+                elif scored and status < 400:
+                    body = captured["body"]
+                    reward = _reward_of(json.loads(body)) if body else None
+                    if reward is not None:
+                        gymtrace.record_reward(reward)
+
+
+def _add_middleware(wrapped: Any, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    """``SimpleServer.instrument_app_for_telemetry(app)``: every NeMo Gym server calls it once its
+    FastAPI app is built and before uvicorn starts it; the middleware is added there."""
+    result = wrapped(*args, **kwargs)
+    with instrumentation.guard("gymtrace.integrations.nemo_gym server"):
+        from nemo_gym.server_utils import (  # type: ignore[import-not-found,unused-ignore]
+            _telemetry_server_type,
+        )
+
+        app = args[0] if args else kwargs["app"]
+        config = getattr(instance, "config", None)
+        model = getattr(config, "openai_model", None) or getattr(config, "model", None)
+        app.add_middleware(
+            NeMoGymServerMiddleware,
+            server_type=_telemetry_server_type(type(instance)),
+            server_name=getattr(config, "name", None) or os.environ.get(_SERVER_NAME_ENV),
+            model=model if isinstance(model, str) else None,
+        )
+    return result
+
+
+# -- switching it on -------------------------------------------------------------------------------------
+
+_stack_hooks: list[tuple[str, str, str, Any]] = [
+    ("nemo_gym.server_utils", "SimpleServer", "instrument_app_for_telemetry", _add_middleware),
+    ("nemo_gym.server_utils", "ServerClient", "request", _server_client_request),
+    ("nemo_gym.server_utils", "", "_request_with_retries", _request_with_retries),
+    ("nemo_gym.rollout_collection", "RolloutCollectionHelper", "run_from_config", _run_from_config),
+]
+_stack_patched: list[tuple[Any, str, Any]] = []
+_stack_registered = False
+_stack_on = False
+
+
+def _patch_module(module: Any) -> None:
+    with instrumentation.guard("gymtrace.integrations.nemo_gym instrument_stack"), _lock:
+        if not _stack_on:
+            return
+        for module_name, owner_name, attribute, wrapper in _stack_hooks:
+            if module.__name__ != module_name:
+                continue
+            owner = getattr(module, owner_name) if owner_name else module
+            current = owner.__dict__.get(attribute) if isinstance(owner, type) else getattr(owner, attribute)
+            if getattr(current, "_self_wrapper", None) is wrapper:
+                continue
+            wrapt.wrap_function_wrapper(owner, attribute, wrapper)
+            _stack_patched.append((owner, attribute, wrapper))
+
+
+_provider: Any = None  # the tracer_provider instrument_stack() was given, None: the global one
+
+
+def instrument_stack(*, tracer_provider: Any = None) -> None:
+    """Trace the NeMo Gym 0.7.0 stack as it is: the driver's run and its `/run` rollouts, every
+    server's phases in the rollout's identity, identity kept inside the gym (see the module section
+    above and docs/integrations/nemo-gym.md). Patches NeMo Gym when its modules are imported (so a
+    process that never imports them pays nothing); idempotent. What
+    ``opentelemetry-instrument`` runs through :class:`gymtrace.integrations.autoinstrument.NeMoGymInstrumentor`."""
+    global _stack_registered, _stack_on, _provider
+    from gymtrace.integrations import aiohttp as gym_aiohttp
+
+    with _lock:
+        register = not _stack_registered
+        _stack_registered = _stack_on = True
+        _provider = tracer_provider
+    gym_aiohttp.instrument()  # trace context and (gym destinations only) identity on every request
+    module_names = sorted({hook[0] for hook in _stack_hooks})
+    if register:
+        for module_name in module_names:
+            wrapt.register_post_import_hook(_patch_module, module_name)
+    else:
+        for module_name in module_names:
+            if module_name in sys.modules:
+                _patch_module(sys.modules[module_name])
+
+
+def uninstrument_stack() -> None:
+    """Undo :func:`instrument_stack`'s patches (the import hooks stay, and patch nothing again)."""
+    global _stack_on
+    from gymtrace.integrations import aiohttp as gym_aiohttp
+
+    with _lock:
+        for owner, attribute, wrapper in reversed(_stack_patched):
+            current: Any = (
+                owner.__dict__.get(attribute) if isinstance(owner, type) else getattr(owner, attribute)
+            )
+            if getattr(current, "_self_wrapper", None) is wrapper:
+                setattr(owner, attribute, current.__wrapped__)
+        _stack_patched.clear()
+        _stack_on = False
+    gym_aiohttp.uninstrument()
