@@ -353,3 +353,15 @@ def test_live_reads_a_file_still_being_written_up_to_its_last_whole_line(tmp_pat
     assert len(read_otlp_json_lines(path, partial_last_line=True)) == len(captured.spans)
     with pytest.raises(TraceFileError, match=":2:"):
         read_otlp_json_lines(path)
+
+
+def test_the_timeout_works_without_asyncio_timeout_as_on_python_3_10(
+    monkeypatch: pytest.MonkeyPatch, captured: CapturedSpans
+) -> None:
+    monkeypatch.delattr(asyncio, "timeout")  # Python 3.10 has no asyncio.timeout
+    started: list[int] = []
+    asyncio.run(_scored_after_a_timeout(started))
+    assert started == [0, 1]
+    first = next(s for s in captured.by_kind(c.KIND_EPISODE) if s.attributes[c.EPISODE_ATTEMPT] == 0)
+    assert first.attributes[c.FAILURE_KIND] == c.FAILURE_TIMEOUT
+    assert captured.one(c.KIND_ROLLOUT).attributes[c.ROLLOUT_OUTCOME] == c.OUTCOME_SCORED
