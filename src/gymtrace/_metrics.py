@@ -65,6 +65,10 @@ class _Instruments:
 
     def __init__(self) -> None:
         meter = metrics.get_meter(c.METER_NAME)
+
+        def histogram(name: str, unit: str, description: str, bounds: tuple[float, ...]) -> metrics.Histogram:
+            return meter.create_histogram(name, unit=unit, description=description, **_buckets(bounds))
+
         self.active = meter.create_up_down_counter(
             c.METRIC_ROLLOUT_ACTIVE, unit=c.UNIT_ROLLOUT, description="Open rollouts of this process"
         )
@@ -73,28 +77,19 @@ class _Instruments:
             unit=c.UNIT_ROLLOUT,
             description="Rollouts by final outcome, counted once when it is known",
         )
-        self.reward = meter.create_histogram(
-            c.METRIC_ROLLOUT_REWARD,
-            unit=c.UNIT_REWARD,
-            description="Rewards of scored rollouts",
-            **_buckets(REWARD_BUCKETS),
-        )
         self.episodes = meter.create_counter(
             c.METRIC_EPISODE_COMPLETED,
             unit=c.UNIT_EPISODE,
             description="Episodes by outcome and failure kind",
         )
-        self.episode_duration = meter.create_histogram(
-            c.METRIC_EPISODE_DURATION,
-            unit=c.UNIT_SECONDS,
-            description="Episode wall time",
-            **_buckets(EPISODE_BUCKETS),
+        self.reward = histogram(
+            c.METRIC_ROLLOUT_REWARD, c.UNIT_REWARD, "Rewards of scored rollouts", REWARD_BUCKETS
         )
-        self.step_duration = meter.create_histogram(
-            c.METRIC_STEP_DURATION,
-            unit=c.UNIT_SECONDS,
-            description="Step wall time (GYMTRACE_STEP_METRICS)",
-            **_buckets(STEP_BUCKETS),
+        self.episode_duration = histogram(
+            c.METRIC_EPISODE_DURATION, c.UNIT_SECONDS, "Episode wall time", EPISODE_BUCKETS
+        )
+        self.step_duration = histogram(
+            c.METRIC_STEP_DURATION, c.UNIT_SECONDS, "Step wall time (GYMTRACE_STEP_METRICS)", STEP_BUCKETS
         )
 
 
