@@ -178,6 +178,7 @@ def test_early_break_from_generator_is_not_an_error(captured: CapturedSpans) -> 
     span = captured.one("step")
     assert span.status.status_code == StatusCode.UNSET
     assert span.events == ()
+    assert span.attributes[c.INTERRUPTED] is True  # its work did not finish, and the span says so
 
 
 def test_early_break_from_async_generator_is_not_an_error(captured: CapturedSpans) -> None:
@@ -197,6 +198,7 @@ def test_early_break_from_async_generator_is_not_an_error(captured: CapturedSpan
     span = captured.one("step")
     assert span.status.status_code == StatusCode.UNSET
     assert span.end_time is not None
+    assert span.attributes[c.INTERRUPTED] is True
 
 
 def test_abandoned_generator_span_ends_on_garbage_collection(captured: CapturedSpans) -> None:
@@ -209,7 +211,10 @@ def test_abandoned_generator_span_ends_on_garbage_collection(captured: CapturedS
     assert captured.by_kind("step") == []  # still open while suspended
     del gen
     gc.collect()
-    assert captured.one("step").end_time is not None
+    span = captured.one("step")
+    assert span.end_time is not None
+    assert span.attributes[c.INTERRUPTED] is True
+    assert span.status.status_code == StatusCode.UNSET
 
 
 def test_generator_span_covers_the_whole_iteration_and_children(captured: CapturedSpans) -> None:

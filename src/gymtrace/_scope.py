@@ -295,6 +295,10 @@ class Scope:
                 frame.cancelled = True
                 if not isinstance(exc, asyncio.CancelledError):  # KeyboardInterrupt, SystemExit
                     span.set_attribute(c.INTERRUPTED, True)
+            elif isinstance(exc, GeneratorExit):
+                # A generator closed before its end: an early `break`, or dropped and collected.
+                # Not an error (dd-trace-py#8714), but the span must say its work did not finish.
+                span.set_attribute(c.INTERRUPTED, True)
             if level.finish is not None:
                 level.finish(frame)
             if timing is not None:
