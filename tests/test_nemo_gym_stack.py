@@ -338,6 +338,23 @@ def test_a_failure_then_a_resume_pass_reads_as_a_second_attempt_of_the_same_roll
     ARTIFACTS.mkdir(exist_ok=True)
     (ARTIFACTS / "nemo_gym_resumed_rollout_tree.txt").write_text(tree.stdout)
 
+    # The same output imported afterwards (issue 28): checked traces whose stats are NeMo Gym's,
+    # the resumed rollout two attempts in the trace the live run used, the same IDs every time.
+    first, second = stack.root / "imported-1.jsonl", stack.root / "imported-2.jsonl"
+    for out in (first, second):
+        done = stack.cli("import", "nemo-gym", str(output), "-o", str(out))
+        assert done.returncode == 0, done.stdout + done.stderr
+    assert first.read_bytes() == second.read_bytes()
+    check = stack.cli("check", str(first))
+    assert check.returncode == 0, check.stdout + check.stderr
+    (imported_stats,) = stack.json_lines("stats", str(first), "--run", run_id)
+    assert imported_stats["mean_reward"] == pytest.approx(final_mean)
+    imported = {r["rollout_id"]: r for r in stack.json_lines("rollouts", str(first), "--run", run_id)}
+    assert set(imported) == set(rollouts)
+    for key in failed:
+        assert (imported[key]["outcome"], imported[key]["attempts"]) == ("scored", 2)
+        assert imported[key]["trace_id"] == rollouts[key]["trace_id"]
+
 
 def test_the_servers_alone_still_trace_nemo_gyms_rollouts(stack: Stack) -> None:
     before = {
