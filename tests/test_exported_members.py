@@ -30,7 +30,7 @@ PUBLIC_MODULES = [
 
 
 # Modules whose surface is what they re-export.
-FACADES = {"gymtrace", "gymtrace.integrations.concurrent", "gymtrace.instrumentation"}
+FACADES = {"gymtrace", "gymtrace.integrations.concurrent", "gymtrace.instrumentation", "gymtrace.sampling"}
 
 
 def _bound_names(body: list[ast.stmt], *, facade: bool, lazy: bool = False) -> set[str]:

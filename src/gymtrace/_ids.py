@@ -11,6 +11,7 @@ is not the local caller's mistake.
 
 from __future__ import annotations
 
+import hashlib
 import math
 from collections.abc import Mapping
 
@@ -132,3 +133,13 @@ def check_timeout(caller: str, value: object) -> None:
         raise InvalidArgumentError(
             f"gymtrace.{caller}(): argument 'timeout' must be a number of seconds > 0, got {value!r:.40}"
         )
+
+
+_SCALE = float(2**64)
+
+
+def keep_rollout(key: str, ratio: float) -> bool:
+    """The sampling decision for a rollout or task ID: stable across processes and languages
+    (the first 64 bits of its SHA-256 against ``ratio``). Public as ``gymtrace.sampling.keep_rollout``."""
+    digest = hashlib.sha256(key.encode("utf-8")).digest()
+    return int.from_bytes(digest[:8], "big") / _SCALE < ratio

@@ -22,8 +22,8 @@ from opentelemetry.util.types import Attributes
 
 from gymtrace import _constants as c
 from gymtrace._errors import InvalidArgumentError
+from gymtrace._ids import keep_rollout
 from gymtrace._tracing import active_tracer
-from gymtrace.sampling import keep_rollout
 
 
 class RolloutSampler(Sampler):

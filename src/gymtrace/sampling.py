@@ -18,21 +18,14 @@ loaded on first use, and without the SDK that use raises an ``ImportError`` nami
 
 from __future__ import annotations
 
-import hashlib
 from typing import TYPE_CHECKING, Any
+
+from gymtrace._ids import keep_rollout
 
 if TYPE_CHECKING:
     from gymtrace._sampler import RolloutSampler
 
 __all__ = ["RolloutSampler", "keep_rollout"]
-
-_SCALE = float(2**64)
-
-
-def keep_rollout(key: str, ratio: float) -> bool:
-    """The sampling decision for a rollout or task ID: stable across processes and languages."""
-    digest = hashlib.sha256(key.encode("utf-8")).digest()
-    return int.from_bytes(digest[:8], "big") / _SCALE < ratio
 
 
 def __getattr__(name: str) -> Any:
