@@ -61,6 +61,11 @@ _BLOCK = 256
 _HEADER = 4  # frame length, little-endian
 # Longest an application thread waits in one handover for a lagging encoder process.
 _BACKPRESSURE_WAIT = 0.1
+# Until the encoder process listens (its imports take ~0.3 s, seconds in a fresh virtualenv that
+# compiles them first) nothing drains the pipe: frames wait here, up to this many times the queue
+# bound. A record in a frame takes ~160 bytes, a span in the thread queue ~1,080 (both measured on
+# gymtrace's steps), so this stays within the memory the thread queue's bound allows.
+_STARTING_ROOM = 6
 _PIPE_SIZE = 1 << 20  # asked of Linux for the span pipe (F_SETPIPE_SZ); the default is 64 KiB
 try:
     import fcntl
@@ -214,6 +219,7 @@ class ProcessExporter:
         self._sequence = 0
         self._proc: subprocess.Popen[bytes] | None = None
         self._reporting: subprocess.Popen[bytes] | None = None  # whose counts _child holds
+        self._heard = False  # the running encoder process reported at least once (it is listening)
         self._reader: threading.Thread | None = None
         self._write_fd = -1
         self._fallback: BatchExporter | None = None
@@ -223,6 +229,12 @@ class ProcessExporter:
     def started(self) -> bool:
         """The encoder process started (rather than the fallback queue in this process)."""
         return self._fallback is None and self._proc is not None
+
+    @property
+    def listening(self) -> bool:
+        """The encoder process imported what it needs and reads its pipe: its first report (sent
+        before it reads any record) arrived. Until then records only fill the pipe."""
+        return self.started and self._heard
 
     # -- span processor interface --------------------------------------------------------------
 
@@ -413,6 +425,7 @@ class ProcessExporter:
             return False
         assert proc.stdin is not None and proc.stdout is not None
         self._proc = self._reporting = proc
+        self._heard = False
         self._ready = not self._shutdown
         self._write_fd = proc.stdin.fileno()
         os.set_blocking(self._write_fd, False)
@@ -459,14 +472,15 @@ class ProcessExporter:
         self._outbox.append((len(records), frame))
         self._outbox_spans += len(records)
         self._write_outbox()
-        if self._outbox_spans > self.max_queue_size // 4:
+        # Still starting: nothing reads the pipe yet, so waiting for it gains nothing until the
+        # frames reach the (larger) bound; see _STARTING_ROOM.
+        bound = self.max_queue_size if self._heard else self.max_queue_size * _STARTING_ROOM
+        if self._outbox_spans > (bound // 4 if self._heard else bound):
             # The encoder process is behind: a burst waits a little for the pipe instead of filling
             # the bound (the thread queue hands its worker the GIL for the same reason).
-            self._write_while(
-                lambda: self._outbox_spans > self.max_queue_size // 8, time.monotonic() + _BACKPRESSURE_WAIT
-            )
+            self._write_while(lambda: self._outbox_spans > bound // 8, time.monotonic() + _BACKPRESSURE_WAIT)
         # Bounded like the thread queue: while the pipe stays full, the oldest whole frames go.
-        while self._outbox_spans > self.max_queue_size and len(self._outbox) > 1:
+        while self._outbox_spans > bound and len(self._outbox) > 1:
             index = 1 if self._head_written else 0  # a frame partly in the pipe must be finished
             spans, _ = self._outbox[index]
             del self._outbox[index]
@@ -545,7 +559,7 @@ class ProcessExporter:
         if self._pending:
             self._send(self._take_pending())
         if self._proc is None:  # died while sending
-            return False
+            return self._flushed_after_death(kind, deadline)
         self._sequence += 1
         sequence = self._sequence
         remaining = max(0.0, deadline - time.monotonic())
@@ -554,13 +568,22 @@ class ProcessExporter:
         self._outbox.append((0, _frame((kind, sequence, int(budget * 1000)))))
         # The pipe may be full: write as it drains, until the deadline.
         if not self._write_while(lambda: bool(self._outbox), deadline):
-            return False
+            return self._flushed_after_death(kind, deadline) if self._proc is None else False
         while sequence not in self._replies:
+            if self._proc is None:
+                return self._flushed_after_death(kind, deadline)
             remaining = deadline - time.monotonic()
-            if remaining <= 0 or self._proc is None:
+            if remaining <= 0:
                 return False
             self._replied.wait(min(remaining, 0.05))
         return self._replies.pop(sequence)
+
+    def _flushed_after_death(self, kind: int, deadline: float) -> bool:
+        """The encoder process died during a flush (lock held): what it had not confirmed is counted
+        lost, and the rest went to the fallback queue, which the flush now waits for."""
+        if kind != _FLUSH or self._fallback is None:
+            return False
+        return self._fallback.force_flush(remaining_millis(deadline))
 
     def _read_replies(self, proc: subprocess.Popen[bytes]) -> None:
         """The encoder process's counts, after every change, and its answers to requests."""
@@ -575,6 +598,7 @@ class ProcessExporter:
                         return  # a replaced encoder process (after a fork or a failure)
                     _, sequence, ok, counts = message
                     self._child = dict(zip(_STAT_FIELDS, counts, strict=True))
+                    self._heard = True
                     if sequence:
                         self._replies[sequence] = ok
                     self._replied.notify_all()
@@ -593,6 +617,11 @@ class ProcessExporter:
         proc = self._proc
         if proc is None:
             return
+        # Frames still wholly in the outbox never reached the pipe: they go to the fallback queue
+        # below, not lost. A frame partly written is the encoder's (lost with it).
+        unsent = list(self._outbox)[1 if self._head_written else 0 :]
+        for spans, _ in unsent:
+            self._outbox_spans -= spans
         lost = self._unconfirmed()
         logger.warning(
             "gymtrace: the encoder process of %s exited (code %s); %d spans it held are dropped, the"
@@ -610,6 +639,10 @@ class ProcessExporter:
         self._outbox.clear()
         self._outbox_spans = self._head_written = 0
         self._use_fallback()
+        for _, frame in unsent:
+            message = marshal.loads(memoryview(frame)[_HEADER:])
+            if message[0] == _SPANS:
+                self._replay(message[3])  # counted handed when taken from pending: moved to the fallback
 
     def _use_fallback(self) -> None:
         """Continue in this process with a thread queue (lock held); pending records go to it."""
@@ -866,6 +899,9 @@ def child_main() -> None:
         return values
 
     stop_timeout = queue.shutdown_timeout
+    # Ready: the imports are done (a fresh virtualenv compiles them first: seconds). Whoever waits
+    # for the process to listen (GYMTRACE_ENCODER=auto's move) hears it here.
+    sent = report()
     try:
         while True:
             ready, _, _ = select.select([stdin], [], [], 0.1)
