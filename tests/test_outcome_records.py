@@ -295,3 +295,84 @@ def test_step_numbers_stay_unique_when_continuations_record_several_steps(captur
     assert len(set(numbers)) == len(numbers), sorted(numbers)
     # The caller's own steps keep small numbers: 1, then 14 after the 12 reserved ones.
     assert numbers[:2] == [1, 14]
+
+
+def test_step_numbers_stay_unique_past_ten_thousand_steps_in_each_part() -> None:
+    # Each part of the episode (the caller and two continuations) records 12,000 steps: more than
+    # the 10,000 a part had before, so the caller's own numbers used to run into continuation 1's.
+    with capture_spans(strict=True) as captured:
+        with gymtrace.rollout(rollout_id="r-long"), gymtrace.episode():
+            handoffs = [propagation.inject({}) for _ in range(2)]
+            for _ in range(12_000):
+                with gymtrace.step():
+                    pass
+        for headers in handoffs:
+            with propagation.attach(headers):
+                for _ in range(12_000):
+                    with gymtrace.step():
+                        pass
+    numbers = [s.attributes[c.STEP_NUMBER] for s in captured.by_kind(c.KIND_STEP)]
+    assert len(numbers) == len(set(numbers)) == 36_000
+    assert max(numbers) < 1 << 63
+
+
+def test_step_numbers_stay_unique_through_a_task_calling_a_task_calling_a_task() -> None:
+    # Three hand-offs deep (the driver's episode, a task, a task it calls, one that calls): every
+    # level's reserved number survives the trip (the deepest is beyond the 10 digits an attempt
+    # number may have), and the numbers stay unique and within OTLP's int64.
+    with capture_spans(strict=True) as captured:
+        with gymtrace.rollout(rollout_id="r-deep"), gymtrace.episode():
+            with gymtrace.step():
+                pass
+            level = propagation.inject({})
+        for _ in range(2):
+            with propagation.attach(level):
+                for _ in range(3):
+                    with gymtrace.step():
+                        pass
+                level = propagation.inject({})
+    numbers = [s.attributes[c.STEP_NUMBER] for s in captured.by_kind(c.KIND_STEP)]
+    assert len(numbers) == len(set(numbers)) == 7
+    assert max(numbers) > 10**10  # the second level's range, reached through a 13-digit base
+    assert max(numbers) < 1 << 63
+
+
+def test_a_part_that_outgrows_its_step_range_is_reported(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    # The range is a million steps; a smaller one here shows what happens past it without a
+    # million spans. The caller handed off step 2, so its own step 100 could be continuation 1's.
+    from gymtrace import _frame
+
+    monkeypatch.setattr(_frame, "STEP_RANGE", 100)
+    with capture_spans(strict=False), caplog.at_level(logging.WARNING, logger="gymtrace"):
+        with gymtrace.rollout(rollout_id="r-range"), gymtrace.episode():
+            with gymtrace.step():
+                pass
+            propagation.inject({})
+            for _ in range(99):
+                with gymtrace.step():
+                    pass
+    warnings = [r.getMessage() for r in caplog.records if "may repeat" in r.getMessage()]
+    assert len(warnings) == 1, warnings  # once per part, not once per step
+    assert "r-range" in warnings[0] and "step 100" in warnings[0]
+    with capture_spans(strict=True), pytest.raises(gymtrace.GymTraceError, match="may repeat"):
+        with gymtrace.rollout(rollout_id="r-range-strict"), gymtrace.episode():
+            propagation.inject({})
+            for _ in range(100):
+                with gymtrace.step():
+                    pass
+
+
+def test_hand_offs_nested_past_int64_say_their_numbers_may_repeat(caplog: pytest.LogCaptureFixture) -> None:
+    with capture_spans(strict=False), caplog.at_level(logging.WARNING, logger="gymtrace"):
+        with gymtrace.rollout(rollout_id="r-deeper"), gymtrace.episode():
+            level = propagation.inject({})
+        for _ in range(4):
+            with propagation.attach(level):
+                with gymtrace.step():
+                    pass
+                with gymtrace.step():
+                    pass
+                level = propagation.inject({})
+    assert any("no range of step numbers left" in r.getMessage() for r in caplog.records)

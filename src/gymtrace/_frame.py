@@ -42,8 +42,11 @@ CARRIER_FORMAT = "gymtrace.carrier/1"
 
 # The steps a continuation in another process numbers after its reserved first one: base * this + k
 # (issue 25: 12 Ray tasks of one episode numbered 279 steps with 35 distinct numbers). Readable
-# (30002 is continuation 3's second step) and, nested two levels deep, still within int64.
-STEP_RANGE = 10_000
+# (3000002 is continuation 3's second step); room for 999,999 steps in each part of an episode, and,
+# two levels of continuation deep (a task, and a task it calls), still within int64. Past either
+# limit the numbers may repeat, and that is reported when it happens.
+STEP_RANGE = 1_000_000
+MAX_STEP_NUMBER = (1 << 63) - 1  # OTLP's intValue
 
 _counter_lock = threading.Lock()
 
@@ -84,6 +87,7 @@ class ActiveScope:
         "span",
         "started_ns",
         "step_jump",
+        "step_limit",
         "step_stats",
         "step_timing",
         "thread",
@@ -136,6 +140,9 @@ class ActiveScope:
         # A continuation in another process: after its first (reserved) step number, where its next
         # steps number from (see continue_steps_from).
         self.step_jump = 0
+        # Once this scope's step numbers share the episode with a continuation's range: the first
+        # number that would enter another part's range (0: no such limit). See continue_steps_from.
+        self.step_limit = 0
         self.step_timing: tuple[Any, int, int, bool] | None = None
         # Entered by a `with` block: the token of the context it attached, which its exit detaches.
         self.token: object = None
@@ -215,11 +222,34 @@ class ActiveScope:
             if kind == c.KIND_TURN:
                 number = self._next_turn if explicit is None else explicit
                 self._next_turn = max(self._next_turn, number + 1)
-            else:
-                number = self._next_step if explicit is None else explicit
-                self._next_step = max(self._next_step, number + 1)
-                if self.step_jump and explicit is None:
-                    self._next_step, self.step_jump = self.step_jump, 0
+                return number
+            number = self._next_step if explicit is None else explicit
+            self._next_step = max(self._next_step, number + 1)
+            if self.step_jump and explicit is None:
+                self._next_step, self.step_jump = self.step_jump, 0
+                return number
+            if not (number >= self.step_limit > 0 and explicit is None):
+                return number
+            self.step_limit = 0  # said once
+        # Past this part's range (reported outside the lock: strict mode raises).
+        contract_problem(
+            ("step range", id(self)),
+            GymTraceError(
+                f"{self.kind} {self.identity.get(c.EPISODE_ID) or self.identity.get(c.ROLLOUT_ID)!r} numbered"
+                f" step {number}: more than {STEP_RANGE - 1} steps in one process's part of an episode"
+                " that was continued elsewhere, so its step numbers may repeat another part's;"
+                " split the work into more hand-offs (each part gets its own range)"
+            ),
+        )
+        return number
+
+    def reserve_step(self) -> int:
+        """A step number for work continued in another process (``propagation``): its first step.
+        From the first hand-off, this scope's own numbers are bounded by the continuations' ranges."""
+        number = self.take_number(c.KIND_STEP, None)
+        with _counter_lock:
+            if self.step_limit == 0 and self._next_step < STEP_RANGE:
+                self.step_limit = STEP_RANGE
         return number
 
     def continue_steps_from(self, base: int) -> None:
@@ -227,9 +257,22 @@ class ActiveScope:
         the caller reserved for it: its first step is ``base``; any further steps number from
         ``base * STEP_RANGE + 1``, a range no other continuation and (below ``STEP_RANGE`` steps)
         not the caller itself uses, so the numbers of one episode stay unique across processes."""
+        if (base + 1) * STEP_RANGE > MAX_STEP_NUMBER:
+            contract_problem(
+                ("step range", "nested"),
+                GymTraceError(
+                    f"a continuation given step number {base} has no range of step numbers left within"
+                    " int64 (continuations nested more than two levels deep in one episode): its steps"
+                    " number on from it and may repeat other parts' numbers"
+                ),
+            )
+            with _counter_lock:
+                self._next_step = base
+            return
         with _counter_lock:
             self._next_step = base
             self.step_jump = base * STEP_RANGE + 1
+            self.step_limit = (base + 1) * STEP_RANGE
 
     def next_attempt(self) -> int:
         """For a rollout: the attempt number its next episode gets."""

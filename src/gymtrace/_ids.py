@@ -89,6 +89,16 @@ def check_reward(argument: str, value: object) -> float | None:
     return number
 
 
+def clean_step_number(raw: object) -> int | None:
+    """A step number from another process (a continuation's reserved first step: up to int64, see
+    ``_frame.STEP_RANGE``), or ``None`` if it is not one (never reported)."""
+    text = str(raw) if isinstance(raw, int) and not isinstance(raw, bool) else raw
+    if not isinstance(text, str) or not text.isascii() or not text.isdigit() or len(text) > 19:
+        return None
+    number = int(text)
+    return number if 0 < number < 1 << 63 else None
+
+
 def clean_value(key: str, raw: object) -> str | int | None:
     """An identity value from another process, or ``None`` if it is not valid (never reported)."""
     if isinstance(raw, int) and not isinstance(raw, bool):

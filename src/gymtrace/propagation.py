@@ -49,7 +49,7 @@ from gymtrace import _constants as c
 from gymtrace import _tracing, _trust
 from gymtrace._errors import guard, internal_error, logger
 from gymtrace._frame import CARRIER_FORMAT, DISABLED_KIND, FRAME_KEY, REMOTE_KIND, ActiveScope, read_carrier
-from gymtrace._ids import clean_identity, clean_value, episode_id
+from gymtrace._ids import clean_identity, clean_step_number, episode_id
 from gymtrace._levels import NUMBERING_OWNERS
 from gymtrace._tracing import current_provider
 
@@ -164,7 +164,7 @@ def _reserve_step(ctx: otel_context.Context) -> int | None:
     owner = frame.nearest(*NUMBERING_OWNERS) if isinstance(frame, ActiveScope) else None
     # Inside a step too (a Ray task called from a step), and from a continuation handing on (a task
     # calling a task): whatever the other process numbers must not repeat a number here (issue 25).
-    return owner.take_number(c.KIND_STEP, None) if owner is not None else None
+    return owner.reserve_step() if owner is not None else None
 
 
 # -- carriers ---------------------------------------------------------------------------------------
@@ -391,7 +391,7 @@ def _remote_context(
     Application baggage stays."""
     if step_base is None:
         step_base = baggage.get_baggage(c.STEP_BASE, ctx)
-    base_number = clean_value(c.EPISODE_ATTEMPT, step_base)  # a small int
+    base_number = clean_step_number(step_base)
     for key in baggage.get_all(ctx):
         if key.startswith("gym."):
             ctx = baggage.remove_baggage(key, ctx)
