@@ -149,6 +149,7 @@ def test_the_integration_seam_is_pinned() -> None:
         "may_carry_identity",
         "pinned_ids",
         "report_error",
+        "rerun",
         "rollout_sampled_out",
         "set_identity_aliases",
         "set_identity_fallback",

@@ -96,3 +96,42 @@ def test_errors_go_through_gymtraces_policy_and_bad_arguments_are_named(captured
         instrumentation.get_tracer("not a provider")  # type: ignore[arg-type]
     with pytest.raises(instrumentation.InvalidArgumentError, match="read"):
         instrumentation.set_identity_fallback("nope")  # type: ignore[arg-type]
+
+
+def test_a_rerun_after_a_lost_run_numbers_its_episode_after_a_failed_attempt(captured: CapturedSpans) -> None:
+    # A scheduler re-ran work continued from the rollout (its first run's process died and left
+    # nothing): the episode it opens is attempt 1, retrying a recorded failed attempt 0.
+    from gymtrace import propagation
+    from gymtrace._outcomes import final_outcomes
+
+    with gymtrace.rollout(rollout_id="r-rerun", task_id="t", repeat=0):
+        headers = propagation.inject({})
+    with propagation.attach(headers):
+        instrumentation.rerun(1, "the worker died")
+        with gymtrace.episode() as episode:
+            episode.record_reward(1.0)
+    (lost,) = [s for s in captured.by_kind("outcome") if s.attributes[attributes.EPISODE_ATTEMPT] == 0]
+    assert lost.attributes[attributes.FAILURE_KIND] == "infrastructure"
+    assert lost.status.description == "the worker died"
+    (retry,) = captured.by_kind("episode")
+    assert retry.attributes[attributes.EPISODE_ATTEMPT] == 1
+    assert [link.context.span_id for link in retry.links] == [lost.context.span_id]
+    (outcome,) = final_outcomes(captured.spans)
+    assert (outcome.outcome, outcome.reward, outcome.attempts) == ("scored", 1.0, 2)
+    assert check_trace(captured.spans) == []
+
+
+def test_a_rerun_inside_an_episode_stays_within_that_attempt(captured: CapturedSpans) -> None:
+    from gymtrace import propagation
+
+    with gymtrace.rollout(rollout_id="r-step-rerun"), gymtrace.episode() as episode:
+        headers = propagation.inject({})
+        episode.record_reward(0.5)
+    with propagation.attach(headers):
+        instrumentation.rerun(1, "the worker died")  # a step's task re-ran: not a new attempt
+        with gymtrace.step():
+            pass
+    assert [s.attributes[attributes.EPISODE_ATTEMPT] for s in captured.by_kind("episode")] == [0]
+    assert captured.by_kind("outcome") == []
+    with pytest.raises(instrumentation.InvalidArgumentError, match="attempt must be an int"):
+        instrumentation.rerun("1", "why")  # type: ignore[arg-type]

@@ -80,6 +80,30 @@ def dies_once(marker):
         return "ok"
 
 
+@ray.remote(max_retries=2)
+def episode_dies_once(marker):
+    # The rollout's episode runs in the task; the first run's worker dies in the middle of it.
+    with gymtrace.episode() as episode:
+        with gymtrace.step():
+            pass
+        if not os.path.exists(marker):
+            open(marker, "w").close()
+            os._exit(1)
+        episode.record_reward(0.75)
+    return "ok"
+
+
+@ray.remote(max_retries=2, retry_exceptions=True)
+def episode_raises_once(marker):
+    # The same with an exception Ray retries: the first run's failed episode is exported itself.
+    with gymtrace.episode() as episode:
+        if not os.path.exists(marker):
+            open(marker, "w").close()
+            raise ConnectionError("the sandbox went away")
+        episode.record_reward(0.25)
+    return "ok"
+
+
 @ray.remote
 def untouched(x):
     return x * 2
@@ -123,6 +147,10 @@ with gymtrace.run(run_id="ray-run"):
     with gymtrace.rollout(rollout_id="remote-reward", task_id="ray-task", repeat=1):
         with gymtrace.episode():
             ray.get([rollout_in_worker.remote(i) for i in range(2)])
+    with gymtrace.rollout(rollout_id="episode-dies", task_id="ray-task", repeat=2):
+        result["episode_dies"] = ray.get(episode_dies_once.remote(os.path.join(out, "marker-dies")))
+    with gymtrace.rollout(rollout_id="episode-raises", task_id="ray-task", repeat=3):
+        result["episode_raises"] = ray.get(episode_raises_once.remote(os.path.join(out, "marker-raises")))
 ray.shutdown()
 gymtrace.shutdown()
 result["log"] = log.getvalue()
@@ -221,7 +249,11 @@ def test_a_task_whose_worker_died_and_that_ray_retried_is_visible(
     assert "attempt 0 ended without a result" in event.attributes["message"]
     tools = [s.attributes[c.GEN_AI_TOOL_NAME] for s in spans if s.attributes.get(c.KIND) == "tool_call"]
     assert "survivor" in tools and "doomed" not in tools  # os._exit lost what it had not flushed
-    other = [s for s in named(spans, "ray.task ") if s.name != "ray.task dies_once"]
+    other = [
+        s
+        for s in named(spans, "ray.task ")
+        if s.name != "ray.task dies_once" and not s.name.startswith("ray.task episode_")  # re-run too
+    ]
     assert all(s.attributes[c.RAY_TASK_ATTEMPT] == 0 for s in other)
     # Not only the raw ray.task span knows: the rollout's readers say it too (issue 25).
     from gymtrace._check import rerun_notes
@@ -232,6 +264,53 @@ def test_a_task_whose_worker_died_and_that_ray_retried_is_visible(
     assert rollout.task_reruns == 1 and rollout.as_json()["task_reruns"] == 1
     assert any("rollout ray-rollout: Ray re-ran 1 task(s)" in note for note in rerun_notes(spans))
     assert "=> Ray re-ran 1 task (max_retries" in render_tree(spans)
+
+
+def test_an_episode_whose_worker_died_counts_as_a_failed_attempt_before_rays_rerun(
+    scenario: tuple[dict[str, Any], list[SpanData], list[Path]],
+) -> None:
+    # Issue 25: the episode ran in the task, the first run's worker died and Ray re-ran it. Not
+    # one clean attempt 0: attempt 0 failed (infrastructure, retryable), attempt 1 its retry.
+    result, spans, _ = scenario
+    assert result["episode_dies"] == "ok"
+    from gymtrace._outcomes import final_outcomes
+
+    (rollout,) = [o for o in final_outcomes(spans) if o.rollout_id == "episode-dies"]
+    assert (rollout.outcome, rollout.reward, rollout.attempts) == ("scored", 0.75, 2)
+    mine = [s for s in spans if s.trace_id == rollout.trace_id]
+    (episode,) = [s for s in mine if s.attributes.get(c.KIND) == "episode"]  # the dead one never ended
+    assert episode.attributes[c.EPISODE_ATTEMPT] == 1
+    (lost,) = [
+        s for s in mine if s.attributes.get(c.KIND) == "outcome" and s.attributes.get(c.EPISODE_ATTEMPT) == 0
+    ]
+    assert (
+        lost.attributes[c.FAILURE_KIND] == "infrastructure" and lost.attributes[c.FAILURE_RETRYABLE] is True
+    )
+    assert "attempt 0 ended without a result" in lost.status_message
+    assert [(link.span_id, link.attributes[c.LINK_RELATION]) for link in episode.links] == [
+        (lost.span_id, "retry")
+    ]
+    assert check_trace(mine) == []
+
+
+def test_an_episode_ray_retried_after_an_exception_is_counted_once(
+    scenario: tuple[dict[str, Any], list[SpanData], list[Path]],
+) -> None:
+    # retry_exceptions: the first run exported its failed episode itself; the re-run's record of
+    # that attempt is the same attempt number, so nothing is counted twice.
+    result, spans, _ = scenario
+    assert result["episode_raises"] == "ok"
+    from gymtrace._outcomes import final_outcomes
+
+    (rollout,) = [o for o in final_outcomes(spans) if o.rollout_id == "episode-raises"]
+    assert (rollout.outcome, rollout.reward, rollout.attempts) == ("scored", 0.25, 2)
+    mine = [s for s in spans if s.trace_id == rollout.trace_id]
+    episodes = sorted((s for s in mine if s.attributes.get(c.KIND) == "episode"), key=lambda s: s.start_ns)
+    assert [(s.attributes[c.EPISODE_ATTEMPT], s.attributes[c.EPISODE_OUTCOME]) for s in episodes] == [
+        (0, "failed"),
+        (1, "completed"),
+    ]
+    assert check_trace(mine) == []
 
 
 def test_steps_and_reward_recorded_in_workers_count_as_in_the_driver(

@@ -21,6 +21,7 @@ from typing import Any
 from opentelemetry import context as otel_context
 from opentelemetry import trace
 from opentelemetry.trace import SpanContext, TraceFlags
+from opentelemetry.trace.status import Status, StatusCode
 
 from gymtrace import _constants as c
 from gymtrace import _content, _metrics
@@ -78,6 +79,7 @@ class ActiveScope:
         "identity",
         "kind",
         "level",
+        "lost_attempt",
         "owner",
         "parent",
         "parent_span_context",
@@ -97,6 +99,9 @@ class ActiveScope:
     # Not set in __init__ (see there): read with getattr and a default.
     counted: bool
     started_ns: int
+    # For a rollout continued in a re-run of a task (Ray's max_retries): (the attempt the lost run
+    # was, why), until the first episode opened here records it (see rerun()).
+    lost_attempt: tuple[int, str] | None
 
     def __init__(
         self, kind: str, parent: ActiveScope | None, owner: object = None, level: Any = None
@@ -277,6 +282,21 @@ class ActiveScope:
     def next_attempt(self) -> int:
         """For a rollout: the attempt number its next episode gets."""
         return self._next_attempt
+
+    def rerun(self, attempt: int, message: str) -> None:
+        """For a rollout: the work here is re-run number ``attempt`` of work continued from another
+        process whose earlier run ended without a result (a worker that died). Its episodes number
+        from ``attempt``, and the first records attempt ``attempt - 1`` as failed and links to it."""
+        with _counter_lock:
+            self._next_attempt = max(self._next_attempt, attempt)
+            self.lost_attempt = (attempt - 1, message)
+
+    def take_lost_attempt(self) -> tuple[int, str] | None:
+        """For a rollout: the lost attempt :meth:`rerun` noted, once."""
+        with _counter_lock:
+            lost = getattr(self, "lost_attempt", None)
+            self.lost_attempt = None
+        return lost
 
     def add_episode(self, episode: ActiveScope, attempt: int) -> None:
         """For a rollout: ``episode`` is its newest attempt; attempt numbers are never reused."""
@@ -629,6 +649,35 @@ def emit_outcome(frame: ActiveScope, source: str) -> None:
     if not getattr(counted, "counted", False):
         counted.counted = True
         _metrics.rollout_counted(attributes[c.ROLLOUT_OUTCOME], decision.reward, record)
+
+
+def emit_lost_attempt(rollout: ActiveScope, attempt: int, message: str) -> SpanContext | None:
+    """Record attempt ``attempt`` of ``rollout`` as failed (``infrastructure``, retryable) with a
+    ``gym.outcome`` span: its run ended without a result and without spans (a worker that died), and
+    a re-run goes on. Its context, for the next attempt's ``retry`` link; None when nothing exports."""
+    tracer = active_tracer()
+    if tracer is None:
+        untraced_worker("a lost attempt")
+        return None
+    attributes: dict[str, Any] = {k: v for k, v in rollout.identity.items() if k in ROLLOUT_IDENTITY}
+    rollout_id = attributes.get(c.ROLLOUT_ID)
+    attributes[c.EPISODE_ATTEMPT] = attempt
+    if isinstance(rollout_id, str):
+        attributes[c.EPISODE_ID] = episode_id(rollout_id, attempt)
+    attributes[c.KIND] = c.KIND_OUTCOME
+    attributes[c.ROLLOUT_OUTCOME] = c.OUTCOME_UNSCORED
+    attributes[c.ROLLOUT_ATTEMPTS] = attempt + 1
+    attributes[c.OUTCOME_SOURCE] = c.SOURCE_REMOTE
+    attributes[c.FAILURE_KIND] = c.FAILURE_INFRASTRUCTURE
+    attributes[c.FAILURE_RETRYABLE] = True
+    parent = rollout.span.get_span_context()
+    context = trace.set_span_in_context(trace.NonRecordingSpan(parent), otel_context.Context())
+    record = tracer.start_span(c.SPAN_OUTCOME, context=context, attributes=attributes)
+    record.set_status(Status(StatusCode.ERROR, message))
+    record.end()
+    # Not counted in the metrics: the rollout's final outcome is still to come.
+    found = record.get_span_context()
+    return found if found.is_valid else None
 
 
 # -- carriers ----------------------------------------------------------------------------------------

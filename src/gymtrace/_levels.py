@@ -28,7 +28,7 @@ from gymtrace import _constants as c
 from gymtrace import _live, _metrics, _settings, _steps
 from gymtrace._errors import GymTraceError, InvalidArgumentError, contract_problem, data_lost
 from gymtrace._failures import classify
-from gymtrace._frame import ActiveScope, emit_outcome, read_carrier
+from gymtrace._frame import ActiveScope, emit_lost_attempt, emit_outcome, read_carrier
 from gymtrace._ids import check_id, check_index, episode_id, report
 from gymtrace._outcome_rule import warning_text
 
@@ -190,6 +190,13 @@ def _prepare_episode(
     if attempt is None:
         attempt = rollout.next_attempt() if rollout is not None else 0
     if rollout is not None:
+        lost = rollout.take_lost_attempt() if rollout.remote else None
+        if lost is not None and lost[0] < attempt:
+            # A re-run after a run that left nothing (Ray's max_retries after a worker died): that
+            # attempt failed, and this one is its retry.
+            lost_span = emit_lost_attempt(rollout, *lost)
+            if previous_span is None and relation == c.RELATION_RETRY:
+                previous_span = lost_span
         rollout.add_episode(frame, attempt)
     restored = relation == c.RELATION_RESTORE
     if restored and previous_span is None:

@@ -32,7 +32,8 @@ any release; this module changes only by addition):
   process believes of an identity that arrived, per ``GYMTRACE_TRUST_IDENTITY``);
   :func:`set_identity_fallback` (where a request without gym baggage gets its identity, read by
   :class:`gymtrace.integrations.asgi.GymTraceMiddleware`); :func:`set_identity_aliases` (extra
-  attributes the ``IdentitySpanProcessor`` derives from the identity).
+  attributes the ``IdentitySpanProcessor`` derives from the identity); :func:`hand_off` (the work
+  goes on in another process) and :func:`rerun` (this is a re-run of work whose run was lost).
 - **Tracers.** :func:`get_tracer` honours an optional ``tracer_provider`` (default: the one gymtrace
   scopes use, normally the global one), which :func:`check_tracer_provider` validates;
   :func:`use_tracer_provider` sends the gymtrace scopes opened inside a block to a given provider,
@@ -66,6 +67,7 @@ from opentelemetry import trace
 
 from gymtrace import _errors, _processor, _steps, _trust
 from gymtrace import _tracing as _which
+from gymtrace._constants import KIND_ROLLOUT as _KIND_ROLLOUT
 from gymtrace._errors import InvalidArgumentError, guard
 from gymtrace._frame import CARRIER_FORMAT as _CARRIER_FORMAT
 from gymtrace._frame import DISABLED_KIND as _DISABLED_KIND
@@ -96,6 +98,7 @@ __all__ = [
     "may_carry_identity",
     "pinned_ids",
     "report_error",
+    "rerun",
     "rollout_sampled_out",
     "set_identity_aliases",
     "set_identity_fallback",
@@ -129,6 +132,21 @@ def hand_off(context: otel_context.Context | None = None) -> None:
     frame = innermost_scope(context)
     if frame is not None:
         frame.hand_off()
+
+
+def rerun(attempt: int, message: str, context: otel_context.Context | None = None) -> None:
+    """Say that the work continued here is re-run number ``attempt`` (1 for the first re-run) of
+    work whose earlier run ended without a result, as when a scheduler re-runs a task whose worker
+    died (Ray's ``max_retries``). Where the innermost gym scope is a rollout continued from
+    another process, the episodes opened here number from ``attempt``, and the first of them
+    records attempt ``attempt - 1`` as failed (``infrastructure``, retryable; ``message`` says why)
+    and links to it as its retry, so the lost run counts as an attempt. Nothing elsewhere (work
+    inside an episode re-runs within that attempt) or for ``attempt`` below 1."""
+    if isinstance(attempt, bool) or not isinstance(attempt, int):
+        raise InvalidArgumentError(f"rerun(): attempt must be an int, got {type(attempt).__name__}")
+    frame = innermost_scope(context)
+    if attempt >= 1 and frame is not None and frame.remote and frame.kind == _KIND_ROLLOUT:
+        frame.rerun(attempt, str(message))
 
 
 def current_identity(context: otel_context.Context | None = None) -> dict[str, str | int]:

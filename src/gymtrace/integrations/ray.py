@@ -60,6 +60,7 @@ from gymtrace.instrumentation import (
     check_tracer_provider,
     get_tracer,
     report_error,
+    rerun,
     warn_once,
 )
 
@@ -441,6 +442,9 @@ class _Execution:
             )
             span = self._span_cm.__enter__()
             if attempt:
+                # At the episode level too: a rollout's episode run in this task is attempt
+                # `attempt`, and the run Ray lost is a failed attempt before it.
+                rerun(attempt, f"Ray re-ran task {self._name}: attempt {attempt - 1} ended without a result")
                 span.add_event(
                     c.EVENT_RAY_TASK_RETRY,
                     {
