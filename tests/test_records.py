@@ -102,6 +102,24 @@ def test_nemo_gym_output_imports_as_checked_traces_whose_stats_are_nemo_gyms(
     assert outcomes[("2", 1)].outcome == c.OUTCOME_UNSCORED
 
 
+def test_importing_nemo_gym_output_needs_no_integration_extra(
+    nemo_gym_output: tuple[Path, dict[tuple[int, int], float | None]], tmp_path: Path
+) -> None:
+    # `pip install 'gymtrace[sdk]'` has no wrapt (the integrations' extra): the importer shares
+    # the NeMo Gym integration's IDs, not its patching.
+    from child_process import run_python
+
+    out, _ = nemo_gym_output
+    code = (
+        "import sys; sys.modules['wrapt'] = None  # as if not installed\n"
+        "from gymtrace._cli import main\n"
+        "sys.exit(main(['import', 'nemo-gym', sys.argv[1], '-o', sys.argv[2]]))\n"
+    )
+    done = run_python(str(out), str(tmp_path / "t.jsonl"), code=code)
+    assert done.returncode == 0, done.stderr
+    assert kinds(read_otlp_json_lines(tmp_path / "t.jsonl"), c.KIND_ROLLOUT)
+
+
 def test_the_same_record_imported_twice_gives_the_same_trace_and_span_ids(
     nemo_gym_output: tuple[Path, dict[tuple[int, int], float | None]], tmp_path: Path
 ) -> None:

@@ -56,7 +56,6 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, NamedTuple
 
-import wrapt
 from opentelemetry import context as otel_context
 from opentelemetry.trace import Status, StatusCode
 
@@ -408,6 +407,8 @@ def instrument(*, body: bool = False, path: bool = False, aliases: bool = False)
         instrumentation.set_identity_fallback(identity_from_headers)
         if _patched:
             return
+        import wrapt  # here, not at the top: `gymtrace import nemo-gym` uses this module's IDs alone
+
         try:
             import httpx
 
@@ -877,6 +878,8 @@ _stack_on = False
 
 
 def _patch_module(module: Any) -> None:
+    import wrapt
+
     with instrumentation.guard("gymtrace.integrations.nemo_gym instrument_stack"), _lock:
         if not _stack_on:
             return
@@ -901,6 +904,8 @@ def instrument_stack(*, tracer_provider: Any = None) -> None:
     process that never imports them pays nothing); idempotent. What
     ``opentelemetry-instrument`` runs through :class:`gymtrace.integrations.autoinstrument.NeMoGymInstrumentor`."""
     global _stack_registered, _stack_on, _provider
+    import wrapt
+
     from gymtrace.integrations import aiohttp as gym_aiohttp
 
     with _lock:
