@@ -266,6 +266,15 @@ def test_a_task_whose_worker_died_and_that_ray_retried_is_visible(
     assert "=> Ray re-ran 1 task (max_retries" in render_tree(spans)
 
 
+def _read_back(spans: list[SpanData], rollout_id: str, expected: tuple[str, float, int]) -> list[SpanData]:
+    """The rollout's (outcome, reward, attempts) as the readers decide it, and its trace's spans."""
+    from gymtrace._outcomes import final_outcomes
+
+    (rollout,) = [o for o in final_outcomes(spans) if o.rollout_id == rollout_id]
+    assert (rollout.outcome, rollout.reward, rollout.attempts) == expected
+    return [s for s in spans if s.trace_id == rollout.trace_id]
+
+
 def test_an_episode_whose_worker_died_counts_as_a_failed_attempt_before_rays_rerun(
     scenario: tuple[dict[str, Any], list[SpanData], list[Path]],
 ) -> None:
@@ -273,11 +282,7 @@ def test_an_episode_whose_worker_died_counts_as_a_failed_attempt_before_rays_rer
     # one clean attempt 0: attempt 0 failed (infrastructure, retryable), attempt 1 its retry.
     result, spans, _ = scenario
     assert result["episode_dies"] == "ok"
-    from gymtrace._outcomes import final_outcomes
-
-    (rollout,) = [o for o in final_outcomes(spans) if o.rollout_id == "episode-dies"]
-    assert (rollout.outcome, rollout.reward, rollout.attempts) == ("scored", 0.75, 2)
-    mine = [s for s in spans if s.trace_id == rollout.trace_id]
+    mine = _read_back(spans, "episode-dies", ("scored", 0.75, 2))
     (episode,) = [s for s in mine if s.attributes.get(c.KIND) == "episode"]  # the dead one never ended
     assert episode.attributes[c.EPISODE_ATTEMPT] == 1
     (lost,) = [
@@ -300,11 +305,7 @@ def test_an_episode_ray_retried_after_an_exception_is_counted_once(
     # that attempt is the same attempt number, so nothing is counted twice.
     result, spans, _ = scenario
     assert result["episode_raises"] == "ok"
-    from gymtrace._outcomes import final_outcomes
-
-    (rollout,) = [o for o in final_outcomes(spans) if o.rollout_id == "episode-raises"]
-    assert (rollout.outcome, rollout.reward, rollout.attempts) == ("scored", 0.25, 2)
-    mine = [s for s in spans if s.trace_id == rollout.trace_id]
+    mine = _read_back(spans, "episode-raises", ("scored", 0.25, 2))
     episodes = sorted((s for s in mine if s.attributes.get(c.KIND) == "episode"), key=lambda s: s.start_ns)
     assert [(s.attributes[c.EPISODE_ATTEMPT], s.attributes[c.EPISODE_OUTCOME]) for s in episodes] == [
         (0, "failed"),

@@ -269,6 +269,12 @@ def test_attempts_retry_http_5xx_of_httpx() -> None:
     assert classify(httpx.ConnectTimeout("slow")) == (c.FAILURE_TIMEOUT, True)
 
 
+def _steps(count: int) -> None:
+    for _ in range(count):
+        with gymtrace.step():
+            pass
+
+
 def test_step_numbers_stay_unique_when_continuations_record_several_steps(captured: CapturedSpans) -> None:
     # Issue 25: one episode spread over many tasks, each recording several steps, numbered 279
     # steps with 35 distinct numbers. Hand-offs at the episode level, and from a continuation
@@ -282,14 +288,10 @@ def test_step_numbers_stay_unique_when_continuations_record_several_steps(captur
             pass
     for headers in handoffs:
         with propagation.attach(headers):
-            for _ in range(3):
-                with gymtrace.step():
-                    pass
+            _steps(3)
             nested = propagation.inject({})
         with propagation.attach(nested):
-            for _ in range(2):
-                with gymtrace.step():
-                    pass
+            _steps(2)
     numbers = [s.attributes[c.STEP_NUMBER] for s in captured.by_kind(c.KIND_STEP)]
     assert len(numbers) == 2 + 12 * 5
     assert len(set(numbers)) == len(numbers), sorted(numbers)
@@ -303,14 +305,10 @@ def test_step_numbers_stay_unique_past_ten_thousand_steps_in_each_part() -> None
     with capture_spans(strict=True) as captured:
         with gymtrace.rollout(rollout_id="r-long"), gymtrace.episode():
             handoffs = [propagation.inject({}) for _ in range(2)]
-            for _ in range(12_000):
-                with gymtrace.step():
-                    pass
+            _steps(12_000)
         for headers in handoffs:
             with propagation.attach(headers):
-                for _ in range(12_000):
-                    with gymtrace.step():
-                        pass
+                _steps(12_000)
     numbers = [s.attributes[c.STEP_NUMBER] for s in captured.by_kind(c.KIND_STEP)]
     assert len(numbers) == len(set(numbers)) == 36_000
     assert max(numbers) < 1 << 63
@@ -327,9 +325,7 @@ def test_step_numbers_stay_unique_through_a_task_calling_a_task_calling_a_task()
             level = propagation.inject({})
         for _ in range(2):
             with propagation.attach(level):
-                for _ in range(3):
-                    with gymtrace.step():
-                        pass
+                _steps(3)
                 level = propagation.inject({})
     numbers = [s.attributes[c.STEP_NUMBER] for s in captured.by_kind(c.KIND_STEP)]
     assert len(numbers) == len(set(numbers)) == 7
@@ -350,18 +346,14 @@ def test_a_part_that_outgrows_its_step_range_is_reported(
             with gymtrace.step():
                 pass
             propagation.inject({})
-            for _ in range(99):
-                with gymtrace.step():
-                    pass
+            _steps(99)
     warnings = [r.getMessage() for r in caplog.records if "may repeat" in r.getMessage()]
     assert len(warnings) == 1, warnings  # once per part, not once per step
     assert "r-range" in warnings[0] and "step 100" in warnings[0]
     with capture_spans(strict=True), pytest.raises(gymtrace.GymTraceError, match="may repeat"):
         with gymtrace.rollout(rollout_id="r-range-strict"), gymtrace.episode():
             propagation.inject({})
-            for _ in range(100):
-                with gymtrace.step():
-                    pass
+            _steps(100)
 
 
 def test_hand_offs_nested_past_int64_say_their_numbers_may_repeat(caplog: pytest.LogCaptureFixture) -> None:

@@ -598,6 +598,17 @@ def untraced_worker(what: str) -> None:
 # -- outcome records -----------------------------------------------------------------------------------
 
 
+def _record_identity(frame: ActiveScope, attempt: int) -> dict[str, Any]:
+    """A ``gym.outcome`` record's identity and kind, for attempt ``attempt`` of ``frame``'s rollout."""
+    attributes: dict[str, Any] = {k: v for k, v in frame.identity.items() if k in ROLLOUT_IDENTITY}
+    rollout_id = attributes.get(c.ROLLOUT_ID)
+    attributes[c.EPISODE_ATTEMPT] = attempt
+    if isinstance(rollout_id, str):
+        attributes[c.EPISODE_ID] = episode_id(rollout_id, attempt)
+    attributes[c.KIND] = c.KIND_OUTCOME
+    return attributes
+
+
 def emit_outcome(frame: ActiveScope, source: str) -> None:
     """Record ``frame``'s outcome (an episode's, or a rollout's) as a ``gym.outcome`` span in the
     rollout's trace: the outcome was decided where the rollout span cannot carry it (see docs/results.md,
@@ -614,12 +625,7 @@ def emit_outcome(frame: ActiveScope, source: str) -> None:
         rollout = frame
     decision = frame.decision()
     attempt = decision.attempt
-    attributes: dict[str, Any] = {k: v for k, v in frame.identity.items() if k in ROLLOUT_IDENTITY}
-    rollout_id = attributes.get(c.ROLLOUT_ID)
-    attributes[c.EPISODE_ATTEMPT] = attempt
-    if isinstance(rollout_id, str):
-        attributes[c.EPISODE_ID] = episode_id(rollout_id, attempt)
-    attributes[c.KIND] = c.KIND_OUTCOME
+    attributes = _record_identity(frame, attempt)
     # A record concludes what was recorded: it is never pending itself.
     attributes[c.ROLLOUT_OUTCOME] = c.OUTCOME_SCORED if decision.scored else c.OUTCOME_UNSCORED
     if decision.reward is not None:
@@ -659,12 +665,7 @@ def emit_lost_attempt(rollout: ActiveScope, attempt: int, message: str) -> SpanC
     if tracer is None:
         untraced_worker("a lost attempt")
         return None
-    attributes: dict[str, Any] = {k: v for k, v in rollout.identity.items() if k in ROLLOUT_IDENTITY}
-    rollout_id = attributes.get(c.ROLLOUT_ID)
-    attributes[c.EPISODE_ATTEMPT] = attempt
-    if isinstance(rollout_id, str):
-        attributes[c.EPISODE_ID] = episode_id(rollout_id, attempt)
-    attributes[c.KIND] = c.KIND_OUTCOME
+    attributes = _record_identity(rollout, attempt)
     attributes[c.ROLLOUT_OUTCOME] = c.OUTCOME_UNSCORED
     attributes[c.ROLLOUT_ATTEMPTS] = attempt + 1
     attributes[c.OUTCOME_SOURCE] = c.SOURCE_REMOTE
