@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -14,62 +13,19 @@ from gymtrace.testing import CapturedSpans, check_trace
 
 pytest.importorskip("inspect_ai")
 
-from inspect_ai import Task
-from inspect_ai import eval as inspect_eval
-from inspect_ai.dataset import Sample
-from inspect_ai.model import ModelOutput, ModelUsage, get_model
-from inspect_ai.scorer import match
-from inspect_ai.solver import Generate, Solver, TaskState, generate, solver
-
 import gymtrace.integrations.inspect_ai
+from inspect_eval import run_arith_eval
 
 
 def attrs(span: Any) -> dict[str, Any]:
     return dict(span.attributes or {})
 
 
-def answers() -> Iterator[ModelOutput]:
-    # Usage given with each output: mockllm would otherwise count tokens with tiktoken, which
-    # downloads its encodings.
-    while True:
-        output = ModelOutput.from_content(model="model", content="4")
-        output.usage = ModelUsage(input_tokens=11, output_tokens=1, total_tokens=12)
-        yield output
-
-
 def run_eval(tmp_path: Path, fails: dict[tuple[int, int], int], retries: int) -> Any:
-    """4 samples x 2 epochs; sample 2 expects "5", so the model (always "4") gets it wrong.
-    ``fails[(sample, epoch)]``: how many attempts of that sample x epoch raise first."""
-
-    @solver
-    def flaky() -> Solver:
-        async def solve(state: TaskState, generate: Generate) -> TaskState:
-            key = (int(state.sample_id), state.epoch)
-            if fails.get(key, 0) > 0:
-                fails[key] -= 1
-                raise RuntimeError("sandbox lost")
-            return state
-
-        return solve
-
-    task = Task(
-        dataset=[
-            Sample(id=i, input=f"What is 2 + 2? ({i})", target="5" if i == 2 else "4") for i in range(1, 5)
-        ],
-        solver=[flaky(), generate()],
-        scorer=match(),
-        name="arith",
-    )
+    """4 samples x 2 epochs (tests/support/inspect_eval.py); sample 2 expects "5", so the model
+    (always "4") gets it wrong. ``fails[(sample, epoch)]``: how many attempts raise first."""
     gymtrace.integrations.inspect_ai.instrument()
-    (log,) = inspect_eval(
-        task,
-        model=get_model("mockllm/model", custom_outputs=answers()),
-        epochs=2,
-        retry_on_error=retries,
-        display="none",
-        log_dir=str(tmp_path),
-    )
-    return log
+    return run_arith_eval(tmp_path, fails, retries=retries, target_of={2: "5"})
 
 
 def test_each_sample_epoch_is_a_rollout_scored_from_its_score(

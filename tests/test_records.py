@@ -6,7 +6,6 @@ from __future__ import annotations
 import itertools
 import json
 import math
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +21,7 @@ from gymtrace._records import nemo_gym as nemo_import
 from gymtrace._spandata import SpanData, read_otlp_json_lines
 from gymtrace.integrations.nemo_gym import run_id_for_output, trace_id_for
 from gymtrace.testing import CapturedSpans
+from inspect_eval import run_arith_eval
 from records_support import write_nemo_gym_output
 
 DATA = Path(__file__).parent / "data" / "records"
@@ -290,49 +290,10 @@ def test_atif_trajectories_import_with_agent_steps_as_steps_and_tokens_from_thei
 
 
 def write_inspect_log(log_dir: Path, fails: dict[tuple[int, int], int], *, target_of: dict[int, str]) -> Any:
-    """4 samples x 2 epochs with the real Inspect AI and its mockllm model (always answers "4");
-    ``fails[(sample, epoch)]`` attempts raise first; retry_on_error=1."""
+    """4 samples x 2 epochs (tests/support/inspect_eval.py); ``fails[(sample, epoch)]`` attempts
+    raise first; retry_on_error=1, and a sample that still fails is an error, not the eval's end."""
     pytest.importorskip("inspect_ai")
-    from inspect_ai import Task
-    from inspect_ai import eval as inspect_eval
-    from inspect_ai.dataset import Sample
-    from inspect_ai.model import ModelOutput, ModelUsage, get_model
-    from inspect_ai.scorer import match
-    from inspect_ai.solver import Generate, Solver, TaskState, generate, solver
-
-    def answers() -> Iterator[ModelOutput]:
-        while True:  # with usage: mockllm would otherwise download tiktoken's encodings
-            output = ModelOutput.from_content(model="model", content="4")
-            output.usage = ModelUsage(input_tokens=11, output_tokens=1, total_tokens=12)
-            yield output
-
-    @solver
-    def flaky() -> Solver:
-        async def solve(state: TaskState, generate: Generate) -> TaskState:
-            key = (int(state.sample_id), state.epoch)
-            if fails.get(key, 0) > 0:
-                fails[key] -= 1
-                raise RuntimeError("sandbox lost")
-            return state
-
-        return solve
-
-    task = Task(
-        dataset=[Sample(id=i, input=f"2 + 2? ({i})", target=target_of.get(i, "4")) for i in range(1, 5)],
-        solver=[flaky(), generate()],
-        scorer=match(),
-        name="arith",
-    )
-    (log,) = inspect_eval(
-        task,
-        model=get_model("mockllm/model", custom_outputs=answers()),
-        epochs=2,
-        retry_on_error=1,
-        fail_on_error=False,
-        display="none",
-        log_dir=str(log_dir),
-    )
-    return log
+    return run_arith_eval(log_dir, fails, retries=1, target_of=target_of, fail_on_error=False)
 
 
 def test_an_inspect_log_with_errors_and_epochs_imports_with_inspects_own_figures(tmp_path: Path) -> None:
