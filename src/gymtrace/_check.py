@@ -311,18 +311,23 @@ def _check_episodes_of(group: RolloutSpans) -> list[Problem]:
     attempts = sorted(s.attributes.get(c.EPISODE_ATTEMPT, -1) for s in episodes)
     # An attempt whose run left no episode span (a worker that died before Ray re-ran its task) is
     # there as a failed outcome record.
-    lost = {
-        r.attributes.get(c.EPISODE_ATTEMPT)
-        for r in group.records
-        if c.FAILURE_KIND in r.attributes and r.attributes.get(c.ROLLOUT_OUTCOME) == c.OUTCOME_UNSCORED
-    } - set(attempts)
-    covered = sorted(attempts + [a for a in lost if isinstance(a, int)])
+    lost = sorted(
+        {
+            attempt
+            for r in group.records
+            if c.FAILURE_KIND in r.attributes
+            and r.attributes.get(c.ROLLOUT_OUTCOME) == c.OUTCOME_UNSCORED
+            and isinstance(attempt := r.attributes.get(c.EPISODE_ATTEMPT), int)
+        }
+        - set(attempts)
+    )
+    covered = sorted(attempts + lost)
     if covered != list(range(len(covered))):
         problems.append(
             (
                 "episode attempts",
                 f"rollout {rollout_id}: episode attempts are {attempts}"
-                + (f" (and lost: {sorted(a for a in lost if isinstance(a, int))})" if lost else "")
+                + (f" (and lost: {lost})" if lost else "")
                 + f", expected 0..{len(covered) - 1}",
             )
         )

@@ -230,12 +230,6 @@ class ProcessExporter:
         """The encoder process started (rather than the fallback queue in this process)."""
         return self._fallback is None and self._proc is not None
 
-    @property
-    def listening(self) -> bool:
-        """The encoder process imported what it needs and reads its pipe: its first report (sent
-        before it reads any record) arrived. Until then records only fill the pipe."""
-        return self.started and self._heard
-
     # -- span processor interface --------------------------------------------------------------
 
     def on_start(self, span: Any, parent_context: Any = None) -> None:
@@ -899,8 +893,8 @@ def child_main() -> None:
         return values
 
     stop_timeout = queue.shutdown_timeout
-    # Ready: the imports are done (a fresh virtualenv compiles them first: seconds). Whoever waits
-    # for the process to listen (GYMTRACE_ENCODER=auto's move) hears it here.
+    # Ready: the imports are done (a fresh virtualenv compiles them first: seconds). Until this
+    # first report arrives, the application's side lets frames wait for the pipe (_STARTING_ROOM).
     sent = report()
     try:
         while True:

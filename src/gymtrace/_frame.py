@@ -262,7 +262,8 @@ class ActiveScope:
         the caller reserved for it: its first step is ``base``; any further steps number from
         ``base * STEP_RANGE + 1``, a range no other continuation and (below ``STEP_RANGE`` steps)
         not the caller itself uses, so the numbers of one episode stay unique across processes."""
-        if (base + 1) * STEP_RANGE > MAX_STEP_NUMBER:
+        ranged = (base + 1) * STEP_RANGE <= MAX_STEP_NUMBER
+        if not ranged:
             contract_problem(
                 ("step range", "nested"),
                 GymTraceError(
@@ -271,13 +272,11 @@ class ActiveScope:
                     " number on from it and may repeat other parts' numbers"
                 ),
             )
-            with _counter_lock:
-                self._next_step = base
-            return
         with _counter_lock:
             self._next_step = base
-            self.step_jump = base * STEP_RANGE + 1
-            self.step_limit = (base + 1) * STEP_RANGE
+            if ranged:
+                self.step_jump = base * STEP_RANGE + 1
+                self.step_limit = (base + 1) * STEP_RANGE
 
     def next_attempt(self) -> int:
         """For a rollout: the attempt number its next episode gets."""
