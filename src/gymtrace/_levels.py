@@ -235,9 +235,14 @@ def _prepare_phase(name: str) -> Prepare:
     return prepare
 
 
-def _prepare_genai(operation: str, subject: tuple[str, str], detail: tuple[str, str]) -> Prepare:
+def genai_span_name(operation: str, subject: object) -> str:
     """GenAI spans are named "{operation} {subject}" (the agent, model or tool name, low-cardinality);
-    without a subject the name is the bare operation. ``subject`` and ``detail`` are
+    without a subject the name is the bare operation. The importers name theirs by it too."""
+    return f"{operation} {subject}" if subject else operation
+
+
+def _prepare_genai(operation: str, subject: tuple[str, str], detail: tuple[str, str]) -> Prepare:
+    """A GenAI level's spans, named by :func:`genai_span_name`. ``subject`` and ``detail`` are
     (argument, attribute) pairs."""
     subject_argument, subject_attribute = subject
     detail_argument, detail_attribute = detail
@@ -252,7 +257,7 @@ def _prepare_genai(operation: str, subject: tuple[str, str], detail: tuple[str, 
             attributes[subject_attribute] = name
         if detail_argument in values:
             attributes[detail_attribute] = values[detail_argument]
-        return (f"{operation} {name}" if name else operation), attributes, None, ctx
+        return genai_span_name(operation, name), attributes, None, ctx
 
     return prepare
 

@@ -25,6 +25,7 @@ from typing import Any
 
 from gymtrace import _constants as c
 from gymtrace._ids import episode_id
+from gymtrace._levels import genai_span_name
 from gymtrace._spandata import EventData, LinkData, SpanData
 from gymtrace.integrations.nemo_gym import trace_id_for
 
@@ -159,7 +160,7 @@ def invocation(
     }
     if agent_name:
         attributes[c.GEN_AI_AGENT_NAME] = agent_name
-    name = f"{c.OPERATION_INVOKE_AGENT} {agent_name}" if agent_name else c.OPERATION_INVOKE_AGENT
+    name = genai_span_name(c.OPERATION_INVOKE_AGENT, agent_name)
     return parent.child(name, key, attributes, start_ns=start_ns, end_ns=end_ns)
 
 
@@ -186,7 +187,7 @@ def model_call(
     ):
         if value is not None and value != "":
             attributes[name] = value
-    name = f"{c.OPERATION_CHAT} {model}" if model else c.OPERATION_CHAT
+    name = genai_span_name(c.OPERATION_CHAT, model)
     return parent.child(name, key, attributes, start_ns=start_ns, end_ns=end_ns, span_kind="CLIENT")
 
 
@@ -207,7 +208,7 @@ def tool_call(
     }
     if tool_name:
         attributes[c.GEN_AI_TOOL_NAME] = tool_name
-    name = f"{c.OPERATION_EXECUTE_TOOL} {tool_name}" if tool_name else c.OPERATION_EXECUTE_TOOL
+    name = genai_span_name(c.OPERATION_EXECUTE_TOOL, tool_name)
     return parent.child(name, key, attributes, start_ns=start_ns, end_ns=end_ns)
 
 
