@@ -19,13 +19,12 @@ from __future__ import annotations
 import math
 import random
 import re
-from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from gymtrace import _constants as c
-from gymtrace._outcomes import RolloutOutcome
+from gymtrace._outcomes import RolloutOutcome, rewards_by_task
 
 # The interval's resampling: a fixed seed (deterministic), and about two million draws in all.
 SEED = 20_240_601
@@ -119,15 +118,7 @@ def _natural(task_id: str) -> list[str | int]:
 
 
 def _sides(outcomes: Sequence[RolloutOutcome]) -> dict[str, Side]:
-    repeats: dict[str, int] = defaultdict(int)
-    rewards: dict[str, list[float]] = defaultdict(list)
-    for o in outcomes:
-        if o.task_id is None:
-            continue
-        repeats[o.task_id] += 1
-        if o.outcome == c.OUTCOME_SCORED and o.reward is not None:
-            rewards[o.task_id].append(o.reward)
-    return {task: Side(n, tuple(rewards[task])) for task, n in repeats.items()}
+    return {task: Side(n, tuple(rewards)) for task, (n, rewards) in rewards_by_task(outcomes).items()}
 
 
 def _unscored_share(outcomes: Sequence[RolloutOutcome]) -> float:

@@ -319,6 +319,20 @@ def final_outcomes(spans: Iterable[Any], *, run_id: str | None = None) -> list[R
 # -- statistics -----------------------------------------------------------------------------------
 
 
+def rewards_by_task(outcomes: Iterable[RolloutOutcome]) -> dict[str, tuple[int, list[float]]]:
+    """Per task ID: its number of repeats, and the rewards of its scored ones (an unscored repeat
+    has no reward, never a 0). Outcomes without a task ID are left out."""
+    found: dict[str, tuple[int, list[float]]] = {}
+    for o in outcomes:
+        if o.task_id is None:
+            continue
+        repeats, rewards = found.get(o.task_id, (0, []))
+        if o.outcome == c.OUTCOME_SCORED and o.reward is not None:
+            rewards.append(o.reward)
+        found[o.task_id] = (repeats + 1, rewards)
+    return found
+
+
 @dataclass(frozen=True)
 class PassAtK:
     """pass@k of one task: k = its number of repeats; a repeat passes when scored above a threshold."""

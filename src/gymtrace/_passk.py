@@ -9,12 +9,10 @@ counted as failures. A task with fewer than k scored repeats has no pass@k.
 from __future__ import annotations
 
 import math
-from collections import defaultdict
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
-from gymtrace import _constants as c
-from gymtrace._outcomes import RolloutOutcome
+from gymtrace._outcomes import RolloutOutcome, rewards_by_task
 
 
 def pass_at_k(n: int, passed: int, k: int) -> float:
@@ -46,17 +44,10 @@ def per_task(outcomes: Iterable[RolloutOutcome], k: int, passes: Callable[[float
     """pass@k of each task in ``outcomes``; a scored repeat passes when ``passes(reward)``."""
     if k < 1:
         raise ValueError(f"pass@k needs k >= 1, got {k}")
-    scored: dict[str, list[float]] = defaultdict(list)
-    tasks: set[str] = set()
-    for o in outcomes:
-        if o.task_id is None:
-            continue
-        tasks.add(o.task_id)
-        if o.outcome == c.OUTCOME_SCORED and o.reward is not None:
-            scored[o.task_id].append(o.reward)
+    tasks = rewards_by_task(outcomes)
     values = {
         task: pass_at_k(len(rewards), sum(1 for r in rewards if passes(r)), k)
-        for task, rewards in sorted(scored.items())
+        for task, (_, rewards) in sorted(tasks.items())
         if len(rewards) >= k
     }
     return PassK(k, values, len(tasks) - len(values))
