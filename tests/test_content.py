@@ -602,7 +602,6 @@ def test_a_real_otlp_grpc_export_of_full_content_stays_under_4_mib_per_request(t
     try:
         pairs = 400  # 800 content spans + run, rollout, episode
         environ = clean_env()
-        environ.pop("PYTEST_CURRENT_TEST", None)
         environ[VAR] = "SPAN_AND_EVENT"
         out = subprocess.run(
             [sys.executable, "-c", textwrap.dedent(EXPORT_SCRIPT.format(port=port, spans=pairs))],

@@ -7,6 +7,7 @@ import gc
 import logging
 import sys
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -14,6 +15,7 @@ from opentelemetry import context as otel_context
 from opentelemetry.trace import StatusCode
 
 import gymtrace
+from child_process import clean_env, run_python
 from gymtrace import _constants as c
 from gymtrace.testing import CapturedSpans
 
@@ -287,8 +289,7 @@ def test_asend_and_athrow_reach_the_async_generator_body(captured: CapturedSpans
 def test_internal_error_never_reaches_user_code(
     monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
-    # Outside pytest and strict mode a failing identity callable is logged once, the call goes on.
-    monkeypatch.delenv("PYTEST_CURRENT_TEST")
+    # Outside strict mode a failing identity callable is logged once, the call goes on.
 
     def broken(x: int) -> str:
         raise RuntimeError("identity callable failed")
@@ -308,7 +309,7 @@ def test_internal_error_never_reaches_user_code(
     assert len(internal) == 1  # logged once, not per call
 
 
-def test_internal_error_is_loud_under_pytest() -> None:
+def test_internal_error_is_loud_in_strict_mode() -> None:
     def broken(x: int) -> str:
         raise RuntimeError("identity callable failed")
 
@@ -316,8 +317,57 @@ def test_internal_error_is_loud_under_pytest() -> None:
     def rollout(x: int) -> int:
         return x
 
-    with gymtrace.testing.capture_spans(strict=False), pytest.raises(RuntimeError, match="identity callable"):
+    with gymtrace.testing.capture_spans(strict=True), pytest.raises(RuntimeError, match="identity callable"):
         rollout(1)
+    with gymtrace.testing.capture_spans(strict=False), gymtrace.testing.strict():
+        with pytest.raises(RuntimeError, match="identity callable"):
+            rollout(1)
+
+
+def test_a_test_runner_variable_does_not_change_what_gymtrace_does(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    # A user's test suite runs under pytest (PYTEST_CURRENT_TEST is set): it must run the code
+    # production runs, so an internal error is logged, not raised, unless strict mode is asked for
+    # (issue 31).
+    monkeypatch.setenv("PYTEST_CURRENT_TEST", "tests/test_users.py::test_theirs (call)")
+
+    def broken(x: int) -> str:
+        raise RuntimeError("identity callable failed")
+
+    @gymtrace.rollout(rollout_id=broken)
+    def rollout(x: int) -> int:
+        return x * 2
+
+    with (
+        gymtrace.testing.strict(False),
+        gymtrace.testing.capture_spans(strict=None),
+        caplog.at_level(logging.WARNING, "gymtrace"),
+    ):
+        assert rollout(2) == 4
+    assert any("internal error" in r.getMessage() for r in caplog.records)
+
+
+def test_strict_mode_reaches_a_child_process_only_through_gymtrace_strict(tmp_path: Path) -> None:
+    # The same program under a test runner's variable and with GYMTRACE_STRICT: only the variable
+    # gymtrace documents turns its internal errors into exceptions.
+    code = """
+    import gymtrace
+    from gymtrace.testing import capture_spans
+
+    def broken(x):
+        raise RuntimeError("identity callable failed")
+
+    with capture_spans(strict=None):
+        print("returned", gymtrace.rollout(rollout_id=broken)(lambda x: x * 2)(2))
+    """
+    runner = run_python(code=code, cwd=tmp_path, env=clean_env(PYTEST_CURRENT_TEST="t.py::t (call)"))
+    assert runner.returncode == 0, runner.stderr
+    assert "returned 4" in runner.stdout
+    assert "internal error" in runner.stderr
+    strict = run_python(code=code, cwd=tmp_path, env=clean_env(GYMTRACE_STRICT="true"))
+    assert strict.returncode != 0
+    assert "RuntimeError: identity callable failed" in strict.stderr
 
 
 @pytest.mark.parametrize(("factory", "kind"), KINDS, ids=[k for _, k in KINDS])

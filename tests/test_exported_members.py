@@ -119,7 +119,13 @@ def test_the_documented_propagation_and_testing_names_are_there() -> None:
     # the README documents, which must not drop out of it.
     documented = {"inject", "extract", "attach", "env_carrier", "submit", "map", "carry", "ContextCarrier"}
     assert documented <= set(gymtrace.propagation.__all__)
-    assert sorted(gymtrace.testing.__all__) == ["CapturedSpans", "capture_spans", "check_trace", "reset"]
+    assert sorted(gymtrace.testing.__all__) == [
+        "CapturedSpans",
+        "capture_spans",
+        "check_trace",
+        "reset",
+        "strict",
+    ]
 
 
 def test_the_integration_seam_is_pinned() -> None:

@@ -158,15 +158,18 @@ def test_attempts_with_restore_open_restored_episodes(captured: CapturedSpans) -
 
 def test_retry_loop_behaves_the_same_with_tracing_off() -> None:
     # No capture and no provider: the loop must still retry on attempt.fail() and exceptions.
+    # Production policy (not strict): a global provider an earlier test set makes this loop, outside
+    # any rollout, a logged contract problem, which is not what this test is about.
     seen = []
-    loop = gymtrace.attempts(3)
-    for attempt in loop:
-        with attempt:
-            seen.append(attempt.number)
-            if attempt.index == 0:
-                attempt.fail("infrastructure")
-            elif attempt.index == 1:
-                raise OSError("flaky")
+    with gymtrace.testing.strict(False):
+        loop = gymtrace.attempts(3)
+        for attempt in loop:
+            with attempt:
+                seen.append(attempt.number)
+                if attempt.index == 0:
+                    attempt.fail("infrastructure")
+                elif attempt.index == 1:
+                    raise OSError("flaky")
     assert seen == [0, 1, 2]
     assert loop.succeeded
 

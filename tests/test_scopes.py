@@ -505,7 +505,9 @@ def test_a_disabled_async_with_never_suspends_and_needs_no_event_loop() -> None:
             return "done"
 
     coroutine = body()
-    with pytest.raises(StopIteration) as finished:
+    # Production policy (not strict): a global provider an earlier test set makes the reward on a
+    # step a logged data loss, which is not what this test is about.
+    with gymtrace.testing.strict(False), pytest.raises(StopIteration) as finished:
         coroutine.send(None)  # driven by hand: no loop, and it completes at the first send
     assert finished.value.value == "done"
 

@@ -1,17 +1,18 @@
 """gymtrace's exceptions and its policy for its own failures.
 
 Telemetry must never break the code it observes: an error inside gymtrace is logged once through
-``logging.getLogger("gymtrace")`` and swallowed. Under pytest it is raised instead, so a bug in
-gymtrace (or in how a test uses it) is loud where someone is watching. Contract problems in user
-code (inverted nesting, invalid identity arguments) are warnings by default and exceptions in
-strict mode (``GYMTRACE_STRICT=true`` or ``configure(strict=True)``).
+``logging.getLogger("gymtrace")`` and swallowed. Contract problems in user code (inverted
+nesting, invalid identity arguments) are warnings by default. Strict mode raises both instead, so a
+bug in gymtrace (or in how a test uses it) is loud where someone is watching. Strict mode comes
+only from ``GYMTRACE_STRICT=true``, ``configure(strict=True)`` or :mod:`gymtrace.testing`
+(``strict()``, ``capture_spans()``): never from the test runner's environment, so a user's test
+suite and its subprocesses run the code production runs (issue 31).
 """
 
 from __future__ import annotations
 
 import functools
 import logging
-import os
 import threading
 from collections.abc import Callable
 from types import TracebackType
@@ -47,10 +48,6 @@ def is_strict() -> bool:
     return _settings.active.strict
 
 
-def _under_pytest() -> bool:
-    return "PYTEST_CURRENT_TEST" in os.environ
-
-
 def first_time(key: object) -> bool:
     """True the first time ``key`` is seen in this process; used to log each problem once."""
     with _seen_lock:
@@ -71,7 +68,7 @@ def internal_error(where: str, exc: BaseException, *, may_raise: bool = True) ->
     ``may_raise=False`` is for paths where a user exception is already propagating: replacing it
     with ours would change what the user's code raises.
     """
-    if may_raise and (_under_pytest() or is_strict()):
+    if may_raise and is_strict():
         raise exc
     if first_time((where, type(exc))):
         logger.warning("gymtrace: internal error in %s; tracing continues", where, exc_info=exc)
@@ -106,7 +103,7 @@ class guard:
     """Contain gymtrace's own failures: a context manager and a decorator.
 
     An ``Exception`` raised inside is handed to :func:`internal_error` (logged once, swallowed;
-    raised under pytest and in strict mode); a decorated function then returns ``None``.
+    raised in strict mode); a decorated function then returns ``None``.
     :class:`GymTraceError` passes through: it is a contract problem that strict mode raised on
     purpose. ``BaseException`` (``KeyboardInterrupt``, cancellation) always passes through.
     ``may_raise=False`` is for code that runs while a user exception propagates.

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 
 class GymTraceError(Exception):
-    """Base class of the exceptions gymtrace raises (only in strict mode or under pytest)."""
+    """Base class of the exceptions gymtrace raises (only in strict mode)."""
 
 
 class HierarchyViolationError(GymTraceError):

@@ -43,7 +43,7 @@ any release; this module changes only by addition):
   a rollout before it is opened.
 - **Errors.** :class:`guard` (context manager and decorator) and :func:`report_error` hand
   gymtrace's own failures to its policy (logged once on the ``gymtrace`` logger and swallowed;
-  raised under pytest and in strict mode); :func:`warn_once` reports a misuse once per key,
+  raised in strict mode); :func:`warn_once` reports a misuse once per key,
   :func:`warn` something about one datum each time; :class:`InvalidArgumentError` is what a bad
   argument to an integration raises.
 - **Step aggregation** (what :class:`gymtrace.integrations.gymnasium.TraceEnv` samples steps with):
@@ -305,8 +305,8 @@ def rollout_sampled_out(rollout_id: str, task_id: str | None = None) -> bool:
 
 def report_error(where: str, exc: BaseException, *, may_raise: bool = True) -> None:
     """Hand a failure of the integration's own telemetry code to gymtrace's policy: logged once per
-    ``where`` and exception type on the ``gymtrace`` logger and swallowed; raised under pytest and
-    in strict mode, unless ``may_raise=False`` (a user exception is already on its way out, and
+    ``where`` and exception type on the ``gymtrace`` logger and swallowed; raised in strict mode,
+    unless ``may_raise=False`` (a user exception is already on its way out, and
     replacing it would change what the user's code raises)."""
     _errors.internal_error(where, exc, may_raise=may_raise)
 

@@ -15,6 +15,23 @@ Example::
 it never touches the application's global provider. Spans of other libraries are captured when they
 use ``captured.tracer_provider`` (most instrumentations accept ``tracer_provider=``).
 
+``strict()`` turns strict mode on for a block (or a whole test suite, from a fixture): gymtrace's
+own failures and contract problems (inverted nesting, invalid identity) raise instead of being
+logged. gymtrace never turns it on by itself because a test runner is running (it reads no
+``PYTEST_*`` variable): only ``GYMTRACE_STRICT=true``, ``configure(strict=True)``, ``strict()`` and
+``capture_spans()`` do, so your tests run the code your production runs unless you ask::
+
+    # conftest.py
+    import pytest
+    from gymtrace.testing import strict
+
+    @pytest.fixture(autouse=True)
+    def gymtrace_strict():
+        with strict():
+            yield
+
+Child processes do not inherit it: give them ``GYMTRACE_STRICT=true`` in their environment.
+
 ``reset()`` undoes ``gymtrace.configure()`` between tests (a fixture calling it after each test
 keeps one test's strict mode or content policy out of the next).
 """
@@ -38,7 +55,7 @@ from gymtrace._tracing import pop_provider, push_provider
 if TYPE_CHECKING:
     from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 
-__all__ = ["CapturedSpans", "capture_spans", "check_trace", "reset"]
+__all__ = ["CapturedSpans", "capture_spans", "check_trace", "reset", "strict"]
 
 
 class CapturedSpans:
@@ -84,10 +101,12 @@ class CapturedSpans:
 
 
 @contextmanager
-def capture_spans(*, strict: bool = True) -> Iterator[CapturedSpans]:
+def capture_spans(*, strict: bool | None = True) -> Iterator[CapturedSpans]:
     """Collect every span gymtrace finishes inside the block (needs ``gymtrace[sdk]``).
 
-    ``strict=True`` (default) turns contract problems into exceptions for the duration.
+    ``strict=True`` (default) turns strict mode on for the duration (see :func:`strict`);
+    ``False`` turns it off (the production policy: logged, not raised); ``None`` keeps what is in
+    force (``GYMTRACE_STRICT``, ``configure(strict=...)``, an enclosing :func:`strict`).
     """
     from opentelemetry.sdk.trace import TracerProvider
     from opentelemetry.sdk.trace.export import SimpleSpanProcessor
@@ -98,7 +117,8 @@ def capture_spans(*, strict: bool = True) -> Iterator[CapturedSpans]:
     provider.add_span_processor(IdentitySpanProcessor())  # type: ignore[arg-type]  # duck-typed: no SDK import in the core
     provider.add_span_processor(SimpleSpanProcessor(exporter))
     previous_strict = strict_override()
-    set_strict(strict)
+    if strict is not None:
+        set_strict(strict)
     push_provider(provider)
     try:
         yield CapturedSpans(provider, exporter)
@@ -106,6 +126,24 @@ def capture_spans(*, strict: bool = True) -> Iterator[CapturedSpans]:
         pop_provider(provider)
         set_strict(previous_strict)
         provider.shutdown()
+
+
+@contextmanager
+def strict(enabled: bool = True) -> Iterator[None]:
+    """Strict mode on (or, with ``enabled=False``, off) for the duration of the block, in this
+    process; what was in force before comes back after it, even when the block raises.
+
+    In strict mode gymtrace raises its own internal errors and the contract problems it otherwise
+    logs as warnings (:class:`gymtrace.HierarchyViolationError`, :class:`gymtrace.InvalidArgumentError`,
+    ...). ``GYMTRACE_STRICT=true`` does the same for a whole process and the children that inherit
+    its environment.
+    """
+    previous = strict_override()
+    set_strict(bool(enabled))
+    try:
+        yield
+    finally:
+        set_strict(previous)
 
 
 def check_trace(spans: Any) -> list[str]:

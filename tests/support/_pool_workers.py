@@ -8,7 +8,6 @@ import gymtrace
 
 
 def configure_worker(path: str) -> None:
-    os.environ.pop("PYTEST_CURRENT_TEST", None)
     gymtrace.configure(service_name="pool-worker", file=path)
 
 

@@ -14,8 +14,8 @@ def clean_env(**overrides: str) -> dict[str, str]:
     """This process's environment without ``OTEL_*``, ``GYMTRACE_*`` and ``PYTEST_*``, no live
     markers, plus overrides.
 
-    A child must not inherit the test run's tracing settings, and must not believe it runs under
-    pytest (gymtrace raises its own internal errors there instead of logging them).
+    A child must not inherit the test run's tracing settings (strict mode included: a child is
+    strict only when its test passes ``GYMTRACE_STRICT="true"``).
     """
     env = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "GYMTRACE_", "PYTEST_"))}
     # No live markers unless a test asks for them (GYMTRACE_HEARTBEAT=...): many children count the

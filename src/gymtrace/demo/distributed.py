@@ -78,7 +78,6 @@ class ServiceProcess:
             env.OTEL_BSP_SCHEDULE_DELAY: _SERVER_SCHEDULE_DELAY_MS,
             **(env_overrides or {}),
         }
-        environ.pop("PYTEST_CURRENT_TEST", None)  # a server is not under test: never raise internally
         log_dir = log_dir or tempfile.gettempdir()
         self.log_path = Path(log_dir) / f"{name}-{uuid.uuid4().hex[:6]}.log"
         self._log = open(self.log_path, "w", encoding="utf-8")  # noqa: SIM115 - closed in stop()
