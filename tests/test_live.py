@@ -274,6 +274,27 @@ def test_an_async_episode_over_its_timeout_fails_with_kind_timeout(captured: Cap
     }
 
 
+@pytest.mark.parametrize("asyncio_timeout", [True, False], ids=["asyncio.timeout", "python-3.10-timer"])
+def test_a_refused_timed_enter_leaves_no_timer_behind(
+    monkeypatch: pytest.MonkeyPatch, asyncio_timeout: bool
+) -> None:
+    # Strict mode refuses an episode inside a step before its body runs; the timer armed for that
+    # body must go with it, or it cancels whatever the task awaits next (issue 31).
+    if not asyncio_timeout:
+        monkeypatch.delattr(asyncio, "timeout", raising=False)
+    seconds = 0.1
+
+    async def main() -> str:
+        with capture_spans(strict=True), gymtrace.rollout(rollout_id="r"), gymtrace.step():
+            with pytest.raises(gymtrace.HierarchyViolationError):
+                async with gymtrace.episode(timeout=seconds):
+                    raise AssertionError("the body of a refused episode never runs")
+        await asyncio.sleep(seconds * 3)  # unrelated work, past the refused episode's timeout
+        return "finished"
+
+    assert asyncio.run(main()) == "finished"
+
+
 @pytest.mark.parametrize("bad", [0, -1, float("nan"), "5", True])
 def test_a_bad_timeout_is_refused_naming_the_argument(bad: Any) -> None:
     with pytest.raises(gymtrace.InvalidArgumentError, match="'timeout'"):

@@ -476,9 +476,16 @@ class Scope:
         """``async with gymtrace.episode(timeout=S)``: the body is cancelled after S seconds."""
         timer = _live.deadline(seconds)
         await timer.__aenter__()
+        try:
+            entered = self.__enter__()
+        except BaseException as refused:
+            # A refused enter (strict mode: a hierarchy violation) has no body and no __aexit__ to
+            # disarm the timer: left armed, it would cancel whatever this task awaits next (issue 31).
+            await timer.__aexit__(type(refused), refused, refused.__traceback__)
+            raise
         assert self._timers is not None  # made with the timeout
         self._timers.setdefault(asyncio.current_task(), []).append(timer)
-        return self.__enter__()
+        return entered
 
     async def _timed_aexit(
         self,
