@@ -116,24 +116,153 @@ def _key_values(attributes: Mapping[str, Any] | None) -> list[dict[str, Any]]:
     return [{"key": k, "value": _any_value(v)} for k, v in (attributes or {}).items()]
 
 
-def _from_any_value(value: Mapping[str, Any]) -> Any:
+class BadTraceData(ValueError):
+    """A field of an OTLP/JSON request has the wrong type or an impossible value; the message names
+    the field (the file reader adds the file and line)."""
+
+
+def _type_name(value: Any) -> str:
+    return {dict: "an object", list: "an array", str: "a string", bool: "a boolean", type(None): "null"}.get(
+        type(value), "a number"
+    )
+
+
+def _object(value: Any, what: str) -> Mapping[str, Any]:
+    if not isinstance(value, dict):
+        raise BadTraceData(f"{what} must be an object, got {_type_name(value)}")
+    return value
+
+
+def _array(value: Any, what: str) -> list[Any]:
+    if value is None:
+        return []
+    if not isinstance(value, list):
+        raise BadTraceData(f"{what} must be an array, got {_type_name(value)}")
+    return value
+
+
+def _text(value: Any, what: str, default: str = "") -> str:
+    if value is None:
+        return default
+    if not isinstance(value, str):
+        raise BadTraceData(f"{what} must be a string, got {_type_name(value)}")
+    if not value.isascii():
+        try:  # JSON can spell a lone surrogate ("\\ud800"), which no UTF-8 output can print
+            value.encode("utf-8")
+        except UnicodeEncodeError as exc:
+            raise BadTraceData(f"{what} is not valid Unicode ({exc.reason})") from None
+    return value
+
+
+def _int64(value: Any, what: str, default: int = 0) -> int:
+    """An OTLP/JSON integer: a JSON number or, as the encoding writes int64, a string of digits."""
+    if value is None:
+        return default
+    if isinstance(value, int) and not isinstance(value, bool):
+        return value
+    if isinstance(value, str) and _INTEGER.fullmatch(value):
+        return int(value)
+    raise BadTraceData(f"{what} must be an integer, got {_type_name(value)} {str(value)[:40]!r}")
+
+
+def _time(value: Any, what: str) -> int:
+    number = _int64(value, what)
+    if not 0 <= number < 2**64:
+        raise BadTraceData(f"{what} must be nanoseconds since the epoch (0 to 2^64), got {number}")
+    return number
+
+
+def _hex_id(value: Any, what: str, width: int) -> str:
+    text = _text(value, what)
+    if len(text) != width or not _HEX.fullmatch(text):
+        raise BadTraceData(f"{what} must be {width} hexadecimal digits, got {text[:40]!r}")
+    return text.lower()
+
+
+def _enum(value: Any, what: str, prefix: str, names: tuple[str, ...], default: int) -> str:
+    # Protobuf's JSON mapping allows an enum's number or its name (SPAN_KIND_SERVER). An unknown
+    # number or name reads as the default (a newer OTLP may add values); a wrong type does not.
+    if isinstance(value, str) and value.startswith(prefix):
+        name = value[len(prefix) :]
+        return name if name in names else names[default]
+    number = _int64(value, what, default)
+    return names[number] if 0 <= number < len(names) else names[default]
+
+
+_INTEGER = re.compile(r"[+-]?[0-9]+")
+_HEX = re.compile(r"[0-9a-fA-F]+")
+
+
+def _from_any_value(value: Any, what: str = "value") -> Any:
+    value = _object(value, what)
     if "stringValue" in value:
-        return value["stringValue"]
+        return _text(value["stringValue"], f"{what}.stringValue")
     if "boolValue" in value:
-        return bool(value["boolValue"])
+        if not isinstance(value["boolValue"], bool):
+            raise BadTraceData(f"{what}.boolValue must be a boolean, got {_type_name(value['boolValue'])}")
+        return value["boolValue"]
     if "intValue" in value:
-        return int(value["intValue"])
+        return _int64(value["intValue"], f"{what}.intValue")
     if "doubleValue" in value:
-        return float(value["doubleValue"])
+        double = value["doubleValue"]
+        if isinstance(double, (int, float)) and not isinstance(double, bool):
+            return float(double)
+        if isinstance(double, str) and double in ("NaN", "Infinity", "-Infinity"):
+            return float(double.replace("Infinity", "inf"))
+        raise BadTraceData(f"{what}.doubleValue must be a number, got {_type_name(double)}")
     if "arrayValue" in value:
-        return tuple(_from_any_value(v) for v in value["arrayValue"].get("values", []))
+        array = _object(value["arrayValue"], f"{what}.arrayValue")
+        return tuple(_from_any_value(v, f"{what}.arrayValue[]") for v in _array(array.get("values"), what))
     if "bytesValue" in value:
-        return base64.b64decode(value["bytesValue"])
+        try:
+            return base64.b64decode(_text(value["bytesValue"], f"{what}.bytesValue"), validate=True)
+        except ValueError as exc:
+            raise BadTraceData(f"{what}.bytesValue must be base64 ({exc})") from exc
     return None
 
 
-def _from_key_values(items: Iterable[Mapping[str, Any]] | None) -> dict[str, Any]:
-    return {item["key"]: _from_any_value(item.get("value", {})) for item in items or ()}
+# The gym attributes every reader relies on, with the type gymtrace writes them as: a file where one
+# has another type was not written by gymtrace, and is refused with the attribute's name instead of
+# failing deep inside a reader (issue 31).
+_GYM_TYPES: dict[str, tuple[type, ...]] = {
+    c.KIND: (str,),
+    c.RUN_ID: (str,),
+    c.TASK_ID: (str,),
+    c.ROLLOUT_ID: (str,),
+    c.EPISODE_ID: (str,),
+    c.ROLLOUT_OUTCOME: (str,),
+    c.EPISODE_OUTCOME: (str,),
+    c.FAILURE_KIND: (str,),
+    c.LINK_RELATION: (str,),
+    c.OUTCOME_SOURCE: (str,),
+    c.LIVE_EVENT: (str,),
+    c.REWARD: (int, float),
+    c.ROLLOUT_REPEAT: (int,),
+    c.EPISODE_ATTEMPT: (int,),
+    c.ROLLOUT_ATTEMPTS: (int,),
+    c.TURN_NUMBER: (int,),
+    c.STEP_NUMBER: (int,),
+    c.LIVE_STARTED: (int,),
+    c.LIVE_INTERVAL: (int, float),
+    c.LIVE_STEP: (int,),
+}
+
+
+def _from_key_values(items: Any, what: str = "attributes") -> dict[str, Any]:
+    found: dict[str, Any] = {}
+    for item in _array(items, what):
+        item = _object(item, f"{what}[]")
+        key = _text(item.get("key"), f"{what}[].key")
+        value = _from_any_value(item.get("value", {}), f"attribute {key!r}")
+        wanted = _GYM_TYPES.get(key)
+        if wanted is not None and (
+            not isinstance(value, wanted) or (isinstance(value, bool) and bool not in wanted)
+        ):
+            raise BadTraceData(
+                f"attribute {key!r} must be {' or '.join(t.__name__ for t in wanted)}, got {value!r:.40}"
+            )
+        found[key] = value
+    return found
 
 
 def _event_json(time_ns: int, name: str, attributes: Mapping[str, Any] | None) -> dict[str, Any]:
@@ -254,47 +383,64 @@ def encode_spandata_json(
     return {"resourceSpans": resource_spans}
 
 
-def decode_otlp_json(request: Mapping[str, Any]) -> Iterator[SpanData]:
-    """One OTLP/JSON ``ExportTraceServiceRequest`` (a line of the embedded default's file)."""
-    for resource_spans in request.get("resourceSpans", ()):
-        resource = _from_key_values(resource_spans.get("resource", {}).get("attributes"))
+def decode_otlp_json(request: Any) -> Iterator[SpanData]:
+    """One OTLP/JSON ``ExportTraceServiceRequest`` (a line of the embedded default's file).
+
+    Every field is type-checked: a field of the wrong type raises :class:`BadTraceData` naming it,
+    never an ``AttributeError`` from deep inside a reader."""
+    request = _object(request, "the request")
+    for resource_spans in _array(request.get("resourceSpans"), "resourceSpans"):
+        resource_spans = _object(resource_spans, "resourceSpans[]")
+        resource = _from_key_values(
+            _object(resource_spans.get("resource") or {}, "resource").get("attributes"), "resource attributes"
+        )
         service = str(resource.get("service.name", ""))
         instance = str(resource.get("service.instance.id", ""))
-        for scope_spans in resource_spans.get("scopeSpans", ()):
-            for s in scope_spans.get("spans", ()):
-                status = s.get("status", {})
-                code = int(status.get("code", 0) or 0)
-                kind = int(s.get("kind", 1) or 0)
-                yield SpanData(
-                    trace_id=s["traceId"].lower(),
-                    span_id=s["spanId"].lower(),
-                    parent_id=(s.get("parentSpanId") or "").lower() or None,
-                    name=s.get("name", ""),
-                    start_ns=int(s.get("startTimeUnixNano", 0)),
-                    end_ns=int(s.get("endTimeUnixNano", 0)),
-                    attributes=_with_rollout_id(_from_key_values(s.get("attributes"))),
-                    events=tuple(
-                        EventData(
-                            e.get("name", ""),
-                            int(e.get("timeUnixNano", 0)),
-                            _from_key_values(e.get("attributes")),
-                        )
-                        for e in s.get("events", ())
-                    ),
-                    links=tuple(
-                        LinkData(
-                            link["traceId"].lower(),
-                            link["spanId"].lower(),
-                            _from_key_values(link.get("attributes")),
-                        )
-                        for link in s.get("links", ())
-                    ),
-                    status=_OTLP_STATUS[code] if 0 <= code < len(_OTLP_STATUS) else "UNSET",
-                    status_message=status.get("message", ""),
-                    service=service,
-                    span_kind=_OTLP_KINDS[kind] if 0 <= kind < len(_OTLP_KINDS) else "INTERNAL",
-                    service_instance=instance,
-                )
+        for scope_spans in _array(resource_spans.get("scopeSpans"), "scopeSpans"):
+            scope_spans = _object(scope_spans, "scopeSpans[]")
+            for s in _array(scope_spans.get("spans"), "spans"):
+                yield _decode_span(_object(s, "spans[]"), service, instance)
+
+
+def _decode_span(s: Mapping[str, Any], service: str, instance: str) -> SpanData:
+    status = _object(s.get("status") or {}, "status")
+    parent = _text(s.get("parentSpanId"), "parentSpanId")
+    events = []
+    for e in _array(s.get("events"), "events"):
+        e = _object(e, "events[]")
+        events.append(
+            EventData(
+                _text(e.get("name"), "events[].name"),
+                _time(e.get("timeUnixNano"), "events[].timeUnixNano"),
+                _from_key_values(e.get("attributes"), "event attributes"),
+            )
+        )
+    links = []
+    for link in _array(s.get("links"), "links"):
+        link = _object(link, "links[]")
+        links.append(
+            LinkData(
+                _hex_id(link.get("traceId"), "links[].traceId", 32),
+                _hex_id(link.get("spanId"), "links[].spanId", 16),
+                _from_key_values(link.get("attributes"), "link attributes"),
+            )
+        )
+    return SpanData(
+        trace_id=_hex_id(s.get("traceId"), "traceId", 32),
+        span_id=_hex_id(s.get("spanId"), "spanId", 16),
+        parent_id=_hex_id(parent, "parentSpanId", 16) if parent else None,
+        name=_text(s.get("name"), "name"),
+        start_ns=_time(s.get("startTimeUnixNano"), "startTimeUnixNano"),
+        end_ns=_time(s.get("endTimeUnixNano"), "endTimeUnixNano"),
+        attributes=_with_rollout_id(_from_key_values(s.get("attributes"))),
+        events=tuple(events),
+        links=tuple(links),
+        status=_enum(status.get("code"), "status.code", "STATUS_CODE_", _OTLP_STATUS, 0),
+        status_message=_text(status.get("message"), "status.message"),
+        service=service,
+        span_kind=_enum(s.get("kind"), "kind", "SPAN_KIND_", _OTLP_KINDS, 1),
+        service_instance=instance,
+    )
 
 
 class TraceFileError(ValueError):
@@ -320,7 +466,11 @@ def read_otlp_json_lines(path: str | Path, *, partial_last_line: bool = False) -
                 continue
             try:
                 spans.extend(decode_otlp_json(json.loads(line)))
-            except (ValueError, KeyError, TypeError) as exc:
+            except BadTraceData as exc:
+                if unfinished:
+                    break
+                raise TraceFileError(f"{path}:{number}: not a trace gymtrace can read: {exc}") from exc
+            except (ValueError, RecursionError) as exc:  # not JSON, or nested too deep to parse
                 if unfinished:
                     break
                 raise TraceFileError(f"{path}:{number}: not an OTLP/JSON trace request ({exc})") from exc
