@@ -183,13 +183,15 @@ def test_pass_at_k_per_task_with_repeats(captured: CapturedSpans) -> None:
             _rollout(f"b/r{repeat}", task="b", repeat=repeat, reward=0.0)
         _rollout("c/r0", task="c", repeat=0, reward=1.0)  # one repeat: no pass@k
     (stats,) = summarise(captured.spans)
-    assert {(p.task_id, p.k, p.passed, p.value) for p in stats.pass_at_k} == {
-        ("a", 3, 1, 1.0),
-        ("b", 2, 0, 0.0),
+    # pass@n over the scored repeats (the unbiased estimator with k = n), a repeat passing at or
+    # above the threshold (0.5); task a's unscored repeat is shown, not counted as a failure.
+    assert {(p.task_id, p.k, p.passed, p.unscored, p.value) for p in stats.pass_at_k} == {
+        ("a", 2, 1, 1, 1.0),
+        ("b", 2, 0, 0, 0.0),
     }
-    (strict,) = summarise(captured.spans, pass_threshold=0.5)
+    (strict,) = summarise(captured.spans, pass_threshold=0.6)
     assert {(p.task_id, p.passed) for p in strict.pass_at_k} == {("a", 0), ("b", 0)}
-    assert stats.as_json()["pass_at_k"]["a"] == {"k": 3, "passed": 1, "value": 1.0}
+    assert stats.as_json()["pass_at_k"]["a"] == {"k": 2, "n": 2, "passed": 1, "unscored": 1, "value": 1.0}
 
 
 def test_two_runs_sharing_a_run_id_are_named_not_reported_as_attempt_violations() -> None:

@@ -14,7 +14,7 @@ import pytest
 from gymtrace import _constants as c
 from gymtrace._check import check_spans
 from gymtrace._cli import main
-from gymtrace._compare import compare
+from gymtrace._compare import MIN_PAIRED_TASKS, compare
 from gymtrace._outcomes import final_outcomes, summarise
 from gymtrace._passk import pass_at_k, per_task
 from gymtrace._records import nemo_gym as nemo_import
@@ -309,7 +309,7 @@ def test_an_inspect_log_with_errors_and_epochs_imports_with_inspects_own_figures
     # Inspect's accuracy is the mean over samples of each sample's epoch mean: pass@1 per task.
     outcomes = final_outcomes(spans)
     reductions = {f"arith.{s.sample_id}": s.value for s in log.reductions[0].samples}
-    per_sample = per_task(outcomes, 1, lambda r: r >= 0.5)
+    per_sample = per_task(outcomes, 1, 0.5)
     assert per_sample.tasks == pytest.approx(reductions)
     assert per_sample.mean == pytest.approx(log.results.scores[0].metrics["accuracy"].value)
 
@@ -384,15 +384,16 @@ def compare_json(
 
 
 def test_compare_prints_the_true_per_task_deltas_flips_and_interval(tmp_path: Path, capsys: Any) -> None:
-    a = {0: [1, 1, 1, 1], 1: [0, 0, 1, 0], 2: [1, 0, 1, 0], 3: [0, 0, 0, 0], 4: [1, 1, 0, 1]}
-    b = {0: [1, 1, 1, 1], 1: [1, 1, 1, 0], 2: [0, 0, 1, 0], 3: [1, 0, 0, 0], 4: [1, 1, 1, 1]}
+    a = {0: [1, 1, 1, 1], 1: [0, 0, 1, 0], 2: [1, 0, 1, 0], 3: [0, 0, 0, 0], 4: [1, 1, 0, 1], 5: [0, 1, 0, 1]}
+    b = {0: [1, 1, 1, 1], 1: [1, 1, 1, 0], 2: [0, 0, 1, 0], 3: [1, 0, 0, 0], 4: [1, 1, 1, 1], 5: [0, 1, 1, 1]}
     result = compare_json(tmp_path, a, b, capsys, "--pass-k", "2")
     deltas = {int(t): sum(b[t]) / 4 - sum(a[t]) / 4 for t in a}  # type: ignore[arg-type]
     assert {int(t["task_id"]): t["delta"] for t in result["tasks"]} == pytest.approx(deltas)
     assert all(t["a_n"] == t["b_n"] == 4 for t in result["tasks"])
     assert result["delta"] == pytest.approx(sum(deltas.values()) / len(deltas))
     low, high = result["ci95"]
-    assert low <= result["delta"] <= high and low >= min(deltas.values()) and high <= max(deltas.values())
+    # Repeats are resampled within tasks too: the interval can reach past the observed deltas.
+    assert -1 <= low <= result["delta"] <= high <= 1
     # Task 1: 0.25 -> 0.75 passes in B only; task 2: 0.5 -> 0.25 passes in A only.
     assert (result["fail_to_pass"], result["pass_to_fail"]) == (["1"], ["2"])
     assert result["verdict"] in ("b_better", "inconclusive")
@@ -415,13 +416,98 @@ def test_compare_joins_tasks_by_id_not_position_and_refuses_when_coverage_differ
     assert compare_json(tmp_path, a, b, capsys, "--max-unscored-gap", "40")["verdict"] != "refused"
 
 
+def test_compare_gives_no_verdict_from_one_task_with_one_repeat_a_side(tmp_path: Path, capsys: Any) -> None:
+    # 0.50 against 0.51 once each said b_better with the interval (0.01, 0.01) (issue 31).
+    result = compare_json(tmp_path, {0: [0.5]}, {0: [0.51]}, capsys)
+    assert result["delta"] == pytest.approx(0.01)
+    assert result["verdict"] == "too_few_tasks" and result["ci95"] is None
+    assert f"at least {MIN_PAIRED_TASKS}" in result["reason"]
+
+
+def test_compare_gives_a_verdict_from_the_minimum_of_paired_tasks(tmp_path: Path, capsys: Any) -> None:
+    a = {t: [0.0, 0.0, 0.0] for t in range(MIN_PAIRED_TASKS)}
+    b = {t: [1.0, 1.0, 1.0] for t in range(MIN_PAIRED_TASKS)}
+    assert compare_json(tmp_path, a, b, capsys)["verdict"] == "b_better"
+    fewer = {t: a[t] for t in range(MIN_PAIRED_TASKS - 1)}
+    (tmp_path / "fewer").mkdir()  # import appends to its output: another directory, other files
+    assert (
+        compare_json(tmp_path / "fewer", fewer, {t: b[t] for t in fewer}, capsys)["verdict"]
+        == "too_few_tasks"
+    )
+
+
+def test_the_interval_resamples_the_repeats_within_each_task(tmp_path: Path, capsys: Any) -> None:
+    # Every task is 0.05 better in B, from 20 coin flips a side: resampling tasks alone sees six
+    # equal deltas and an interval of one point (b_better); the repeats' noise says otherwise.
+    tasks = range(MIN_PAIRED_TASKS + 2)
+    a: dict[int, list[float | None]] = {t: [1.0] * 10 + [0.0] * 10 for t in tasks}
+    b: dict[int, list[float | None]] = {t: [1.0] * 11 + [0.0] * 9 for t in tasks}
+    result = compare_json(tmp_path, a, b, capsys)
+    assert result["delta"] == pytest.approx(0.05)
+    low, high = result["ci95"]
+    assert low < 0 < high and result["verdict"] == "inconclusive"
+    # The same tasks with no noise inside: the interval is the tasks' alone.
+    (tmp_path / "steady").mkdir()
+    steady = compare_json(
+        tmp_path / "steady", {t: [0.5] * 20 for t in tasks}, {t: [0.55] * 20 for t in tasks}, capsys
+    )
+    assert steady["ci95"] == pytest.approx([0.05, 0.05]) and steady["verdict"] == "b_better"
+
+
+def _stats_json(path: Path, capsys: Any, *extra: str) -> dict[str, Any]:
+    capsys.readouterr()
+    assert main(["stats", str(path), "--json", *extra]) == 0
+    body: dict[str, Any] = json.loads(capsys.readouterr().out)
+    return body
+
+
+def test_stats_and_compare_give_the_same_pass_at_k_by_one_threshold_rule(tmp_path: Path, capsys: Any) -> None:
+    # Rewards exactly at the threshold, and unscored repeats: stats counted 0.5 as a failure (">")
+    # and unscored repeats as failures, compare counted 0.5 as a pass (">="), under one name.
+    a: dict[int, list[float | None]] = {
+        0: [0.5, 0.0, None, 0.0],
+        1: [0.0, 0.0, 0.0, None],
+        2: [1.0, 0.5, 0.5, 0.0],
+    }
+    b: dict[int, list[float | None]] = {
+        0: [0.0, 0.0, 0.0, 0.0],
+        1: [0.5, 0.5, 0.0, 0.0],
+        2: [1.0, 1.0, 1.0, 1.0],
+    }
+    for threshold in ("0.5", "0.75"):
+        compared = compare_json(tmp_path, a, b, capsys, "--pass-k", "2", "--pass-threshold", threshold)
+        for side, rewards in (("a", a), ("b", b)):
+            stats = _stats_json(
+                tmp_path / f"{side}.traces", capsys, "--pass-k", "2", "--pass-threshold", threshold
+            )
+            assert stats["pass_k"] == compared["pass_k"][side]
+            expected = {
+                str(task): brute_pass_at_k(
+                    len(scored := [r for r in values if r is not None]),
+                    sum(1 for r in scored if r >= float(threshold)),
+                    2,
+                )
+                for task, values in rewards.items()
+            }
+            assert stats["pass_k"]["tasks"] == pytest.approx(expected)
+            # stats' per-task pass@n: the same estimator and rule, unscored repeats shown beside it.
+            assert stats["pass_at_k"]["0"]["unscored"] == (1 if side == "a" else 0)
+    # One rule for a task's mean too: task 0's A mean is 1/6 (no pass at 0.5); task 1's B mean is
+    # exactly 0.25 ... and at 0.25 it passes, as a repeat at 0.25 would.
+    at_quarter = compare_json(tmp_path, a, b, capsys, "--pass-threshold", "0.25")  # the same files again
+    assert "1" in at_quarter["fail_to_pass"]
+    stats_b = _stats_json(tmp_path / "b.traces", capsys, "--pass-threshold", "0.25", "--pass-k", "1")
+    assert stats_b["pass_k"]["tasks"]["1"] == 0.5  # two of four repeats at or above 0.25
+
+
 def test_compare_of_a_run_with_itself_has_no_difference() -> None:
     outcomes = final_outcomes(
         imported_spans := nemo_import.import_files([DATA / "nemo_gym" / "reasoning_gym_rollouts.jsonl"]).spans
     )
     assert imported_spans
     result = compare(outcomes, outcomes)
-    assert result.delta == 0.0 and result.ci95 == (0.0, 0.0) and result.verdict == "inconclusive"
+    # Five tasks: fewer than a verdict needs, so no interval either.
+    assert result.delta == 0.0 and result.verdict == "too_few_tasks" and result.ci95 is None
 
 
 def test_an_imported_inspect_log_says_what_the_live_integration_traced(

@@ -8,9 +8,7 @@ starts them as processes.
 from __future__ import annotations
 
 import argparse
-import functools
 import json
-import operator
 import os
 import sys
 import time
@@ -22,6 +20,7 @@ from typing import TYPE_CHECKING
 from gymtrace import _constants as c
 from gymtrace import _settings
 from gymtrace._environment import DEFAULT_FILE, GYMTRACE_FILE
+from gymtrace._passk import PASS_THRESHOLD
 from gymtrace._setup import child_files
 from gymtrace._spandata import SpanData, TraceFileError, read_otlp_json_lines
 from gymtrace._version import __version__
@@ -102,9 +101,9 @@ def _parser() -> argparse.ArgumentParser:
     stats.add_argument(
         "--pass-threshold",
         type=float,
-        default=0.0,
+        default=PASS_THRESHOLD,
         metavar="X",
-        help="pass@k: a repeat passes when its reward is above X (default: 0)",
+        help=f"pass@k: a scored repeat passes when its reward is at least X (default: {PASS_THRESHOLD:g})",
     )
     stats.add_argument(
         "--json",
@@ -115,8 +114,8 @@ def _parser() -> argparse.ArgumentParser:
         "--pass-k",
         type=int,
         metavar="K",
-        help="pass@K per task (unbiased estimator over scored repeats; a repeat passes above --pass-threshold)"
-        " and its mean; JSON key pass_k",
+        help="pass@K per task (unbiased estimator over scored repeats; a repeat passes at or above"
+        " --pass-threshold) and its mean; JSON key pass_k",
     )
     live = sub.add_parser(
         "live", help="the open rollouts: running, stalled (no progress) or lost (process gone)"
@@ -172,9 +171,10 @@ def _add_records_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser
     compare.add_argument(
         "--pass-threshold",
         type=float,
-        default=0.5,
+        default=PASS_THRESHOLD,
         metavar="X",
-        help="a task passes when its mean reward is at least X (flips; pass@k per repeat) (default: 0.5)",
+        help="a task passes when its mean reward is at least X (flips), a repeat when its reward is"
+        f" (pass@k), as in stats (default: {PASS_THRESHOLD:g})",
     )
     compare.add_argument(
         "--max-unscored-gap",
@@ -575,9 +575,7 @@ def _stats(args: argparse.Namespace) -> int:
         pass_k = None
         if args.pass_k is not None:
             pass_k = per_task(
-                (o for o in outcomes if o.run_id == run.run_id),
-                args.pass_k,
-                functools.partial(operator.lt, args.pass_threshold),
+                (o for o in outcomes if o.run_id == run.run_id), args.pass_k, args.pass_threshold
             )
             body["pass_k"] = pass_k.as_json()
         if args.json:
@@ -598,6 +596,7 @@ def _print_pass_k(pass_k: PassK, indent: str = "  ") -> None:
             if pass_k.too_few
             else ""
         )
+        + (f"; {pass_k.unscored} unscored repeats not counted" if pass_k.unscored else "")
     )
 
 
@@ -692,10 +691,9 @@ def _compare(args: argparse.Namespace) -> int:
         sides.append((runs[0], outcomes))
     (run_a, a), (run_b, b) = sides
     result = compare(a, b, threshold=args.pass_threshold, max_unscored_gap_pp=args.max_unscored_gap)
-    threshold = args.pass_threshold
     if args.pass_k is not None:
         result.extra["pass_k"] = {
-            side: per_task(outcomes, args.pass_k, lambda r: r >= threshold).as_json()
+            side: per_task(outcomes, args.pass_k, args.pass_threshold).as_json()
             for side, outcomes in (("a", a), ("b", b))
         }
     result.extra["a_run_id"], result.extra["b_run_id"] = run_a, run_b
@@ -749,7 +747,7 @@ def _print_comparison(result: Comparison, run_a: str, run_b: str) -> None:
         )
     ci = "n/a" if result.ci95 is None else f"[{result.ci95[0]:+.3f}, {result.ci95[1]:+.3f}]"
     delta = "n/a" if result.delta is None else f"{result.delta:+.3f}"
-    print(f"mean delta {delta}, 95% CI {ci} (paired bootstrap over tasks)")
+    print(f"mean delta {delta}, 95% CI {ci} (paired bootstrap over tasks and their repeats)")
     print(f"unscored: A {result.a_unscored_share:.1%}, B {result.b_unscored_share:.1%}")
     print(
         f"flips at {result.threshold:g}: pass->fail {len(result.pass_to_fail)} {list(result.pass_to_fail)},"
@@ -759,14 +757,17 @@ def _print_comparison(result: Comparison, run_a: str, run_b: str) -> None:
         pass_k = result.extra.get("pass_k", {}).get(side)
         if pass_k is not None:
             mean = "n/a" if pass_k["mean"] is None else f"{pass_k['mean']:.4g}"
-            print(f"pass@{pass_k['k']} {side.upper()}: {mean} over {len(pass_k['tasks'])} tasks")
+            unscored = f"; {pass_k['unscored']} unscored repeats not counted" if pass_k["unscored"] else ""
+            print(f"pass@{pass_k['k']} {side.upper()}: {mean} over {len(pass_k['tasks'])} tasks{unscored}")
     print(f"verdict: {result.verdict} ({result.reason})")
 
 
 def _print_stats(run: RunStats, *, failed_as_zero: bool, indent: str = "") -> None:
     print(indent + _stats_line(run, failed_as_zero=failed_as_zero))
     for p in run.pass_at_k:
-        print(f"{indent}  pass@{p.k} {p.task_id}: {p.value:g} ({p.passed}/{p.k} repeats passed)")
+        unscored = f"; {p.unscored} unscored, not counted" if p.unscored else ""
+        value = "n/a" if p.value is None else f"{p.value:g}"
+        print(f"{indent}  pass@{p.k} {p.task_id}: {value} ({p.passed}/{p.n} scored repeats passed{unscored})")
 
 
 def _stats_line(run: RunStats, *, failed_as_zero: bool) -> str:

@@ -7,9 +7,17 @@ Everything is read from the final outcomes every reader uses (``_outcomes.final_
   delta and left out of the totals;
 - a task's mean is over its scored repeats (an unscored repeat has no reward, never a 0); every
   delta is B minus A; the run's delta is the mean of the per-task deltas;
-- the 95 % interval resamples tasks with replacement (paired: a task keeps its A and B together)
-  with a fixed seed, so the same inputs always give the same interval;
-- a flip is a task whose mean is at or above the threshold in one run and below it in the other;
+- the 95 % interval is a two-level bootstrap: each resample draws the tasks with replacement
+  (paired: a task keeps its A and B together), then, within each drawn task, its A repeats and its
+  B repeats with replacement, so the interval carries both the spread between tasks and the noise
+  of a task's few repeats; a fixed seed makes the same inputs always give the same interval;
+- below :data:`MIN_PAIRED_TASKS` tasks scored in both runs there is no verdict
+  (``too_few_tasks``) and no interval: with n paired tasks, no test that assumes nothing about
+  the rewards' distribution can reach 95 % confidence before n = 6 (the sign test's smallest
+  two-sided p-value is 2 x 0.5^n: 0.0625 at 5 tasks, 0.031 at 6), and a bootstrap over fewer
+  tasks only restates them (one task, one repeat a side gave an "interval" of one point);
+- a flip is a task whose mean passes the threshold in one run and not in the other, by pass@k's
+  one rule (:func:`gymtrace._passk.passes`: at least the threshold passes);
 - when the runs' unscored shares differ by more than the gap, the verdict is refused: a run that
   lost more rollouts to infrastructure is not comparable on the rollouts it kept.
 """
@@ -24,18 +32,23 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gymtrace import _constants as c
-from gymtrace._outcomes import RolloutOutcome, rewards_by_task
+from gymtrace._outcomes import RolloutOutcome
+from gymtrace._passk import PASS_THRESHOLD, passes, rewards_by_task
 
-# The interval's resampling: a fixed seed (deterministic), and about two million draws in all.
+# The interval's resampling: a fixed seed (deterministic), and about four million draws in all
+# (at least a thousand resamples, however many repeats there are).
 SEED = 20_240_601
 RESAMPLES = 10_000
-_DRAWS = 2_000_000
+_DRAWS = 4_000_000
+# Fewer tasks scored in both runs than this: no verdict, no interval (see the module doc).
+MIN_PAIRED_TASKS = 6
 
 VERDICT_B_BETTER = "b_better"
 VERDICT_A_BETTER = "a_better"
 VERDICT_INCONCLUSIVE = "inconclusive"
 VERDICT_REFUSED = "refused"
 VERDICT_NO_DATA = "no_data"
+VERDICT_TOO_FEW = "too_few_tasks"
 
 
 @dataclass(frozen=True)
@@ -127,12 +140,24 @@ def _unscored_share(outcomes: Sequence[RolloutOutcome]) -> float:
     return sum(1 for o in outcomes if o.outcome != c.OUTCOME_SCORED) / len(outcomes)
 
 
-def bootstrap_ci95(deltas: Sequence[float], *, seed: int = SEED) -> tuple[float, float]:
-    """The 2.5th and 97.5th percentiles of the mean of ``deltas`` resampled with replacement."""
-    n = len(deltas)
+def bootstrap_ci95(
+    pairs: Sequence[tuple[Sequence[float], Sequence[float]]], *, seed: int = SEED
+) -> tuple[float, float]:
+    """The 2.5th and 97.5th percentiles of the mean per-task delta (B minus A) over a two-level
+    bootstrap: tasks resampled with replacement, then each drawn task's A rewards and B rewards
+    resampled with replacement (a task with one repeat a side keeps its one value)."""
+    n = len(pairs)
     rng = random.Random(seed)
-    resamples = max(1_000, min(RESAMPLES, _DRAWS // n))
-    means = sorted(math.fsum(deltas[rng.randrange(n)] for _ in range(n)) / n for _ in range(resamples))
+    choices = rng.choices
+    draws = n + sum(len(a) + len(b) for a, b in pairs)
+    resamples = max(1_000, min(RESAMPLES, _DRAWS // draws))
+
+    def mean(values: Sequence[float]) -> float:
+        if len(values) == 1:
+            return values[0]
+        return math.fsum(choices(values, k=len(values))) / len(values)
+
+    means = sorted(math.fsum(mean(b) - mean(a) for a, b in choices(pairs, k=n)) / n for _ in range(resamples))
     low = means[math.floor(0.025 * (resamples - 1))]
     high = means[math.ceil(0.975 * (resamples - 1))]
     return low, high
@@ -142,7 +167,7 @@ def compare(
     a: Sequence[RolloutOutcome],
     b: Sequence[RolloutOutcome],
     *,
-    threshold: float = 0.5,
+    threshold: float = PASS_THRESHOLD,
     max_unscored_gap_pp: float = 10.0,
 ) -> Comparison:
     """Run B against run A (see the module doc)."""
@@ -157,16 +182,23 @@ def compare(
     pass_to_fail = tuple(
         t.task_id
         for t in joined
-        if t.a.mean is not None and t.b.mean is not None and t.a.mean >= threshold > t.b.mean
+        if t.a.mean is not None
+        and t.b.mean is not None
+        and passes(t.a.mean, threshold)
+        and not passes(t.b.mean, threshold)
     )
     fail_to_pass = tuple(
         t.task_id
         for t in joined
-        if t.a.mean is not None and t.b.mean is not None and t.b.mean >= threshold > t.a.mean
+        if t.a.mean is not None
+        and t.b.mean is not None
+        and passes(t.b.mean, threshold)
+        and not passes(t.a.mean, threshold)
     )
     share_a, share_b = _unscored_share(a), _unscored_share(b)
     delta = math.fsum(deltas) / len(deltas) if deltas else None
-    ci95 = bootstrap_ci95(deltas) if deltas else None
+    enough = len(joined) >= MIN_PAIRED_TASKS
+    ci95 = bootstrap_ci95([(t.a.rewards, t.b.rewards) for t in joined]) if enough else None
     gap = abs(share_b - share_a) * 100
     if gap > max_unscored_gap_pp:
         verdict = VERDICT_REFUSED
@@ -174,8 +206,14 @@ def compare(
             f"unscored shares differ by {gap:.1f} points (A {share_a:.1%}, B {share_b:.1%}), more than"
             f" {max_unscored_gap_pp:g}: a run that lost more rollouts is not comparable on the ones it kept"
         )
-    elif ci95 is None:
+    elif not joined:
         verdict, reason = VERDICT_NO_DATA, "no task is scored in both runs"
+    elif ci95 is None:
+        verdict = VERDICT_TOO_FEW
+        reason = (
+            f"{len(joined)} task{'s' if len(joined) != 1 else ''} scored in both runs; a verdict needs at"
+            f" least {MIN_PAIRED_TASKS} (no test reaches 95% confidence on fewer pairs)"
+        )
     elif ci95[0] > 0:
         verdict, reason = VERDICT_B_BETTER, "the 95% interval of B - A is above 0"
     elif ci95[1] < 0:

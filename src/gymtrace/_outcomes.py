@@ -31,6 +31,8 @@ from typing import Any
 from gymtrace import _constants as c
 from gymtrace._outcome_rule import CANCELLED, FAILED, Attempt, Decision, Facts, state_of
 from gymtrace._outcome_rule import decide as decide_outcome
+from gymtrace._passk import PASS_THRESHOLD, TaskPassK, pass_at_n
+from gymtrace._passk import rewards_by_task as rewards_by_task  # where compare and stats read it
 from gymtrace._spandata import SpanData, normalize
 
 # Where an outcome came from when the rollout root decided it (an outcome record says its own).
@@ -319,34 +321,6 @@ def final_outcomes(spans: Iterable[Any], *, run_id: str | None = None) -> list[R
 # -- statistics -----------------------------------------------------------------------------------
 
 
-def rewards_by_task(outcomes: Iterable[RolloutOutcome]) -> dict[str, tuple[int, list[float]]]:
-    """Per task ID: its number of repeats, and the rewards of its scored ones (an unscored repeat
-    has no reward, never a 0). Outcomes without a task ID are left out."""
-    found: dict[str, tuple[int, list[float]]] = {}
-    for o in outcomes:
-        if o.task_id is None:
-            continue
-        repeats, rewards = found.get(o.task_id, (0, []))
-        if o.outcome == c.OUTCOME_SCORED and o.reward is not None:
-            rewards.append(o.reward)
-        found[o.task_id] = (repeats + 1, rewards)
-    return found
-
-
-@dataclass(frozen=True)
-class PassAtK:
-    """pass@k of one task: k = its number of repeats; a repeat passes when scored above a threshold."""
-
-    task_id: str
-    k: int
-    passed: int
-
-    @property
-    def value(self) -> float:
-        # With n = k samples the unbiased estimator 1 - C(n-c, k)/C(n, k) is 1 if any passed.
-        return 1.0 if self.passed > 0 else 0.0
-
-
 @dataclass(frozen=True)
 class RunStats:
     """Per-run statistics over final outcomes (the numbers ``gymtrace stats`` prints)."""
@@ -356,7 +330,7 @@ class RunStats:
     unscored: int
     inputs: int  # the number of rewards the mean is over
     mean_reward: float | None  # None when there are no inputs
-    pass_at_k: tuple[PassAtK, ...] = ()
+    pass_at_k: tuple[TaskPassK, ...] = ()
     # Set when several runs in the input share this run ID (one RunStats each): the run span's ID.
     run_span_id: str | None = None
     runs_sharing_id: int = 1
@@ -378,9 +352,7 @@ class RunStats:
             "mean_reward": self.mean_reward,
         }
         if self.pass_at_k:
-            body["pass_at_k"] = {
-                p.task_id: {"k": p.k, "passed": p.passed, "value": p.value} for p in self.pass_at_k
-            }
+            body["pass_at_k"] = {p.task_id: p.as_json() for p in self.pass_at_k}
         if self.runs_sharing_id > 1:
             body["run_span_id"] = self.run_span_id
             body["runs_sharing_id"] = self.runs_sharing_id
@@ -402,19 +374,7 @@ def _stats(
     # The denominator rule: an unscored rollout has no reward (never an invented 0) and is left out
     # of the mean; --failed-as-zero counts it as an input of 0 here, in the metric only.
     inputs = [*rewards, *([0.0] * unscored if failed_as_zero else [])]
-    by_task: dict[str, list[RolloutOutcome]] = defaultdict(list)
-    for o in outcomes:
-        if o.task_id is not None:
-            by_task[o.task_id].append(o)
-    pass_at_k = tuple(
-        PassAtK(
-            task_id,
-            len(group),
-            sum(1 for o in group if o.reward is not None and o.reward > pass_threshold),
-        )
-        for task_id, group in sorted(by_task.items())
-        if len(group) > 1
-    )
+    pass_at_k = pass_at_n(outcomes, pass_threshold)
     return RunStats(
         run_id=run_id,
         scored=len(rewards),
@@ -434,14 +394,15 @@ def summarise(
     outcomes: list[RolloutOutcome] | None = None,
     run_id: str | None = None,
     failed_as_zero: bool = False,
-    pass_threshold: float = 0.0,
+    pass_threshold: float = PASS_THRESHOLD,
 ) -> list[RunStats]:
     """Statistics per run over the final outcomes of ``spans`` (or of precomputed ``outcomes``).
 
     The mean reward is over scored rollouts only; ``failed_as_zero=True`` counts each unscored
     rollout as an input of 0 (nothing is written into the trace). pass@k is given per task that
-    has more than one repeat, k being its number of repeats; a repeat passes when it is scored with
-    a reward above ``pass_threshold`` (default 0), an unscored repeat never passes. Several runs
+    has more than one repeat, by ``_passk``'s one definition: the unbiased estimator over the
+    task's scored repeats with k their number, a repeat passing when its reward is at least
+    ``pass_threshold`` (default 0.5); unscored repeats are counted beside it, never as failures. Several runs
     sharing one run ID (a re-run appended to the same file) get one ``RunStats`` each.
     """
     if outcomes is None:
