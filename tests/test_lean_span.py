@@ -311,3 +311,107 @@ def test_events_match_the_sdk_span_under_every_event_limit(
         shapes.append(([(e.name, dict(e.attributes), e.timestamp) for e in span.events], span.dropped_events))
     assert shapes[0] == shapes[1]
     assert sum("ended span" in r.getMessage() for r in caplog.records) == 2
+
+
+# -- an SDK the lean path was not built for (issue 31) -----------------------------------------------
+
+NEW_SDK = """
+import json, logging, sys
+logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(name)s %(levelname)s %(message)s")
+from opentelemetry.sdk import trace as sdk_trace
+
+# A release whose span has one more field, which its end() reads: a lean span, built field by
+# field, would not have it.
+init, end = sdk_trace.Span.__init__, sdk_trace.Span.end
+def __init__(self, *args, **kwargs):
+    init(self, *args, **kwargs)
+    self._end_hooks = ()
+def end_with_hooks(self, end_time=None):
+    for hook in self._end_hooks:
+        hook()
+    end(self, end_time)
+if "{change}" in ("field", "both"):
+    sdk_trace.Span.__init__ = __init__
+if "{change}" in ("end", "both"):
+    sdk_trace.Span.end = end_with_hooks
+    sdk_trace.Span._end_hooks = ()  # the SDK's own spans read the class default
+
+import gymtrace
+from gymtrace import _fastpaths
+from gymtrace._spandata import read_otlp_json_lines
+
+gymtrace.configure(service_name="new-sdk", file="spans.jsonl")
+with gymtrace.run(run_id="run-1"), gymtrace.rollout(rollout_id="r-1", task_id="t"):
+    with gymtrace.episode():
+        gymtrace.record_reward(1.0)
+    body = "ran"
+gymtrace.shutdown()
+spans = read_otlp_json_lines("spans.jsonl")
+print(json.dumps({{"body": body, "names": sorted(s.name for s in spans),
+                  "missing": list(_fastpaths.status("lean spans").missing)}}))
+"""
+
+
+@pytest.mark.parametrize("change", ["field", "end", "both"])
+def test_an_sdk_span_unlike_the_one_built_for_gets_the_sdks_own_spans(tmp_path: Path, change: str) -> None:
+    out = run_python(code=NEW_SDK.format(change=change), cwd=tmp_path)
+    assert out.returncode == 0, out.stderr
+    result = json.loads(out.stdout.strip().splitlines()[-1])
+    assert result["body"] == "ran"
+    # Every span exported, through the SDK's own spans.
+    assert result["names"] == ["gym.episode", "gym.rollout", "gym.run"]
+    assert "internal error" not in out.stderr and "Traceback" not in out.stderr
+    # The probe names what differs: the extra field, or the code of Span's methods.
+    if change in ("field", "both"):
+        assert "sdk Span field not built for: _end_hooks" in result["missing"]
+    assert any(m.startswith("sdk Span's code") for m in result["missing"])
+    # One line says so, once.
+    assert out.stderr.count("the SDK's own spans are used") == 1, out.stderr
+
+
+def test_a_lean_span_whose_end_fails_is_reported_once_never_raised(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    # What a new SDK release could do that the probe missed: its end() reads what only the spans
+    # it builds itself have. The user's blocks run on, in strict mode too (this suite is strict);
+    # one WARNING, and the next spans are the SDK's own.
+    import logging
+
+    from opentelemetry.sdk import trace as sdk_trace
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    import gymtrace
+    from gymtrace import _leanspan
+    from gymtrace._tracing import pop_provider, push_provider
+
+    sdk_end = sdk_trace.Span.end
+
+    def end(self: Any, end_time: int | None = None) -> None:
+        if type(self) is _leanspan._LeanSpan:
+            raise AttributeError("'_LeanSpan' object has no attribute '_end_hooks'")
+        sdk_end(self, end_time)
+
+    monkeypatch.setattr(sdk_trace.Span, "end", end)
+    monkeypatch.setattr(_leanspan._Lean, "on", True)
+    exporter = InMemorySpanExporter()
+    provider = _leanspan.GymTracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    push_provider(provider)
+    try:
+        with caplog.at_level(logging.WARNING, "gymtrace"):
+            ran = []
+            for rollout in ("r-lean", "r-sdk"):
+                with gymtrace.rollout(rollout_id=rollout), gymtrace.episode():
+                    gymtrace.record_reward(1.0)
+                    ran.append(rollout)
+    finally:
+        pop_provider(provider)
+        provider.shutdown()
+    assert ran == ["r-lean", "r-sdk"]
+    reports = [r for r in caplog.records if "lean span path" in r.getMessage()]
+    assert len(reports) == 1 and "(end)" in reports[0].getMessage()
+    assert _leanspan._Lean.on is False
+    # The rollout after the failure went through the SDK's spans, whole.
+    exported = {(s.name, s.attributes.get("gym.rollout.id")) for s in exporter.get_finished_spans()}
+    assert {("gym.rollout", "r-sdk"), ("gym.episode", "r-sdk")} <= exported
