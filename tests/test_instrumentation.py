@@ -89,7 +89,7 @@ def test_a_scope_run_by_hand_ends_once_with_the_error(captured: CapturedSpans) -
 
 
 def test_errors_go_through_gymtraces_policy_and_bad_arguments_are_named(captured: CapturedSpans) -> None:
-    with pytest.raises(RuntimeError):  # loud under pytest, as strict mode is
+    with pytest.raises(RuntimeError):  # loud in strict mode (capture_spans turns it on)
         instrumentation.report_error("a test integration", RuntimeError("bug"))
     instrumentation.report_error("a test integration", RuntimeError("bug"), may_raise=False)
     with pytest.raises(instrumentation.InvalidArgumentError, match="tracer_provider"):

@@ -147,10 +147,12 @@ def _text(value: Any, what: str, default: str = "") -> str:
     if not isinstance(value, str):
         raise BadTraceData(f"{what} must be a string, got {_type_name(value)}")
     if not value.isascii():
-        try:  # JSON can spell a lone surrogate ("\\ud800"), which no UTF-8 output can print
+        try:
             value.encode("utf-8")
-        except UnicodeEncodeError as exc:
-            raise BadTraceData(f"{what} is not valid Unicode ({exc.reason})") from None
+        except UnicodeEncodeError:
+            # A lone surrogate ("\\ud800" in the JSON; a Python string can hold one, and the file
+            # exporter writes it as JSON does): read as U+FFFD, which every output can print.
+            value = value.encode("utf-16", "surrogatepass").decode("utf-16", "replace")
     return value
 
 
