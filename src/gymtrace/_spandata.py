@@ -146,14 +146,15 @@ def _text(value: Any, what: str, default: str = "") -> str:
         return default
     if not isinstance(value, str):
         raise BadTraceData(f"{what} must be a string, got {_type_name(value)}")
-    if not value.isascii():
+    text: str = value
+    if not text.isascii():
         try:
-            value.encode("utf-8")
+            text.encode("utf-8")
         except UnicodeEncodeError:
             # A lone surrogate ("\\ud800" in the JSON; a Python string can hold one, and the file
             # exporter writes it as JSON does): read as U+FFFD, which every output can print.
-            value = value.encode("utf-16", "surrogatepass").decode("utf-16", "replace")
-    return value
+            text = text.encode("utf-16", "surrogatepass").decode("utf-16", "replace")
+    return text
 
 
 def _int64(value: Any, what: str, default: int = 0) -> int:
