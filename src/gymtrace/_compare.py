@@ -140,6 +140,10 @@ def _unscored_share(outcomes: Sequence[RolloutOutcome]) -> float:
     return sum(1 for o in outcomes if o.outcome != c.OUTCOME_SCORED) / len(outcomes)
 
 
+def _constant(values: Sequence[float]) -> float | Sequence[float]:
+    return float(values[0]) if min(values) == max(values) else values
+
+
 def bootstrap_ci95(
     pairs: Sequence[tuple[Sequence[float], Sequence[float]]], *, seed: int = SEED
 ) -> tuple[float, float]:
@@ -151,13 +155,16 @@ def bootstrap_ci95(
     choices = rng.choices
     draws = n + sum(len(a) + len(b) for a, b in pairs)
     resamples = max(1_000, min(RESAMPLES, _DRAWS // draws))
+    # A side whose repeats all got the same reward (every 0/1 task that always or never passes)
+    # resamples to that reward: kept as a number, it costs no draw.
+    sides = [(_constant(a), _constant(b)) for a, b in pairs]
 
-    def mean(values: Sequence[float]) -> float:
-        if len(values) == 1:
-            return values[0]
+    def mean(values: float | Sequence[float]) -> float:
+        if isinstance(values, float):
+            return values
         return math.fsum(choices(values, k=len(values))) / len(values)
 
-    means = sorted(math.fsum(mean(b) - mean(a) for a, b in choices(pairs, k=n)) / n for _ in range(resamples))
+    means = sorted(math.fsum(mean(b) - mean(a) for a, b in choices(sides, k=n)) / n for _ in range(resamples))
     low = means[math.floor(0.025 * (resamples - 1))]
     high = means[math.ceil(0.975 * (resamples - 1))]
     return low, high
