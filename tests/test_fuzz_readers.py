@@ -214,3 +214,20 @@ def test_no_malformed_trace_makes_a_reader_raise(request: dict[str, Any]) -> Non
         path = Path(directory) / "trace.jsonl"
         path.write_text(json.dumps(copy.deepcopy(request)) + "\n", encoding="utf-8", errors="surrogatepass")
         _assert_readers_answer(path)
+
+
+@pytest.mark.parametrize("command", [c[0] for c in COMMANDS])
+@pytest.mark.parametrize(
+    "content",
+    [b"\xff\xfe{}\n", b"[1, 2]\n", b"[" * 100_000 + b"\n", b'{"resourceSpans": 5}\n'],
+    ids=["not UTF-8", "an array", "nested too deep", "resourceSpans a number"],
+)
+def test_a_line_that_is_not_an_otlp_request_is_one_line_naming_it(
+    tmp_path: Path, command: str, content: bytes
+) -> None:
+    path = tmp_path / "trace.jsonl"
+    path.write_bytes(json.dumps(_request()).encode() + b"\n" + content)
+    code, _, err = _run([command, str(path)])
+    assert code == 2
+    (line,) = err.strip().splitlines()
+    assert f"{path}:2:" in line, line

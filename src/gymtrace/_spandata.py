@@ -461,19 +461,21 @@ def read_otlp_json_lines(path: str | Path, *, partial_last_line: bool = False) -
             span for file in files for span in read_otlp_json_lines(file, partial_last_line=partial_last_line)
         ]
     spans: list[SpanData] = []
-    with open(path, encoding="utf-8") as f:
-        for number, line in enumerate(f, 1):
-            unfinished = partial_last_line and not line.endswith("\n")
-            line = line.strip()
-            if not line:
+    # Read as bytes and decoded line by line: a byte that is not UTF-8 is an error naming its line,
+    # not a UnicodeDecodeError out of the file iterator.
+    with open(path, "rb") as f:
+        for number, raw in enumerate(f, 1):
+            unfinished = partial_last_line and not raw.endswith(b"\n")
+            raw = raw.strip()
+            if not raw:
                 continue
             try:
-                spans.extend(decode_otlp_json(json.loads(line)))
+                spans.extend(decode_otlp_json(json.loads(raw.decode("utf-8"))))
             except BadTraceData as exc:
                 if unfinished:
                     break
                 raise TraceFileError(f"{path}:{number}: not a trace gymtrace can read: {exc}") from exc
-            except (ValueError, RecursionError) as exc:  # not JSON, or nested too deep to parse
+            except (ValueError, RecursionError) as exc:  # not UTF-8, not JSON, or nested too deep
                 if unfinished:
                     break
                 raise TraceFileError(f"{path}:{number}: not an OTLP/JSON trace request ({exc})") from exc
