@@ -22,9 +22,10 @@ What it does:
   ``.remote()`` creation) prepares it: gymtrace wraps the function (the actor's methods) with a
   keyword-only parameter, ``_gymtrace``, that Ray carries like any argument. A call made inside a
   gym scope passes the caller's trace context and gym identity in it (W3C headers from
-  ``gymtrace.propagation.inject``); outside a gym scope nothing is passed. Functions and actor
-  classes that were already called before ``instrument()`` run untraced in the workers (Ray
-  exported them already; logged once each).
+  ``gymtrace.propagation.inject``, a continuation of the caller's episode: the task's steps get a
+  range of their own and it may record the rollout's outcome); outside a gym scope nothing is
+  passed. Functions and actor classes that were already called before ``instrument()`` run
+  untraced in the workers (Ray exported them already; logged once each).
 - In the worker the call runs under ``gymtrace.propagation.attach``: spans the task opens join the
   caller's trace with its identity. The execution itself is a ``ray.task {name}`` span with
   ``ray.task.attempt`` (Ray's attempt number, 0 first), ``ray.task.id`` and ``ray.worker.pid``; a
@@ -108,7 +109,11 @@ def _payload() -> dict[str, Any] | None:
     settings = _state.get("settings")  # in a worker: the settings it was configured with
     if settings is None:
         settings = _settings(_state.get("configuration") or gymtrace.get_configuration())
-    return {"headers": dict(gymtrace.propagation.inject({})), "settings": settings, "pid": os.getpid()}
+    # The task continues the caller's episode inside the gym: identity, a step range, the hand-off.
+    headers = gymtrace.propagation.inject(
+        {}, destination=gymtrace.propagation.GYM_INTERNAL, continuation=True
+    )
+    return {"headers": dict(headers), "settings": settings, "pid": os.getpid()}
 
 
 def _with_parameter(parameters: list[inspect.Parameter]) -> list[inspect.Parameter]:
