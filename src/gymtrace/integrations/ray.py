@@ -32,8 +32,10 @@ What it does:
   re-run by Ray (``max_retries`` after a worker died, ``retry_exceptions``) carries a
   ``ray.task.retry`` event naming the attempt, so a lost attempt is never one clean attempt 0.
 - Each worker configures gymtrace on its first traced call, from the ``Configuration`` given to
-  ``instrument()`` (service name, OTLP endpoint and protocol, headers) or, without one, from the
-  environment it inherited. A trace file becomes one file per worker process,
+  ``instrument()`` (service name, OTLP endpoint and protocol, trace file) or, without one, from the
+  environment it inherited. Exporter headers (``OTEL_EXPORTER_OTLP_HEADERS``, often an API key)
+  and other credentials never travel in a task's arguments, which Ray stores and may spill to
+  disk: a worker reads them from its own environment (docs/integrations/ray.md). A trace file becomes one file per worker process,
   ``{stem}.ray-{pid}{suffix}`` beside the driver's (processes must not interleave lines in one
   file); ``gymtrace tree``/``check`` take them all. Each traced call flushes its spans when it
   returns, because Ray reuses and kills workers without running exit handlers.
@@ -90,13 +92,23 @@ def _settings(configuration: gymtrace.Configuration | None) -> dict[str, Any]:
     if configuration.endpoint:
         settings["endpoint"] = configuration.endpoint
         settings["protocol"] = configuration.protocol
-        if configuration.headers:
-            settings["headers"] = dict(configuration.headers)
+        # No exporter headers (often an API key): Ray stores task arguments and may spill them to
+        # disk; a worker reads OTEL_EXPORTER_OTLP_HEADERS from its own environment (issue 31).
+        if configuration.headers and not any(os.environ.get(v) for v in _HEADER_VARIABLES):
+            _warn_once(
+                "exporter headers",
+                "the exporter headers given to gymtrace.configure() are not passed to Ray workers"
+                " (task arguments are stored by Ray); set OTEL_EXPORTER_OTLP_HEADERS in the workers'"
+                " environment",
+            )
     if configuration.file:
         settings["file"] = str(Path(configuration.file).resolve())
     elif configuration.endpoint:
         settings["file"] = False
     return settings
+
+
+_HEADER_VARIABLES = ("OTEL_EXPORTER_OTLP_HEADERS", "OTEL_EXPORTER_OTLP_TRACES_HEADERS")
 
 
 def _payload() -> dict[str, Any] | None:
