@@ -36,6 +36,8 @@ import httpx
 import openai
 import pytest
 import requests
+from opentelemetry import baggage
+from opentelemetry import context as otel_context
 from opentelemetry.instrumentation.aiohttp_client import AioHttpClientInstrumentor
 from opentelemetry.instrumentation.httpx import HTTPXClientInstrumentor
 from opentelemetry.instrumentation.requests import RequestsInstrumentor
@@ -58,7 +60,7 @@ ROLLOUT = "customer-123-task-9"
 INCOMING = {
     "traceparent": "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01",
     "baggage": f"gym.run.id=run-m,gym.rollout.id={ROLLOUT},gym.task.id=task-9,gym.episode.attempt=0,"
-    f"gym.episode.id={ROLLOUT}",
+    f"gym.episode.id={ROLLOUT},tenant=acme",
 }
 
 
@@ -123,6 +125,20 @@ def _aiohttp_instrument(url: str, proxy: str | None, case: str) -> None:
     gym_aiohttp.instrument()
     try:
         _aiohttp_get(url, proxy, case)
+    finally:
+        gym_aiohttp.uninstrument()
+
+
+def _aiohttp_base_url(url: str, proxy: str | None, case: str) -> None:
+    # A relative request on a session with a base_url is judged by the base_url's host.
+    async def go() -> None:
+        async with aiohttp.ClientSession(base_url=url) as client:
+            async with client.get("/work", proxy=proxy, headers={CASE_HEADER: case}) as response:
+                response.raise_for_status()
+
+    gym_aiohttp.instrument()
+    try:
+        asyncio.run(go())
     finally:
         gym_aiohttp.uninstrument()
 
@@ -200,6 +216,12 @@ def _httpx_transport_and_official(url: str, proxy: str | None, case: str) -> Non
         _httpx_transport(url, proxy, case)
 
 
+def _openai_and_official_httpx(url: str, proxy: str | None, case: str) -> None:
+    # The official httpx instrumentation wraps the openai client's transport and injects last.
+    with _official(HTTPXClientInstrumentor()):
+        _openai(url, proxy, case)
+
+
 def _aiohttp_instrument_and_official(url: str, proxy: str | None, case: str) -> None:
     with _official(AioHttpClientInstrumentor()):
         _aiohttp_instrument(url, proxy, case)
@@ -212,11 +234,13 @@ GYMTRACE_PATHS: list[tuple[str, Callable[[str, str | None, str], None], str | No
     ("httpx-transport", _httpx_transport, "baggage"),
     ("aiohttp-instrument", _aiohttp_instrument, "baggage"),
     ("aiohttp-trace-config", _aiohttp_trace_config, "baggage"),
+    ("aiohttp-base-url", _aiohttp_base_url, "baggage"),
     ("inject-with-destination", _inject_with_destination, "baggage"),
     ("inject-without-destination", _inject_without_destination, None),  # unknown: denied
     ("nemo-gym-httpx", _nemo_gym_httpx, "baggage+nemo-headers"),
     ("nemo-gym-aiohttp", _nemo_gym_aiohttp, "baggage+nemo-headers"),
     ("httpx-transport+official-httpx", _httpx_transport_and_official, "baggage"),
+    ("openai-integration+official-httpx", _openai_and_official_httpx, "baggage"),
     ("aiohttp-instrument+official-aiohttp", _aiohttp_instrument_and_official, "baggage"),
 ]
 OFFICIAL_PATHS: list[tuple[str, Callable[[str, str | None, str], None], str | None]] = [
@@ -229,9 +253,13 @@ DESTINATIONS = ["gym", "upstream", "public"]
 
 @contextmanager
 def _in_episode(origin: str) -> Iterator[None]:
-    """A gym episode opened here (``local``) or continued from a gym caller's headers."""
+    """A gym episode opened here (``local``) or continued from a gym caller's headers, with some
+    application baggage in the context (what the official instrumentations inject over gymtrace's
+    header when gymtrace does not control the context of the request)."""
     with ExitStack() as stack:
         if origin == "local":
+            token = otel_context.attach(baggage.set_baggage("tenant", "acme"))
+            stack.callback(otel_context.detach, token)
             stack.enter_context(gymtrace.run(run_id="run-m"))
             stack.enter_context(gymtrace.rollout(rollout_id=ROLLOUT, task_id="task-9"))
             stack.enter_context(gymtrace.episode())
