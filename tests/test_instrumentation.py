@@ -37,7 +37,7 @@ def test_current_identity_is_the_innermost_scopes_and_empty_outside(captured: Ca
 
 def test_a_request_continues_the_callers_scope_on_the_span_it_is_handed(captured: CapturedSpans) -> None:
     with gymtrace.rollout(rollout_id="r-2"), gymtrace.episode():
-        header = gymtrace.propagation.inject({})["baggage"]
+        header = gymtrace.propagation.inject({}, destination=gymtrace.propagation.GYM_INTERNAL)["baggage"]
     server = captured.tracer_provider.get_tracer("server")
     with server.start_as_current_span("POST /run") as request_span:
         identity = instrumentation.incoming_identity(header)
@@ -105,7 +105,7 @@ def test_a_rerun_after_a_lost_run_numbers_its_episode_after_a_failed_attempt(cap
     from gymtrace._outcomes import final_outcomes
 
     with gymtrace.rollout(rollout_id="r-rerun", task_id="t", repeat=0):
-        headers = propagation.inject({})
+        headers = propagation.inject({}, destination=propagation.GYM_INTERNAL, continuation=True)
     with propagation.attach(headers):
         instrumentation.rerun(1, "the worker died")
         with gymtrace.episode() as episode:
@@ -125,7 +125,7 @@ def test_a_rerun_inside_an_episode_stays_within_that_attempt(captured: CapturedS
     from gymtrace import propagation
 
     with gymtrace.rollout(rollout_id="r-step-rerun"), gymtrace.episode() as episode:
-        headers = propagation.inject({})
+        headers = propagation.inject({}, destination=propagation.GYM_INTERNAL, continuation=True)
         episode.record_reward(0.5)
     with propagation.attach(headers):
         instrumentation.rerun(1, "the worker died")  # a step's task re-ran: not a new attempt

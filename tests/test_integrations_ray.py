@@ -383,3 +383,107 @@ def test_bad_configuration_argument_is_named() -> None:
 
     with pytest.raises(TypeError, match="'configuration'"):
         gymtrace.integrations.ray.instrument({"file": "x"})  # type: ignore[arg-type]
+
+
+# A driver that exports over OTLP with an API key (issue 31): the key must never become a task
+# argument, which Ray stores in its object store and may spill to disk; each worker reads it from
+# its own environment. The recorder sits under gymtrace's patch, so it sees the arguments exactly as
+# Ray receives them, gymtrace's carrier included.
+SECRET = "sk-gymtrace-31-do-not-store"
+SECRET_SCENARIO = r"""
+import json, os, sys
+import ray
+import wrapt
+import gymtrace
+import gymtrace.integrations.ray
+
+endpoint = sys.argv[1]
+seen = []
+
+
+def record(wrapped, instance, args, kwargs):
+    seen.append(repr((args, kwargs)))
+    return wrapped(*args, **kwargs)
+
+
+wrapt.wrap_function_wrapper("ray.remote_function", "RemoteFunction._remote", record)
+wrapt.wrap_function_wrapper("ray.actor", "ActorMethod._remote", record)
+secret_headers = dict([os.environ["OTEL_EXPORTER_OTLP_HEADERS"].split("=", 1)])
+config = gymtrace.configure(
+    service_name="ray-secret", endpoint=endpoint, protocol="http/protobuf", headers=secret_headers, file=False
+)
+ray.init(num_cpus=1, include_dashboard=False, log_to_driver=False)
+gymtrace.integrations.ray.instrument(config)
+
+
+@ray.remote
+def work(x):
+    with gymtrace.tool_call(tool_name="work"):
+        return os.getpid()
+
+
+@ray.remote
+class Scorer:
+    def score(self, x):
+        with gymtrace.tool_call(tool_name="score"):
+            return os.getpid()
+
+
+scorer = Scorer.remote()
+with gymtrace.rollout(rollout_id="r-secret", task_id="t"), gymtrace.episode():
+    pids = ray.get([work.remote(1), scorer.score.remote(2)])
+ray.shutdown()
+gymtrace.shutdown()
+print(json.dumps({"seen": seen, "workers": pids, "driver": os.getpid()}))
+"""
+
+
+def test_exporter_headers_never_travel_in_task_arguments_and_workers_read_their_own(tmp_path: Path) -> None:
+    from otlp_receiver import http_receiver
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "GYMTRACE_", "PYTEST_"))}
+    env["RAY_AUTH_MODE"] = "disabled"
+    env["OTEL_EXPORTER_OTLP_HEADERS"] = f"authorization=Bearer {SECRET}"
+    with http_receiver() as receiver:
+        done = subprocess.run(
+            [sys.executable, "-c", textwrap.dedent(SECRET_SCENARIO), receiver.endpoint],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=300,
+            cwd=tmp_path,
+        )
+        assert done.returncode == 0, done.stderr[-3000:]
+        headers = list(receiver.headers)
+        spans = receiver.spans
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    carried = [call for call in result["seen"] if "_gymtrace" in call]
+    assert len(carried) == 2, result["seen"]  # the task and the actor method carried the episode
+    assert all(SECRET not in call and "authorization" not in call.lower() for call in result["seen"])
+    # The workers exported their spans with the key from their own environment.
+    tasks = [s for s in spans if s.name.startswith(c.SPAN_RAY_TASK)]
+    assert {s.attributes[c.RAY_WORKER_PID] for s in tasks} == set(result["workers"])
+    assert set(result["workers"]).isdisjoint({result["driver"]})
+    assert headers and all(h.get("authorization") == f"Bearer {SECRET}" for h in headers)
+    assert {s.attributes.get(c.ROLLOUT_ID) for s in tasks} == {"r-secret"}
+
+
+def test_headers_given_in_code_are_left_behind_and_that_is_said(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    import gymtrace
+    from gymtrace.integrations import ray as gym_ray
+
+    monkeypatch.delenv("OTEL_EXPORTER_OTLP_HEADERS", raising=False)
+    monkeypatch.delenv("OTEL_EXPORTER_OTLP_TRACES_HEADERS", raising=False)
+    configuration = gymtrace.Configuration(
+        service_name="driver",
+        endpoint="http://127.0.0.1:4318",
+        protocol="http/protobuf",
+        headers={"authorization": f"Bearer {SECRET}"},
+    )
+    with caplog.at_level("WARNING", logger="gymtrace"):
+        settings = gym_ray._settings(configuration)
+    assert SECRET not in repr(settings)
+    assert settings["endpoint"] == "http://127.0.0.1:4318"
+    assert any("OTEL_EXPORTER_OTLP_HEADERS" in r.getMessage() for r in caplog.records)

@@ -68,7 +68,7 @@ with gymtrace.run(run_id="m"):
     # handed to another process (pending at its end), scored there: counted once, there
     with gymtrace.rollout(rollout_id="remote", task_id="t"), gymtrace.episode():
         headers = {}
-        propagation.inject(headers)
+        propagation.inject(headers, destination=propagation.GYM_INTERNAL, continuation=True)
     with propagation.attach(headers):
         gymtrace.record_reward(1.0)
 """

@@ -145,7 +145,9 @@ def run(program: Program) -> None:
             try:
                 with gymtrace.episode(restored_from=True if spec.restored else None):
                     if spec.handoff:
-                        headers = dict(propagation.inject({}))
+                        headers = dict(
+                            propagation.inject({}, destination=propagation.GYM_INTERNAL, continuation=True)
+                        )
                     for value in spec.rewards:
                         gymtrace.record_reward(value)
                     if spec.ending == "record_failure":

@@ -26,6 +26,11 @@ def _hex_trace(span: Any) -> str:
     return trace.format_trace_id(span.get_span_context().trace_id)
 
 
+def _handoff() -> dict[str, str]:
+    """Headers for work that continues the episode in another process: a hand-off, asked for."""
+    return dict(propagation.inject({}, destination=propagation.GYM_INTERNAL, continuation=True))
+
+
 def _one_record(captured: CapturedSpans) -> Any:
     (record,) = captured.by_kind(c.KIND_OUTCOME)
     assert record.name == c.SPAN_OUTCOME
@@ -34,7 +39,7 @@ def _one_record(captured: CapturedSpans) -> Any:
 
 def test_reward_under_attach_is_the_rollouts_outcome_record(captured: CapturedSpans) -> None:
     with gymtrace.rollout(rollout_id="r-remote", task_id="t") as rollout, gymtrace.episode():
-        headers = propagation.inject({})
+        headers = _handoff()
     # What a worker process does with the headers: continue the episode and score it.
     with propagation.attach(headers):
         assert gymtrace.current().attempt == 0
@@ -57,7 +62,7 @@ def test_reward_under_attach_is_the_rollouts_outcome_record(captured: CapturedSp
 
 def test_failure_under_attach_records_an_unscored_outcome(captured: CapturedSpans) -> None:
     with gymtrace.rollout(rollout_id="r-fail"), gymtrace.episode():
-        headers = propagation.inject({})
+        headers = _handoff()
     with propagation.attach(headers):
         gymtrace.record_failure("infrastructure", message="sandbox lost")
     record = _one_record(captured)
@@ -123,7 +128,7 @@ def test_steps_continued_elsewhere_take_the_reserved_numbers(captured: CapturedS
     with gymtrace.rollout(rollout_id="r-steps"), gymtrace.episode():
         with gymtrace.step():
             pass  # step 1, here
-        handoffs = [propagation.inject({}) for _ in range(2)]  # steps 2 and 3 run elsewhere
+        handoffs = [_handoff() for _ in range(2)]  # steps 2 and 3 run elsewhere
         with gymtrace.step():
             pass  # step 4, here
     for headers in handoffs:
@@ -163,7 +168,8 @@ def test_reward_recorded_in_another_process_is_the_outcome(tmp_path: Path) -> No
         import gymtrace
         gymtrace.configure(service_name="driver", file=sys.argv[1])
         with gymtrace.rollout(rollout_id="r-proc", task_id="t"), gymtrace.episode():
-            headers = dict(gymtrace.propagation.inject({}))
+            handoff = dict(destination=gymtrace.propagation.GYM_INTERNAL, continuation=True)
+            headers = dict(gymtrace.propagation.inject({}, **handoff))
             subprocess.run([sys.executable, sys.argv[2], sys.argv[1], json.dumps(headers)], check=True)
             with gymtrace.step():
                 pass
@@ -283,13 +289,13 @@ def test_step_numbers_stay_unique_when_continuations_record_several_steps(captur
     with gymtrace.rollout(rollout_id="r-many"), gymtrace.episode():
         with gymtrace.step():
             pass
-        handoffs = [propagation.inject({}) for _ in range(12)]
+        handoffs = [_handoff() for _ in range(12)]
         with gymtrace.step():
             pass
     for headers in handoffs:
         with propagation.attach(headers):
             _steps(3)
-            nested = propagation.inject({})
+            nested = _handoff()
         with propagation.attach(nested):
             _steps(2)
     numbers = [s.attributes[c.STEP_NUMBER] for s in captured.by_kind(c.KIND_STEP)]
@@ -304,7 +310,7 @@ def test_step_numbers_stay_unique_past_ten_thousand_steps_in_each_part() -> None
     # the 10,000 a part had before, so the caller's own numbers used to run into continuation 1's.
     with capture_spans(strict=True) as captured:
         with gymtrace.rollout(rollout_id="r-long"), gymtrace.episode():
-            handoffs = [propagation.inject({}) for _ in range(2)]
+            handoffs = [_handoff() for _ in range(2)]
             _steps(12_000)
         for headers in handoffs:
             with propagation.attach(headers):
@@ -322,11 +328,11 @@ def test_step_numbers_stay_unique_through_a_task_calling_a_task_calling_a_task()
         with gymtrace.rollout(rollout_id="r-deep"), gymtrace.episode():
             with gymtrace.step():
                 pass
-            level = propagation.inject({})
+            level = _handoff()
         for _ in range(2):
             with propagation.attach(level):
                 _steps(3)
-                level = propagation.inject({})
+                level = _handoff()
     numbers = [s.attributes[c.STEP_NUMBER] for s in captured.by_kind(c.KIND_STEP)]
     assert len(numbers) == len(set(numbers)) == 7
     assert max(numbers) > 10**10  # the second level's range, reached through a 13-digit base
@@ -345,26 +351,26 @@ def test_a_part_that_outgrows_its_step_range_is_reported(
         with gymtrace.rollout(rollout_id="r-range"), gymtrace.episode():
             with gymtrace.step():
                 pass
-            propagation.inject({})
+            _handoff()
             _steps(99)
     warnings = [r.getMessage() for r in caplog.records if "may repeat" in r.getMessage()]
     assert len(warnings) == 1, warnings  # once per part, not once per step
     assert "r-range" in warnings[0] and "step 100" in warnings[0]
     with capture_spans(strict=True), pytest.raises(gymtrace.GymTraceError, match="may repeat"):
         with gymtrace.rollout(rollout_id="r-range-strict"), gymtrace.episode():
-            propagation.inject({})
+            _handoff()
             _steps(100)
 
 
 def test_hand_offs_nested_past_int64_say_their_numbers_may_repeat(caplog: pytest.LogCaptureFixture) -> None:
     with capture_spans(strict=False), caplog.at_level(logging.WARNING, logger="gymtrace"):
         with gymtrace.rollout(rollout_id="r-deeper"), gymtrace.episode():
-            level = propagation.inject({})
+            level = _handoff()
         for _ in range(4):
             with propagation.attach(level):
                 with gymtrace.step():
                     pass
                 with gymtrace.step():
                     pass
-                level = propagation.inject({})
+                level = _handoff()
     assert any("no range of step numbers left" in r.getMessage() for r in caplog.records)

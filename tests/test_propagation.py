@@ -36,29 +36,63 @@ def _parent(span) -> str | None:
     return trace.format_span_id(span.parent.span_id) if span.parent is not None else None
 
 
-def test_inject_writes_traceparent_and_identity_baggage():
+def test_inject_writes_traceparent_and_identity_baggage_for_a_gym_destination():
     with gymtrace.testing.capture_spans():
         with gymtrace.rollout(rollout_id="r-1", task_id="t-1", repeat=0), gymtrace.episode() as episode:
-            headers = propagation.inject({})
+            headers = propagation.inject({}, destination="http://127.0.0.1:8000/run")
     assert headers["traceparent"].split("-")[1:3] == [episode.trace_id, episode.span_id]
     carried = baggage.get_all(W3CBaggagePropagator().extract(headers))
+    # A plain request reserves no step: no gym.step.base.
     assert carried == {
         c.ROLLOUT_ID: "r-1",
         c.TASK_ID: "t-1",
         c.ROLLOUT_REPEAT: "0",
         c.EPISODE_ATTEMPT: "0",
         c.EPISODE_ID: "r-1",
-        # Injected at the episode level, outside any step: the callee's work is the episode's next
-        # step, so its step number is reserved here.
-        c.STEP_BASE: "1",
     }
+
+
+def test_a_continuation_asked_for_reserves_the_episodes_next_step():
+    with gymtrace.testing.capture_spans():
+        with gymtrace.rollout(rollout_id="r-1", task_id="t-1", repeat=0), gymtrace.episode():
+            headers = propagation.inject({}, destination=propagation.GYM_INTERNAL, continuation=True)
+    carried = baggage.get_all(W3CBaggagePropagator().extract(headers))
+    # Injected at the episode level, outside any step: the callee's work is the episode's next
+    # step, so its step number is reserved here.
+    assert carried[c.STEP_BASE] == "1"
+    assert carried[c.ROLLOUT_ID] == "r-1"
+
+
+def test_inject_without_a_destination_sends_the_trace_and_no_identity():
+    # An unknown destination may be a model provider (issue 31): traceparent only.
+    with gymtrace.testing.capture_spans():
+        with gymtrace.rollout(rollout_id="r-1", task_id="t-1"), gymtrace.episode() as episode:
+            headers = propagation.inject({})
+            public = propagation.inject({}, destination="https://api.openai.com/v1/chat/completions")
+    for carried in (headers, public):
+        assert carried["traceparent"].split("-")[1:3] == [episode.trace_id, episode.span_id]
+        assert "baggage" not in carried
+
+
+def test_a_continuation_to_a_destination_outside_the_gym_is_refused_loudly(caplog):
+    with gymtrace.testing.capture_spans(strict=False) as captured:
+        with caplog.at_level("WARNING", logger="gymtrace"):
+            with gymtrace.rollout(rollout_id="r-1"), gymtrace.episode():
+                headers = propagation.inject({}, continuation=True)
+    # No identity went, so nothing can record the outcome elsewhere: not handed off.
+    assert captured.one(c.KIND_ROLLOUT).attributes[c.ROLLOUT_OUTCOME] == c.OUTCOME_UNSCORED
+    assert "baggage" not in headers
+    assert any("continuation=True" in r.getMessage() for r in caplog.records)
+    with gymtrace.testing.capture_spans(strict=True), pytest.raises(gymtrace.GymTraceError):
+        with gymtrace.rollout(rollout_id="r-2"), gymtrace.episode():
+            propagation.inject({}, destination="https://api.openai.com/v1", continuation=True)
 
 
 def test_inject_sends_identity_keys_only_never_other_baggage():
     token = otel_context.attach(baggage.set_baggage("user.secret", "do-not-send"))
     try:
         with gymtrace.testing.capture_spans(), gymtrace.rollout(rollout_id="r-1"):
-            headers = propagation.inject({}, continuation=False)
+            headers = propagation.inject({}, destination="http://localhost:8000/")
     finally:
         otel_context.detach(token)
     assert "user.secret" not in headers["baggage"]
@@ -146,16 +180,14 @@ def test_baggage_property_is_stripped_and_plus_is_kept():
 
 def test_application_baggage_stays_in_the_context_but_is_forwarded_only_when_allowed(monkeypatch):
     incoming = {"baggage": "gym.rollout.id=r-1,tenant=acme,user.email=a%40b.c,flag=on"}
+    handoff = {"destination": propagation.GYM_INTERNAL, "continuation": True}
     with gymtrace.testing.capture_spans(), propagation.attach(incoming):
-        assert baggage.get_all() == {
-            c.ROLLOUT_ID: "r-1",
-            "tenant": "acme",
-            "user.email": "a@b.c",
-            "flag": "on",
-        }
-        default = _sent(propagation.inject({}))
+        # The identity is gymtrace's, not baggage (issue 31); the application's entries stay.
+        assert baggage.get_all() == {"tenant": "acme", "user.email": "a@b.c", "flag": "on"}
+        assert gymtrace.current().rollout_id == "r-1"
+        default = _sent(propagation.inject({}, **handoff))
         _trust.configure_trust(allow="tenant, flag")
-        allowed = _sent(propagation.inject({}))
+        allowed = _sent(propagation.inject({}, **handoff))
     # Each hand-off from the continued scope reserves a step number of its own (issue 25).
     assert default == {c.ROLLOUT_ID: "r-1", c.STEP_BASE: "1"}
     assert allowed == {c.ROLLOUT_ID: "r-1", "tenant": "acme", "flag": "on", c.STEP_BASE: "2"}
@@ -166,7 +198,7 @@ def test_allow_list_comes_from_the_environment_and_never_lets_gym_keys_through(m
     _trust.reset_trust()
     token = otel_context.attach(baggage.set_baggage("tenant", "acme", baggage.set_baggage("other", "x")))
     try:
-        sent = _sent(propagation.inject({}))
+        sent = _sent(propagation.inject({}, destination=propagation.GYM_INTERNAL))
     finally:
         otel_context.detach(token)
     assert sent == {"tenant": "acme"}
@@ -189,9 +221,10 @@ def test_invalid_identity_values_are_dropped(entry):
     assert propagation.identity_from_context(ctx) == {}
 
 
-def test_extracted_context_keeps_application_baggage_beside_identity():
+def test_extracted_context_keeps_application_baggage_and_the_identity_apart():
     ctx = propagation.extract({"baggage": "gym.rollout.id=r-1,tenant=acme,big=" + "y" * 1000})
-    assert baggage.get_all(ctx) == {c.ROLLOUT_ID: "r-1", "tenant": "acme", "big": "y" * 1000}
+    assert baggage.get_all(ctx) == {"tenant": "acme", "big": "y" * 1000}
+    assert propagation.identity_from_context(ctx) == {c.ROLLOUT_ID: "r-1"}
 
 
 def test_garbage_traceparent_starts_a_new_trace_and_keeps_valid_identity():
@@ -251,7 +284,7 @@ def test_without_the_baggage_propagator_identity_stays_behind():
     propagate.set_global_textmap(TraceContextTextMapPropagator())
     try:
         with gymtrace.testing.capture_spans(), gymtrace.rollout(rollout_id="r-1"):
-            headers = propagation.inject({})
+            headers = propagation.inject({}, destination=propagation.GYM_INTERNAL)
         assert set(headers) == {"traceparent"}
     finally:
         propagate.set_global_textmap(previous)

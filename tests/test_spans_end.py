@@ -96,7 +96,12 @@ def test_a_ray_generator_tasks_context_is_attached_only_while_its_body_runs() ->
     traced = gym_ray._traced(chunks, "chunks")
     with capture_spans() as captured:
         with gymtrace.rollout(rollout_id="r-gen"), gymtrace.episode():
-            payload = {"headers": dict(propagation.inject({})), "pid": os.getpid()}
+            payload = {
+                "headers": dict(
+                    propagation.inject({}, destination=propagation.GYM_INTERNAL, continuation=True)
+                ),
+                "pid": os.getpid(),
+            }
         items = []
         for item in traced(3, _gymtrace=payload):
             items.append(item)

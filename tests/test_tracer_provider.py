@@ -96,7 +96,10 @@ def test_the_asgi_middleware_sends_the_handlers_scopes_to_its_provider(
 
     provider, exporter = own
     with gymtrace.rollout(rollout_id="r-asgi"), gymtrace.episode():
-        headers = [(k.encode(), v.encode()) for k, v in gymtrace.propagation.inject({}).items()]
+        headers = [
+            (k.encode(), v.encode())
+            for k, v in gymtrace.propagation.inject({}, destination="http://127.0.0.1/").items()
+        ]
 
     async def app(scope: Any, receive: Any, send: Any) -> None:
         with gymtrace.step():

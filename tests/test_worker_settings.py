@@ -23,7 +23,7 @@ if __name__ == "__main__":
     gymtrace.configure(service_name="driver", file={path!r})
     for value, method in ((0.25, "spawn"), (0.5, "forkserver")):
         with gymtrace.rollout(rollout_id="r-" + method), gymtrace.episode():
-            headers = propagation.inject({{}})
+            headers = propagation.inject({{}}, destination=propagation.GYM_INTERNAL, continuation=True)
         process = mp.get_context(method).Process(target=score, args=(headers, value))
         process.start()
         process.join(60)

@@ -180,11 +180,30 @@ def _is_loopback(host: str) -> bool:
         return False
 
 
+class _GymInternal:
+    """The type of :data:`GYM_INTERNAL` (one instance)."""
+
+    __slots__ = ()
+
+    def __repr__(self) -> str:
+        return "gymtrace.propagation.GYM_INTERNAL"
+
+
+# The destination of a carrier that stays inside the gym by construction: a child process's
+# environment, a pool worker's task, a Ray task's arguments. An object, not a string, so no URL a
+# request is sent to (read from a config file, a response, a redirect) can ever be taken for it.
+GYM_INTERNAL: object = _GymInternal()
+
+
 def may_carry_identity(url: object) -> bool:
     """Whether gym identity may be sent with a request to ``url`` (a URL string or an object whose
-    ``str()`` is one; ``None``: the destination is unknown, as for a carrier the caller builds)."""
-    if url is None:
+    ``str()`` is one). :data:`GYM_INTERNAL`: yes, a carrier that stays inside the gym by
+    construction. ``None``: no, the destination is unknown (issue 31: a carrier the caller builds
+    without saying where it goes may end up at a model provider)."""
+    if url is GYM_INTERNAL:
         return True
+    if url is None:
+        return False
     try:
         parts = urlsplit(str(url))
         host = (parts.hostname or "").lower()

@@ -173,9 +173,12 @@ def continue_scope(
 
     Spans opened in the returned context carry the identity; ``gymtrace.current()``,
     ``record_reward()``, ``record_failure()``, ``step()`` and ``turn()`` work as in the caller's
-    process (outcomes become ``gym.outcome`` records). Its ``gym.*`` baggage is replaced by
-    ``identity``; other baggage stays. ``step_base``: the first step number the caller reserved for
-    this process (its ``gym.step.base`` baggage, read from ``context`` when not given).
+    process (outcomes become ``gym.outcome`` records). The identity is kept in gymtrace's own
+    context entry, never in OpenTelemetry baggage: the ``gym.*`` entries of ``context``'s baggage
+    (what an extraction put there) are removed, also when ``identity`` is empty, so no other
+    instrumentation forwards them; other baggage stays. ``step_base``: the first step number the
+    caller reserved for this process (its ``gym.step.base`` baggage, read from ``context`` when
+    not given).
     """
     return _remote_context(context, dict(identity), step_base)
 
@@ -410,5 +413,6 @@ def gym_destination(inside: bool) -> Iterator[None]:
 
 
 def may_carry_identity(url: object) -> bool:
-    """Whether gym identity may go with a request to ``url`` (see :func:`gym_destination`)."""
+    """Whether gym identity may go with a request to ``url`` (see :func:`gym_destination`);
+    ``None`` (not known): no; :data:`gymtrace.propagation.GYM_INTERNAL`: yes."""
     return _trust.may_carry_identity(url)

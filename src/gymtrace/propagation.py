@@ -1,25 +1,36 @@
 """Carry a trace and its gym identity across process boundaries.
 
-The W3C ``traceparent``/``tracestate`` headers carry the trace; W3C ``baggage`` carries the gym
-identity keys (``gym.rollout.id``, ``gym.episode.attempt``, ...), signed with ``gym.sig`` when
-``GYMTRACE_IDENTITY_SECRET`` is set, plus only the application keys listed in
-``GYMTRACE_BAGGAGE_ALLOW``, because baggage travels on every outgoing request, model providers
-included. Incoming identity is believed as ``GYMTRACE_TRUST_IDENTITY`` says (``all``, ``none``,
+The W3C ``traceparent``/``tracestate`` headers carry the trace, to every destination. The gym
+identity (``gym.rollout.id``, ``gym.episode.attempt``, ...; signed with ``gym.sig`` when
+``GYMTRACE_IDENTITY_SECRET`` is set) travels in the W3C ``baggage`` header that :func:`inject`
+writes, and only where it may go: a destination inside the gym (loopback, a host of
+``GYMTRACE_PROPAGATE_TO``, a server the framework calls its own, or :data:`GYM_INTERNAL` for a
+carrier that stays inside by construction). An unknown destination gets none. Beside it go only
+the application keys listed in ``GYMTRACE_BAGGAGE_ALLOW``.
+
+Outside gymtrace's own injectors the identity is never OpenTelemetry baggage: a continued context
+(:func:`attach`, the middlewares) keeps it in gymtrace's own context entry and removes incoming
+``gym.*`` entries from the baggage, so another instrumentation's ``opentelemetry.propagate.inject()``
+(httpx, requests, urllib3, aiohttp, grpc clients) has nothing gym to forward to a third party.
+Incoming identity is believed as ``GYMTRACE_TRUST_IDENTITY`` says (``all``, ``none``,
 ``signed``); the caller's other baggage stays in the context for the application. Both go through
 ``opentelemetry.propagate``, so ``OTEL_PROPAGATORS`` is honoured (leave ``baggage`` in it, or the
 identity stays behind).
 
 Example::
 
-    # client side
-    headers = gymtrace.propagation.inject({})
+    # client side: the identity goes only if url is a gym destination; traceparent always
+    headers = gymtrace.propagation.inject({}, destination=url)
     requests.post(url, json=task, headers=headers)
 
     # server side (or use gymtrace.integrations.asgi.GymTraceMiddleware)
     with gymtrace.propagation.attach(request.headers):
         handle(task)                      # spans here join the client's trace and rollout
 
-    # child process or sandbox
+    # work that continues this episode elsewhere: ask for the hand-off (see inject())
+    headers = gymtrace.propagation.inject({}, destination=url, continuation=True)
+
+    # child process or sandbox (a continuation inside the gym)
     subprocess.run(cmd, env={**os.environ, **gymtrace.propagation.env_carrier()})
     # ...and in the child:  with gymtrace.propagation.attach(os.environ): ...
 
@@ -47,13 +58,14 @@ from opentelemetry.propagators.textmap import Getter
 
 from gymtrace import _constants as c
 from gymtrace import _tracing, _trust
-from gymtrace._errors import guard, internal_error, logger
+from gymtrace._errors import GymTraceError, contract_problem, guard, internal_error, logger
 from gymtrace._frame import CARRIER_FORMAT, DISABLED_KIND, FRAME_KEY, REMOTE_KIND, ActiveScope, read_carrier
 from gymtrace._ids import clean_identity, clean_step_number, episode_id
 from gymtrace._levels import NUMBERING_OWNERS
 from gymtrace._tracing import current_provider
 
 __all__ = [
+    "GYM_INTERNAL",
     "ContextCarrier",
     "attach",
     "carry",
@@ -69,6 +81,12 @@ __all__ = [
 _P = ParamSpec("_P")
 _R = TypeVar("_R")
 
+GYM_INTERNAL = _trust.GYM_INTERNAL
+"""The ``destination`` of a carrier that stays inside the gym by construction: a child process's
+environment (:func:`env_carrier`), a pool worker's task (:func:`submit`, :func:`map`,
+:class:`ContextCarrier`), a Ray task's arguments. Gym identity is written for it; pass it only for
+such carriers, never for a request whose URL you do not control."""
+
 # -- identity <-> baggage ---------------------------------------------------------------------------
 
 
@@ -82,8 +100,10 @@ _last_foreign: tuple[object, dict[str, str | int]] = (None, {})
 def identity_from_context(ctx: otel_context.Context | None = None) -> dict[str, str | int]:
     """The gym identity this context carries and this process believes.
 
-    Inside gym scopes and contexts made by :func:`extract` that is their (already trusted)
-    identity; otherwise the ``gym.*`` entries of the context's baggage, validated and subject to
+    Inside gym scopes and contexts made by :func:`extract` (or continued by the middlewares) that
+    is their (already trusted) identity, kept in gymtrace's own context entry. Otherwise, in a
+    context another extraction made (the official ASGI middleware's server span, a user's
+    ``propagate.extract()``), the ``gym.*`` entries of its baggage, validated and subject to
     ``GYMTRACE_TRUST_IDENTITY`` (``none``: nothing; ``signed``: only with a valid ``gym.sig``).
     """
     if ctx is None:
@@ -117,30 +137,31 @@ def _identity_of(ctx: otel_context.Context) -> dict[str, str | int]:
 def with_identity(
     context: otel_context.Context | None = None, *, reserve_step: bool = False, destination: object = None
 ) -> otel_context.Context:
-    """``context`` (default: the current one) with the baggage that may leave the process.
+    """``context`` (default: the current one) with the baggage that may go to ``destination``.
 
-    That is the gym identity (signed with ``gym.sig`` when ``GYMTRACE_IDENTITY_SECRET`` is set)
-    plus the application baggage keys listed in ``GYMTRACE_BAGGAGE_ALLOW``; every other entry stays
-    behind. Every propagator sends exactly that as ``baggage``: attach this context around a call
-    that another instrumentation injects headers for.
+    ``destination``: the URL one request goes to (a string or an object whose ``str()`` is one), or
+    :data:`GYM_INTERNAL`. For a gym destination (loopback, ``GYMTRACE_PROPAGATE_TO``, servers the
+    framework calls its own, :data:`GYM_INTERNAL`) that is the gym identity (signed with
+    ``gym.sig`` when ``GYMTRACE_IDENTITY_SECRET`` is set) plus the application baggage keys listed
+    in ``GYMTRACE_BAGGAGE_ALLOW``; elsewhere, and for ``None`` (not known), only those keys. Every
+    other entry stays behind. Every propagator sends exactly that as ``baggage``: attach this
+    context around that one request when another instrumentation injects its headers (as the httpx
+    transport does), never around more, because it is the one context in which the identity is
+    OpenTelemetry baggage.
 
-    ``destination``: the URL the request goes to. Identity leaves only for gym destinations
-    (loopback, ``GYMTRACE_PROPAGATE_TO``, servers the framework calls its own); elsewhere only the
-    allowed application keys do. ``None``: not known, identity included.
+    ``reserve_step``: also reserve a step number for work continued there (``gym.step.base``; see
+    :func:`inject`'s ``continuation``); only for a gym destination.
     """
     ctx = context if context is not None else otel_context.get_current()
     inside = _trust.may_carry_identity(destination)
     identity = _identity_of(ctx) if inside else {}
-    step_base = (
-        (baggage.get_baggage(c.STEP_BASE, ctx) or (_reserve_step(ctx) if reserve_step else None))
-        if inside
-        else None
-    )
+    step_base = _reserve_step(ctx) if inside and reserve_step else None
     allow = _trust.allowed_baggage()
     kept = {}
     if allow:
         entries = baggage.get_all(ctx)
-        kept = {k: v for k, v in entries.items() if k in allow}
+        # gym.* keys are the identity's: they leave only as identity, never as allowed app keys.
+        kept = {k: v for k, v in entries.items() if k in allow and not k.startswith("gym.")}
     ctx = baggage.clear(ctx)
     for key, value in kept.items():
         ctx = baggage.set_baggage(key, value, ctx)
@@ -317,25 +338,43 @@ def inject(
     carrier: MutableMapping[str, str] | None = None,
     context: otel_context.Context | None = None,
     *,
-    continuation: bool = True,
     destination: object = None,
+    continuation: bool = False,
 ) -> MutableMapping[str, str]:
-    """Write ``traceparent``, ``tracestate`` and the gym identity (``baggage``) into ``carrier``.
+    """Write ``traceparent``, ``tracestate`` and, for a gym destination, the gym identity
+    (``baggage``) into ``carrier``.
 
-    Returns the carrier (a new dict when none is given). The ``baggage`` written holds the gym
-    identity and the keys of ``GYMTRACE_BAGGAGE_ALLOW``, never other baggage entries of the context;
-    called inside an episode or agent invocation it also holds ``gym.step.base``, the step number
-    reserved for the work continued elsewhere (its further steps number from ``base * 10000 + 1``),
-    so steps in other processes never repeat the caller's numbers nor each other's.
-    ``continuation=False`` (what the HTTP helpers use for requests) reserves nothing.
-    ``destination``: the request's URL; gym identity is written only for a gym destination (see
-    :func:`with_identity`).
+    Returns the carrier (a new dict when none is given). ``destination``: where the carrier goes,
+    the request's URL (a string or an object whose ``str()`` is one) or :data:`GYM_INTERNAL` for a
+    carrier that stays inside the gym by construction. The gym identity is written only for a gym
+    destination (loopback, ``GYMTRACE_PROPAGATE_TO``, servers the framework calls its own,
+    :data:`GYM_INTERNAL`); ``None`` means not known, and gets none. The ``baggage`` written holds
+    that identity and the keys of ``GYMTRACE_BAGGAGE_ALLOW``, never other baggage entries of the
+    context. ``traceparent`` goes everywhere.
+
+    Injecting changes nothing here: no step number is taken and the rollout's outcome is decided
+    as before. ``continuation=True`` says the work goes on there as part of this episode (a worker
+    that records steps, a reward or a failure): a step number is reserved for it and written as
+    ``gym.step.base`` (its further steps number from ``base * 10000 + 1``, so steps in other
+    processes never repeat the caller's numbers nor each other's), and the rollout is handed off
+    (one that ends with no outcome of its own reads ``pending``, its outcome expected from there).
+    A continuation needs a gym destination; for another one it is reported and nothing is reserved.
     """
     if carrier is None:
         carrier = {}
     with guard("gymtrace.propagation.inject"):
-        ctx = with_identity(context, reserve_step=continuation, destination=destination)
-        if continuation:
+        continued = continuation and _trust.may_carry_identity(destination)
+        if continuation and not continued:
+            contract_problem(
+                ("propagation.inject", "continuation outside the gym"),
+                GymTraceError(
+                    "gymtrace.propagation.inject(continuation=True) for a destination that is not a gym"
+                    f" destination ({destination!r:.80}): no identity goes there, so nothing can"
+                    " continue the episode; pass destination=<the gym URL> or GYM_INTERNAL"
+                ),
+            )
+        ctx = with_identity(context, reserve_step=continued, destination=destination)
+        if continued:
             frame = (context if context is not None else otel_context.get_current()).get(FRAME_KEY)
             if isinstance(frame, ActiveScope):
                 frame.hand_off()  # the rollout's outcome may now be recorded where this goes
@@ -384,21 +423,26 @@ def extract(
 def _remote_context(
     ctx: otel_context.Context, identity: dict[str, str | int], step_base: object = None
 ) -> otel_context.Context:
-    """``ctx`` with its ``gym.*`` baggage replaced by ``identity`` (already believed) and, when there
-    is one, the caller's gym scope continued here: a frame that stands for the caller's episode (or
-    rollout) so that verify(), record_reward(), record_failure(), step() and turn() work as in the
-    caller's process. It has no span here; outcomes recorded on it become outcome records.
-    Application baggage stays."""
+    """``ctx`` without ``gym.*`` baggage and, when ``identity`` (already believed) names one, the
+    caller's gym scope continued here: a frame that stands for the caller's episode (or rollout) so
+    that verify(), record_reward(), record_failure(), step() and turn() work as in the caller's
+    process. It has no span here; outcomes recorded on it become outcome records.
+
+    The identity lives only in that frame, never in OpenTelemetry baggage: another
+    instrumentation's ``propagate.inject()`` sends the context's baggage to any host, so the
+    ``gym.*`` entries an extraction put there (the official ASGI middleware's, a user's) are
+    removed (issue 31). Application baggage stays."""
     if step_base is None:
         step_base = baggage.get_baggage(c.STEP_BASE, ctx)
     base_number = clean_step_number(step_base)
-    for key in baggage.get_all(ctx):
-        if key.startswith("gym."):
-            ctx = baggage.remove_baggage(key, ctx)
+    entries = baggage.get_all(ctx)
+    if any(key.startswith("gym.") for key in entries):
+        ctx = baggage.clear(ctx)
+        for key, value in entries.items():
+            if not key.startswith("gym."):
+                ctx = baggage.set_baggage(key, value, ctx)
     if not identity:
         return ctx
-    for key, value in identity.items():
-        ctx = baggage.set_baggage(key, str(value), ctx)
     if c.EPISODE_ATTEMPT in identity:
         kind = c.KIND_EPISODE
     elif c.ROLLOUT_ID in identity:
@@ -457,13 +501,17 @@ def attach(carrier: Any, *, trusted: bool | None = None) -> Iterator[otel_contex
                 flush()
 
 
-def env_carrier(context: otel_context.Context | None = None) -> dict[str, str]:
+def env_carrier(context: otel_context.Context | None = None, *, continuation: bool = True) -> dict[str, str]:
     """``TRACEPARENT``/``TRACESTATE``/``BAGGAGE`` for a child process's environment.
 
     Follows the OpenTelemetry environment-variable carrier specification (names upper-cased,
     ``-`` becomes ``_``); the child continues with ``gymtrace.propagation.attach(os.environ)``.
+    A child process is inside the gym (:data:`GYM_INTERNAL`): the identity is always written. It
+    continues the episode (``continuation=True``, see :func:`inject`): its steps get a range of
+    their own and it may record the rollout's outcome. ``continuation=False`` for a child that only
+    joins the trace (its spans carry the identity, it records no steps or outcome).
     """
-    headers = inject({}, context)
+    headers = inject({}, context, destination=GYM_INTERNAL, continuation=continuation)
     return {key.upper().replace("-", "_"): value for key, value in headers.items()}
 
 
@@ -494,7 +542,8 @@ class ContextCarrier(Generic[_P, _R]):
     def __getstate__(self) -> dict[str, Any]:
         headers = self._headers
         if headers is None and self._context is not None:
-            headers = dict(inject({}, self._context))
+            # Pickled into another process (a pool worker): it continues the episode there.
+            headers = dict(inject({}, self._context, destination=GYM_INTERNAL, continuation=True))
         return {"fn": self.fn, "headers": headers or {}, "pid": self._pid}
 
     def __setstate__(self, state: dict[str, Any]) -> None:

@@ -28,7 +28,14 @@ def _identity() -> dict[str, Any]:
 async def work(request: Request) -> JSONResponse:
     with tracer.start_as_current_span("relay.work"), gymtrace.tool_call(tool_name="relay_tool"):
         pass
-    return JSONResponse({"identity": _identity(), "baggage": request.headers.get("baggage")})
+    return JSONResponse(
+        {
+            "identity": _identity(),
+            "baggage": request.headers.get("baggage"),
+            # What any other instrumentation's propagate.inject() would forward from here.
+            "context_baggage": sorted(baggage.get_all()),
+        }
+    )
 
 
 async def stream(request: Request) -> StreamingResponse:

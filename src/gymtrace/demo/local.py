@@ -173,7 +173,9 @@ class Scoring:
 
 async def score_elsewhere(answer: str, expected: str, scoring: Scoring) -> None:
     exporters = {"file": scoring.file, "endpoint": scoring.endpoint, "protocol": scoring.protocol}
-    argument = json.dumps([propagation.inject({}), answer, expected, exporters])
+    # The scorer process continues this episode: it records the reward (a hand-off, inside the gym).
+    carrier = propagation.inject({}, destination=propagation.GYM_INTERNAL, continuation=True)
+    argument = json.dumps([carrier, answer, expected, exporters])
     process = await asyncio.create_subprocess_exec(sys.executable, "-c", _SCORER, argument)
     if await process.wait() != 0:
         raise RuntimeError(f"the scorer process exited with {process.returncode}")

@@ -8,8 +8,10 @@ Example::
     session = aiohttp.ClientSession(trace_configs=[aiohttp_trace_config()])
     instrument()      # instead, or as well, beside opentelemetry-instrumentation-aiohttp-client
 
-Each request gets ``traceparent``/``tracestate`` and a ``baggage`` header with the gym identity
-(and the keys of ``GYMTRACE_BAGGAGE_ALLOW``) only; the official
+Each request gets ``traceparent``/``tracestate`` and, when it goes to a gym destination (loopback,
+``GYMTRACE_PROPAGATE_TO``, a server the framework calls its own), a ``baggage`` header with the gym
+identity; elsewhere (a model provider, any unknown host) only the keys of
+``GYMTRACE_BAGGAGE_ALLOW`` go, never the identity. The official
 ``opentelemetry-instrumentation-aiohttp-client`` makes the CLIENT spans beside it. Needs
 ``gymtrace[aiohttp]``. Two ways, for two set-ups:
 
@@ -75,13 +77,22 @@ _lock = threading.Lock()
 _instrumented = False
 
 
+def _destination(session: Any, str_or_url: Any) -> Any:
+    """The URL a ``_request(method, str_or_url)`` goes to: joined with the session's ``base_url``
+    when it has one, so a relative path is judged by its real host."""
+    build = getattr(session, "_build_url", None)
+    if str_or_url is not None and callable(build) and getattr(session, "_base_url", None) is not None:
+        return build(str_or_url)
+    return str_or_url
+
+
 async def _request_with_identity(
     wrapped: Callable[..., Awaitable[Any]], instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
 ) -> Any:
     token = None
     try:
         # _request(method, url, ...): identity goes only to gym destinations.
-        destination = args[1] if len(args) > 1 else kwargs.get("str_or_url")
+        destination = _destination(instance, args[1] if len(args) > 1 else kwargs.get("str_or_url"))
         ctx = otel_context.set_value(_OUTGOING_KEY, True, with_identity(destination=destination))
         headers: CIMultiDict[str] = CIMultiDict(kwargs.get("headers") or {})
         inject(headers, ctx, continuation=False, destination=destination)

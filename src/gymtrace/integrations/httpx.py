@@ -8,11 +8,13 @@ Example::
     client = httpx.Client(transport=HttpxTransport())
     async_client = httpx.AsyncClient(transport=AsyncHttpxTransport())
 
-Each request gets ``traceparent``/``tracestate`` of the current span and a ``baggage`` header
-with the gym identity only. gymtrace makes no HTTP client spans: install the official
+Each request gets ``traceparent``/``tracestate`` of the current span and, when it goes to a gym
+destination (loopback, ``GYMTRACE_PROPAGATE_TO``, a server the framework calls its own), a
+``baggage`` header with the gym identity; elsewhere only the keys of ``GYMTRACE_BAGGAGE_ALLOW``
+go, never the identity. gymtrace makes no HTTP client spans: install the official
 ``opentelemetry-instrumentation-httpx`` for those. They compose without duplicates: its CLIENT
-span becomes the ``traceparent`` parent, and because the transport runs the request inside a
-context whose baggage is the gym identity, its own injection sends the identity too.
+span becomes the ``traceparent`` parent, and because the transport runs that one request inside a
+context whose baggage is what may go to its destination, its own injection sends the same.
 ``IdentitySpanProcessor`` stamps the identity onto its client spans. Needs ``gymtrace[httpx]``.
 """
 

@@ -771,7 +771,9 @@ class NeMoGymServerMiddleware:
         rooted = bool(identity) and found is None  # continued from a gym caller (baggage, headers)
         phase = self._phase(scope.get("method", ""), path, rooted or found is None)
         if phase.kind == "root" and found is not None:
-            return ctx, phase, found, receive
+            # No scope continued: the rollout opens here. continue_scope with no identity still
+            # takes the gym.* entries the extraction put into the baggage (issue 31).
+            return instrumentation.continue_scope(ctx, {}), phase, found, receive
         return instrumentation.continue_scope(ctx, identity), phase, None, receive
 
     async def _serve(

@@ -17,8 +17,10 @@ Every ``chat.completions.create`` (sync and async, streaming or not) becomes one
 ``gen_ai.provider.name`` = ``openai``, ``gen_ai.response.model``, ``gen_ai.response.id``,
 ``gen_ai.response.finish_reasons``, ``gen_ai.usage.input_tokens`` / ``output_tokens`` /
 ``cache_read.input_tokens`` and, for streams, ``gen_ai.response.time_to_first_chunk``. The request
-carries ``traceparent`` and the gym identity, so a traced model server (vLLM with OpenTelemetry)
-joins the trace. No message content is recorded. A stream's span ends when the stream is
+carries ``traceparent``, so a traced model server (vLLM with OpenTelemetry) joins the trace, and
+the gym identity only when the client's ``base_url`` is a gym destination (loopback, a host of
+``GYMTRACE_PROPAGATE_TO``): never to a model provider such as ``api.openai.com``. No message
+content is recorded. A stream's span ends when the stream is
 exhausted or closed.
 
 **Exactly one chat span per request**. gymtrace *defers and enriches*; it never
@@ -64,11 +66,12 @@ from gymtrace.instrumentation import (
     end_scope,
     get_tracer,
     innermost_scope,
+    may_carry_identity,
     report_error,
     start_scope,
     warn_once,
 )
-from gymtrace.propagation import inject
+from gymtrace.propagation import inject, with_identity
 
 __all__ = ["instrument", "uninstrument"]
 
@@ -235,12 +238,26 @@ def _begin(wrapped: Any, kwargs: dict[str, Any]) -> tuple[_Call | None, Any]:
     return _Call(started.span, frame=started, scope=scope, enrich_only=False), started.context
 
 
-def _headers(kwargs: dict[str, Any], context: Any) -> None:
+def _destination(instance: Any) -> Any:
+    """Where the client sends its requests (``base_url``); None, which gets no identity, if unknown."""
+    client = getattr(instance, "_client", None)
+    return getattr(client, "base_url", None)
+
+
+def _headers(kwargs: dict[str, Any], context: Any, destination: Any) -> Any:
+    """Put the trace (and, for a gym destination, the identity) into the request's headers; the
+    context to run the request in, or None to keep ``context``."""
     # extra_headers is openai's own per-request option: the request carries the trace and identity
     # whatever HTTP client the OpenAI client was built with.
     headers = dict(kwargs.get("extra_headers") or {})
-    inject(headers, context, continuation=False)
+    inject(headers, context, destination=destination)
     kwargs["extra_headers"] = headers
+    if may_carry_identity(destination):
+        # The official httpx instrumentation, when it wraps the client's transport, injects the
+        # current context's baggage over this header: for this one request to a gym destination
+        # that context holds what was written here, as gymtrace's httpx transport does.
+        return with_identity(context, destination=destination)
+    return None
 
 
 # -- streams ---------------------------------------------------------------------------------------------
@@ -324,10 +341,10 @@ class _AsyncStream(_StreamProxy):
 # -- the wrappers ----------------------------------------------------------------------------------------
 
 
-def _prepare(wrapped: Any, kwargs: dict[str, Any]) -> tuple[_Call | None, object]:
+def _prepare(wrapped: Any, instance: Any, kwargs: dict[str, Any]) -> tuple[_Call | None, object]:
     try:
         call, context = _begin(wrapped, kwargs)
-        _headers(kwargs, context)
+        context = _headers(kwargs, context, _destination(instance)) or context
         token = otel_context.attach(context) if context is not None else None
         return call, token
     except Exception as exc:  # noqa: BLE001 - telemetry must not break the caller
@@ -350,10 +367,10 @@ def _after(call: _Call | None, result: Any, stream: bool, asynchronous: bool) ->
 
 
 @contextmanager
-def _request(wrapped: Any, kwargs: dict[str, Any]) -> Iterator[_Call | None]:
+def _request(wrapped: Any, instance: Any, kwargs: dict[str, Any]) -> Iterator[_Call | None]:
     """Around one ``create`` (sync or async): the request runs in the call's context and a request
     that raises ends the call's span with its exception."""
-    call, token = _prepare(wrapped, kwargs)
+    call, token = _prepare(wrapped, instance, kwargs)
     try:
         yield call
     except BaseException as exc:
@@ -366,13 +383,13 @@ def _request(wrapped: Any, kwargs: dict[str, Any]) -> Iterator[_Call | None]:
 
 
 def _create(wrapped: Any, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-    with _request(wrapped, kwargs) as call:
+    with _request(wrapped, instance, kwargs) as call:
         result = wrapped(*args, **kwargs)
     return _after(call, result, bool(kwargs.get("stream")), asynchronous=False)
 
 
 async def _acreate(wrapped: Any, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-    with _request(wrapped, kwargs) as call:
+    with _request(wrapped, instance, kwargs) as call:
         result = await wrapped(*args, **kwargs)
     return _after(call, result, bool(kwargs.get("stream")), asynchronous=True)
 

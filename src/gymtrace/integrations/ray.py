@@ -22,17 +22,20 @@ What it does:
   ``.remote()`` creation) prepares it: gymtrace wraps the function (the actor's methods) with a
   keyword-only parameter, ``_gymtrace``, that Ray carries like any argument. A call made inside a
   gym scope passes the caller's trace context and gym identity in it (W3C headers from
-  ``gymtrace.propagation.inject``); outside a gym scope nothing is passed. Functions and actor
-  classes that were already called before ``instrument()`` run untraced in the workers (Ray
-  exported them already; logged once each).
+  ``gymtrace.propagation.inject``, a continuation of the caller's episode: the task's steps get a
+  range of their own and it may record the rollout's outcome); outside a gym scope nothing is
+  passed. Functions and actor classes that were already called before ``instrument()`` run
+  untraced in the workers (Ray exported them already; logged once each).
 - In the worker the call runs under ``gymtrace.propagation.attach``: spans the task opens join the
   caller's trace with its identity. The execution itself is a ``ray.task {name}`` span with
   ``ray.task.attempt`` (Ray's attempt number, 0 first), ``ray.task.id`` and ``ray.worker.pid``; a
   re-run by Ray (``max_retries`` after a worker died, ``retry_exceptions``) carries a
   ``ray.task.retry`` event naming the attempt, so a lost attempt is never one clean attempt 0.
 - Each worker configures gymtrace on its first traced call, from the ``Configuration`` given to
-  ``instrument()`` (service name, OTLP endpoint and protocol, headers) or, without one, from the
-  environment it inherited. A trace file becomes one file per worker process,
+  ``instrument()`` (service name, OTLP endpoint and protocol, trace file) or, without one, from the
+  environment it inherited. Exporter headers (``OTEL_EXPORTER_OTLP_HEADERS``, often an API key)
+  and other credentials never travel in a task's arguments, which Ray stores and may spill to
+  disk: a worker reads them from its own environment (docs/integrations/ray.md). A trace file becomes one file per worker process,
   ``{stem}.ray-{pid}{suffix}`` beside the driver's (processes must not interleave lines in one
   file); ``gymtrace tree``/``check`` take them all. Each traced call flushes its spans when it
   returns, because Ray reuses and kills workers without running exit handlers.
@@ -89,13 +92,23 @@ def _settings(configuration: gymtrace.Configuration | None) -> dict[str, Any]:
     if configuration.endpoint:
         settings["endpoint"] = configuration.endpoint
         settings["protocol"] = configuration.protocol
-        if configuration.headers:
-            settings["headers"] = dict(configuration.headers)
+        # No exporter headers (often an API key): Ray stores task arguments and may spill them to
+        # disk; a worker reads OTEL_EXPORTER_OTLP_HEADERS from its own environment (issue 31).
+        if configuration.headers and not any(os.environ.get(v) for v in _HEADER_VARIABLES):
+            _warn_once(
+                "exporter headers",
+                "the exporter headers given to gymtrace.configure() are not passed to Ray workers"
+                " (task arguments are stored by Ray); set OTEL_EXPORTER_OTLP_HEADERS in the workers'"
+                " environment",
+            )
     if configuration.file:
         settings["file"] = str(Path(configuration.file).resolve())
     elif configuration.endpoint:
         settings["file"] = False
     return settings
+
+
+_HEADER_VARIABLES = ("OTEL_EXPORTER_OTLP_HEADERS", "OTEL_EXPORTER_OTLP_TRACES_HEADERS")
 
 
 def _payload() -> dict[str, Any] | None:
@@ -108,7 +121,11 @@ def _payload() -> dict[str, Any] | None:
     settings = _state.get("settings")  # in a worker: the settings it was configured with
     if settings is None:
         settings = _settings(_state.get("configuration") or gymtrace.get_configuration())
-    return {"headers": dict(gymtrace.propagation.inject({})), "settings": settings, "pid": os.getpid()}
+    # The task continues the caller's episode inside the gym: identity, a step range, the hand-off.
+    headers = gymtrace.propagation.inject(
+        {}, destination=gymtrace.propagation.GYM_INTERNAL, continuation=True
+    )
+    return {"headers": dict(headers), "settings": settings, "pid": os.getpid()}
 
 
 def _with_parameter(parameters: list[inspect.Parameter]) -> list[inspect.Parameter]:
