@@ -27,9 +27,11 @@ gymtrace.configure(file=sys.argv[1], step_metrics=STEP_METRICS)
 
 BODY
 
-gymtrace.force_flush()
+if FLUSH:
+    gymtrace.force_flush()
 points = []
-for rm in reader.get_metrics_data().resource_metrics:
+data = reader.get_metrics_data()  # None: no instrument recorded anything
+for rm in data.resource_metrics if data is not None else ():
     for sm in rm.scope_metrics:
         assert sm.scope.name == "gymtrace", sm.scope.name
         for m in sm.metrics:
@@ -40,6 +42,7 @@ for rm in reader.get_metrics_data().resource_metrics:
                     "sum": getattr(p, "sum", None),
                     "exemplar_traces": sorted({format(e.trace_id, "032x") for e in p.exemplars if e.trace_id}),
                 })
+gymtrace.force_flush()  # the spans, for the stats below (the metrics were read above)
 stats = [s.as_json() for s in summarise(read_otlp_json_lines(sys.argv[1]))]
 print(json.dumps({"points": points, "stats": stats}))
 """
@@ -74,8 +77,11 @@ with gymtrace.run(run_id="m"):
 """
 
 
-def _run(tmp_path: Path, body: str, *, step_metrics: bool = False, **env: str) -> dict[str, Any]:
+def _run(
+    tmp_path: Path, body: str, *, step_metrics: bool = False, flush: bool = True, **env: str
+) -> dict[str, Any]:
     code = PROGRAM.replace("BODY", body).replace("STEP_METRICS", str(step_metrics))
+    code = code.replace("FLUSH", str(flush))
     out = run_python(str(tmp_path / "traces.jsonl"), code=code, cwd=tmp_path, env=env)
     assert out.returncode == 0, out.stderr
     result: dict[str, Any] = json.loads(out.stdout.strip().splitlines()[-1])
@@ -203,3 +209,167 @@ with gymtrace.rollout(rollout_id="r"), gymtrace.episode():
         "gym.episode.completed",
         "gym.episode.duration",
     } <= names
+
+
+def _completed(result: dict[str, Any]) -> dict[str, int]:
+    return {
+        p["attributes"]["gym.rollout.outcome"]: p["value"] for p in _points(result, "gym.rollout.completed")
+    }
+
+
+def _rewards(result: dict[str, Any]) -> tuple[int, float]:
+    found = _points(result, "gym.rollout.reward")
+    return (found[0]["count"], found[0]["sum"]) if found else (0, 0.0)
+
+
+def test_a_rollout_scored_locally_then_by_a_remote_scorer_counts_once_with_the_readers_reward(
+    tmp_path: Path,
+) -> None:
+    body = """
+with gymtrace.run(run_id="m"), gymtrace.rollout(rollout_id="twice", task_id="t"), gymtrace.episode():
+    headers = {}
+    propagation.inject(headers)
+    gymtrace.record_reward(0.5)
+# The scorer, given the episode's headers, records its own reward for the same attempt.
+with propagation.attach(headers), gymtrace.verify():
+    gymtrace.record_reward(0.9)
+"""
+    result = _run(tmp_path, body)
+    [stats] = result["stats"]
+    assert _completed(result) == {"scored": 1} and stats["scored"] == 1
+    # The readers take the record (it concludes the same attempt, written later): so do the metrics.
+    assert _rewards(result) == (1, 0.9) == (stats["inputs"], stats["mean_reward"])
+
+
+def test_a_final_episode_that_failed_after_a_scored_one_counts_one_unscored_and_no_reward(
+    tmp_path: Path,
+) -> None:
+    body = """
+with gymtrace.run(run_id="m"), gymtrace.rollout(rollout_id="lost", task_id="t"):
+    with gymtrace.episode():
+        headers = {}
+        propagation.inject(headers)
+        # A scorer in a worker thread of this process scores attempt 0 while it runs.
+        with propagation.attach(headers), gymtrace.verify():
+            gymtrace.record_reward(1.0)
+    try:
+        with gymtrace.episode():
+            raise ConnectionError("sandbox died")
+    except ConnectionError:
+        pass
+"""
+    result = _run(tmp_path, body)
+    [stats] = result["stats"]
+    assert (stats["scored"], stats["unscored"]) == (0, 1)
+    assert _completed(result) == {"unscored": 1}
+    assert _rewards(result) == (0, 0.0)
+
+
+# The NeMo Gym shape across two processes: the driver opens the rollout and calls the server with
+# its headers; the server's /verify records the reward under them (an outcome record, its process);
+# the driver then records the reward /run returned. Each process has its own MeterProvider, as each
+# NeMo Gym server does; the sum over both is what a Collector adds up.
+SERVER = """
+import json, sys
+from opentelemetry import metrics
+from opentelemetry.sdk.metrics import MeterProvider
+from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+import gymtrace
+from gymtrace import propagation
+
+reader = InMemoryMetricReader()
+metrics.set_meter_provider(MeterProvider(metric_readers=[reader]))
+gymtrace.configure(service_name="resources-server", file=sys.argv[1])
+with propagation.attach(json.loads(sys.argv[2])), gymtrace.verify():
+    gymtrace.record_reward(1.0)
+gymtrace.force_flush()  # whatever this process would count is handed over
+data = reader.get_metrics_data()  # None: no instrument recorded anything
+points = [
+    {"name": m.name, "attributes": dict(p.attributes), "value": getattr(p, "value", None),
+     "count": getattr(p, "count", None)}
+    for rm in (data.resource_metrics if data is not None else ()) for sm in rm.scope_metrics
+    for m in sm.metrics for p in m.data.data_points
+]
+gymtrace.shutdown()
+print(json.dumps(points))
+"""
+
+
+def test_the_nemo_gym_shape_verify_record_plus_driver_reward_counts_once_over_both_processes(
+    tmp_path: Path,
+) -> None:
+    from gymtrace._outcomes import summarise
+    from gymtrace._spandata import read_otlp_json_lines
+
+    server = tmp_path / "server.py"
+    server.write_text(SERVER)
+    body = f"""
+import subprocess
+with gymtrace.run(run_id="m"), gymtrace.rollout(rollout_id="ng", task_id="t"), gymtrace.episode():
+    headers = {{}}
+    propagation.inject(headers)
+    done = subprocess.run(
+        [sys.executable, {str(server)!r}, {str(tmp_path / "server.jsonl")!r}, json.dumps(headers)],
+        capture_output=True, text=True, check=True,
+    )
+    with open({str(tmp_path / "server-points.json")!r}, "w") as f:
+        f.write(done.stdout.strip().splitlines()[-1])
+    gymtrace.record_reward(1.0)  # what /run returned
+"""
+    driver = _completed(_run(tmp_path, body))
+    server_points = json.loads((tmp_path / "server-points.json").read_text())
+    served = {
+        p["attributes"]["gym.rollout.outcome"]: p["value"]
+        for p in server_points
+        if p["name"] == "gym.rollout.completed"
+    }
+    # The server wrote the outcome record; the readers see one scored rollout over both files.
+    spans = [
+        *read_otlp_json_lines(tmp_path / "traces.jsonl"),
+        *read_otlp_json_lines(tmp_path / "server.jsonl"),
+    ]
+    assert any(s.attributes.get("gym.kind") == "outcome" for s in spans)
+    [stats] = [s.as_json() for s in summarise(spans)]
+    assert (stats["scored"], stats["unscored"], stats["pending"]) == (1, 0, 0)
+    total = {k: driver.get(k, 0) + served.get(k, 0) for k in {*driver, *served}}
+    assert total == {"scored": 1}, (driver, served)
+    assert served == {}  # the owner (the driver) counts it, never the server
+
+
+def test_a_reader_collecting_right_after_a_run_sees_every_ended_rollout_without_force_flush(
+    tmp_path: Path,
+) -> None:
+    body = """
+with gymtrace.run(run_id="m"):
+    for i in range(3):
+        with gymtrace.rollout(rollout_id=f"r{i}", task_id="t"), gymtrace.episode():
+            gymtrace.record_reward(0.5)
+"""
+    result = _run(tmp_path, body, flush=False)
+    assert _completed(result) == {"scored": 3}
+    assert _rewards(result) == (3, 1.5)
+    [active] = _points(result, "gym.rollout.active")
+    assert active["value"] == 0
+
+
+def test_rollout_active_is_observed_from_the_open_rollouts_at_each_collection(tmp_path: Path) -> None:
+    body = """
+def active():
+    data = reader.get_metrics_data()
+    for rm in data.resource_metrics if data is not None else ():
+        for sm in rm.scope_metrics:
+            for m in sm.metrics:
+                if m.name == "gym.rollout.active":
+                    assert not m.data.is_monotonic
+                    return [p.value for p in m.data.data_points]
+    return []
+
+seen = []
+with gymtrace.rollout(rollout_id="a"), gymtrace.episode():
+    seen.append(active())
+    with gymtrace.rollout(rollout_id="b"):
+        seen.append(active())
+seen.append(active())
+assert seen == [[1], [2], [0]], seen
+"""
+    _run(tmp_path, body, flush=False)

@@ -648,12 +648,17 @@ def emit_outcome(frame: ActiveScope, source: str) -> None:
     context = trace.set_span_in_context(trace.NonRecordingSpan(parent), otel_context.Context())
     record = tracer.start_span(c.SPAN_OUTCOME, context=context, attributes=attributes, links=links)
     record.end()
-    # Counted where the final outcome is known: a rollout that ended pending was not counted at its
-    # end, so the process that records its outcome counts it (gymtrace stats reads this record).
-    counted = rollout if rollout is not None else frame
-    if not getattr(counted, "counted", False):
-        counted.counted = True
-        _metrics.rollout_counted(attributes[c.ROLLOUT_OUTCOME], decision.reward, record)
+    # A fact for the rollout's count in the process that owns it, if that is this one (_metrics);
+    # with the episode's own outcome when its span, ending now, says it (the readers read that too).
+    ending = episode is not None and not episode.remote and not episode.ended
+    fact = episode.attempt_fact() if ending and episode is not None else None
+    _metrics.outcome_recorded(
+        record.get_span_context().trace_id,
+        attributes.get(c.ROLLOUT_ID),
+        attributes,
+        record,
+        (fact.number, fact.state) if fact is not None else None,
+    )
 
 
 def emit_lost_attempt(rollout: ActiveScope, attempt: int, message: str) -> SpanContext | None:
@@ -675,7 +680,10 @@ def emit_lost_attempt(rollout: ActiveScope, attempt: int, message: str) -> SpanC
     record = tracer.start_span(c.SPAN_OUTCOME, context=context, attributes=attributes)
     record.set_status(Status(StatusCode.ERROR, message))
     record.end()
-    # Not counted in the metrics: the rollout's final outcome is still to come.
+    # A fact, not a count: the rollout's final outcome is still to come (_metrics).
+    _metrics.outcome_recorded(
+        record.get_span_context().trace_id, attributes.get(c.ROLLOUT_ID), attributes, record
+    )
     found = record.get_span_context()
     return found if found.is_valid else None
 

@@ -337,10 +337,17 @@ def _finish_rollout(frame: ActiveScope) -> None:
     span.set_attribute(c.ROLLOUT_OUTCOME, decision.outcome)
     if decision.reward is not None:
         span.set_attribute(c.REWARD, decision.reward)
-    if decision.outcome != c.OUTCOME_PENDING and not getattr(frame, "counted", False):
-        # Known here; a pending one is counted where its outcome is recorded (_frame.emit_outcome).
+    if not getattr(frame, "counted", False):
+        # Counted by this process (the rollout's owner) at the next collection, with the outcome
+        # records written here meanwhile, as the readers decide (see _metrics).
         frame.counted = True
-        _metrics.rollout_counted(decision.outcome, decision.reward, span)
+        _metrics.rollout_ended(
+            span.get_span_context().trace_id,
+            frame.identity.get(c.ROLLOUT_ID),
+            decision,
+            frame.outcome_facts().attempts,
+            span,
+        )
     if decision.discarded:
         # Last: in strict mode this raises, and the span above is complete by then.
         data_lost(GymTraceError(warning_text(frame.identity.get(c.ROLLOUT_ID), decision)))

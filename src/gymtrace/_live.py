@@ -19,8 +19,8 @@ marker spans into the rollout's trace (``gym.kind=live``), from one daemon threa
   the frames when the beat fires: nothing is done per step), the interval, when the rollout started
   and the process (``service.instance.id``).
 
-The same thread hands the metrics' counts to the MeterProvider (``_metrics.flush``) at each mark,
-and is the watchdog of sync episodes opened with ``timeout=``: one cannot be
+The same thread hands the episodes' metrics to the MeterProvider each second (``_metrics.settle``;
+a collection takes everything at once, see ``_metrics``), and is the watchdog of sync episodes opened with ``timeout=``: one cannot be
 interrupted safely (threads are never killed), so past its deadline it gets a
 ``gym.episode.overdue`` event and its heartbeats say ``gym.live.overdue``, which ``gymtrace live``
 reads as ``stalled``. Async episodes are cancelled instead (:func:`deadline`).
@@ -59,6 +59,15 @@ MARK_EVERY = 1.0
 # The engine's open activations (``_scope._OPEN``), handed down by the engine at import: a span of
 # a rollout that ended since the last beat is one that left this table.
 open_scopes: Mapping[int, ActiveScope] = {}
+
+
+def open_rollouts() -> int:
+    """The rollout spans started in this process and not ended: ``gym.rollout.active``, read at each
+    collection from the open activations rather than counted per rollout."""
+    return sum(1 for frame in list(open_scopes.values()) if frame.kind == c.KIND_ROLLOUT)
+
+
+_metrics.open_rollouts = open_rollouts
 
 
 class _Watched:
@@ -115,7 +124,7 @@ os.register_at_fork(after_in_child=_after_fork_in_child)
 
 def watch(rollout: ActiveScope) -> None:
     """A rollout started: mark it and beat for it while it is open (unless heartbeats are off; the
-    thread starts all the same, it also hands the metrics' counts over, ``_metrics.flush``)."""
+    thread starts all the same, it also hands the metrics over, ``_metrics.settle``)."""
     state = _state
     if _settings.active.heartbeat > 0:
         state.watched[id(rollout)] = _Watched(rollout, time.time_ns())
@@ -155,6 +164,9 @@ def _start(state: _State) -> None:
     with state.wake:
         if state.thread is not None:
             return
+        # The instruments exist from the first rollout: a collection from then on counts what ended.
+        with guard("the gym.* instruments", may_raise=False):
+            _metrics.instruments()
         thread = threading.Thread(target=_run, args=(state,), name="gymtrace-heartbeat", daemon=True)
         state.thread = thread
         if not _exit_hook:
@@ -193,7 +205,7 @@ def _run(state: _State) -> None:
                 state.last_beat = now
             state.next_mark = now + min(interval, MARK_EVERY)
         with guard("the metrics' counts", may_raise=False):
-            flush_metrics()
+            _metrics.settle()
         # At most a mark apart: GYMTRACE_HEARTBEAT may be switched on (or shortened) meanwhile.
         waits = [MARK_EVERY, *(d.at - now for d in list(state.deadlines.values()) if not d.overdue)]
         if interval > 0 and state.watched:
@@ -203,11 +215,8 @@ def _run(state: _State) -> None:
 
 
 def flush_metrics() -> None:
-    """Hand the metrics' counts over (``_metrics.flush``), with the rollouts open now: the
-    rollout spans started in this process and not ended (``gym.rollout.active``), counted here
-    rather than per rollout."""
-    active = sum(1 for frame in list(open_scopes.values()) if frame.kind == c.KIND_ROLLOUT)
-    _metrics.flush(active)
+    """Hand everything the metrics gathered to the instruments now (``force_flush``, exit)."""
+    _metrics.flush()
 
 
 def _check_deadlines(state: _State, now: float) -> None:

@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gymtrace import _constants as c
+from gymtrace import _metrics
 from gymtrace._outcome_rule import CANCELLED, FAILED, Attempt, Decision, Facts, state_of
 from gymtrace._outcome_rule import decide as decide_outcome
 from gymtrace._passk import PASS_THRESHOLD, TaskPassK, pass_at_n
@@ -66,31 +67,46 @@ def is_outcome_record(span: SpanData) -> bool:
     return span.attributes.get(c.KIND) == c.KIND_OUTCOME
 
 
-def concluded_attempt(candidate: SpanData) -> int:
-    """The attempt a candidate concludes: a record names it, a root knows ``attempts - 1``."""
-    if is_outcome_record(candidate):
-        attempt = _int(candidate.attributes.get(c.EPISODE_ATTEMPT))
+def _concluded(attributes: Mapping[str, Any]) -> int:
+    if attributes.get(c.KIND) == c.KIND_OUTCOME:
+        attempt = _int(attributes.get(c.EPISODE_ATTEMPT))
         return attempt if attempt is not None else -1
-    attempts = _int(candidate.attributes.get(c.ROLLOUT_ATTEMPTS))
+    attempts = _int(attributes.get(c.ROLLOUT_ATTEMPTS))
     return attempts - 1 if attempts is not None else -1
 
 
-def _order(candidate: SpanData) -> tuple[int, ...]:
+def concluded_attempt(candidate: SpanData) -> int:
+    """The attempt a candidate concludes: a record names it, a root knows ``attempts - 1``."""
+    return _concluded(candidate.attributes)
+
+
+def _ordered(attributes: Mapping[str, Any], end_ns: int, span_number: int) -> tuple[int, ...]:
     """Among candidates concluding the same attempt: a record beats the root, then the later one."""
+    return (int(attributes.get(c.KIND) == c.KIND_OUTCOME), end_ns, span_number)
+
+
+def _span_number(candidate: SpanData) -> int:
     try:
-        span_number = int(candidate.span_id, 16)
+        return int(candidate.span_id, 16)
     except ValueError:
-        span_number = 0
-    return (int(is_outcome_record(candidate)), candidate.end_ns, span_number)
+        return 0
+
+
+def _order(candidate: SpanData) -> tuple[int, ...]:
+    return _ordered(candidate.attributes, candidate.end_ns, _span_number(candidate))
+
+
+def _fact(attributes: Mapping[str, Any], order: tuple[int, ...]) -> Attempt:
+    outcome = attributes.get(c.ROLLOUT_OUTCOME)
+    reward = _reward(attributes.get(c.REWARD)) if outcome == c.OUTCOME_SCORED else None
+    # A root that says scored without a usable reward has no score to give.
+    state = FAILED if outcome == c.OUTCOME_SCORED and reward is None else state_of(outcome)
+    return Attempt(_concluded(attributes), state, reward, order)
 
 
 def candidate_fact(candidate: SpanData) -> Attempt:
     """What a rollout root or outcome record says about the attempt it concludes, for the rule."""
-    outcome = candidate.attributes.get(c.ROLLOUT_OUTCOME)
-    reward = _reward(candidate.attributes.get(c.REWARD)) if outcome == c.OUTCOME_SCORED else None
-    # A root that says scored without a usable reward has no score to give.
-    state = FAILED if outcome == c.OUTCOME_SCORED and reward is None else state_of(outcome)
-    return Attempt(concluded_attempt(candidate), state, reward, _order(candidate))
+    return _fact(candidate.attributes, _order(candidate))
 
 
 def decide(candidates: Iterable[SpanData]) -> SpanData | None:
@@ -102,19 +118,39 @@ def decide(candidates: Iterable[SpanData]) -> SpanData | None:
 def decision_of(group: RolloutSpans, *, episodes: bool = True) -> Decision | None:
     """The outcome rule over a rollout's root and outcome records (and, unless ``episodes=False``,
     the episode spans that say their attempt failed); None when it has no root and no record."""
-    candidates = group.candidates
-    if not candidates:
+    return decide_candidates(
+        ((s.attributes, s.end_ns, _span_number(s)) for s in group.candidates),
+        ((e.attributes.get(c.EPISODE_ATTEMPT), e.attributes.get(c.EPISODE_OUTCOME)) for e in group.episodes)
+        if episodes
+        else (),
+    )
+
+
+def decide_candidates(
+    candidates: Iterable[tuple[Mapping[str, Any], int, int]], episodes: Iterable[tuple[object, object]] = ()
+) -> Decision | None:
+    """The outcome rule over a rollout's candidates, each (attributes of its root or an outcome
+    record, end time in ns, span ID as an int), and its episodes, each (``gym.episode.attempt``,
+    ``gym.episode.outcome``); None without candidates. The readers call it with spans, and the
+    metrics (``_metrics``) with what the process that owns the rollout recorded about it."""
+    facts = []
+    started = 0
+    for attributes, end_ns, span_number in candidates:
+        started = max(started, _int(attributes.get(c.ROLLOUT_ATTEMPTS)) or 0)
+        facts.append(_fact(attributes, _ordered(attributes, end_ns, span_number)))
+    if not facts:
         return None
-    started = max((_int(s.attributes.get(c.ROLLOUT_ATTEMPTS)) or 0 for s in candidates), default=0)
-    facts = [candidate_fact(s) for s in candidates]
     # An episode span that says its attempt failed or was cancelled outranks a record that scored
     # the attempt without knowing (written in another process, or later).
-    for episode in group.episodes if episodes else ():
-        attempt = _int(episode.attributes.get(c.EPISODE_ATTEMPT))
-        outcome = episode.attributes.get(c.EPISODE_OUTCOME)
+    for number, outcome in episodes:
+        attempt = _int(number)
         if attempt is not None and outcome in (FAILED, CANCELLED):
             facts.append(Attempt(attempt, str(outcome), None, (-1,), definite=True))
     return decide_outcome(Facts(attempts=tuple(facts), started=started))
+
+
+# The metrics decide by this same function (they sit below the readers, so it is handed down).
+_metrics.decide_by(decide_candidates)
 
 
 @dataclass(frozen=True)
