@@ -226,12 +226,11 @@ def test_a_rollout_scored_locally_then_by_a_remote_scorer_counts_once_with_the_r
     tmp_path: Path,
 ) -> None:
     body = """
-with gymtrace.run(run_id="m"), gymtrace.rollout(rollout_id="twice", task_id="t"), gymtrace.episode():
-    headers = {}
-    propagation.inject(headers)
+with gymtrace.run(run_id="m"), gymtrace.rollout(rollout_id="twice", task_id="t"), gymtrace.episode() as ep:
+    carrier = ep.carrier()
     gymtrace.record_reward(0.5)
-# The scorer, given the episode's headers, records its own reward for the same attempt.
-with propagation.attach(headers), gymtrace.verify():
+# The scorer, given the episode's carrier, records its own reward for the same attempt.
+with propagation.attach(carrier), gymtrace.verify():
     gymtrace.record_reward(0.9)
 """
     result = _run(tmp_path, body)
@@ -246,11 +245,9 @@ def test_a_final_episode_that_failed_after_a_scored_one_counts_one_unscored_and_
 ) -> None:
     body = """
 with gymtrace.run(run_id="m"), gymtrace.rollout(rollout_id="lost", task_id="t"):
-    with gymtrace.episode():
-        headers = {}
-        propagation.inject(headers)
+    with gymtrace.episode() as ep:
         # A scorer in a worker thread of this process scores attempt 0 while it runs.
-        with propagation.attach(headers), gymtrace.verify():
+        with propagation.attach(ep.carrier()), gymtrace.verify():
             gymtrace.record_reward(1.0)
     try:
         with gymtrace.episode():
@@ -265,62 +262,102 @@ with gymtrace.run(run_id="m"), gymtrace.rollout(rollout_id="lost", task_id="t"):
     assert _rewards(result) == (0, 0.0)
 
 
-# The NeMo Gym shape across two processes: the driver opens the rollout and calls the server with
-# its headers; the server's /verify records the reward under them (an outcome record, its process);
-# the driver then records the reward /run returned. Each process has its own MeterProvider, as each
-# NeMo Gym server does; the sum over both is what a Collector adds up.
+# The NeMo Gym shape across two processes: the driver opens the rollout and POSTs to a resources
+# server's /verify with NeMo Gym's identity headers; the server, behind gymtrace's real NeMo Gym
+# middleware, records the reward its /verify answered (an outcome record, in its process); the driver
+# then records the reward /run returned. Each process has its own MeterProvider, as each NeMo Gym
+# server does; the sum over both is what a Collector adds up.
 SERVER = """
 import json, sys
+import uvicorn
 from opentelemetry import metrics
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 import gymtrace
-from gymtrace import propagation
+from gymtrace.integrations.nemo_gym import NeMoGymServerMiddleware
 
 reader = InMemoryMetricReader()
 metrics.set_meter_provider(MeterProvider(metric_readers=[reader]))
 gymtrace.configure(service_name="resources-server", file=sys.argv[1])
-with propagation.attach(json.loads(sys.argv[2])), gymtrace.verify():
-    gymtrace.record_reward(1.0)
-gymtrace.force_flush()  # whatever this process would count is handed over
-data = reader.get_metrics_data()  # None: no instrument recorded anything
-points = [
-    {"name": m.name, "attributes": dict(p.attributes), "value": getattr(p, "value", None),
-     "count": getattr(p, "count", None)}
-    for rm in (data.resource_metrics if data is not None else ()) for sm in rm.scope_metrics
-    for m in sm.metrics for p in m.data.data_points
-]
-gymtrace.shutdown()
-print(json.dumps(points))
+
+
+def points():
+    gymtrace.force_flush()  # whatever this process would count is handed over, the spans written
+    data = reader.get_metrics_data()  # None: no instrument recorded anything
+    return [
+        {"name": m.name, "attributes": dict(p.attributes), "value": getattr(p, "value", None)}
+        for rm in (data.resource_metrics if data is not None else ()) for sm in rm.scope_metrics
+        for m in sm.metrics for p in m.data.data_points
+    ]
+
+
+async def resources_server(scope, receive, send):
+    if scope["type"] != "http":
+        return
+    while (await receive()).get("more_body"):
+        pass
+    body = {"reward": 1.0} if scope["path"] == "/verify" else points()
+    await send({"type": "http.response.start", "status": 200,
+                "headers": [(b"content-type", b"application/json")]})
+    await send({"type": "http.response.body", "body": json.dumps(body).encode()})
+
+
+app = NeMoGymServerMiddleware(resources_server, server_type="resources_servers", server_name="env")
+uvicorn.run(app, host="127.0.0.1", port=int(sys.argv[2]), log_level="warning")
 """
 
 
 def test_the_nemo_gym_shape_verify_record_plus_driver_reward_counts_once_over_both_processes(
     tmp_path: Path,
 ) -> None:
+    import subprocess
+    import sys
+    import time
+
+    import httpx
+
+    from child_process import clean_env
     from gymtrace._outcomes import summarise
     from gymtrace._spandata import read_otlp_json_lines
+    from pipeline import free_ports
 
-    server = tmp_path / "server.py"
-    server.write_text(SERVER)
-    body = f"""
-import subprocess
-with gymtrace.run(run_id="m"), gymtrace.rollout(rollout_id="ng", task_id="t"), gymtrace.episode():
-    headers = {{}}
-    propagation.inject(headers)
-    done = subprocess.run(
-        [sys.executable, {str(server)!r}, {str(tmp_path / "server.jsonl")!r}, json.dumps(headers)],
-        capture_output=True, text=True, check=True,
+    (port,) = free_ports(1)
+    url = f"http://127.0.0.1:{port}"
+    script = tmp_path / "server.py"
+    script.write_text(SERVER)
+    server = subprocess.Popen(
+        [sys.executable, str(script), str(tmp_path / "server.jsonl"), str(port)],
+        env=clean_env(),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
     )
-    with open({str(tmp_path / "server-points.json")!r}, "w") as f:
-        f.write(done.stdout.strip().splitlines()[-1])
-    gymtrace.record_reward(1.0)  # what /run returned
+    try:
+        for _ in range(600):
+            try:
+                httpx.post(f"{url}/ready", timeout=1)
+                break
+            except httpx.TransportError:
+                assert server.poll() is None, server.stderr.read() if server.stderr else ""
+                time.sleep(0.05)
+        body = f"""
+import httpx
+from opentelemetry import propagate
+from gymtrace.integrations import nemo_gym
+with gymtrace.run(run_id="m"), gymtrace.rollout(rollout_id="ng", task_id="t"), gymtrace.episode():
+    headers = nemo_gym.headers()
+    propagate.inject(headers)  # traceparent: the server's record joins the rollout's trace
+    verified = httpx.post({url + "/verify"!r}, json={{}}, headers=headers).json()
+    gymtrace.record_reward(verified["reward"])  # what /run returned
 """
-    driver = _completed(_run(tmp_path, body))
-    server_points = json.loads((tmp_path / "server-points.json").read_text())
+        driver = _completed(_run(tmp_path, body))
+        served_points = httpx.post(f"{url}/metric-points", timeout=30).json()
+    finally:
+        server.terminate()
+        server.wait(timeout=30)
     served = {
         p["attributes"]["gym.rollout.outcome"]: p["value"]
-        for p in server_points
+        for p in served_points
         if p["name"] == "gym.rollout.completed"
     }
     # The server wrote the outcome record; the readers see one scored rollout over both files.
@@ -328,7 +365,9 @@ with gymtrace.run(run_id="m"), gymtrace.rollout(rollout_id="ng", task_id="t"), g
         *read_otlp_json_lines(tmp_path / "traces.jsonl"),
         *read_otlp_json_lines(tmp_path / "server.jsonl"),
     ]
-    assert any(s.attributes.get("gym.kind") == "outcome" for s in spans)
+    assert [
+        s.attributes.get("gym.outcome.source") for s in spans if s.attributes.get("gym.kind") == "outcome"
+    ]
     [stats] = [s.as_json() for s in summarise(spans)]
     assert (stats["scored"], stats["unscored"], stats["pending"]) == (1, 0, 0)
     total = {k: driver.get(k, 0) + served.get(k, 0) for k in {*driver, *served}}

@@ -4,7 +4,7 @@ from the same spans, each rollout once, read by a reader's own ``collect()`` wit
 ``gymtrace.force_flush()`` first.
 
 Programs mix what decides an outcome: local rewards, a remote scorer continuing the episode's
-headers (during the rollout or after it), failed, cancelled and retried episodes, explicit and
+carrier (during the rollout or after it), failed, cancelled and retried episodes, explicit and
 reused attempt numbers, a verify() after the last episode, late rewards and failures on ended
 scopes, hand-offs that leave the rollout pending, episodes continued from a carrier after the
 rollout ended, and rollouts that never score.
@@ -87,9 +87,9 @@ def run_rollout(spec: RolloutSpec, run_index: int, index: int) -> None:
     import gymtrace
     from gymtrace import propagation
 
-    headers: dict[str, str] | None = None
+    # The episode's carrier, taken on purpose (the hand-off): what a scorer elsewhere continues.
+    handed: dict[str, Any] | None = None
     carrier: dict[str, Any] | None = None
-    ended: list[Any] = []
     with (
         contextlib.suppress(ConnectionError),
         gymtrace.rollout(rollout_id=f"r{run_index}-{index}", task_id="t") as rollout,
@@ -99,11 +99,10 @@ def run_rollout(spec: RolloutSpec, run_index: int, index: int) -> None:
         for episode_spec in spec.episodes:
             try:
                 with gymtrace.episode(attempt=episode_spec.attempt) as episode:
-                    ended.append((episode, episode_spec))
                     if episode_spec.handoff:
-                        headers = dict(propagation.inject({}))
+                        handed = episode.carrier()
                         if episode_spec.remote_during is not None:
-                            with propagation.attach(headers), gymtrace.verify():
+                            with propagation.attach(handed), gymtrace.verify():
                                 gymtrace.record_reward(episode_spec.remote_during)
                     for value in episode_spec.rewards:
                         gymtrace.record_reward(value)
@@ -124,8 +123,8 @@ def run_rollout(spec: RolloutSpec, run_index: int, index: int) -> None:
             carrier = rollout.carrier()
     if spec.late is not None:
         gymtrace.record_reward(spec.late, scope=rollout)
-    if headers is not None and (spec.remote_after is not None or spec.remote_fails):
-        with propagation.attach(headers):
+    if handed is not None and (spec.remote_after is not None or spec.remote_fails):
+        with propagation.attach(handed):
             if spec.remote_fails:
                 gymtrace.record_failure("infrastructure", message="scorer lost the sandbox")
             elif spec.remote_after is not None:
