@@ -20,10 +20,10 @@ marker spans into the rollout's trace (``gym.kind=live``), from one daemon threa
   and the process (``service.instance.id``).
 
 The same thread hands the episodes' metrics to the MeterProvider each second (``_metrics.settle``;
-a collection takes everything at once, see ``_metrics``), and is the watchdog of sync episodes opened with ``timeout=``: one cannot be
-interrupted safely (threads are never killed), so past its deadline it gets a
-``gym.episode.overdue`` event and its heartbeats say ``gym.live.overdue``, which ``gymtrace live``
-reads as ``stalled``. Async episodes are cancelled instead (:func:`deadline`).
+a collection takes everything at once, see ``_metrics``), and is the watchdog of sync episodes
+opened with ``timeout=``: one cannot be interrupted safely (threads are never killed), so past its
+deadline it gets a ``gym.episode.overdue`` event and its heartbeats say ``gym.live.overdue``, which
+``gymtrace live`` reads as ``stalled``. Async episodes are cancelled instead (:func:`deadline`).
 
 ``GYMTRACE_HEARTBEAT=0`` turns markers and heartbeats off (the watchdog still runs for episodes
 with a timeout). Readers of finished traces (``tree``, ``check``, ``rollouts``, ``stats``) fold the

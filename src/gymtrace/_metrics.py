@@ -1,4 +1,4 @@
-"""Metrics beside the spans: the six ``gym.*`` instruments of DESIGN.md §8, on the global MeterProvider.
+"""Metrics beside the spans: the six fixed ``gym.*`` instruments, on the global MeterProvider.
 
 Example (what a dashboard reads; ``configure()`` exports them over OTLP next to the spans)::
 
@@ -26,7 +26,8 @@ the metric (a counter is never taken back). See docs/live-and-metrics.md.
 **Cheap per rollout.** An SDK instrument call costs 3-7 µs alone, about 10 µs between a rollout's
 other work: a rollout's end appends a small tuple here, and ``gym.rollout.active``, an observable
 instrument, hands everything gathered to the instruments from its callback, which the SDK runs
-before it reads the synchronous instruments in the same ``collect()``.
+before it reads the synchronous instruments in the same ``collect()``. Nobody collecting (no SDK
+MeterProvider), the heartbeat thread counts the oldest past :data:`MAX_WAITING`.
 """
 
 from __future__ import annotations
