@@ -153,6 +153,7 @@ def test_the_integration_seam_is_pinned() -> None:
         "incoming_identity",
         "innermost_scope",
         "may_carry_identity",
+        "misuse",
         "pinned_ids",
         "report_error",
         "rerun",

@@ -272,20 +272,73 @@ def test_environments_stepped_in_turn_keep_their_own_episodes(captured: Captured
     assert check_trace(captured) == []
 
 
-def test_a_time_limit_around_the_wrapper_is_not_seen_and_its_episode_ends_cancelled(
-    captured: CapturedSpans,
+@pytest.mark.parametrize("outer", ["time_limit", "time_limit_around_another_wrapper"])
+def test_a_time_limit_around_the_wrapper_completes_and_scores_its_episodes(
+    captured: CapturedSpans, outer: str
 ) -> None:
-    # The documented limit: TraceEnv sees what passes through it. Inside, the same limit completes
-    # the episode (test_time_limit_truncation_is_a_completed_scored_episode).
-    env = gym.wrappers.TimeLimit(TraceEnv(gym.make("CartPole-v1"), rollout_id=lambda n: f"tl-{n}"), 5)
-    for seed in range(2):
-        play(env, seed, policy=lambda: 0)
+    # Issue 31: TimeLimit(TraceEnv(env)) truncates episodes TraceEnv's own step never says ended;
+    # they used to end cancelled at the next reset, every one unscored, silently. TraceEnv finds
+    # the TimeLimit around it when reset() comes through it, and ends the episode at its truncation.
+    inner = TraceEnv(gym.make("CartPole-v1"), rollout_id=lambda n: f"tl-{n}")
+    middle = CountsSteps(inner) if outer == "time_limit_around_another_wrapper" else inner
+    env = gym.wrappers.TimeLimit(middle, 5)
+    returns = [play(env, seed, policy=lambda: 0) for seed in range(2)]
     env.close()
     for n in range(2):
+        total, steps = returns[n]
+        assert steps == 5  # truncated by the outer limit, not terminated
         (episode,) = spans_of(captured, f"tl-{n}", "episode")
-        assert attrs(episode)[c.EPISODE_OUTCOME] == "cancelled"
+        assert attrs(episode)[c.EPISODE_OUTCOME] == "completed"
         assert attrs(episode)[c.STEPS_COUNT] == 5
-        assert rollouts(captured)[f"tl-{n}"][c.ROLLOUT_OUTCOME] == "unscored"
+        root = rollouts(captured)[f"tl-{n}"]
+        assert (root[c.ROLLOUT_OUTCOME], root[c.REWARD]) == ("scored", total)
+    assert check_trace(captured) == []
+
+
+def test_a_user_loop_that_stops_early_inside_an_outer_wrapper_still_cancels(captured: CapturedSpans) -> None:
+    # Only the TimeLimit's truncation ends an episode: an episode the caller abandons (reset
+    # before its end) through a wrapper stays cancelled, unscored.
+    env = CountsSteps(TraceEnv(gym.make("CartPole-v1"), rollout_id=lambda n: f"stop-{n}"))
+    env.reset(seed=0)
+    env.step(0)
+    env.reset(seed=1)
+    env.close()
+    assert rollouts(captured)["stop-0"][c.ROLLOUT_OUTCOME] == "unscored"
+    (episode,) = spans_of(captured, "stop-0", "episode")
+    assert attrs(episode)[c.EPISODE_OUTCOME] == "cancelled"
+
+
+def test_a_second_reset_in_a_users_rollout_after_a_completed_episode_is_said_when_it_happens(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # A rollout is one sample with one reward; its episodes are retries. A reset after one of
+    # them completed starts a second sample in it: said at that reset, with the fix (strict
+    # mode raises there, before anything is opened), not only when the rollout ends.
+    env = TraceEnv(gym.make("CartPole-v1"))
+    with capture_spans(strict=True), gymtrace.rollout(rollout_id="mine", task_id="t"):
+        play(env, 0)
+        with pytest.raises(gymtrace.GymTraceError, match=r"TraceEnv.reset\(\) in rollout 'mine'.* per reset"):
+            env.reset(seed=1)
+    with capture_spans(strict=False) as captured, caplog.at_level("WARNING", "gymtrace"):
+        with gymtrace.rollout(rollout_id="mine", task_id="t"):
+            play(env, 0)
+            before = len(caplog.records)
+            env.reset(seed=1)
+            said = [r.getMessage() for r in caplog.records[before:]]
+            assert any("TraceEnv.reset() in rollout 'mine'" in m and "Fix:" in m for m in said)
+            env.close()
+    assert rollouts(captured)["mine"][c.ROLLOUT_ATTEMPTS] == 2
+
+
+def test_a_reset_after_a_failed_episode_in_a_users_rollout_is_a_retry_and_says_nothing(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    env = TraceEnv(gym.make("CartPole-v1"))
+    with capture_spans(strict=True) as captured, gymtrace.rollout(rollout_id="retry", task_id="t"):
+        env.reset(seed=0)
+        env.step(0)  # cut short: the next reset cancels it, and the rollout retries
+        play(env, 1)
+    assert rollouts(captured)["retry"][c.ROLLOUT_OUTCOME] == "scored"
     assert check_trace(captured) == []
 
 

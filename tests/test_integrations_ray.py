@@ -130,6 +130,17 @@ def rollout_in_worker(seed):
             gymtrace.record_reward(0.5)
 
 
+@ray.remote(num_cpus=2)
+def split_part(seed):
+    # A twelfth of one episode: the whole cluster's CPUs, so the parts run one after another and
+    # the same worker process runs several of them (the shape of issue 31's "not increasing").
+    with gymtrace.step():
+        pass
+    with gymtrace.step():
+        pass
+    return os.getpid()
+
+
 judge = Judge.remote()
 result = {"outside": ray.get(untouched.remote(21))}
 with gymtrace.run(run_id="ray-run"):
@@ -151,6 +162,14 @@ with gymtrace.run(run_id="ray-run"):
         result["episode_dies"] = ray.get(episode_dies_once.remote(os.path.join(out, "marker-dies")))
     with gymtrace.rollout(rollout_id="episode-raises", task_id="ray-task", repeat=3):
         result["episode_raises"] = ray.get(episode_raises_once.remote(os.path.join(out, "marker-raises")))
+    with gymtrace.rollout(rollout_id="split-episode", task_id="ray-task", repeat=4):
+        with gymtrace.episode():
+            with gymtrace.step():
+                pass
+            result["split_pids"] = ray.get([split_part.remote(i) for i in range(12)])
+            with gymtrace.step():
+                pass
+            gymtrace.record_reward(1.0)
 ray.shutdown()
 gymtrace.shutdown()
 result["log"] = log.getvalue()
@@ -328,6 +347,30 @@ def test_steps_and_reward_recorded_in_workers_count_as_in_the_driver(
     assert sorted(s.attributes[c.STEP_NUMBER] for s in steps) == [1, 2]
     outcomes = [s for s in mine if s.name == "gym.outcome"]
     assert outcomes and outcomes[-1].attributes[c.REWARD] == 0.5
+    assert check_trace(mine) == []
+
+
+def test_an_episode_split_over_tasks_one_worker_ran_passes_check(
+    scenario: tuple[dict[str, Any], list[SpanData], list[Path]],
+) -> None:
+    # Each task's steps are numbered as docs/integrations/ray.md says: its first step takes the
+    # number reserved when it was called, its further ones N * 1000000 + 1... One worker process
+    # ran several tasks, in whatever order Ray chose: check compares the steps of each task.
+    result, spans, _ = scenario
+    pids = result["split_pids"]
+    assert len(pids) == 12 and len(set(pids)) < len(pids)  # some worker ran several parts
+    (root,) = [
+        s
+        for s in spans
+        if s.attributes.get(c.ROLLOUT_ID) == "split-episode" and s.attributes.get(c.KIND) == "rollout"
+    ]
+    mine = [s for s in spans if s.trace_id == root.trace_id]
+    numbers = sorted(s.attributes[c.STEP_NUMBER] for s in mine if s.attributes.get(c.KIND) == "step")
+    assert len(numbers) == 2 + 12 * 2 and len(set(numbers)) == len(numbers)
+    # The driver's own steps: 1, then 14 after the 12 reserved numbers 2..13.
+    assert [n for n in numbers if n < 1_000_000] == list(range(1, 15))
+    assert sorted(n for n in numbers if n >= 1_000_000) == [b * 1_000_000 + 1 for b in range(2, 14)]
+    assert root.attributes[c.ROLLOUT_OUTCOME] == "scored"
     assert check_trace(mine) == []
 
 

@@ -550,3 +550,35 @@ def test_a_block_exited_in_a_child_task_ends_its_span_and_logs_like_opentelemetr
         asyncio.run(main())
     assert len(captured.by_kind(c.KIND_STEP)) == 1
     assert "Failed to detach context" in caplog.text  # OpenTelemetry's own report, as use_span gives
+
+
+# -- pickling (issue 31: a lock error and no hint) ------------------------------------------------
+
+
+def test_pickling_an_open_scope_says_to_pass_its_carrier(captured: CapturedSpans) -> None:
+    import pickle
+
+    with gymtrace.rollout(rollout_id="r-pickle") as rollout, gymtrace.episode() as episode:
+        for scope in (rollout, episode):
+            with pytest.raises(TypeError, match=r"cannot pickle an ActiveScope.*scope\.carrier\(\)"):
+                pickle.dumps(scope)
+        # A scope description holding an open activation (the attempt it continues) says the same.
+        with pytest.raises(TypeError, match=r"scope\.carrier\(\)"):
+            pickle.dumps(gymtrace.episode(continue_from=episode))
+        # What it names instead crosses a pickle, and continues the episode on the other side.
+        carrier = pickle.loads(pickle.dumps(episode.carrier()))
+    with gymtrace.propagation.attach(carrier), gymtrace.verify():
+        gymtrace.record_reward(1.0)
+    (record,) = captured.by_kind("outcome")
+    assert (record.attributes or {})[c.REWARD] == 1.0
+
+
+def test_a_pickled_scope_description_opens_its_own_activation(captured: CapturedSpans) -> None:
+    import pickle
+
+    scope = pickle.loads(pickle.dumps(gymtrace.rollout(rollout_id="r-described", task_id="t")))
+    with scope:
+        gymtrace.record_reward(0.5)
+    root = captured.one("rollout")
+    assert (root.attributes or {})[c.ROLLOUT_ID] == "r-described"
+    assert (root.attributes or {})[c.REWARD] == 0.5

@@ -17,6 +17,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from gymtrace import _constants as c
+from gymtrace._frame import STEP_RANGE
 from gymtrace._ids import episode_id
 from gymtrace._levels import LEVELS, NUMBERING_OWNERS, allowed
 from gymtrace._outcome_rule import CANCELLED, COMPLETED, FAILED, Attempt, Facts
@@ -30,6 +31,8 @@ from gymtrace._outcomes import (
     final_outcomes,
     group_rollouts,
     is_outcome_record,
+    last_recorded,
+    recorded_order,
 )
 from gymtrace._spandata import SpanData, normalize
 
@@ -321,6 +324,17 @@ def _check_episodes_of(group: RolloutSpans) -> list[Problem]:
         }
         - set(attempts)
     )
+    reused = sorted({a for a in attempts if attempts.count(a) > 1})
+    if reused:
+        # Warned (strict: raised) when the second episode opened; every reader takes the last one.
+        problems.append(
+            (
+                "episode attempts",
+                f"rollout {rollout_id}: episode attempt(s) {reused} recorded by more than one episode"
+                " (an attempt number reused); the last recorded counts",
+            )
+        )
+        attempts = sorted(set(attempts))
     covered = sorted(attempts + lost)
     if covered != list(range(len(covered))):
         problems.append(
@@ -331,7 +345,7 @@ def _check_episodes_of(group: RolloutSpans) -> list[Problem]:
                 + f", expected 0..{len(covered) - 1}",
             )
         )
-    rewarded = [s for s in episodes if c.REWARD in s.attributes]
+    rewarded = [s for s in last_recorded(episodes).values() if c.REWARD in s.attributes]
     if len(rewarded) > 1:
         problems.append(
             (
@@ -404,7 +418,7 @@ def _episode_fact(episode: SpanData) -> Attempt:
         number if isinstance(number, int) else -1,
         state,
         float(reward) if isinstance(reward, (int, float)) and not isinstance(reward, bool) else None,
-        (episode.end_ns,),
+        recorded_order(episode)[:2],
     )
 
 
@@ -428,9 +442,7 @@ def _check_final_outcome(group: RolloutSpans) -> list[Problem]:
         return []  # a root without an outcome never finished; nothing to compare
     expected = decide_outcome(Facts(attempts=tuple(_episode_fact(e) for e in finished)))
     final_attempt = expected.attempt
-    final = max(
-        (e for e in finished if e.attributes[c.EPISODE_ATTEMPT] == final_attempt), key=lambda e: e.end_ns
-    )
+    final = max((e for e in finished if e.attributes[c.EPISODE_ATTEMPT] == final_attempt), key=recorded_order)
     outcome, reward = decided.outcome, decided.reward
     concluded = concluded_attempt(decider)
     what = f"outcome record {_label(decider)}" if is_outcome_record(decider) else "stale rollout root"
@@ -518,29 +530,63 @@ def _process(span: SpanData) -> str:
     return span.service_instance or span.service
 
 
-def _check_numbering(index: _Index) -> list[Problem]:
-    """Turn and step numbers increase among the siblings one process recorded.
+def _step_part(number: int, base_numbers: set[int], foreign: bool) -> int:
+    """The part of an owner's steps a step number belongs to (docs/outcomes.md, "Step numbers
+    across processes"): 0, the owner's own; ``N``, the continuation given the reserved number
+    ``N`` (its first step ``N``, its further ones from ``N * STEP_RANGE + 1``). A number below
+    ``STEP_RANGE`` is a continuation's first step when it opens a range of further steps, or when
+    it was recorded by another process than the owner's (a continuation of one step)."""
+    if number >= STEP_RANGE:
+        return number // STEP_RANGE
+    return number if foreign or number in base_numbers else 0
 
-    Steps recorded by another process under a propagated context number themselves: only the
-    siblings of one owner recorded by one process are compared.
+
+def _check_numbering(index: _Index) -> list[Problem]:
+    """Turn and step numbers increase within each part of an owner that one process recorded.
+
+    A part is the owner's own steps, or one continuation's (a Ray task, an ``attach()`` block):
+    continuations run in any order, several in one worker process, each numbering from the step
+    number its hand-off reserved, so only the steps of one part are compared. Turns are not
+    handed off: the turns of one owner recorded by one process are one part.
     """
     problems: list[Problem] = []
     owners = NUMBERING_OWNERS
     for kind, key in ((c.KIND_TURN, c.TURN_NUMBER), (c.KIND_STEP, c.STEP_NUMBER)):
-        groups: dict[tuple[str, str], list[SpanData]] = defaultdict(list)
+        by_process: dict[tuple[str, str], list[SpanData]] = defaultdict(list)
         for span in index.spans:
             if span.attributes.get(c.KIND) == kind:
                 owner = index.gym_ancestor(span, owners)
-                groups[(owner.span_id if owner else "<none>", _process(span))].append(span)
-        for (owner_id, process), group in groups.items():
-            numbers = [s.attributes.get(key) for s in sorted(group, key=lambda s: (s.start_ns, s.span_id))]
-            ints = [n for n in numbers if isinstance(n, int)]
-            if len(ints) != len(numbers) or any(a >= b for a, b in itertools.pairwise(ints)):
-                owner = index.by_id.get(owner_id)
+                by_process[(owner.span_id if owner else "<none>", _process(span))].append(span)
+        for (owner_id, process), spans in by_process.items():
+            owner = index.by_id.get(owner_id)
+            foreign = owner is None or _process(owner) != process
+            numbers = [s.attributes.get(key) for s in spans]
+            base_numbers = {n // STEP_RANGE for n in numbers if isinstance(n, int) and n >= STEP_RANGE}
+            parts: dict[int, list[SpanData]] = defaultdict(list)
+            for span, number in zip(spans, numbers, strict=True):
+                if kind == c.KIND_STEP and isinstance(number, int):
+                    parts[_step_part(number, base_numbers, foreign)].append(span)
+                else:
+                    parts[0].append(span)
+            for part, group in sorted(parts.items()):
+                shown_numbers = [
+                    s.attributes.get(key) for s in sorted(group, key=lambda s: (s.start_ns, s.span_id))
+                ]
+                ints = [n for n in shown_numbers if isinstance(n, int)]
+                if len(ints) == len(shown_numbers) and all(a < b for a, b in itertools.pairwise(ints)):
+                    continue
                 where = _label(owner) if owner else "no invocation"
-                shown = numbers if len(numbers) <= 12 else [*numbers[:10], "...", f"({len(numbers)} in all)"]
+                shown = (
+                    shown_numbers
+                    if len(shown_numbers) <= 12
+                    else [*shown_numbers[:10], "...", f"({len(shown_numbers)} in all)"]
+                )
                 by = f" recorded by {process}" if process else ""
+                of = f" (the continuation given step {part})" if part else ""
                 problems.append(
-                    (f"{kind} numbering", f"{kind} numbers within {where}{by} are {shown}, not increasing")
+                    (
+                        f"{kind} numbering",
+                        f"{kind} numbers within {where}{of}{by} are {shown}, not increasing",
+                    )
                 )
     return problems

@@ -123,7 +123,8 @@ class ActiveScope:
         # For a rollout: what its episodes before the last one ended as (the outcome rule reports
         # a reward they had, which the final attempt supersedes).
         self._earlier_attempts: list[Attempt] = []
-        # For a rollout: a carrier or headers were taken inside it; its outcome may come from there.
+        # A carrier or continuation headers were taken in this episode (or on this rollout outside
+        # its episodes): the attempt's outcome may come from there (see hand_off()).
         self.handed_off = False
         self.attempt: int | None = None
         self.reward: float | None = None
@@ -200,7 +201,9 @@ class ActiveScope:
             state = FAILED
         else:
             state = COMPLETED
-        return Attempt(self.attempt if self.attempt is not None else 0, state, self.reward)
+        return Attempt(
+            self.attempt if self.attempt is not None else 0, state, self.reward, (), False, self.handed_off
+        )
 
     def outcome_facts(self) -> Facts:
         """For a rollout: what was recorded about it that bears on its outcome (``_outcome_rule``)."""
@@ -297,11 +300,21 @@ class ActiveScope:
             self.lost_attempt = None
         return lost
 
+    def attempt_recorded(self, attempt: int) -> bool:
+        """For a rollout: whether an episode of it already took attempt number ``attempt``."""
+        last = self._last_episode
+        return last is not None and (
+            last.attempt == attempt or any(a.number == attempt for a in self._earlier_attempts)
+        )
+
     def add_episode(self, episode: ActiveScope, attempt: int) -> None:
-        """For a rollout: ``episode`` is its newest attempt; attempt numbers are never reused."""
+        """For a rollout: ``episode`` is its newest attempt. An attempt number given again (reported
+        by the caller) records that attempt again: the last recorded counts, and it is one attempt."""
+        reused = self.attempt_recorded(attempt)
         with _counter_lock:
             self._next_attempt = max(self._next_attempt, attempt + 1)
-            self._episodes += 1
+            if not reused:
+                self._episodes += 1
             if self._last_episode is not None:
                 self._earlier_attempts.append(self._last_episode.attempt_fact())
             self._last_episode = episode
@@ -523,11 +536,16 @@ class ActiveScope:
         return carrier
 
     def hand_off(self) -> None:
-        """A carrier or headers of this scope were taken: its rollout's outcome may be recorded in
-        another process, so a rollout ending with no outcome of its own is ``pending``."""
+        """A carrier or continuation headers of this scope were taken: the attempt they were taken
+        in (its episode; outside every episode, the rollout's final attempt) may be concluded in
+        another process, so that attempt, ending final with no outcome of its own, is ``pending``.
+        A hand-off belongs to the episode that made it: a later attempt that completes here is not
+        pending because an earlier, failed one had handed off."""
         rollout = self.nearest(c.KIND_ROLLOUT)
-        if rollout is not None and not rollout.remote:
-            rollout.handed_off = True
+        if rollout is None or rollout.remote:
+            return
+        episode = self.nearest(c.KIND_EPISODE)
+        (episode if episode is not None else rollout).handed_off = True
 
     def _target(self, kinds: tuple[str, ...], caller: str) -> ActiveScope | None:
         target = self.nearest(*kinds)
@@ -537,6 +555,17 @@ class ActiveScope:
 
     def __repr__(self) -> str:
         return f"<ActiveScope {self.kind} {self.identity}>"
+
+    def __reduce_ex__(self, protocol: object) -> Any:
+        # An activation is this process's: its span, its place in the context, its locks. What
+        # another process (or a later phase) needs is its carrier; say so instead of a lock error.
+        raise TypeError(
+            f"cannot pickle an ActiveScope ({self.kind} {self.identity.get(c.ROLLOUT_ID)!r}): it is an open"
+            " scope of this process. Pass its carrier instead: scope.carrier() (a small JSON-safe dict;"
+            " continue with gymtrace.propagation.attach(carrier), or open the next attempt with"
+            " gymtrace.episode(continue_from=carrier)), or headers from"
+            " gymtrace.propagation.inject({}, continuation=True)"
+        )
 
 
 # A stand-in handed to `with ... as s` while tracing is off, so user code that calls

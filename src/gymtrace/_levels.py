@@ -197,6 +197,17 @@ def _prepare_episode(
             lost_span = emit_lost_attempt(rollout, *lost)
             if previous_span is None and relation == c.RELATION_RETRY:
                 previous_span = lost_span
+        if rollout.attempt_recorded(attempt):
+            # Said when it happens (strict mode: raised, and the episode is not opened); the rule
+            # then takes the last recorded episode of the attempt, as every reader and check do.
+            data_lost(
+                GymTraceError(
+                    f"rollout {rollout.identity.get(c.ROLLOUT_ID)!r}: episode attempt {attempt} was opened"
+                    " again; attempt numbers are never reused, so this episode replaces the earlier one"
+                    " (the last recorded counts). Fix: let gymtrace number the attempts (omit attempt=,"
+                    " or use gymtrace.attempts()), or give each retry the next number"
+                )
+            )
         rollout.add_episode(frame, attempt)
     restored = relation == c.RELATION_RESTORE
     if restored and previous_span is None:

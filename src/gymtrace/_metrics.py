@@ -245,6 +245,9 @@ def rollout_ended(
     if decision.reward is not None:
         root[c.REWARD] = decision.reward
     span_context = span.get_span_context()
+    if len(attempts) > 1:
+        # Of an attempt number two episodes took (reused), the last recorded speaks for it.
+        attempts = tuple({a.number: a for a in attempts}.values())
     episodes: list[EpisodeFact] = [(a.number, a.state) for a in attempts if a.state in (FAILED, CANCELLED)]
     key = (trace_id, rollout_id)
     pending = _pending

@@ -12,11 +12,13 @@ disagreed, so gymtrace could write a trace its own checker rejected, and pass on
 already lost (issue 25). The seed's rule, as it decides it:
 
 - A rollout has at most one reward: its **final attempt's** (the highest attempt number; among facts
-  about the same attempt, the one with the highest ``order``, i.e. recorded last).
+  about the same attempt, the one with the highest ``order``, and among equal orders the one given
+  last: an attempt number reused by a second episode is recorded again, and the last record wins).
 - The final attempt **completed with a reward**: ``scored`` with that reward. It **failed** or was
-  **cancelled**: ``unscored``, never an invented 0. It completed **without a reward** while the
-  rollout's context was **handed to another process** (a carrier or headers taken): ``pending``, its
-  outcome is expected from there. Otherwise ``unscored``.
+  **cancelled**: ``unscored``, never an invented 0. It completed **without a reward** after **it**
+  was **handed to another process** (a carrier or continuation headers taken inside that episode, or
+  on the rollout outside every episode): ``pending``, its outcome is expected from there. A hand-off
+  made inside an earlier attempt is that attempt's only. Otherwise ``unscored``.
 - A rollout without any episode is one implicit attempt 0: what is recorded on the rollout itself
   (its reward, an exception escaping it) is that attempt's, so ``attempts`` is 1 and a failure after
   a reward leaves it unscored.
@@ -61,6 +63,9 @@ class Attempt(NamedTuple):
     # Said by the episode itself (its span): a failed or cancelled attempt stays so, whatever a
     # record written elsewhere, without knowing it, says about the same attempt.
     definite: bool = False
+    # The episode handed its work to another process (a carrier, or headers injected as a
+    # continuation): completed without a reward, its outcome is expected from there.
+    handed_off: bool = False
 
 
 class Facts(NamedTuple):
@@ -71,7 +76,8 @@ class Facts(NamedTuple):
     reward: float | None = None
     # What escaped the rollout outside every episode (an exception's kind), or None.
     failure: str | None = None
-    # A carrier or headers were taken inside the rollout: its outcome may be recorded elsewhere.
+    # A carrier or headers were taken on the rollout outside its episodes: the final attempt's
+    # outcome may be recorded elsewhere (a hand-off inside an episode is that attempt's own).
     handed_off: bool = False
     # Episodes opened, when more are known than attempt numbers seen (at least the highest + 1).
     started: int = 0
@@ -112,8 +118,9 @@ def decide(facts: Facts) -> Decision:
             )
         attempts = (Attempt(0, state, None if facts.failure is not None else rollout_reward),)
         rollout_reward = None
-    # One attempt is the common case: every rollout's end runs this.
-    final = attempts[0] if len(attempts) == 1 else max(attempts, key=_final_first)
+    # One attempt is the common case: every rollout's end runs this. Among facts that tie (an
+    # attempt number recorded twice, in the order given), the last recorded is the final one.
+    final = attempts[0] if len(attempts) == 1 else max(reversed(attempts), key=_final_first)
     ended = (
         [a for a in attempts if a.definite and a.number == final.number and a.state in (FAILED, CANCELLED)]
         if len(attempts) > 1
@@ -140,6 +147,12 @@ def decide(facts: Facts) -> Decision:
                 f"attempt {other.number} completed with reward {other.reward:g}, but attempt"
                 f" {final.number} followed it; a rollout is scored by its final attempt only"
             )
+        elif other is not final and other.number == final.number and other.order == final.order:
+            # The same attempt number recorded twice by the writer (facts in recorded order).
+            discarded.append(
+                f"attempt {other.number} was recorded again after it completed with reward"
+                f" {other.reward:g}; attempt numbers are never reused, the last recorded counts"
+            )
     if rollout_reward is not None:
         if final.state == COMPLETED and reward is None:
             reward = rollout_reward  # recorded on the rollout while its final episode ran
@@ -157,7 +170,7 @@ def decide(facts: Facts) -> Decision:
         reward = None
     if reward is not None:
         outcome = c.OUTCOME_SCORED
-    elif final.state == PENDING or (final.state == COMPLETED and facts.handed_off):
+    elif final.state == PENDING or (final.state == COMPLETED and (facts.handed_off or final.handed_off)):
         outcome = c.OUTCOME_PENDING
     else:
         outcome = c.OUTCOME_UNSCORED

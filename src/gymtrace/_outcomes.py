@@ -120,7 +120,10 @@ def decision_of(group: RolloutSpans, *, episodes: bool = True) -> Decision | Non
     the episode spans that say their attempt failed); None when it has no root and no record."""
     return decide_candidates(
         ((s.attributes, s.end_ns, _span_number(s)) for s in group.candidates),
-        ((e.attributes.get(c.EPISODE_ATTEMPT), e.attributes.get(c.EPISODE_OUTCOME)) for e in group.episodes)
+        (
+            (e.attributes.get(c.EPISODE_ATTEMPT), e.attributes.get(c.EPISODE_OUTCOME))
+            for e in sorted(group.episodes, key=recorded_order)
+        )
         if episodes
         else (),
     )
@@ -131,7 +134,8 @@ def decide_candidates(
 ) -> Decision | None:
     """The outcome rule over a rollout's candidates, each (attributes of its root or an outcome
     record, end time in ns, span ID as an int), and its episodes, each (``gym.episode.attempt``,
-    ``gym.episode.outcome``); None without candidates. The readers call it with spans, and the
+    ``gym.episode.outcome``) in the order they were recorded (of two with one attempt number, the
+    later speaks for it); None without candidates. The readers call it with spans, and the
     metrics (``_metrics``) with what the process that owns the rollout recorded about it."""
     facts = []
     started = 0
@@ -141,16 +145,37 @@ def decide_candidates(
     if not facts:
         return None
     # An episode span that says its attempt failed or was cancelled outranks a record that scored
-    # the attempt without knowing (written in another process, or later).
+    # the attempt without knowing (written in another process, or later). Of an attempt number
+    # that two episodes took (reused), only the last recorded speaks for it, as in the writer.
+    last: dict[int, object] = {}
     for number, outcome in episodes:
         attempt = _int(number)
-        if attempt is not None and outcome in (FAILED, CANCELLED):
+        if attempt is not None:
+            last[attempt] = outcome
+    for attempt, outcome in last.items():
+        if outcome in (FAILED, CANCELLED):
             facts.append(Attempt(attempt, str(outcome), None, (-1,), definite=True))
     return decide_outcome(Facts(attempts=tuple(facts), started=started))
 
 
 # The metrics decide by this same function (they sit below the readers, so it is handed down).
 _metrics.decide_by(decide_candidates)
+
+
+def recorded_order(episode: SpanData) -> tuple[int, int, str]:
+    """The order episodes of one rollout were recorded in: the writer takes an attempt number when
+    the episode opens, so of two episodes with one number the later-started is the later record."""
+    return (episode.start_ns, episode.end_ns, episode.span_id)
+
+
+def last_recorded(episodes: Iterable[SpanData]) -> dict[int, SpanData]:
+    """Per attempt number, the episode recorded last (see :func:`recorded_order`)."""
+    found: dict[int, SpanData] = {}
+    for episode in sorted(episodes, key=recorded_order):
+        attempt = _int(episode.attributes.get(c.EPISODE_ATTEMPT))
+        if attempt is not None:
+            found[attempt] = episode
+    return found
 
 
 @dataclass(frozen=True)

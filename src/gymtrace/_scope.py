@@ -113,6 +113,13 @@ def end_open_scopes(reason: str) -> int:
     return ended
 
 
+def _rebuilt_scope(
+    kind: str, arguments: dict[str, Any], span_kind: Any, reward_from: Any, source: Any
+) -> Scope:
+    """A pickled :class:`Scope`, unpickled: the same level and arguments, no activation."""
+    return Scope(kind, arguments, span_kind=span_kind, reward_from=reward_from, source=source)
+
+
 class Scope:
     """A gym level with its arguments. Use it as ``with``/``async with`` or as a decorator."""
 
@@ -156,6 +163,19 @@ class Scope:
         # checked at the first activation that records; building a scope cost ~0.9 µs a `with`.
         if active_tracer() is not None:
             self._resolve()
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        """A scope pickles as what it describes (its level and arguments): unpickled elsewhere it
+        opens activations of its own, as a decorator does in a pool worker. An open activation is
+        never carried by it: continue that with its carrier (``ActiveScope.carrier()``), which
+        pickling an ``ActiveScope`` (as a ``continue_from=`` source, say) says."""
+        return _rebuilt_scope, (
+            self.kind,
+            dict(self._arguments),
+            self._span_kind,
+            self._reward_from,
+            self._source,
+        )
 
     def _resolve(self) -> dict[str, Any]:
         """The level, the span kind, the static values (validated) and the identity callables."""

@@ -96,6 +96,7 @@ __all__ = [
     "incoming_identity",
     "innermost_scope",
     "may_carry_identity",
+    "misuse",
     "pinned_ids",
     "report_error",
     "rerun",
@@ -318,6 +319,13 @@ def warn(message: str) -> None:
     """Report something about one datum the integration handled (a sample without a score, say):
     one WARNING on the ``gymtrace`` logger each time."""
     _errors.logger.warning("gymtrace: %s", message)
+
+
+def misuse(message: str) -> None:
+    """Report a misuse of the integration when it happens: a WARNING on the ``gymtrace`` logger
+    each time, and in strict mode (``GYMTRACE_STRICT``, ``gymtrace.testing``) a
+    :class:`gymtrace.GymTraceError` raised from the call that misused it."""
+    _errors.data_lost(_errors.GymTraceError(message))
 
 
 def warn_once(key: object, message: str) -> None:

@@ -90,6 +90,7 @@ from gymtrace.instrumentation import STEPS_OWNED_ELSEWHERE as OWNED_ELSEWHERE
 from gymtrace.instrumentation import (
     bind_tracer_provider,
     check_tracer_provider,
+    misuse,
     report_error,
     rollout_sampled_out,
     warn_once,
@@ -174,6 +175,7 @@ class _Open:
         "frame",
         "keep",
         "limit",
+        "limits",
         "max_ns",
         "min_ns",
         "reward",
@@ -199,6 +201,9 @@ class _Open:
         self.context = context
         self.run = context.run
         self.env_step = env_step  # the wrapped environment's bound step (scalar environments)
+        # The gymnasium TimeLimit wrappers around the TraceEnv (see _outer_time_limits): their
+        # truncation ends the episode as if the environment had said it. Empty: none.
+        self.limits: tuple[Any, ...] = ()
         self.rollout = rollout
         self.episode = episode
         self.frame = frame
@@ -341,6 +346,65 @@ def _warn_inside_episode() -> None:
         ("gymtrace.integrations.gymnasium", "episode"),
         "TraceEnv.reset() inside an open gymtrace.episode(): TraceEnv opens the episode"
         " itself (use it inside a rollout or no scope); this environment's episodes are not traced",
+    )
+
+
+def _outer_time_limits(env: Any, caller: Any) -> tuple[Any, ...]:
+    """The ``gymnasium.wrappers.TimeLimit`` wrappers around ``env`` (a TraceEnv), found from the
+    frames of the ``reset()`` call that reached it (``caller``: the frame that called it). A
+    wrapper around TraceEnv calls it from its own method, so each frame whose ``self`` wraps the
+    one below it is one more wrapper; the first frame that is none is the user's code."""
+    from gymnasium import Wrapper
+    from gymnasium.wrappers import TimeLimit
+
+    found: list[Any] = []
+    inner, frame = env, caller
+    while frame is not None:
+        owner = frame.f_locals.get("self")
+        if owner is inner and inner is not env:
+            frame = frame.f_back  # the same wrapper, one more of its methods (super().reset)
+            continue
+        if not isinstance(owner, Wrapper) or getattr(owner, "env", None) is not inner:
+            break
+        if isinstance(owner, TimeLimit):
+            if isinstance(getattr(owner, "_elapsed_steps", None), int) and isinstance(
+                getattr(owner, "_max_episode_steps", None), int
+            ):
+                found.append(owner)
+            else:
+                _warn_time_limit_outside()
+        inner, frame = owner, frame.f_back
+    return tuple(found)
+
+
+def _truncated_outside(limits: tuple[Any, ...]) -> bool:
+    """Whether a TimeLimit around the TraceEnv truncates the step now returning to it: it counts
+    the step after TraceEnv returns, and truncates at ``max_episode_steps`` (gymnasium's rule)."""
+    return any(limit._elapsed_steps + 1 >= limit._max_episode_steps for limit in limits)
+
+
+def _warn_time_limit_outside() -> None:
+    warn_once(
+        ("gymtrace.integrations.gymnasium", "time limit outside"),
+        "a gymnasium TimeLimit wraps TraceEnv and its step count cannot be read, so TraceEnv cannot"
+        " see it truncate: those episodes end cancelled (unscored) at the next reset(). Fix: wrap"
+        " TraceEnv around the TimeLimit, TraceEnv(TimeLimit(env, max_episode_steps=n)), or"
+        " gym.make(..., max_episode_steps=n) inside TraceEnv",
+    )
+
+
+def _reset_after_completed(rollout: gymtrace.ActiveScope) -> None:
+    """``reset()`` in the user's rollout whose last episode completed: a second sample in one
+    rollout, which gets one reward (its final episode's). Said now (strict mode: raised)."""
+    last = rollout.last_episode
+    if last is None or not last.ended or last.failure is not None or last.cancelled:
+        return  # the first episode, or a retry after one that failed or was cut short
+    misuse(
+        f"TraceEnv.reset() in rollout {rollout.identity.get(c.ROLLOUT_ID)!r} after its episode"
+        f" (attempt {last.attempt}) completed: a rollout gets one reward, its final episode's, and"
+        " its episodes are retries, so this episode's return replaces that one's. Fix: open one"
+        " gymtrace.rollout() per reset() (a rollout is one sample), or use TraceEnv outside any"
+        " rollout, where every reset() opens a rollout of its own"
     )
 
 
@@ -590,10 +654,13 @@ class TraceEnv(wrapt.ObjectProxy):  # type: ignore[type-arg]  # proxies any envi
             # invert the hierarchy, so the environment runs untraced there.
             _warn_inside_episode()
             return env.reset(seed=seed, options=options)
-        own_rollout = current is None or current.nearest(c.KIND_ROLLOUT) is None
-        ep = self._self_open_episode(None, own_rollout)
+        rollout = current.nearest(c.KIND_ROLLOUT) if current is not None else None
+        if rollout is not None:
+            _reset_after_completed(rollout)
+        ep = self._self_open_episode(None, rollout is None)
         if ep is None:
             return env.reset(seed=seed, options=options)
+        ep.limits = _outer_time_limits(self, sys._getframe(1))
         session = gymtrace.seed_session(attributes={c.ENV_SEED: seed} if isinstance(seed, int) else None)
         ep.context.run(session.__enter__)
         try:
@@ -634,7 +701,7 @@ class TraceEnv(wrapt.ObjectProxy):  # type: ignore[type-arg]  # proxies any envi
         if ns > ep.floor:  # never, unless the policy keeps the slowest steps
             ep.slower(number, start, ns)
         ep.reward += result[1]
-        if result[2] or result[3]:
+        if result[2] or result[3] or (ep.limits and _truncated_outside(ep.limits)):
             self._self_open = None
             self._self_end(ep, None)
         return result
@@ -655,7 +722,7 @@ class TraceEnv(wrapt.ObjectProxy):  # type: ignore[type-arg]  # proxies any envi
         ep.add_span(number, _perf_counter_ns() - start)
         run(_exit, scope, None)
         ep.reward += result[1]
-        if result[2] or result[3]:
+        if result[2] or result[3] or (ep.limits and _truncated_outside(ep.limits)):
             self._self_open = None
             self._self_end(ep, None)
         return result
