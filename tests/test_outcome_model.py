@@ -1,13 +1,29 @@
 """A model-based test of the outcome rule: Hypothesis writes harness programs, gymtrace records them,
 and what every reader reports (``gymtrace rollouts --json``, ``stats --json``, ``check``, the
-rollout span itself) must equal a small reference model of the seed's rules, or a warning must have
-said, when the program recorded it, what was thrown away.
+rollout span itself) must equal a small reference model, or a warning must have said, when the
+program recorded it, what was thrown away.
 
-The reference model below is written from DESIGN.md §1 and §8, not from ``_outcome_rule``: a
-rollout has at most one reward, its final attempt's; a failed or cancelled final attempt is
-unscored, never 0; a rollout without episodes is one implicit attempt; a reward after the final
-episode (inside the rollout, later, or from another process) scores that episode if it completed; a
-rollout that handed its episode to another process and has no outcome of its own is pending.
+The reference model is written from the documented rules (docs/outcomes.md, "The rule", "Right or
+loud", "Reused attempt numbers", and docs/results.md, "Late and remote outcomes"), never from
+``_outcome_rule``:
+
+- gymtrace numbers a rollout's episodes 0, 1, 2...; an explicit ``attempt=`` is taken as given, and
+  one already used is reported when the episode opens and replaces the earlier episode of that
+  attempt (the last recorded wins); ``attempts`` is the number of distinct attempt numbers;
+- the final attempt is the highest number; it scores with its reward (the last one recorded for
+  it: in the episode, in a verify() after it, later on the rollout object, or by a scorer process
+  continuing headers of that attempt); failed or cancelled, it is unscored, never 0;
+- a final attempt that completed without a reward is pending when it was handed off: headers
+  injected inside that episode, or on the rollout outside every episode; a hand-off in another
+  attempt is that attempt's only;
+- a rollout without episodes is one implicit attempt 0;
+- warned: a reward of an attempt that failed, was cancelled or was superseded (by a later attempt,
+  or by a later episode of the same attempt), a reward after the final attempt failed, a reward
+  before a failure ended a rollout without episodes, and an attempt number given twice.
+
+It runs on the plain SDK path (``capture_spans``: a TracerProvider with the IdentitySpanProcessor
+and an in-memory exporter) and under ``gymtrace.configure()`` (its lean spans and file exporter,
+in a child process running a batch of programs).
 """
 
 from __future__ import annotations
@@ -17,44 +33,25 @@ import io
 import json
 import logging
 import math
+import os
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import gymtrace
-from gymtrace import _cli, propagation
-from gymtrace._spandata import encode_otlp_json
+from child_process import run_python
+from gymtrace import _cli
+from gymtrace._check import check_spans
+from gymtrace._spandata import encode_otlp_json, read_otlp_json_lines
 from gymtrace.testing import capture_spans, check_trace
+from outcome_programs import ENDINGS, EpisodeSpec, Program, Warnings, run
 
-# One step of an episode: record a reward, or take the headers another process would continue from.
 REWARDS = st.sampled_from([0.0, 0.25, 0.5, 1.0])
-ENDINGS = ("completed", "record_failure", "raise", "cancel")
-
-
-@dataclass(frozen=True)
-class EpisodeSpec:
-    rewards: tuple[float, ...]
-    ending: str
-    handoff: bool
-    restored: bool
-
-
-@dataclass(frozen=True)
-class Program:
-    episodes: tuple[EpisodeSpec, ...]
-    # Without episodes: rewards recorded on the rollout itself, and whether an exception escapes it.
-    rollout_rewards: tuple[float, ...] = ()
-    rollout_raises: bool = False
-    # Rewards recorded in a verify() between the last episode and the rollout's end.
-    after: tuple[float, ...] = ()
-    # A reward recorded after the rollout ended: on the rollout (late) or in a continuation of the
-    # final episode's headers (remote, as a scorer process would).
-    late: float | None = None
-    remote: float | None = None
 
 
 @dataclass
@@ -67,105 +64,98 @@ class Expected:
 
 
 def model(program: Program) -> Expected:
-    """The seed's rules, written out for the programs above."""
+    """The documented rules (see the module docstring), written out for the programs above."""
     warned: list[str] = []
+    remote = program.remote
     if not program.episodes:
-        rewards = list(program.rollout_rewards)
-        if program.late is not None:
-            rewards.append(program.late)
+        # One implicit attempt 0: what is recorded on the rollout, later, or by a scorer is its.
         if program.rollout_raises:
             if program.rollout_rewards or program.late is not None:
-                warned.append("reward of a rollout that failed")
+                warned.append("reward of a rollout whose only attempt failed")
             return Expected("unscored", None, 1, bool(warned), warned)
-        if not rewards:
-            return Expected("unscored", None, 1)
-        return Expected("scored", rewards[-1], 1, bool(warned), warned)
-    final_index = len(program.episodes) - 1
-    for index, episode in enumerate(program.episodes):
-        if not episode.rewards:
+        rewards = [*program.rollout_rewards, *([program.late] if program.late is not None else [])]
+        rewards += [remote[1]] if remote is not None else []
+        if rewards:
+            return Expected("scored", rewards[-1], 1)
+        return Expected("pending" if program.rollout_handoff else "unscored", None, 1)
+    # The attempt each episode records: gymtrace's next number, or the one given.
+    numbers: list[int] = []
+    for spec in program.episodes:
+        number = spec.attempt if spec.attempt is not None else max(numbers, default=-1) + 1
+        if number in numbers:
+            warned.append(f"attempt {number} given again")
+        numbers.append(number)
+    final_number = max(numbers)
+    # Of episodes with the final number, the last recorded is the attempt.
+    final_index = max(i for i, n in enumerate(numbers) if n == final_number)
+    final = program.episodes[final_index]
+    for index, spec in enumerate(program.episodes):
+        if not spec.rewards:
             continue
-        if episode.ending != "completed":
-            warned.append(f"reward of {episode.ending} attempt {index}")
-        elif index < final_index:
-            warned.append(f"reward of superseded attempt {index}")
-    final = program.episodes[-1]
+        if spec.ending != "completed":
+            warned.append(f"reward of {spec.ending} episode {index}")
+        elif index != final_index:
+            warned.append(f"reward of superseded episode {index}")
     completed = final.ending == "completed"
+    # A verify() after the last episode, and a reward on the rollout object after it ended, score
+    # the rollout's last episode: counted when that is the final attempt and it completed.
     later = [*program.after, *([program.late] if program.late is not None else [])]
-    if not completed and (program.after or program.late is not None):
-        warned.append("reward after a failed final attempt")
+    last_index = len(program.episodes) - 1
+    if later and (last_index != final_index or not completed):
+        warned.append("reward after the last episode, which is not a completed final attempt")
+        later = []
+    attempts = len(set(numbers))
     if not completed:
-        return Expected("unscored", None, len(program.episodes), bool(warned), warned)
+        return Expected("unscored", None, attempts, bool(warned), warned)
     rewards = [*final.rewards, *later]
-    if program.remote is not None:
-        rewards.append(program.remote)
+    if remote is not None and remote[0] >= 0 and numbers[remote[0]] == final_number:
+        rewards.append(remote[1])  # a scorer's record of the final attempt, recorded last
     if rewards:
-        return Expected("scored", rewards[-1], len(program.episodes), bool(warned), warned)
-    handed = any(e.handoff for e in program.episodes)
-    return Expected("pending" if handed else "unscored", None, len(program.episodes), bool(warned), warned)
+        return Expected("scored", rewards[-1], attempts, bool(warned), warned)
+    handed = final.handoff or program.rollout_handoff
+    return Expected("pending" if handed else "unscored", None, attempts, bool(warned), warned)
 
 
 @st.composite
 def programs(draw: st.DrawFn) -> Program:
     count = draw(st.integers(min_value=0, max_value=3))
-    episodes = tuple(
-        EpisodeSpec(
-            rewards=tuple(draw(st.lists(REWARDS, max_size=2))),
-            ending=draw(st.sampled_from(ENDINGS)),
-            handoff=draw(st.booleans()),
-            restored=index > 0 and draw(st.booleans()),
-        )
-        for index in range(count)
-    )
-    if not episodes:
+    if count == 0:
+        raises = draw(st.booleans())
+        handoff = draw(st.booleans())
         return Program(
             episodes=(),
             rollout_rewards=tuple(draw(st.lists(REWARDS, max_size=2))),
-            rollout_raises=draw(st.booleans()),
+            rollout_raises=raises,
+            rollout_handoff=handoff,
             late=draw(st.none() | REWARDS),
+            # A scorer continues the rollout's headers (not after a failure: see docs/outcomes.md).
+            remote=(-1, draw(REWARDS)) if handoff and not raises and draw(st.booleans()) else None,
         )
+    episodes: list[EpisodeSpec] = []
+    used: list[int] = []
+    for index in range(count):
+        # Gymtrace numbers it, or the harness gives a number: one already used, or the next.
+        explicit = draw(st.none() | st.integers(min_value=0, max_value=max(used, default=-1) + 1))
+        used.append(explicit if explicit is not None else max(used, default=-1) + 1)
+        episodes.append(
+            EpisodeSpec(
+                rewards=tuple(draw(st.lists(REWARDS, max_size=2))),
+                ending=draw(st.sampled_from(ENDINGS)),
+                handoff=draw(st.booleans()),
+                restored=index > 0 and draw(st.booleans()),
+                attempt=explicit,
+            )
+        )
+    handed = [i for i, e in enumerate(episodes) if e.handoff]
     return Program(
-        episodes=episodes,
+        episodes=tuple(episodes),
+        rollout_handoff=draw(st.booleans()),
         after=tuple(draw(st.lists(REWARDS, max_size=1))),
         late=draw(st.none() | REWARDS),
-        # A scorer continues the final episode only where it took headers in it.
-        remote=draw(st.none() | REWARDS) if episodes[-1].handoff else None,
+        # A scorer continues the headers of an episode that handed off: the final one, an
+        # earlier (maybe failed) one, or a superseded record of the final attempt.
+        remote=(draw(st.sampled_from(handed)), draw(REWARDS)) if handed and draw(st.booleans()) else None,
     )
-
-
-def run(program: Program) -> None:
-    """The harness, written the way people write one: a rollout, its episodes, a scorer."""
-    headers: dict[str, str] | None = None
-    with contextlib.suppress(ConnectionError), gymtrace.rollout(rollout_id="r-model", task_id="t") as rollout:
-        if not program.episodes:
-            for value in program.rollout_rewards:
-                gymtrace.record_reward(value)
-            if program.rollout_raises:
-                raise ConnectionError("environment lost")
-        for spec in program.episodes:
-            try:
-                with gymtrace.episode(restored_from=True if spec.restored else None):
-                    if spec.handoff:
-                        headers = dict(
-                            propagation.inject({}, destination=propagation.GYM_INTERNAL, continuation=True)
-                        )
-                    for value in spec.rewards:
-                        gymtrace.record_reward(value)
-                    if spec.ending == "record_failure":
-                        gymtrace.record_failure("infrastructure", message="sandbox lost")
-                    elif spec.ending == "raise":
-                        raise ConnectionError("sandbox lost")
-                    elif spec.ending == "cancel":
-                        raise KeyboardInterrupt
-            except (ConnectionError, KeyboardInterrupt):
-                pass  # the harness moves on to its next attempt
-        for value in program.after:
-            with gymtrace.verify():
-                gymtrace.record_reward(value)
-    if program.late is not None:
-        gymtrace.record_reward(program.late, scope=rollout)
-    if program.remote is not None and headers is not None:
-        with propagation.attach(headers), gymtrace.verify():
-            gymtrace.record_reward(program.remote)
 
 
 def _cli_json(*argv: str) -> list[dict[str, object]]:
@@ -175,25 +165,46 @@ def _cli_json(*argv: str) -> list[dict[str, object]]:
     return [json.loads(line) for line in out.getvalue().splitlines()]
 
 
-class _Warnings(logging.Handler):
-    def __init__(self) -> None:
-        super().__init__(logging.WARNING)
-        self.messages: list[str] = []
-
-    def emit(self, record: logging.LogRecord) -> None:
-        self.messages.append(record.getMessage())
+def _discards(messages: list[str], rollout_id: str) -> list[str]:
+    """The warnings that said something about this rollout's outcome was thrown away."""
+    return [m for m in messages if repr(rollout_id) in m or "never scored" in m]
 
 
-@settings(
-    max_examples=200,
+def _assert_reads_back(
+    program: Program, expected: Expected, row: dict[str, Any], stats: dict[str, Any] | None
+) -> None:
+    assert (row["outcome"], row["attempts"]) == (expected.outcome, expected.attempts), (program, row)
+    if expected.reward is None:
+        assert row["reward"] is None, program
+    else:
+        assert isinstance(row["reward"], float) and math.isclose(row["reward"], expected.reward), program
+    if stats is not None:
+        key = str(expected.outcome)
+        assert stats[key] == 1 and stats["inputs"] == (1 if key == "scored" else 0), (program, stats)
+
+
+def _root_agrees(program: Program, expected: Expected, attributes: dict[str, Any]) -> None:
+    # The rollout span agrees wherever it could know (nothing came after it ended).
+    if program.late is None and program.remote is None:
+        assert attributes["gym.rollout.outcome"] == expected.outcome, program
+        assert attributes["gym.rollout.attempts"] == expected.attempts, program
+
+
+MODEL_SETTINGS = settings(
+    max_examples=250,
     deadline=None,
     derandomize=True,  # the same programs on every run: CI stays deterministic
     suppress_health_check=[HealthCheck.too_slow],
 )
+
+
+@MODEL_SETTINGS
 @given(programs())
-def test_every_reader_reports_the_reference_models_outcome_or_a_warning_said_why(program: Program) -> None:
+def test_on_the_plain_sdk_every_reader_reports_the_models_outcome_or_a_warning_said_why(
+    program: Program,
+) -> None:
     expected = model(program)
-    warnings = _Warnings()
+    warnings = Warnings()
     logger = logging.getLogger("gymtrace")
     logger.addHandler(warnings)
     try:
@@ -201,43 +212,121 @@ def test_every_reader_reports_the_reference_models_outcome_or_a_warning_said_why
             run(program)
     finally:
         logger.removeHandler(warnings)
-    # Said once per rollout, when it was recorded, and only when something was thrown away.
-    discards = [m for m in warnings.messages if "r-model" in m or "never scored" in m]
+    # Said when it was recorded, and only when something was thrown away.
+    discards = _discards(warnings.messages, "r-model")
     assert bool(discards) == expected.warned, (program, expected.reasons, warnings.messages)
     with tempfile.TemporaryDirectory() as directory:
         path = Path(directory) / "trace.jsonl"
         path.write_text(json.dumps(encode_otlp_json(captured.spans)) + "\n")
         (row,) = _cli_json("rollouts", str(path), "--json")
         (stats,) = _cli_json("stats", str(path), "--json")
-    assert (row["outcome"], row["attempts"]) == (expected.outcome, expected.attempts), program
-    if expected.reward is None:
-        assert row["reward"] is None, program
-    else:
-        assert isinstance(row["reward"], float) and math.isclose(row["reward"], expected.reward), program
-    key = str(expected.outcome)
-    assert stats[key] == 1 and stats["inputs"] == (1 if key == "scored" else 0), (program, stats)
-    # The rollout span agrees wherever it could know (nothing came after it ended).
-    (root,) = captured.by_kind("rollout")
-    if program.late is None and program.remote is None:
-        assert root.attributes["gym.rollout.outcome"] == expected.outcome, program
+    _assert_reads_back(program, expected, row, stats)
+    _root_agrees(program, expected, dict(captured.one("rollout").attributes or {}))
     # No trace gymtrace writes fails its own check unless a warning said so when it was written.
     if not expected.warned:
         assert check_trace(captured) == [], program
+
+
+@settings(
+    max_examples=10,
+    deadline=None,
+    derandomize=True,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+)
+@given(st.lists(programs(), min_size=40, max_size=40))
+def test_under_configure_every_reader_reports_the_models_outcome_or_a_warning_said_why(
+    batch: list[Program],
+) -> None:
+    # configure() sets up its own provider, lean spans and exporters once per process: a child
+    # runs a batch of programs under it, each its own rollout, and writes them to a file.
+    with tempfile.TemporaryDirectory() as directory:
+        programs_path, trace_path = Path(directory) / "programs.json", Path(directory) / "trace.jsonl"
+        programs_path.write_text(json.dumps([p.as_json() for p in batch]))
+        support = str(Path(__file__).parent / "support")
+        done = run_python(
+            "-m",
+            "outcome_programs",
+            str(programs_path),
+            str(trace_path),
+            cwd=Path(directory),
+            env={"PYTHONPATH": os.pathsep.join([support, os.environ.get("PYTHONPATH", "")])},
+        )
+        assert done.returncode == 0, done.stderr[-3000:]
+        assert "internal error" not in done.stderr, done.stderr[-3000:]
+        said = json.loads(done.stdout.strip().splitlines()[-1])
+        spans = read_otlp_json_lines(trace_path)
+        rows = {row["rollout_id"]: row for row in _cli_json("rollouts", str(trace_path), "--json")}
+    assert len(rows) == len(batch)
+    for index, program in enumerate(batch):
+        rollout_id = f"r-model-{index}"
+        expected = model(program)
+        discards = _discards(said[index], rollout_id)
+        assert bool(discards) == expected.warned, (program, expected.reasons, said[index])
+        _assert_reads_back(program, expected, rows[rollout_id], None)
+        (root,) = [
+            s
+            for s in spans
+            if s.attributes.get("gym.kind") == "rollout" and s.attributes.get("gym.rollout.id") == rollout_id
+        ]
+        _root_agrees(program, expected, dict(root.attributes))
+        if not expected.warned:
+            mine = [s for s in spans if s.trace_id == root.trace_id]
+            assert check_spans(mine) == [], program
+
+
+OK, FAILED = "completed", "raise"
 
 
 @pytest.mark.parametrize(
     ("program", "outcome", "reward", "attempts"),
     [
         # verify() after the episode, still inside the rollout: scores the final episode.
-        (Program((EpisodeSpec((), "completed", False, False),), after=(1.0,)), "scored", 1.0, 1),
+        (Program((EpisodeSpec((), OK, False, False),), after=(1.0,)), "scored", 1.0, 1),
         # No episode: a reward, then a ConnectionError escaping the rollout: unscored, one attempt.
         (Program((), rollout_rewards=(0.5,), rollout_raises=True), "unscored", None, 1),
         # No episode, no error: one implicit attempt.
         (Program((), rollout_rewards=(0.5,)), "scored", 0.5, 1),
         # Handed to a scorer that never answered (its file not given): pending, not unscored.
-        (Program((EpisodeSpec((), "completed", True, False),)), "pending", None, 1),
+        (Program((EpisodeSpec((), OK, True, False),)), "pending", None, 1),
         # A scorer's reward for an attempt that failed meanwhile: never a score.
-        (Program((EpisodeSpec((), "raise", True, False),), remote=1.0), "unscored", None, 1),
+        (Program((EpisodeSpec((), FAILED, True, False),), remote=(0, 1.0)), "unscored", None, 1),
+        # Issue 31: attempt 0 given twice, rewards 0.1 then 0.9: the last recorded wins, one attempt
+        # (the rollout span, rollouts and stats said 0.1; check said 0.9).
+        (
+            Program((EpisodeSpec((0.1,), OK, False, False, 0), EpisodeSpec((0.9,), OK, False, False, 0))),
+            "scored",
+            0.9,
+            1,
+        ),
+        # Issue 31: a failed attempt 0 that had handed off, then attempt 1 completed here without a
+        # reward: unscored, never pending forever (the hand-off was attempt 0's).
+        (
+            Program((EpisodeSpec((), FAILED, True, False), EpisodeSpec((), OK, False, False))),
+            "unscored",
+            None,
+            2,
+        ),
+        # ... and with a reward, scored; a scorer's record for the failed attempt 0 changes nothing.
+        (
+            Program(
+                (EpisodeSpec((), FAILED, True, False), EpisodeSpec((0.5,), OK, False, False)), remote=(0, 1.0)
+            ),
+            "scored",
+            0.5,
+            2,
+        ),
+        # A scorer's record for the final attempt after the root was scored: recorded last, it wins.
+        (Program((EpisodeSpec((0.25,), OK, True, False),), remote=(0, 1.0)), "scored", 1.0, 1),
+        # A hand-off on the rollout outside its episodes is the final attempt's.
+        (
+            Program(
+                (EpisodeSpec((), FAILED, False, False), EpisodeSpec((), OK, False, False)),
+                rollout_handoff=True,
+            ),
+            "pending",
+            None,
+            2,
+        ),
     ],
 )
 def test_the_shapes_the_issue_names_read_back_right(
@@ -247,11 +336,57 @@ def test_the_shapes_the_issue_names_read_back_right(
     assert (expected.outcome, expected.reward, expected.attempts) == (outcome, reward, attempts)
     with capture_spans(strict=False) as captured:
         run(program)
+    root = captured.one("rollout").attributes or {}
+    if program.remote is None:
+        assert (root["gym.rollout.outcome"], root.get("gym.reward")) == (outcome, reward)
     with tempfile.TemporaryDirectory() as directory:
         path = Path(directory) / "trace.jsonl"
         path.write_text(json.dumps(encode_otlp_json(captured.spans)) + "\n")
         (row,) = _cli_json("rollouts", str(path), "--json")
+        (stats,) = _cli_json("stats", str(path), "--json")
     assert (row["outcome"], row["reward"], row["attempts"]) == (outcome, reward, attempts)
+    assert stats[outcome] == 1 and stats["mean_reward"] == reward
+    # check agrees (a scorer's record for an attempt that failed meanwhile is outranked, not
+    # stale), unless a warning said what was wrong when it was written.
+    if not expected.warned:
+        assert check_trace(captured) == [], program
+
+
+def test_a_reused_attempt_number_is_said_when_it_happens_and_check_agrees_on_the_last(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    with capture_spans(strict=False) as captured, caplog.at_level(logging.WARNING, "gymtrace"):
+        with gymtrace.rollout(rollout_id="r-reused"):
+            with gymtrace.episode(attempt=0):
+                gymtrace.record_reward(0.1)
+            before = len(caplog.records)
+            with gymtrace.episode(attempt=0):
+                # Said when the second episode opened, before anything was recorded in it.
+                said = [r.getMessage() for r in caplog.records[before:]]
+                gymtrace.record_reward(0.9)
+    assert any("'r-reused': episode attempt 0 was opened again" in m and "Fix:" in m for m in said)
+    root = captured.one("rollout").attributes or {}
+    assert (root["gym.rollout.outcome"], root["gym.reward"], root["gym.rollout.attempts"]) == (
+        "scored",
+        0.9,
+        1,
+    )
+    # check names the reuse (warned when written) and nothing about the outcome: it agrees on 0.9.
+    (problem,) = check_trace(captured)
+    assert "attempt(s) [0] recorded by more than one episode" in problem and "last recorded counts" in problem
+
+
+def test_a_reused_attempt_number_raises_in_strict_mode_and_opens_nothing() -> None:
+    with capture_spans(strict=True) as captured, gymtrace.rollout(rollout_id="r-strict"):
+        with gymtrace.episode():
+            gymtrace.record_reward(0.1)
+        with (
+            pytest.raises(gymtrace.GymTraceError, match="attempt 0 was opened again"),
+            gymtrace.episode(attempt=0),
+        ):
+            pass
+    assert len(captured.by_kind("episode")) == 1
+    assert (captured.one("rollout").attributes or {})["gym.reward"] == 0.1
 
 
 def test_a_reward_on_the_rollout_before_its_episodes_never_beats_the_final_episodes(

@@ -454,6 +454,10 @@ def _check_final_outcome(group: RolloutSpans) -> list[Problem]:
     fix = "" if is_outcome_record(decider) else " and no outcome record fixes it"
     if concluded < final_attempt:
         return [("stale rollout outcome", f"rollout {rollout_id}: {what} {says}, but {found}{fix}")]
+    if is_outcome_record(decider) and final.attributes.get(c.EPISODE_OUTCOME) in (FAILED, CANCELLED):
+        # A scorer elsewhere scored an attempt that failed meanwhile, without knowing: the episode
+        # span outranks it (docs/outcomes.md, rule 3) in every reader, so nothing reads it wrong.
+        return []
     # The final episode completed without a reward: a record may score it (the reward came later,
     # or from another process), and a root may wait for one (pending).
     awaiting = final.attributes.get(c.EPISODE_OUTCOME) == COMPLETED and expected.reward is None

@@ -564,7 +564,7 @@ class ActiveScope:
             " scope of this process. Pass its carrier instead: scope.carrier() (a small JSON-safe dict;"
             " continue with gymtrace.propagation.attach(carrier), or open the next attempt with"
             " gymtrace.episode(continue_from=carrier)), or headers from"
-            " gymtrace.propagation.inject({}, continuation=True)"
+            " gymtrace.propagation.inject({}, destination=url, continuation=True)"
         )
 
 

@@ -17,13 +17,15 @@ Example::
 What each call records:
 
 - ``reset()`` opens an episode whose ``gym.seed_session`` span covers the reset. Inside an open
-  ``gymtrace.rollout()`` scope it is the next episode (attempt) of that rollout; otherwise every
-  reset opens its own rollout, with ``rollout_id`` from the callable given (called with the
-  wrapper's episode index 0, 1, 2...) or generated (``{env id}-{8 hex}-{index}``), ``task_id`` the
-  environment's ID (``CartPole-v1``) unless given, and ``repeat`` the episode index. A reset while
-  an episode is still open ends that episode ``cancelled`` (unscored): wrap the outermost
-  environment that ends episodes, since a ``TimeLimit`` added around TraceEnv truncates episodes
-  it never sees end. Inside an open
+  ``gymtrace.rollout()`` scope it is the next episode (attempt) of that rollout (after an episode
+  of it completed, a second sample in one rollout: said at the reset, raised in strict mode);
+  otherwise every reset opens its own rollout, with ``rollout_id`` from the callable given (called
+  with the wrapper's episode index 0, 1, 2...) or generated (``{env id}-{8 hex}-{index}``),
+  ``task_id`` the environment's ID (``CartPole-v1``) unless given, and ``repeat`` the episode
+  index. A reset while an episode is still open ends that episode ``cancelled`` (unscored). A
+  ``gymnasium.wrappers.TimeLimit`` wrapped around TraceEnv is found from the ``reset()`` call that
+  came through it, and its truncation completes the episode as if the environment had said it.
+  Inside an open
   ``gymtrace.episode()`` (the harness's own) the environment is not traced (logged once): TraceEnv
   opens the episode itself.
 - ``step()`` counts a step. ``terminated`` or ``truncated`` (a ``TimeLimit`` too) completes the
