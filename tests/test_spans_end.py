@@ -46,7 +46,12 @@ def test_traceenv_inside_a_users_rollout_warns_that_only_the_last_return_counts(
                     _, _, terminated, truncated, _ = env.step(env.action_space.sample())
                     if terminated or truncated:
                         break
-    (warning,) = [r.getMessage() for r in caplog.records if "r-three" in r.getMessage()]
+    said = [r.getMessage() for r in caplog.records if "r-three" in r.getMessage()]
+    # Each reset after a completed episode is said when it happens (issue 31), with the fix...
+    at_reset = [m for m in said if m.startswith("gymtrace: TraceEnv.reset() in rollout 'r-three'")]
+    assert len(at_reset) == 2 and all("one gymtrace.rollout() per reset()" in m for m in at_reset)
+    # ... and what the rule threw away, when the rollout span was written.
+    (warning,) = [m for m in said if m not in at_reset]
     assert "scored by its final attempt only" in warning and "Fix:" in warning
     # What check finds afterwards was said when it was recorded.
     assert any("3 episodes carry a reward" in p for p in check_trace(captured))

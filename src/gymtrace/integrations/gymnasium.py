@@ -362,6 +362,11 @@ def _outer_time_limits(env: Any, caller: Any) -> tuple[Any, ...]:
     found: list[Any] = []
     inner, frame = env, caller
     while frame is not None:
+        code = frame.f_code
+        if code.co_name != "reset" or code.co_varnames[:1] != ("self",):
+            # Not a wrapper's reset(): the user's code. Its f_locals is never read (before Python
+            # 3.13 reading it keeps a copy of every local alive as long as the frame runs).
+            break
         owner = frame.f_locals.get("self")
         if owner is inner and inner is not env:
             frame = frame.f_back  # the same wrapper, one more of its methods (super().reset)
