@@ -307,10 +307,10 @@ class ActiveScope:
             last.attempt == attempt or any(a.number == attempt for a in self._earlier_attempts)
         )
 
-    def add_episode(self, episode: ActiveScope, attempt: int) -> None:
-        """For a rollout: ``episode`` is its newest attempt. An attempt number given again (reported
-        by the caller) records that attempt again: the last recorded counts, and it is one attempt."""
-        reused = self.attempt_recorded(attempt)
+    def add_episode(self, episode: ActiveScope, attempt: int, reused: bool = False) -> None:
+        """For a rollout: ``episode`` is its newest attempt. An attempt number given again
+        (``reused``, see :meth:`attempt_recorded`; reported by the caller) records that attempt
+        again: the last recorded counts, and it is one attempt."""
         with _counter_lock:
             self._next_attempt = max(self._next_attempt, attempt + 1)
             if not reused:

@@ -197,7 +197,8 @@ def _prepare_episode(
             lost_span = emit_lost_attempt(rollout, *lost)
             if previous_span is None and relation == c.RELATION_RETRY:
                 previous_span = lost_span
-        if rollout.attempt_recorded(attempt):
+        reused = rollout.attempt_recorded(attempt)
+        if reused:
             # Said when it happens (strict mode: raised, and the episode is not opened); the rule
             # then takes the last recorded episode of the attempt, as every reader and check do.
             data_lost(
@@ -208,7 +209,7 @@ def _prepare_episode(
                     " or use gymtrace.attempts()), or give each retry the next number"
                 )
             )
-        rollout.add_episode(frame, attempt)
+        rollout.add_episode(frame, attempt, reused)
     restored = relation == c.RELATION_RESTORE
     if restored and previous_span is None:
         contract_problem(
