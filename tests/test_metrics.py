@@ -412,3 +412,26 @@ seen.append(active())
 assert seen == [[1], [2], [0]], seen
 """
     _run(tmp_path, body, flush=False)
+
+
+def test_an_attempt_number_reused_after_a_failure_counts_the_last_recorded_episode_as_the_readers_do(
+    tmp_path: Path,
+) -> None:
+    # Issue 31: of two episodes given attempt 0, the last recorded is the attempt (warned when it
+    # opened). The first failed, the second scored: readers, the rollout span and the metrics all
+    # say scored 0.5, never "unscored" from the superseded failure.
+    body = """
+with gymtrace.run(run_id="m"), gymtrace.rollout(rollout_id="reused", task_id="t"):
+    try:
+        with gymtrace.episode(attempt=0):
+            raise ConnectionError("sandbox died")
+    except ConnectionError:
+        pass
+    with gymtrace.episode(attempt=0):
+        gymtrace.record_reward(0.5)
+"""
+    result = _run(tmp_path, body)
+    [stats] = result["stats"]
+    assert (stats["scored"], stats["unscored"]) == (1, 0)
+    assert _completed(result) == {"scored": 1}
+    assert _rewards(result) == (1, 0.5)

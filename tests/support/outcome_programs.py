@@ -80,14 +80,18 @@ def run(program: Program, rollout_id: str = "r-model") -> None:
             for value in program.rollout_rewards:
                 gymtrace.record_reward(value)
             if program.rollout_handoff:
-                headers[-1] = dict(propagation.inject({}, destination=propagation.GYM_INTERNAL, continuation=True))
+                headers[-1] = dict(
+                    propagation.inject({}, destination=propagation.GYM_INTERNAL, continuation=True)
+                )
             if program.rollout_raises:
                 raise ConnectionError("environment lost")
         for index, spec in enumerate(program.episodes):
             try:
                 with gymtrace.episode(restored_from=True if spec.restored else None, attempt=spec.attempt):
                     if spec.handoff:
-                        headers[index] = dict(propagation.inject({}, destination=propagation.GYM_INTERNAL, continuation=True))
+                        headers[index] = dict(
+                            propagation.inject({}, destination=propagation.GYM_INTERNAL, continuation=True)
+                        )
                     for value in spec.rewards:
                         gymtrace.record_reward(value)
                     if spec.ending == "record_failure":
@@ -99,7 +103,9 @@ def run(program: Program, rollout_id: str = "r-model") -> None:
             except (ConnectionError, KeyboardInterrupt):
                 pass  # the harness moves on to its next attempt
         if program.episodes and program.rollout_handoff:
-            headers[-1] = dict(propagation.inject({}, destination=propagation.GYM_INTERNAL, continuation=True))
+            headers[-1] = dict(
+                propagation.inject({}, destination=propagation.GYM_INTERNAL, continuation=True)
+            )
         for value in program.after:
             with gymtrace.verify():
                 gymtrace.record_reward(value)
