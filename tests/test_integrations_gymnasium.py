@@ -525,20 +525,24 @@ def test_the_slowest_steps_are_spans_with_their_true_times_in_order(captured: Ca
     episode = captured.one("episode")
     ep = attrs(episode)
     assert ep[c.STEPS_COUNT] == 8 and ep[c.STEPS_SAMPLED] == 3
-    assert ep[c.STEPS_SLOWEST_NUMBER] == 5
-    by_number = {attrs(s)[c.STEP_NUMBER]: s for s in captured.by_kind("step")}
-    assert sorted(by_number) == [1, 5, 7]
-    assert [attrs(by_number[n])[c.STEP_KEPT] for n in (1, 5, 7)] == ["first", "slowest", "slowest"]
+    # Which steps were slowest is read from the simulator's own spans, not from the sleeps asked
+    # for: on a loaded machine a 20 ms sleep can outlast a 30 ms one.
     physics = {s.name: s for s in captured.spans if s.name.startswith("physics")}
-    for number, sleep in ((5, 0.030), (7, 0.020)):
+    took = {n: physics[f"physics {n}"].end_time - physics[f"physics {n}"].start_time for n in range(2, 9)}
+    slowest = sorted(sorted(took, key=took.__getitem__, reverse=True)[:2])
+    assert ep[c.STEPS_SLOWEST_NUMBER] == max(took, key=took.__getitem__)
+    by_number = {attrs(s)[c.STEP_NUMBER]: s for s in captured.by_kind("step")}
+    assert sorted(by_number) == [1, *slowest]
+    assert [attrs(by_number[n])[c.STEP_KEPT] for n in (1, *slowest)] == ["first", "slowest", "slowest"]
+    for number in slowest:
         span = by_number[number]
         assert span.parent.span_id == episode.context.span_id
-        assert (span.end_time - span.start_time) / 1e9 >= sleep
+        assert (span.end_time - span.start_time) / 1e9 >= sleeps.get(number, 0.0)
         # Its times are the step's own: the simulator's span inside it lies within them.
         inner = physics[f"physics {number}"]
         assert span.start_time <= inner.start_time <= inner.end_time <= span.end_time
         assert attrs(span)[c.ROLLOUT_ID] == ep[c.ROLLOUT_ID]
-    assert by_number[5].end_time <= by_number[7].start_time
+    assert by_number[slowest[0]].end_time <= by_number[slowest[1]].start_time
     assert check_trace(captured) == []
 
 
