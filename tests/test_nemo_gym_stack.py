@@ -39,11 +39,17 @@ PACKAGES = Path(nemo_gym.__file__).resolve().parent.parent
 DATA = PACKAGES / "resources_servers" / "example_single_tool_call" / "data" / "example.jsonl"
 SERVERS = (
     "resources_servers/example_single_tool_call",
+    "resources_servers/example_multi_step",
     "responses_api_agents/simple_agent",
     "environment_servers/legacy_agent",
     "responses_api_models/openai_model",
 )
 AGENT = "example_single_tool_call_simple_agent"
+# The second server the stack is tried on: 4 model calls and 4 tool calls a rollout through
+# simple_agent, two of them asked for in one response (the fake upstream's _multi_step).
+MULTI_STEP = "example_multi_step"
+MULTI_STEP_DATA = PACKAGES / "resources_servers" / MULTI_STEP / "data" / "example.jsonl"
+MULTI_STEP_AGENT = "example_multi_step_simple_agent"
 START_TIMEOUT_S = 240
 EVAL_TIMEOUT_S = 180
 ARTIFACTS = Path(__file__).resolve().parent.parent / "test-artifacts"
@@ -55,11 +61,25 @@ class Stack:
     traces: Path
     headers: Path
     fail_flag: Path
+    hang_flag: Path
     env: dict[str, str]
     head: str  # the head server override: a free port, not NeMo Gym's fixed default 11000
+    agent: str = AGENT
+    data: Path = DATA
 
     def eval_run(self, name: str, *extra: str, limit: int, traced: bool = True) -> Path:
         """``gym eval run`` over ``limit`` tasks x 2 repeats into ``<root>/<name>/rollouts.jsonl``."""
+        command, env, output = self.eval_command(name, *extra, limit=limit, traced=traced)
+        done = subprocess.run(
+            command, cwd=self.root, env=env, capture_output=True, text=True, timeout=EVAL_TIMEOUT_S
+        )
+        assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+        self.settle()
+        return output
+
+    def eval_command(
+        self, name: str, *extra: str, limit: int, traced: bool = True
+    ) -> tuple[list[str], dict[str, str], Path]:
         output = self.root / name / "rollouts.jsonl"
         command = [
             str(BIN / "gym"),
@@ -67,9 +87,9 @@ class Stack:
             "run",
             "--no-serve",
             "--agent",
-            AGENT,
+            self.agent,
             "--input",
-            str(DATA),
+            str(self.data),
             "--limit",
             str(limit),
             "--num-repeats",
@@ -84,12 +104,7 @@ class Stack:
             env = self.env
         else:
             env = {k: v for k, v in self.env.items() if not k.startswith(("GYMTRACE_", "OTEL_"))}
-        done = subprocess.run(
-            command, cwd=self.root, env=env, capture_output=True, text=True, timeout=EVAL_TIMEOUT_S
-        )
-        assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-        self.settle()
-        return output
+        return command, env, output
 
     def settle(self, quiet_s: float = 1.5, timeout_s: float = 30.0) -> None:
         """Wait until the servers' files stop growing: their exporters write on their own
@@ -139,8 +154,26 @@ def _stop(process: subprocess.Popen[Any]) -> None:
 
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+    yield from _stack(tmp_path_factory, "example_single_tool_call", AGENT, DATA)
+
+
+@pytest.fixture(scope="module")
+def multi_step_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+    # GYMTRACE_FILE relative, as the docs show it: NeMo Gym starts each server in its own directory.
+    yield from _stack(tmp_path_factory, MULTI_STEP, MULTI_STEP_AGENT, MULTI_STEP_DATA, relative=True)
+
+
+def _stack(
+    tmp_path_factory: pytest.TempPathFactory,
+    resources_server: str,
+    agent: str,
+    data: Path,
+    *,
+    relative: bool = False,
+) -> Iterator[Stack]:
     root = tmp_path_factory.mktemp("nemo_gym_stack")
     traces, headers, fail_flag = root / "traces", root / "upstream_headers.jsonl", root / "fail"
+    hang_flag = root / "hang"
     # One venv for every server: NeMo Gym would otherwise build a uv venv per server.
     for server in SERVERS:
         (root / "venvs" / server).mkdir(parents=True)
@@ -153,13 +186,15 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
             str(port_file),
             str(headers),
             str(fail_flag),
+            str(hang_flag),
         ],
         start_new_session=True,
     )
     env = {
         **os.environ,
         "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}",
-        "GYMTRACE_FILE": f"{traces}/",
+        "GYMTRACE_FILE": "traces/" if relative else f"{traces}/",
+        "GYMTRACE_HEARTBEAT": "1",  # a killed pass's rollouts read lost 3 s after its last beat
         "OTEL_TRACES_EXPORTER": "none",
         "OTEL_METRICS_EXPORTER": "none",
         "OTEL_LOGS_EXPORTER": "none",
@@ -186,7 +221,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
                     "env",
                     "start",
                     "--resources-server",
-                    "example_single_tool_call",
+                    resources_server,
                     "--model-type",
                     "openai_model",
                     "--model",
@@ -206,7 +241,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
                 start_new_session=True,
             )
         _wait_for(log, "All 4 / 4 servers ready", servers, START_TIMEOUT_S)
-        yield Stack(root, traces, headers, fail_flag, env, head)
+        yield Stack(root, traces, headers, fail_flag, hang_flag, env, head, agent, data)
     finally:
         if servers is not None:
             _stop(servers)
@@ -229,9 +264,12 @@ def _keys(rows: list[dict[str, Any]]) -> set[str]:
 
 
 def _run_of(stack: Stack, output: Path) -> str:
-    from gymtrace.integrations.nemo_gym import run_id_for_output
+    """The run the last fresh pass over ``output`` opened (each fresh pass is a run of its own)."""
+    from gymtrace.integrations.nemo_gym import output_passes
 
-    return run_id_for_output(output)
+    passes = output_passes(output)
+    assert passes is not None, f"no traced pass wrote {output}"
+    return passes.run_id
 
 
 def _services_per_rollout(stack: Stack, run_id: str | None) -> dict[str, set[str]]:
@@ -275,6 +313,92 @@ def test_a_traced_run_is_nemo_gyms_rollouts_one_trace_each_across_services(stack
     for rollout_id, names in services.items():
         # The driver, the resources server (seed, tool, verify) and the model server at least.
         assert {"gym-eval-run", "example_single_tool_call", "policy_model"} <= names, (rollout_id, names)
+
+
+def _gym_parent(span: Any, by_id: dict[str, Any]) -> Any:
+    """The nearest ancestor of ``span`` that is a gym span (HTTP spans between are skipped)."""
+    parent = by_id.get(span.parent_id) if span.parent_id else None
+    while parent is not None and "gym.kind" not in parent.attributes:
+        parent = by_id.get(parent.parent_id) if parent.parent_id else None
+    return parent
+
+
+def test_a_multi_step_rollout_reads_agent_invocation_turns_steps_with_tokens_nested_by_the_calls(
+    multi_step_stack: Stack,
+) -> None:
+    stack = multi_step_stack
+    output = stack.eval_run("glossary", limit=2)
+    run_id = _run_of(stack, output)
+    rows = _nemo_rows(output)
+    assert len(rows) == 4
+    spans = read_otlp_json_lines(stack.traces)
+    roots = [
+        s
+        for s in spans
+        if s.attributes.get("gym.kind") == "rollout" and s.attributes.get("gym.run.id") == run_id
+    ]
+    assert {r.attributes["gym.rollout.id"] for r in roots} == _keys(rows)
+    for root in roots:
+        trace = [s for s in spans if s.trace_id == root.trace_id]
+        by_id = {s.span_id: s for s in trace}
+        kinds: dict[str, list[Any]] = defaultdict(list)
+        for span in trace:
+            kinds[str(span.attributes.get("gym.kind"))].append(span)
+        label = root.attributes["gym.rollout.id"]
+
+        # run > rollout > episode > invoke_agent (the agent server's /run) > turn > step
+        (episode,) = kinds["episode"]
+        (invocation,) = kinds["agent_invocation"]
+        assert invocation.name == f"invoke_agent {MULTI_STEP_AGENT}"
+        assert invocation.service == MULTI_STEP_AGENT
+        assert _gym_parent(invocation, by_id) is episode, label
+        turns = sorted(kinds["turn"], key=lambda t: t.attributes["gym.turn.number"])
+        steps = sorted(kinds["step"], key=lambda t: t.attributes["gym.step.number"])
+        # One turn per model response (NeMo Gym's TrajectoryTurn), its one step numbered alike.
+        assert [t.attributes["gym.turn.number"] for t in turns] == [1, 2, 3, 4], label
+        assert [t.attributes["gym.step.number"] for t in steps] == [1, 2, 3, 4], label
+        for turn, step in zip(turns, steps, strict=True):
+            assert _gym_parent(turn, by_id) is invocation
+            assert _gym_parent(step, by_id) is turn
+
+        # Each step: its model call, then the tool calls that response asked for (two in step 2).
+        tools_per_step = []
+        for step in steps:
+            (model,) = [m for m in kinds["model_call"] if _gym_parent(m, by_id) is step]
+            tools = [t for t in kinds["tool_call"] if _gym_parent(t, by_id) is step]
+            tools_per_step.append(len(tools))
+            assert model.service == "policy_model"
+            assert model.attributes["gen_ai.usage.input_tokens"] == 10
+            assert model.attributes["gen_ai.usage.output_tokens"] == 5
+            assert model.attributes["gen_ai.usage.cache_read.input_tokens"] == 0
+            assert model.attributes["gen_ai.usage.reasoning.output_tokens"] == 0
+            assert str(model.attributes["gen_ai.response.id"]).startswith("resp_")
+            asked = list(model.attributes.get("gen_ai.response.tool_call_ids", ()))
+            assert sorted(t.attributes["gen_ai.tool.call.id"] for t in tools) == sorted(asked)
+            assert list(model.attributes["gen_ai.response.finish_reasons"]) == (
+                ["tool_calls"] if asked else ["stop"]
+            )
+            for tool in tools:
+                assert tool.service == f"{MULTI_STEP}_resources_server"
+        assert tools_per_step == [1, 2, 1, 0], label
+
+        # Nesting follows the calls: every server-side gym span's parent is the span in the
+        # calling process that sent the request (its client span where an HTTP client
+        # instrumentation makes one; none is installed here, so the caller's span in force).
+        for span in [*kinds["model_call"], *kinds["tool_call"], *kinds["seed_session"], *kinds["verify"]]:
+            parent = by_id[span.parent_id]
+            assert parent.service == MULTI_STEP_AGENT != span.service, (span.name, parent.name)
+        for span in kinds["model_call"]:
+            assert by_id[span.parent_id].attributes.get("gym.kind") == "step"
+        (verify,) = kinds["verify"]
+        (seed,) = kinds["seed_session"]
+        assert _gym_parent(verify, by_id) is episode and _gym_parent(seed, by_id) is episode
+
+    check = stack.cli("check", str(stack.traces))
+    assert check.returncode == 0 and check.stdout.startswith("OK:"), check.stdout + check.stderr
+    tree = stack.cli("tree", str(stack.traces), "--rollout", "0-0", "--run", run_id)
+    ARTIFACTS.mkdir(exist_ok=True)
+    (ARTIFACTS / "nemo_gym_multi_step_rollout_tree.txt").write_text(tree.stdout + tree.stderr)
 
 
 def test_a_failure_then_a_resume_pass_reads_as_a_second_attempt_of_the_same_rollout(stack: Stack) -> None:
@@ -338,22 +462,133 @@ def test_a_failure_then_a_resume_pass_reads_as_a_second_attempt_of_the_same_roll
     ARTIFACTS.mkdir(exist_ok=True)
     (ARTIFACTS / "nemo_gym_resumed_rollout_tree.txt").write_text(tree.stdout)
 
-    # The same output imported afterwards (issue 28): checked traces whose stats are NeMo Gym's,
-    # the resumed rollout two attempts in the trace the live run used, the same IDs every time.
+    # The same output imported beside the live trace: refused by default (its spans are in the
+    # live trace already: a second copy would read as every attempt recorded twice), and with
+    # --run a separate run, which the checker reads beside the live one without a violation.
+    refused = stack.cli("import", "nemo-gym", str(output), "-o", str(stack.root / "imported-0.jsonl"))
+    assert refused.returncode != 0 and f"traced live as run {run_id}" in refused.stderr, refused.stderr
+    assert not (stack.root / "imported-0.jsonl").exists()
     first, second = stack.root / "imported-1.jsonl", stack.root / "imported-2.jsonl"
     for out in (first, second):
-        done = stack.cli("import", "nemo-gym", str(output), "-o", str(out))
+        done = stack.cli("import", "nemo-gym", str(output), "-o", str(out), "--run", "imported")
         assert done.returncode == 0, done.stdout + done.stderr
     assert first.read_bytes() == second.read_bytes()
-    check = stack.cli("check", str(first))
+    check = stack.cli("check", str(first), str(stack.traces))
     assert check.returncode == 0, check.stdout + check.stderr
-    (imported_stats,) = stack.json_lines("stats", str(first), "--run", run_id)
+    (imported_stats,) = stack.json_lines("stats", str(first), "--run", "imported")
     assert imported_stats["mean_reward"] == pytest.approx(final_mean)
-    imported = {r["rollout_id"]: r for r in stack.json_lines("rollouts", str(first), "--run", run_id)}
+    imported = {r["rollout_id"]: r for r in stack.json_lines("rollouts", str(first), "--run", "imported")}
     assert set(imported) == set(rollouts)
     for key in failed:
         assert (imported[key]["outcome"], imported[key]["attempts"]) == ("scored", 2)
-        assert imported[key]["trace_id"] == rollouts[key]["trace_id"]
+
+
+def test_a_killed_pass_leaves_lost_rollouts_and_its_resume_never_lands_in_the_dead_passs_spans(
+    stack: Stack,
+) -> None:
+    stack.hang_flag.touch()  # task 3's first model call hangs in the model server until removed
+    command, env, output = stack.eval_command("killed", "+route_failures_to_sidecar=true", limit=4)
+    seen = Path(f"{stack.hang_flag}.seen")
+    driver = subprocess.Popen(
+        command,
+        cwd=stack.root,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
+    try:
+        deadline = time.monotonic() + EVAL_TIMEOUT_S
+        while seen.read_text().count("hung") < 2 if seen.exists() else True:
+            assert time.monotonic() < deadline and driver.poll() is None, "task 3 never reached the model"
+            time.sleep(0.25)
+        stack.settle()
+        run_id = _run_of(stack, output)
+
+        # Hung: `gymtrace live` names the step and the server the rollout waits on.
+        live = {r["rollout_id"]: r for r in stack.json_lines("live", str(stack.traces), "--run", run_id)}
+        assert {"3-0", "3-1"} <= set(live), live
+        for key in ("3-0", "3-1"):
+            assert (live[key]["state"], live[key]["step"], live[key]["service"]) == (
+                "running",
+                1,
+                "policy_model",
+            ), live[key]
+        os.killpg(driver.pid, signal.SIGKILL)  # as a scheduler's kill or an OOM would
+        driver.wait(timeout=30)
+    finally:
+        if driver.poll() is None:
+            os.killpg(driver.pid, signal.SIGKILL)
+        stack.hang_flag.unlink(missing_ok=True)
+    time.sleep(4)  # three heartbeat intervals without a beat: the driver is gone
+    stack.settle()
+
+    # The killed pass's in-flight rollouts are lost, in rollouts and stats, never in a mean.
+    rollouts = {r["rollout_id"]: r for r in stack.json_lines("rollouts", str(stack.traces), "--run", run_id)}
+    assert {k for k, r in rollouts.items() if r["outcome"] == "lost"} == {"3-0", "3-1"}, rollouts
+    (stats,) = stack.json_lines("stats", str(stack.traces), "--run", run_id)
+    assert stats["lost"] == 2
+    check = stack.cli("check", str(stack.traces))
+    assert "rollout 3-0: lost" in check.stdout and "rollout 3-1: lost" in check.stdout, check.stdout
+
+    # NeMo Gym's resume re-dispatches them at attempt 0; they keep their run, and the new attempt
+    # holds only the new pass's work (the dead pass's went on in the servers after the kill).
+    stack.eval_run("killed", "+route_failures_to_sidecar=true", "+resume_from_cache=true", limit=4)
+    assert _run_of(stack, output) == run_id
+    rollouts = {r["rollout_id"]: r for r in stack.json_lines("rollouts", str(stack.traces), "--run", run_id)}
+    assert set(rollouts) == _keys(_nemo_rows(output))
+    assert all(r["outcome"] == "scored" for r in rollouts.values()), rollouts
+    (stats,) = stack.json_lines("stats", str(stack.traces), "--run", run_id)
+    assert stats["mean_reward"] == pytest.approx(_nemo_mean(output)) and "lost" not in stats
+    spans = read_otlp_json_lines(stack.traces)
+    by_id = {s.span_id: s for s in spans}
+    for key in ("3-0", "3-1"):
+        (root,) = [
+            s
+            for s in spans
+            if s.attributes.get("gym.kind") == "rollout"
+            and s.attributes.get("gym.rollout.id") == key
+            and s.attributes.get("gym.run.id") == run_id
+        ]
+        episodes = [
+            s for s in spans if s.trace_id == root.trace_id and s.attributes.get("gym.kind") == "episode"
+        ]
+        assert len(episodes) == 1, key
+        under = defaultdict(int)
+        for span in spans:
+            if span.trace_id == root.trace_id and _gym_ancestors(span, by_id) & {episodes[0].span_id}:
+                under[span.attributes.get("gym.kind")] += 1
+        # NeMo Gym recorded one seed, 2 model calls and 1 verify for the rollout: so does the trace.
+        assert (under["seed_session"], under["model_call"], under["verify"]) == (1, 2, 1), (key, dict(under))
+
+
+def _gym_ancestors(span: Any, by_id: dict[str, Any]) -> set[str]:
+    found: set[str] = set()
+    parent = by_id.get(span.parent_id) if span.parent_id else None
+    while parent is not None:
+        found.add(parent.span_id)
+        parent = by_id.get(parent.parent_id) if parent.parent_id else None
+    return found
+
+
+def test_a_relative_trace_directory_holds_every_process_however_nemo_gym_starts_them(
+    multi_step_stack: Stack,
+) -> None:
+    stack = multi_step_stack
+    assert stack.env["GYMTRACE_FILE"] == "traces/"
+    output = stack.eval_run("relative", limit=1)
+    services = _services_per_rollout(stack, _run_of(stack, output))
+    assert set(services) == _keys(_nemo_rows(output))
+    for names in services.values():
+        assert {
+            "gym-eval-run",
+            "example_multi_step_environment_server",
+            MULTI_STEP_AGENT,
+            f"{MULTI_STEP}_resources_server",
+            "policy_model",
+        } <= names, names
+    # Nothing went where each server was started (NeMo Gym's own directory for it).
+    assert not list(PACKAGES.glob("*/*/traces")), list(PACKAGES.glob("*/*/traces"))
 
 
 def test_the_servers_alone_still_trace_nemo_gyms_rollouts(stack: Stack) -> None:

@@ -34,7 +34,7 @@ from gymtrace._outcomes import (
     last_recorded,
     recorded_order,
 )
-from gymtrace._spandata import SpanData, normalize
+from gymtrace._spandata import SpanData, is_marker, normalize
 
 # Examples shown per rule before "... and N more".
 EXAMPLES = 3
@@ -594,3 +594,57 @@ def _check_numbering(index: _Index) -> list[Problem]:
                     )
                 )
     return problems
+
+
+def lost_notes(spans: Iterable[Any]) -> list[str]:
+    """The rollouts whose process died before they ended (``lost``): no outcome, no violation, but
+    a pass that did not finish (a resume pass re-runs them)."""
+    return [
+        f"rollout {o.rollout_id}: lost, its process stopped beating before it ended (killed?); a resume"
+        " pass re-runs it"
+        for o in final_outcomes(spans)
+        if o.outcome == c.OUTCOME_LOST
+    ]
+
+
+def missing_service_notes(spans: Iterable[Any]) -> list[str]:
+    """The rollout traces missing a service that took part: a request a NeMo Gym agent sent to a
+    server (its ``step`` marker) with no span of that server in the trace, or a span whose parent,
+    in the process that called it, is not there. The usual cause: that process wrote its trace
+    elsewhere (a relative ``GYMTRACE_FILE`` resolved in another working directory)."""
+    by_trace: dict[str, list[SpanData]] = defaultdict(list)
+    for span in spans:
+        if isinstance(span, SpanData):
+            by_trace[span.trace_id].append(span)
+    notes = []
+    for trace_spans in by_trace.values():
+        rollout = next(
+            (
+                s.attributes[c.ROLLOUT_ID]
+                for s in trace_spans
+                if isinstance(s.attributes.get(c.ROLLOUT_ID), str)
+            ),
+            None,
+        )
+        if rollout is None:
+            continue
+        present = {s.service for s in trace_spans if not is_marker(s)}
+        ids = {s.span_id for s in trace_spans}
+        servers = {
+            str(s.attributes[c.LIVE_SERVER])
+            for s in trace_spans
+            if is_marker(s) and isinstance(s.attributes.get(c.LIVE_SERVER), str)
+        }
+        missing = sorted(servers - present)
+        orphans = sum(1 for s in trace_spans if not is_marker(s) and s.parent_id and s.parent_id not in ids)
+        if missing:
+            notes.append(
+                f"rollout {rollout}: no span of {', '.join(missing)}, which took part in it: did that"
+                " process write its trace elsewhere (a relative GYMTRACE_FILE)?"
+            )
+        elif orphans:
+            notes.append(
+                f"rollout {rollout}: {orphans} span(s) whose parent is not in the input: a process"
+                " that took part wrote elsewhere, or was killed before its spans ended"
+            )
+    return notes

@@ -401,7 +401,7 @@ def _tree(args: argparse.Namespace) -> int:
 
 
 def _check(args: argparse.Namespace) -> int:
-    from gymtrace._check import awaiting_outcomes, check_spans, rerun_notes
+    from gymtrace._check import awaiting_outcomes, check_spans, lost_notes, missing_service_notes, rerun_notes
     from gymtrace._outcomes import final_outcomes
 
     spans = _read_files(args.files)
@@ -430,7 +430,7 @@ def _check(args: argparse.Namespace) -> int:
     if outside:
         # Not a violation (a run's own work, a service's spans), but not vouched for either.
         print(f"  - {outside} gym spans carry no rollout identity: no outcome rule applies to them")
-    for note in [*awaiting, *rerun_notes(spans)]:
+    for note in [*awaiting, *rerun_notes(spans), *lost_notes(spans), *missing_service_notes(spans)]:
         print(f"  - {note}")
     return 0
 
@@ -776,6 +776,7 @@ def _stats_line(run: RunStats, *, failed_as_zero: bool) -> str:
     line = (
         f"run {run.run_id or '(no run)'}: {run.rollouts} rollouts, {run.scored} scored, {run.unscored} unscored"
         + (f", {run.pending} pending (outcome expected from another process)" if run.pending else "")
+        + (f", {run.lost} lost (its process died before it ended)" if run.lost else "")
         + ";"
         f" mean {mean} over {run.inputs} input{'s' if run.inputs != 1 else ''} ({over})"
     )

@@ -98,6 +98,9 @@ OUTCOME_UNSCORED: Final = "unscored"
 # no outcome of its own: the outcome is expected from there, in an outcome record (DESIGN.md §8).
 OUTCOME_PENDING: Final = "pending"
 ROLLOUT_OUTCOMES: Final = (OUTCOME_SCORED, OUTCOME_UNSCORED, OUTCOME_PENDING)
+# A rollout the readers know only from its live markers, whose process stopped beating (killed): it
+# never ended, so no outcome was recorded; shown by rollouts, stats and check, never in a mean.
+OUTCOME_LOST: Final = "lost"
 OUTCOME_COMPLETED: Final = "completed"
 OUTCOME_FAILED: Final = "failed"
 OUTCOME_CANCELLED: Final = "cancelled"
@@ -133,6 +136,10 @@ LIVE_EVENT_HEARTBEAT: Final = "heartbeat"
 # Written when a rollout that has markers ends: behind a tail sampler that drops the rollout's own
 # spans, it is what tells `gymtrace live --jaeger` the rollout ended rather than was lost.
 LIVE_EVENT_END: Final = "end"
+# Written by a NeMo Gym agent server as each request of a step goes out (a model call, a tool call):
+# the step a rollout is in, and the server it waits on (``gym.live.server``), for `gymtrace live`.
+LIVE_EVENT_STEP: Final = "step"
+LIVE_SERVER: Final = "gym.live.server"
 # When the rollout started (Unix ns), the heartbeat interval its process uses (s), the number of the
 # last step started in it (0: none yet), and whether its episode ran past its timeout.
 LIVE_STARTED: Final = "gym.live.started_ns"
@@ -213,6 +220,13 @@ GEN_AI_RESPONSE_FINISH_REASONS: Final = "gen_ai.response.finish_reasons"
 GEN_AI_USAGE_CACHE_READ_INPUT_TOKENS: Final = "gen_ai.usage.cache_read.input_tokens"
 GEN_AI_RESPONSE_TIME_TO_FIRST_CHUNK: Final = "gen_ai.response.time_to_first_chunk"
 GEN_AI_REQUEST_STREAM: Final = "gen_ai.request.stream"
+# Output tokens the model spent reasoning (part of output_tokens), where the response says
+# (Responses API output_tokens_details.reasoning_tokens, chat completions'
+# completion_tokens_details.reasoning_tokens); named like cache_read.input_tokens.
+GEN_AI_USAGE_REASONING_OUTPUT_TOKENS: Final = "gen_ai.usage.reasoning.output_tokens"
+# The tool call IDs a model response asked for, in its order (on the chat span): what joins a step's
+# model call to its execute_tool spans (each carries its gen_ai.tool.call.id).
+GEN_AI_RESPONSE_TOOL_CALL_IDS: Final = "gen_ai.response.tool_call_ids"
 
 # -- NeMo Gym's wire identity (gymtrace.integrations.nemo_gym) -----------------------------------------
 
@@ -227,6 +241,9 @@ NEMO_GYM_PATH_PREFIX: Final = "/ng-rollout/"
 NEMO_GYM_ROLLOUT_ID: Final = "nemo.gym.rollout.id"  # the attempt-qualified key ({id}-a{n} after 0)
 NEMO_GYM_RUN_ID: Final = "nemo.gym.run.id"
 NEMO_GYM_TASK_ID: Final = "nemo.gym.task.id"
+# The tool call ID a traced NeMo Gym agent sends with a tool request to a gym server (only inside
+# the gym, like the identity): the resources server's execute_tool span carries it.
+NEMO_GYM_TOOL_CALL_HEADER: Final = "x-gymtrace-tool-call-id"
 # On an episode imported from a NeMo Gym failures sidecar row: its ``_ng_failure_class``.
 NEMO_GYM_FAILURE_CLASS: Final = "nemo.gym.failure.class"
 
@@ -246,6 +263,11 @@ RECORD_FORMAT: Final = "gym.record.format"
 
 # Stable OpenTelemetry conventions.
 ERROR_TYPE: Final = "error.type"
+# The exception event (OpenTelemetry's exception conventions), for an exception known only from what
+# a server answered (NeMo Gym returns repr(exception) with its HTTP 500).
+EXCEPTION_EVENT: Final = "exception"
+EXCEPTION_TYPE: Final = "exception.type"
+EXCEPTION_MESSAGE: Final = "exception.message"
 SERVICE_NAME: Final = "service.name"
 SERVICE_INSTANCE_ID: Final = "service.instance.id"
 

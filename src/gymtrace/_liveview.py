@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Iterable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from gymtrace import _constants as c
@@ -46,9 +46,12 @@ class LiveRollout:
     idle_s: float
     step: int
     service: str
+    trace_id: str = field(default="", compare=False)  # not in --json: the fixed keys above
 
     def as_json(self) -> dict[str, Any]:
-        return asdict(self)
+        body = asdict(self)
+        del body["trace_id"]
+        return body
 
 
 def _int(value: Any, default: int = 0) -> int:
@@ -84,15 +87,24 @@ def live_rollouts(
                 m.attributes.get(c.LIVE_EVENT) == c.LIVE_EVENT_END for m in own
             ):
                 continue  # it ended: the readers of finished traces take it from here
-            rollout = _read(rollout_id, own, rest, now_ns, stalled_after)
+            rollout = _read(rollout_id, own, rest, now_ns, stalled_after, trace_spans[0].trace_id)
             if run_id is None or rollout.run_id == run_id:
                 found.append(rollout)
     return sorted(found, key=lambda r: (r.run_id or "", r.task_id or "", r.rollout_id))
 
 
 def _read(
-    rollout_id: str, markers: list[SpanData], rest: list[SpanData], now_ns: int, stalled_after: float
+    rollout_id: str,
+    markers: list[SpanData],
+    rest: list[SpanData],
+    now_ns: int,
+    stalled_after: float,
+    trace_id: str = "",
 ) -> LiveRollout:
+    # A step marker (a NeMo Gym agent's request going out) says where the rollout is, not whether
+    # its process lives: the heartbeats of the rollout's own process say that.
+    requests = [m for m in markers if m.attributes.get(c.LIVE_EVENT) == c.LIVE_EVENT_STEP]
+    markers = [m for m in markers if m.attributes.get(c.LIVE_EVENT) != c.LIVE_EVENT_STEP] or markers
     last = markers[-1]
     interval = float(last.attributes.get(c.LIVE_INTERVAL) or 0.0)
     started = _int(last.attributes.get(c.LIVE_STARTED), markers[0].start_ns)
@@ -107,6 +119,16 @@ def _read(
     steps = [s for s in rest if s.attributes.get(c.KIND) == c.KIND_STEP and s.start_ns > last.end_ns]
     if steps:  # steps ended after the last marker: the newest is further on
         step = _int(max(steps, key=lambda s: s.start_ns).attributes.get(c.STEP_NUMBER), step)
+    service = last.service
+    instance = last.service_instance or str(last.attributes.get(c.SERVICE_INSTANCE_ID, ""))
+    if requests:
+        newest = requests[-1]
+        progress = max(progress, newest.end_ns)
+        step = _int(newest.attributes.get(c.LIVE_STEP), step) or step
+        server = newest.attributes.get(c.LIVE_SERVER)
+        if isinstance(server, str) and server and not any(s.end_ns > newest.end_ns for s in rest):
+            # Nothing of the rollout ended since that request went out: it hangs there.
+            service, instance = server, ""
     seen = max(last.end_ns, progress)
     attempt = max(_int(s.attributes.get(c.EPISODE_ATTEMPT)) for s in [*markers, *rest])
     overdue = (
@@ -121,7 +143,6 @@ def _read(
         state = c.LIVE_RUNNING
     run = last.attributes.get(c.RUN_ID)
     task = last.attributes.get(c.TASK_ID)
-    instance = last.service_instance or str(last.attributes.get(c.SERVICE_INSTANCE_ID, ""))
     return LiveRollout(
         run_id=run if isinstance(run, str) else None,
         task_id=task if isinstance(task, str) else None,
@@ -131,5 +152,6 @@ def _read(
         age_s=round(max(0.0, (now_ns - started) / 1e9), 3),
         idle_s=round(idle_s, 3),
         step=step,
-        service=last.service + (f" ({instance[:8]})" if instance else ""),
+        service=service + (f" ({instance[:8]})" if instance else ""),
+        trace_id=trace_id,
     )

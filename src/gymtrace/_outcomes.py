@@ -26,18 +26,22 @@ import math
 from collections import defaultdict
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+from time import time_ns
 from typing import Any
 
 from gymtrace import _constants as c
 from gymtrace import _metrics
+from gymtrace._liveview import live_rollouts
 from gymtrace._outcome_rule import CANCELLED, FAILED, Attempt, Decision, Facts, state_of
 from gymtrace._outcome_rule import decide as decide_outcome
 from gymtrace._passk import PASS_THRESHOLD, TaskPassK, pass_at_n
 from gymtrace._passk import rewards_by_task as rewards_by_task  # where compare and stats read it
-from gymtrace._spandata import SpanData, normalize
+from gymtrace._spandata import SpanData, from_readable, is_marker, normalize
 
 # Where an outcome came from when the rollout root decided it (an outcome record says its own).
 SOURCE_ROOT = "root"
+# ... and a lost rollout's, from its live markers.
+SOURCE_LIVE = "live"
 
 
 def dedupe(spans: Iterable[Any]) -> list[SpanData]:
@@ -362,7 +366,8 @@ def outcome_of(group: RolloutSpans, ancestors: Mapping[str, str] | None = None) 
 
 def final_outcomes(spans: Iterable[Any], *, run_id: str | None = None) -> list[RolloutOutcome]:
     """The final outcome of every rollout in ``spans`` (of run ``run_id`` if given), in start order."""
-    data = dedupe(spans)
+    raw = [s if isinstance(s, SpanData) else from_readable(s) for s in spans]
+    data = dedupe(raw)  # without the live markers, which only lost_rollouts reads
     ancestors = _run_span_ids(data)
     outcomes = []
     for group in group_rollouts(data):
@@ -371,12 +376,42 @@ def final_outcomes(spans: Iterable[Any], *, run_id: str | None = None) -> list[R
         found = outcome_of(group, ancestors)
         if found is not None:
             outcomes.append(found)
+    outcomes.extend(lost_rollouts(raw, run_id=run_id))
 
     def started(o: RolloutOutcome) -> tuple[int, str, int, str]:
-        first = min(s.start_ns for s in ([o.root] if o.root is not None else [o.decided_by]) if s is not None)
+        first = min(
+            (s.start_ns for s in ([o.root] if o.root is not None else [o.decided_by]) if s is not None),
+            default=0,
+        )
         return (first, o.task_id or "", o.repeat or 0, o.rollout_id)
 
     return sorted(outcomes, key=started)
+
+
+def lost_rollouts(spans: list[SpanData], *, run_id: str | None = None) -> list[RolloutOutcome]:
+    """The rollouts ``spans`` know only from live markers whose process is gone (``gymtrace live``
+    says ``lost``: killed, so they never ended and recorded no outcome), as outcomes ``lost``."""
+    if not any(is_marker(s) for s in spans):
+        return []
+    lost = []
+    for live in live_rollouts(spans, now_ns=time_ns(), run_id=run_id):
+        if live.state != c.LIVE_LOST:
+            continue
+        lost.append(
+            RolloutOutcome(
+                run_id=live.run_id,
+                task_id=live.task_id,
+                rollout_id=live.rollout_id,
+                repeat=None,
+                outcome=c.OUTCOME_LOST,
+                reward=None,
+                attempts=live.attempt + 1,
+                services=(),
+                source=SOURCE_LIVE,
+                trace_id=live.trace_id,
+            )
+        )
+    return lost
 
 
 # -- statistics -----------------------------------------------------------------------------------
@@ -398,10 +433,14 @@ class RunStats:
     # Rollouts whose outcome is expected from another process (a record not in the input): never in
     # the mean, never a zero.
     pending: int = 0
+    # Rollouts whose process died before they ended (killed): no outcome, never in the mean.
+    lost: int = 0
+    # Per task ID, the mean reward over its scored rollouts (tasks with none are left out).
+    task_means: Mapping[str, float] = field(default_factory=dict)
 
     @property
     def rollouts(self) -> int:
-        return self.scored + self.unscored + self.pending
+        return self.scored + self.unscored + self.pending + self.lost
 
     def as_json(self) -> dict[str, Any]:
         body: dict[str, Any] = {
@@ -411,7 +450,10 @@ class RunStats:
             "pending": self.pending,
             "inputs": self.inputs,
             "mean_reward": self.mean_reward,
+            "task_means": dict(self.task_means),
         }
+        if self.lost:
+            body["lost"] = self.lost
         if self.pass_at_k:
             body["pass_at_k"] = {p.task_id: p.as_json() for p in self.pass_at_k}
         if self.runs_sharing_id > 1:
@@ -431,7 +473,13 @@ def _stats(
 ) -> RunStats:
     rewards = [o.reward for o in outcomes if o.outcome == c.OUTCOME_SCORED and o.reward is not None]
     pending = sum(1 for o in outcomes if o.outcome == c.OUTCOME_PENDING)
-    unscored = len(outcomes) - len(rewards) - pending
+    lost = sum(1 for o in outcomes if o.outcome == c.OUTCOME_LOST)
+    unscored = len(outcomes) - len(rewards) - pending - lost
+    task_means = {
+        task: math.fsum(scored) / len(scored)
+        for task, (_, scored) in sorted(rewards_by_task(outcomes).items())
+        if scored
+    }
     # The denominator rule: an unscored rollout has no reward (never an invented 0) and is left out
     # of the mean; --failed-as-zero counts it as an input of 0 here, in the metric only.
     inputs = [*rewards, *([0.0] * unscored if failed_as_zero else [])]
@@ -446,6 +494,8 @@ def _stats(
         run_span_id=run_span_id,
         runs_sharing_id=sharing,
         pending=pending,
+        lost=lost,
+        task_means=task_means,
     )
 
 

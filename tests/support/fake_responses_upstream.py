@@ -1,17 +1,19 @@
 """A fake OpenAI-compatible Responses API upstream for the NeMo Gym stack tests, in its own process.
 
-``python fake_responses_upstream.py PORT_FILE HEADERS_FILE [FAIL_FLAG_FILE]`` listens on an ephemeral
+``python fake_responses_upstream.py PORT_FILE HEADERS_FILE [FAIL_FLAG_FILE [HANG_FLAG_FILE]]`` listens on an ephemeral
 loopback port (written to PORT_FILE), appends each request's headers to HEADERS_FILE as a JSON line,
 and answers ``POST /v1/responses`` deterministically: a ``get_weather`` call for a question without
 "humidity" (reward 1 once the tool answered), a plain message otherwise (reward 0), and a message
-after a tool output. While FAIL_FLAG_FILE exists, a question containing "going out" is answered
-with HTTP 400, so that rollout fails until the test removes the flag.
+after a tool output; for ``example_multi_step``'s tools, the sequence in ``_multi_step``. While FAIL_FLAG_FILE exists, a question containing "going out" is answered
+with HTTP 400, so that rollout fails until the test removes the flag; while HANG_FLAG_FILE exists,
+the first model call of a question containing "outside" (task 3) waits until it is removed.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import sys
 import threading
 import time
@@ -48,9 +50,41 @@ def _response(output: list[dict[str, Any]], model: str) -> dict[str, Any]:
     }
 
 
+def _call(name: str, arguments: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "id": f"fc_{time.monotonic_ns()}",
+        "call_id": f"call_{time.monotonic_ns()}",
+        "type": "function_call",
+        "name": name,
+        "arguments": json.dumps(arguments),
+        "status": "completed",
+    }
+
+
+def _multi_step(items: list[Any], model: str) -> dict[str, Any]:
+    """example_multi_step's tools: one lookup, then two lookups in one response (parallel tool
+    calls), then the extraction, then a message: 4 model calls and 4 tool calls a rollout."""
+    text = " ".join(str(i.get("content")) for i in items if isinstance(i, dict) and "role" in i)
+    synonyms = re.findall(r"has a synonym '([^']+)'", text) or ["a", "b", "c"]
+    outputs = [i for i in items if isinstance(i, dict) and i.get("type") == "function_call_output"]
+    if not outputs:
+        return _response([_call("get_synonym_value", {"synonym": synonyms[0]})], model)
+    if len(outputs) == 1:
+        return _response(
+            [_call("get_synonym_value", {"synonym": s}) for s in (synonyms + synonyms)[1:3]], model
+        )
+    if len(outputs) == 3:
+        values = [json.loads(o["output"]).get("synonym_value", 0) for o in outputs]
+        return _response([_call("extract_synonym_values", {"synonym_values": values})], model)
+    return _response([_message("Done.")], model)
+
+
 def _answer(body: dict[str, Any]) -> dict[str, Any]:
     items = body.get("input") or []
     model = str(body.get("model") or "fake-model")
+    tools = {t.get("name") for t in body.get("tools") or () if isinstance(t, dict)}
+    if "get_synonym_value" in tools and isinstance(items, list):
+        return _multi_step(items, model)
     last = items[-1] if isinstance(items, list) and items else None
     if isinstance(last, dict) and last.get("type") == "function_call_output":
         return _response([_message("It is sunny in San Francisco.")], model)
@@ -83,6 +117,7 @@ def _message(text: str) -> dict[str, Any]:
 def main() -> None:
     port_file, headers_file = sys.argv[1], sys.argv[2]
     fail_flag = sys.argv[3] if len(sys.argv) > 3 else None
+    hang_flag = sys.argv[4] if len(sys.argv) > 4 else None
 
     class Handler(BaseHTTPRequestHandler):
         def do_POST(self) -> None:
@@ -91,6 +126,18 @@ def main() -> None:
                 f.write(json.dumps({"path": self.path, "headers": dict(self.headers.items())}) + "\n")
             body = json.loads(raw or b"{}")
             question = json.dumps(body.get("input"))
+            if (
+                hang_flag
+                and os.path.exists(hang_flag)
+                and "outside" in question
+                and "function_call_output" not in question
+            ):
+                # A model that hangs on task 3's first call until the flag is removed; ".seen" says
+                # a request is hanging.
+                with open(hang_flag + ".seen", "a") as seen:
+                    seen.write("hung\n")
+                while os.path.exists(hang_flag):
+                    time.sleep(0.1)
             if fail_flag and os.path.exists(fail_flag) and "going out" in question:
                 self._send(400, {"error": {"message": "injected failure", "type": "invalid_request_error"}})
                 return

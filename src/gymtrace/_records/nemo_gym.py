@@ -41,7 +41,7 @@ from gymtrace._records._build import (
     tool_call,
 )
 from gymtrace._records._build import seconds_to_ns as _ns
-from gymtrace.integrations.nemo_gym import RolloutIdentity, rollout_identity, run_id_for_output
+from gymtrace.integrations.nemo_gym import RolloutIdentity, output_passes, rollout_identity, run_id_for_output
 
 SERVICE = "nemo-gym"
 FAILURES_SUFFIX = "_failures.jsonl"
@@ -113,6 +113,14 @@ def import_files(paths: Iterable[Path], *, run_id: str | None = None) -> Importe
         sidecar = failures_path(main)
         if not main.exists() and not sidecar.exists():
             raise RecordError(f"{main}: no such file (nor its sidecar {sidecar.name})")
+        traced = output_passes(main) if run_id is None else None
+        if traced is not None:
+            # Its spans are already in the live trace, under these IDs: a second copy would read as
+            # every attempt recorded twice.
+            raise RecordError(
+                f"{main}: traced live as run {traced.run_id} ({traced.passes} pass(es)); its trace"
+                " is in that run's trace files already. To import it as a separate run, give --run ID"
+            )
         rid = run_id or run_id_for_output(main)
         rollouts = runs.setdefault(rid, {})
         origins.setdefault(rid, []).extend((main, sidecar))

@@ -34,7 +34,7 @@ except ImportError as exc:  # pragma: no cover - depends on the installed extras
 import gymtrace
 from gymtrace.integrations import nemo_gym
 
-__all__ = ["GymTraceConfigurator", "NeMoGymInstrumentor", "is_helper_process"]
+__all__ = ["GymTraceConfigurator", "NeMoGymInstrumentor", "absolute_trace_file", "is_helper_process"]
 
 
 def is_helper_process(argv: list[str] | None = None) -> bool:
@@ -46,6 +46,26 @@ def is_helper_process(argv: list[str] | None = None) -> bool:
     return program.startswith("ray::") or ("ray" in parts[:-1] and "site-packages" in parts)
 
 
+def absolute_trace_file(environ: Any = None) -> str:
+    """``GYMTRACE_FILE`` made absolute against this process's working directory, and written back
+    into ``environ`` (default ``os.environ``), so every process this command starts writes where
+    the command was started: NeMo Gym starts each server in its own directory, where a relative
+    path would scatter the trace (one directory per server)."""
+    environ = os.environ if environ is None else environ
+    given = str(environ.get(_FILE, ""))
+    if not given or os.path.isabs(given):
+        return given
+    # expanduser first ("~/traces/"); a trailing separator (a directory) survives abspath only by hand.
+    absolute = os.path.abspath(os.path.expanduser(given))
+    if given.endswith(("/", os.sep)):
+        absolute += os.sep
+    environ[_FILE] = absolute
+    return absolute
+
+
+_FILE = "GYMTRACE_FILE"  # gymtrace._environment.GYMTRACE_FILE (integrations use the public API only)
+
+
 class GymTraceConfigurator:
     """The ``gymtrace`` configurator: :func:`gymtrace.configure` from the environment, with the
     service named after the NeMo Gym server or command unless ``OTEL_SERVICE_NAME`` names it."""
@@ -54,7 +74,7 @@ class GymTraceConfigurator:
         if is_helper_process():
             return
         service = None if os.environ.get("OTEL_SERVICE_NAME") else nemo_gym.process_service_name()
-        directory = os.environ.get("GYMTRACE_FILE", "")
+        directory = absolute_trace_file()
         if service and directory.endswith(("/", os.sep)):
             # One file per process, named after the server it belongs to (not ``app.py-PID``).
             safe = "".join(ch if ch.isalnum() or ch in "._-" else "_" for ch in service)

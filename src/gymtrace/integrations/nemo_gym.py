@@ -50,10 +50,12 @@ import hashlib
 import json
 import os
 import re
+import secrets
 import sys
 import threading
 from collections.abc import Mapping
 from pathlib import Path
+from time import time_ns
 from typing import Any, NamedTuple
 
 from opentelemetry import context as otel_context
@@ -65,6 +67,9 @@ from gymtrace import instrumentation
 __all__ = [
     "NEMO_ID",
     "NeMoGymServerMiddleware",
+    "OutputPasses",
+    "output_passes",
+    "pass_log_path",
     "identity_from_key",
     "instrument_stack",
     "process_service_name",
@@ -172,6 +177,55 @@ def run_id_for_output(path: str | os.PathLike[str]) -> str:
     resolved = Path(path).expanduser().resolve()
     digest = hashlib.sha256(str(resolved).encode("utf-8")).hexdigest()[:12]
     return f"{resolved.stem}-{digest}"
+
+
+class OutputPasses(NamedTuple):
+    """The traced passes of ``gym eval run`` over one output, read from its pass log."""
+
+    run_id: str
+    """The run the last fresh pass opened (resume passes continue it)."""
+    passes: int
+    """How many passes that run has had (fresh pass included)."""
+    failed_in: Mapping[tuple[str, int], int]
+    """``(rollout ID, attempt)`` -> the pass (0-based) in which that attempt failed."""
+
+
+def pass_log_path(output: str | os.PathLike[str]) -> Path:
+    """Where the traced passes of ``gym eval run --output OUTPUT`` are logged: a hidden file beside
+    it (NeMo Gym stores nothing between passes; gymtrace keeps what a resume pass needs)."""
+    resolved = Path(output).expanduser().resolve()
+    return resolved.with_name(f".{resolved.name}{_PASS_LOG_SUFFIX}")
+
+
+def output_passes(output: str | os.PathLike[str]) -> OutputPasses | None:
+    """The traced run of ``output`` (its last fresh pass and the resume passes after it), or
+    ``None`` when no traced pass wrote it."""
+    try:
+        lines = pass_log_path(output).read_text(encoding="utf-8").splitlines()
+    except OSError:
+        return None
+    run_id: str | None = None
+    passes = 0
+    failed: dict[tuple[str, int], int] = {}
+    for line in lines:
+        try:
+            entry = json.loads(line)
+        except ValueError:
+            continue  # a line a killed pass left half-written
+        if not isinstance(entry, dict):
+            continue
+        if entry.get("pass") == "fresh" and isinstance(entry.get("run_id"), str):
+            run_id, passes, failed = entry["run_id"], 1, {}
+        elif entry.get("pass") == "resume" and run_id is not None:
+            passes += 1
+        elif isinstance(entry.get("failed"), str) and isinstance(entry.get("attempt"), int) and passes:
+            failed[(entry["failed"], entry["attempt"])] = passes - 1
+    return OutputPasses(run_id, passes, failed) if run_id is not None else None
+
+
+def _log_pass(output: Path, entry: Mapping[str, Any]) -> None:
+    with open(pass_log_path(output), "a", encoding="utf-8") as log:
+        log.write(json.dumps(entry) + "\n")
 
 
 def trace_id_for(run_id: str, rollout_id: str) -> int:
@@ -455,6 +509,7 @@ def uninstrument() -> None:
 # - outgoing: NeMo Gym's one HTTP function says which requests go to its own servers (`_internal`):
 #   gym identity goes with those, never to the upstream model endpoint.
 
+_PASS_LOG_SUFFIX = ".gymtrace-passes.jsonl"
 _SERVER_NAME_ENV = "NEMO_GYM_CONFIG_PATH"  # set by `gym env start` for each server it launches
 _PREFIX_PATH = re.compile(r"^/ng-rollout/([A-Za-z0-9][A-Za-z0-9._-]*)(/.*)$")
 _KEY = re.compile(r"^(\d+)-(\d+)(?:-a(\d+))?$")
@@ -520,9 +575,22 @@ def identity_from_key(key: str) -> RolloutIdentity | None:
 
 # The driver's run: set by run_from_config for the tasks it starts, read by the /run dispatches (the
 # environment server also POSTs to /run, to the agent, and opens no rollout for it).
-_driver_run: contextvars.ContextVar[str | None] = contextvars.ContextVar(
+class _Pass(NamedTuple):
+    run_id: str
+    number: int  # 0 for the fresh pass, then 1, 2... for each resume pass of its run
+    failed_in: dict[tuple[str, int], int]  # (rollout ID, attempt) -> the pass it failed in
+    output: Path
+
+
+_driver_run: contextvars.ContextVar[_Pass | None] = contextvars.ContextVar(
     "gymtrace_nemo_gym_run", default=None
 )
+
+
+def _episode_part(attempt: int, number: int) -> str:
+    """The span ID part of an attempt in a pass: each pass its own, so a pass that re-runs what a
+    killed pass left (NeMo Gym re-dispatches it at the same attempt) never lands in its spans."""
+    return f"episode-{attempt}" if number == 0 else f"episode-{attempt}/pass-{number}"
 
 
 async def _read_response(response: Any) -> Any:
@@ -539,13 +607,14 @@ def _reward_of(result: Any) -> float | None:
 
 
 async def _dispatch_run(
-    wrapped: Any, args: tuple[Any, ...], kwargs: dict[str, Any], run_id: str, row: RolloutIdentity
+    wrapped: Any, args: tuple[Any, ...], kwargs: dict[str, Any], this_pass: _Pass, row: RolloutIdentity
 ) -> Any:
     """One `/run` POST of the driver as a rollout (attempt 0) or the next attempt of one."""
     from contextlib import ExitStack
 
     import gymtrace
 
+    run_id = this_pass.run_id
     trace_id = trace_id_for(run_id, row.rollout_id)
     rollout_span = span_id_for(run_id, row.rollout_id, "rollout")
     stack = ExitStack()
@@ -572,19 +641,34 @@ async def _dispatch_run(
                 next_attempt=row.attempt,
                 trace_id=trace_id,
                 rollout_span_id=rollout_span,
-                episode_span_id=span_id_for(run_id, row.rollout_id, f"episode-{row.attempt - 1}"),
+                episode_span_id=span_id_for(
+                    run_id,
+                    row.rollout_id,
+                    _episode_part(
+                        row.attempt - 1,
+                        this_pass.failed_in.get(
+                            (row.rollout_id, row.attempt - 1), max(0, this_pass.number - 1)
+                        ),
+                    ),
+                ),
             )
             episode = gymtrace.episode(continue_from=carrier)
-        with instrumentation.pinned_ids(None, span_id_for(run_id, row.rollout_id, f"episode-{row.attempt}")):
+        part = _episode_part(row.attempt, this_pass.number)
+        with instrumentation.pinned_ids(None, span_id_for(run_id, row.rollout_id, part)):
             stack.enter_context(episode)
     except Exception as exc:  # noqa: BLE001 - telemetry must not break the dispatch
         stack.close()
         instrumentation.report_error("gymtrace.integrations.nemo_gym /run", exc)
         return await wrapped(*args, **kwargs)
     with stack:
-        response = await wrapped(*args, **kwargs)
+        try:
+            response = await wrapped(*args, **kwargs)
+        except Exception:
+            _log_failure(this_pass, row)
+            raise
         with instrumentation.guard("gymtrace.integrations.nemo_gym /run response"):
             if response.status >= 400:
+                _log_failure(this_pass, row)
                 gymtrace.record_failure(message=f"/run answered HTTP {response.status}")
             else:
                 reward = _reward_of(await _read_response(response))
@@ -593,11 +677,31 @@ async def _dispatch_run(
         return response
 
 
+def _log_failure(this_pass: _Pass, row: RolloutIdentity) -> None:
+    """Which pass an attempt failed in, for the resume pass that links its next attempt to it."""
+    with instrumentation.guard("gymtrace.integrations.nemo_gym pass log"):
+        _log_pass(this_pass.output, {"failed": row.rollout_id, "attempt": row.attempt})
+
+
 async def _server_client_request(
     wrapped: Any, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
 ) -> Any:
-    run_id = _driver_run.get()
-    if run_id is None:
+    conversation = _conversation.get()
+    if conversation is not None:
+        try:
+            server_name = kwargs.get("server_name", args[0] if args else None)
+            url_path = kwargs.get("url_path", args[1] if len(args) > 1 else "")
+            path = str(url_path).split("?", 1)[0]
+            prefixed = _PREFIX_PATH.match(path)
+            path = prefixed.group(2) if prefixed else path
+            target = _target_kind(instance, server_name)
+            own = server_name is not None and server_name == conversation.agent
+        except Exception as exc:  # noqa: BLE001 - telemetry must not break the request
+            instrumentation.report_error("gymtrace.integrations.nemo_gym ServerClient.request", exc)
+            return await wrapped(*args, **kwargs)
+        return await _agent_request(wrapped, args, kwargs, conversation, target, own, path, str(server_name))
+    this_pass = _driver_run.get()
+    if this_pass is None:
         return await wrapped(*args, **kwargs)
     row = None
     try:
@@ -611,22 +715,36 @@ async def _server_client_request(
     if row is None or _own_telemetry("rollout"):
         # NeMo Gym's own rollout span (nemo.gym.rollout.id, read as the rollout ID) is the one.
         return await wrapped(*args, **kwargs)
-    return await _dispatch_run(wrapped, args, kwargs, run_id, row)
+    return await _dispatch_run(wrapped, args, kwargs, this_pass, row)
 
 
 async def _run_from_config(wrapped: Any, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-    """`gym eval run`: one gym run per output file; a resume pass continues it (no second run span)."""
+    """`gym eval run`: a fresh pass is a new gym run; a resume pass continues the run of the last
+    fresh pass over the same output (no second run span), as its next pass."""
     import gymtrace
 
     config: Any = args[0] if args else kwargs.get("config")
     try:
-        output = Path(config.output_jsonl_fpath)
-        run_id = run_id_for_output(output)
+        output = Path(config.output_jsonl_fpath).expanduser().resolve()
+        earlier = output_passes(output)
         resume = bool(getattr(config, "resume_from_cache", False)) and output.exists()
+        if resume and earlier is not None:
+            run_id, number = earlier.run_id, earlier.passes
+            failed_in = dict(earlier.failed_in)
+        elif resume:
+            # An output written before passes were logged: its run is the one derived from its path.
+            run_id, number, failed_in = run_id_for_output(output), 1, {}
+        else:
+            # Its own run, even over an output an earlier pass wrote: never that pass's IDs.
+            run_id, number, failed_in = f"{run_id_for_output(output)}-{secrets.token_hex(3)}", 0, {}
+        output.parent.mkdir(parents=True, exist_ok=True)
+        _log_pass(
+            output, {"pass": "resume" if resume else "fresh", "run_id": run_id, "started_ns": time_ns()}
+        )
     except Exception as exc:  # noqa: BLE001 - telemetry must not break the run
         instrumentation.report_error("gymtrace.integrations.nemo_gym run_from_config", exc)
         return await wrapped(*args, **kwargs)
-    token = _driver_run.set(run_id)
+    token = _driver_run.set(_Pass(run_id, number, failed_in, output))
     try:
         if resume:
             ctx = instrumentation.continue_scope(otel_context.Context(), {c.RUN_ID: run_id})
@@ -644,9 +762,29 @@ async def _run_from_config(wrapped: Any, instance: Any, args: tuple[Any, ...], k
 async def _request_with_retries(
     wrapped: Any, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
 ) -> Any:
-    """NeMo Gym's one HTTP function says whether a request goes to one of its servers."""
+    """NeMo Gym's one HTTP function says whether a request goes to one of its servers; an agent's
+    tool request that bypasses ``ServerClient`` (a session's direct tool access) joins its step."""
+    conversation = _conversation.get()
+    token = None
     with instrumentation.gym_destination(bool(kwargs.get("_internal", False))):
-        return await wrapped(*args, **kwargs)
+        if conversation is not None and not _routed.get():
+            with instrumentation.guard("gymtrace.integrations.nemo_gym tool request"):
+                url = str(kwargs.get("url", args[1] if len(args) > 1 else ""))
+                name = url.split("?", 1)[0].rstrip("/").rsplit("/", 1)[-1]
+                call_id = conversation.invocation.take_call(name)
+                context = conversation.invocation.step_context()
+                if call_id is not None and context is not None:
+                    given = kwargs.get("headers")
+                    kwargs["headers"] = {
+                        **(dict(given) if given else {}),
+                        c.NEMO_GYM_TOOL_CALL_HEADER: call_id,
+                    }
+                    token = otel_context.attach(context)
+        try:
+            return await wrapped(*args, **kwargs)
+        finally:
+            if token is not None:
+                otel_context.detach(token)
 
 
 # -- servers ---------------------------------------------------------------------------------------------
@@ -692,6 +830,7 @@ class _Phase(NamedTuple):
     # agent's /run: it spans the seed_session and verify calls, which rank above it.
     kind: str
     argument: str | None = None
+    call_id: str | None = None  # a tool's, sent by a traced agent
 
 
 class NeMoGymServerMiddleware:
@@ -707,7 +846,7 @@ class NeMoGymServerMiddleware:
         self.server_name = server_name
         self.model = model
 
-    def _phase(self, method: str, path: str, rooted: bool) -> _Phase:
+    def _phase(self, method: str, path: str, rooted: bool, call_id: str | None = None) -> _Phase:
         kind = self.server_type
         if path == _RUN and not rooted:
             return _Phase("root")
@@ -718,7 +857,7 @@ class NeMoGymServerMiddleware:
                 return _Phase("verify")
             name = path.strip("/")
             if name and "/" not in name and name not in ("aggregate_metrics", "close_session", "run"):
-                return _Phase("tool", name)
+                return _Phase("tool", name, call_id)
         if kind == "responses_api_models" and path in _MODEL_PATHS:
             return _Phase("model", self.model)
         return _Phase("")
@@ -769,7 +908,16 @@ class NeMoGymServerMiddleware:
             if not identity:
                 found = None
         rooted = bool(identity) and found is None  # continued from a gym caller (baggage, headers)
-        phase = self._phase(scope.get("method", ""), path, rooted or found is None)
+        call_id = headers.get(c.NEMO_GYM_TOOL_CALL_HEADER)
+        phase = self._phase(scope.get("method", ""), path, rooted or found is None, call_id)
+        if (
+            phase.kind == ""
+            and self.server_type == "responses_api_agents"
+            and identity
+            and scope.get("method") == "POST"
+            and path in _AGENT_PATHS
+        ):
+            phase = _Phase("agent", self.server_name)
         if phase.kind == "root" and found is not None:
             # No scope continued: the rollout opens here. continue_scope with no identity still
             # takes the gym.* entries the extraction put into the baggage (issue 31).
@@ -787,17 +935,22 @@ class NeMoGymServerMiddleware:
 
         stack = ExitStack()
         scored = False
+        keep_body = False  # the response body is read: a reward, a model's usage
 
         async def capture(message: Any) -> None:
-            if message.get("type") == "http.response.start":
+            kind = message.get("type")
+            if kind == "http.response.start":
                 captured["status"] = message.get("status")
             elif (
-                scored and message.get("type") == "http.response.body" and len(captured["body"]) < _BODY_LIMIT
+                kind == "http.response.body"
+                and (keep_body or (captured["status"] or 0) >= 500)
+                and len(captured["body"]) < _BODY_LIMIT
             ):
                 captured["body"] += message.get("body", b"")
             await send(message)
 
         opened = False  # a span of this request's own: its status follows the response's
+        conversation: _Conversation | None = None
         try:
             stack.enter_context(instrumentation.use_tracer_provider(_provider))
             if root is not None and not _own_telemetry("rollout"):
@@ -808,17 +961,21 @@ class NeMoGymServerMiddleware:
                     )
                 )
                 stack.enter_context(gymtrace.episode(attempt=root.attempt))
-                scored = opened = True
+                scored = opened = keep_body = True
+                if self.server_type == "responses_api_agents":
+                    conversation = self._conversation(scope, own=True)
+            elif phase.kind == "agent":
+                conversation = self._conversation(scope, own=scope.get("path", "").endswith(_RUN))
             else:
                 own: Any = None
                 if phase.kind == "seed":
                     own = gymtrace.seed_session()
                 elif phase.kind == "verify" and not _own_telemetry("verify"):
-                    own, scored = gymtrace.verify(), True
+                    own, scored, keep_body = gymtrace.verify(), True, True
                 elif phase.kind == "model":
-                    own = gymtrace.model_call(model=phase.argument)
+                    own, keep_body = gymtrace.model_call(model=phase.argument), True
                 elif phase.kind == "tool":
-                    own = gymtrace.tool_call(tool_name=phase.argument)
+                    own = gymtrace.tool_call(tool_name=phase.argument, call_id=phase.call_id)
                 if own is not None:
                     stack.enter_context(own)
                     opened = True
@@ -828,21 +985,80 @@ class NeMoGymServerMiddleware:
             await self.app(scope, receive, send)
             return
         with stack:
-            await self.app(scope, receive, capture if opened else send)
+            token = _conversation.set(conversation) if conversation is not None else None
+            try:
+                await self.app(scope, receive, capture if opened or conversation else send)
+            finally:
+                if token is not None:
+                    _conversation.reset(token)
+                    status = captured["status"] or 500
+                    with instrumentation.guard("gymtrace.integrations.nemo_gym agent response"):
+                        # Its own invocation ends here; one it continued, only its turn and step.
+                        failed = status if status >= 500 else None
+                        if conversation is not None and conversation.own:
+                            conversation.invocation.close(failed)
+                        elif conversation is not None:
+                            conversation.invocation.end_step(failed)
+            if not opened:
+                return
             with instrumentation.guard("gymtrace.integrations.nemo_gym response"):
                 status = captured["status"] or 500
+                body = captured["body"]
                 if status >= 500 and root is not None and scored:
                     gymtrace.record_failure(message=f"/run answered HTTP {status}")
-                elif status >= 500 and opened:
+                elif status >= 500:
                     # The handler's exception became a 500 inside the app: the phase still failed.
                     frame = instrumentation.innermost_scope()
                     if frame is not None:
-                        frame.span.set_status(Status(StatusCode.ERROR, f"HTTP {status}"))
+                        _record_server_error(frame.span, status, body)
+                elif phase.kind == "model" and status < 400 and body:
+                    frame = instrumentation.innermost_scope()
+                    if frame is not None and frame.span is not None:
+                        frame.span.set_attributes(_usage_attributes(json.loads(body)))
                 elif scored and status < 400:
-                    body = captured["body"]
                     reward = _reward_of(json.loads(body)) if body else None
                     if reward is not None:
                         gymtrace.record_reward(reward)
+
+    def _conversation(self, scope: Any, *, own: bool) -> _Conversation:
+        """The conversation an agent's ``/run`` or ``/v1/responses`` request is: a ``/v1/responses``
+        posted by this agent's own ``/run`` continues that invocation (found by its trace)."""
+        invocation = None
+        if not own:
+            span = otel_context.get_current()
+            from opentelemetry import trace
+
+            trace_id = trace.get_current_span(span).get_span_context().trace_id
+            invocation = _invocations.get(trace_id)
+            if invocation is not None:
+                return _Conversation(invocation, False, self.server_name)
+        invocation = _Invocation(self.server_name, instrumentation.get_tracer(_provider))
+        return _Conversation(invocation, True, self.server_name)
+
+
+_EXCEPTION_REPR = re.compile(r"([A-Za-z_][A-Za-z0-9_.]*)\((.*)\)", re.DOTALL)
+
+
+def _record_server_error(span: Any, status: int, body: bytes) -> None:
+    """A phase answered HTTP 5xx: its span failed, with the exception NeMo Gym caught when its
+    answer says which (its servers answer ``repr(exception)`` as a JSON string)."""
+    if span is None:
+        return
+    text: Any = None
+    try:
+        text = json.loads(body) if body else None
+    except ValueError:
+        text = None
+    match = _EXCEPTION_REPR.fullmatch(text.strip()) if isinstance(text, str) else None
+    if match is None:
+        span.set_status(Status(StatusCode.ERROR, f"HTTP {status}"))
+        return
+    error_type, message = match.group(1), match.group(2)
+    if len(message) >= 2 and message[0] == message[-1] and message[0] in "'\"":
+        message = message[1:-1]  # a one-argument exception's repr quotes its message
+    span.set_status(Status(StatusCode.ERROR, f"{error_type}: {message}"[:1024]))
+    span.set_attribute(c.ERROR_TYPE, error_type)
+    span.add_event(c.EXCEPTION_EVENT, {c.EXCEPTION_TYPE: error_type, c.EXCEPTION_MESSAGE: message[:4096]})
 
 
 def _add_middleware(wrapped: Any, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
@@ -864,6 +1080,300 @@ def _add_middleware(wrapped: Any, instance: Any, args: tuple[Any, ...], kwargs: 
             model=model if isinstance(model, str) else None,
         )
     return result
+
+
+# -- below the episode: the agent's invocation, its turns and steps --------------------------------------
+#
+# NeMo Gym's own boundary (simple_agent's TrajectoryTurn): one turn per model response. An agent
+# server's `/run` (and a `/v1/responses` conversation nobody opened an invocation for) is an
+# agent invocation; each model request it sends opens the next turn and its step, and the tool
+# requests that follow run in that step until the next model request, its `/verify`, or its end.
+# Everything is read from the requests the agent sends through NeMo Gym's one HTTP function, so any
+# agent that talks to NeMo Gym's model servers that way is covered, whatever its loop.
+
+
+class _Invocation:
+    """One agent invocation in an agent server: its span, and its turn and step in progress."""
+
+    __slots__ = ("agent", "calls", "frame", "scope", "step", "trace_id", "tracer", "turn", "turns")
+
+    def __init__(self, agent: str | None, tracer: Any) -> None:
+        self.agent = agent
+        self.tracer = tracer
+        self.scope: Any = None
+        self.frame: Any = None
+        self.trace_id = 0
+        self.turns = 0
+        self.turn: tuple[Any, Any] | None = None
+        self.step: tuple[Any, Any] | None = None
+        # The function calls the last model response asked for, (name, call ID), not yet sent.
+        self.calls: list[tuple[str, str]] = []
+
+    def open(self) -> otel_context.Context | None:
+        """The invocation's context, its span started in the current context the first time."""
+        import gymtrace
+
+        if self.frame is None:
+            self.scope = (
+                gymtrace.agent_invocation(agent_name=self.agent)
+                if self.agent
+                else gymtrace.agent_invocation()
+            )
+            self.frame = instrumentation.start_scope(self.scope, self.tracer)
+            if self.frame is None:
+                return None
+            span = self.frame.span
+            if span is not None:
+                self.trace_id = span.get_span_context().trace_id
+                _invocations[self.trace_id] = self
+        context: otel_context.Context | None = self.frame.context
+        return context
+
+    def next_step(self, parent: otel_context.Context | None) -> otel_context.Context | None:
+        """A model request is about to go: end the step in progress, start the next turn and step
+        (in ``parent``, default the current context); the step's context."""
+        import gymtrace
+
+        self.end_step()
+        self.turns += 1
+        number = self.turns
+        token = otel_context.attach(parent) if parent is not None else None
+        try:
+            turn_scope = gymtrace.turn(number=number)
+            turn = instrumentation.start_scope(turn_scope, self.tracer)
+            if turn is None:
+                return None
+            self.turn = (turn_scope, turn)
+            if turn.context is None:
+                return None
+        finally:
+            if token is not None:
+                otel_context.detach(token)
+        token = otel_context.attach(turn.context)
+        try:
+            step_scope = gymtrace.step(number=number)
+            step = instrumentation.start_scope(step_scope, self.tracer)
+        finally:
+            otel_context.detach(token)
+        if step is None:
+            return turn.context
+        self.step = (step_scope, step)
+        return step.context
+
+    def step_context(self) -> otel_context.Context | None:
+        return self.step[1].context if self.step is not None else None
+
+    def take_call(self, tool: str) -> str | None:
+        """The call ID of the first pending function call named ``tool`` (removed)."""
+        for index, (name, call_id) in enumerate(self.calls):
+            if name == tool:
+                del self.calls[index]
+                return call_id
+        return None
+
+    def end_step(self, failed: int | None = None) -> None:
+        for pair in (self.step, self.turn):
+            if pair is not None:
+                if failed is not None and pair[1].span is not None:
+                    pair[1].span.set_status(Status(StatusCode.ERROR, f"HTTP {failed}"))
+                instrumentation.end_scope(pair[0], pair[1])
+        self.step = self.turn = None
+        self.calls = []
+
+    def close(self, failed: int | None = None) -> None:
+        self.end_step(failed)
+        if self.frame is not None:
+            _invocations.pop(self.trace_id, None)
+            if failed is not None and self.frame.span is not None:
+                self.frame.span.set_status(Status(StatusCode.ERROR, f"HTTP {failed}"))
+            instrumentation.end_scope(self.scope, self.frame)
+            self.frame = None
+
+
+class _Conversation(NamedTuple):
+    """An agent server's request in progress that talks to models: ``/run`` (``own``: its
+    invocation opens at its first model or tool request and ends at its ``/verify``) or
+    ``/v1/responses`` (turns open in its own context, under the invocation that called it)."""
+
+    invocation: _Invocation
+    own: bool
+    agent: str | None
+
+
+_conversation: contextvars.ContextVar[_Conversation | None] = contextvars.ContextVar(
+    "gymtrace_nemo_gym_conversation", default=None
+)
+# Set while ServerClient sends a request the conversation already placed (NeMo Gym's HTTP function
+# then places nothing again).
+_routed: contextvars.ContextVar[bool] = contextvars.ContextVar("gymtrace_nemo_gym_routed", default=False)
+# The open invocations of this process by trace: an agent's `/run` that posts to its own
+# `/v1/responses` (simple_agent) continues its invocation there, one per rollout trace.
+_invocations: dict[int, _Invocation] = {}
+_AGENT_PATHS = (_RUN, "/v1/responses")
+
+
+def _target_kind(client: Any, server_name: Any) -> str:
+    """``responses_api_models``, ``resources_servers``, ... for a server ``ServerClient`` knows."""
+    try:
+        entry = client.global_config_dict.get(server_name)
+        for kind in (
+            "responses_api_models",
+            "resources_servers",
+            "responses_api_agents",
+            "environment_servers",
+        ):
+            if kind in entry:
+                return kind
+    except Exception:  # noqa: BLE001 - an unknown server: no kind
+        pass
+    return ""
+
+
+def _function_calls(body: Any) -> list[tuple[str, str]]:
+    """The (name, call ID) of each function call a Responses API or chat completions body asks for."""
+    calls: list[tuple[str, str]] = []
+    if not isinstance(body, Mapping):
+        return calls
+    for item in body.get("output") or ():
+        if isinstance(item, Mapping) and item.get("type") == "function_call":
+            name, call_id = item.get("name"), item.get("call_id")
+            if isinstance(name, str) and isinstance(call_id, str):
+                calls.append((name, call_id))
+    for choice in body.get("choices") or ():
+        message = choice.get("message") if isinstance(choice, Mapping) else None
+        for call in (message.get("tool_calls") or ()) if isinstance(message, Mapping) else ():
+            function = call.get("function") if isinstance(call, Mapping) else None
+            name = function.get("name") if isinstance(function, Mapping) else None
+            call_id = call.get("id") if isinstance(call, Mapping) else None
+            if isinstance(name, str) and isinstance(call_id, str):
+                calls.append((name, call_id))
+    return calls
+
+
+def _usage_attributes(body: Any) -> dict[str, Any]:
+    """GenAI attributes of a Responses API or chat completions response body: tokens (input,
+    output, cached, reasoning), response ID, finish reasons, the tool call IDs it asks for."""
+    out: dict[str, Any] = {}
+    if not isinstance(body, Mapping):
+        return out
+    response_id, model = body.get("id"), body.get("model")
+    if isinstance(response_id, str):
+        out[c.GEN_AI_RESPONSE_ID] = response_id
+    if isinstance(model, str):
+        out[c.GEN_AI_RESPONSE_MODEL] = model
+    usage = body.get("usage")
+    if isinstance(usage, Mapping):
+        responses_api = "input_tokens" in usage
+        pairs = (
+            (c.GEN_AI_USAGE_INPUT_TOKENS, "input_tokens" if responses_api else "prompt_tokens", None),
+            (c.GEN_AI_USAGE_OUTPUT_TOKENS, "output_tokens" if responses_api else "completion_tokens", None),
+            (
+                c.GEN_AI_USAGE_CACHE_READ_INPUT_TOKENS,
+                "input_tokens_details" if responses_api else "prompt_tokens_details",
+                "cached_tokens",
+            ),
+            (
+                c.GEN_AI_USAGE_REASONING_OUTPUT_TOKENS,
+                "output_tokens_details" if responses_api else "completion_tokens_details",
+                "reasoning_tokens",
+            ),
+        )
+        for attribute, key, inner in pairs:
+            value = usage.get(key)
+            if inner is not None:
+                value = value.get(inner) if isinstance(value, Mapping) else None
+            if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
+                out[attribute] = value
+    reasons: list[str] = []
+    if isinstance(body.get("output"), list):  # Responses API: a status, and why it is incomplete
+        details = body.get("incomplete_details")
+        reason = details.get("reason") if isinstance(details, Mapping) else None
+        if isinstance(reason, str):
+            reasons.append(reason)
+        elif any(isinstance(i, Mapping) and i.get("type") == "function_call" for i in body["output"]):
+            reasons.append("tool_calls")
+        elif body.get("status") == "completed":
+            reasons.append("stop")
+    for choice in body.get("choices") or ():
+        reason = choice.get("finish_reason") if isinstance(choice, Mapping) else None
+        if isinstance(reason, str):
+            reasons.append(reason)
+    if reasons:
+        out[c.GEN_AI_RESPONSE_FINISH_REASONS] = reasons
+    call_ids = [call_id for _, call_id in _function_calls(body)]
+    if call_ids:
+        out[c.GEN_AI_RESPONSE_TOOL_CALL_IDS] = call_ids
+    return out
+
+
+def _mark_request(invocation: _Invocation, context: otel_context.Context, server: str) -> None:
+    """A live marker for the request about to go out: the rollout's step, and the server it now
+    waits on (what ``gymtrace live`` names when the rollout hangs there)."""
+    tracer = invocation.tracer
+    identity = instrumentation.current_identity(context)
+    if tracer is None or c.ROLLOUT_ID not in identity:
+        return
+    attributes: dict[str, Any] = {
+        **identity,
+        c.KIND: c.KIND_LIVE,
+        c.LIVE_EVENT: c.LIVE_EVENT_STEP,
+        c.LIVE_STEP: invocation.turns,
+        c.LIVE_SERVER: server,
+    }
+    tracer.start_span(c.SPAN_LIVE, context=context, attributes=attributes).end()
+
+
+async def _agent_request(
+    wrapped: Any,
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+    conversation: _Conversation,
+    target: str,
+    own: bool,
+    path: str,
+    server: str = "",
+) -> Any:
+    """One request an agent sends inside a conversation, in the turn, step or phase it belongs to."""
+    invocation = conversation.invocation
+    context: otel_context.Context | None = None
+    model = False
+    try:
+        if path in (_SEED, _VERIFY, "/aggregate_metrics"):
+            # The episode's phases, beside the invocation: it ends where verification starts.
+            if path == _VERIFY and conversation.own:
+                invocation.close()
+        elif own:
+            context = invocation.open()  # simple_agent's /run posting to its own /v1/responses
+        elif target == "responses_api_models" and path in _MODEL_PATHS:
+            parent = invocation.open() if conversation.own else None
+            context = invocation.next_step(parent)
+            model = True
+        else:  # a tool, in the step of the model response that asked for it
+            if conversation.own:
+                invocation.open()
+            context = invocation.step_context() or (invocation.open() if conversation.own else None)
+            call_id = invocation.take_call(path.rsplit("/", 1)[-1])
+            if call_id is not None:
+                given = kwargs.get("headers")
+                kwargs["headers"] = {**(dict(given) if given else {}), c.NEMO_GYM_TOOL_CALL_HEADER: call_id}
+        if context is not None and (model or invocation.step is not None):
+            _mark_request(invocation, context, server)
+    except Exception as exc:  # noqa: BLE001 - telemetry must not break the request
+        instrumentation.report_error("gymtrace.integrations.nemo_gym agent request", exc)
+        context = None
+    token = otel_context.attach(context) if context is not None else None
+    routed = _routed.set(True)
+    try:
+        response = await wrapped(*args, **kwargs)
+    finally:
+        _routed.reset(routed)
+        if token is not None:
+            otel_context.detach(token)
+    if model:
+        with instrumentation.guard("gymtrace.integrations.nemo_gym model response"):
+            if response.status < 400:
+                invocation.calls = _function_calls(await _read_response(response))
+    return response
 
 
 # -- switching it on -------------------------------------------------------------------------------------
