@@ -315,6 +315,14 @@ def test_a_traced_run_is_nemo_gyms_rollouts_one_trace_each_across_services(stack
         assert {"gym-eval-run", "example_single_tool_call", "policy_model"} <= names, (rollout_id, names)
 
 
+def _caller(span: Any, by_id: dict[str, Any]) -> Any:
+    """The nearest ancestor of ``span`` in another service: the span that sent its request."""
+    parent = by_id[span.parent_id]
+    while parent.service == span.service:
+        parent = by_id[parent.parent_id]
+    return parent
+
+
 def _gym_parent(span: Any, by_id: dict[str, Any]) -> Any:
     """The nearest ancestor of ``span`` that is a gym span (HTTP spans between are skipped)."""
     parent = by_id.get(span.parent_id) if span.parent_id else None
@@ -382,21 +390,25 @@ def test_a_multi_step_rollout_reads_agent_invocation_turns_steps_with_tokens_nes
                 assert tool.service == f"{MULTI_STEP}_resources_server"
         assert tools_per_step == [1, 2, 1, 0], label
 
-        # Nesting follows the calls: every server-side gym span's parent is the span in the
-        # calling process that sent the request (its client span where an HTTP client
-        # instrumentation makes one; none is installed here, so the caller's span in force).
+        # Nesting follows the calls: above every server's span (and its own HTTP server span) is
+        # the span of the process that sent the request (its client span where an HTTP client
+        # instrumentation makes one; none is installed here, so the caller's span in force): the
+        # environment server called the agent, the agent every other server, each model call
+        # from its step.
+        assert _caller(invocation, by_id).service == "example_multi_step_environment_server"
         for span in [*kinds["model_call"], *kinds["tool_call"], *kinds["seed_session"], *kinds["verify"]]:
-            parent = by_id[span.parent_id]
-            assert parent.service == MULTI_STEP_AGENT != span.service, (span.name, parent.name)
+            assert _caller(span, by_id).service == MULTI_STEP_AGENT, span.name
         for span in kinds["model_call"]:
-            assert by_id[span.parent_id].attributes.get("gym.kind") == "step"
+            assert _caller(span, by_id).attributes.get("gym.kind") == "step"
         (verify,) = kinds["verify"]
         (seed,) = kinds["seed_session"]
         assert _gym_parent(verify, by_id) is episode and _gym_parent(seed, by_id) is episode
 
     check = stack.cli("check", str(stack.traces))
     assert check.returncode == 0 and check.stdout.startswith("OK:"), check.stdout + check.stderr
-    tree = stack.cli("tree", str(stack.traces), "--rollout", "0-0", "--run", run_id)
+    (first,) = [r for r in roots if r.attributes["gym.rollout.id"] == "0-0"]
+    tree = stack.cli("tree", str(stack.traces), "--trace", first.trace_id)
+    assert tree.returncode == 0, tree.stderr
     ARTIFACTS.mkdir(exist_ok=True)
     (ARTIFACTS / "nemo_gym_multi_step_rollout_tree.txt").write_text(tree.stdout + tree.stderr)
 

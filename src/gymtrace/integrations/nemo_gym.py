@@ -59,6 +59,7 @@ from time import time_ns
 from typing import Any, NamedTuple
 
 from opentelemetry import context as otel_context
+from opentelemetry import trace
 from opentelemetry.trace import Status, StatusCode
 
 from gymtrace import attributes as c
@@ -886,7 +887,14 @@ class NeMoGymServerMiddleware:
         headers: dict[str, str] = {}
         for name, value in scope.get("headers") or ():
             headers.setdefault(bytes(name).decode("latin-1").lower(), bytes(value).decode("latin-1"))
-        ctx = propagate.extract(headers)
+        current = otel_context.get_current()
+        if trace.get_current_span(current).get_span_context().is_valid:
+            # An HTTP server span outside this middleware (FastAPI's own telemetry, the contrib
+            # instrumentation) already continued the caller: the server's spans go under it, so
+            # the nesting follows the calls.
+            ctx = current
+        else:
+            ctx = propagate.extract(headers)
         identity = instrumentation.incoming_identity(headers.get("baggage")) or identity_from_headers(headers)
         path = scope.get("path", "")
         key = None
@@ -1025,10 +1033,7 @@ class NeMoGymServerMiddleware:
         posted by this agent's own ``/run`` continues that invocation (found by its trace)."""
         invocation = None
         if not own:
-            span = otel_context.get_current()
-            from opentelemetry import trace
-
-            trace_id = trace.get_current_span(span).get_span_context().trace_id
+            trace_id = trace.get_current_span().get_span_context().trace_id
             invocation = _invocations.get(trace_id)
             if invocation is not None:
                 return _Conversation(invocation, False, self.server_name)

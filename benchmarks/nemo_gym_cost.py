@@ -1,0 +1,234 @@
+"""CPU per rollout of the real NeMo Gym 0.7.0 stack, untraced vs traced by gymtrace, side by side.
+
+Run in the NeMo Gym venv ``scripts/test`` builds (about 10 minutes on a 2-core machine)::
+
+    .venv-nemo/bin/python benchmarks/nemo_gym_cost.py [--server example_multi_step] [--limit 5]
+        [--repeats 4] [--rounds 3]
+
+Two stacks run at once against one instant fake Responses API upstream
+(tests/support/fake_responses_upstream.py): ``gym env start`` plain, and under
+``opentelemetry-instrument`` with ``GYMTRACE_FILE=DIR/``. Each round runs ``gym eval run`` over the
+same tasks on each (plain driver on the plain stack, instrumented driver on the traced one), in
+alternating order, and takes the CPU time (user + system) of the driver (its rusage) and of every
+process of the stack (servers, Ray, ``gym env start``; psutil, before and after). Printed: CPU ms
+per rollout for each side, their ratio, and the traced side's spans per rollout; the median over
+rounds. Nothing here asserts a time: the machine is shared and absolute times drift.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import nemo_gym
+import psutil
+
+BIN = Path(sys.executable).parent
+PACKAGES = Path(nemo_gym.__file__).resolve().parent.parent
+UPSTREAM = Path(__file__).resolve().parent.parent / "tests" / "support" / "fake_responses_upstream.py"
+KINDS = ("resources_servers", "responses_api_agents/simple_agent", "environment_servers/legacy_agent")
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+class Side:
+    def __init__(self, root: Path, server: str, upstream_port: str, traced: bool) -> None:
+        self.root, self.traced = root, traced
+        self.head = f"++head_server.port={_free_port()}"
+        self.traces = root / "traces"
+        for kind in (f"resources_servers/{server}", *KINDS[1:], "responses_api_models/openai_model"):
+            (root / "venvs" / kind).mkdir(parents=True, exist_ok=True)
+            link = root / "venvs" / kind / ".venv"
+            if not link.exists():
+                link.symlink_to(sys.prefix)
+        self.env = {
+            k: v
+            for k, v in os.environ.items()
+            if not k.startswith(("GYMTRACE_", "OTEL_")) and k != "PYTHONPATH"
+        }
+        self.env.update(
+            {"PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}", "RAY_USAGE_STATS_ENABLED": "0"}
+        )
+        if traced:
+            self.env.update(
+                {
+                    "GYMTRACE_FILE": f"{self.traces}/",
+                    "OTEL_TRACES_EXPORTER": "none",
+                    "OTEL_METRICS_EXPORTER": "none",
+                    "OTEL_LOGS_EXPORTER": "none",
+                }
+            )
+        prefix = [str(BIN / "opentelemetry-instrument")] if traced else []
+        command = [
+            *prefix,
+            str(BIN / "gym"),
+            "env",
+            "start",
+            "--resources-server",
+            server,
+            "--model-type",
+            "openai_model",
+            "--model",
+            "fake-model",
+            "--model-url",
+            f"http://127.0.0.1:{upstream_port}/v1",
+            "--model-api-key",
+            "not-a-key",
+            "+skip_venv_if_present=true",
+            f"+uv_venv_dir={root / 'venvs'}",
+            self.head,
+        ]
+        self.log = root / "env_start.log"
+        with open(self.log, "wb") as out:
+            self.process = subprocess.Popen(
+                command, cwd=root, env=self.env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
+            )
+
+    def wait_ready(self, timeout: float = 400) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if "servers ready" in self.log.read_text(errors="replace"):
+                return
+            if self.process.poll() is not None:
+                break
+            time.sleep(1)
+        raise SystemExit(f"stack did not start:\n{self.log.read_text(errors='replace')[-3000:]}")
+
+    def stack_cpu(self) -> float:
+        processes = [psutil.Process(self.process.pid)]
+        processes += processes[0].children(recursive=True)
+        total = 0.0
+        for process in processes:
+            try:
+                times = process.cpu_times()
+                total += times.user + times.system + times.children_user + times.children_system
+            except psutil.Error:
+                pass
+        return total
+
+    def run(self, name: str, agent: str, data: Path, limit: int, repeats: int) -> tuple[float, int]:
+        """CPU seconds of one ``gym eval run`` (driver + stack) and the rollouts it wrote."""
+        output = self.root / name / "rollouts.jsonl"
+        prefix = [str(BIN / "opentelemetry-instrument")] if self.traced else []
+        command = [
+            *prefix,
+            str(BIN / "gym"),
+            "eval",
+            "run",
+            "--no-serve",
+            "--agent",
+            agent,
+            "--input",
+            str(data),
+            "--limit",
+            str(limit),
+            "--num-repeats",
+            str(repeats),
+            "--output",
+            str(output),
+            self.head,
+        ]
+        before = self.stack_cpu()
+        driver = subprocess.Popen(
+            command, cwd=self.root, env=self.env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+        )
+        _, status, usage = os.wait4(driver.pid, 0)
+        driver.returncode = os.waitstatus_to_exitcode(status)
+        if driver.returncode != 0:
+            raise SystemExit(
+                f"gym eval run failed ({driver.returncode}) on the {'traced' if self.traced else 'plain'} side"
+            )
+        time.sleep(1.0)  # the servers' exporters write on their schedule
+        cpu = usage.ru_utime + usage.ru_stime + self.stack_cpu() - before
+        rows = sum(1 for line in output.read_text().splitlines() if line.strip())
+        return cpu, rows
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            os.killpg(self.process.pid, signal.SIGTERM)
+            try:
+                self.process.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.process.pid, signal.SIGKILL)
+
+
+def _spans(traces: Path) -> int:
+    return sum(1 for f in traces.glob("*.jsonl") for line in f.read_text().splitlines() if line.strip())
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--server", default="example_multi_step")
+    parser.add_argument("--limit", type=int, default=5)
+    parser.add_argument("--repeats", type=int, default=4)
+    parser.add_argument("--rounds", type=int, default=3)
+    args = parser.parse_args()
+    agent = f"{args.server}_simple_agent"
+    data = PACKAGES / "resources_servers" / args.server / "data" / "example.jsonl"
+    with tempfile.TemporaryDirectory(prefix="nemo-cost-") as tmp:
+        root = Path(tmp)
+        port_file = root / "upstream.port"
+        upstream = subprocess.Popen(
+            [sys.executable, str(UPSTREAM), str(port_file), str(root / "headers.jsonl")],
+            start_new_session=True,
+        )
+        sides: list[Side] = []
+        try:
+            while not port_file.exists():
+                time.sleep(0.1)
+            port = port_file.read_text().strip()
+            for traced in (False, True):
+                (root / str(traced)).mkdir()
+                sides.append(Side(root / str(traced), args.server, port, traced))
+            for side in sides:
+                side.wait_ready()
+            plain, traced = sides
+            plain.run("warm", agent, data, 1, 1)
+            traced.run("warm", agent, data, 1, 1)
+            spans_before = _spans(traced.traces)
+            per: dict[bool, list[float]] = {False: [], True: []}
+            traced_rollouts = 0
+            for round_number in range(args.rounds):
+                order = sides if round_number % 2 == 0 else sides[::-1]
+                for side in order:
+                    cpu, rows = side.run(f"round-{round_number}", agent, data, args.limit, args.repeats)
+                    per[side.traced].append(cpu / rows * 1000)
+                    traced_rollouts += rows if side.traced else 0
+            time.sleep(2)
+            spans_per_rollout = (_spans(traced.traces) - spans_before) / max(traced_rollouts, 1)
+        finally:
+            for side in sides:
+                side.stop()
+            os.killpg(upstream.pid, signal.SIGTERM)
+    untraced_ms, traced_ms = statistics.median(per[False]), statistics.median(per[True])
+    print(
+        f"NeMo Gym {args.server} via simple_agent, {args.limit} tasks x {args.repeats} repeats, {args.rounds} rounds"
+    )
+    print(
+        f"  untraced: {untraced_ms:.1f} ms CPU per rollout (rounds: {', '.join(f'{v:.1f}' for v in per[False])})"
+    )
+    print(
+        f"  traced:   {traced_ms:.1f} ms CPU per rollout (rounds: {', '.join(f'{v:.1f}' for v in per[True])})"
+    )
+    print(
+        f"  ratio:    {traced_ms / untraced_ms:.2f}x; +{traced_ms - untraced_ms:.1f} ms per rollout;"
+        f" {spans_per_rollout:.1f} spans written per rollout"
+    )
+
+
+if __name__ == "__main__":
+    main()
