@@ -3,7 +3,7 @@
 Run in the NeMo Gym venv ``scripts/test`` builds (about 10 minutes on a 2-core machine)::
 
     .venv-nemo/bin/python benchmarks/nemo_gym_cost.py [--server example_multi_step] [--limit 5]
-        [--repeats 4] [--rounds 3]
+        [--repeats 4] [--rounds 3] [--gymtrace-src DIR]
 
 Two stacks run at once against one instant fake Responses API upstream
 (tests/support/fake_responses_upstream.py): ``gym env start`` plain, and under
@@ -44,7 +44,9 @@ def _free_port() -> int:
 
 
 class Side:
-    def __init__(self, root: Path, server: str, upstream_port: str, traced: bool) -> None:
+    def __init__(
+        self, root: Path, server: str, upstream_port: str, traced: bool, source: str | None = None
+    ) -> None:
         self.root, self.traced = root, traced
         self.head = f"++head_server.port={_free_port()}"
         self.traces = root / "traces"
@@ -61,6 +63,10 @@ class Side:
         self.env.update(
             {"PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}", "RAY_USAGE_STATS_ENABLED": "0"}
         )
+        if traced and source:
+            self.env["PYTHONPATH"] = (
+                source  # another gymtrace (an earlier commit's src/) before the installed one
+            )
         if traced:
             self.env.update(
                 {
@@ -176,6 +182,11 @@ def main() -> None:
     parser.add_argument("--limit", type=int, default=5)
     parser.add_argument("--repeats", type=int, default=4)
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument(
+        "--gymtrace-src",
+        help="trace with the gymtrace package in this src/ directory (say, `git archive` of an earlier"
+        " commit) instead of the installed one: the before of a before/after",
+    )
     args = parser.parse_args()
     agent = f"{args.server}_simple_agent"
     data = PACKAGES / "resources_servers" / args.server / "data" / "example.jsonl"
@@ -193,7 +204,7 @@ def main() -> None:
             port = port_file.read_text().strip()
             for traced in (False, True):
                 (root / str(traced)).mkdir()
-                sides.append(Side(root / str(traced), args.server, port, traced))
+                sides.append(Side(root / str(traced), args.server, port, traced, args.gymtrace_src))
             for side in sides:
                 side.wait_ready()
             plain, traced = sides

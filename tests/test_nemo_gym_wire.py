@@ -216,3 +216,32 @@ def test_check_names_a_server_that_took_part_in_a_rollout_but_left_no_span_in_it
     ]
     model = SpanData(trace, "e" * 16, "c" * 16, "chat m", 3, 4, {c.ROLLOUT_ID: "0-0"}, service="policy_model")
     assert missing_service_notes([rollout, marker, model]) == []
+
+
+def test_live_shows_the_step_a_rollout_is_in_and_the_server_its_request_waits_on() -> None:
+    from gymtrace._liveview import live_rollouts
+
+    trace = "4" * 32
+    now = 10 * 10**9
+    beat = {c.ROLLOUT_ID: "3-0", c.LIVE_INTERVAL: 1.0, c.EPISODE_ATTEMPT: 0}
+    driver = SpanData(
+        trace, "1" * 16, None, "gym.live", now - 10**8, now - 10**8,
+        {c.KIND: c.KIND_LIVE, c.LIVE_EVENT: c.LIVE_EVENT_HEARTBEAT, c.LIVE_STEP: 0, **beat},
+        service="gym-eval-run",
+    )  # fmt: skip
+    request = SpanData(
+        trace, "2" * 16, None, "gym.live", now - 5 * 10**8, now - 5 * 10**8,
+        {c.KIND: c.KIND_LIVE, c.LIVE_EVENT: c.LIVE_EVENT_STEP, c.LIVE_STEP: 2, c.LIVE_SERVER: "policy_model",
+         c.ROLLOUT_ID: "3-0"},
+        service="agent",
+    )  # fmt: skip
+    # The model server's HTTP plumbing ended after the request went out; its chat span did not.
+    plumbing = SpanData(trace, "3" * 16, None, "fastapi.dependencies", now - 4 * 10**8, now - 4 * 10**8, {})
+    (live,) = live_rollouts([driver, request, plumbing], now_ns=now)
+    assert (live.state, live.step, live.service) == ("running", 2, "policy_model")
+    answered = SpanData(
+        trace, "5" * 16, None, "chat m", now - 4 * 10**8, now - 3 * 10**8,
+        {c.KIND: c.KIND_MODEL_CALL, c.ROLLOUT_ID: "3-0"}, service="policy_model",
+    )  # fmt: skip
+    (live,) = live_rollouts([driver, request, plumbing, answered], now_ns=now)
+    assert (live.step, live.service) == (2, "gym-eval-run")

@@ -126,8 +126,13 @@ def _read(
         progress = max(progress, newest.end_ns)
         step = _int(newest.attributes.get(c.LIVE_STEP), step) or step
         server = newest.attributes.get(c.LIVE_SERVER)
-        if isinstance(server, str) and server and not any(s.end_ns > newest.end_ns for s in rest):
-            # Nothing of the rollout ended since that request went out: it hangs there.
+        if (
+            isinstance(server, str)
+            and server
+            and not any(s.end_ns > newest.end_ns and c.KIND in s.attributes for s in rest)
+        ):
+            # No gym span of the rollout ended since that request went out (the server's own HTTP
+            # plumbing may have): it hangs there.
             service, instance = server, ""
     seen = max(last.end_ns, progress)
     attempt = max(_int(s.attributes.get(c.EPISODE_ATTEMPT)) for s in [*markers, *rest])
