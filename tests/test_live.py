@@ -103,9 +103,13 @@ def test_a_hung_rollout_reads_stalled_at_its_step_a_busy_one_running_and_both_lo
     )
     assert {r["rollout_id"] for r in rows} == {"hangs", "busy"}
     assert time.monotonic() - killed < 3 * interval + 5  # three beats, plus the reader's own start-up
-    # The readers of finished traces see the finished rollout only, as if no marker was written.
+    # The readers of finished traces see the finished rollout as it ended, and the killed ones as
+    # lost (issue 32: a pass that died leaves its rollouts visible), never with an outcome.
     out = run_gymtrace("rollouts", str(trace_file), "--json", check=True)
-    assert [json.loads(line)["rollout_id"] for line in out.stdout.splitlines()] == ["finishes"]
+    outcomes = {r["rollout_id"]: r["outcome"] for r in map(json.loads, out.stdout.splitlines())}
+    assert set(outcomes) == {"finishes", "hangs", "busy"}
+    assert (outcomes["hangs"], outcomes["busy"]) == (c.OUTCOME_LOST, c.OUTCOME_LOST)
+    assert outcomes["finishes"] != c.OUTCOME_LOST
 
 
 def test_markers_are_folded_away_so_tree_check_and_rollouts_are_unchanged(heartbeat: float) -> None:
