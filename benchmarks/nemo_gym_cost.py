@@ -9,10 +9,11 @@ Two stacks run at once against one instant fake Responses API upstream
 (tests/support/fake_responses_upstream.py): ``gym env start`` plain, and under
 ``opentelemetry-instrument`` with ``GYMTRACE_FILE=DIR/``. Each round runs ``gym eval run`` over the
 same tasks on each (plain driver on the plain stack, instrumented driver on the traced one), in
-alternating order, and takes the CPU time (user + system) of the driver (its rusage) and of every
-process of the stack (servers, Ray, ``gym env start``; psutil, before and after). Printed: CPU ms
-per rollout for each side, their ratio, and the traced side's spans per rollout; the median over
-rounds. Nothing here asserts a time: the machine is shared and absolute times drift.
+alternating order, and takes the CPU time (user + system) of the driver (its rusage, start-up
+included) and of every process of the stack (servers, Ray, ``gym env start``; psutil, before and
+after). Printed: CPU ms per rollout for each side (driver and stack, then the stack alone, which
+leaves out the driver's start-up), their ratios, and the traced side's spans per rollout; the
+median over rounds. Nothing here asserts a time: the machine is shared and absolute times drift.
 """
 
 from __future__ import annotations
@@ -124,8 +125,8 @@ class Side:
                 pass
         return total
 
-    def run(self, name: str, agent: str, data: Path, limit: int, repeats: int) -> tuple[float, int]:
-        """CPU seconds of one ``gym eval run`` (driver + stack) and the rollouts it wrote."""
+    def run(self, name: str, agent: str, data: Path, limit: int, repeats: int) -> tuple[float, float, int]:
+        """CPU seconds of one ``gym eval run`` (driver, stack) and the rollouts it wrote."""
         output = self.root / name / "rollouts.jsonl"
         prefix = [str(BIN / "opentelemetry-instrument")] if self.traced else []
         command = [
@@ -157,9 +158,9 @@ class Side:
                 f"gym eval run failed ({driver.returncode}) on the {'traced' if self.traced else 'plain'} side"
             )
         time.sleep(1.0)  # the servers' exporters write on their schedule
-        cpu = usage.ru_utime + usage.ru_stime + self.stack_cpu() - before
+        stack = self.stack_cpu() - before
         rows = sum(1 for line in output.read_text().splitlines() if line.strip())
-        return cpu, rows
+        return usage.ru_utime + usage.ru_stime, stack, rows
 
     def stop(self) -> None:
         if self.process.poll() is None:
@@ -212,12 +213,16 @@ def main() -> None:
             traced.run("warm", agent, data, 1, 1)
             spans_before = _spans(traced.traces)
             per: dict[bool, list[float]] = {False: [], True: []}
+            servers: dict[bool, list[float]] = {False: [], True: []}
             traced_rollouts = 0
             for round_number in range(args.rounds):
                 order = sides if round_number % 2 == 0 else sides[::-1]
                 for side in order:
-                    cpu, rows = side.run(f"round-{round_number}", agent, data, args.limit, args.repeats)
-                    per[side.traced].append(cpu / rows * 1000)
+                    driver, stack, rows = side.run(
+                        f"round-{round_number}", agent, data, args.limit, args.repeats
+                    )
+                    per[side.traced].append((driver + stack) / rows * 1000)
+                    servers[side.traced].append(stack / rows * 1000)
                     traced_rollouts += rows if side.traced else 0
             time.sleep(2)
             spans_per_rollout = (_spans(traced.traces) - spans_before) / max(traced_rollouts, 1)
@@ -226,6 +231,7 @@ def main() -> None:
                 side.stop()
             os.killpg(upstream.pid, signal.SIGTERM)
     untraced_ms, traced_ms = statistics.median(per[False]), statistics.median(per[True])
+    plain_servers, traced_servers = statistics.median(servers[False]), statistics.median(servers[True])
     print(
         f"NeMo Gym {args.server} via simple_agent, {args.limit} tasks x {args.repeats} repeats, {args.rounds} rounds"
     )
@@ -234,6 +240,10 @@ def main() -> None:
     )
     print(
         f"  traced:   {traced_ms:.1f} ms CPU per rollout (rounds: {', '.join(f'{v:.1f}' for v in per[True])})"
+    )
+    print(
+        f"  stack alone (no driver start-up): untraced {plain_servers:.1f} ms, traced {traced_servers:.1f} ms"
+        f" per rollout, {traced_servers / plain_servers:.2f}x"
     )
     print(
         f"  ratio:    {traced_ms / untraced_ms:.2f}x; +{traced_ms - untraced_ms:.1f} ms per rollout;"
