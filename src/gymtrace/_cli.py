@@ -1,5 +1,5 @@
-"""The ``gymtrace`` command: ``demo``, ``tree``, ``check``, ``rollouts``, ``stats``, ``live``, ``import``
-and ``compare``.
+"""The ``gymtrace`` command: ``demo``, ``tree``, ``check``, ``rollouts``, ``stats``, ``live``, ``import``,
+``compare`` and ``push``.
 
 The only module that prints. ``demo-service`` serves one service of ``demo --distributed``, which
 starts them as processes.
@@ -184,6 +184,25 @@ def _add_records_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser
         help="refuse a verdict when the runs' unscored shares differ by more than PP points (default: 10)",
     )
     compare.add_argument("--pass-k", type=int, metavar="K", help="also give pass@K per task and run")
+    _add_push_parser(sub)
+
+
+def _add_push_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    push = sub.add_parser(
+        "push",
+        help="send trace files to MLflow or Arize Phoenix, each rollout's reward as their score (idempotent)",
+    )
+    push.add_argument("--backend", required=True, choices=("mlflow", "phoenix"), help="the server's kind")
+    push.add_argument(
+        "--endpoint", required=True, metavar="URL", help="its base URL, e.g. http://127.0.0.1:5000"
+    )
+    push.add_argument(
+        "--experiment",
+        default=_settings.DEFAULT_EXPERIMENT,
+        metavar="NAME",
+        help=f"MLflow experiment (created if missing) or Phoenix project (default: {_settings.DEFAULT_EXPERIMENT})",
+    )
+    push.add_argument("files", nargs="+", metavar="FILE|DIR", help="OTLP/JSON lines files or directories")
 
 
 def _add_reader_arguments(parser: argparse.ArgumentParser, what: str = "OTLP/JSON lines files") -> None:
@@ -245,6 +264,8 @@ def _main(argv: Sequence[str] | None) -> int:
             return _compare(args)
         if args.command == "live":
             return _live(args)
+        if args.command == "push":
+            return _push(args)
         return _check(args)
     except BrokenPipeError:
         raise  # an OSError, but not the input's: main() stops quietly
@@ -787,3 +808,34 @@ def _stats_line(run: RunStats, *, failed_as_zero: bool) -> str:
 
 if __name__ == "__main__":
     raise SystemExit(main())
+
+
+def _push(args: argparse.Namespace) -> int:
+    from gymtrace._export_backends import BackendError, NotYet, client, push
+
+    spans = _read_files(args.files)
+    if not spans:
+        print("gymtrace push: no spans in the files given", file=sys.stderr)
+        return 1
+    target = client(args.backend, args.endpoint, args.experiment)
+    try:
+        result = push(target, spans)
+    except BackendError as exc:
+        print(f"gymtrace push: {exc}", file=sys.stderr)
+        return 2
+    except NotYet as exc:
+        print(
+            f"gymtrace push: {target.where()} cannot be reached or has not stored the spans ({exc}): start"
+            " it, check --endpoint, and push again (pushing twice changes nothing)",
+            file=sys.stderr,
+        )
+        return 2
+    except ImportError as exc:
+        print(f"gymtrace push: needs gymtrace[sdk] (the OTLP protobuf messages): {exc}", file=sys.stderr)
+        return 2
+    where = f"experiment {args.experiment!r}" if args.backend == "mlflow" else f"project {args.experiment!r}"
+    print(
+        f"pushed {result.spans} spans, {result.rollouts} rollouts ({result.scored} with a reward) of"
+        f" run(s) {', '.join(result.runs) or '-'} to {target.where()}, {where}"
+    )
+    return 0

@@ -319,3 +319,26 @@ STEP_KEPT: Final = "gym.step.kept"
 STEP_KEPT_FIRST: Final = "first"
 STEP_KEPT_SLOWEST: Final = "slowest"
 STEP_KEPT_RAISED: Final = "raised"
+
+# -- backends (GYMTRACE_BACKEND=mlflow|phoenix, gymtrace push; _export_backends.py) -----------------
+# The names MLflow 3 and Arize Phoenix read from OTLP spans, and the score gymtrace gives them.
+SCORE_REWARD: Final = "reward"  # the MLflow assessment / Phoenix span annotation of a rollout's reward
+SCORE_SOURCE: Final = "gymtrace"  # its MLflow source_id and Phoenix identifier: one score per rollout
+SCORE_ATTEMPT: Final = "gym.rollout.attempt"  # score metadata: the attempt the reward is from
+# MLflow: span type, trace tags (a root span's "mlflow.traceTag.<key>" attributes), trace name,
+# session (any span's session.id becomes the trace's mlflow.trace.session metadata).
+MLFLOW_SPAN_TYPE: Final = "mlflow.spanType"
+MLFLOW_TRACE_TAG_PREFIX: Final = "mlflow.traceTag."
+MLFLOW_TRACE_NAME: Final = "mlflow.traceName"
+MLFLOW_EXPERIMENT_HEADER: Final = "x-mlflow-experiment-id"
+MLFLOW_RUN_HEADER: Final = "x-mlflow-run-id"
+# The MLflow run of a gym run: its tag, and the metrics logged when the gym run ends.
+MLFLOW_RUN_METRIC_SCORED: Final = "gym.rollouts.scored"
+MLFLOW_RUN_METRIC_UNSCORED: Final = "gym.rollouts.unscored"
+MLFLOW_RUN_METRIC_PENDING: Final = "gym.rollouts.pending"
+MLFLOW_RUN_METRIC_MEAN_REWARD: Final = "gym.reward.mean"
+# OpenInference (Phoenix): span kind, session, metadata (a JSON object), project (a resource attribute).
+OPENINFERENCE_SPAN_KIND: Final = "openinference.span.kind"
+OPENINFERENCE_PROJECT: Final = "openinference.project.name"
+SESSION_ID: Final = "session.id"
+OPENINFERENCE_METADATA: Final = "metadata"

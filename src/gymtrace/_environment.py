@@ -109,6 +109,19 @@ on the thread; ``process`` uses a child process from the start, fed with plain r
 pipe, which takes the export's CPU, and the cost of the export thread itself, off the
 application's process (see docs/performance.md). Argument: ``configure(encoder=...)``."""
 
+GYMTRACE_BACKEND: Final = "GYMTRACE_BACKEND"
+"""Which server the OTLP exporter talks to: ``otlp`` (default: a Collector or anything that speaks
+OTLP), ``mlflow`` (an MLflow 3 tracking server) or ``phoenix`` (Arize Phoenix). ``mlflow`` and
+``phoenix`` send OTLP/HTTP protobuf to ``{OTEL_EXPORTER_OTLP_ENDPOINT}/v1/traces`` whatever the
+protocol setting, map the spans so the server's own UI and search understand them, and send each
+scored rollout's reward as the server's score named ``reward`` (docs/integrations/backends.md).
+Argument: ``configure(backend=...)``."""
+
+GYMTRACE_EXPERIMENT: Final = "GYMTRACE_EXPERIMENT"
+"""The MLflow experiment (created if missing) or the Phoenix project the traces go to, with
+``GYMTRACE_BACKEND`` set to ``mlflow`` or ``phoenix``. Default ``gymtrace``. Argument:
+``configure(experiment=...)``."""
+
 GYMTRACE_ENCODER_CONFIG: Final = "_GYMTRACE_ENCODER_CONFIG"
 """Not a setting: how gymtrace hands its encoder process the exporter to build (JSON, headers
 included). An environment variable and not an argument: a process's arguments are readable by

@@ -94,6 +94,14 @@ DEFAULT_CONTENT_MAX_VALUE_BYTES: Final = 16 * 1024
 DEFAULT_CONTENT_MAX_SPAN_BYTES: Final = 32 * 1024
 
 
+# GYMTRACE_BACKEND: which server the OTLP exporter talks to (_export_backends.py).
+BACKEND_OTLP: Final = "otlp"
+BACKEND_MLFLOW: Final = "mlflow"
+BACKEND_PHOENIX: Final = "phoenix"
+BACKENDS: Final = (BACKEND_OTLP, BACKEND_MLFLOW, BACKEND_PHOENIX)
+DEFAULT_EXPERIMENT: Final = "gymtrace"
+
+
 @dataclass(frozen=True)
 class Settings:
     """gymtrace's resolved settings; replaced whole, so a reader never sees half an update."""
@@ -114,6 +122,8 @@ class Settings:
     max_export_batch_size: int = DEFAULT_MAX_EXPORT_BATCH_SIZE
     schedule_delay: float = DEFAULT_SCHEDULE_DELAY
     encoder: str = ENCODER_AUTO
+    backend: str = BACKEND_OTLP  # GYMTRACE_BACKEND: which server the OTLP exporter talks to
+    experiment: str = DEFAULT_EXPERIMENT  # GYMTRACE_EXPERIMENT: MLflow experiment or Phoenix project
     step_policy: str = c.STEPS_POLICY_ALL
     # GYMTRACE_STEP_POLICY holds a valid policy: chosen, so it applies to the integrations too.
     step_policy_chosen: bool = False
@@ -292,6 +302,8 @@ def resolve(
     console: bool | None = None,
     service_name: str | None = None,
     encoder: str | None = None,
+    backend: str | None = None,
+    experiment: str | None = None,
     overrides: Mapping[str, Any] | None = None,
     environ: Mapping[str, str] | None = None,
     lenient: bool = False,
@@ -332,6 +344,20 @@ def resolve(
             f"gymtrace.configure(): argument 'service_name' must be a non-empty string, got {service_name!r}"
         )
 
+    if backend is not None and backend not in BACKENDS:
+        raise InvalidArgumentError(
+            f"gymtrace.configure(): argument 'backend' must be one of {BACKENDS}, got {backend!r:.80}"
+        )
+    if experiment is not None and (not isinstance(experiment, str) or not experiment.strip()):
+        raise InvalidArgumentError(
+            f"gymtrace.configure(): argument 'experiment' must be a non-empty string, got {experiment!r:.80}"
+        )
+    backend = backend or read.choice(env.GYMTRACE_BACKEND, BACKENDS, BACKEND_OTLP)
+    experiment = experiment or (read.raw(env.GYMTRACE_EXPERIMENT) or "").strip() or DEFAULT_EXPERIMENT
+    if backend != BACKEND_OTLP:
+        # MLflow takes OTLP over HTTP only, Phoenix's HTTP protobuf only: the backend decides.
+        protocol = "http/protobuf"
+
     wanted = {
         name.strip().lower() for name in environ.get(env.OTEL_TRACES_EXPORTER, "").split(",") if name.strip()
     }
@@ -355,7 +381,7 @@ def resolve(
         resolved_endpoint = None
 
     exporters: list[str] = []
-    if resolved_endpoint is not None or "otlp" in wanted:
+    if resolved_endpoint is not None or "otlp" in wanted or backend != BACKEND_OTLP:
         exporters.append("otlp")
     if console if console is not None else "console" in wanted:
         exporters.append("console")
@@ -435,6 +461,8 @@ def resolve(
         schedule_delay=read.number(env.OTEL_BSP_SCHEDULE_DELAY, DEFAULT_SCHEDULE_DELAY * 1000, minimum=0)
         / 1000,
         encoder=encoder or read.choice(env.GYMTRACE_ENCODER, ENCODERS, ENCODER_AUTO),
+        backend=backend,
+        experiment=experiment,
         step_policy=read.choice(env.GYMTRACE_STEP_POLICY, STEP_POLICIES, c.STEPS_POLICY_ALL),
         step_policy_chosen=read.given(env.GYMTRACE_STEP_POLICY),  # after its read, which rejects a bad value
         step_first=int(read.number(env.GYMTRACE_STEP_FIRST, DEFAULT_STEP_FIRST, minimum=0, integer=True)),

@@ -40,6 +40,7 @@ from gymtrace._content import (
 from gymtrace._errors import InvalidArgumentError, reset_seen
 from gymtrace._export import BatchExporter
 from gymtrace._export_auto import AutoExporter
+from gymtrace._export_backends import BackendExporter, flush_scores, score_stats
 from gymtrace._export_process import ProcessExporter
 from gymtrace._export_targets import SDK_HINT as _SDK_HINT
 from gymtrace._export_targets import file_exporter as _file_exporter
@@ -262,6 +263,8 @@ def configure(
     encoder: str | None = None,
     heartbeat: float | None = None,
     step_metrics: bool | None = None,
+    backend: str | None = None,
+    experiment: str | None = None,
 ) -> Configuration:
     """Set up tracing for gymtrace. Optional: instrumentation works under any TracerProvider.
 
@@ -350,6 +353,8 @@ def configure(
         console=console,
         service_name=service_name,
         encoder=encoder,
+        backend=backend,
+        experiment=experiment,
         overrides=overrides,
     )
     # Validated here with the rest, its variables read with the rest; made active in _apply. Left
@@ -391,6 +396,7 @@ def configure(
             settings.flush_timeout,
         ),
         settings.encoder,
+        (settings.backend, settings.experiment),
     )
     with _state.lock:
         if _state.key == key and _state.configuration is not None:
@@ -445,6 +451,8 @@ def _meter_provider(settings: _settings.Settings, headers: Mapping[str, str] | N
 
     if "otlp" not in settings.exporters or _state.meter_provider is not None:
         return
+    if settings.backend != _settings.BACKEND_OTLP:
+        return  # MLflow and Phoenix take traces, not metrics (their /v1/metrics answers 404)
     # Until someone sets one, the API hands out its proxy provider (a private class, so by name).
     if type(metrics.get_meter_provider()).__name__ != "_ProxyMeterProvider":
         return  # the application's
@@ -632,10 +640,14 @@ def _processors(settings: _settings.Settings, headers: Mapping[str, str] | None)
     # The standard batch-processor variables (OTEL_BSP_*) apply to gymtrace's queue too.
     processors: list[Any] = []
     for name in settings.exporters:
-        if name == "otlp":
-            exporter: Any = _otlp_exporter(settings.protocol, settings.endpoint, headers)
+        if name == "otlp" and settings.backend != _settings.BACKEND_OTLP:
+            # MLflow or Phoenix: mapped and scored on the queue's thread; no encoder process.
+            exporter: Any = BackendExporter(settings.backend, settings.endpoint, settings.experiment)
+            target: dict[str, Any] = {}
+        elif name == "otlp":
+            exporter = _otlp_exporter(settings.protocol, settings.endpoint, headers)
             # What the encoder process needs to build the same exporter (GYMTRACE_ENCODER=process).
-            target: dict[str, Any] = {
+            target = {
                 "kind": "otlp",
                 "protocol": settings.protocol,
                 "endpoint": settings.endpoint,
@@ -690,7 +702,9 @@ def _flush_at_exit() -> None:
     if stage is not None:
         late = []
         for processor in stage.processors():
-            if not processor.force_flush(int(processor.shutdown_timeout * 1000)):
+            if not processor.force_flush(int(processor.shutdown_timeout * 1000)) or not flush_scores(
+                processor, processor.shutdown_timeout
+            ):
                 late.append(
                     f"{getattr(processor, 'name', type(processor).__name__)} ({processor.shutdown_timeout:g} s)"
                 )
@@ -724,7 +738,11 @@ def export_stats() -> list[Any]:
     dropped silently.
     """
     stage = _state.stage
-    return [p.stats() for p in stage.processors()] if stage is not None else []
+    if stage is None:
+        return []
+    stats = [p.stats() for p in stage.processors()]
+    # A backend's scores (GYMTRACE_BACKEND=mlflow|phoenix) are counted beside its spans.
+    return stats + [s for s in map(score_stats, stage.processors()) if s is not None]
 
 
 def _adopt(existing: trace.TracerProvider, sdk_trace: Any, key: tuple[Any, ...]) -> Configuration:
