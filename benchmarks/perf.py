@@ -43,6 +43,11 @@ Sections:
   in-memory reader, so collection is not in the timing). The per-rollout difference is the cost;
   the per-step ratio shows nothing is added per step while ``GYMTRACE_STEP_METRICS`` is off.
   Last, one marker span made alone (what a rollout open past a mark pays per marker).
+- **backends** (``--only backends``): a rollout with one scored episode under ``configure()`` over
+  OTLP/HTTP vs with ``backend="mlflow"`` and ``backend="phoenix"`` (docs/integrations/backends.md),
+  CPU of the caller's thread alone (``time.thread_time``): the mapping and the scores run on the
+  exporter's threads. The endpoint is a closed loopback port, so no server's speed enters the
+  figure (the export threads fail and back off, off the caller's thread).
 - **peers** (``--peers``): Traceloop ``@task``, Logfire ``@instrument``, Langfuse ``@observe`` and
   OpenInference's ``@tracer.chain``, each installed into its own virtualenv (not a gymtrace
   dependency), content capture off and on. As the targets were first measured: the peer in its own process
@@ -332,6 +337,52 @@ def live(quick: bool) -> dict[str, float]:
     )
     print(f"  one marker span, made alone   {on['marker']:.2f}")
     return {"added": added, "step_ratio": on["step"] / off["step"], "marker": on["marker"]}
+
+
+# -- backends ---------------------------------------------------------------------------------------
+
+BACKEND_CODE = r"""
+backend, n, repeats, endpoint = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
+import gymtrace
+gymtrace.configure(service_name="bench-backend", backend=backend, endpoint=endpoint, protocol="http/protobuf",
+                   file=False, encoder="thread", heartbeat=0)
+rollout, episode, reward = gymtrace.rollout, gymtrace.episode, gymtrace.record_reward
+thread_clock = time.thread_time_ns
+
+def rollouts():
+    start = thread_clock()
+    for i in range(n):
+        with rollout(rollout_id=f"r{i}", task_id="t"), episode():
+            reward(1.0)
+    return (thread_clock() - start) / n / 1000
+
+print(json.dumps({"rollout": statistics.median(rollouts() for _ in range(repeats))}))
+"""
+
+
+def backends(quick: bool) -> dict[str, float]:
+    n, repeats, rounds = (1_000, 3, 2) if quick else (5_000, 5, 4)
+    endpoint = f"http://127.0.0.1:{free_port()}"
+    names = ("otlp", "mlflow", "phoenix")
+    runs: dict[str, list[float]] = {name: [] for name in names}
+    for index in range(rounds):
+        for name in names if index % 2 == 0 else tuple(reversed(names)):
+            runs[name].append(run_child(BACKEND_CODE, name, str(n), str(repeats), endpoint)["rollout"])
+    cost = {name: med(values) for name, values in runs.items()}
+    print(
+        "backends (µs of the caller's thread per rollout with one scored episode, OTLP/HTTP to a closed port)"
+    )
+    for name in names:
+        print(f"  {name:8s} {cost[name]:7.2f}  added over otlp {cost[name] - cost['otlp']:+6.2f}")
+    return {name: cost[name] - cost["otlp"] for name in names[1:]} | {"otlp": cost["otlp"]}
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
 
 
 # -- cartpole -----------------------------------------------------------------------------------------
@@ -940,11 +991,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument(
         "--only",
         action="append",
-        choices=["forms", "cartpole", "export", "live", "peers"],
+        choices=["forms", "cartpole", "export", "live", "backends", "peers"],
         help="one section",
     )
     args = parser.parse_args(argv)
-    only = set(args.only or ["forms", "cartpole", "export", "live"] + (["peers"] if args.peers else []))
+    only = set(
+        args.only or ["forms", "cartpole", "export", "live", "backends"] + (["peers"] if args.peers else [])
+    )
     t0 = time.monotonic()
     import opentelemetry.version
 
@@ -977,6 +1030,13 @@ def main(argv: Sequence[str] | None = None) -> int:
              f"{lv['step_ratio']:.3f}x", None),
         ]  # fmt: skip
     receiver = Receiver()
+    if "backends" in only:
+        b = backends(args.quick)
+        worst = max(b["mlflow"], b["phoenix"])
+        rows.append(
+            ("GYMTRACE_BACKEND=mlflow|phoenix, caller's thread per rollout, added over otlp", "not measured",
+             "<= 20 µs", f"mlflow {b['mlflow']:+.2f}, phoenix {b['phoenix']:+.2f} µs", worst <= 20)
+        )  # fmt: skip
     live_collector = receiver.available and bool({"cartpole", "export"} & only)
     if not receiver.available:
         print(f"(no {receiver.binary}: run collector/build for the live-Collector rows)")

@@ -50,6 +50,7 @@ def child_json(code: str, tmp_path: Path, **env: str) -> dict[str, Any]:
         ("GYMTRACE_TRACE_PER", "episode", "trace_per_run", False),
         ("OTEL_EXPORTER_OTLP_PROTOCOL", "carrier-pigeon", "protocol", "grpc"),
         ("GYMTRACE_ENCODER", "gpu", "encoder", "auto"),
+        ("GYMTRACE_BACKEND", "wandb", "backend", "otlp"),
         ("GYMTRACE_STEP_POLICY", "sometimes", "step_policy", "all"),
         ("GYMTRACE_STEP_FIRST", "-1", "step_first", 1),
         ("GYMTRACE_STEP_SLOWEST", "many", "step_slowest", 1),
@@ -249,3 +250,27 @@ def test_propagate_to_and_a_trace_directory_are_read_from_the_environment(
     assert Path(settings.file).name.endswith(f"-{os.getpid()}.jsonl")
     monkeypatch.delenv("GYMTRACE_PROPAGATE_TO")
     assert _settings.reload().propagate_to == ()
+
+
+def test_a_backend_sends_otlp_http_protobuf_to_the_base_url_whatever_the_protocol_setting(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # MLflow takes OTLP over HTTP only and Phoenix's HTTP protobuf only: the backend decides.
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_PROTOCOL", "grpc")
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", "http://127.0.0.1:5000")
+    monkeypatch.setenv("GYMTRACE_BACKEND", "mlflow")
+    settings = _settings.resolve()
+    assert (settings.backend, settings.experiment) == ("mlflow", "gymtrace")
+    assert settings.protocol == "http/protobuf"
+    assert settings.endpoint == "http://127.0.0.1:5000/v1/traces"
+    assert "otlp" in settings.exporters
+    monkeypatch.setenv("GYMTRACE_EXPERIMENT", "rl")
+    assert _settings.resolve(backend="phoenix").experiment == "rl"
+    assert _settings.resolve(backend="phoenix", experiment="other").experiment == "other"
+    monkeypatch.delenv("OTEL_EXPORTER_OTLP_ENDPOINT")
+    # No endpoint: still the OTLP exporter, to the server's own default port (_export_backends).
+    assert "otlp" in _settings.resolve(backend="phoenix").exporters
+    with pytest.raises(gymtrace.InvalidArgumentError, match="'backend' must be one of"):
+        _settings.resolve(backend="jaeger")
+    with pytest.raises(gymtrace.InvalidArgumentError, match="'experiment' must be a non-empty string"):
+        _settings.resolve(experiment=" ")

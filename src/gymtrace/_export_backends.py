@@ -60,7 +60,9 @@ DEFAULT_URLS = {
 }
 TITLES = {_settings.BACKEND_MLFLOW: "MLflow", _settings.BACKEND_PHOENIX: "Phoenix"}
 TRACES_PATH = "/v1/traces"
-HTTP_TIMEOUT = 10.0
+# Generous: a server on SQLite holds a request while it stores a large batch (and this runs off
+# the application's threads).
+HTTP_TIMEOUT = 30.0
 # How long a score is retried while the server says its trace is not there yet (or is down), and
 # the longest pause between two tries.
 SCORE_RETRY_SECONDS = 600.0
@@ -394,6 +396,9 @@ class MlflowClient(Client):
             if created.status == 200 and isinstance(created.body, dict):
                 self.experiment_id = str(created.body["experiment_id"])
                 return
+            if isinstance(created.body, dict) and created.body.get("error_code") == "RESOURCE_ALREADY_EXISTS":
+                # Another process (a worker of this run) created it meanwhile: find it again.
+                return self.prepare()
             if created.status >= 500:
                 raise NotYet(f"{self.where()}: creating experiment {self.experiment!r}: {_detail(created)}")
             raise BackendError(
@@ -476,18 +481,30 @@ class MlflowClient(Client):
             )
         return found.body.get("trace", {}).get("trace_info", {})  # type: ignore[no-any-return]
 
-    def score(self, outcome: RolloutOutcome, attempt: int) -> None:
-        assert outcome.reward is not None
-        span_id = _scored_span(outcome)
+    def _scores(self, outcome: RolloutOutcome) -> list[dict[str, Any]]:
+        """gymtrace's ``reward`` assessments of this rollout on its trace."""
         info = self._trace_info(outcome.trace_id)
-        metadata = {c.ROLLOUT_ID: outcome.rollout_id, c.SCORE_ATTEMPT: str(attempt)}
-        mine = [
+        return [
             a
             for a in info.get("assessments", [])
             if a.get("assessment_name") == c.SCORE_REWARD
             and a.get("source", {}).get("source_id") == c.SCORE_SOURCE
             and (a.get("metadata") or {}).get(c.ROLLOUT_ID) == outcome.rollout_id
         ]
+
+    def _sent_reward(self, outcome: RolloutOutcome) -> float | None:
+        try:
+            mine = self._scores(outcome)
+        except (NotYet, BackendError):
+            return None
+        value = mine[0].get("feedback", {}).get("value") if mine else None
+        return float(value) if isinstance(value, (int, float)) else None
+
+    def score(self, outcome: RolloutOutcome, attempt: int) -> None:
+        assert outcome.reward is not None
+        span_id = _scored_span(outcome)
+        metadata = {c.ROLLOUT_ID: outcome.rollout_id, c.SCORE_ATTEMPT: str(attempt)}
+        mine = self._scores(outcome)
         feedback = {"value": outcome.reward}
         if mine:
             current = mine[0]
@@ -532,10 +549,11 @@ class MlflowClient(Client):
 
     def tag_outcome(self, outcome: RolloutOutcome) -> None:
         root = outcome.root
-        if root is None or root.parent_id is not None:
-            return  # tags are per trace: only a rollout that is its trace's root has them
+        if outcome.outcome == c.OUTCOME_PENDING or (root is not None and root.parent_id is not None):
+            return  # no outcome yet; or the rollout is not its trace's root (GYMTRACE_TRACE_PER=run)
         if (
-            root.attributes.get(c.ROLLOUT_OUTCOME) == outcome.outcome
+            root is not None
+            and root.attributes.get(c.ROLLOUT_OUTCOME) == outcome.outcome
             and root.attributes.get(c.ROLLOUT_ATTEMPTS) == outcome.attempts
         ):
             return  # the root said it already (its mlflow.traceTag.* attributes)
@@ -554,10 +572,21 @@ class MlflowClient(Client):
         self.prepare()
         mlflow_run = self.run_of(run_id)
         scored = [o.reward for o in outcomes if o.outcome == c.OUTCOME_SCORED and o.reward is not None]
+        pending = 0
+        for outcome in outcomes:
+            if outcome.outcome != c.OUTCOME_PENDING:
+                continue
+            # Pending here, perhaps scored by an outcome record another process sent: its score
+            # on the trace says so.
+            reward = self._sent_reward(outcome)
+            if reward is None:
+                pending += 1
+            else:
+                scored.append(reward)
         counts = {
             c.MLFLOW_RUN_METRIC_SCORED: float(len(scored)),
             c.MLFLOW_RUN_METRIC_UNSCORED: float(sum(o.outcome == c.OUTCOME_UNSCORED for o in outcomes)),
-            c.MLFLOW_RUN_METRIC_PENDING: float(sum(o.outcome == c.OUTCOME_PENDING for o in outcomes)),
+            c.MLFLOW_RUN_METRIC_PENDING: float(pending),
         }
         if scored:
             counts[c.MLFLOW_RUN_METRIC_MEAN_REWARD] = sum(scored) / len(scored)

@@ -513,6 +513,8 @@ PARENT_FIELDS: Final = {
     "console": (bool,),
     "strict": (bool,),
     "trace_per": (str,),
+    "backend": (str,),
+    "experiment": (str,),
 }
 
 

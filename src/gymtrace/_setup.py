@@ -508,6 +508,8 @@ def _export_to_children(settings: _settings.Settings, service_name: str) -> None
         "console": "console" in exporters,
         "strict": settings.strict,
         "trace_per": "run" if settings.trace_per_run else "rollout",
+        "backend": settings.backend,
+        "experiment": settings.experiment,
     }
     os.environ[env.GYMTRACE_PARENT] = json.dumps(parent)
 
@@ -557,6 +559,8 @@ def configure_from_parent() -> bool:
             console=bool(parent.get("console")) or None,
             strict=bool(parent.get("strict")),
             trace_per=parent.get("trace_per"),
+            backend=parent.get("backend"),
+            experiment=parent.get("experiment"),
         )
         if main and sigterm is not None:
             signal.signal(signal.SIGTERM, sigterm)

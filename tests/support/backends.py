@@ -25,7 +25,7 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-from tests.support.pipeline import REPO_ROOT, free_ports
+from pipeline import REPO_ROOT, free_ports
 
 MLFLOW_PYTHON = REPO_ROOT / ".venv-mlflow" / "bin" / "python"
 PHOENIX_PYTHON = REPO_ROOT / ".venv-phoenix" / "bin" / "python"
