@@ -89,7 +89,9 @@ def _mlflow_rollouts(server: MlflowServer, experiment: str, run_id: str) -> dict
     return {t["tags"][c.ROLLOUT_ID]: t for t in rollouts}
 
 
-def _assert_mlflow_matches(server: MlflowServer, experiment: str, run_id: str, expected: dict[str, Any]) -> None:
+def _assert_mlflow_matches(
+    server: MlflowServer, experiment: str, run_id: str, expected: dict[str, Any]
+) -> None:
     rollouts = _mlflow_rollouts(server, experiment, run_id)
     assert set(rollouts) == set(expected)
     for rollout_id, (outcome, reward) in expected.items():
@@ -150,7 +152,9 @@ def test_gymtrace_push_to_mlflow_twice_stores_every_rollout_and_reward_once(
 # -- Phoenix ----------------------------------------------------------------------------------------
 
 
-def _assert_phoenix_matches(server: PhoenixServer, project: str, run_id: str, expected: dict[str, Any]) -> None:
+def _assert_phoenix_matches(
+    server: PhoenixServer, project: str, run_id: str, expected: dict[str, Any]
+) -> None:
     spans = [s for s in server.spans(project) if s["attributes"].get(c.RUN_ID) == run_id]
     assert spans, f"no span of run {run_id} in project {project}"
     kinds = {s["name"]: s["span_kind"] for s in spans}
@@ -221,7 +225,14 @@ def test_push_to_a_server_that_is_not_the_named_backend_or_is_down_fails_in_one_
     created = mlflow_server.post("/api/2.0/mlflow/experiments/create", {"name": "gone"})
     mlflow_server.post("/api/2.0/mlflow/experiments/delete", {"experiment_id": created["experiment_id"]})
     done = run_gymtrace(
-        "push", "--backend", "mlflow", "--endpoint", mlflow_server.url, "--experiment", "gone", str(trace_file)
+        "push",
+        "--backend",
+        "mlflow",
+        "--endpoint",
+        mlflow_server.url,
+        "--experiment",
+        "gone",
+        str(trace_file),
     )
     assert done.returncode == 2 and "is deleted: restore it" in done.stderr, done.stderr
     assert len(done.stderr.strip().splitlines()) == 1
@@ -290,7 +301,9 @@ def test_the_mlflow_ui_shows_a_rollout_trace_with_its_reward(
     trace = _mlflow_rollouts(mlflow_server, "rl-ui", run_id)[rollout_id]
     experiment = mlflow_server.get("/api/2.0/mlflow/experiments/get-by-name?experiment_name=rl-ui")
     experiment_id = experiment["experiment"]["experiment_id"]
-    browser.open(f"{mlflow_server.url}/#/experiments/{experiment_id}/traces?selectedEvaluationId={trace['trace_id']}")
+    browser.open(
+        f"{mlflow_server.url}/#/experiments/{experiment_id}/traces?selectedEvaluationId={trace['trace_id']}"
+    )
     # The trace drawer lists its assessments: the reward by name, beside the rollout's span tree.
     browser.wait_for(
         "document.body.innerText.includes('reward') && document.body.innerText.includes('gym.rollout')",
@@ -313,7 +326,8 @@ def test_the_phoenix_ui_shows_a_rollout_with_its_reward_annotation(
     root = next(
         s
         for s in phoenix_server.spans("rl-ui")
-        if s["name"] == c.SPAN_ROLLOUT and expected.get(s["attributes"][c.ROLLOUT_ID], ("",))[0] == c.OUTCOME_SCORED
+        if s["name"] == c.SPAN_ROLLOUT
+        and expected.get(s["attributes"][c.ROLLOUT_ID], ("",))[0] == c.OUTCOME_SCORED
     )
     projects = phoenix_server.get("/v1/projects")["data"]
     project_id = next(p["id"] for p in projects if p["name"] == "rl-ui")
