@@ -429,7 +429,7 @@ class MlflowClient(Client):
             {
                 "experiment_ids": [self.experiment_id],
                 "filter": f"tags.`{c.RUN_ID}` = '{_quote(run_id)}'",
-                "max_results": 1,
+                "max_results": 50,
             },
         )
         runs = search.body.get("runs", []) if search.status == 200 and isinstance(search.body, dict) else []
@@ -438,7 +438,7 @@ class MlflowClient(Client):
                 f"{self.where()}: searching runs: {_detail(search)}"
             )
         if runs:
-            mlflow_run = str(runs[0]["info"]["run_id"])
+            mlflow_run = min((int(r["info"].get("start_time", 0)), str(r["info"]["run_id"])) for r in runs)[1]
         else:
             created = self._api(
                 "POST",
@@ -455,7 +455,27 @@ class MlflowClient(Client):
                     f"{self.where()}: creating the run of {run_id!r}: {_detail(created)}"
                 )
             mlflow_run = str(created.body["run"]["info"]["run_id"])
+            # Another process of the same gym run (a worker, a scorer) may have searched and created
+            # at the same moment: every process keeps the oldest run, and deletes its own if not it.
+            oldest = self._oldest_run(run_id)
+            if oldest is not None and oldest != mlflow_run:
+                self._api("POST", "/api/2.0/mlflow/runs/delete", {"run_id": mlflow_run})
+                mlflow_run = oldest
         return mlflow_run
+
+    def _oldest_run(self, run_id: str) -> str | None:
+        search = self._api(
+            "POST",
+            "/api/2.0/mlflow/runs/search",
+            {
+                "experiment_ids": [self.experiment_id],
+                "filter": f"tags.`{c.RUN_ID}` = '{_quote(run_id)}'",
+                "max_results": 50,
+            },
+        )
+        runs = search.body.get("runs", []) if search.status == 200 and isinstance(search.body, dict) else []
+        keys = [(int(r["info"].get("start_time", 0)), str(r["info"]["run_id"])) for r in runs]
+        return min(keys)[1] if keys else None
 
     def send(self, spans: Sequence[SpanData]) -> None:
         self.prepare()

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -123,7 +124,8 @@ def _assert_mlflow_matches(
     assert metrics[c.MLFLOW_RUN_METRIC_SCORED] == len(scored)
     assert metrics[c.MLFLOW_RUN_METRIC_UNSCORED] == sum(o == c.OUTCOME_UNSCORED for o, _ in expected.values())
     assert metrics[c.MLFLOW_RUN_METRIC_MEAN_REWARD] == pytest.approx(sum(scored) / len(scored))
-    assert {t["metadata"].get("mlflow.sourceRun") for t in rollouts.values()} == {runs[0]["run_id"]}
+    linked = server.traces(experiment, run_id=runs[0]["run_id"])
+    assert {t["tags"].get(c.ROLLOUT_ID) for t in linked} >= set(expected)
 
 
 def test_a_live_run_lands_in_mlflow_each_rollout_once_with_the_reward_gymtrace_rollouts_reports(
@@ -278,7 +280,7 @@ def browser() -> Iterator[Browser]:
     executable = find_chromium()
     if executable is None:
         pytest.skip("no Chromium on PATH: `apt-get install chromium` (scripts/test does it as root)")
-    with Browser(executable, width=1600, height=1000) as b:
+    with Browser(executable, width=1900, height=1000) as b:
         yield b
 
 
@@ -301,15 +303,24 @@ def test_the_mlflow_ui_shows_a_rollout_trace_with_its_reward(
     trace = _mlflow_rollouts(mlflow_server, "rl-ui", run_id)[rollout_id]
     experiment = mlflow_server.get("/api/2.0/mlflow/experiments/get-by-name?experiment_name=rl-ui")
     experiment_id = experiment["experiment"]["experiment_id"]
-    browser.open(
-        f"{mlflow_server.url}/#/experiments/{experiment_id}/traces?selectedEvaluationId={trace['trace_id']}"
-    )
-    # The trace drawer lists its assessments: the reward by name, beside the rollout's span tree.
+    browser.open(f"{mlflow_server.url}/#/experiments/{experiment_id}/traces")
+    # The experiment's traces table: each rollout by its session (run/task), with the reward column.
+    name = trace["metadata"]["mlflow.trace.session"]
     browser.wait_for(
-        "document.body.innerText.includes('reward') && document.body.innerText.includes('gym.rollout')",
+        f"document.body.innerText.includes({json.dumps(name)}) && document.body.innerText.includes('reward')",
         timeout=90,
-        what="the MLflow trace view with the reward assessment",
+        what="the MLflow traces table with the reward column",
     )
+    # Dismiss the UI's first-visit hint and its assistant panel, which cover the table's right side.
+    browser.evaluate(
+        "Array.from(document.querySelectorAll('button')).filter(b => b.innerText.trim() === 'Got it')"
+        ".forEach(b => b.click())"
+    )
+    browser.evaluate(
+        "Array.from(document.querySelectorAll('button[aria-label]'))"
+        ".filter(b => /close/i.test(b.getAttribute('aria-label'))).forEach(b => b.click())"
+    )
+    time.sleep(2)  # the table's last cells render after its rows
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
     shot = browser.screenshot(ARTIFACTS / "mlflow-trace.png")
     assert shot.stat().st_size > 20_000
@@ -323,20 +334,21 @@ def test_the_phoenix_ui_shows_a_rollout_with_its_reward_annotation(
     env = {"GYMTRACE_BACKEND": "phoenix", "GYMTRACE_EXPERIMENT": "rl-ui"}
     trace_file = _demo(tmp_path, run_id, env, endpoint=phoenix_server.url)
     expected = _expected(trace_file, run_id)
-    root = next(
-        s
-        for s in phoenix_server.spans("rl-ui")
-        if s["name"] == c.SPAN_ROLLOUT
-        and expected.get(s["attributes"][c.ROLLOUT_ID], ("",))[0] == c.OUTCOME_SCORED
-    )
+    spans = [s for s in phoenix_server.spans("rl-ui") if s["attributes"].get(c.RUN_ID) == run_id]
+    annotated = {
+        a["span_id"] for a in phoenix_server.annotations("rl-ui", [s["context"]["span_id"] for s in spans])
+    }
+    assert any(s["name"] == c.SPAN_ROLLOUT and s["context"]["span_id"] in annotated for s in spans), expected
     projects = phoenix_server.get("/v1/projects")["data"]
     project_id = next(p["id"] for p in projects if p["name"] == "rl-ui")
-    browser.open(f"{phoenix_server.url}/projects/{project_id}/traces/{root['context']['trace_id']}")
+    browser.open(f"{phoenix_server.url}/projects/{project_id}")
+    # The project's traces table: each rollout root with its reward annotation.
     browser.wait_for(
         "document.body.innerText.includes('reward') && document.body.innerText.includes('gym.rollout')",
         timeout=90,
-        what="the Phoenix trace view with the reward annotation",
+        what="the Phoenix traces table with the reward annotation",
     )
+    time.sleep(2)
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
     shot = browser.screenshot(ARTIFACTS / "phoenix-trace.png")
     assert shot.stat().st_size > 20_000

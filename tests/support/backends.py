@@ -158,9 +158,10 @@ class MlflowServer(Server):
         except urllib.error.HTTPError:
             return False
 
-    def traces(self, experiment: str, filter_string: str = "") -> list[dict[str, Any]]:
-        """``mlflow.search_traces`` through MLflow's own client: each trace's info, assessments included."""
-        return self.run_in_venv(_SEARCH_TRACES, experiment, filter_string)  # type: ignore[no-any-return]
+    def traces(self, experiment: str, filter_string: str = "", run_id: str = "") -> list[dict[str, Any]]:
+        """``search_traces`` through MLflow's own client (of the MLflow run ``run_id`` if given): each
+        trace's info, assessments included."""
+        return self.run_in_venv(_SEARCH_TRACES, experiment, filter_string, run_id)  # type: ignore[no-any-return]
 
     def runs(self, experiment: str) -> list[dict[str, Any]]:
         return self.run_in_venv(_SEARCH_RUNS, experiment)  # type: ignore[no-any-return]
@@ -169,12 +170,14 @@ class MlflowServer(Server):
 _SEARCH_TRACES = """
 import json, sys
 from mlflow import MlflowClient
-url, experiment, filter_string = sys.argv[1:4]
+url, experiment, filter_string, run_id = sys.argv[1:5]
 client = MlflowClient(tracking_uri=url)
 exp = client.get_experiment_by_name(experiment)
 out = []
 if exp is not None:
-    traces = client.search_traces(locations=[exp.experiment_id], filter_string=filter_string or None, max_results=500)
+    traces = client.search_traces(
+        locations=[exp.experiment_id], filter_string=filter_string or None, run_id=run_id or None, max_results=500
+    )
     for t in traces:
         info = t.info
         out.append({
