@@ -28,12 +28,21 @@ def _validate(binary: Path, *configs: str) -> subprocess.CompletedProcess[str]:
 @pytest.mark.parametrize(
     ("binary", "configs"),
     [
-        (JAEGER, ("jaeger.yaml",)),
+        (JAEGER, ("jaeger.yaml", "jaeger.badger.yaml")),
+        (JAEGER, ("jaeger.yaml", "jaeger.memory.yaml")),
+        (JAEGER, ("jaeger.yaml", "jaeger.opensearch.yaml")),
         (JAEGER, ("otelcol.yaml", "otelcol.health-jaeger.yaml")),
         (OTELCOL, ("otelcol.yaml", "otelcol.upstream.yaml")),
         (OTELCOL, ("otelcol-lb.yaml",)),
     ],
-    ids=["jaeger-on-jaeger", "collector-on-jaeger", "collector-on-upstream", "loadbalancer-on-upstream"],
+    ids=[
+        "jaeger-badger",
+        "jaeger-memory",
+        "jaeger-opensearch",
+        "collector-on-jaeger",
+        "collector-on-upstream",
+        "loadbalancer-on-upstream",
+    ],
 )
 def test_config_validates(binary: Path, configs: tuple[str, ...]) -> None:
     out = _validate(binary, *configs)

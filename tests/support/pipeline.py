@@ -2,8 +2,8 @@
 
 Starts real subprocesses on free loopback ports, as ``collector/up`` does:
 
-* Jaeger all-in-one (``collector/bin/jaeger``) with ``collector/jaeger.yaml`` (memory storage,
-  query API);
+* Jaeger all-in-one (``collector/bin/jaeger``) with ``collector/jaeger.yaml`` and one store overlay
+  (``jaeger.memory.yaml`` unless ``storage=`` says ``badger`` or ``opensearch``), query API;
 * the gymtrace Collector with ``collector/otelcol.yaml`` (tail sampling) on the upstream build
   ``collector/bin/otelcol`` with ``otelcol.upstream.yaml`` (or, with ``collector_bin=JAEGER_BIN``,
   on the Jaeger binary with ``otelcol.health-jaeger.yaml``), exporting to that Jaeger;
@@ -162,6 +162,9 @@ class Pipeline:
     only) the decision after the root span arrived (production default 5s; None: the config's).
     ``samplers=N`` puts N tail-sampling Collectors behind a load-balancing front Collector.
     ``extra_env`` adds or overrides any ``GYMTRACE_*`` variable the configs read.
+    ``storage`` picks Jaeger's store overlay (``collector/jaeger.<storage>.yaml``); memory, the
+    default, keeps each test's Jaeger fresh. Badger needs ``GYMTRACE_JAEGER_BADGER_DIR`` and
+    OpenSearch ``GYMTRACE_OPENSEARCH_URL`` in ``extra_env``.
     """
 
     def __init__(
@@ -178,6 +181,7 @@ class Pipeline:
         samplers: int = 0,
         extra_env: Mapping[str, str] | None = None,
         sampler_extra_configs: Mapping[int, list[str]] | None = None,
+        storage: str = "memory",
     ):
         self.jaeger_bin = Path(jaeger_bin)
         self.collector_bin = Path(collector_bin)
@@ -227,7 +231,13 @@ class Pipeline:
         c = self.collector_dir
         self._jaeger = _Process(
             "jaeger",
-            [str(self.jaeger_bin), "--config", str(c / "jaeger.yaml")],
+            [
+                str(self.jaeger_bin),
+                "--config",
+                str(c / "jaeger.yaml"),
+                "--config",
+                str(c / f"jaeger.{storage}.yaml"),
+            ],
             env,
             self.workdir / "jaeger.log",
             f"http://127.0.0.1:{self.jaeger_health_port}/",

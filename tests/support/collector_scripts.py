@@ -1,0 +1,113 @@
+"""Run ``collector/up`` and ``collector/down`` as a user does, isolated from the developer's own.
+
+The scripts run from a copy of ``collector/`` (its ``bin/`` linked to the real one) so their
+``.run/`` and default ``.data/`` never meet a pipeline the developer has running; every port is a
+free one, moved with the one variable per endpoint the scripts and configs share.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from child_process import clean_env
+from pipeline import COLLECTOR_DIR, JAEGER_BIN, OTELCOL_BIN, free_ports
+
+PORT_VARIABLES = (
+    "GYMTRACE_OTLP_GRPC_PORT",
+    "GYMTRACE_OTLP_HTTP_PORT",
+    "GYMTRACE_COLLECTOR_HEALTH_PORT",
+    "GYMTRACE_JAEGER_OTLP_GRPC_PORT",
+    "GYMTRACE_JAEGER_OTLP_HTTP_PORT",
+    "GYMTRACE_JAEGER_QUERY_PORT",
+    "GYMTRACE_JAEGER_QUERY_GRPC_PORT",
+    "GYMTRACE_JAEGER_HEALTH_PORT",
+    "GYMTRACE_PROMETHEUS_PORT",
+)
+
+
+def collector_copy(tmp_path: Path) -> Path:
+    """A copy of ``collector/`` under ``tmp_path`` whose ``bin/`` is the built one."""
+    for binary in (JAEGER_BIN, OTELCOL_BIN):
+        if not binary.is_file():
+            pytest.fail(f"{binary} is missing: run `collector/build --otelcol`", pytrace=False)
+    copy = tmp_path / "project" / "collector"
+    # copy2 keeps modification times, so `build` sees the linked binaries as up to date.
+    shutil.copytree(
+        COLLECTOR_DIR,
+        copy,
+        copy_function=shutil.copy2,
+        ignore=shutil.ignore_patterns("bin", ".run", ".data"),
+    )
+    (copy / "bin").symlink_to(COLLECTOR_DIR / "bin")
+    return copy
+
+
+def free_sampler_base(samplers: int) -> int:
+    """A port BASE where every port `up --scale-out` takes (BASE+10i .. +3) is free right now."""
+    for base in range(21000, 60000, 97):
+        wanted = [base + 10 * i + k for i in range(samplers) for k in range(4)]
+        socks = []
+        try:
+            for port in wanted:
+                s = socket.socket()
+                socks.append(s)
+                s.bind(("127.0.0.1", port))
+            return base
+        except OSError:
+            continue
+        finally:
+            for s in socks:
+                s.close()
+    raise RuntimeError("no free port range for the samplers")
+
+
+def free_port_pair(offset: int) -> int:
+    """A port P where P and P+offset are both free (OpenSearch: HTTP and transport = HTTP+100)."""
+    for _ in range(50):
+        (port,) = free_ports(1)
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port + offset))
+            except OSError:
+                continue
+        return port
+    raise RuntimeError("no free port pair")
+
+
+def ports_env(**extra: str) -> dict[str, str]:
+    """A clean environment with every pipeline port on a free one, plus ``extra``."""
+    env = dict(zip(PORT_VARIABLES, map(str, free_ports(len(PORT_VARIABLES))), strict=True))
+    env["GYMTRACE_SAMPLER_BASE_PORT"] = str(free_sampler_base(samplers=2))
+    env.update({"GYMTRACE_UP_TIMEOUT": "30", **extra})
+    return clean_env(**env)
+
+
+def script(copy: Path, name: str, *args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    """Run ``collector/NAME ARGS`` from the copy, output captured."""
+    return subprocess.run(
+        [str(copy / name), *args], env=env, capture_output=True, text=True, timeout=420, check=False
+    )
+
+
+def pids(copy: Path) -> dict[str, int]:
+    """The processes the copy's ``up`` recorded as running, by name."""
+    return {p.stem: int(p.read_text()) for p in (copy / ".run").glob("*.pid")}
+
+
+def alive(pid: int) -> bool:
+    """PID exists and is not a zombie."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().split()[2]
+    except OSError:
+        return False
+    return state != "Z"
