@@ -4,7 +4,6 @@ left running (no Jaeger, no Collector, no OpenSearch JVM)."""
 from __future__ import annotations
 
 import socket
-import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -34,11 +33,21 @@ def _fails_with(copy: Path, env: dict[str, str], *args: str) -> str:
 
 
 def _our_processes(marker: str) -> list[int]:
-    """PIDs whose command line mentions MARKER (a path unique to this test): none may outlive up."""
-    out = subprocess.run(["ps", "-eo", "pid=,args="], capture_output=True, text=True, check=True).stdout
-    return [
-        int(line.split()[0]) for line in out.splitlines() if marker in line and alive(int(line.split()[0]))
-    ]
+    """PIDs whose command line mentions MARKER (a path unique to this test): none may outlive up.
+
+    Read from /proc: `ps` cuts a JVM's command line (its class path) before the data path.
+    """
+    found = []
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            cmdline = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        if marker in cmdline and alive(int(proc.name)):
+            found.append(int(proc.name))
+    return found
 
 
 def test_a_data_directory_that_is_not_writable_is_named_with_its_variable(copy: Path, tmp_path: Path) -> None:
