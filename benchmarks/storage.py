@@ -15,8 +15,9 @@ them unscored) through the tail-sampling Collector with every rollout kept, then
   Jaeger (the last rollout by its ID, then all N by ``gym.run.id`` + ``gym.kind=rollout``);
 * **search**: median and p90 of 20 searches by ``gym.rollout.id`` and of the
   ``gym.rollout.outcome=unscored`` search (limit 20), through Jaeger's query API;
-* **disk**: bytes on disk per span (Badger: its directory; OpenSearch: the span and service
-  indices' store size after a flush), none for memory;
+* **disk**: bytes on disk per span (Badger: the blocks its directory allocates, as ``du`` counts
+  them; OpenSearch: the span and service indices' primary store size after a flush), none for
+  memory;
 * ``collector/down`` then ``collector/up`` over the data just written (**warm**).
 
 Prints numbers only; nothing here asserts a time. On a shared 2-core VM absolute times drift; read
@@ -98,7 +99,8 @@ def _timed(fn: Any) -> float:
 
 
 def _dir_bytes(path: Path) -> int:
-    return sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
+    """Bytes allocated on disk (like ``du``): Badger's value log is a sparse, preallocated file."""
+    return sum(f.stat().st_blocks * 512 for f in path.rglob("*") if f.is_file())
 
 
 def _script(copy: Path, name: str, *args: str, env: dict[str, str]) -> float:
