@@ -61,6 +61,8 @@ _ROLLOUTS = {
     "r-zero": ("scored", 0.0),
     "r-unscored": ("unscored", None),
     "r-error": ("unscored", None),
+    # Its process died with it open: the readers say lost (from its live markers), never scored.
+    "r-lost": ("lost", None),
 }
 
 
@@ -161,11 +163,15 @@ def _run_restart_read(tmp_path: Path, storage: str, env: dict[str, str], kept: s
     try:
         assert kept in _up(copy, storage, env)
         run_id, service, query = _write_run(env)
-        before = _until(
-            lambda: (r := _read_back(query, run_id, service)) and len(r["rollouts"]) == 4 and r["live"] and r,
-            timeout=90,
-            what=f"the run's rollouts in Jaeger on {storage}",
-        )
+        seen: list[dict[str, Any]] = []
+
+        def complete() -> dict[str, Any] | None:
+            seen.append(_read_back(query, run_id, service))
+            # r-lost reads lost three heartbeat intervals after its process died: wait for that.
+            done = len(seen[-1]["rollouts"]) == len(_ROLLOUTS) and seen[-1]["live"] == {"r-lost": c.LIVE_LOST}
+            return seen[-1] if done else None
+
+        before = _until(complete, timeout=90, what=f"the run's rollouts in Jaeger on {storage}")
         _expect(before)
         _down_leaves_nothing(copy, env)
         _up(copy, storage, env)

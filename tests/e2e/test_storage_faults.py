@@ -27,7 +27,8 @@ def _fails_with(copy: Path, env: dict[str, str], *args: str) -> str:
     assert up.returncode != 0, up.stdout
     assert "pipeline ready" not in up.stdout
     assert not pids(copy), "collector/up left processes running"
-    lines = up.stderr.strip().splitlines()
+    # What `build` says when it (re)builds a binary comes first; the error is the next line.
+    lines = [line for line in up.stderr.strip().splitlines() if not line.startswith("collector/build:")]
     assert lines, up.stdout
     return lines[0]
 
