@@ -270,3 +270,89 @@ def test_kept_step_spans_have_their_measured_times_and_come_in_the_order_they_ra
     assert raised.attributes[c.STEP_KEPT] == c.STEP_KEPT_RAISED
     assert raised.start_time < raised.end_time
     assert [e.timestamp for e in raised.events] == [raised.end_time]  # the exception, when it ended
+
+
+# -- identity parsing: arguments of user code ------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("call", "message"),
+    [
+        (
+            lambda: _ids.check_id("rollout", "rollout_id", 5),
+            "gymtrace.rollout(): argument 'rollout_id' must be a string, got int 5",
+        ),
+        (
+            lambda: _ids.check_id("rollout", "rollout_id", ""),
+            "gymtrace.rollout(): argument 'rollout_id' must not be empty",
+        ),
+        (
+            lambda: _ids.check_id("rollout", "task_id", "x" * (_ids.MAX_ID_LENGTH + 1)),
+            f"gymtrace.rollout(): argument 'task_id' must be at most {_ids.MAX_ID_LENGTH} characters,"
+            f" got {_ids.MAX_ID_LENGTH + 1}",
+        ),
+        (
+            lambda: _ids.check_id("run", "run_id", "a\n" + "b" * 60),
+            "gymtrace.run(): argument 'run_id' must be printable text without control characters, got "
+            + repr(("a\n" + "b" * 60)[:40]),
+        ),
+        (
+            lambda: _ids.check_index("rollout", "repeat", True, 0),
+            "gymtrace.rollout(): argument 'repeat' must be an int >= 0, got bool True",
+        ),
+        (
+            lambda: _ids.check_index("episode", "attempt", -1, 0),
+            "gymtrace.episode(): argument 'attempt' must be >= 0, got -1",
+        ),
+        (
+            lambda: _ids.check_reward("reward", "1.0"),
+            "gymtrace.record_reward(): argument 'reward' must be a real number, got str '1.0'",
+        ),
+        (
+            lambda: _ids.check_reward("reward", float("nan")),
+            "gymtrace.record_reward(): argument 'reward' must be finite, got nan",
+        ),
+    ],
+)
+def test_a_bad_identity_argument_names_the_call_the_argument_and_the_problem(
+    call: object, message: str
+) -> None:
+    from gymtrace.testing import capture_spans
+
+    with capture_spans(strict=True), pytest.raises(InvalidArgumentError) as raised:
+        call()  # type: ignore[operator]
+    assert str(raised.value) == message
+
+
+def test_valid_identity_arguments_pass_through() -> None:
+    longest = "x" * _ids.MAX_ID_LENGTH
+    assert _ids.check_id("rollout", "rollout_id", longest) == longest
+    assert _ids.check_id("rollout", "rollout_id", None) is None
+    assert _ids.check_index("rollout", "repeat", 0, 0) == 0
+    assert _ids.check_reward("reward", 1) == 1.0 and isinstance(_ids.check_reward("reward", 1), float)
+
+
+@pytest.mark.parametrize("timeout", [0, -1, 0.0, float("inf"), float("nan"), True, "5", None])
+def test_a_timeout_is_a_positive_finite_number_of_seconds(timeout: object) -> None:
+    if timeout is None:
+        assert _ids.check_timeout("episode", None) is None
+        return
+    with pytest.raises(InvalidArgumentError) as raised:
+        _ids.check_timeout("episode", timeout)
+    assert str(raised.value) == (
+        f"gymtrace.episode(): argument 'timeout' must be a number of seconds > 0, got {timeout!r:.40}"
+    )
+
+
+@pytest.mark.parametrize("timeout", [0.001, 0.5, 1, 3600])
+def test_a_small_or_whole_timeout_is_accepted(timeout: float) -> None:
+    assert _ids.check_timeout("episode", timeout) is None
+
+
+def test_the_sampling_decision_is_the_ids_first_64_bits_against_the_ratio() -> None:
+    import hashlib
+
+    for key in ("r-1", "task-7", "é"):
+        fraction = int.from_bytes(hashlib.sha256(key.encode("utf-8")).digest()[:8], "big") / 2**64
+        assert _ids.keep_rollout(key, fraction) is False  # strictly below the ratio
+        assert _ids.keep_rollout(key, fraction + 1e-9) is True
