@@ -14,13 +14,19 @@ from pathlib import Path
 import pytest
 
 from child_process import run_python, spans_in
+from cpu_hog import cpu_contention  # noqa: F401 - a fixture
 from gymtrace._environment import GYMTRACE_ENCODER_CONFIG
 
 APP = """
 import json, os, sys, time
 import gymtrace
 from gymtrace import _setup
-path, steps, then = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+path, steps, then, window = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4]
+if window:
+    # The tests of what follows the move make it happen at any rate: on a loaded machine the loop
+    # may not reach the default rate, and what they prove must not depend on the machine's speed.
+    from gymtrace import _export_auto
+    _export_auto.UPGRADE_WINDOW = float(window)
 if then == "one-cpu":
     os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})
 gymtrace.configure(service_name="auto-app", file=path)
@@ -35,7 +41,13 @@ def loop(rollout_id, n):
             episode.record_reward(1.0)
 
 loop("first", steps)
-time.sleep(0.3)  # the queue's worker looks at the rate before each batch it takes
+# The queue's worker looks at the rate before each batch it takes, and a move starts on a thread
+# of its own: wait until the worker took everything and no move is under way, not a fixed time.
+deadline = time.monotonic() + 60
+while time.monotonic() < deadline and (
+    getattr(queue, "_starting", False) or (queue._thread if hasattr(queue, "encoder") else queue).stats().queued
+):
+    time.sleep(0.02)
 moved = getattr(queue, "encoder", "thread")
 if then == "kill-encoder":
     os.kill(queue._process._proc.pid, 9)
@@ -54,11 +66,29 @@ print(json.dumps({"moved": moved, "flushed": flushed, "kind": type(queue).__name
 """
 
 
-def run_app(tmp_path: Path, steps: int, then: str = "", **env: str) -> tuple[dict, list[dict]]:
+# Seconds within which UPGRADE_SPANS spans must end for the move: for the tests of what follows it.
+ANY_RATE = "600"
+
+
+def run_app(
+    tmp_path: Path, steps: int, then: str = "", window: str = "", **env: str
+) -> tuple[dict, list[dict]]:
     path = tmp_path / "traces.jsonl"
-    out = run_python(str(path), str(steps), then, code=APP, cwd=tmp_path, env=env or None)
+    out = run_python(str(path), str(steps), then, window, code=APP, cwd=tmp_path, env=env or None)
     assert out.returncode == 0, out.stderr
     return json.loads(out.stdout.splitlines()[-1]), spans_in(path)
+
+
+def assert_exported_or_counted(result: dict, spans: list[dict], finished: int) -> dict:
+    """Every span that ended is exported or counted as dropped, none is still queued after the
+    flush, and none is written twice."""
+    [stats] = result["stats"]
+    assert result["flushed"]
+    assert stats["finished"] == finished, stats
+    assert stats["queued"] == 0, stats
+    assert stats["exported"] + stats["dropped_queue_full"] + stats["dropped_export_failed"] == finished, stats
+    assert len(spans) == len({s["spanId"] for s in spans})
+    return stats
 
 
 def assert_each_span_once(stats: dict, spans: list[dict], expected: int) -> None:
@@ -103,19 +133,21 @@ def _encoder_start(tmp_path: Path, then: str) -> str:
     return os.pathsep.join(p for p in (str(slow), os.environ.get("PYTHONPATH", "")) if p)
 
 
+@pytest.mark.usefixtures("cpu_contention")
 def test_a_move_to_an_encoder_process_slow_to_start_loses_no_span(tmp_path: Path) -> None:
     # CI saw 8,176 of 30,002 spans dropped here, in a fresh virtualenv. Held longer than the whole
     # loop, the encoder process gets every span after the move once it listens, and none is dropped.
-    result, spans = run_app(tmp_path, 30_000, PYTHONPATH=_encoder_start(tmp_path, "listen"))
+    result, spans = run_app(tmp_path, 30_000, window=ANY_RATE, PYTHONPATH=_encoder_start(tmp_path, "listen"))
     assert result["moved"] == "process"
     assert result["flushed"]
     assert_each_span_once(result["stats"][0], spans, 30_002)
 
 
+@pytest.mark.usefixtures("cpu_contention")
 def test_an_encoder_process_that_dies_before_it_listens_loses_only_what_reached_its_pipe(
     tmp_path: Path,
 ) -> None:
-    result, spans = run_app(tmp_path, 30_000, PYTHONPATH=_encoder_start(tmp_path, "die"))
+    result, spans = run_app(tmp_path, 30_000, window=ANY_RATE, PYTHONPATH=_encoder_start(tmp_path, "die"))
     # The flush waited for the queue that took over (it says whether it finished, not what was lost).
     assert result["flushed"]
     [stats] = result["stats"]
@@ -123,6 +155,7 @@ def test_an_encoder_process_that_dies_before_it_listens_loses_only_what_reached_
     # this process instead (all at once: what exceeds its bound is counted as queue-full), and only
     # what the 1 MiB pipe held (records of ~160 bytes) went down with the process.
     assert stats["finished"] == 30_002, stats
+    assert stats["queued"] == 0, stats
     assert stats["exported"] + stats["dropped_queue_full"] + stats["dropped_export_failed"] == 30_002, stats
     assert len(spans) == len({s["spanId"] for s in spans}) == stats["exported"]
     assert 0 < stats["dropped_export_failed"] <= (1 << 20) // 100
@@ -135,16 +168,17 @@ def test_pinned_to_the_thread_a_fast_loop_never_moves(tmp_path: Path) -> None:
     assert_each_span_once(result["stats"][0], spans, 30_002)
 
 
+@pytest.mark.usefixtures("cpu_contention")
 def test_after_the_move_a_dead_encoder_is_counted_and_export_continues(tmp_path: Path) -> None:
-    result, spans = run_app(tmp_path, 30_000, "kill-encoder")
+    # Beside busy processes, as on the CI machine where this failed: what the application's side
+    # dropped while the starved encoder process lagged (whole frames, counted queue-full) was left
+    # out of the sum; and a report of the dead process read after its death was counted twice.
+    result, spans = run_app(tmp_path, 30_000, "kill-encoder", window=ANY_RATE)
     assert result["moved"] == "process"
-    [stats] = result["stats"]
-    assert stats["finished"] == 30_002 + 202
     # What the dead process had not confirmed is counted dropped. It may have written some of it
     # before the SIGKILL (nothing can tell): those are in the file too. Nothing is written twice,
     # and every span is in the file or counted.
-    assert stats["exported"] + stats["dropped_export_failed"] == stats["finished"]
-    assert len(spans) == len({s["spanId"] for s in spans})
+    stats = assert_exported_or_counted(result, spans, 30_002 + 202)
     assert stats["exported"] <= len(spans)
     assert stats["finished"] - len(spans) <= stats["dropped_export_failed"]
     rollouts = {
@@ -158,8 +192,9 @@ def test_after_the_move_a_dead_encoder_is_counted_and_export_continues(tmp_path:
 
 
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
+@pytest.mark.usefixtures("cpu_contention")
 def test_a_child_forked_after_the_move_exports_its_own_spans_once(tmp_path: Path) -> None:
-    result, spans = run_app(tmp_path, 30_000, "fork")
+    result, spans = run_app(tmp_path, 30_000, "fork", window=ANY_RATE)
     assert result["moved"] == "process"
     assert_each_span_once(result["stats"][0], [s for s in spans if not _in(s, "child")], 30_002)
     assert len([s for s in spans if _in(s, "child")]) == 302

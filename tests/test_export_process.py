@@ -59,6 +59,19 @@ elif then == "kill-encoder":
     time.sleep(0.5)
     work(rollouts, prefix="after")
     print(json.dumps({"flushed": gymtrace.force_flush(), "stats": [s.__dict__ for s in gymtrace.export_stats()]}))
+elif then == "straggler":
+    proc = queue._proc
+    proc.kill()
+    proc.wait()
+    work(1, prefix="noticed")  # its records meet the dead pipe: the fallback queue takes over
+    # A thread that saw the encoder process running just before that (the fast path reads the
+    # flag without the lock) appends its record after the fallback took the pending ones.
+    queue._ready = True
+    with gymtrace.rollout(rollout_id="straggler", task_id="t", repeat=0):
+        pass
+    queue._ready = False
+    flushed = gymtrace.force_flush()
+    print(json.dumps({"flushed": flushed, "stats": [s.__dict__ for s in gymtrace.export_stats()]}))
 elif then == "fork":
     pid = os.fork()
     if pid == 0:
@@ -132,6 +145,23 @@ def test_a_dead_encoder_process_is_counted_and_export_continues_in_the_applicati
     assert stats["exported"] == len(spans) == len({s["spanId"] for s in spans})
     names = {s["attributes"][0]["value"]["stringValue"] for s in spans if s["name"] == "gym.rollout"}
     assert {f"after{r}" for r in range(20)} <= names
+
+
+def test_a_span_that_ended_as_the_encoder_died_is_exported_by_the_queue_that_took_over(
+    tmp_path: Path,
+) -> None:
+    # Before: it stayed in the records waiting for a frame, counted as queued after every flush,
+    # and dropped only at shutdown.
+    result, spans = run_app(tmp_path, 10, "straggler")
+    [stats] = result["stats"]
+    assert result["flushed"]
+    assert stats["queued"] == 0
+    assert (
+        stats["exported"] + stats["dropped_queue_full"] + stats["dropped_export_failed"] == stats["finished"]
+    )
+    assert "straggler" in {
+        s["attributes"][0]["value"]["stringValue"] for s in spans if s["name"] == "gym.rollout"
+    }
 
 
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
@@ -263,3 +293,66 @@ def test_exporter_headers_reach_the_collector_but_not_the_encoders_command_line(
     assert result["flushed"] and len(spans) == 2
     assert headers and all(h.get("authorization") == "Bearer s3cret-token" for h in headers)
     assert "child_main" in result["cmdline"] and "s3cret" not in result["cmdline"]
+
+
+# The encoder process confirms spans, then dies before the application applied that report: the
+# application's reply thread is held off by the exporter's lock, as a busy machine holds it off by
+# not scheduling it, and a write notices the death first.
+LATE_REPORT_APP = """
+import json, os, sys, time
+import gymtrace
+from gymtrace import _export_process as ep
+from gymtrace import _setup
+path = sys.argv[1]
+gymtrace.configure(service_name="late-report", file=path, encoder="process")
+[queue] = _setup._state.stage.processors()
+
+def steps(n):
+    with gymtrace.rollout(rollout_id="r", task_id="t", repeat=0), gymtrace.episode():
+        for _ in range(n):
+            with gymtrace.step():
+                pass
+
+def lines():
+    with open(path) as f:
+        return sum(len(json.loads(line)["resourceSpans"][0]["scopeSpans"][0]["spans"]) for line in f)
+
+steps(100)
+assert gymtrace.force_flush()
+proc = queue._proc
+with queue._lock:
+    steps(510)  # two frames of 256 written to the pipe
+    queue._outbox.append((0, ep._frame((ep._FLUSH, 999, 5000))))
+    queue._write_outbox()
+    deadline = time.monotonic() + 60
+    while lines() < 614 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    time.sleep(0.5)  # its report (the flush's answer) follows the write at once
+    proc.kill()
+    proc.wait()
+    steps(300)  # a frame's write meets the dead pipe: the death is noticed here, first
+reader = queue._reader
+print(json.dumps({"flushed": gymtrace.force_flush()}), flush=True)
+reader.join(30)  # the late report is applied
+print(json.dumps({"lines": lines(), "stats": [s.__dict__ for s in gymtrace.export_stats()]}))
+"""
+
+
+def test_a_report_read_after_the_encoder_died_moves_spans_from_dropped_to_exported_not_twice(
+    tmp_path: Path,
+) -> None:
+    # Before: the death's count used the counts applied so far, and the late report then counted
+    # the same 512 spans as exported too: exported + dropped exceeded finished.
+    path = tmp_path / "traces.jsonl"
+    out = run_python(str(path), code=LATE_REPORT_APP, cwd=tmp_path)
+    assert out.returncode == 0, out.stderr
+    lines = [json.loads(line) for line in out.stdout.splitlines() if line.startswith("{")]
+    assert lines[0]["flushed"]
+    [stats] = lines[-1]["stats"]
+    spans = spans_in(path)
+    assert stats["finished"] == 2 + 100 + 2 + 510 + 2 + 300
+    assert (
+        stats["exported"] + stats["dropped_queue_full"] + stats["dropped_export_failed"] == stats["finished"]
+    )
+    assert stats["queued"] == 0
+    assert stats["exported"] == len(spans) == len({s["spanId"] for s in spans})

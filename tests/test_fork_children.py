@@ -8,6 +8,8 @@ import time
 from collections import Counter
 from pathlib import Path
 
+import pytest
+
 from child_process import run_python
 from gymtrace._spandata import read_otlp_json_lines
 
@@ -142,3 +144,54 @@ def test_a_child_whose_exit_flush_times_out_says_so_once(tmp_path: Path) -> None
     assert len(reports) == 1, result.stderr
     assert reports[0].startswith("gymtrace WARNING")
     assert time.monotonic() - started < 60
+
+
+@pytest.mark.parametrize("encoder", ["thread", "auto", "process"])
+def test_a_bare_fork_child_that_leaves_through_os_exit_keeps_the_rollouts_it_finished(
+    tmp_path: Path, encoder: str
+) -> None:
+    # The usual end of an os.fork() child is os._exit(), which runs no exit hook: before, its
+    # rollouts were still in the queue (the worker exports every 500 ms) and were lost, silently.
+    # Now each one is exported as it ends; only a rollout still open at os._exit is lost.
+    traces = tmp_path / "traces.jsonl"
+    result = run_python(
+        code=f"""
+        import multiprocessing, os, warnings
+        import gymtrace
+        from gymtrace import _setup
+
+        warnings.filterwarnings("ignore", ".*multi-threaded.*fork", DeprecationWarning)
+        gymtrace.configure(service_name="forks", file={str(traces)!r}, encoder={encoder!r})
+        with gymtrace.rollout(rollout_id="parent", task_id="t"):
+            pass
+
+        def mp_child(queue):
+            queue.put(getattr(_setup._state.stage, "_flush_rollouts", None))
+
+        queue = multiprocessing.get_context("fork").SimpleQueue()
+        p = multiprocessing.get_context("fork").Process(target=mp_child, args=(queue,))
+        p.start()
+        p.join(30)
+        print("multiprocessing child flushes per rollout", queue.get())
+        pid = os.fork()
+        if pid == 0:
+            for i in range(3):
+                with gymtrace.rollout(rollout_id=f"child-{{i}}", task_id="t"), gymtrace.episode():
+                    for _ in range(5):
+                        with gymtrace.step():
+                            pass
+            os._exit(0)
+        os.waitpid(pid, 0)
+        print("parent flushes per rollout", getattr(_setup._state.stage, "_flush_rollouts", None))
+        """,
+        check=True,
+        timeout=120,
+    )
+    assert _rollouts(traces) == Counter({"parent": 1, "child-0": 1, "child-1": 1, "child-2": 1})
+    steps = [s for s in read_otlp_json_lines(traces) if s.name == "gym.step"]
+    assert len(steps) == 15
+    # Only the bare fork's child pays for a flush per rollout: a multiprocessing child flushes at
+    # its exit, and the parent's binding is unchanged.
+    lines = result.stdout.splitlines()
+    assert "multiprocessing child flushes per rollout False" in lines
+    assert "parent flushes per rollout False" in lines

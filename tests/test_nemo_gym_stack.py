@@ -8,11 +8,13 @@ run`` three ways: traced, with a failure routed to the sidecar and a resume pass
 driver not traced at all. Everything is read back with the ``gymtrace`` CLI from the directory.
 
 Runs in the NeMo Gym venv that ``scripts/test`` builds (``.venv-nemo``, Python 3.11, nemo-gym
-installed with ``--ignore-requires-python``); elsewhere it skips, naming the reason.
+installed with ``--ignore-requires-python``), where ``GYMTRACE_REQUIRE_NEMO_GYM=1`` makes a NeMo
+Gym that cannot import a failure; elsewhere it skips, naming the reason.
 """
 
 from __future__ import annotations
 
+import importlib
 import json
 import os
 import signal
@@ -28,8 +30,26 @@ from typing import Any
 
 import pytest
 
-nemo_gym = pytest.importorskip("nemo_gym", reason="needs nemo-gym 0.7.0 (scripts/test builds .venv-nemo)")
-pytest.importorskip("opentelemetry.instrumentation", reason="needs gymtrace[nemo-gym]")
+# Set by scripts/test, which runs this file in the venv it built for it: there a NeMo Gym that
+# cannot import is a failure, not a skip (a skipped flagship check would pass, green).
+REQUIRE_NEMO_GYM = "GYMTRACE_REQUIRE_NEMO_GYM"
+
+
+def _import_or_skip(module: str, reason: str) -> Any:
+    if os.environ.get(REQUIRE_NEMO_GYM) == "1":
+        try:
+            return importlib.import_module(module)
+        except Exception as exc:  # noqa: BLE001 - whatever stops the import fails the leg
+            pytest.fail(
+                f"{REQUIRE_NEMO_GYM}=1 and {module} does not import in {sys.prefix}:"
+                f" {type(exc).__name__}: {exc}",
+                pytrace=False,
+            )
+    return pytest.importorskip(module, reason=reason)
+
+
+nemo_gym = _import_or_skip("nemo_gym", reason="needs nemo-gym 0.7.0 (scripts/test builds .venv-nemo)")
+_import_or_skip("opentelemetry.instrumentation", reason="needs gymtrace[nemo-gym]")
 
 from gymtrace._spandata import read_otlp_json_lines  # noqa: E402 - after the skips
 

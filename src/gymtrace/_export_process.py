@@ -213,6 +213,11 @@ class ProcessExporter:
         self._head_written = 0  # bytes of the outbox's first frame already in the pipe
         # finished = _handed (taken from pending) + len(_pending) + _other (counted by the slow path)
         self._handed = self._other = self._written = 0
+        # The encoder process is gone (died, or stopped at shutdown): what was written to its pipe
+        # and never confirmed is dropped. Computed when read (stats), never added up at the death:
+        # the reply thread may still apply the dead process's last reports, which move spans from
+        # dropped to exported, and a count taken at the death counted those twice.
+        self._gone = False
         self._dropped_full = self._dropped_failed = 0
         self._child: dict[str, int] = dict.fromkeys(_STAT_FIELDS, 0)
         self._replies: dict[int, bool] = {}
@@ -295,6 +300,9 @@ class ProcessExporter:
             return
         fallback = self._fallback
         if fallback is not None:
+            if self._pending:
+                with self._lock:
+                    self._rescue_pending()
             fallback.on_end(span)
             return
         with self._lock:
@@ -320,6 +328,12 @@ class ProcessExporter:
             if len(self._pending) >= _BLOCK:
                 self._send(self._take_pending())
 
+    def _rescue_pending(self) -> None:
+        """Records appended by a thread that saw the encoder running just before it died (the fast
+        path checks without the lock) go to the fallback queue, not stay pending (lock held)."""
+        if self._pending and self._fallback is not None:
+            self._replay(self._take_pending())
+
     def _take_pending(self) -> list[tuple[Any, ...]]:
         """Everything pending now, counted as handed over (lock held)."""
         pending = self._pending
@@ -332,6 +346,8 @@ class ProcessExporter:
         deadline = time.monotonic() + timeout_millis / 1000
         fallback = self._fallback
         if fallback is not None:
+            with self._lock:
+                self._rescue_pending()
             return fallback.force_flush(timeout_millis)
         with self._lock:
             if self._proc is None and not self._pending and not self._outbox:
@@ -355,11 +371,14 @@ class ProcessExporter:
         if proc is not None:
             self._stop_child(proc, deadline)
         with self._lock:
-            # A span that ended on another thread while this one shut down, and whatever the
-            # encoder process never confirmed (it was killed, or the deadline passed): counted.
-            self._dropped_failed += len(self._take_pending()) + self._unconfirmed()
+            self._rescue_pending()
+            # A span that ended on another thread while this one shut down, and frames never
+            # written (the deadline passed): counted. What the encoder process never confirmed (it
+            # was killed, or the deadline passed) counts as dropped from now on (see _gone).
+            self._dropped_failed += len(self._take_pending()) + self._outbox_spans
             self._outbox.clear()
-            self._outbox_spans = 0
+            self._outbox_spans = self._head_written = 0
+            self._gone = True
             fallback = self._fallback  # the encoder process may have died meanwhile
         self._wake.set()
         if fallback is not None:
@@ -375,6 +394,8 @@ class ProcessExporter:
             exported = child["exported"] + extra.exported
             full = self._dropped_full + child["dropped_queue_full"] + extra.dropped_queue_full
             failed = self._dropped_failed + child["dropped_export_failed"] + extra.dropped_export_failed
+            if self._gone:
+                failed += self._unconfirmed()
             return ExportStats(
                 exporter=self.name,
                 finished=finished,
@@ -462,7 +483,8 @@ class ProcessExporter:
             frame = _frame((_SPANS, resources, scopes, records))
         except ValueError:
             # A value marshal cannot carry (a buggy processor put one in): each record on its own.
-            frame = _frame((_SPANS, resources, scopes, self._marshalable(records)))
+            records = self._marshalable(records)  # the rest counted dropped, not also as sent
+            frame = _frame((_SPANS, resources, scopes, records))
         self._outbox.append((len(records), frame))
         self._outbox_spans += len(records)
         self._write_outbox()
@@ -599,8 +621,17 @@ class ProcessExporter:
         except (OSError, ValueError, EOFError):
             pass
         with self._lock:
-            if self._proc is proc and not self._shutdown:
-                self._encoder_died()
+            if self._reporting is proc and not self._shutdown:  # it died; shutdown did not stop it
+                if self._proc is proc:
+                    self._encoder_died()  # not noticed by a write yet
+                # Every report it sent is applied now: the count is final.
+                logger.warning(
+                    "gymtrace: the encoder process of %s exited (code %s); %d spans it held are"
+                    " dropped, the rest are exported from this process",
+                    self.name,
+                    proc.poll(),
+                    self._unconfirmed(),
+                )
             self._replied.notify_all()
         # Only this thread reads the descriptor, so only it closes it (never while a read waits).
         with contextlib.suppress(OSError, ValueError):
@@ -612,19 +643,11 @@ class ProcessExporter:
         if proc is None:
             return
         # Frames still wholly in the outbox never reached the pipe: they go to the fallback queue
-        # below, not lost. A frame partly written is the encoder's (lost with it).
+        # below, not lost. A frame partly written is the encoder's (lost with it, as if written).
         unsent = list(self._outbox)[1 if self._head_written else 0 :]
-        for spans, _ in unsent:
-            self._outbox_spans -= spans
-        lost = self._unconfirmed()
-        logger.warning(
-            "gymtrace: the encoder process of %s exited (code %s); %d spans it held are dropped, the"
-            " rest are exported from this process",
-            self.name,
-            proc.poll(),
-            lost,
-        )
-        self._dropped_failed += lost
+        if self._head_written:
+            self._written += self._outbox[0][0]
+        self._gone = True  # what it never confirmed is dropped (stats, once its replies are read)
         self._proc = None
         self._ready = False
         if proc.stdin is not None:
@@ -671,12 +694,10 @@ class ProcessExporter:
             reader.join(1.0)  # it reads the end of the pipe, applies the last report, closes it
 
     def _unconfirmed(self) -> int:
-        """Spans written to the pipe or waiting in frames that the encoder never reported (lock held)."""
+        """Spans written to the pipe that the encoder process has not reported (lock held)."""
         child = self._child
         confirmed = child["exported"] + child["dropped_queue_full"] + child["dropped_export_failed"]
-        unconfirmed = max(0, self._written - confirmed) + self._outbox_spans
-        self._written = confirmed  # counted once
-        return unconfirmed
+        return max(0, self._written - confirmed)
 
     def _after_fork(self) -> None:
         # The child must never write to the parent's encoder (the parent exports what it queued):

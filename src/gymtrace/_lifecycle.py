@@ -21,8 +21,9 @@ Installed by ``configure()`` when gymtrace owns the TracerProvider:
 
 Nothing of the standard library is replaced: ``os._exit`` keeps its meaning everywhere (leave now,
 as a crash would). The one ending that cannot be covered is a process that calls ``os._exit``
-itself, outside ``multiprocessing`` (a bare ``os.fork()`` child, say): call
-``gymtrace.force_flush()`` before it.
+itself, outside ``multiprocessing`` (a bare ``os.fork()`` child, say): there, each rollout's spans
+are exported as the rollout ends (``_setup._ExportStage.flush_each_rollout``), so only a rollout
+still open at ``os._exit`` is lost; ``gymtrace.force_flush()`` before it covers that too.
 """
 
 from __future__ import annotations
@@ -44,6 +45,7 @@ logger = logging.getLogger("gymtrace")
 
 _installed = False
 _flush: Callable[[], None] = lambda: None  # noqa: E731 - replaced by install()
+_in_child: Callable[[], None] = lambda: None  # noqa: E731 - replaced by install()
 _previous_sigterm: Any = signal.SIG_DFL
 # Handed to multiprocessing.util.register_after_fork, which keeps a weak reference to its object.
 _after_fork_owner = type("_AfterForkOwner", (), {})()
@@ -52,10 +54,12 @@ _after_fork_owner = type("_AfterForkOwner", (), {})()
 _EXIT_PRIORITY = -100
 
 
-def install(flush: Callable[[], None]) -> None:
-    """Install the hooks once per process; ``flush`` exports what is queued, bounded in time."""
-    global _installed, _flush, _previous_sigterm
+def install(flush: Callable[[], None], in_multiprocessing_child: Callable[[], None]) -> None:
+    """Install the hooks once per process; ``flush`` exports what is queued, bounded in time;
+    ``in_multiprocessing_child`` runs first in a ``multiprocessing`` child forked after this."""
+    global _installed, _flush, _in_child, _previous_sigterm
     _flush = flush
+    _in_child = in_multiprocessing_child
     if _installed:
         return
     _installed = True
@@ -120,6 +124,7 @@ def _on_sigterm(signum: int, frame: FrameType | None) -> None:
 
 
 def _in_multiprocessing_child(_: object) -> None:
+    _in_child()
     _flush_at_multiprocessing_exit()
 
 

@@ -98,6 +98,10 @@ class _ExportStage:
     def __init__(self) -> None:
         self._processors: tuple[Any, ...] = ()
         self._lock = threading.Lock()
+        # In a child of a bare os.fork(): each rollout's spans are exported before its end returns
+        # (see flush_each_rollout). Never in the process that called configure(): its binding,
+        # and so its per-span and per-rollout cost, is the same whether this exists or not.
+        self._flush_rollouts = False
         self._bind()
 
     def replace(self, processors: Sequence[Any]) -> None:
@@ -119,7 +123,39 @@ class _ExportStage:
         ends = tuple(p.on_end for p in processors)
         self.on_start = self._fan_start(starts) if starts else _ignore_start
         self._on_ending = self._fan(endings) if endings else _ignore
-        self.on_end = ends[0] if len(ends) == 1 else self._fan(ends)
+        on_end = ends[0] if len(ends) == 1 else self._fan(ends)
+        self.on_end = self._flushing(on_end) if self._flush_rollouts and ends else on_end
+
+    def flush_each_rollout(self, on: bool) -> None:
+        """In a child of a bare ``os.fork()``, which usually ends with ``os._exit()`` and so runs no
+        exit hook: every rollout (and every span with no parent in this process) is exported
+        before its end returns, bounded by the flush timeout. A ``multiprocessing`` child turns
+        this off again: its exit hook flushes (_lifecycle)."""
+        with self._lock:
+            self._flush_rollouts = on
+            self._bind()
+
+    def _flushing(self, on_end: Callable[[Any], None]) -> Callable[[Any], None]:
+        def end(span: Any) -> None:
+            on_end(span)
+            parent = span.parent
+            if span.name == c.SPAN_ROLLOUT or parent is None or parent.is_remote:
+                self._flush_forked_child()
+
+        return end
+
+    def _flush_forked_child(self) -> None:
+        late = [p for p in self._processors if not p.force_flush(int(p.shutdown_timeout * 1000))]
+        if late:
+            # An exporter that cannot keep up (a Collector away) must not hold up every rollout:
+            # said once, then this child's spans wait for its exit, as anywhere else.
+            logger.warning(
+                "gymtrace: a forked child's flush at the end of a rollout did not finish within"
+                " GYMTRACE_FLUSH_TIMEOUT (%s); its spans are no longer flushed per rollout, so"
+                " call gymtrace.force_flush() before os._exit()",
+                ", ".join(str(getattr(p, "name", type(p).__name__)) for p in late),
+            )
+            self.flush_each_rollout(False)
 
     @staticmethod
     def _fan(calls: tuple[Callable[[Any], None], ...]) -> Callable[[Any], None]:
@@ -192,6 +228,9 @@ def _after_fork_in_child() -> None:
     _state.lock = threading.RLock()
     if _state.stage is not None:
         _state.stage._lock = threading.Lock()
+        # A bare os.fork() child usually leaves through os._exit(), which runs no hook: its rollouts
+        # are exported as they end (multiprocessing's children turn this off: their exit flushes).
+        _state.stage.flush_each_rollout(True)
     for generator in list(_GENERATORS):
         generator.reseed()
 
@@ -418,7 +457,7 @@ def configure(
         assert _state.stage is not None
         _state.stage.replace(processors)
         _meter_provider(settings, headers)
-        _lifecycle.install(_flush_at_exit)
+        _lifecycle.install(_flush_at_exit, _in_multiprocessing_child)
         resolved_name = str(provider.resource.attributes.get("service.name", ""))
         if service_name is not None and service_name != resolved_name:
             logger.warning(
@@ -687,6 +726,12 @@ def _processors(settings: _settings.Settings, headers: Mapping[str, str] | None)
         else:
             processors.append(BatchExporter(exporter, **queue))
     return processors
+
+
+def _in_multiprocessing_child() -> None:
+    stage = _state.stage
+    if stage is not None:
+        stage.flush_each_rollout(False)  # the multiprocessing exit hook flushes instead
 
 
 def _rebind_stage() -> None:
