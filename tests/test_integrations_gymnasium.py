@@ -666,7 +666,15 @@ def test_under_the_rollout_sampler_a_dropped_episode_passes_through_and_a_kept_o
         rollout_id = f"{task}-{n}"
         kinds = sorted(s.attributes[c.KIND] for s in spans if s.attributes.get(c.ROLLOUT_ID) == rollout_id)
         if rollout_id in kept:  # the whole episode, its repeat the wrapper's episode index
-            assert kinds == ["episode", "rollout", "seed_session", "step", "verify"]
+            # A live marker is written when the marker thread wakes while the rollout is open,
+            # which a loaded machine makes likely: it is no span of the episode.
+            assert [k for k in kinds if k != c.KIND_LIVE] == [
+                "episode",
+                "rollout",
+                "seed_session",
+                "step",
+                "verify",
+            ]
             root = next(s for s in spans if s.attributes.get(c.ROLLOUT_ID) == rollout_id and s.parent is None)
             assert root.attributes[c.ROLLOUT_REPEAT] == n
         else:
