@@ -69,6 +69,8 @@ try:
 finally:
     if stopped and stopped[0] is not None:
         os.kill(stopped[0], signal.SIGCONT)  # never leave it stopped
+    if os.environ.get("LOOP_DONE"):
+        open(os.environ["LOOP_DONE"], "w").close()  # a held encoder process may go on now
 # The queue's worker looks at the rate before each batch it takes, and a move starts on a thread
 # of its own: wait until the worker took everything and no move is under way, not a fixed time.
 deadline = time.monotonic() + 60
@@ -148,14 +150,19 @@ def test_a_fast_loop_moves_to_the_encoder_process_and_every_span_arrives_once(tm
     assert numbers == list(range(1, 30_001))
 
 
-def _encoder_start(tmp_path: Path, then: str) -> str:
+def _encoder_start(tmp_path: Path, then: str, until_loop_done: bool = False) -> str:
     """A PYTHONPATH whose sitecustomize holds the encoder process (only it has the config variable)
     for 3 s before it reads its pipe, as a fresh virtualenv compiling its imports does; then it
-    goes on (``then="listen"``) or dies (``then="die"``)."""
+    goes on (``then="listen"``) or dies (``then="die"``). With ``until_loop_done`` the hold lasts
+    until the app's loop has ended too (at most 60 s): beside CPU hogs the loop can outlast 3 s."""
     slow = tmp_path / "slow-start"
     slow.mkdir()
+    hold = "time.sleep(3)"
+    if until_loop_done:
+        done = tmp_path / "loop-done"
+        hold += f"\n    end = time.monotonic() + 60\n    while not os.path.exists({str(done)!r}) and time.monotonic() < end:\n        time.sleep(0.05)"
     (slow / "sitecustomize.py").write_text(
-        f"import os, time\nif {GYMTRACE_ENCODER_CONFIG!r} in os.environ:\n    time.sleep(3)\n"
+        f"import os, time\nif {GYMTRACE_ENCODER_CONFIG!r} in os.environ:\n    {hold}\n"
         + ("    os._exit(1)\n" if then == "die" else "")
     )
     return os.pathsep.join(p for p in (str(slow), os.environ.get("PYTHONPATH", "")) if p)
@@ -165,7 +172,13 @@ def _encoder_start(tmp_path: Path, then: str) -> str:
 def test_a_move_to_an_encoder_process_slow_to_start_loses_no_span(tmp_path: Path) -> None:
     # CI saw 8,176 of 30,002 spans dropped here, in a fresh virtualenv. Held longer than the whole
     # loop, the encoder process gets every span after the move once it listens, and none is dropped.
-    result, spans = run_app(tmp_path, 30_000, window=ANY_RATE, PYTHONPATH=_encoder_start(tmp_path, "listen"))
+    result, spans = run_app(
+        tmp_path,
+        30_000,
+        window=ANY_RATE,
+        PYTHONPATH=_encoder_start(tmp_path, "listen", until_loop_done=True),
+        LOOP_DONE=str(tmp_path / "loop-done"),
+    )
     assert result["moved"] == "process"
     assert result["flushed"]
     assert_each_span_once(result["stats"][0], spans, 30_002)
