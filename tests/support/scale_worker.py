@@ -39,7 +39,8 @@ async def one_rollout(run_id: str, index: int, long_seconds: float, gate: asynci
                             await asyncio.sleep(long_seconds if kind == "long" and attempt.number else 0.05)
                         if kind in ("retried", "long") and attempt.number == 0:
                             raise EnvironmentLost("sandbox went away")
-                    headers = propagation.inject({})
+                    # Scored later from these headers: a hand-off inside the gym.
+                    headers = propagation.inject({}, destination=propagation.GYM_INTERNAL, continuation=True)
                     with gymtrace.verify():
                         if kind not in ("unscored", "late"):
                             gymtrace.record_reward(1.0)
