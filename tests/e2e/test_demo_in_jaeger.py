@@ -74,7 +74,7 @@ def _all_kept_complete(traces: list[Trace]) -> bool:
         if key == "arith-004/r0" and "verify" not in kinds:
             continue
         complete.add(key)
-    return KEPT <= complete
+    return complete >= KEPT
 
 
 def _rollouts_in_jaeger(pipeline: Pipeline, run_id: str) -> dict[str, list[SpanData]]:
