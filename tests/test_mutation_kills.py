@@ -892,6 +892,12 @@ def test_the_interval_is_the_middle_95_percent_of_a_tasks_repeat_noise() -> None
     half_width = 1.96 * (2 * 0.25 / 20 / 8) ** 0.5
     assert low == pytest.approx(0.05 - half_width, abs=0.015)
     assert high == pytest.approx(0.05 + half_width, abs=0.015)
+    # 30 repeats a side: fewer resamples than the most (the draws are capped), the same meaning.
+    pairs = [([1.0] * 15 + [0.0] * 15, [1.0] * 16 + [0.0] * 14)] * 8
+    low, high = _compare.bootstrap_ci95(pairs)
+    half_width = 1.96 * (2 * 0.25 / 30 / 8) ** 0.5
+    assert low == pytest.approx(1 / 30 - half_width, abs=0.015)
+    assert high == pytest.approx(1 / 30 + half_width, abs=0.015)
 
 
 def test_the_interval_is_the_same_for_the_same_inputs_and_seed() -> None:
