@@ -397,8 +397,9 @@ def test_only_loopback_names_and_addresses_are_loopback(host: str, loopback: boo
 
 @pytest.fixture
 def gym_hosts(monkeypatch: pytest.MonkeyPatch) -> object:
-    # The operator's list of the gym's own hosts: one by name, one by name and port.
-    monkeypatch.setenv("GYMTRACE_PROPAGATE_TO", "*.gym.internal, models.lab:8443")
+    # The operator's list of the gym's own hosts: one by name, one by name and port, and one a
+    # URL without a host must not match by accident.
+    monkeypatch.setenv("GYMTRACE_PROPAGATE_TO", "*.gym.internal, models.lab:8443, x*")
     _settings.reload()
     yield
     monkeypatch.delenv("GYMTRACE_PROPAGATE_TO")
@@ -421,6 +422,7 @@ def gym_hosts(monkeypatch: pytest.MonkeyPatch) -> object:
         ("http://localhost:99999/", False),  # a port out of range: no URL, no identity
         ("http://[::1/", False),  # unparseable
         ("not a url", False),
+        ("/relative/path", False),
     ],
 )
 def test_identity_goes_to_listed_gym_hosts_and_loopback_only(url: str, allowed: bool) -> None:
@@ -739,6 +741,19 @@ def test_pass_at_n_is_listed_for_tasks_with_more_than_one_repeat() -> None:
                 ),
             ),
             id="a failed attempt's reward is discarded",
+        ),
+        pytest.param(
+            Facts((Attempt(0, COMPLETED), Attempt(1, FAILED, 0.5), Attempt(2, COMPLETED))),
+            Decision(
+                "unscored",
+                None,
+                2,
+                3,
+                (
+                    "reward 0.5 of attempt 1 was recorded before the attempt failed; a failed attempt is never scored",
+                ),
+            ),
+            id="every attempt's discarded reward is said, after one without a reward",
         ),
         pytest.param(
             Facts((Attempt(0, PENDING, 0.5), Attempt(1, COMPLETED, 1.0))),
