@@ -623,7 +623,41 @@ def test_a_relative_trace_directory_holds_every_process_however_nemo_gym_starts_
     assert not list(PACKAGES.glob("*/*/traces")), list(PACKAGES.glob("*/*/traces"))
 
 
-def test_the_servers_alone_still_trace_nemo_gyms_rollouts(stack: Stack) -> None:
+def test_a_verify_that_raises_is_a_failed_span_with_the_servers_exception_and_its_traceback(
+    multi_step_stack: Stack,
+) -> None:
+    stack = multi_step_stack
+    # Task 1's extraction arguments are not JSON: example_multi_step's verify raises, for both repeats.
+    stack.fail_flag.touch()
+    try:
+        output = stack.eval_run("verify_raises", "+route_failures_to_sidecar=true", limit=2)
+    finally:
+        stack.fail_flag.unlink()
+    run_id = _run_of(stack, output)
+    spans = read_otlp_json_lines(stack.traces)
+    traces = {
+        s.trace_id
+        for s in spans
+        if s.attributes.get("gym.kind") == "rollout" and s.attributes.get("gym.run.id") == run_id
+    }
+    verifies = [s for s in spans if s.attributes.get("gym.kind") == "verify" and s.trace_id in traces]
+    assert {s.service for s in verifies} == {f"{MULTI_STEP}_resources_server"}
+    failed = [s for s in verifies if s.status == "ERROR"]
+    assert len(failed) == 2 and len(verifies) == 4, [(s.service, s.status) for s in verifies]
+    for span in failed:
+        assert span.attributes.get("error.type") == "JSONDecodeError", span
+        (event,) = [e for e in span.events if e.name == "exception"]
+        assert event.attributes["exception.type"] == "JSONDecodeError"
+        assert event.attributes["exception.message"].startswith("Expecting property name"), event
+        # The traceback NeMo Gym printed in the server (Starlette's middleware wraps it in an
+        # exception group): its handler's frame, down to json's raise.
+        stacktrace = event.attributes["exception.stacktrace"]
+        assert "Traceback (most recent call last):" in stacktrace, stacktrace
+        assert "example_multi_step/app.py" in stacktrace and "in verify" in stacktrace, stacktrace
+        assert stacktrace.rstrip().splitlines()[-1].startswith("json.decoder.JSONDecodeError"), stacktrace
+
+
+def test_the_servers_alone_trace_nemo_gyms_rollouts_each_pass_a_run_of_its_own(stack: Stack) -> None:
     before = {
         s.span_id for s in read_otlp_json_lines(stack.traces) if s.attributes.get("gym.kind") == "rollout"
     }
@@ -631,7 +665,6 @@ def test_the_servers_alone_still_trace_nemo_gyms_rollouts(stack: Stack) -> None:
     spans = read_otlp_json_lines(stack.traces)
     roots = [s for s in spans if s.attributes.get("gym.kind") == "rollout" and s.span_id not in before]
     assert {s.attributes["gym.rollout.id"] for s in roots} == _keys(_nemo_rows(output))
-    assert all("gym.run.id" not in s.attributes for s in roots)
     assert {s.service for s in roots} == {"example_single_tool_call_environment_server"}
     verifies = [
         s
@@ -639,6 +672,25 @@ def test_the_servers_alone_still_trace_nemo_gyms_rollouts(stack: Stack) -> None:
         if s.attributes.get("gym.kind") == "verify" and s.trace_id in {r.trace_id for r in roots}
     ]
     assert len(verifies) == 4 and all(s.attributes.get("gym.reward") == 1.0 for s in verifies)
+
+    # The same untraced command again: nothing on the wire names the driver's pass, yet the second
+    # pass is a run of its own, not pooled with the first into one "(no run)".
+    (first_run,) = {s.attributes.get("gym.run.id") for s in roots}
+    assert first_run and first_run.startswith("example_single_tool_call_environment_server-"), first_run
+    before |= {s.span_id for s in roots}
+    stack.eval_run("servers_only_again", limit=2, traced=False)
+    again = [
+        s
+        for s in read_otlp_json_lines(stack.traces)
+        if s.attributes.get("gym.kind") == "rollout" and s.span_id not in before
+    ]
+    (second_run,) = {s.attributes.get("gym.run.id") for s in again}
+    assert second_run and second_run != first_run
+    stats = {row["run_id"]: row for row in stack.json_lines("stats", str(stack.traces))}
+    for run_id in (first_run, second_run):
+        assert (stats[run_id]["scored"], stats[run_id]["mean_reward"]) == (4, 1.0), stats[run_id]
+    rollouts = stack.json_lines("rollouts", str(stack.traces), "--run", second_run)
+    assert {r["rollout_id"] for r in rollouts} == _keys(_nemo_rows(output))
 
 
 def test_the_whole_trace_directory_passes_check_and_no_upstream_request_carried_gym_identity(

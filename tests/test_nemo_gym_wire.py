@@ -113,6 +113,16 @@ def test_the_exception_nemo_gym_answers_a_500_with_is_on_the_failing_span() -> N
         c.EXCEPTION_EVENT,
         {c.EXCEPTION_TYPE: "ValueError", c.EXCEPTION_MESSAGE: "no answer in 'response'"},
     )
+    # With the traceback NeMo Gym formatted in the server, the event carries it too.
+    stacktrace = 'Traceback (most recent call last):\n  File "app.py", line 9, in verify\nValueError: x\n'
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    traced = provider.get_tracer("t").start_span("gym.verify")
+    nemo_gym._record_server_error(traced, 500, json.dumps(repr(ValueError("x"))).encode(), stacktrace)
+    traced.end()
+    (event,) = exporter.get_finished_spans()[0].events
+    assert dict(event.attributes or {})[c.EXCEPTION_STACKTRACE] == stacktrace
     # An answer that names no exception: the status says the HTTP status, nothing is made up.
     plain = _one_span(b'"An unknown error occurred"')
     assert plain.status.description == "HTTP 500" and c.ERROR_TYPE not in (plain.attributes or {})

@@ -268,6 +268,7 @@ ERROR_TYPE: Final = "error.type"
 EXCEPTION_EVENT: Final = "exception"
 EXCEPTION_TYPE: Final = "exception.type"
 EXCEPTION_MESSAGE: Final = "exception.message"
+EXCEPTION_STACKTRACE: Final = "exception.stacktrace"
 SERVICE_NAME: Final = "service.name"
 SERVICE_INSTANCE_ID: Final = "service.instance.id"
 

@@ -4,9 +4,11 @@
 loopback port (written to PORT_FILE), appends each request's headers to HEADERS_FILE as a JSON line,
 and answers ``POST /v1/responses`` deterministically: a ``get_weather`` call for a question without
 "humidity" (reward 1 once the tool answered), a plain message otherwise (reward 0), and a message
-after a tool output; for ``example_multi_step``'s tools, the sequence in ``_multi_step``. While FAIL_FLAG_FILE exists, a question containing "going out" is answered
-with HTTP 400, so that rollout fails until the test removes the flag; while HANG_FLAG_FILE exists,
-the first model call of a question containing "outside" (task 3) waits until it is removed.
+after a tool output; for ``example_multi_step``'s tools, the sequence in ``_multi_step``. While
+FAIL_FLAG_FILE exists, a question containing "going out" is answered with HTTP 400, so that rollout
+fails until the test removes the flag, and ``example_multi_step``'s task 1 ("hot climates") gets
+extraction arguments that are not JSON, so its verify raises; while HANG_FLAG_FILE exists, the
+first model call of a question containing "outside" (task 3) waits until it is removed.
 """
 
 from __future__ import annotations
@@ -61,7 +63,7 @@ def _call(name: str, arguments: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def _multi_step(items: list[Any], model: str) -> dict[str, Any]:
+def _multi_step(items: list[Any], model: str, malformed: bool = False) -> dict[str, Any]:
     """example_multi_step's tools: one lookup, then two lookups in one response (parallel tool
     calls), then the extraction, then a message: 4 model calls and 4 tool calls a rollout."""
     text = " ".join(str(i.get("content")) for i in items if isinstance(i, dict) and "role" in i)
@@ -75,16 +77,19 @@ def _multi_step(items: list[Any], model: str) -> dict[str, Any]:
         )
     if len(outputs) == 3:
         values = [json.loads(o["output"]).get("synonym_value", 0) for o in outputs]
-        return _response([_call("extract_synonym_values", {"synonym_values": values})], model)
+        call = _call("extract_synonym_values", {"synonym_values": values})
+        if malformed:
+            call["arguments"] = "{not json"  # example_multi_step's verify json.loads it: it raises
+        return _response([call], model)
     return _response([_message("Done.")], model)
 
 
-def _answer(body: dict[str, Any]) -> dict[str, Any]:
+def _answer(body: dict[str, Any], malformed: bool = False) -> dict[str, Any]:
     items = body.get("input") or []
     model = str(body.get("model") or "fake-model")
     tools = {t.get("name") for t in body.get("tools") or () if isinstance(t, dict)}
     if "get_synonym_value" in tools and isinstance(items, list):
-        return _multi_step(items, model)
+        return _multi_step(items, model, malformed)
     last = items[-1] if isinstance(items, list) and items else None
     if isinstance(last, dict) and last.get("type") == "function_call_output":
         return _response([_message("It is sunny in San Francisco.")], model)
@@ -141,7 +146,8 @@ def main() -> None:
             if fail_flag and os.path.exists(fail_flag) and "going out" in question:
                 self._send(400, {"error": {"message": "injected failure", "type": "invalid_request_error"}})
                 return
-            self._send(200, _answer(body))
+            malformed = bool(fail_flag and os.path.exists(fail_flag) and "hot climates" in question)
+            self._send(200, _answer(body, malformed))
 
         def _send(self, status: int, payload: dict[str, Any]) -> None:
             data = json.dumps(payload).encode()

@@ -54,6 +54,7 @@ import secrets
 import sys
 import threading
 from collections.abc import Mapping
+from datetime import datetime, timezone
 from pathlib import Path
 from time import time_ns
 from typing import Any, NamedTuple
@@ -826,6 +827,32 @@ async def _buffered(receive: Any) -> tuple[bytes, Any]:
     return body, again
 
 
+class _ServersOnlyRuns:
+    """The runs of the rollouts a server opens itself (the driver runs untraced): the driver's pass
+    is not on the wire, so a pass is told by its rollouts. A rollout attempt this server already
+    opened in the current run starts the next run (a second `gym eval run` sends task 0's rollout 0
+    again); a next attempt of a rollout (a resume pass) stays in its run. Each run is named by the
+    server and the UTC second its first rollout arrived, with a random suffix."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._run_id: str | None = None
+        self._seen: set[tuple[str, int]] = set()
+
+    def run_for(self, identity: RolloutIdentity, server: str | None) -> str:
+        key = (identity.rollout_id, identity.attempt)
+        with self._lock:
+            if self._run_id is None or key in self._seen:
+                started = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+                self._run_id = f"{server or 'nemo-gym'}-{started}-{secrets.token_hex(2)}"
+                self._seen = set()
+            self._seen.add(key)
+            return self._run_id
+
+
+_servers_only_runs = _ServersOnlyRuns()
+
+
 class _Phase(NamedTuple):
     # "root", "seed", "verify", "model", "tool", or "" (identity only). No agent invocation for an
     # agent's /run: it spans the seed_session and verify calls, which rank above it.
@@ -928,8 +955,10 @@ class NeMoGymServerMiddleware:
             phase = _Phase("agent", self.server_name)
         if phase.kind == "root" and found is not None:
             # No scope continued: the rollout opens here. continue_scope with no identity still
-            # takes the gym.* entries the extraction put into the baggage (issue 31).
-            return instrumentation.continue_scope(ctx, {}), phase, found, receive
+            # takes the gym.* entries the extraction put into the baggage (issue 31). The rollout
+            # gets a run of this server's own, so repeated servers-only runs do not pool.
+            run = {c.RUN_ID: _servers_only_runs.run_for(found, self.server_name)}
+            return instrumentation.continue_scope(ctx, run), phase, found, receive
         return instrumentation.continue_scope(ctx, identity), phase, None, receive
 
     async def _serve(
@@ -994,9 +1023,13 @@ class NeMoGymServerMiddleware:
             return
         with stack:
             token = _conversation.set(conversation) if conversation is not None else None
+            tracebacks: list[str] = []
+            traceback_token = _tracebacks.set(tracebacks) if opened else None
             try:
                 await self.app(scope, receive, capture if opened or conversation else send)
             finally:
+                if traceback_token is not None:
+                    _tracebacks.reset(traceback_token)
                 if token is not None:
                     _conversation.reset(token)
                     status = captured["status"] or 500
@@ -1018,7 +1051,7 @@ class NeMoGymServerMiddleware:
                     # The handler's exception became a 500 inside the app: the phase still failed.
                     frame = instrumentation.innermost_scope()
                     if frame is not None:
-                        _record_server_error(frame.span, status, body)
+                        _record_server_error(frame.span, status, body, tracebacks[-1] if tracebacks else None)
                 elif phase.kind == "model" and status < 400 and body:
                     frame = instrumentation.innermost_scope()
                     if frame is not None and frame.span is not None:
@@ -1042,11 +1075,29 @@ class NeMoGymServerMiddleware:
 
 
 _EXCEPTION_REPR = re.compile(r"([A-Za-z_][A-Za-z0-9_.]*)\((.*)\)", re.DOTALL)
+_STACKTRACE_LIMIT = 16384
+
+# The traceback NeMo Gym formats for the exception its exception middleware caught in this request
+# (it prints it and answers only repr(e)): a list per request the phase's span was opened for.
+_tracebacks: contextvars.ContextVar[list[str] | None] = contextvars.ContextVar(
+    "gymtrace_nemo_gym_tracebacks", default=None
+)
 
 
-def _record_server_error(span: Any, status: int, body: bytes) -> None:
+def _format_exc(wrapped: Any, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    """``nemo_gym.server_utils.format_exc``: called once, in the ``except`` of the middleware that
+    turns a handler's exception into HTTP 500; its text is kept for the failing span's event."""
+    text = wrapped(*args, **kwargs)
+    kept = _tracebacks.get()
+    if kept is not None and isinstance(text, str):
+        kept.append(text)
+    return text
+
+
+def _record_server_error(span: Any, status: int, body: bytes, stacktrace: str | None = None) -> None:
     """A phase answered HTTP 5xx: its span failed, with the exception NeMo Gym caught when its
-    answer says which (its servers answer ``repr(exception)`` as a JSON string)."""
+    answer says which (its servers answer ``repr(exception)`` as a JSON string), and the traceback
+    NeMo Gym formatted for it (``stacktrace``) when the server did."""
     if span is None:
         return
     text: Any = None
@@ -1063,7 +1114,10 @@ def _record_server_error(span: Any, status: int, body: bytes) -> None:
         message = message[1:-1]  # a one-argument exception's repr quotes its message
     span.set_status(Status(StatusCode.ERROR, f"{error_type}: {message}"[:1024]))
     span.set_attribute(c.ERROR_TYPE, error_type)
-    span.add_event(c.EXCEPTION_EVENT, {c.EXCEPTION_TYPE: error_type, c.EXCEPTION_MESSAGE: message[:4096]})
+    event = {c.EXCEPTION_TYPE: error_type, c.EXCEPTION_MESSAGE: message[:4096]}
+    if stacktrace:
+        event[c.EXCEPTION_STACKTRACE] = stacktrace[-_STACKTRACE_LIMIT:]  # the innermost frames last
+    span.add_event(c.EXCEPTION_EVENT, event)
 
 
 def _add_middleware(wrapped: Any, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
@@ -1387,6 +1441,7 @@ _stack_hooks: list[tuple[str, str, str, Any]] = [
     ("nemo_gym.server_utils", "SimpleServer", "instrument_app_for_telemetry", _add_middleware),
     ("nemo_gym.server_utils", "ServerClient", "request", _server_client_request),
     ("nemo_gym.server_utils", "", "_request_with_retries", _request_with_retries),
+    ("nemo_gym.server_utils", "", "format_exc", _format_exc),
     ("nemo_gym.rollout_collection", "RolloutCollectionHelper", "run_from_config", _run_from_config),
 ]
 _stack_patched: list[tuple[Any, str, Any]] = []
