@@ -5,15 +5,19 @@ Run in the NeMo Gym venv ``scripts/test`` builds (about 10 minutes on a 2-core m
     .venv-nemo/bin/python benchmarks/nemo_gym_cost.py [--server example_multi_step] [--limit 5]
         [--repeats 4] [--rounds 3] [--gymtrace-src DIR]
 
-Two stacks run at once against one instant fake Responses API upstream
-(tests/support/fake_responses_upstream.py): ``gym env start`` plain, and under
-``opentelemetry-instrument`` with ``GYMTRACE_FILE=DIR/``. Each round runs ``gym eval run`` over the
-same tasks on each (plain driver on the plain stack, instrumented driver on the traced one), in
-alternating order, and takes the CPU time (user + system) of the driver (its rusage, start-up
-included) and of every process of the stack (servers, Ray, ``gym env start``; psutil, before and
-after). Printed: CPU ms per rollout for each side (driver and stack, then the stack alone, which
-leaves out the driver's start-up), their ratios, and the traced side's spans per rollout; the
-median over rounds. Nothing here asserts a time: the machine is shared and absolute times drift.
+Three stacks run at once against one instant fake Responses API upstream
+(tests/support/fake_responses_upstream.py): ``gym env start`` plain; under
+``opentelemetry-instrument`` with gymtrace's NeMo Gym integration switched off
+(``OTEL_PYTHON_DISABLED_INSTRUMENTATIONS=gymtrace_nemo_gym``: the contrib FastAPI/aiohttp/...
+instrumentations alone, their spans written to ``GYMTRACE_FILE=DIR/`` by gymtrace's exporter); and
+fully traced (the integration on, ``GYMTRACE_FILE=DIR/``). Each round runs ``gym eval run`` over the
+same tasks on each (the driver as its stack: plain, or under ``opentelemetry-instrument`` with the
+same environment), in rotating order, and takes the CPU time (user + system) of the driver (its
+rusage, start-up included) and of every process of the stack (servers, Ray, ``gym env start``;
+psutil, before and after). Printed: CPU ms per rollout for each side (driver and stack, then the
+stack alone, which leaves out the driver's start-up), each side's ratio to the plain one, and the
+spans written per rollout; the median over rounds. Nothing here asserts a time: the machine is
+shared and absolute times drift.
 """
 
 from __future__ import annotations
@@ -35,6 +39,9 @@ import psutil
 BIN = Path(sys.executable).parent
 PACKAGES = Path(nemo_gym.__file__).resolve().parent.parent
 UPSTREAM = Path(__file__).resolve().parent.parent / "tests" / "support" / "fake_responses_upstream.py"
+# The sides, in the order printed: how each runs the stack and its driver.
+PLAIN, CONTRIB, FULL = "plain", "integration off", "gymtrace"
+SIDES = (PLAIN, CONTRIB, FULL)
 KINDS = ("resources_servers", "responses_api_agents/simple_agent", "environment_servers/legacy_agent")
 
 
@@ -46,9 +53,10 @@ def _free_port() -> int:
 
 class Side:
     def __init__(
-        self, root: Path, server: str, upstream_port: str, traced: bool, source: str | None = None
+        self, root: Path, server: str, upstream_port: str, variant: str, source: str | None = None
     ) -> None:
-        self.root, self.traced = root, traced
+        traced = variant != PLAIN
+        self.root, self.traced, self.variant = root, traced, variant
         self.head = f"++head_server.port={_free_port()}"
         self.traces = root / "traces"
         for kind in (f"resources_servers/{server}", *KINDS[1:], "responses_api_models/openai_model"):
@@ -77,6 +85,9 @@ class Side:
                     "OTEL_LOGS_EXPORTER": "none",
                 }
             )
+        if variant == CONTRIB:
+            # The supported switch: opentelemetry-instrument loads no instrumentor of this name.
+            self.env["OTEL_PYTHON_DISABLED_INSTRUMENTATIONS"] = "gymtrace_nemo_gym"
         prefix = [str(BIN / "opentelemetry-instrument")] if traced else []
         command = [
             *prefix,
@@ -154,9 +165,7 @@ class Side:
         _, status, usage = os.wait4(driver.pid, 0)
         driver.returncode = os.waitstatus_to_exitcode(status)
         if driver.returncode != 0:
-            raise SystemExit(
-                f"gym eval run failed ({driver.returncode}) on the {'traced' if self.traced else 'plain'} side"
-            )
+            raise SystemExit(f"gym eval run failed ({driver.returncode}) on the {self.variant} side")
         time.sleep(1.0)  # the servers' exporters write on their schedule
         stack = self.stack_cpu() - before
         rows = sum(1 for line in output.read_text().splitlines() if line.strip())
@@ -203,51 +212,53 @@ def main() -> None:
             while not port_file.exists():
                 time.sleep(0.1)
             port = port_file.read_text().strip()
-            for traced in (False, True):
-                (root / str(traced)).mkdir()
-                sides.append(Side(root / str(traced), args.server, port, traced, args.gymtrace_src))
+            for number, variant in enumerate(SIDES):
+                (root / str(number)).mkdir()
+                sides.append(Side(root / str(number), args.server, port, variant, args.gymtrace_src))
             for side in sides:
                 side.wait_ready()
-            plain, traced = sides
-            plain.run("warm", agent, data, 1, 1)
-            traced.run("warm", agent, data, 1, 1)
-            spans_before = _spans(traced.traces)
-            per: dict[bool, list[float]] = {False: [], True: []}
-            servers: dict[bool, list[float]] = {False: [], True: []}
-            traced_rollouts = 0
+            for side in sides:
+                side.run("warm", agent, data, 1, 1)
+            spans_before = {side.variant: _spans(side.traces) for side in sides}
+            per: dict[str, list[float]] = {variant: [] for variant in SIDES}
+            servers: dict[str, list[float]] = {variant: [] for variant in SIDES}
+            rollouts = dict.fromkeys(SIDES, 0)
             for round_number in range(args.rounds):
-                order = sides if round_number % 2 == 0 else sides[::-1]
-                for side in order:
+                # Each side first, middle and last in turn: a drift in the machine's load is shared.
+                shift = round_number % len(sides)
+                for side in sides[shift:] + sides[:shift]:
                     driver, stack, rows = side.run(
                         f"round-{round_number}", agent, data, args.limit, args.repeats
                     )
-                    per[side.traced].append((driver + stack) / rows * 1000)
-                    servers[side.traced].append(stack / rows * 1000)
-                    traced_rollouts += rows if side.traced else 0
+                    per[side.variant].append((driver + stack) / rows * 1000)
+                    servers[side.variant].append(stack / rows * 1000)
+                    rollouts[side.variant] += rows
             time.sleep(2)
-            spans_per_rollout = (_spans(traced.traces) - spans_before) / max(traced_rollouts, 1)
+            spans = {
+                side.variant: (_spans(side.traces) - spans_before[side.variant])
+                / max(rollouts[side.variant], 1)
+                for side in sides
+            }
         finally:
             for side in sides:
                 side.stop()
             os.killpg(upstream.pid, signal.SIGTERM)
-    untraced_ms, traced_ms = statistics.median(per[False]), statistics.median(per[True])
-    plain_servers, traced_servers = statistics.median(servers[False]), statistics.median(servers[True])
     print(
         f"NeMo Gym {args.server} via simple_agent, {args.limit} tasks x {args.repeats} repeats, {args.rounds} rounds"
     )
+    total = {variant: statistics.median(values) for variant, values in per.items()}
+    alone = {variant: statistics.median(values) for variant, values in servers.items()}
+    for variant in SIDES:
+        rounds = ", ".join(f"{v:.1f}" for v in per[variant])
+        print(
+            f"  {variant:<13} {total[variant]:6.1f} ms CPU per rollout, {total[variant] / total[PLAIN]:.2f}x"
+            f" (stack alone {alone[variant]:.1f} ms, {alone[variant] / alone[PLAIN]:.2f}x);"
+            f" {spans[variant]:.1f} spans per rollout; rounds: {rounds}"
+        )
     print(
-        f"  untraced: {untraced_ms:.1f} ms CPU per rollout (rounds: {', '.join(f'{v:.1f}' for v in per[False])})"
-    )
-    print(
-        f"  traced:   {traced_ms:.1f} ms CPU per rollout (rounds: {', '.join(f'{v:.1f}' for v in per[True])})"
-    )
-    print(
-        f"  stack alone (no driver start-up): untraced {plain_servers:.1f} ms, traced {traced_servers:.1f} ms"
-        f" per rollout, {traced_servers / plain_servers:.2f}x"
-    )
-    print(
-        f"  ratio:    {traced_ms / untraced_ms:.2f}x; +{traced_ms - untraced_ms:.1f} ms per rollout;"
-        f" {spans_per_rollout:.1f} spans written per rollout"
+        f"  gymtrace's integration over the rest of opentelemetry-instrument: +{total[FULL] - total[CONTRIB]:.1f} ms"
+        f" per rollout ({total[FULL] / total[CONTRIB]:.2f}x); that rest over plain:"
+        f" +{total[CONTRIB] - total[PLAIN]:.1f} ms ({total[CONTRIB] / total[PLAIN]:.2f}x)"
     )
 
 
