@@ -7,9 +7,12 @@ import dataclasses
 
 import pytest
 
-from gymtrace import _ids, _settings, _steps, _trust
-from gymtrace._errors import InvalidArgumentError
-from gymtrace._outcome_rule import Decision, warning_text
+from gymtrace._identity import trust as _trust
+from gymtrace._model import ids as _ids
+from gymtrace._model import settings as _settings
+from gymtrace._model.errors import InvalidArgumentError
+from gymtrace._model.outcome_rule import Decision, warning_text
+from gymtrace._scopes import steps as _steps
 
 # -- trust: configure()'s trust arguments ---------------------------------------------------------
 
