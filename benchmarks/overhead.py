@@ -408,7 +408,7 @@ def bench_enabled(n: int, repeats: int) -> tuple[list[Row], dict[str, float], li
 def disabled_child(n: int, repeats: int) -> dict[str, float]:
     """Undecorated vs decorated calls with tracing off. Prints JSON for the parent."""
     import gymtrace
-    from gymtrace._tracing import active_tracer
+    from gymtrace._scopes.tracing import active_tracer
 
     if os.environ.get("OTEL_SDK_DISABLED", "").lower() == "true":
         from opentelemetry import trace

@@ -216,8 +216,8 @@ print(json.dumps({"peer_vs_hand": ratio(res, "peer", "hand"), "hand_us": statist
 
 GYM_CHILD = r"""
 import gymtrace
-from gymtrace import _setup
-from gymtrace._leanspan import LeanTracer
+from gymtrace._sdk import setup as _setup
+from gymtrace._otel_private.leanspan import LeanTracer
 # configure() builds its exporters in _setup; swapping the file exporter's constructor for the drop
 # exporter keeps everything else exactly what configure() makes: gymtrace's provider and lean span
 # path, IdentitySpanProcessor, the export stage and gymtrace's batching queue with its thread.

@@ -149,7 +149,7 @@ def med(values: Sequence[float]) -> float:
 
 DISABLED_CODE = r"""
 import gymtrace
-from gymtrace._tracing import active_tracer
+from gymtrace._scopes.tracing import active_tracer
 if os.environ.get("OTEL_SDK_DISABLED") == "true":
     gymtrace.configure()
 assert active_tracer() is None
@@ -305,7 +305,8 @@ def stepping():
 result = interleaved({"rollout": rollouts, "step": stepping}, repeats)
 out = {k: statistics.median(v) for k, v in result.items()}
 if mode == "on":
-    from gymtrace import _live, _tracing
+    from gymtrace._live import markers as _live
+    from gymtrace._scopes import tracing as _tracing
     with rollout(rollout_id="m") as open_rollout:
         watched = _live._Watched(open_rollout, time.time_ns())
         tracer = _tracing.active_tracer()
@@ -599,13 +600,13 @@ def _has_integration() -> bool:
 
 
 def _has_encoder_process() -> bool:
-    from gymtrace import _environment
+    from gymtrace._model import environment as _environment
 
     return hasattr(_environment, "GYMTRACE_ENCODER")
 
 
 def _has_step_policy() -> bool:
-    from gymtrace import _environment
+    from gymtrace._model import environment as _environment
 
     return hasattr(_environment, "GYMTRACE_STEP_POLICY") and "step_policy" in _configure_arguments()
 
@@ -976,7 +977,7 @@ def table(rows: list[tuple[str, str, str, str, bool | None]]) -> None:
 def print_fast_paths() -> None:
     """Which of gymtrace's uses of private OpenTelemetry names this installation runs (the numbers
     below hold only with all of them active; CONTRIBUTING.md lists what each is worth)."""
-    from gymtrace._setup import fast_paths
+    from gymtrace._sdk.setup import fast_paths
 
     print("fast paths (private OpenTelemetry names, checked by capability at import)")
     for path in fast_paths():

@@ -6,7 +6,8 @@ from collections.abc import Iterator
 
 import pytest
 
-from gymtrace import _errors, _trust
+from gymtrace._identity import trust as _trust
+from gymtrace._model import errors as _errors
 from gymtrace.testing import CapturedSpans, capture_spans, strict
 
 

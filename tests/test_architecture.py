@@ -18,48 +18,56 @@ SRC = Path(__file__).resolve().parent.parent / "src" / "gymtrace"
 # Lowest first. A module may import modules of its own layer or of lower layers, never higher; the
 # whole graph must also be free of cycles. Patterns match dotted names below ``gymtrace``.
 LAYERS: list[tuple[str, list[str]]] = [
-    ("constants", ["_version", "_constants", "_environment", "_exceptions", "_fastpaths", "attributes"]),
-    ("settings and errors", ["_settings", "_errors"]),
+    (
+        "constants",
+        [
+            "_version",
+            "_constants",
+            # The sub-packages' own __init__ modules import nothing.
+            "_model",
+            "_scopes",
+            "_identity",
+            "_live",
+            "_read",
+            "_sdk",
+            "_import",
+            "_model.environment",
+            "_model.exceptions",
+            "_otel_private",
+            "_otel_private.fastpaths",
+            "attributes",
+        ],
+    ),
+    ("settings and errors", ["_model.settings", "_model.errors"]),
     (
         "values",
         [
-            "_ids",
-            "_failures",
-            "_outcome_rule",
-            "_tracing",
-            "_trust",
+            "_model.ids",
+            "_model.failures",
+            "_model.outcome_rule",
+            "_model.spandata",
+            "_scopes.tracing",
+            "_identity.trust",
             "_content",
             "_content.*",
-            "_content_*",
-            "_metrics",
+            "_live.metrics",
         ],
     ),
-    ("levels", ["_frame", "_live", "_levels", "_steps"]),
-    ("engine", ["_scope"]),
+    ("levels", ["_scopes.frame", "_live.markers", "_scopes.levels", "_scopes.steps"]),
+    ("engine", ["_scopes.scope"]),
     (
         "public API",
-        ["_record", "_api", "_attempts", "propagation", "_processor", "sampling", "instrumentation"],
-    ),
-    (
-        "setup and readers",
         [
-            "_spandata",
-            "_check",
-            "_render",
-            "_jaeger",
-            "_outcomes",
-            "_liveview",
-            "_passk",
-            "_compare",
-            "_export",
-            "_export_*",
-            "_otlp*",
-            "_leanspan",
-            "_sampler",
-            "_lifecycle",
-            "_setup",
+            "_scopes.record",
+            "_scopes.api",
+            "_scopes.attempts",
+            "propagation",
+            "_identity.processor",
+            "sampling",
+            "instrumentation",
         ],
     ),
+    ("setup and readers", ["_read.*", "_sdk.*", "_otel_private.*"]),
     ("package", ["testing", "__init__"]),
     (
         "integrations and CLI",
@@ -68,14 +76,11 @@ LAYERS: list[tuple[str, list[str]]] = [
             "integrations.*",
             "demo",
             "demo.*",
-            "_demo*",
             "http",
             "asgi",
-            "_httpx",
-            "_aiohttp",
-            "_records",
-            "_records.*",
+            "_import.*",
             "_cli",
+            "_cli.*",
             "__main__",
         ],
     ),
@@ -125,7 +130,14 @@ def _imports(tree: ast.Module, *, module_level: bool) -> Iterator[tuple[str, int
                         else "__init__"
                     )
             elif node.module.startswith("gymtrace."):
-                yield node.module.removeprefix("gymtrace.")
+                module = node.module.removeprefix("gymtrace.")
+                folder = SRC.joinpath(*module.split("."))
+                for alias in node.names:  # `from gymtrace._scopes import frame as _frame`
+                    yield (
+                        f"{module}.{alias.name}"
+                        if (folder / f"{alias.name}.py").exists() or (folder / alias.name).is_dir()
+                        else module
+                    )
 
     def walk(node: ast.AST, in_function: bool) -> Iterator[tuple[str, int]]:
         for child in ast.iter_child_nodes(node):
@@ -274,7 +286,7 @@ def test_an_integration_reports_through_the_guard_and_never_logs_itself(name: st
 def test_the_architecture_checks_see_a_private_import_and_self_logging() -> None:
     # The two checks above must be able to fail.
     tree = ast.parse(
-        "import logging\nfrom gymtrace import _frame\nfrom gymtrace import sampling\n"
+        "import logging\nfrom gymtrace._scopes import frame\nfrom gymtrace import sampling\n"
         "logger = logging.getLogger('gymtrace')\nlogger.warning('x')\nsampling._decided(1)\n"
     )
     assert len(_private_uses(tree)) == 2

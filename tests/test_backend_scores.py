@@ -14,8 +14,8 @@ import threading
 import pytest
 
 from gymtrace import _constants as c
-from gymtrace._export_backends import BackendError, NotYet, ScoreSender, decided, mapped_attributes
-from gymtrace._spandata import SpanData
+from gymtrace._model.spandata import SpanData
+from gymtrace._sdk.backends import BackendError, NotYet, ScoreSender, decided, mapped_attributes
 
 
 def _span(name: str, kind: str, parent: str | None = None, **attributes: object) -> SpanData:

@@ -13,8 +13,8 @@ from typing import Any
 import pytest
 
 from child_process import run_python as run_child  # this module's run_python returns JSON
-from gymtrace import _settings
-from gymtrace._spandata import read_otlp_json_lines
+from gymtrace._model import settings as _settings
+from gymtrace._model.spandata import read_otlp_json_lines
 
 _OTEL_VARS = [k for k in os.environ if k.startswith(("OTEL_", "GYMTRACE_"))]
 
@@ -96,9 +96,9 @@ def test_sampler_from_environment_is_honoured(tmp_path: Path) -> None:
 def test_otlp_exporters_are_built_for_each_protocol(tmp_path: Path) -> None:
     code = """
     import json, gymtrace
-    from gymtrace._setup import _state
+    from gymtrace._sdk.setup import _state
     config = gymtrace.configure(endpoint="http://127.0.0.1:1", protocol={protocol!r})
-    # The SDK's own exporter class, with gymtrace's lean encoder in front (gymtrace._otlp).
+    # The SDK's own exporter class, with gymtrace's lean encoder in front (gymtrace._sdk.otlp).
     exporters = [
         [type(p.exporter).__mro__[1].__module__, type(p.exporter).__module__]
         for p in _state.stage.processors()
@@ -107,12 +107,12 @@ def test_otlp_exporters_are_built_for_each_protocol(tmp_path: Path) -> None:
     """
     grpc = run_python(code.format(protocol="grpc"), tmp_path)
     assert grpc == {
-        "exporters": [["opentelemetry.exporter.otlp.proto.grpc.trace_exporter", "gymtrace._otlp"]],
+        "exporters": [["opentelemetry.exporter.otlp.proto.grpc.trace_exporter", "gymtrace._sdk.otlp"]],
         "endpoint": "http://127.0.0.1:1",
     }
     http = run_python(code.format(protocol="http/protobuf"), tmp_path)
     assert http == {
-        "exporters": [["opentelemetry.exporter.otlp.proto.http.trace_exporter", "gymtrace._otlp"]],
+        "exporters": [["opentelemetry.exporter.otlp.proto.http.trace_exporter", "gymtrace._sdk.otlp"]],
         "endpoint": "http://127.0.0.1:1/v1/traces",
     }
 

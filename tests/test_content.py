@@ -21,7 +21,8 @@ import pytest
 import gymtrace
 from child_process import clean_env
 from gymtrace import _constants as c
-from gymtrace import _content, _settings
+from gymtrace import _content
+from gymtrace._model import settings as _settings
 from gymtrace.testing import CapturedSpans, capture_spans
 
 VAR = "OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT"

@@ -8,7 +8,7 @@ from child_process import run_python
 
 CODE = """
 import asyncio, os, gymtrace
-from gymtrace._tracing import active_tracer
+from gymtrace._scopes.tracing import active_tracer
 if os.environ.get("WITH_SDK"):
     from opentelemetry import trace
     from opentelemetry.sdk.trace import TracerProvider

@@ -15,17 +15,17 @@ import pytest
 
 from child_process import run_python, spans_in
 from cpu_hog import cpu_contention  # noqa: F401 - a fixture
-from gymtrace._environment import GYMTRACE_ENCODER_CONFIG
+from gymtrace._model.environment import GYMTRACE_ENCODER_CONFIG
 
 APP = """
 import json, os, signal, sys, time
 import gymtrace
-from gymtrace import _setup
+from gymtrace._sdk import setup as _setup
 path, steps, then, window = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4]
 if window:
     # The tests of what follows the move make it happen at any rate: on a loaded machine the loop
     # may not reach the default rate, and what they prove must not depend on the machine's speed.
-    from gymtrace import _export_auto
+    from gymtrace._sdk import export_auto as _export_auto
     _export_auto.UPGRADE_WINDOW = float(window)
 if then == "one-cpu":
     os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})
@@ -283,7 +283,7 @@ def test_a_fast_loop_with_one_cpu_stays_on_the_thread_queue(tmp_path: Path) -> N
 def test_a_cgroup_cpu_quota_bounds_the_cpus_counted(
     cpu_max: str, expected: int | None, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from gymtrace import _export_auto
+    from gymtrace._sdk import export_auto as _export_auto
 
     monkeypatch.setattr(_export_auto, "_CGROUP_CPU_MAX", str(tmp_path / "missing"))
     unlimited = _export_auto._cpus()

@@ -24,7 +24,7 @@ from child_process import clean_env, run_python, spans_in
 APP = """
 import json, os, sys, time
 import gymtrace
-from gymtrace import _setup
+from gymtrace._sdk import setup as _setup
 path, rollouts, then = sys.argv[1], int(sys.argv[2]), sys.argv[3]
 gymtrace.configure(service_name="encoder-app", file=path, encoder="process")
 [queue] = _setup._state.stage.processors()
@@ -267,7 +267,7 @@ def _alive(pid: int) -> bool:
 SECRET_APP = """
 import json, sys, time
 import gymtrace
-from gymtrace import _setup
+from gymtrace._sdk import setup as _setup
 gymtrace.configure(service_name="secret", endpoint=sys.argv[1], protocol="http/protobuf", file=False,
                    headers={"authorization": "Bearer s3cret-token"}, encoder="process")
 [queue] = _setup._state.stage.processors()
@@ -301,8 +301,8 @@ def test_exporter_headers_reach_the_collector_but_not_the_encoders_command_line(
 LATE_REPORT_APP = """
 import json, os, sys, time
 import gymtrace
-from gymtrace import _export_process as ep
-from gymtrace import _setup
+from gymtrace._sdk import export_process as ep
+from gymtrace._sdk import setup as _setup
 path = sys.argv[1]
 gymtrace.configure(service_name="late-report", file=path, encoder="process")
 [queue] = _setup._state.stage.processors()

@@ -1,4 +1,4 @@
-"""The export queue (``gymtrace._export.BatchExporter``) against real exporter stand-ins.
+"""The export queue (``gymtrace._sdk.export.BatchExporter``) against real exporter stand-ins.
 
 The stand-ins are real :class:`~opentelemetry.sdk.trace.export.SpanExporter` objects (one that
 fails N times then succeeds, one that blocks until released, one that raises), fed real SDK spans
@@ -22,9 +22,12 @@ from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 from opentelemetry.sdk.trace.sampling import ALWAYS_OFF
 
 from child_process import run_python
-from gymtrace import _export, _otlp, _settings, _setup
-from gymtrace._export import BatchExporter, ExportStats
-from gymtrace._spandata import read_otlp_json_lines
+from gymtrace._model import settings as _settings
+from gymtrace._model.spandata import read_otlp_json_lines
+from gymtrace._sdk import export as _export
+from gymtrace._sdk import otlp as _otlp
+from gymtrace._sdk import setup as _setup
+from gymtrace._sdk.export import BatchExporter, ExportStats
 from gymtrace.testing import check_trace
 
 

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from child_process import run_python
-from gymtrace._spandata import read_otlp_json_lines
+from gymtrace._model.spandata import read_otlp_json_lines
 
 
 def _rollouts(path: Path) -> Counter[str]:
@@ -76,7 +76,7 @@ def test_a_child_forked_while_the_file_exporter_writes_exits_at_once_with_its_sp
         code=f"""
         import multiprocessing, time
         import gymtrace
-        from gymtrace import _setup
+        from gymtrace._sdk import setup as _setup
 
         def child():
             for i in range(3):
@@ -158,7 +158,7 @@ def test_a_bare_fork_child_that_leaves_through_os_exit_keeps_the_rollouts_it_fin
         code=f"""
         import multiprocessing, os, warnings
         import gymtrace
-        from gymtrace import _setup
+        from gymtrace._sdk import setup as _setup
 
         warnings.filterwarnings("ignore", ".*multi-threaded.*fork", DeprecationWarning)
         gymtrace.configure(service_name="forks", file={str(traces)!r}, encoder={encoder!r})

@@ -26,7 +26,7 @@ from hypothesis import strategies as st
 
 import gymtrace
 from gymtrace._cli import main
-from gymtrace._spandata import encode_otlp_json
+from gymtrace._model.spandata import encode_otlp_json
 from gymtrace.testing import capture_spans
 
 TRACE = "0af7651916cd43dd8448eb211c80319c"

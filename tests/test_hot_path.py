@@ -10,7 +10,7 @@ from opentelemetry import trace
 
 import gymtrace
 from child_process import clean_env
-from gymtrace._tracing import SPAN_CONTEXT_KEY
+from gymtrace._scopes.tracing import SPAN_CONTEXT_KEY
 from gymtrace.testing import capture_spans
 
 
@@ -23,7 +23,7 @@ def test_tracing_is_off_until_a_provider_is_set_and_on_after() -> None:
     _run(
         "from opentelemetry import trace\n"
         "from opentelemetry.sdk.trace import TracerProvider\n"
-        "from gymtrace._tracing import active_tracer\n"
+        "from gymtrace._scopes.tracing import active_tracer\n"
         "assert active_tracer() is None\n"
         "trace.set_tracer_provider(TracerProvider())\n"
         "assert active_tracer() is not None\n"
@@ -34,7 +34,7 @@ def test_otel_sdk_disabled_turns_tracing_off_under_an_sdk_provider() -> None:
     _run(
         "from opentelemetry import trace\n"
         "from opentelemetry.sdk.trace import TracerProvider\n"
-        "from gymtrace._tracing import active_tracer\n"
+        "from gymtrace._scopes.tracing import active_tracer\n"
         "trace.set_tracer_provider(TracerProvider())\n"
         "assert active_tracer() is None\n",
         OTEL_SDK_DISABLED="true",
@@ -43,7 +43,7 @@ def test_otel_sdk_disabled_turns_tracing_off_under_an_sdk_provider() -> None:
 
 def test_a_provider_named_by_otel_python_tracer_provider_is_loaded() -> None:
     _run(
-        "from gymtrace._tracing import active_tracer\nassert active_tracer() is not None\n",
+        "from gymtrace._scopes.tracing import active_tracer\nassert active_tracer() is not None\n",
         OTEL_PYTHON_TRACER_PROVIDER="sdk_tracer_provider",
     )
 

@@ -102,7 +102,7 @@ def test_a_rerun_after_a_lost_run_numbers_its_episode_after_a_failed_attempt(cap
     # A scheduler re-ran work continued from the rollout (its first run's process died and left
     # nothing): the episode it opens is attempt 1, retrying a recorded failed attempt 0.
     from gymtrace import propagation
-    from gymtrace._outcomes import final_outcomes
+    from gymtrace._read.outcomes import final_outcomes
 
     with gymtrace.rollout(rollout_id="r-rerun", task_id="t", repeat=0):
         headers = propagation.inject({}, destination=propagation.GYM_INTERNAL, continuation=True)

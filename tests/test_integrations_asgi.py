@@ -26,7 +26,7 @@ from _distributed import (
     services,
 )
 from gymtrace import _constants as c
-from gymtrace._spandata import SpanData
+from gymtrace._model.spandata import SpanData
 from gymtrace.integrations.asgi import GymTraceMiddleware
 from gymtrace.integrations.httpx import HttpxTransport
 

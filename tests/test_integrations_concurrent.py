@@ -14,7 +14,7 @@ import _pool_workers
 import gymtrace
 from gymtrace import _constants as c
 from gymtrace import propagation
-from gymtrace._spandata import read_otlp_json_lines
+from gymtrace._model.spandata import read_otlp_json_lines
 from gymtrace.integrations import concurrent
 
 

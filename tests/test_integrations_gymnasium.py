@@ -13,8 +13,8 @@ import pytest
 
 import gymtrace
 from gymtrace import _constants as c
-from gymtrace import _steps
-from gymtrace._outcomes import final_outcomes
+from gymtrace._read.outcomes import final_outcomes
+from gymtrace._scopes import steps as _steps
 from gymtrace.testing import CapturedSpans, capture_spans, check_trace
 
 gym = pytest.importorskip("gymnasium")
@@ -640,7 +640,7 @@ def test_under_the_rollout_sampler_a_dropped_episode_passes_through_and_a_kept_o
     from opentelemetry.sdk.trace.export import SimpleSpanProcessor
     from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-    from gymtrace._tracing import pop_provider, push_provider
+    from gymtrace._scopes.tracing import pop_provider, push_provider
     from gymtrace.sampling import RolloutSampler, keep_rollout
 
     exporter = InMemorySpanExporter()

@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 
 from gymtrace import _constants as c
-from gymtrace._spandata import SpanData, read_otlp_json_lines
+from gymtrace._model.spandata import SpanData, read_otlp_json_lines
 from gymtrace.testing import check_trace
 
 pytest.importorskip("ray")
@@ -275,9 +275,9 @@ def test_a_task_whose_worker_died_and_that_ray_retried_is_visible(
     ]
     assert all(s.attributes[c.RAY_TASK_ATTEMPT] == 0 for s in other)
     # Not only the raw ray.task span knows: the rollout's readers say it too (issue 25).
-    from gymtrace._check import rerun_notes
-    from gymtrace._outcomes import final_outcomes
-    from gymtrace._render import render_tree
+    from gymtrace._read.check import rerun_notes
+    from gymtrace._read.outcomes import final_outcomes
+    from gymtrace._read.render import render_tree
 
     (rollout,) = [o for o in final_outcomes(spans) if o.rollout_id == "ray-rollout"]
     assert rollout.task_reruns == 1 and rollout.as_json()["task_reruns"] == 1
@@ -287,7 +287,7 @@ def test_a_task_whose_worker_died_and_that_ray_retried_is_visible(
 
 def _read_back(spans: list[SpanData], rollout_id: str, expected: tuple[str, float, int]) -> list[SpanData]:
     """The rollout's (outcome, reward, attempts) as the readers decide it, and its trace's spans."""
-    from gymtrace._outcomes import final_outcomes
+    from gymtrace._read.outcomes import final_outcomes
 
     (rollout,) = [o for o in final_outcomes(spans) if o.rollout_id == rollout_id]
     assert (rollout.outcome, rollout.reward, rollout.attempts) == expected

@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 from gymtrace import _constants as c
-from gymtrace._jaeger import link_relations_from_otlp, spans_from_jaeger, with_relations
+from gymtrace._read.jaeger import link_relations_from_otlp, spans_from_jaeger, with_relations
 
 TRACE = "0af7651916cd43dd8448eb211c80319c"
 RUN_TRACE = "00000000000000001111111111111111"

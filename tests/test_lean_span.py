@@ -1,4 +1,4 @@
-"""The lean recording path under the provider ``configure()`` creates (``gymtrace._leanspan``).
+"""The lean recording path under the provider ``configure()`` creates (``gymtrace._otel_private.leanspan``).
 
 Each test runs a child process (the global provider can be set once per process): the same scenario
 under gymtrace's own provider (lean path) and under ``capture_spans()`` (the stock SDK path) must
@@ -23,7 +23,7 @@ import gymtrace
 from opentelemetry import trace
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
-from gymtrace._tracing import current_provider
+from gymtrace._scopes.tracing import current_provider
 from gymtrace.testing import capture_spans, check_trace
 
 gymtrace.configure(service_name="lean", file=False)
@@ -107,7 +107,7 @@ def test_an_applications_own_provider_is_left_as_it_is(tmp_path: Path) -> None:
     from opentelemetry.sdk.trace import TracerProvider
     trace.set_tracer_provider(TracerProvider())
     gymtrace.configure()
-    from gymtrace._tracing import active_tracer
+    from gymtrace._scopes.tracing import active_tracer
     print(json.dumps({"provider": type(trace.get_tracer_provider()).__name__,
                       "tracer": type(active_tracer()).__name__}))
     """
@@ -120,7 +120,7 @@ LEAN_AND_STOCK = """
 import json, gymtrace
 from opentelemetry import trace
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
-from gymtrace._tracing import active_tracer
+from gymtrace._scopes.tracing import active_tracer
 gymtrace.configure(service_name="lean", file=False)
 lean = active_tracer()
 stock = trace.get_tracer_provider().get_tracer("some.library")
@@ -234,7 +234,7 @@ def _spans_set_both_ways(limits: Any) -> tuple[Any, Any]:
     from opentelemetry.sdk.trace import TracerProvider
 
     from gymtrace._constants import INSTRUMENTATION_NAME
-    from gymtrace._leanspan import GymTracerProvider
+    from gymtrace._otel_private.leanspan import GymTracerProvider
 
     made = []
     for provider in (GymTracerProvider(span_limits=limits), TracerProvider(span_limits=limits)):
@@ -296,7 +296,7 @@ def test_events_match_the_sdk_span_under_every_event_limit(
     from opentelemetry.sdk.trace import SpanLimits, TracerProvider
 
     from gymtrace._constants import INSTRUMENTATION_NAME
-    from gymtrace._leanspan import GymTracerProvider
+    from gymtrace._otel_private.leanspan import GymTracerProvider
 
     limits = SpanLimits(max_events=max_events) if max_events is not None else SpanLimits()
     shapes = []
@@ -337,8 +337,8 @@ if "{change}" in ("end", "both"):
     sdk_trace.Span._end_hooks = ()  # the SDK's own spans read the class default
 
 import gymtrace
-from gymtrace import _fastpaths
-from gymtrace._spandata import read_otlp_json_lines
+from gymtrace._otel_private import fastpaths as _fastpaths
+from gymtrace._model.spandata import read_otlp_json_lines
 
 gymtrace.configure(service_name="new-sdk", file="spans.jsonl")
 with gymtrace.run(run_id="run-1"), gymtrace.rollout(rollout_id="r-1", task_id="t"):
@@ -382,8 +382,8 @@ def test_a_lean_span_whose_end_fails_is_reported_once_never_raised(
     from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
     import gymtrace
-    from gymtrace import _leanspan
-    from gymtrace._tracing import pop_provider, push_provider
+    from gymtrace._otel_private import leanspan as _leanspan
+    from gymtrace._scopes.tracing import pop_provider, push_provider
 
     sdk_end = sdk_trace.Span.end
 

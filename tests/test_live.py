@@ -21,10 +21,10 @@ import pytest
 import gymtrace
 from child_process import clean_env, run_gymtrace
 from gymtrace import _constants as c
-from gymtrace import _settings
-from gymtrace._liveview import live_rollouts
-from gymtrace._render import render_tree
-from gymtrace._spandata import from_readable
+from gymtrace._model import settings as _settings
+from gymtrace._model.spandata import from_readable
+from gymtrace._read.liveview import live_rollouts
+from gymtrace._read.render import render_tree
 from gymtrace.testing import CapturedSpans, capture_spans, check_trace
 
 SUPPORT = Path(__file__).resolve().parent / "support"
@@ -311,7 +311,8 @@ def test_a_forked_child_marks_its_own_rollouts_not_its_parents(tmp_path: Path) -
     code = """
 import contextvars, os, time
 import gymtrace
-from gymtrace import _live, _settings
+from gymtrace._live import markers as _live
+from gymtrace._model import settings as _settings
 from gymtrace.testing import capture_spans
 _settings.override(heartbeat=0.2)
 with capture_spans() as captured, gymtrace.rollout(rollout_id="parent"), gymtrace.episode():
@@ -368,7 +369,7 @@ def test_a_retry_gets_its_own_marker_and_live_reads_its_attempt(heartbeat: float
 
 
 def test_live_reads_a_file_still_being_written_up_to_its_last_whole_line(tmp_path: Path) -> None:
-    from gymtrace._spandata import TraceFileError, encode_otlp_json, read_otlp_json_lines
+    from gymtrace._model.spandata import TraceFileError, encode_otlp_json, read_otlp_json_lines
 
     with capture_spans() as captured, gymtrace.rollout(rollout_id="r"):
         pass

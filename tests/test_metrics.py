@@ -18,8 +18,8 @@ from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 import gymtrace
 from gymtrace import propagation
-from gymtrace._outcomes import summarise
-from gymtrace._spandata import read_otlp_json_lines
+from gymtrace._read.outcomes import summarise
+from gymtrace._model.spandata import read_otlp_json_lines
 
 reader = InMemoryMetricReader()
 metrics.set_meter_provider(MeterProvider(metric_readers=[reader]))
@@ -147,7 +147,7 @@ def test_an_application_meter_provider_is_kept_by_configure(tmp_path: Path) -> N
     body = """
 gymtrace.configure(endpoint="http://127.0.0.1:9", protocol="http/protobuf", file=sys.argv[1])
 assert metrics.get_meter_provider().__class__ is MeterProvider
-assert gymtrace._setup._state.meter_provider is None
+assert gymtrace._sdk.setup._state.meter_provider is None
 with gymtrace.rollout(rollout_id="r"):
     gymtrace.record_reward(1.0)
 """
@@ -317,8 +317,8 @@ def test_the_nemo_gym_shape_verify_record_plus_driver_reward_counts_once_over_bo
     import httpx
 
     from child_process import clean_env
-    from gymtrace._outcomes import summarise
-    from gymtrace._spandata import read_otlp_json_lines
+    from gymtrace._model.spandata import read_otlp_json_lines
+    from gymtrace._read.outcomes import summarise
     from pipeline import free_ports
 
     (port,) = free_ports(1)

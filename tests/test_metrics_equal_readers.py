@@ -162,9 +162,9 @@ def metric_points(reader: Any) -> tuple[Counter[str], int, float, list[int], lis
 
 def check_program(program: list[RolloutSpec], reader: Any, spans: Any) -> None:
     import gymtrace
-    from gymtrace._errors import set_strict, strict_override
-    from gymtrace._metrics import REWARD_BUCKETS
-    from gymtrace._outcomes import final_outcomes
+    from gymtrace._live.metrics import REWARD_BUCKETS
+    from gymtrace._model.errors import set_strict, strict_override
+    from gymtrace._read.outcomes import final_outcomes
 
     _RUNS[0] += 1
     run_id = f"run-{_RUNS[0]}"
@@ -204,7 +204,7 @@ def main(path: str, examples: int, directory: str) -> None:
     from opentelemetry.sdk.metrics.export import AggregationTemporality, InMemoryMetricReader
 
     import gymtrace
-    from gymtrace._spandata import read_otlp_json_lines
+    from gymtrace._model.spandata import read_otlp_json_lines
 
     # Delta: each collection holds what happened since the last one, i.e. one program.
     delta = {SdkCounter: AggregationTemporality.DELTA, SdkHistogram: AggregationTemporality.DELTA}

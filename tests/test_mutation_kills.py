@@ -7,9 +7,11 @@ import dataclasses
 
 import pytest
 
-from gymtrace import _compare, _ids, _passk, _settings, _steps, _trust
-from gymtrace._errors import InvalidArgumentError
-from gymtrace._outcome_rule import (
+from gymtrace._identity import trust as _trust
+from gymtrace._model import ids as _ids
+from gymtrace._model import settings as _settings
+from gymtrace._model.errors import InvalidArgumentError
+from gymtrace._model.outcome_rule import (
     CANCELLED,
     COMPLETED,
     FAILED,
@@ -21,7 +23,10 @@ from gymtrace._outcome_rule import (
     state_of,
     warning_text,
 )
-from gymtrace._outcomes import RolloutOutcome
+from gymtrace._read import compare as _compare
+from gymtrace._read import passk as _passk
+from gymtrace._read.outcomes import RolloutOutcome
+from gymtrace._scopes import steps as _steps
 
 # -- trust: configure()'s trust arguments ---------------------------------------------------------
 

@@ -15,7 +15,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 
 import gymtrace
 from gymtrace import instrumentation, propagation
-from gymtrace._spandata import encode_otlp_json, read_otlp_json_lines
+from gymtrace._model.spandata import encode_otlp_json, read_otlp_json_lines
 from gymtrace.integrations import nemo_gym
 from gymtrace.integrations.autoinstrument import is_helper_process
 from gymtrace.propagation import inject

@@ -51,7 +51,7 @@ def _import_or_skip(module: str, reason: str) -> Any:
 nemo_gym = _import_or_skip("nemo_gym", reason="needs nemo-gym 0.7.0 (scripts/test builds .venv-nemo)")
 _import_or_skip("opentelemetry.instrumentation", reason="needs gymtrace[nemo-gym]")
 
-from gymtrace._spandata import read_otlp_json_lines  # noqa: E402 - after the skips
+from gymtrace._model.spandata import read_otlp_json_lines  # noqa: E402 - after the skips
 
 SUPPORT = Path(__file__).parent / "support"
 BIN = Path(sys.executable).parent

@@ -18,8 +18,8 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from gymtrace import _constants as c
-from gymtrace._outcomes import final_outcomes, summarise
-from gymtrace._spandata import SpanData
+from gymtrace._model.spandata import SpanData
+from gymtrace._read.outcomes import final_outcomes, summarise
 from gymtrace.integrations import nemo_gym
 from gymtrace.integrations.autoinstrument import absolute_trace_file
 
@@ -215,7 +215,7 @@ def test_a_rollout_whose_process_died_reads_lost_and_stats_count_it_outside_the_
 
 
 def test_check_names_a_server_that_took_part_in_a_rollout_but_left_no_span_in_its_trace() -> None:
-    from gymtrace._check import missing_service_notes
+    from gymtrace._read.check import missing_service_notes
 
     trace = "3" * 32
     rollout = _span("c" * 16, trace, c.KIND_ROLLOUT, 1, 9, **{c.ROLLOUT_ID: "0-0"})
@@ -229,7 +229,7 @@ def test_check_names_a_server_that_took_part_in_a_rollout_but_left_no_span_in_it
 
 
 def test_live_shows_the_step_a_rollout_is_in_and_the_server_its_request_waits_on() -> None:
-    from gymtrace._liveview import live_rollouts
+    from gymtrace._read.liveview import live_rollouts
 
     trace = "4" * 32
     now = 10 * 10**9

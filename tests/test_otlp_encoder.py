@@ -1,4 +1,4 @@
-"""The lean OTLP encoder (``gymtrace._otlp``) against the SDK's encoder, span for span.
+"""The lean OTLP encoder (``gymtrace._sdk.otlp``) against the SDK's encoder, span for span.
 
 Every test builds real SDK spans, encodes them both ways and decodes the lean bytes with the
 official ``opentelemetry-proto`` class: the two ``ExportTraceServiceRequest`` messages must be
@@ -19,8 +19,8 @@ from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor, SpanExporter, SpanExportResult
 from opentelemetry.trace import Link, SpanContext, SpanKind, Status, StatusCode, TraceFlags, TraceState
 
-from gymtrace import _otlp
-from gymtrace._spandata import decode_otlp_json, encode_otlp_json
+from gymtrace._model.spandata import decode_otlp_json, encode_otlp_json
+from gymtrace._sdk import otlp as _otlp
 
 
 class Keep(SpanExporter):
@@ -230,14 +230,14 @@ import gymtrace
 from opentelemetry import trace
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
-from gymtrace import _setup
-from gymtrace._spandata import from_readable
+from gymtrace._sdk import setup as _setup
+from gymtrace._model.spandata import from_readable
 
 if os.environ.get("GYMTRACE_ENCODER") == "auto":
     # What is tested is the move mid-run with nothing lost, not this machine's speed: the in-memory
     # copy below slows every span, and on a busy 2-core machine 2,048 spans did not always end
     # within 0.4 s. A quarter of the threshold still moves only once spans come fast.
-    from gymtrace import _export_auto
+    from gymtrace._sdk import export_auto as _export_auto
     _export_auto.UPGRADE_SPANS = 512
 
 gymtrace.configure(service_name="lean-wire", endpoint=sys.argv[1], protocol=sys.argv[2], file=False)
@@ -319,7 +319,7 @@ def test_spans_of_gymtraces_lean_tracer_encode_like_the_sdk_encodes_them() -> No
     from opentelemetry.sdk.trace import SpanLimits
 
     from gymtrace._constants import INSTRUMENTATION_NAME
-    from gymtrace._leanspan import GymTracerProvider, _LeanSpan
+    from gymtrace._otel_private.leanspan import GymTracerProvider, _LeanSpan
 
     keep = Keep()
     tp = GymTracerProvider(

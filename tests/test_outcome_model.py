@@ -46,8 +46,8 @@ from hypothesis import strategies as st
 import gymtrace
 from child_process import run_python
 from gymtrace import _cli
-from gymtrace._check import check_spans
-from gymtrace._spandata import encode_otlp_json, read_otlp_json_lines
+from gymtrace._model.spandata import encode_otlp_json, read_otlp_json_lines
+from gymtrace._read.check import check_spans
 from gymtrace.testing import capture_spans, check_trace
 from outcome_programs import ENDINGS, EpisodeSpec, Program, Warnings, run
 

@@ -18,7 +18,7 @@ import gymtrace
 from child_process import run_python
 from gymtrace import _constants as c
 from gymtrace import propagation
-from gymtrace._spandata import read_otlp_json_lines
+from gymtrace._model.spandata import read_otlp_json_lines
 from gymtrace.testing import CapturedSpans, capture_spans, check_trace
 
 
@@ -268,7 +268,7 @@ def test_attempts_retry_http_5xx_of_httpx() -> None:
     request = httpx.Request("POST", "http://127.0.0.1/v1/chat")
     overloaded = httpx.HTTPStatusError("503", request=request, response=httpx.Response(503, request=request))
     not_found = httpx.HTTPStatusError("404", request=request, response=httpx.Response(404, request=request))
-    from gymtrace._failures import classify
+    from gymtrace._model.failures import classify
 
     assert classify(overloaded) == (c.FAILURE_INFRASTRUCTURE, True)
     assert classify(not_found) == (c.FAILURE_ERROR, False)
@@ -344,7 +344,7 @@ def test_a_part_that_outgrows_its_step_range_is_reported(
 ) -> None:
     # The range is a million steps; a smaller one here shows what happens past it without a
     # million spans. The caller handed off step 2, so its own step 100 could be continuation 1's.
-    from gymtrace import _frame
+    from gymtrace._scopes import frame as _frame
 
     monkeypatch.setattr(_frame, "STEP_RANGE", 100)
     with capture_spans(strict=False), caplog.at_level(logging.WARNING, logger="gymtrace"):

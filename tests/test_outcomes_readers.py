@@ -17,7 +17,7 @@ from opentelemetry import trace
 import gymtrace
 from child_process import run_gymtrace, run_python
 from gymtrace import _constants as c
-from gymtrace._outcomes import final_outcomes, summarise
+from gymtrace._read.outcomes import final_outcomes, summarise
 from gymtrace.testing import CapturedSpans, capture_spans, check_trace
 from outcome_records import record_outcome
 
@@ -454,7 +454,7 @@ def test_steps_of_worker_processes_of_one_service_pass_check(tmp_path: Path) -> 
 
 
 def test_jaeger_reader_keeps_error_type_and_knows_outcome_links() -> None:
-    from gymtrace._jaeger import spans_from_jaeger
+    from gymtrace._read.jaeger import spans_from_jaeger
 
     def tag(key: str, value: Any, kind: str = "string") -> dict[str, Any]:
         return {"key": key, "type": kind, "value": value}

@@ -17,8 +17,9 @@ from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapProp
 import gymtrace
 from child_process import clean_env
 from gymtrace import _constants as c
-from gymtrace import _trust, propagation
-from gymtrace._spandata import read_otlp_json_lines
+from gymtrace import propagation
+from gymtrace._identity import trust as _trust
+from gymtrace._model.spandata import read_otlp_json_lines
 
 REMOTE_TRACE = "0af7651916cd43dd8448eb211c80319c"
 REMOTE_SPAN = "b7ad6b7169203331"

@@ -259,7 +259,7 @@ def test_rollout_sampler_keeps_or_drops_whole_rollouts_by_task() -> None:
     from opentelemetry.sdk.trace.export import SimpleSpanProcessor
     from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-    from gymtrace._tracing import pop_provider, push_provider
+    from gymtrace._scopes.tracing import pop_provider, push_provider
     from gymtrace.sampling import RolloutSampler, keep_rollout
 
     exporter = InMemorySpanExporter()

@@ -266,7 +266,7 @@ def test_full_hierarchy_forms_one_tree_per_rollout(captured: CapturedSpans) -> N
 
 
 def test_trace_per_run_nests_rollouts_under_the_run(captured: CapturedSpans) -> None:
-    from gymtrace._levels import set_trace_per
+    from gymtrace._scopes.levels import set_trace_per
 
     set_trace_per("run")
     try:
@@ -400,7 +400,7 @@ def test_record_usage_records_cache_hits_response_id_finish_reasons_and_time_to_
 def test_record_usage_names_the_bad_argument_in_strict_mode(
     captured: CapturedSpans, argument: str, value: object
 ) -> None:
-    from gymtrace._errors import set_strict
+    from gymtrace._model.errors import set_strict
 
     set_strict(True)
     try:
@@ -461,7 +461,7 @@ def test_a_scope_built_while_off_records_its_arguments_once_tracing_is_on() -> N
 def test_a_block_entered_while_off_inside_its_own_scope_leaves_the_outer_block_open() -> None:
     from opentelemetry.trace import NoOpTracerProvider
 
-    from gymtrace._tracing import pop_provider, push_provider
+    from gymtrace._scopes.tracing import pop_provider, push_provider
 
     scope = gymtrace.tool_call(tool_name="composite")  # one shared Scope, nested in itself
     off = NoOpTracerProvider()
@@ -513,7 +513,7 @@ def test_a_disabled_async_with_never_suspends_and_needs_no_event_loop() -> None:
 
 
 def test_an_unsampled_step_inside_a_sampled_one_leaves_it_open() -> None:
-    from gymtrace import _steps
+    from gymtrace._scopes import steps as _steps
 
     saved = _steps.current_policy()
     _steps.set_policy(gymtrace.StepPolicy("aggregate", first=1, slowest=0))

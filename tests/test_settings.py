@@ -14,8 +14,11 @@ import pytest
 
 import gymtrace
 from child_process import run_python
-from gymtrace import _errors, _settings, _setup, _steps
-from gymtrace._spandata import read_otlp_json_lines
+from gymtrace._model import errors as _errors
+from gymtrace._model import settings as _settings
+from gymtrace._model.spandata import read_otlp_json_lines
+from gymtrace._scopes import steps as _steps
+from gymtrace._sdk import setup as _setup
 
 _VARS = [k for k in os.environ if k.startswith(("OTEL_", "GYMTRACE_"))]
 
@@ -151,7 +154,8 @@ def test_configure_in_strict_mode_rejects_a_bad_environment_value(monkeypatch: p
 def test_is_configured_and_reset_forget_the_configuration_and_code_settings(tmp_path: Path) -> None:
     code = """
     import json, gymtrace
-    from gymtrace import _errors, _settings
+    from gymtrace._model import errors as _errors
+    from gymtrace._model import settings as _settings
     from gymtrace._content import current_policy
     before = gymtrace.is_configured()
     gymtrace.configure(strict=True, trace_per="run", capture_content="SPAN_ONLY",

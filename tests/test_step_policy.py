@@ -12,7 +12,7 @@ import pytest
 import gymtrace
 from child_process import run_gymtrace, run_python
 from gymtrace import _constants as c
-from gymtrace import _steps
+from gymtrace._scopes import steps as _steps
 from gymtrace.testing import CapturedSpans, capture_spans, check_trace
 
 
@@ -161,7 +161,7 @@ def test_a_bad_variable_warns_and_keeps_every_step_and_never_breaks_the_import(t
     # application (not even at `import gymtrace`); strict mode raises at configure() instead.
     code = """
     import json, gymtrace
-    from gymtrace import _steps
+    from gymtrace._scopes import steps as _steps
     gymtrace.configure(service_name="steps", file=False)
     policy = _steps.current_policy()
     print(json.dumps({"policy": policy.policy, "first": policy.first}))

@@ -16,7 +16,9 @@ from opentelemetry import baggage
 import gymtrace
 from _distributed import RELAY, read_services, services
 from gymtrace import _constants as c
-from gymtrace import _settings, _trust, propagation
+from gymtrace import propagation
+from gymtrace._identity import trust as _trust
+from gymtrace._model import settings as _settings
 from gymtrace.integrations.httpx import HttpxTransport
 
 SECRET = "test-secret-7f1c"

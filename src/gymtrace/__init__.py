@@ -21,7 +21,10 @@ Every span carries ``gym.kind`` and the gym identity (``gym.rollout.id``,
 """
 
 from gymtrace import propagation, testing
-from gymtrace._api import (
+from gymtrace._content import configure_content
+from gymtrace._identity.processor import IdentitySpanProcessor
+from gymtrace._model.errors import GymTraceError, HierarchyViolationError, InvalidArgumentError
+from gymtrace._scopes.api import (
     agent_invocation,
     episode,
     model_call,
@@ -33,13 +36,9 @@ from gymtrace._api import (
     turn,
     verify,
 )
-from gymtrace._attempts import Attempt, Attempts, attempts
-from gymtrace._content import configure_content
-from gymtrace._errors import GymTraceError, HierarchyViolationError, InvalidArgumentError
-from gymtrace._export import ExportStats
-from gymtrace._frame import ActiveScope
-from gymtrace._processor import IdentitySpanProcessor
-from gymtrace._record import (
+from gymtrace._scopes.attempts import Attempt, Attempts, attempts
+from gymtrace._scopes.frame import ActiveScope
+from gymtrace._scopes.record import (
     Current,
     current,
     current_scope,
@@ -48,8 +47,10 @@ from gymtrace._record import (
     record_reward,
     record_usage,
 )
-from gymtrace._scope import Scope
-from gymtrace._setup import (
+from gymtrace._scopes.scope import Scope
+from gymtrace._scopes.steps import StepPolicy
+from gymtrace._sdk.export import ExportStats
+from gymtrace._sdk.setup import (
     Configuration,
     configure,
     export_stats,
@@ -58,7 +59,6 @@ from gymtrace._setup import (
     is_configured,
     shutdown,
 )
-from gymtrace._steps import StepPolicy
 from gymtrace._version import __version__
 
 __all__ = [

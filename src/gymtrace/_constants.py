@@ -70,7 +70,7 @@ EPISODE_ID: Final = "gym.episode.id"
 IDENTITY_KEYS: Final = (RUN_ID, TASK_ID, ROLLOUT_ID, ROLLOUT_REPEAT, EPISODE_ATTEMPT, EPISODE_ID)
 INT_IDENTITY_KEYS: Final = frozenset({ROLLOUT_REPEAT, EPISODE_ATTEMPT})
 # Baggage entry beside the identity entries: their HMAC, when GYMTRACE_IDENTITY_SECRET is set
-# (gymtrace/_trust.py). Never stamped on spans.
+# (gymtrace/_identity/trust.py). Never stamped on spans.
 IDENTITY_SIGNATURE: Final = "gym.sig"
 
 # -- outcome and structure ---------------------------------------------------------------------------

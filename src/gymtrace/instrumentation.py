@@ -65,15 +65,18 @@ from typing import Any
 from opentelemetry import context as otel_context
 from opentelemetry import trace
 
-from gymtrace import _errors, _processor, _steps, _trust
-from gymtrace import _tracing as _which
 from gymtrace._constants import KIND_ROLLOUT as _KIND_ROLLOUT
-from gymtrace._errors import InvalidArgumentError, guard
-from gymtrace._frame import CARRIER_FORMAT as _CARRIER_FORMAT
-from gymtrace._frame import DISABLED_KIND as _DISABLED_KIND
-from gymtrace._frame import FRAME_KEY as _FRAME_KEY
-from gymtrace._frame import ActiveScope as _ActiveScope
-from gymtrace._scope import Scope as _Scope
+from gymtrace._identity import processor as _processor
+from gymtrace._identity import trust as _trust
+from gymtrace._model import errors as _errors
+from gymtrace._model.errors import InvalidArgumentError, guard
+from gymtrace._scopes import steps as _steps
+from gymtrace._scopes import tracing as _which
+from gymtrace._scopes.frame import CARRIER_FORMAT as _CARRIER_FORMAT
+from gymtrace._scopes.frame import DISABLED_KIND as _DISABLED_KIND
+from gymtrace._scopes.frame import FRAME_KEY as _FRAME_KEY
+from gymtrace._scopes.frame import ActiveScope as _ActiveScope
+from gymtrace._scopes.scope import Scope as _Scope
 from gymtrace.propagation import _incoming_identity, _remote_context
 
 __all__ = [
@@ -300,7 +303,7 @@ def rollout_sampled_out(rollout_id: str, task_id: str | None = None) -> bool:
     can then skip their whole span path. False when another sampler decides at the span, or none
     was configured."""
     # Without a RolloutSampler ever made, its SDK module was never loaded: nothing decides early.
-    sampler_module = sys.modules.get("gymtrace._sampler")
+    sampler_module = sys.modules.get("gymtrace._sdk.sampler")
     return sampler_module is not None and sampler_module.decided_in_advance(rollout_id, task_id) is False
 
 

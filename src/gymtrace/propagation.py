@@ -57,12 +57,20 @@ from opentelemetry import context as otel_context
 from opentelemetry.propagators.textmap import Getter
 
 from gymtrace import _constants as c
-from gymtrace import _tracing, _trust
-from gymtrace._errors import GymTraceError, contract_problem, guard, internal_error, logger
-from gymtrace._frame import CARRIER_FORMAT, DISABLED_KIND, FRAME_KEY, REMOTE_KIND, ActiveScope, read_carrier
-from gymtrace._ids import clean_identity, clean_step_number, episode_id
-from gymtrace._levels import NUMBERING_OWNERS
-from gymtrace._tracing import current_provider
+from gymtrace._identity import trust as _trust
+from gymtrace._model.errors import GymTraceError, contract_problem, guard, internal_error, logger
+from gymtrace._model.ids import clean_identity, clean_step_number, episode_id
+from gymtrace._scopes import tracing as _tracing
+from gymtrace._scopes.frame import (
+    CARRIER_FORMAT,
+    DISABLED_KIND,
+    FRAME_KEY,
+    REMOTE_KIND,
+    ActiveScope,
+    read_carrier,
+)
+from gymtrace._scopes.levels import NUMBERING_OWNERS
+from gymtrace._scopes.tracing import current_provider
 
 __all__ = [
     "GYM_INTERNAL",

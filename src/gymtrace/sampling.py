@@ -20,10 +20,10 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from gymtrace._ids import keep_rollout
+from gymtrace._model.ids import keep_rollout
 
 if TYPE_CHECKING:
-    from gymtrace._sampler import RolloutSampler
+    from gymtrace._sdk.sampler import RolloutSampler
 
 __all__ = ["RolloutSampler", "keep_rollout"]
 
@@ -33,7 +33,7 @@ def __getattr__(name: str) -> Any:
     # this module (and keep_rollout) works with opentelemetry-api alone.
     if name == "RolloutSampler":
         try:
-            from gymtrace._sampler import RolloutSampler
+            from gymtrace._sdk.sampler import RolloutSampler
         except ImportError as exc:
             raise ImportError(
                 "gymtrace.sampling.RolloutSampler needs the OpenTelemetry SDK: pip install 'gymtrace[sdk]'"

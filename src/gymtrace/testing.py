@@ -43,14 +43,14 @@ from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
 from gymtrace import _constants as c
-from gymtrace._check import check_spans
-from gymtrace._errors import set_strict, strict_override
-from gymtrace._processor import IdentitySpanProcessor
-from gymtrace._render import render_tree
-from gymtrace._setup import make_id_generator
-from gymtrace._setup import reset as reset_setup
-from gymtrace._spandata import SpanData, from_readable
-from gymtrace._tracing import pop_provider, push_provider
+from gymtrace._identity.processor import IdentitySpanProcessor
+from gymtrace._model.errors import set_strict, strict_override
+from gymtrace._model.spandata import SpanData, from_readable
+from gymtrace._read.check import check_spans
+from gymtrace._read.render import render_tree
+from gymtrace._scopes.tracing import pop_provider, push_provider
+from gymtrace._sdk.setup import make_id_generator
+from gymtrace._sdk.setup import reset as reset_setup
 
 if TYPE_CHECKING:
     from opentelemetry.sdk.trace import ReadableSpan, TracerProvider

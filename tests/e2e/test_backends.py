@@ -25,8 +25,8 @@ from backends import MLFLOW_PYTHON, PHOENIX_PYTHON, MlflowServer, PhoenixServer,
 from browser import Browser, find_chromium
 from child_process import run_gymtrace, run_python
 from gymtrace import _constants as c
-from gymtrace._outcomes import final_outcomes
-from gymtrace._spandata import read_otlp_json_lines
+from gymtrace._model.spandata import read_otlp_json_lines
+from gymtrace._read.outcomes import final_outcomes
 from pipeline import REPO_ROOT, free_ports
 
 pytestmark = pytest.mark.e2e

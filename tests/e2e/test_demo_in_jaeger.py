@@ -11,9 +11,9 @@ import pytest
 
 from child_process import run_gymtrace
 from gymtrace import _constants as c
-from gymtrace._check import check_spans
-from gymtrace._jaeger import JaegerClient
-from gymtrace._spandata import SpanData
+from gymtrace._model.spandata import SpanData
+from gymtrace._read.check import check_spans
+from gymtrace._read.jaeger import JaegerClient
 from pipeline import Pipeline, Trace, span_tags
 
 SERVICE = "gymtrace-demo"

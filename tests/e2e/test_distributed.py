@@ -24,7 +24,7 @@ from _distributed import (
 )
 from child_process import clean_env
 from gymtrace import _constants as c
-from gymtrace._spandata import SpanData, read_otlp_json_lines
+from gymtrace._model.spandata import SpanData, read_otlp_json_lines
 from gymtrace.demo.distributed import TASKS, rollout_id_for
 
 SERVICES = SERVICES_OF_THE_DEMO

@@ -43,7 +43,7 @@ from typing import Any
 import pytest
 
 from child_process import clean_env
-from gymtrace._export_auto import _cpus
+from gymtrace._sdk.export_auto import _cpus
 from pipeline import JAEGER_BIN, Pipeline, PipelineError, span_tags
 
 WORKER = Path(__file__).resolve().parents[1] / "support" / "fault_worker.py"

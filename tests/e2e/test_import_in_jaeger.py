@@ -9,8 +9,8 @@ from pathlib import Path
 
 from child_process import run_gymtrace
 from gymtrace import _constants as c
-from gymtrace._records.nemo_gym import failures_path
-from gymtrace._spandata import read_otlp_json_lines
+from gymtrace._import.nemo_gym import failures_path
+from gymtrace._model.spandata import read_otlp_json_lines
 from pipeline import Pipeline
 from records_support import write_nemo_gym_output
 

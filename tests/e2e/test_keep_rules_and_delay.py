@@ -21,7 +21,7 @@ from opentelemetry.sdk.trace.export import BatchSpanProcessor
 
 from child_process import run_gymtrace
 from gymtrace import _constants as c
-from gymtrace._jaeger import JaegerClient
+from gymtrace._read.jaeger import JaegerClient
 from pipeline import JAEGER_BIN, OTELCOL_BIN, Pipeline
 
 KIND_OUTCOME = c.KIND_OUTCOME

@@ -21,8 +21,8 @@ import pytest
 
 from child_process import clean_env
 from gymtrace import _constants as c
-from gymtrace._check import check_spans
-from gymtrace._spandata import read_otlp_json_lines
+from gymtrace._model.spandata import read_otlp_json_lines
+from gymtrace._read.check import check_spans
 from pipeline import JAEGER_BIN, OTELCOL_BIN, Pipeline
 
 WORKERS = 4

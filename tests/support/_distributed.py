@@ -14,7 +14,7 @@ from pathlib import Path
 
 import serve_app
 from gymtrace import _constants as c
-from gymtrace._spandata import SpanData, read_otlp_json_lines
+from gymtrace._model.spandata import SpanData, read_otlp_json_lines
 from gymtrace.demo.distributed import ServiceProcess
 
 SUPPORT_DIR = Path(__file__).resolve().parent

@@ -92,7 +92,7 @@ def stats_json() -> list[dict[str, Any]]:
 
 def encoders() -> list[str]:
     """Where each exporter encodes now: ``thread`` or ``process`` (what the queue says it is)."""
-    from gymtrace import _setup
+    from gymtrace._sdk import setup as _setup
 
     return [str(getattr(p, "encoder", "thread")) for p in _setup._state.stage.processors()]
 
@@ -122,7 +122,7 @@ def main(argv: list[str] | None = None) -> int:
 
     control = Path(args.control)
     if args.move_at_once:
-        from gymtrace import _export_auto
+        from gymtrace._sdk import export_auto as _export_auto
 
         # One span, whenever: the queue's first look moves the export (its worker looks before
         # each batch it takes, every 0.5 s here).

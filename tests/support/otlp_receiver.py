@@ -19,7 +19,7 @@ import grpc
 from google.protobuf.json_format import MessageToDict
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2, trace_service_pb2_grpc
 
-from gymtrace._spandata import SpanData, decode_otlp_json
+from gymtrace._model.spandata import SpanData, decode_otlp_json
 
 
 def _hex_ids(request: dict[str, Any]) -> dict[str, Any]:

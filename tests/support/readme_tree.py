@@ -14,8 +14,8 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from gymtrace._render import render_tree
-from gymtrace._spandata import normalize
+from gymtrace._model.spandata import normalize
+from gymtrace._read.render import render_tree
 
 ROOT = Path(__file__).parent.parent.parent
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]

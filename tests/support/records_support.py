@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from gymtrace._records.nemo_gym import failures_path
+from gymtrace._import.nemo_gym import failures_path
 
 
 def write_nemo_gym_output(out: Path) -> dict[tuple[int, int], float | None]:

@@ -58,8 +58,8 @@ from gymtrace._content.policy import (
 from gymtrace._content.recording import capturing, record_on
 from gymtrace._content.redaction import REDACTED
 from gymtrace._content.serialising import fit, serialise
-from gymtrace._settings import CAPTURE_MODES as MODES
-from gymtrace._settings import EVENT_ONLY, NO_CONTENT, SPAN_AND_EVENT, SPAN_ONLY
+from gymtrace._model.settings import CAPTURE_MODES as MODES
+from gymtrace._model.settings import EVENT_ONLY, NO_CONTENT, SPAN_AND_EVENT, SPAN_ONLY
 
 __all__ = [
     "DEFAULT_MAX_SPAN_BYTES",

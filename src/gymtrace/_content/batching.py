@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import logging
 
-from gymtrace import _settings
 from gymtrace._content.policy import (
     GRPC_MESSAGE_LIMIT,
     REQUEST_OVERHEAD,
@@ -12,8 +11,9 @@ from gymtrace._content.policy import (
     capture_mode,
     max_span_bytes,
 )
-from gymtrace._errors import first_time
-from gymtrace._settings import NO_CONTENT
+from gymtrace._model import settings as _settings
+from gymtrace._model.errors import first_time
+from gymtrace._model.settings import NO_CONTENT
 
 logger = logging.getLogger("gymtrace")
 

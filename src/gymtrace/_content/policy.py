@@ -13,10 +13,10 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any, Final
 
-from gymtrace import _settings
-from gymtrace._errors import InvalidArgumentError, first_time
-from gymtrace._settings import CAPTURE_MODES as MODES
-from gymtrace._settings import NO_CONTENT, SPAN_ONLY, parse_capture
+from gymtrace._model import settings as _settings
+from gymtrace._model.errors import InvalidArgumentError, first_time
+from gymtrace._model.settings import CAPTURE_MODES as MODES
+from gymtrace._model.settings import NO_CONTENT, SPAN_ONLY, parse_capture
 
 logger = logging.getLogger("gymtrace")
 

@@ -14,7 +14,7 @@ from gymtrace._content.policy import (
     max_value_bytes,
 )
 from gymtrace._content.serialising import fit, serialise, utf8
-from gymtrace._settings import EVENT_ONLY, NO_CONTENT, SPAN_AND_EVENT, SPAN_ONLY
+from gymtrace._model.settings import EVENT_ONLY, NO_CONTENT, SPAN_AND_EVENT, SPAN_ONLY
 
 __all__ = ["capturing", "record_on"]
 

@@ -8,7 +8,7 @@ from typing import Final
 
 from gymtrace._content.copying import Walk
 from gymtrace._content.policy import Redactor
-from gymtrace._errors import GymTraceError, contract_problem
+from gymtrace._model.errors import GymTraceError, contract_problem
 
 __all__ = ["fit", "serialise", "utf8"]
 

@@ -30,9 +30,9 @@ from pathlib import Path
 from typing import Any
 
 from gymtrace import _constants as c
-from gymtrace import _environment as env
-from gymtrace import _settings
-from gymtrace._spandata import SpanData, read_otlp_json_lines
+from gymtrace._model import environment as env
+from gymtrace._model import settings as _settings
+from gymtrace._model.spandata import SpanData, read_otlp_json_lines
 from gymtrace.demo.services import NODELAY, READY_PREFIX, instrument_clients
 
 # Spans of the servers reach their exporter soon after they end, so a server that dies loses little.

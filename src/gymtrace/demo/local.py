@@ -29,7 +29,7 @@ from typing import Any
 import gymtrace
 from gymtrace import _constants as c
 from gymtrace import propagation
-from gymtrace._spandata import SpanData, read_otlp_json_lines
+from gymtrace._model.spandata import SpanData, read_otlp_json_lines
 from gymtrace.testing import check_trace
 
 

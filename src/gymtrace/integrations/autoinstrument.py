@@ -63,7 +63,7 @@ def absolute_trace_file(environ: Any = None) -> str:
     return absolute
 
 
-_FILE = "GYMTRACE_FILE"  # gymtrace._environment.GYMTRACE_FILE (integrations use the public API only)
+_FILE = "GYMTRACE_FILE"  # gymtrace._model.environment.GYMTRACE_FILE (integrations use the public API only)
 
 
 class GymTraceConfigurator:

@@ -1,0 +1,221 @@
+"""Which incoming gym identity a process believes, and the signature that proves it.
+
+Anyone who can reach a server can send ``baggage: gym.rollout.id=...``. The identity decides which
+searches a span turns up in, what ``gymtrace.current()`` returns to handler code that stores join
+keys, and (through ``gym.episode.attempt``) which traces the Collector keeps. So incoming identity
+is believed only as the operator says (``GYMTRACE_TRUST_IDENTITY``, resolved in ``_settings``):
+
+- ``all``: every peer is trusted (a single-tenant cluster; the default without a secret);
+- ``none``: the trace context is continued, the identity is not;
+- ``signed``: the identity is believed when it comes with ``gym.sig``, an HMAC-SHA256 over the
+  identity entries keyed with ``GYMTRACE_IDENTITY_SECRET`` (the default when a secret is set).
+
+The signature (``v1.`` + 22 base64url characters, 128 bits of HMAC-SHA256) covers the identity
+entries that travel beside it, in the fixed order of ``IDENTITY_KEYS``, as ``key=value`` lines: a
+peer can neither change, add nor drop an entry without the secret. It does not cover the trace
+context: a caller that captured a signed header can replay that same identity (see docs/distributed.md).
+Senders sign whenever they have a secret, whatever they trust themselves. Several secrets,
+comma-separated, verify; the first signs (key rotation).
+"""
+
+from __future__ import annotations
+
+import base64
+import contextvars
+import fnmatch
+import hashlib
+import hmac
+import ipaddress
+from collections.abc import Iterable, Mapping
+from urllib.parse import urlsplit
+
+from gymtrace import _constants as c
+from gymtrace._model import settings as _settings
+from gymtrace._model.errors import InvalidArgumentError
+
+TRUST_ALL = _settings.TRUST_ALL
+TRUST_NONE = _settings.TRUST_NONE
+TRUST_SIGNED = _settings.TRUST_SIGNED
+SIGNATURE_KEY = c.IDENTITY_SIGNATURE
+
+_SIGNATURE_VERSION = "v1."
+_SIGNATURE_CHARS = 22  # 128 bits of the HMAC: forging stays out of reach, the header stays short
+
+# Signatures of the identities this process sends, per secret set (a process sends the same few
+# identities many times). Replaced whole when the secrets change.
+_signatures: tuple[tuple[str, ...], dict[tuple[tuple[str, str | int], ...], str]] = ((), {})
+
+
+def allowed_baggage() -> frozenset[str]:
+    """Application baggage keys forwarded beside the identity (``GYMTRACE_BAGGAGE_ALLOW``)."""
+    return _settings.active.baggage_allow
+
+
+def configure_trust(
+    *,
+    mode: str | None = None,
+    secret: str | None = None,
+    allow: str | Iterable[str] | None = None,
+) -> None:
+    """Override the environment in code (``configure(trust_identity=..., identity_secret=...,
+    baggage_allow=...)`` calls this). Raises :class:`~gymtrace.InvalidArgumentError` naming the
+    argument for a bad value."""
+    _settings.override(**trust_overrides(mode=mode, secret=secret, allow=allow))
+
+
+def trust_overrides(
+    *,
+    mode: object = None,
+    secret: object = None,
+    allow: object = None,
+) -> dict[str, object]:
+    """Validated ``_settings`` overrides for the trust arguments of ``configure()``."""
+    overrides: dict[str, object] = {}
+    if mode is not None:
+        if not isinstance(mode, str) or mode.strip().lower() not in _settings.TRUST_MODES:
+            raise InvalidArgumentError(
+                f"gymtrace.configure(): argument 'trust_identity' must be one of {_settings.TRUST_MODES},"
+                f" got {mode!r:.80}"
+            )
+        overrides["trust_identity"] = mode.strip().lower()
+    if secret is not None:
+        secrets = _settings.split_list(secret) if isinstance(secret, str) else ()
+        if not secrets:
+            raise InvalidArgumentError(
+                "gymtrace.configure(): argument 'identity_secret' must be a non-empty string"
+            )
+        overrides["identity_secrets"] = secrets
+    if allow is not None:
+        if isinstance(allow, str):
+            keys: tuple[str, ...] = _settings.split_list(allow)
+        elif isinstance(allow, (list, tuple, set, frozenset)) and all(isinstance(k, str) for k in allow):
+            keys = tuple(k.strip() for k in allow if k.strip())
+        else:
+            raise InvalidArgumentError(
+                "gymtrace.configure(): argument 'baggage_allow' must be a comma-separated string or"
+                f" a list of keys, got {allow!r:.80}"
+            )
+        overrides["baggage_allow"] = frozenset(keys)
+    return overrides
+
+
+def reset_trust() -> None:
+    """Forget code overrides of the trust settings and read the environment again (tests)."""
+    _settings.override(trust_identity=None, identity_secrets=None, baggage_allow=None)
+
+
+def _message(identity: Mapping[str, object]) -> bytes:
+    return "\n".join(f"{k}={identity[k]}" for k in c.IDENTITY_KEYS if k in identity).encode()
+
+
+def _mac(secret: str, identity: Mapping[str, object]) -> str:
+    digest = hmac.new(secret.encode(), _message(identity), hashlib.sha256).digest()
+    return _SIGNATURE_VERSION + base64.urlsafe_b64encode(digest).decode()[:_SIGNATURE_CHARS]
+
+
+def signature(identity: Mapping[str, str | int]) -> str | None:
+    """``gym.sig`` for ``identity`` with the first secret, or None without a secret."""
+    global _signatures
+    secrets = _settings.active.identity_secrets
+    if not secrets or not identity:
+        return None
+    owner, cache = _signatures
+    if owner != secrets:
+        cache = {}
+        _signatures = (secrets, cache)
+    key = tuple(identity.items())
+    sig = cache.get(key)
+    if sig is None:
+        sig = _mac(secrets[0], identity)
+        if len(cache) > 4096:
+            cache.clear()
+        cache[key] = sig
+    return sig
+
+
+def verified(identity: Mapping[str, str | int], sig: object) -> bool:
+    if not isinstance(sig, str) or not sig.startswith(_SIGNATURE_VERSION):
+        return False
+    return any(hmac.compare_digest(_mac(s, identity), sig) for s in _settings.active.identity_secrets)
+
+
+def accept(
+    identity: dict[str, str | int], sig: object, *, trusted: bool | None = None
+) -> dict[str, str | int]:
+    """The part of an incoming (already validated) identity this process believes.
+
+    ``trusted=True`` is for carriers this process's own code made (a pool task, a child's
+    environment): they cross no trust boundary.
+    """
+    if not identity or trusted:
+        return identity
+    mode = _settings.active.trust_identity
+    if mode == TRUST_ALL:
+        return identity
+    if mode == TRUST_SIGNED and verified(identity, sig):
+        return identity
+    return {}
+
+
+# -- where identity may go ----------------------------------------------------------------------------
+#
+# Baggage travels on every outgoing request, and an upstream model provider is usually a third party:
+# gym identity goes to loopback, to the host patterns of GYMTRACE_PROPAGATE_TO, and to the servers a
+# framework says are its own (NeMo Gym marks each request it makes as internal or not), never
+# elsewhere. traceparent is not gated: it names no rollout and OpenTelemetry sends it everywhere.
+
+# True: the framework making this request says the destination is one of the gym's servers; False:
+# it says it is not (an upstream model endpoint, even on loopback); None: it says nothing.
+destination_inside: contextvars.ContextVar[bool | None] = contextvars.ContextVar(
+    "gymtrace_destination_inside", default=None
+)
+
+
+def _is_loopback(host: str) -> bool:
+    if host == "localhost" or host.endswith(".localhost"):
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+class _GymInternal:
+    """The type of :data:`GYM_INTERNAL` (one instance)."""
+
+    __slots__ = ()
+
+    def __repr__(self) -> str:
+        return "gymtrace.propagation.GYM_INTERNAL"
+
+
+# The destination of a carrier that stays inside the gym by construction: a child process's
+# environment, a pool worker's task, a Ray task's arguments. An object, not a string, so no URL a
+# request is sent to (read from a config file, a response, a redirect) can ever be taken for it.
+GYM_INTERNAL: object = _GymInternal()
+
+
+def may_carry_identity(url: object) -> bool:
+    """Whether gym identity may be sent with a request to ``url`` (a URL string or an object whose
+    ``str()`` is one). :data:`GYM_INTERNAL`: yes, a carrier that stays inside the gym by
+    construction. ``None``: no, the destination is unknown (issue 31: a carrier the caller builds
+    without saying where it goes may end up at a model provider)."""
+    if url is GYM_INTERNAL:
+        return True
+    if url is None:
+        return False
+    try:
+        parts = urlsplit(str(url))
+        host = (parts.hostname or "").lower()
+        port = parts.port
+    except ValueError:
+        return False
+    patterns = _settings.active.propagate_to
+    if patterns:
+        address = f"{host}:{port}" if port is not None else host
+        if any(fnmatch.fnmatchcase(host, p) or fnmatch.fnmatchcase(address, p) for p in patterns):
+            return True
+    inside = destination_inside.get()
+    if inside is not None:
+        return inside
+    return _is_loopback(host)

@@ -1,0 +1,1 @@
+"""Live rollouts: the metrics instruments and the live markers, heartbeats and deadlines."""

@@ -1,0 +1,586 @@
+"""Every setting gymtrace reads from the environment, resolved once into one frozen object.
+
+Example (inside gymtrace)::
+
+    from gymtrace._model import settings as _settings
+
+    if _settings.active.trace_per_run:    # one attribute read on the hot path, no parsing
+        ...
+
+Precedence for every field: an argument to ``configure()`` (or a code override such as
+``configure_content(capture=...)``), then the ``GYMTRACE_*`` variable, then the standard ``OTEL_*``
+variable, then the default. The environment is read when gymtrace is imported, again at each
+``configure()``, and at :func:`reload` (``gymtrace.testing.reset()``), never on a hot path.
+
+One failure policy for a bad environment value: a WARNING on the ``gymtrace`` logger naming the
+variable and the value, and the default is used; in strict mode (``GYMTRACE_STRICT=true`` or
+``configure(strict=True)``) it raises :class:`~gymtrace.InvalidArgumentError` instead. A bad
+*argument* always raises. Resolving at import never raises: an import is no place to fail.
+
+This module sits at the bottom of gymtrace's import graph: it imports only the standard library,
+``_environment``, ``_constants`` and ``_exceptions``.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+import sys
+import threading
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
+from typing import Any, Final
+
+from gymtrace import _constants as c
+from gymtrace._model import environment as env
+from gymtrace._model.exceptions import InvalidArgumentError
+
+logger = logging.getLogger("gymtrace")
+
+PROTOCOLS: Final = ("grpc", "http/protobuf")
+TRACE_PER: Final = ("rollout", "run")
+SAMPLE_BY: Final = ("rollout", "task")
+
+# Content capture modes (the GenAI conventions' OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT).
+NO_CONTENT: Final = "NO_CONTENT"
+SPAN_ONLY: Final = "SPAN_ONLY"
+EVENT_ONLY: Final = "EVENT_ONLY"
+SPAN_AND_EVENT: Final = "SPAN_AND_EVENT"
+CAPTURE_MODES: Final = (NO_CONTENT, SPAN_ONLY, EVENT_ONLY, SPAN_AND_EVENT)
+# The variable was a boolean before the GenAI conventions made it an enum. gymtrace writes traces
+# only, so "true" means the span attributes, where the conventions put content on spans.
+_LENIENT_CAPTURE: Final = {
+    "true": SPAN_ONLY,
+    "1": SPAN_ONLY,
+    "yes": SPAN_ONLY,
+    "on": SPAN_ONLY,
+    "false": NO_CONTENT,
+    "0": NO_CONTENT,
+    "no": NO_CONTENT,
+    "off": NO_CONTENT,
+    "": NO_CONTENT,
+}
+
+# Which incoming gym identity a process believes (GYMTRACE_TRUST_IDENTITY; see _trust.py).
+TRUST_ALL: Final = "all"
+TRUST_NONE: Final = "none"
+TRUST_SIGNED: Final = "signed"
+TRUST_MODES: Final = (TRUST_ALL, TRUST_NONE, TRUST_SIGNED)
+
+# Where the exporters run (GYMTRACE_ENCODER; see _export_process.py and _export_auto.py).
+ENCODER_AUTO: Final = "auto"
+ENCODER_THREAD: Final = "thread"
+ENCODER_PROCESS: Final = "process"
+ENCODERS: Final = (ENCODER_AUTO, ENCODER_THREAD, ENCODER_PROCESS)
+
+# What a gymtrace.step records (GYMTRACE_STEP_*; see _steps.py). The aggregate policy keeps the
+# first step and the slowest by default: a span costs about five CartPole steps, a random episode
+# ~20. (The Gymnasium integration's own default keeps no slowest step: see DEFAULT_SAMPLE_SLOWEST.)
+STEP_POLICIES: Final = (c.STEPS_POLICY_ALL, c.STEPS_POLICY_AGGREGATE)
+DEFAULT_STEP_FIRST: Final = 1
+DEFAULT_STEP_SLOWEST: Final = 1
+DEFAULT_STEP_EPISODE_SHARE: Final = 0.0
+
+DEFAULT_MAX_QUEUE_SIZE: Final = 8192
+DEFAULT_MAX_EXPORT_BATCH_SIZE: Final = 512
+DEFAULT_SCHEDULE_DELAY: Final = 0.5  # seconds (OTEL_BSP_SCHEDULE_DELAY is in milliseconds)
+DEFAULT_FLUSH_TIMEOUT: Final = 5.0
+# Seconds between heartbeats of an open rollout: a few per minute cost nothing, and `gymtrace live`
+# reads a process lost after three missed ones (30 s), well inside a stuck run's hours.
+DEFAULT_HEARTBEAT: Final = 10.0
+DEFAULT_CONTENT_MAX_VALUE_BYTES: Final = 16 * 1024
+DEFAULT_CONTENT_MAX_SPAN_BYTES: Final = 32 * 1024
+
+
+# GYMTRACE_BACKEND: which server the OTLP exporter talks to (_export_backends.py).
+BACKEND_OTLP: Final = "otlp"
+BACKEND_MLFLOW: Final = "mlflow"
+BACKEND_PHOENIX: Final = "phoenix"
+BACKENDS: Final = (BACKEND_OTLP, BACKEND_MLFLOW, BACKEND_PHOENIX)
+DEFAULT_EXPERIMENT: Final = "gymtrace"
+
+
+@dataclass(frozen=True)
+class Settings:
+    """gymtrace's resolved settings; replaced whole, so a reader never sees half an update."""
+
+    strict: bool = False
+    trace_per_run: bool = False
+    sdk_disabled: bool = False
+    service_name: str | None = None  # None: the SDK's resource (OTEL_RESOURCE_ATTRIBUTES), then "gymtrace"
+    exporters: tuple[str, ...] = ("file",)
+    endpoint: str | None = None
+    protocol: str = "grpc"
+    file: str | None = env.DEFAULT_FILE
+    unknown_exporters: tuple[str, ...] = ()
+    sample_ratio: float | None = None  # None: the SDK's OTEL_TRACES_SAMPLER applies
+    sample_by: str = "rollout"
+    flush_timeout: float = DEFAULT_FLUSH_TIMEOUT
+    max_queue_size: int = DEFAULT_MAX_QUEUE_SIZE
+    max_export_batch_size: int = DEFAULT_MAX_EXPORT_BATCH_SIZE
+    schedule_delay: float = DEFAULT_SCHEDULE_DELAY
+    encoder: str = ENCODER_AUTO
+    backend: str = BACKEND_OTLP  # GYMTRACE_BACKEND: which server the OTLP exporter talks to
+    experiment: str = DEFAULT_EXPERIMENT  # GYMTRACE_EXPERIMENT: MLflow experiment or Phoenix project
+    step_policy: str = c.STEPS_POLICY_ALL
+    # GYMTRACE_STEP_POLICY holds a valid policy: chosen, so it applies to the integrations too.
+    step_policy_chosen: bool = False
+    step_first: int = DEFAULT_STEP_FIRST
+    step_slowest: int = DEFAULT_STEP_SLOWEST
+    step_episode_share: float = DEFAULT_STEP_EPISODE_SHARE
+    # Which of the step policy's parameters ("first", "slowest", "episode_share") a variable gave:
+    # an integration with a default policy of its own takes those, and its own for the rest.
+    step_parameters_given: frozenset[str] = frozenset()
+    capture_content: str = NO_CONTENT
+    content_max_value_bytes: int = DEFAULT_CONTENT_MAX_VALUE_BYTES
+    content_max_span_bytes: int = DEFAULT_CONTENT_MAX_SPAN_BYTES
+    trust_identity: str = TRUST_ALL
+    # The first signs, all verify. Never in repr(): settings get logged.
+    identity_secrets: tuple[str, ...] = field(default=(), repr=False)
+    baggage_allow: frozenset[str] = frozenset()
+    heartbeat: float = DEFAULT_HEARTBEAT  # 0: no live markers, no heartbeats
+    step_metrics: bool = False
+    propagate_to: tuple[str, ...] = ()
+    # GYMTRACE_PARENT: the settings a parent process's configure() resolved, as (name, value)
+    # pairs, for a child that was never configured (see _setup.configure_from_parent).
+    parent: tuple[tuple[str, Any], ...] | None = None
+
+
+# Settings made in code (configure(strict=...), configure_content(capture=...), ...): they outlive
+# a later configure() that does not mention them, and beat the environment. Field name -> value.
+OVERRIDABLE: Final = frozenset(
+    {
+        "strict",
+        "trace_per_run",
+        "capture_content",
+        "content_max_value_bytes",
+        "content_max_span_bytes",
+        "trust_identity",
+        "identity_secrets",
+        "baggage_allow",
+        "heartbeat",
+        "step_metrics",
+    }
+)
+_overrides: dict[str, Any] = {}
+_lock = threading.RLock()
+_warned: set[tuple[str, str]] = set()
+
+
+class _Reader:
+    """Reads variables from one environment snapshot, applying the failure policy."""
+
+    def __init__(self, environ: Mapping[str, str], strict: bool, lenient: bool) -> None:
+        self.environ = environ
+        self.strict = strict
+        self.lenient = lenient  # at import: never raise
+        self.rejected: set[str] = set()  # variables set to a bad value (their default was used)
+
+    def given(self, name: str) -> bool:
+        """Whether variable ``name`` was set to a value read as it is (not replaced by a default)."""
+        return self.raw(name) is not None and name not in self.rejected
+
+    def raw(self, name: str) -> str | None:
+        value = self.environ.get(name)
+        return value if value is not None and value.strip() else None
+
+    def bad(self, name: str, raw: str, expected: str, default: object) -> None:
+        self.rejected.add(name)
+        if self.strict and not self.lenient:
+            raise InvalidArgumentError(f"{name} must be {expected}, got {raw[:80]!r}")
+        with _lock:
+            first = (name, raw) not in _warned
+            _warned.add((name, raw))
+        if first:
+            logger.warning("gymtrace: %s=%r is not %s; using %r", name, raw[:80], expected, default)
+
+    def number(
+        self,
+        name: str,
+        default: float,
+        *,
+        minimum: float,
+        maximum: float | None = None,
+        integer: bool = False,
+    ) -> float:
+        raw = self.raw(name)
+        if raw is None:
+            return default
+        try:
+            value = int(raw.strip()) if integer else float(raw)
+        except ValueError:
+            value = None
+        # value != value: NaN
+        if value is None or value != value or value < minimum or (maximum is not None and value > maximum):
+            kind = "an integer" if integer else "a number"
+            bounds = f">= {minimum:g}" if maximum is None else f"in [{minimum:g}, {maximum:g}]"
+            self.bad(name, raw, f"{kind} {bounds}", default)
+            return default
+        return value
+
+    def choice(self, name: str, choices: tuple[str, ...], default: str) -> str:
+        raw = self.raw(name)
+        if raw is None:
+            return default
+        value = raw.strip().lower()
+        if value not in choices:
+            self.bad(name, raw, f"one of {choices}", default)
+            return default
+        return value
+
+
+def parse_capture(raw: str) -> str | None:
+    """A capture mode from its text: a mode (any case) or the older boolean form; None if neither."""
+    text = raw.strip()
+    if text.upper() in CAPTURE_MODES:
+        return text.upper()
+    return _LENIENT_CAPTURE.get(text.lower())
+
+
+def process_file_name() -> str:
+    """This process's file in a ``GYMTRACE_FILE`` directory: its program and PID, so processes
+    that share the directory never share a file."""
+    program = re.sub(
+        r"[^A-Za-z0-9._-]+", "_", os.path.basename(sys.argv[0] if sys.argv and sys.argv[0] else "python")
+    )
+    return f"{program or 'python'}-{os.getpid()}.jsonl"
+
+
+def split_list(raw: str | None) -> tuple[str, ...]:
+    """A comma-separated variable as its non-empty, stripped items."""
+    return tuple(part.strip() for part in (raw or "").split(",") if part.strip())
+
+
+def _trust(read: _Reader, given: Mapping[str, Any]) -> tuple[str, tuple[str, ...], frozenset[str]]:
+    secrets = (
+        tuple(given["identity_secrets"])
+        if given.get("identity_secrets") is not None
+        else split_list(read.environ.get(env.GYMTRACE_IDENTITY_SECRET))
+    )
+    if given.get("trust_identity") is not None:
+        mode = str(given["trust_identity"])
+    else:
+        raw = read.raw(env.GYMTRACE_TRUST_IDENTITY)
+        # Without a setting: a single-tenant cluster works out of the box, and setting a secret
+        # is all it takes to require signatures.
+        mode = raw.strip().lower() if raw is not None else (TRUST_SIGNED if secrets else TRUST_ALL)
+        if mode not in TRUST_MODES:
+            # A typo must not open the door: an unknown setting trusts nobody.
+            read.bad(env.GYMTRACE_TRUST_IDENTITY, raw or "", f"one of {TRUST_MODES}", TRUST_NONE)
+            mode = TRUST_NONE
+    if mode == TRUST_SIGNED and not secrets:
+        with _lock:
+            first = ("signed without secret", "") not in _warned
+            _warned.add(("signed without secret", ""))
+        if first:
+            logger.warning(
+                "gymtrace: %s=signed without %s; no incoming identity can be verified",
+                env.GYMTRACE_TRUST_IDENTITY,
+                env.GYMTRACE_IDENTITY_SECRET,
+            )
+    allow = (
+        frozenset(given["baggage_allow"])
+        if given.get("baggage_allow") is not None
+        else frozenset(split_list(read.environ.get(env.GYMTRACE_BAGGAGE_ALLOW)))
+    )
+    # gym.* keys are identity: never forwarded as application baggage, whatever the list says.
+    return mode, secrets, frozenset(k for k in allow if not k.startswith("gym."))
+
+
+def _http_traces_url(base: str) -> str:
+    # OTEL_EXPORTER_OTLP_ENDPOINT is a base URL; the HTTP exporter posts to {base}/v1/traces.
+    return base.rstrip("/") + "/v1/traces"
+
+
+def resolve(
+    *,
+    endpoint: str | None = None,
+    protocol: str | None = None,
+    file: str | os.PathLike[str] | bool | None = None,
+    console: bool | None = None,
+    service_name: str | None = None,
+    encoder: str | None = None,
+    backend: str | None = None,
+    experiment: str | None = None,
+    overrides: Mapping[str, Any] | None = None,
+    environ: Mapping[str, str] | None = None,
+    lenient: bool = False,
+) -> Settings:
+    """The settings these arguments and ``overrides`` give over the environment; applies nothing.
+
+    ``overrides`` are code overrides by field name (beating the sticky ones already made). Raises
+    :class:`~gymtrace.InvalidArgumentError` for a bad argument, and for a bad environment value
+    in strict mode unless ``lenient``.
+    """
+    environ = os.environ if environ is None else environ
+    with _lock:
+        given = {**_overrides, **(overrides or {})}
+    strict = (
+        given["strict"] if given.get("strict") is not None else env.env_flag(environ.get(env.GYMTRACE_STRICT))
+    )
+    read = _Reader(environ, strict, lenient)
+
+    if protocol is not None and protocol not in PROTOCOLS:
+        raise InvalidArgumentError(
+            f"gymtrace.configure(): argument 'protocol' must be one of {PROTOCOLS}, got {protocol!r}"
+        )
+    if endpoint is not None and (not isinstance(endpoint, str) or not endpoint):
+        raise InvalidArgumentError(
+            f"gymtrace.configure(): argument 'endpoint' must be a URL string, got {endpoint!r}"
+        )
+    if encoder is not None and encoder not in ENCODERS:
+        raise InvalidArgumentError(
+            f"gymtrace.configure(): argument 'encoder' must be one of {ENCODERS}, got {encoder!r:.80}"
+        )
+    if (file is not None and not isinstance(file, (bool, str, os.PathLike))) or file == "":
+        raise InvalidArgumentError(
+            "gymtrace.configure(): argument 'file' must be a path, True (the default file) or False"
+            f" (no file), got {file!r:.80}"
+        )
+    if service_name is not None and (not isinstance(service_name, str) or not service_name):
+        raise InvalidArgumentError(
+            f"gymtrace.configure(): argument 'service_name' must be a non-empty string, got {service_name!r}"
+        )
+
+    if backend is not None and backend not in BACKENDS:
+        raise InvalidArgumentError(
+            f"gymtrace.configure(): argument 'backend' must be one of {BACKENDS}, got {backend!r:.80}"
+        )
+    if experiment is not None and (not isinstance(experiment, str) or not experiment.strip()):
+        raise InvalidArgumentError(
+            f"gymtrace.configure(): argument 'experiment' must be a non-empty string, got {experiment!r:.80}"
+        )
+    backend = backend or read.choice(env.GYMTRACE_BACKEND, BACKENDS, BACKEND_OTLP)
+    experiment = experiment or (read.raw(env.GYMTRACE_EXPERIMENT) or "").strip() or DEFAULT_EXPERIMENT
+    if backend != BACKEND_OTLP:
+        # MLflow takes OTLP over HTTP only, Phoenix's HTTP protobuf only: the backend decides.
+        protocol = "http/protobuf"
+
+    wanted = {
+        name.strip().lower() for name in environ.get(env.OTEL_TRACES_EXPORTER, "").split(",") if name.strip()
+    }
+    if protocol is None:
+        name = (
+            env.OTEL_EXPORTER_OTLP_TRACES_PROTOCOL
+            if read.raw(env.OTEL_EXPORTER_OTLP_TRACES_PROTOCOL)
+            else env.OTEL_EXPORTER_OTLP_PROTOCOL
+        )
+        protocol = read.choice(name, PROTOCOLS, "grpc")
+    if endpoint is not None:
+        resolved_endpoint: str | None = endpoint
+        if protocol == "http/protobuf" and not endpoint.rstrip("/").endswith("/v1/traces"):
+            resolved_endpoint = _http_traces_url(endpoint)
+    elif read.raw(env.OTEL_EXPORTER_OTLP_TRACES_ENDPOINT):
+        resolved_endpoint = environ[env.OTEL_EXPORTER_OTLP_TRACES_ENDPOINT]
+    elif read.raw(env.OTEL_EXPORTER_OTLP_ENDPOINT):
+        base = environ[env.OTEL_EXPORTER_OTLP_ENDPOINT]
+        resolved_endpoint = _http_traces_url(base) if protocol == "http/protobuf" else base
+    else:
+        resolved_endpoint = None
+
+    exporters: list[str] = []
+    if resolved_endpoint is not None or "otlp" in wanted or backend != BACKEND_OTLP:
+        exporters.append("otlp")
+    if console if console is not None else "console" in wanted:
+        exporters.append("console")
+    path: str | None
+    if file is False:
+        path = None
+    elif file is not None and file is not True:
+        path = os.fspath(file)
+    elif read.raw(env.GYMTRACE_FILE):
+        path = environ[env.GYMTRACE_FILE]
+        if path.endswith(("/", os.sep)):
+            path = os.path.join(path, process_file_name())
+    elif file is True or (not exporters and "none" not in wanted):
+        path = env.DEFAULT_FILE  # the embedded default: no server needed
+    else:
+        path = None
+    if path is not None:
+        exporters.append("file")
+
+    if given.get("trace_per_run") is not None:
+        trace_per_run = bool(given["trace_per_run"])
+    else:
+        trace_per_run = read.choice(env.GYMTRACE_TRACE_PER, TRACE_PER, "rollout") == "run"
+
+    sample_ratio: float | None = None
+    if read.raw(env.GYMTRACE_SAMPLE_RATIO) is not None:
+        ratio = read.number(env.GYMTRACE_SAMPLE_RATIO, -1.0, minimum=0)
+        if ratio > 1:
+            read.bad(
+                env.GYMTRACE_SAMPLE_RATIO, environ[env.GYMTRACE_SAMPLE_RATIO], "a number in [0, 1]", None
+            )
+        elif ratio >= 0:
+            sample_ratio = ratio
+
+    if given.get("capture_content") is not None:
+        capture = str(given["capture_content"])
+    else:
+        raw_capture = environ.get(env.OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT)
+        capture = NO_CONTENT if raw_capture is None else (parse_capture(raw_capture) or "")
+        if not capture:
+            capture = NO_CONTENT
+            read.bad(
+                env.OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT,
+                raw_capture or "",
+                f"one of {CAPTURE_MODES} (or true/false), so content capture stays off",
+                NO_CONTENT,
+            )
+
+    trust_identity, identity_secrets, baggage_allow = _trust(read, given)
+
+    def budget(field: str, name: str, default: int) -> int:
+        if given.get(field) is not None:
+            return int(given[field])
+        return int(read.number(name, default, minimum=1, integer=True))
+
+    return Settings(
+        strict=strict,
+        trace_per_run=trace_per_run,
+        sdk_disabled=env.env_flag(environ.get(env.OTEL_SDK_DISABLED)),
+        service_name=service_name or read.raw(env.OTEL_SERVICE_NAME),
+        exporters=tuple(exporters),
+        endpoint=resolved_endpoint,
+        protocol=protocol,
+        file=path,
+        unknown_exporters=tuple(sorted(wanted - {"otlp", "console", "none"})),
+        sample_ratio=sample_ratio,
+        sample_by=read.choice(env.GYMTRACE_SAMPLE_BY, SAMPLE_BY, "rollout"),
+        flush_timeout=read.number(env.GYMTRACE_FLUSH_TIMEOUT, DEFAULT_FLUSH_TIMEOUT, minimum=0),
+        max_queue_size=int(
+            read.number(env.OTEL_BSP_MAX_QUEUE_SIZE, DEFAULT_MAX_QUEUE_SIZE, minimum=1, integer=True)
+        ),
+        max_export_batch_size=int(
+            read.number(
+                env.OTEL_BSP_MAX_EXPORT_BATCH_SIZE, DEFAULT_MAX_EXPORT_BATCH_SIZE, minimum=1, integer=True
+            )
+        ),
+        schedule_delay=read.number(env.OTEL_BSP_SCHEDULE_DELAY, DEFAULT_SCHEDULE_DELAY * 1000, minimum=0)
+        / 1000,
+        encoder=encoder or read.choice(env.GYMTRACE_ENCODER, ENCODERS, ENCODER_AUTO),
+        backend=backend,
+        experiment=experiment,
+        step_policy=read.choice(env.GYMTRACE_STEP_POLICY, STEP_POLICIES, c.STEPS_POLICY_ALL),
+        step_policy_chosen=read.given(env.GYMTRACE_STEP_POLICY),  # after its read, which rejects a bad value
+        step_first=int(read.number(env.GYMTRACE_STEP_FIRST, DEFAULT_STEP_FIRST, minimum=0, integer=True)),
+        step_slowest=int(
+            read.number(env.GYMTRACE_STEP_SLOWEST, DEFAULT_STEP_SLOWEST, minimum=0, integer=True)
+        ),
+        step_episode_share=read.number(
+            env.GYMTRACE_STEP_EPISODE_SHARE, DEFAULT_STEP_EPISODE_SHARE, minimum=0, maximum=1
+        ),
+        # After the three reads above, which mark a bad value as not given.
+        step_parameters_given=frozenset(
+            name
+            for name, variable in (
+                ("first", env.GYMTRACE_STEP_FIRST),
+                ("slowest", env.GYMTRACE_STEP_SLOWEST),
+                ("episode_share", env.GYMTRACE_STEP_EPISODE_SHARE),
+            )
+            if read.given(variable)
+        ),
+        capture_content=capture,
+        content_max_value_bytes=budget(
+            "content_max_value_bytes", env.GYMTRACE_CONTENT_MAX_VALUE_BYTES, DEFAULT_CONTENT_MAX_VALUE_BYTES
+        ),
+        content_max_span_bytes=budget(
+            "content_max_span_bytes", env.GYMTRACE_CONTENT_MAX_SPAN_BYTES, DEFAULT_CONTENT_MAX_SPAN_BYTES
+        ),
+        trust_identity=trust_identity,
+        identity_secrets=identity_secrets,
+        baggage_allow=baggage_allow,
+        heartbeat=float(given["heartbeat"])
+        if given.get("heartbeat") is not None
+        else read.number(env.GYMTRACE_HEARTBEAT, DEFAULT_HEARTBEAT, minimum=0),
+        step_metrics=bool(given["step_metrics"])
+        if given.get("step_metrics") is not None
+        else env.env_flag(environ.get(env.GYMTRACE_STEP_METRICS)),
+        propagate_to=tuple(p.lower() for p in split_list(read.environ.get(env.GYMTRACE_PROPAGATE_TO))),
+        parent=_parent(read),
+    )
+
+
+# What GYMTRACE_PARENT may hold, and of which type each value must be.
+PARENT_FIELDS: Final = {
+    "pid": (int,),
+    "service_name": (str, type(None)),
+    "endpoint": (str, type(None)),
+    "protocol": (str, type(None)),
+    "file": (str, type(None)),
+    "console": (bool,),
+    "strict": (bool,),
+    "trace_per": (str,),
+    "backend": (str,),
+    "experiment": (str,),
+}
+
+
+def _parent(read: _Reader) -> tuple[tuple[str, Any], ...] | None:
+    raw = read.raw(env.GYMTRACE_PARENT)
+    if raw is None:
+        return None
+    try:
+        value = json.loads(raw)
+    except ValueError:
+        value = None
+    if (
+        not isinstance(value, dict)
+        or not isinstance(value.get("pid"), int)
+        or any(k not in PARENT_FIELDS or not isinstance(v, PARENT_FIELDS[k]) for k, v in value.items())
+    ):
+        read.bad(env.GYMTRACE_PARENT, raw, "the JSON object configure() writes", None)
+        return None
+    return tuple(sorted(value.items()))
+
+
+active: Settings = resolve(lenient=True)
+"""The settings in force. Read it as ``_settings.active.<field>``: the object is replaced whole,
+so never bind it (or a field of it) to a name at import."""
+
+
+def apply(settings: Settings, overrides: Mapping[str, Any] | None = None) -> None:
+    """Make ``settings`` the active ones and record ``overrides`` (None values forget one)."""
+    global active
+    with _lock:
+        for name, value in (overrides or {}).items():
+            if name not in OVERRIDABLE:
+                raise KeyError(name)
+            if value is None:
+                _overrides.pop(name, None)
+            else:
+                _overrides[name] = value
+        active = settings
+
+
+def override(**values: Any) -> None:
+    """Set code overrides (``None`` forgets one, so the environment applies again) and re-resolve
+    the overridden fields; the other fields keep what the last ``configure()`` resolved."""
+    with _lock:
+        fresh = resolve(overrides=values, lenient=True)
+        changed = {name: getattr(fresh, name) for name in values}
+        if "strict" in values:
+            changed["strict"] = fresh.strict
+        apply(replace(active, **changed), values)
+
+
+def current_overrides() -> dict[str, Any]:
+    with _lock:
+        return dict(_overrides)
+
+
+def reload() -> Settings:
+    """Read the environment again (keeping code overrides); for tests that change variables."""
+    settings = resolve()
+    apply(settings)
+    return settings
+
+
+def reset() -> None:
+    """Forget every code override and warning, and read the environment again."""
+    with _lock:
+        _overrides.clear()
+        _warned.clear()
+    apply(resolve(lenient=True))

@@ -1,0 +1,1 @@
+"""The fence: every use of OpenTelemetry's private names and SDK objects' private fields."""

@@ -1,0 +1,1 @@
+"""The readers of finished traces: outcomes, check, render, Jaeger, live view, pass@k, compare."""

@@ -1,0 +1,546 @@
+"""One final outcome per rollout, and per-run statistics, from finished spans.
+
+Every reader of a finished trace (``gymtrace tree``, ``check``, ``rollouts``, ``stats``, the demo's
+summary) answers "what was this rollout's outcome?" through :func:`final_outcomes`, so they can
+never disagree. Spans are immutable once ended: when a rollout's outcome is decided outside its
+rollout span (a reward recorded in another process, after the rollout span ended, or by an episode
+continued from a carrier elsewhere), gymtrace writes a short ``gym.outcome`` record span. Each
+candidate is one fact for the outcome rule (``_outcome_rule.decide``, the same function the writer
+used):
+
+- the candidates of a rollout are its root span (it concludes attempt ``gym.rollout.attempts - 1``)
+  and every outcome record (it concludes ``gym.episode.attempt``);
+- the final outcome is the candidate concluding the highest attempt; on a tie a record beats the
+  root, and among records the one that ended last wins; a root saying ``pending`` that no record
+  concludes stays ``pending`` (its record may be in a file not given);
+- the rollout's attempts are the highest ``gym.rollout.attempts`` of all candidates.
+
+A rollout is keyed by run ID and rollout ID, and, so that a re-run appended to the same file with
+the same IDs is not mixed into the first run, by the trace its root is in (an outcome record is
+always in its rollout's trace).
+"""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from time import time_ns
+from typing import Any
+
+from gymtrace import _constants as c
+from gymtrace._live import metrics as _metrics
+from gymtrace._model.outcome_rule import CANCELLED, FAILED, Attempt, Decision, Facts, state_of
+from gymtrace._model.outcome_rule import decide as decide_outcome
+from gymtrace._model.spandata import SpanData, from_readable, is_marker, normalize
+from gymtrace._read.liveview import live_rollouts
+from gymtrace._read.passk import PASS_THRESHOLD, TaskPassK, pass_at_n
+from gymtrace._read.passk import rewards_by_task as rewards_by_task  # where compare and stats read it
+
+# Where an outcome came from when the rollout root decided it (an outcome record says its own).
+SOURCE_ROOT = "root"
+# ... and a lost rollout's, from its live markers.
+SOURCE_LIVE = "live"
+
+
+def dedupe(spans: Iterable[Any]) -> list[SpanData]:
+    """The spans, each (trace ID, span ID) once: a file appended to itself holds every span twice."""
+    seen: set[tuple[str, str]] = set()
+    unique = []
+    for span in normalize(spans):
+        key = (span.trace_id, span.span_id)
+        if key not in seen:
+            seen.add(key)
+            unique.append(span)
+    return unique
+
+
+def _int(value: Any) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def _reward(value: Any) -> float | None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    reward = float(value)
+    return reward if math.isfinite(reward) else None
+
+
+def is_outcome_record(span: SpanData) -> bool:
+    return span.attributes.get(c.KIND) == c.KIND_OUTCOME
+
+
+def _concluded(attributes: Mapping[str, Any]) -> int:
+    if attributes.get(c.KIND) == c.KIND_OUTCOME:
+        attempt = _int(attributes.get(c.EPISODE_ATTEMPT))
+        return attempt if attempt is not None else -1
+    attempts = _int(attributes.get(c.ROLLOUT_ATTEMPTS))
+    return attempts - 1 if attempts is not None else -1
+
+
+def concluded_attempt(candidate: SpanData) -> int:
+    """The attempt a candidate concludes: a record names it, a root knows ``attempts - 1``."""
+    return _concluded(candidate.attributes)
+
+
+def _ordered(attributes: Mapping[str, Any], end_ns: int, span_number: int) -> tuple[int, ...]:
+    """Among candidates concluding the same attempt: a record beats the root, then the later one."""
+    return (int(attributes.get(c.KIND) == c.KIND_OUTCOME), end_ns, span_number)
+
+
+def _span_number(candidate: SpanData) -> int:
+    try:
+        return int(candidate.span_id, 16)
+    except ValueError:
+        return 0
+
+
+def _order(candidate: SpanData) -> tuple[int, ...]:
+    return _ordered(candidate.attributes, candidate.end_ns, _span_number(candidate))
+
+
+def _fact(attributes: Mapping[str, Any], order: tuple[int, ...]) -> Attempt:
+    outcome = attributes.get(c.ROLLOUT_OUTCOME)
+    reward = _reward(attributes.get(c.REWARD)) if outcome == c.OUTCOME_SCORED else None
+    # A root that says scored without a usable reward has no score to give.
+    state = FAILED if outcome == c.OUTCOME_SCORED and reward is None else state_of(outcome)
+    return Attempt(_concluded(attributes), state, reward, order)
+
+
+def candidate_fact(candidate: SpanData) -> Attempt:
+    """What a rollout root or outcome record says about the attempt it concludes, for the rule."""
+    return _fact(candidate.attributes, _order(candidate))
+
+
+def decide(candidates: Iterable[SpanData]) -> SpanData | None:
+    """The candidate (rollout root or outcome record) that holds the rollout's final outcome: the
+    one whose fact the outcome rule takes as the final attempt's."""
+    return max(candidates, key=lambda s: (concluded_attempt(s), _order(s)), default=None)
+
+
+def decision_of(group: RolloutSpans, *, episodes: bool = True) -> Decision | None:
+    """The outcome rule over a rollout's root and outcome records (and, unless ``episodes=False``,
+    the episode spans that say their attempt failed); None when it has no root and no record."""
+    return decide_candidates(
+        ((s.attributes, s.end_ns, _span_number(s)) for s in group.candidates),
+        (
+            (e.attributes.get(c.EPISODE_ATTEMPT), e.attributes.get(c.EPISODE_OUTCOME))
+            for e in sorted(group.episodes, key=recorded_order)
+        )
+        if episodes
+        else (),
+    )
+
+
+def decide_candidates(
+    candidates: Iterable[tuple[Mapping[str, Any], int, int]], episodes: Iterable[tuple[object, object]] = ()
+) -> Decision | None:
+    """The outcome rule over a rollout's candidates, each (attributes of its root or an outcome
+    record, end time in ns, span ID as an int), and its episodes, each (``gym.episode.attempt``,
+    ``gym.episode.outcome``) in the order they were recorded (of two with one attempt number, the
+    later speaks for it); None without candidates. The readers call it with spans, and the
+    metrics (``_metrics``) with what the process that owns the rollout recorded about it."""
+    facts = []
+    started = 0
+    for attributes, end_ns, span_number in candidates:
+        started = max(started, _int(attributes.get(c.ROLLOUT_ATTEMPTS)) or 0)
+        facts.append(_fact(attributes, _ordered(attributes, end_ns, span_number)))
+    if not facts:
+        return None
+    # An episode span that says its attempt failed or was cancelled outranks a record that scored
+    # the attempt without knowing (written in another process, or later). Of an attempt number
+    # that two episodes took (reused), only the last recorded speaks for it, as in the writer.
+    last: dict[int, object] = {}
+    for number, outcome in episodes:
+        attempt = _int(number)
+        if attempt is not None:
+            last[attempt] = outcome
+    for attempt, outcome in last.items():
+        if outcome in (FAILED, CANCELLED):
+            facts.append(Attempt(attempt, str(outcome), None, (-1,), definite=True))
+    return decide_outcome(Facts(attempts=tuple(facts), started=started))
+
+
+# The metrics decide by this same function (they sit below the readers, so it is handed down).
+_metrics.decide_by(decide_candidates)
+
+
+def recorded_order(episode: SpanData) -> tuple[int, int, str]:
+    """The order episodes of one rollout were recorded in: the writer takes an attempt number when
+    the episode opens, so of two episodes with one number the later-started is the later record."""
+    return (episode.start_ns, episode.end_ns, episode.span_id)
+
+
+def last_recorded(episodes: Iterable[SpanData]) -> dict[int, SpanData]:
+    """Per attempt number, the episode recorded last (see :func:`recorded_order`)."""
+    found: dict[int, SpanData] = {}
+    for episode in sorted(episodes, key=recorded_order):
+        attempt = _int(episode.attributes.get(c.EPISODE_ATTEMPT))
+        if attempt is not None:
+            found[attempt] = episode
+    return found
+
+
+@dataclass(frozen=True)
+class RolloutOutcome:
+    """The final outcome of one rollout, wherever it was recorded."""
+
+    run_id: str | None
+    task_id: str | None
+    rollout_id: str
+    repeat: int | None
+    outcome: str  # "scored", "unscored" or "pending"
+    reward: float | None  # None unless scored
+    attempts: int
+    # The service each attempt's episode ran in, by attempt ("" where no episode span is at hand).
+    services: tuple[str, ...]
+    # "root", or the gym.outcome.source of the outcome record that decided.
+    source: str
+    trace_id: str
+    # The gym.run span this rollout belongs to (its link or ancestor), when the input holds it; it
+    # tells apart two runs that share a run ID.
+    run_span_id: str | None = None
+    # Task executions Ray re-ran inside this rollout's episodes (max_retries, retry_exceptions).
+    task_reruns: int = 0
+    decided_by: SpanData | None = field(default=None, compare=False, repr=False)
+    root: SpanData | None = field(default=None, compare=False, repr=False)
+
+    def as_json(self) -> dict[str, Any]:
+        return {
+            "run_id": self.run_id,
+            "task_id": self.task_id,
+            "rollout_id": self.rollout_id,
+            "repeat": self.repeat,
+            "outcome": self.outcome,
+            "reward": self.reward,
+            "attempts": self.attempts,
+            "services": list(self.services),
+            "source": self.source,
+            "trace_id": self.trace_id,
+            "task_reruns": self.task_reruns,
+        }
+
+
+@dataclass
+class RolloutSpans:
+    """Everything the input holds about one rollout: its roots, outcome records and episodes."""
+
+    run_id: str | None
+    rollout_id: str
+    trace_id: str
+    roots: list[SpanData] = field(default_factory=list)
+    records: list[SpanData] = field(default_factory=list)
+    episodes: list[SpanData] = field(default_factory=list)
+    # Task executions Ray re-ran (``ray.task.attempt >= 1``): a worker died or raised meanwhile.
+    reruns: list[SpanData] = field(default_factory=list)
+
+    @property
+    def candidates(self) -> list[SpanData]:
+        return [*self.roots, *self.records]
+
+
+def group_rollouts(spans: Iterable[Any]) -> list[RolloutSpans]:
+    """Rollout roots, outcome records and episodes grouped by run ID, rollout ID and trace.
+
+    Expects deduplicated spans (:func:`dedupe`). A group without a root joins the one group with a
+    root of the same rollout in the same trace (its spans lack the run ID), or else of the same run
+    and rollout: an outcome record written under a context that lost the trace still belongs to
+    its rollout.
+    """
+    groups: dict[tuple[str | None, str, str], RolloutSpans] = {}
+    for span in spans:
+        kind = span.attributes.get(c.KIND)
+        rerun = (_int(span.attributes.get(c.RAY_TASK_ATTEMPT)) or 0) >= 1
+        if kind not in (c.KIND_ROLLOUT, c.KIND_OUTCOME, c.KIND_EPISODE) and not rerun:
+            continue
+        rollout_id = span.attributes.get(c.ROLLOUT_ID)
+        if not isinstance(rollout_id, str):
+            continue
+        run_id = span.attributes.get(c.RUN_ID)
+        run_id = run_id if isinstance(run_id, str) else None
+        key = (run_id, rollout_id, span.trace_id)
+        group = groups.get(key)
+        if group is None:
+            group = groups[key] = RolloutSpans(run_id, rollout_id, span.trace_id)
+        if kind == c.KIND_ROLLOUT:
+            group.roots.append(span)
+        elif kind == c.KIND_OUTCOME:
+            group.records.append(span)
+        elif kind == c.KIND_EPISODE:
+            group.episodes.append(span)
+        else:
+            group.reruns.append(span)
+    with_root: dict[tuple[str | None, str], list[RolloutSpans]] = defaultdict(list)
+    in_trace: dict[tuple[str, str], list[RolloutSpans]] = defaultdict(list)
+    for group in groups.values():
+        if group.roots:
+            with_root[(group.run_id, group.rollout_id)].append(group)
+            in_trace[(group.rollout_id, group.trace_id)].append(group)
+    result = []
+    for group in groups.values():
+        if not group.roots:
+            # Same rollout in the same trace (a span that lacks the run ID), else same run and
+            # rollout in another trace.
+            owners = in_trace.get((group.rollout_id, group.trace_id)) or with_root.get(
+                (group.run_id, group.rollout_id), []
+            )
+            if len(owners) == 1:
+                owners[0].records.extend(group.records)
+                owners[0].episodes.extend(group.episodes)
+                owners[0].reruns.extend(group.reruns)
+                continue
+        result.append(group)
+    return result
+
+
+def _run_span_ids(spans: list[SpanData]) -> dict[str, str]:
+    """For each span below a gym.run span (run-per-trace topology), that run span's ID."""
+    by_id = {s.span_id: s for s in spans}
+    found: dict[str, str] = {}
+    for span in spans:
+        if span.attributes.get(c.KIND) != c.KIND_ROLLOUT:
+            continue
+        seen = set()
+        parent = by_id.get(span.parent_id) if span.parent_id else None
+        while parent is not None and parent.span_id not in seen:
+            seen.add(parent.span_id)
+            if parent.attributes.get(c.KIND) == c.KIND_RUN:
+                found[span.span_id] = parent.span_id
+                break
+            parent = by_id.get(parent.parent_id) if parent.parent_id else None
+    return found
+
+
+def _run_span_of(root: SpanData | None, ancestors: Mapping[str, str]) -> str | None:
+    if root is None:
+        return None
+    if root.span_id in ancestors:
+        return ancestors[root.span_id]
+    for link in root.links:
+        if link.attributes.get(c.LINK_RELATION) == c.RELATION_RUN:
+            return link.span_id
+    return None
+
+
+def _services(episodes: list[SpanData], attempts: int) -> tuple[str, ...]:
+    by_attempt: dict[int, str] = {}
+    for episode in sorted(episodes, key=lambda s: s.start_ns):
+        attempt = _int(episode.attributes.get(c.EPISODE_ATTEMPT))
+        if attempt is not None and attempt >= 0:
+            by_attempt.setdefault(attempt, episode.service)
+    count = max(attempts, max(by_attempt, default=-1) + 1)
+    return tuple(by_attempt.get(a, "") for a in range(count))
+
+
+def outcome_of(group: RolloutSpans, ancestors: Mapping[str, str] | None = None) -> RolloutOutcome | None:
+    """The final outcome of one rollout, or None when the input holds no root and no record."""
+    decider = decide(group.candidates)
+    decision = decision_of(group)
+    if decider is None or decision is None:
+        return None
+    attempts = decision.attempts
+    root = max(group.roots, key=lambda s: s.end_ns) if group.roots else None
+    # Identity: the root's if at hand, else the deciding record's (both carry it).
+    identity = root.attributes if root is not None else decider.attributes
+    task_id = identity.get(c.TASK_ID)
+    return RolloutOutcome(
+        run_id=group.run_id,
+        task_id=task_id if isinstance(task_id, str) else None,
+        rollout_id=group.rollout_id,
+        repeat=_int(identity.get(c.ROLLOUT_REPEAT)),
+        outcome=decision.outcome,
+        reward=decision.reward,
+        attempts=attempts,
+        services=_services(group.episodes, attempts),
+        source=str(decider.attributes.get(c.OUTCOME_SOURCE, "record"))
+        if is_outcome_record(decider)
+        else SOURCE_ROOT,
+        trace_id=group.trace_id,
+        run_span_id=_run_span_of(root, ancestors or {}),
+        task_reruns=len(group.reruns),
+        decided_by=decider,
+        root=root,
+    )
+
+
+def final_outcomes(spans: Iterable[Any], *, run_id: str | None = None) -> list[RolloutOutcome]:
+    """The final outcome of every rollout in ``spans`` (of run ``run_id`` if given), in start order."""
+    raw = [s if isinstance(s, SpanData) else from_readable(s) for s in spans]
+    data = dedupe(raw)  # without the live markers, which only lost_rollouts reads
+    ancestors = _run_span_ids(data)
+    outcomes = []
+    for group in group_rollouts(data):
+        if run_id is not None and group.run_id != run_id:
+            continue
+        found = outcome_of(group, ancestors)
+        if found is not None:
+            outcomes.append(found)
+    outcomes.extend(lost_rollouts(raw, run_id=run_id))
+
+    def started(o: RolloutOutcome) -> tuple[int, str, int, str]:
+        first = min(
+            (s.start_ns for s in ([o.root] if o.root is not None else [o.decided_by]) if s is not None),
+            default=0,
+        )
+        return (first, o.task_id or "", o.repeat or 0, o.rollout_id)
+
+    return sorted(outcomes, key=started)
+
+
+def lost_rollouts(spans: list[SpanData], *, run_id: str | None = None) -> list[RolloutOutcome]:
+    """The rollouts ``spans`` know only from live markers whose process is gone (``gymtrace live``
+    says ``lost``: killed, so they never ended and recorded no outcome), as outcomes ``lost``."""
+    if not any(is_marker(s) for s in spans):
+        return []
+    lost = []
+    for live in live_rollouts(spans, now_ns=time_ns(), run_id=run_id):
+        if live.state != c.LIVE_LOST:
+            continue
+        lost.append(
+            RolloutOutcome(
+                run_id=live.run_id,
+                task_id=live.task_id,
+                rollout_id=live.rollout_id,
+                repeat=None,
+                outcome=c.OUTCOME_LOST,
+                reward=None,
+                attempts=live.attempt + 1,
+                services=(),
+                source=SOURCE_LIVE,
+                trace_id=live.trace_id,
+            )
+        )
+    return lost
+
+
+# -- statistics -----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class RunStats:
+    """Per-run statistics over final outcomes (the numbers ``gymtrace stats`` prints)."""
+
+    run_id: str | None
+    scored: int
+    unscored: int
+    inputs: int  # the number of rewards the mean is over
+    mean_reward: float | None  # None when there are no inputs
+    pass_at_k: tuple[TaskPassK, ...] = ()
+    # Set when several runs in the input share this run ID (one RunStats each): the run span's ID.
+    run_span_id: str | None = None
+    runs_sharing_id: int = 1
+    # Rollouts whose outcome is expected from another process (a record not in the input): never in
+    # the mean, never a zero.
+    pending: int = 0
+    # Rollouts whose process died before they ended (killed): no outcome, never in the mean.
+    lost: int = 0
+    # Per task ID, the mean reward over its scored rollouts (tasks with none are left out).
+    task_means: Mapping[str, float] = field(default_factory=dict)
+
+    @property
+    def rollouts(self) -> int:
+        return self.scored + self.unscored + self.pending + self.lost
+
+    def as_json(self) -> dict[str, Any]:
+        body: dict[str, Any] = {
+            "run_id": self.run_id,
+            "scored": self.scored,
+            "unscored": self.unscored,
+            "pending": self.pending,
+            "inputs": self.inputs,
+            "mean_reward": self.mean_reward,
+            "task_means": dict(self.task_means),
+        }
+        if self.lost:
+            body["lost"] = self.lost
+        if self.pass_at_k:
+            body["pass_at_k"] = {p.task_id: p.as_json() for p in self.pass_at_k}
+        if self.runs_sharing_id > 1:
+            body["run_span_id"] = self.run_span_id
+            body["runs_sharing_id"] = self.runs_sharing_id
+        return body
+
+
+def _stats(
+    run_id: str | None,
+    outcomes: list[RolloutOutcome],
+    *,
+    failed_as_zero: bool,
+    pass_threshold: float,
+    run_span_id: str | None = None,
+    sharing: int = 1,
+) -> RunStats:
+    rewards = [o.reward for o in outcomes if o.outcome == c.OUTCOME_SCORED and o.reward is not None]
+    pending = sum(1 for o in outcomes if o.outcome == c.OUTCOME_PENDING)
+    lost = sum(1 for o in outcomes if o.outcome == c.OUTCOME_LOST)
+    unscored = len(outcomes) - len(rewards) - pending - lost
+    task_means = {
+        task: math.fsum(scored) / len(scored)
+        for task, (_, scored) in sorted(rewards_by_task(outcomes).items())
+        if scored
+    }
+    # The denominator rule: an unscored rollout has no reward (never an invented 0) and is left out
+    # of the mean; --failed-as-zero counts it as an input of 0 here, in the metric only.
+    inputs = [*rewards, *([0.0] * unscored if failed_as_zero else [])]
+    pass_at_k = pass_at_n(outcomes, pass_threshold)
+    return RunStats(
+        run_id=run_id,
+        scored=len(rewards),
+        unscored=unscored,
+        inputs=len(inputs),
+        mean_reward=math.fsum(inputs) / len(inputs) if inputs else None,
+        pass_at_k=pass_at_k,
+        run_span_id=run_span_id,
+        runs_sharing_id=sharing,
+        pending=pending,
+        lost=lost,
+        task_means=task_means,
+    )
+
+
+def summarise(
+    spans: Iterable[Any] | None = None,
+    *,
+    outcomes: list[RolloutOutcome] | None = None,
+    run_id: str | None = None,
+    failed_as_zero: bool = False,
+    pass_threshold: float = PASS_THRESHOLD,
+) -> list[RunStats]:
+    """Statistics per run over the final outcomes of ``spans`` (or of precomputed ``outcomes``).
+
+    The mean reward is over scored rollouts only; ``failed_as_zero=True`` counts each unscored
+    rollout as an input of 0 (nothing is written into the trace). pass@k is given per task that
+    has more than one repeat, by ``_passk``'s one definition: the unbiased estimator over the
+    task's scored repeats with k their number, a repeat passing when its reward is at least
+    ``pass_threshold`` (default 0.5); unscored repeats are counted beside it, never as failures. Several runs
+    sharing one run ID (a re-run appended to the same file) get one ``RunStats`` each.
+    """
+    if outcomes is None:
+        outcomes = final_outcomes(spans or (), run_id=run_id)
+    elif run_id is not None:
+        outcomes = [o for o in outcomes if o.run_id == run_id]
+    by_run: dict[str | None, list[RolloutOutcome]] = defaultdict(list)
+    for o in outcomes:
+        by_run[o.run_id].append(o)
+    result = []
+    for rid, group in by_run.items():
+        instances: dict[str | None, list[RolloutOutcome]] = defaultdict(list)
+        for o in group:
+            instances[o.run_span_id].append(o)
+        known = [i for i in instances if i is not None]
+        if len(known) <= 1:
+            result.append(_stats(rid, group, failed_as_zero=failed_as_zero, pass_threshold=pass_threshold))
+            continue
+        for instance, members in instances.items():
+            result.append(
+                _stats(
+                    rid,
+                    members,
+                    failed_as_zero=failed_as_zero,
+                    pass_threshold=pass_threshold,
+                    run_span_id=instance,
+                    sharing=len(known),
+                )
+            )
+    return result

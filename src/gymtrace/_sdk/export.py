@@ -1,0 +1,401 @@
+"""The export queue: bounded, off the caller's thread, and honest about what it drops.
+
+``configure()`` puts every exporter behind a :class:`BatchExporter` instead of the SDK's
+``BatchSpanProcessor`` because gymtrace promises more than the SDK does:
+
+- a span is *counted* whenever it is not delivered (queue full, exporter gave up, flush timed out
+  at shutdown), readable at any time with ``gymtrace.export_stats()`` and logged at shutdown;
+- a batch the exporter could not deliver (the Collector is restarting) goes back into the queue and
+  is tried again after a backoff, so a short outage loses nothing that fits in the queue;
+- the caller pays for a lock and a deque append; encoding and network I/O happen on the worker.
+
+**Keeping up at env-step rate.** At CartPole rate (~30k spans/s) the queue used to
+overflow even with the file exporter. Instrumenting the worker showed why: its own CPU is small
+(~13 µs per span to encode, ~0.3 ms per write), but every export call costs it 8-20 ms *off* the
+CPU, waiting for the GIL back after each I/O and after being woken, while the application thread
+is CPU-bound (``sys.getswitchinterval()`` is 5 ms); batches of 512 spans therefore capped it near
+the application's own span rate, and on a loaded machine single waits of 100-500 ms were
+measured, long enough to fill 8,192 spans. What was measured and chosen:
+
+- *larger batches when the queue is deep* (chosen): the worker hands an exporter that splits its
+  own output (``max_drain``: gymtrace's OTLP exporters split requests at 4 MiB, the file
+  exporter writes a line per 512 spans, all in one ``write``) everything queued in one call, so
+  the fixed handoffs are paid per backlog instead of per 512 spans and the worker's throughput
+  grows with the backlog; taking it is a deque swap, not thousands of pops under the lock.
+- *the application thread yields when the worker lags*: with the queue a quarter full, every
+  64th ``on_end`` calls ``time.sleep(0)``, which hands the waiting worker the GIL. Measured in a
+  CartPole loop on the loaded machine, the deepest backlog was 613-8,046 spans before (one run
+  within 150 of the bound) and 697-2,491 after, and ``benchmarks/perf.py``'s every-step CartPole
+  rows went from up to 3,057 dropped to none (draining alone still dropped 440-2,690). The yield
+  costs no CPU, nothing until the queue is that deep, and returns at once when the worker is in
+  network I/O rather than waiting for the GIL.
+- *encoding on the application thread when a batch fills* (not chosen): the same CPU, still on
+  the same GIL, a pause of several milliseconds in the caller every 512 spans, and retries
+  would have to keep encoded bytes per exporter; it removes one handoff per batch, which
+  draining already amortises.
+- *an encoder process fed through a pipe* (built: ``GYMTRACE_ENCODER=process``,
+  ``_export_process.py``, where the default ``auto`` moves a fast loop, ``_export_auto.py``): the
+  only candidate that takes the encoding CPU off the application's process and GIL. A queue of
+  records feeding this worker thread had not paid: making them cost the application thread more
+  than the collector work they saved, and with an exporter that does nothing queueing alone cost
+  it 6-10 µs a step. What does pay is no export thread in the application's process at all:
+  records marshalled and written to a pipe by the thread that ends the spans cost ~2 µs a span in
+  the loop, against ~13 µs for this queue.
+"""
+
+from __future__ import annotations
+
+import collections
+import functools
+import logging
+import os
+import threading
+import time
+import weakref
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from gymtrace._model import settings as _settings
+
+logger = logging.getLogger("gymtrace")
+
+DEFAULT_MAX_QUEUE_SIZE = _settings.DEFAULT_MAX_QUEUE_SIZE
+DEFAULT_MAX_BATCH_SIZE = _settings.DEFAULT_MAX_EXPORT_BATCH_SIZE
+DEFAULT_SCHEDULE_DELAY = _settings.DEFAULT_SCHEDULE_DELAY
+# After a failed export, wait this long (doubling up to the maximum) before the next try.
+_BACKOFF_START = 0.25
+_BACKOFF_MAX = 5.0
+# A span whose export failed this many times is given up (counted as dropped): with the backoff
+# and the exporters' own retries that is minutes of outage, and it stops a batch the Collector
+# rejects for good from circling forever.
+_MAX_TRIES = 20
+# With the queue this deep (see BatchExporter._yield_depth), the application's thread gives the
+# GIL away once every this many spans (a mask: every 64th).
+_YIELD_EVERY_MASK = 63
+_yield_gil = functools.partial(time.sleep, 0)
+
+
+# Every exporter queue alive in this process. One fork hook serves them all; a hook per instance
+# could never be unregistered and would keep every replaced queue alive.
+_LIVE: weakref.WeakSet[BatchExporter] = weakref.WeakSet()
+
+
+def _after_fork_in_child() -> None:
+    for exporter in list(_LIVE):
+        exporter._after_fork()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
+@dataclass(frozen=True)
+class ExportStats:
+    """Counts since the exporter started. ``dropped`` is every span that will never be delivered."""
+
+    exporter: str
+    finished: int  # sampled spans handed to the queue
+    exported: int  # delivered (the exporter reported success)
+    queued: int  # waiting in the queue now
+    dropped_queue_full: int  # pushed out of a full queue (the oldest go first)
+    dropped_export_failed: int  # rejected as non-retryable, or still failing at shutdown
+    retries: int  # batches put back after a failed export
+
+    @property
+    def dropped(self) -> int:
+        return self.dropped_queue_full + self.dropped_export_failed
+
+
+def remaining_millis(deadline: float) -> int:
+    """Milliseconds left until ``deadline`` (a ``time.monotonic()`` value), never negative."""
+    return max(0, int((deadline - time.monotonic()) * 1000))
+
+
+def log_totals(stats: ExportStats, flushed: bool = True) -> None:
+    """The one line a queue logs at shutdown: a warning if anything was dropped or not flushed."""
+    if stats.dropped or not flushed:
+        logger.warning(
+            "gymtrace: %s exported %d of %d spans; dropped %d (queue full: %d, export failed or"
+            " flush timed out: %d)",
+            stats.exporter,
+            stats.exported,
+            stats.finished,
+            stats.dropped,
+            stats.dropped_queue_full,
+            stats.dropped_export_failed,
+        )
+    else:
+        logger.info("gymtrace: %s exported all %d spans", stats.exporter, stats.exported)
+
+
+class BatchExporter:
+    """A span processor (duck-typed, like the SDK's) that batches spans to one exporter."""
+
+    def __init__(
+        self,
+        exporter: Any,
+        *,
+        name: str,
+        max_queue_size: int = DEFAULT_MAX_QUEUE_SIZE,
+        max_batch_size: int = DEFAULT_MAX_BATCH_SIZE,
+        schedule_delay: float = DEFAULT_SCHEDULE_DELAY,
+        shutdown_timeout: float = 5.0,
+        max_drain: int | None = None,
+        observer: Callable[[], None] | None = None,
+    ) -> None:
+        self.exporter = exporter
+        self.name = name
+        self.max_queue_size = max_queue_size
+        self.max_batch_size = min(max_batch_size, max_queue_size)
+        # The most spans one export() call is handed. The default is the batch size (the SDK's
+        # contract); an exporter that splits its own requests (gymtrace's OTLP and file exporters)
+        # is handed everything queued, up to this, so its per-call GIL handoffs are paid per
+        # thousands of spans (see the module docstring).
+        self.max_drain = max(self.max_batch_size, min(max_drain or self.max_batch_size, max_queue_size))
+        self._yield_depth = max(2 * self.max_batch_size, max_queue_size // 4)
+        self.schedule_delay = schedule_delay
+        self.shutdown_timeout = shutdown_timeout
+        # Called on the worker thread before it takes each batch, off the application's threads:
+        # GYMTRACE_ENCODER=auto watches the span rate there.
+        self._observer = observer
+        self._queue: collections.deque[Any] = collections.deque()
+        self._lock = threading.RLock()
+        self._wake = threading.Event()
+        self._idle = threading.Condition(self._lock)
+        self._exporting = 0  # spans in the batch the worker holds right now
+        self._abandoned = False  # shutdown gave up waiting for the worker's batch
+        self._finished = self._exported = self._dropped_full = self._dropped_failed = self._retries = 0
+        self._shutdown = False
+        self._backoff = 0.0
+        self._tries: dict[int, int] = {}  # id(span) -> failed exports, for spans put back
+        self._pid = os.getpid()
+        self._thread: threading.Thread | None = None
+        self._start_worker()
+        _LIVE.add(self)
+
+    # -- span processor interface --------------------------------------------------------------
+
+    def on_start(self, span: Any, parent_context: Any = None) -> None:
+        return None
+
+    def _on_ending(self, span: Any) -> None:
+        return None
+
+    def on_end(self, span: Any) -> None:
+        if not span.context.trace_flags.sampled:
+            return
+        with self._lock:
+            if self._shutdown:
+                # Still a finished span: count it, or finished != exported + dropped + queued.
+                self._finished += 1
+                self._dropped_failed += 1
+                return
+            if len(self._queue) >= self.max_queue_size:
+                oldest = self._queue.popleft()
+                self._dropped_full += 1
+                if self._tries:
+                    self._tries.pop(id(oldest), None)
+            self._queue.append(span)
+            self._finished += 1
+            depth = len(self._queue)
+            # While backing off after a failed export, a full batch is no reason to try again early.
+            full_batch = depth >= self.max_batch_size and not self._backoff
+            lagging = depth >= self._yield_depth and not self._finished & _YIELD_EVERY_MASK
+        # Once set, the event stays set until the worker takes a batch: setting it again on every
+        # span while the worker is busy would cost each span a lock and a notify for nothing.
+        if full_batch and not self._wake.is_set():
+            self._wake.set()
+        if lagging:
+            # The worker is falling behind: hand it the GIL (see the module docstring).
+            _yield_gil()
+
+    def force_flush(self, timeout_millis: int = 30000) -> bool:
+        """Wait until everything queued now was handed to the exporter; False on timeout."""
+        deadline = time.monotonic() + timeout_millis / 1000
+        with self._lock:
+            self._backoff = 0.0  # a flush is a reason to try again now
+            self._wake.set()
+            while self._queue or self._exporting:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    return False
+                self._idle.wait(min(remaining, 0.05))
+                self._wake.set()
+        return True
+
+    def shutdown(self, timeout_millis: int | None = None, *, report: bool = True) -> None:
+        """Flush within the shutdown timeout (GYMTRACE_FLUSH_TIMEOUT), then stop; what is left is
+        counted as dropped and reported in one log line (by the caller when ``report`` is False)."""
+        if self._shutdown:
+            return
+        if timeout_millis is None:
+            timeout_millis = int(self.shutdown_timeout * 1000)
+        flushed = self.force_flush(timeout_millis)
+        with self._lock:
+            self._shutdown = True
+            self._dropped_failed += len(self._queue)
+            self._queue.clear()
+        self._wake.set()
+        if self._thread is not None:
+            # Bounded: a worker stuck in an export to a dead endpoint must not hold up the exit.
+            self._thread.join(timeout=1.0)
+        with self._lock:
+            # A batch the worker still holds will never be delivered now. The worker's own
+            # accounting (_settle) skips a batch abandoned here, so it is counted exactly once.
+            if self._exporting:
+                self._dropped_failed += self._exporting
+                self._exporting = 0
+                self._abandoned = True
+            self._dropped_failed += len(self._queue)
+            self._queue.clear()
+        try:
+            self.exporter.shutdown()
+        except Exception:
+            logger.warning("gymtrace: exporter %s failed to shut down", self.name, exc_info=True)
+        if report:
+            log_totals(self.stats(), flushed)
+
+    # -- reading ---------------------------------------------------------------------------------
+
+    def stats(self) -> ExportStats:
+        with self._lock:
+            return ExportStats(
+                exporter=self.name,
+                finished=self._finished,
+                exported=self._exported,
+                queued=len(self._queue) + self._exporting,
+                dropped_queue_full=self._dropped_full,
+                dropped_export_failed=self._dropped_failed,
+                retries=self._retries,
+            )
+
+    # -- worker ----------------------------------------------------------------------------------
+
+    def _start_worker(self) -> None:
+        self._thread = threading.Thread(target=self._work, name=f"gymtrace-export-{self.name}", daemon=True)
+        self._thread.start()
+
+    def _after_fork(self) -> None:
+        # The child must not export what the parent queued (the parent does that); it starts empty
+        # with its own worker thread and its own counts.
+        self._lock = threading.RLock()
+        self._idle = threading.Condition(self._lock)
+        self._wake = threading.Event()
+        self._queue.clear()
+        self._tries = {}
+        self._exporting = 0
+        self._abandoned = False
+        self._finished = self._exported = self._dropped_full = self._dropped_failed = self._retries = 0
+        self._pid = os.getpid()
+        # The exporter's own lock, when it has one (the file exporter's), may be held by the
+        # parent's worker mid-export: a child that waited on it would lose its spans at exit.
+        after_fork = getattr(self.exporter, "after_fork_in_child", None)
+        if callable(after_fork):
+            after_fork()
+        if not self._shutdown:
+            self._start_worker()
+
+    def _take_batch(self) -> list[Any]:
+        with self._lock:
+            queue = self._queue
+            count = min(self.max_drain, len(queue))
+            if count == len(queue):
+                # Everything: swap the deque (constant time under the lock the application's
+                # threads wait on) rather than pop thousands of spans one by one.
+                self._queue = collections.deque()
+                batch = list(queue)
+            else:
+                batch = [queue.popleft() for _ in range(count)]
+            self._exporting = count
+            return batch
+
+    def _work(self) -> None:
+        observer = self._observer
+        while True:
+            self._wake.wait(self._backoff or self.schedule_delay)
+            self._wake.clear()
+            if self._shutdown:
+                return
+            while True:
+                if observer is not None:
+                    self._observe(observer)
+                batch = self._take_batch()
+                if not batch:
+                    break
+                rest = self._export(batch)
+                with self._lock:
+                    self._settle(batch, rest)
+                    self._idle.notify_all()
+                if rest:
+                    break  # wait out the backoff before the next try
+            with self._lock:
+                self._idle.notify_all()
+
+    def _observe(self, observer: Callable[[], None]) -> None:
+        try:
+            observer()
+        except Exception:
+            logger.warning("gymtrace: exporter %s: internal error", self.name, exc_info=True)
+
+    def _export(self, batch: list[Any]) -> list[Any]:
+        """Export one batch; the spans not delivered (empty when all were).
+
+        An exporter with ``export_partial`` (gymtrace's OTLP exporters, which may send a drained
+        backlog as several requests) says which spans a failed request left undelivered, so a
+        retry never sends the others twice; any other exporter's failure is the whole batch's.
+        """
+        try:
+            partial = getattr(self.exporter, "export_partial", None)
+            if partial is not None:
+                return list(partial(batch))
+            result = self.exporter.export(batch)
+            return [] if getattr(result, "name", str(result)) == "SUCCESS" else batch
+        except Exception:
+            logger.warning(
+                "gymtrace: exporter %s raised; the batch will be retried", self.name, exc_info=True
+            )
+            return batch
+
+    def _settle(self, batch: list[Any], rest: list[Any]) -> None:
+        """Count the outcome of one export: ``rest`` are the spans not delivered (lock held)."""
+        if self._abandoned:
+            return  # shutdown already counted this batch as dropped
+        self._exporting = 0
+        delivered = len(batch) - len(rest)
+        self._exported += delivered
+        if self._tries and delivered:
+            undelivered = {id(span) for span in rest}
+            for span in batch:
+                if id(span) not in undelivered:
+                    self._tries.pop(id(span), None)
+        if not rest:
+            self._backoff = 0.0
+            return
+        self._backoff = min(_BACKOFF_MAX, max(_BACKOFF_START, self._backoff * 2))
+        if self._shutdown:
+            # Nobody will take it from the queue again (requeued here after shutdown counted the
+            # queue, the spans would vanish from every count).
+            self._dropped_failed += len(rest)
+            for span in rest:
+                self._tries.pop(id(span), None)
+        else:
+            self._requeue(rest)
+
+    def _requeue(self, batch: list[Any]) -> None:
+        """Put a failed batch back at the old end of the queue, within the bound (lock held)."""
+        self._retries += 1
+        retry = []
+        for span in batch:
+            tries = self._tries.get(id(span), 0) + 1
+            if tries >= _MAX_TRIES:
+                self._tries.pop(id(span), None)
+                self._dropped_failed += 1
+            else:
+                self._tries[id(span)] = tries
+                retry.append(span)
+        room = self.max_queue_size - len(self._queue)
+        keep = retry[len(retry) - room :] if room < len(retry) else retry
+        for span in retry[: len(retry) - len(keep)]:
+            self._tries.pop(id(span), None)
+        self._dropped_full += len(retry) - len(keep)
+        self._queue.extendleft(reversed(keep))

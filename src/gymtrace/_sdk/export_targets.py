@@ -1,0 +1,85 @@
+"""The exporters behind gymtrace's queues: OTLP (gRPC or HTTP, with the lean encoder) and the file of
+OTLP/JSON lines. Built by ``configure()`` in the application's process, and by the encoder process
+(``_export_process.py``) from the same settings."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from gymtrace._model import settings as _settings
+from gymtrace._sdk.otlp import encode_json_line, grpc_exporter, http_exporter
+
+if TYPE_CHECKING:
+    from opentelemetry.sdk.trace import ReadableSpan
+    from opentelemetry.sdk.trace.export import SpanExporter
+
+SDK_HINT = "gymtrace.configure() needs the OpenTelemetry SDK and OTLP exporter: pip install 'gymtrace[sdk]'"
+
+
+def file_exporter(path: str, line_spans: int = _settings.DEFAULT_MAX_EXPORT_BATCH_SIZE) -> SpanExporter:
+    from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
+
+    class OtlpJsonLinesExporter(SpanExporter):
+        """Appends OTLP/JSON ``ExportTraceServiceRequest`` lines to a file, one per ``line_spans``
+        spans, all of one export in a single write.
+
+        The format is the Collector's ``file`` exporter's, so the file can be replayed into a
+        Collector with the ``otlpjsonfile`` receiver. The queue hands this exporter everything
+        queued at once; lines stay the configured batch size so no line grows with the backlog,
+        and the one write is one GIL handoff however many lines it holds.
+        """
+
+        def __init__(self, file_path: str, spans_per_line: int) -> None:
+            self.path = file_path
+            self.spans_per_line = max(1, spans_per_line)
+            self._lock = threading.Lock()
+            self._file: Any = None
+
+        def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
+            step = self.spans_per_line
+            text = "".join(encode_json_line(spans[i : i + step]) + "\n" for i in range(0, len(spans), step))
+            data = text.encode("utf-8")
+            with self._lock:
+                if self._file is None:
+                    Path(self.path).parent.mkdir(parents=True, exist_ok=True)
+                    self._file = open(self.path, "ab", buffering=0)  # noqa: SIM115 - kept open
+                # Unbuffered: one write() system call, and a partial write is finished here.
+                view = memoryview(data)
+                while view:
+                    view = view[self._file.write(view) :]
+            return SpanExportResult.SUCCESS
+
+        def shutdown(self) -> None:
+            with self._lock:
+                if self._file is not None:
+                    self._file.close()
+                    self._file = None
+
+        def force_flush(self, timeout_millis: int = 30000) -> bool:
+            return True
+
+        def after_fork_in_child(self) -> None:
+            # A lock the parent's export worker held at the fork is never released in the child.
+            # The open file stays: appends from both processes land whole (O_APPEND).
+            self._lock = threading.Lock()
+
+    return OtlpJsonLinesExporter(path, line_spans)
+
+
+def otlp_exporter(protocol: str, endpoint: str | None, headers: Mapping[str, str] | None) -> SpanExporter:
+    # The SDK's exporters with gymtrace's lean encoder (_otlp.py): same transport, a sixth of the
+    # encoding time on the export thread, which shares the GIL with the application.
+    kwargs: dict[str, Any] = {}
+    if headers:
+        kwargs["headers"] = dict(headers)
+    if endpoint is not None:
+        kwargs["endpoint"] = endpoint
+    try:
+        if protocol == "grpc":
+            return grpc_exporter(**kwargs)  # type: ignore[no-any-return]
+        return http_exporter(**kwargs)  # type: ignore[no-any-return]
+    except ImportError as exc:
+        raise ImportError(SDK_HINT) from exc
