@@ -27,8 +27,8 @@ from gymtrace._version import __version__
 
 if TYPE_CHECKING:
     from gymtrace._read.compare import Comparison
-    from gymtrace._read.outcomes import RunStats
     from gymtrace._read.passk import PassK
+    from gymtrace._read.stats import RunStats
     from gymtrace.demo.distributed import DistributedResult
 
 
@@ -325,7 +325,8 @@ def _demo_distributed(args: argparse.Namespace) -> int:
 
 
 def _print_distributed(result: DistributedResult, *, quiet: bool) -> int:
-    from gymtrace._read.outcomes import final_outcomes, summarise
+    from gymtrace._read.outcomes import final_outcomes
+    from gymtrace._read.stats import summarise
 
     # From the spans when they are at hand (files), by the rule every reader applies; over OTLP
     # the spans are in the Collector, so the driver's own summary is all there is.
@@ -372,7 +373,8 @@ def _demo_service(args: argparse.Namespace) -> int:
 
 def _print_summary(spans: list[SpanData], rewards: dict[str, float | None], elapsed: float) -> None:
     """The demo's summary, computed by the same code as ``gymtrace stats`` and ``rollouts``."""
-    from gymtrace._read.outcomes import final_outcomes, summarise
+    from gymtrace._read.outcomes import final_outcomes
+    from gymtrace._read.stats import summarise
 
     outcomes = final_outcomes(spans)
     episodes = [s for s in spans if s.attributes.get(c.KIND) == c.KIND_EPISODE]
@@ -584,8 +586,9 @@ def _ran_in(services: tuple[str, ...]) -> str:
 
 
 def _stats(args: argparse.Namespace) -> int:
-    from gymtrace._read.outcomes import final_outcomes, summarise
+    from gymtrace._read.outcomes import final_outcomes
     from gymtrace._read.passk import per_task
+    from gymtrace._read.stats import summarise
 
     if args.pass_k is not None and args.pass_k < 1:
         print("gymtrace stats: --pass-k must be at least 1", file=sys.stderr)
