@@ -18,7 +18,7 @@ from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 import gymtrace
 from gymtrace import propagation
-from gymtrace._read.outcomes import summarise
+from gymtrace._read.stats import summarise
 from gymtrace._model.spandata import read_otlp_json_lines
 
 reader = InMemoryMetricReader()
@@ -318,7 +318,7 @@ def test_the_nemo_gym_shape_verify_record_plus_driver_reward_counts_once_over_bo
 
     from child_process import clean_env
     from gymtrace._model.spandata import read_otlp_json_lines
-    from gymtrace._read.outcomes import summarise
+    from gymtrace._read.stats import summarise
     from pipeline import free_ports
 
     (port,) = free_ports(1)

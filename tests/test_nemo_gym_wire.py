@@ -19,7 +19,8 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 
 from gymtrace import _constants as c
 from gymtrace._model.spandata import SpanData
-from gymtrace._read.outcomes import final_outcomes, summarise
+from gymtrace._read.outcomes import final_outcomes
+from gymtrace._read.stats import summarise
 from gymtrace.integrations import nemo_gym
 from gymtrace.integrations.autoinstrument import absolute_trace_file
 

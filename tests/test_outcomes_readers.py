@@ -17,7 +17,8 @@ from opentelemetry import trace
 import gymtrace
 from child_process import run_gymtrace, run_python
 from gymtrace import _constants as c
-from gymtrace._read.outcomes import final_outcomes, summarise
+from gymtrace._read.outcomes import final_outcomes
+from gymtrace._read.stats import summarise
 from gymtrace.testing import CapturedSpans, capture_spans, check_trace
 from outcome_records import record_outcome
 

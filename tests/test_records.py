@@ -17,8 +17,9 @@ from gymtrace._import import nemo_gym as nemo_import
 from gymtrace._model.spandata import SpanData, read_otlp_json_lines
 from gymtrace._read.check import check_spans
 from gymtrace._read.compare import MIN_PAIRED_TASKS, compare
-from gymtrace._read.outcomes import final_outcomes, summarise
+from gymtrace._read.outcomes import final_outcomes
 from gymtrace._read.passk import pass_at_k, per_task
+from gymtrace._read.stats import summarise
 from gymtrace.integrations.nemo_gym import run_id_for_output, trace_id_for
 from gymtrace.testing import CapturedSpans
 from inspect_eval import run_arith_eval

@@ -1,1 +1,1 @@
-"""The readers of finished traces: outcomes, check, render, Jaeger, live view, pass@k, compare."""
+"""The readers of finished traces: outcomes, stats, check, render, Jaeger, live view, pass@k, compare."""

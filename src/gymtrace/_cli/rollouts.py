@@ -1,0 +1,53 @@
+"""``gymtrace rollouts``: one line per rollout, its final outcome by the rule every reader applies."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from gymtrace._cli.common import print_table, read_spans
+
+
+def run(args: argparse.Namespace) -> int:
+    from gymtrace._read.outcomes import final_outcomes
+
+    outcomes = final_outcomes(read_spans(args), run_id=args.run)
+    if not outcomes:
+        print("no rollouts found", file=sys.stderr)
+        return 1
+    if args.json:
+        for o in outcomes:
+            print(json.dumps(o.as_json()))
+        return 0
+    rows = [
+        (
+            o.run_id or "-",
+            o.task_id or "-",
+            o.rollout_id,
+            "-" if o.repeat is None else str(o.repeat),
+            o.outcome,
+            _reward_text(o.reward),
+            str(o.attempts) + (f" ({o.task_reruns} Ray re-run)" if o.task_reruns else ""),
+            _ran_in(o.services),
+            o.source,
+        )
+        for o in outcomes
+    ]
+    print_table(
+        ("RUN", "TASK", "ROLLOUT", "REPEAT", "OUTCOME", "REWARD", "ATTEMPTS", "RAN IN", "DECIDED BY"), rows
+    )
+    return 0
+
+
+def _reward_text(reward: float | None) -> str:
+    return "-" if reward is None else f"{reward:g}"
+
+
+def _ran_in(services: tuple[str, ...]) -> str:
+    """One service name when every attempt ran there, else ``attempt@service`` per attempt."""
+    if not services:
+        return "-"
+    if len(set(services)) == 1 and services[0]:
+        return services[0]
+    return " ".join(f"{attempt}@{service or '?'}" for attempt, service in enumerate(services))

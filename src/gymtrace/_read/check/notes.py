@@ -1,0 +1,96 @@
+"""What ``gymtrace check`` says beside its verdict: facts about a trace that break no rule.
+
+A rollout still awaiting its outcome from another process, one whose process died (lost), one in
+which Ray re-ran a task, a service whose spans are missing from the input. None is a contract
+violation, so none is among :func:`gymtrace._read.check.check_spans`' problems; each is a line the
+user should read before trusting the numbers.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Iterable
+from typing import Any
+
+from gymtrace import _constants as c
+from gymtrace._model.spandata import SpanData, is_marker
+from gymtrace._read.outcomes import final_outcomes
+
+
+def _rollout_ids(spans: Iterable[Any], outcome: str) -> list[str]:
+    """The rollouts whose final outcome (the one every reader reports) is ``outcome``."""
+    return [o.rollout_id for o in final_outcomes(spans) if o.outcome == outcome]
+
+
+def awaiting_outcomes(spans: Iterable[Any]) -> list[str]:
+    """The rollouts whose outcome is still expected from another process (``pending``): not a
+    violation of the contract, but the answer may be in a trace file not given."""
+    return [
+        f"rollout {rollout_id}: pending, its outcome was handed to another process; the outcome"
+        " record may be in a file not given (pass every process's file, or the directory)"
+        for rollout_id in _rollout_ids(spans, c.OUTCOME_PENDING)
+    ]
+
+
+def rerun_notes(spans: Iterable[Any]) -> list[str]:
+    """The rollouts in which Ray re-ran a task (``max_retries``): their attempt was not one clean
+    run, which only the worker's ``ray.task`` span says otherwise."""
+    return [
+        f"rollout {o.rollout_id}: Ray re-ran {o.task_reruns} task(s) of attempt {max(o.attempts - 1, 0)}"
+        " (max_retries or retry_exceptions: a worker died or raised); the attempt was not one clean run"
+        for o in final_outcomes(spans)
+        if o.task_reruns
+    ]
+
+
+def lost_notes(spans: Iterable[Any]) -> list[str]:
+    """The rollouts whose process died before they ended (``lost``): no outcome, no violation, but
+    a pass that did not finish (a resume pass re-runs them)."""
+    return [
+        f"rollout {rollout_id}: lost, its process stopped beating before it ended (killed?); a resume"
+        " pass re-runs it"
+        for rollout_id in _rollout_ids(spans, c.OUTCOME_LOST)
+    ]
+
+
+def missing_service_notes(spans: Iterable[Any]) -> list[str]:
+    """The rollout traces missing a service that took part: a request a NeMo Gym agent sent to a
+    server (its ``step`` marker) with no span of that server in the trace, or a span whose parent,
+    in the process that called it, is not there. The usual cause: that process wrote its trace
+    elsewhere (a relative ``GYMTRACE_FILE`` resolved in another working directory)."""
+    by_trace: dict[str, list[SpanData]] = defaultdict(list)
+    for span in spans:
+        if isinstance(span, SpanData):
+            by_trace[span.trace_id].append(span)
+    notes = []
+    for trace_spans in by_trace.values():
+        rollout = next(
+            (
+                s.attributes[c.ROLLOUT_ID]
+                for s in trace_spans
+                if isinstance(s.attributes.get(c.ROLLOUT_ID), str)
+            ),
+            None,
+        )
+        if rollout is None:
+            continue
+        present = {s.service for s in trace_spans if not is_marker(s)}
+        ids = {s.span_id for s in trace_spans}
+        servers = {
+            str(s.attributes[c.LIVE_SERVER])
+            for s in trace_spans
+            if is_marker(s) and isinstance(s.attributes.get(c.LIVE_SERVER), str)
+        }
+        missing = sorted(servers - present)
+        orphans = sum(1 for s in trace_spans if not is_marker(s) and s.parent_id and s.parent_id not in ids)
+        if missing:
+            notes.append(
+                f"rollout {rollout}: no span of {', '.join(missing)}, which took part in it: did that"
+                " process write its trace elsewhere (a relative GYMTRACE_FILE)?"
+            )
+        elif orphans:
+            notes.append(
+                f"rollout {rollout}: {orphans} span(s) whose parent is not in the input: a process"
+                " that took part wrote elsewhere, or was killed before its spans ended"
+            )
+    return notes

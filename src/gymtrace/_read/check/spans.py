@@ -1,0 +1,342 @@
+"""The contract's rules about single spans and how they nest, and the index they read the trace by.
+
+Each rule is a rule of the vocabulary docs/concepts.md describes; each message names the span it
+is about. Nesting comes from the level table (``_levels.LEVELS``), so a new level is checked
+without touching this module. The rules that judge a whole rollout (its attempts, root and final
+outcome) are in :mod:`.rollouts`; both return problems to the driver in :mod:`gymtrace._read.check`,
+which limits the examples per rule.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections import defaultdict
+from collections.abc import Iterable
+
+from gymtrace import _constants as c
+from gymtrace._model.ids import episode_id
+from gymtrace._model.spandata import SpanData
+from gymtrace._read.outcomes import is_outcome_record
+from gymtrace._scopes.frame import STEP_RANGE
+from gymtrace._scopes.levels import LEVELS, NUMBERING_OWNERS, allowed
+
+# A problem is (rule, message); the rule groups messages for the examples-and-count limit.
+Problem = tuple[str, str]
+
+
+def label(span: SpanData) -> str:
+    """How a message names a span: its name and span ID."""
+    return f"{span.name} (span {span.span_id})"
+
+
+class SpanIndex:
+    """The spans of a trace by ID and by parent, for the rules that walk up or down the tree."""
+
+    def __init__(self, spans: list[SpanData]) -> None:
+        self.spans = spans
+        self.by_id = {s.span_id: s for s in spans}
+        self.children: dict[str, list[SpanData]] = defaultdict(list)
+        for s in spans:
+            if s.parent_id is not None:
+                self.children[s.parent_id].append(s)
+
+    def gym_ancestor(self, span: SpanData, kinds: Iterable[str] | None = None) -> SpanData | None:
+        """The nearest ancestor with a gym kind (in ``kinds`` if given), through foreign spans."""
+        wanted = set(kinds) if kinds is not None else None
+        seen = set()
+        current = self.by_id.get(span.parent_id) if span.parent_id else None
+        while current is not None and current.span_id not in seen:
+            seen.add(current.span_id)
+            kind = current.attributes.get(c.KIND)
+            if kind is not None and (wanted is None or kind in wanted):
+                return current
+            current = self.by_id.get(current.parent_id) if current.parent_id else None
+        return None
+
+    def descendants(self, span: SpanData) -> Iterable[SpanData]:
+        stack = list(self.children.get(span.span_id, ()))
+        while stack:
+            child = stack.pop()
+            yield child
+            stack.extend(self.children.get(child.span_id, ()))
+
+
+def check_shared_run_ids(raw: list[SpanData], data: list[SpanData]) -> list[Problem]:
+    """Two runs with one run ID (a re-run appended to the same file), said as exactly that.
+
+    The rollout checks below tell the runs' rollouts apart by trace, so the re-run does not also
+    show up as a flood of attempt violations; here it is named once, with its likely cause.
+    """
+    problems: list[Problem] = []
+    runs: dict[str, list[SpanData]] = defaultdict(list)
+    for span in data:
+        run_id = span.attributes.get(c.RUN_ID)
+        if span.attributes.get(c.KIND) == c.KIND_RUN and isinstance(run_id, str):
+            runs[run_id].append(span)
+    copies: dict[str, int] = defaultdict(int)
+    for span in raw:
+        run_id = span.attributes.get(c.RUN_ID)
+        if span.attributes.get(c.KIND) == c.KIND_RUN and isinstance(run_id, str):
+            copies[run_id] += 1
+    for run_id, spans in sorted(runs.items()):
+        if len(spans) > 1:
+            problems.append(
+                ("runs sharing a run ID", f"{len(spans)} runs share run ID {run_id}: appended re-run?")
+            )
+        elif copies[run_id] > 1:
+            problems.append(
+                (
+                    "runs sharing a run ID",
+                    f"run {run_id} appears {copies[run_id]} times (the same spans): file appended twice?",
+                )
+            )
+    # A file appended twice without a run span: every span twice, found by its IDs.
+    duplicated = len(raw) - len(data)
+    if duplicated and not any(copies[run_id] > len(spans) for run_id, spans in runs.items()):
+        problems.append(
+            (
+                "duplicate spans",
+                f"{duplicated} span(s) appear more than once (same trace and span ID): file appended twice?",
+            )
+        )
+    return problems
+
+
+def check_kinds_and_nesting(index: SpanIndex) -> list[Problem]:
+    problems: list[Problem] = []
+    for span in index.spans:
+        kind = span.attributes.get(c.KIND)
+        if kind is None:
+            continue
+        if kind not in c.ALL_KINDS:
+            problems.append(("unknown gym.kind", f"{label(span)}: unknown gym.kind {kind!r}"))
+            continue
+        parent = index.gym_ancestor(span)
+        if parent is not None and kind != c.KIND_OUTCOME:
+            parent_kind = parent.attributes.get(c.KIND)
+            if parent_kind == c.KIND_OUTCOME:
+                problems.append(
+                    ("inverted nesting", f"{label(span)}: {kind} inside an outcome record {label(parent)}")
+                )
+            elif parent_kind in LEVELS and kind in LEVELS and not allowed(str(parent_kind), str(kind)):
+                problems.append(
+                    (
+                        "inverted nesting",
+                        f"{label(span)}: inverted nesting, {kind} inside {parent_kind} {label(parent)}",
+                    )
+                )
+        if c.HIERARCHY_VIOLATION in span.attributes:
+            problems.append(
+                (
+                    "hierarchy violation",
+                    f"{label(span)}: marked gym.hierarchy.violation={span.attributes[c.HIERARCHY_VIOLATION]!r}",
+                )
+            )
+    return problems
+
+
+def check_identity_below(index: SpanIndex) -> list[Problem]:
+    problems: list[Problem] = []
+    for top_kind, key in ((c.KIND_ROLLOUT, c.ROLLOUT_ID), (c.KIND_EPISODE, c.EPISODE_ATTEMPT)):
+        for top in index.spans:
+            if top.attributes.get(c.KIND) != top_kind:
+                continue
+            if key not in top.attributes:
+                problems.append(("missing identity", f"{label(top)}: {top_kind} span without {key}"))
+                continue
+            expected = top.attributes[key]
+            for below in index.descendants(top):
+                # An outcome record under its rollout names the attempt it concludes, not "none".
+                if is_outcome_record(below) and top_kind == c.KIND_ROLLOUT and key == c.EPISODE_ATTEMPT:
+                    continue
+                if below.attributes.get(key) != expected:
+                    got = below.attributes.get(key, "<missing>")
+                    problems.append(
+                        (
+                            f"identity below {top_kind}",
+                            f"{label(below)}: below {top_kind} {label(top)} it needs {key}={expected!r}, has {got!r}",
+                        )
+                    )
+    return problems
+
+
+def _has_reward(span: SpanData) -> bool:
+    return c.REWARD in span.attributes or any(e.name == c.GEN_AI_EVALUATION_RESULT for e in span.events)
+
+
+def check_rewards_inside_rollouts(index: SpanIndex) -> list[Problem]:
+    """A reward or a verify span needs a rollout: without one no reader can count it."""
+    problems: list[Problem] = []
+    for span in index.spans:
+        if isinstance(span.attributes.get(c.ROLLOUT_ID), str):
+            continue
+        if span.attributes.get(c.KIND) == c.KIND_VERIFY:
+            problems.append(
+                (
+                    "reward outside any rollout",
+                    f"{label(span)}: verify span outside any rollout (no {c.ROLLOUT_ID})",
+                )
+            )
+        elif _has_reward(span):
+            problems.append(
+                (
+                    "reward outside any rollout",
+                    f"{label(span)}: reward recorded outside any rollout (no {c.ROLLOUT_ID})",
+                )
+            )
+    return problems
+
+
+def check_outcome_records(index: SpanIndex) -> list[Problem]:
+    """An outcome record is only counted when it says which rollout and attempt it concludes."""
+    problems: list[Problem] = []
+    rule = "invalid outcome record"
+    for span in index.spans:
+        if not is_outcome_record(span):
+            continue
+        attrs = span.attributes
+        missing = [
+            k
+            for k in (
+                c.ROLLOUT_ID,
+                c.EPISODE_ATTEMPT,
+                c.EPISODE_ID,
+                c.ROLLOUT_ATTEMPTS,
+                c.ROLLOUT_OUTCOME,
+                c.OUTCOME_SOURCE,
+            )
+            if k not in attrs
+        ]
+        if missing:
+            problems.append((rule, f"{label(span)}: outcome record without {', '.join(missing)}"))
+            continue
+        rollout_id, attempt, attempts = (
+            attrs[c.ROLLOUT_ID],
+            attrs[c.EPISODE_ATTEMPT],
+            attrs[c.ROLLOUT_ATTEMPTS],
+        )
+        outcome, reward = attrs[c.ROLLOUT_OUTCOME], attrs.get(c.REWARD)
+        if not isinstance(attempt, int) or attempt < 0 or not isinstance(rollout_id, str):
+            problems.append((rule, f"{label(span)}: outcome record with gym.episode.attempt={attempt!r}"))
+            continue
+        if attrs[c.EPISODE_ID] != episode_id(rollout_id, attempt):
+            problems.append(
+                (
+                    rule,
+                    f"{label(span)}: outcome record has gym.episode.id={attrs[c.EPISODE_ID]!r},"
+                    f" expected {episode_id(rollout_id, attempt)!r}",
+                )
+            )
+        if not isinstance(attempts, int) or attempts < attempt + 1:
+            problems.append(
+                (
+                    rule,
+                    f"{label(span)}: outcome record of attempt {attempt} says gym.rollout.attempts={attempts!r}",
+                )
+            )
+        if outcome == c.OUTCOME_SCORED and not isinstance(reward, (int, float)):
+            problems.append((rule, f"{label(span)}: scored outcome record without a numeric gym.reward"))
+        elif outcome == c.OUTCOME_UNSCORED and reward is not None:
+            problems.append((rule, f"{label(span)}: unscored outcome record with gym.reward={reward}"))
+        elif outcome not in (c.OUTCOME_SCORED, c.OUTCOME_UNSCORED):
+            problems.append((rule, f"{label(span)}: outcome record with gym.rollout.outcome={outcome!r}"))
+        if attrs[c.OUTCOME_SOURCE] not in c.OUTCOME_SOURCES:
+            problems.append(
+                (rule, f"{label(span)}: outcome record with gym.outcome.source={attrs[c.OUTCOME_SOURCE]!r}")
+            )
+        # The link to the concluded episode is not required: a record written in another process
+        # (under attach()) or for a whole rollout has no local episode span to link to; its
+        # identity names the attempt.
+    return problems
+
+
+def check_episode_links(index: SpanIndex) -> list[Problem]:
+    problems: list[Problem] = []
+    for span in index.spans:
+        if span.attributes.get(c.KIND) != c.KIND_EPISODE:
+            continue
+        relations = {link.attributes.get(c.LINK_RELATION) for link in span.links}
+        if span.attributes.get(c.EPISODE_RESTORED) is True:
+            if c.RELATION_RESTORE not in relations:
+                problems.append(
+                    (
+                        "episode links",
+                        f"{label(span)}: restored episode without a link (relation restore) to the episode it continues",
+                    )
+                )
+        elif (span.attributes.get(c.EPISODE_ATTEMPT) or 0) > 0 and c.RELATION_RETRY not in relations:
+            problems.append(
+                (
+                    "episode links",
+                    f"{label(span)}: attempt {span.attributes[c.EPISODE_ATTEMPT]} without a link (relation retry)"
+                    " to the previous attempt",
+                )
+            )
+    return problems
+
+
+def _process(span: SpanData) -> str:
+    """The process that recorded ``span``: its service.instance.id, else its service name."""
+    return span.service_instance or span.service
+
+
+def _step_part(number: int, base_numbers: set[int], foreign: bool) -> int:
+    """The part of an owner's steps a step number belongs to (docs/outcomes.md, "Step numbers
+    across processes"): 0, the owner's own; ``N``, the continuation given the reserved number
+    ``N`` (its first step ``N``, its further ones from ``N * STEP_RANGE + 1``). A number below
+    ``STEP_RANGE`` is a continuation's first step when it opens a range of further steps, or when
+    it was recorded by another process than the owner's (a continuation of one step)."""
+    if number >= STEP_RANGE:
+        return number // STEP_RANGE
+    return number if foreign or number in base_numbers else 0
+
+
+def check_numbering(index: SpanIndex) -> list[Problem]:
+    """Turn and step numbers increase within each part of an owner that one process recorded.
+
+    A part is the owner's own steps, or one continuation's (a Ray task, an ``attach()`` block):
+    continuations run in any order, several in one worker process, each numbering from the step
+    number its hand-off reserved, so only the steps of one part are compared. Turns are not
+    handed off: the turns of one owner recorded by one process are one part.
+    """
+    problems: list[Problem] = []
+    owners = NUMBERING_OWNERS
+    for kind, key in ((c.KIND_TURN, c.TURN_NUMBER), (c.KIND_STEP, c.STEP_NUMBER)):
+        by_process: dict[tuple[str, str], list[SpanData]] = defaultdict(list)
+        for span in index.spans:
+            if span.attributes.get(c.KIND) == kind:
+                owner = index.gym_ancestor(span, owners)
+                by_process[(owner.span_id if owner else "<none>", _process(span))].append(span)
+        for (owner_id, process), spans in by_process.items():
+            owner = index.by_id.get(owner_id)
+            foreign = owner is None or _process(owner) != process
+            numbers = [s.attributes.get(key) for s in spans]
+            base_numbers = {n // STEP_RANGE for n in numbers if isinstance(n, int) and n >= STEP_RANGE}
+            parts: dict[int, list[SpanData]] = defaultdict(list)
+            for span, number in zip(spans, numbers, strict=True):
+                if kind == c.KIND_STEP and isinstance(number, int):
+                    parts[_step_part(number, base_numbers, foreign)].append(span)
+                else:
+                    parts[0].append(span)
+            for part, group in sorted(parts.items()):
+                shown_numbers = [
+                    s.attributes.get(key) for s in sorted(group, key=lambda s: (s.start_ns, s.span_id))
+                ]
+                ints = [n for n in shown_numbers if isinstance(n, int)]
+                if len(ints) == len(shown_numbers) and all(a < b for a, b in itertools.pairwise(ints)):
+                    continue
+                where = label(owner) if owner else "no invocation"
+                shown = (
+                    shown_numbers
+                    if len(shown_numbers) <= 12
+                    else [*shown_numbers[:10], "...", f"({len(shown_numbers)} in all)"]
+                )
+                by = f" recorded by {process}" if process else ""
+                of = f" (the continuation given step {part})" if part else ""
+                problems.append(
+                    (
+                        f"{kind} numbering",
+                        f"{kind} numbers within {where}{of}{by} are {shown}, not increasing",
+                    )
+                )
+    return problems
