@@ -48,7 +48,7 @@ LAYERS: list[tuple[str, list[str]]] = [
             "_model.spandata",
             "_scopes.tracing",
             "_identity.trust",
-            "_identity.scope_carrier",
+            "_scopes.scope_carrier",
             "_scopes.state",
             "_content",
             "_content.*",
@@ -58,6 +58,7 @@ LAYERS: list[tuple[str, list[str]]] = [
     (
         "levels",
         [
+            "_scopes.activation",
             "_scopes.outcome_spans",
             "_scopes.recording",
             "_scopes.frame",

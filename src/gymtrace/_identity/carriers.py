@@ -22,10 +22,10 @@ from opentelemetry.propagators.textmap import Getter
 
 from gymtrace import _constants as c
 from gymtrace._identity import trust as _trust
-from gymtrace._identity.scope_carrier import read_carrier
 from gymtrace._model.errors import logger
 from gymtrace._model.ids import clean_identity, clean_step_number, episode_id
 from gymtrace._scopes.frame import FRAME_KEY, REMOTE_KIND, ActiveScope
+from gymtrace._scopes.scope_carrier import read_carrier
 
 
 def _folded(name: str) -> str:

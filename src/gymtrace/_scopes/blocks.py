@@ -16,7 +16,7 @@ import contextvars
 from collections.abc import Awaitable
 from threading import get_ident
 from types import TracebackType
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from gymtrace._live import markers as _live
 from gymtrace._model.errors import GymTraceError, contract_problem
@@ -26,7 +26,29 @@ from gymtrace._scopes.open_scopes import OPEN
 from gymtrace._scopes.tracing import active_tracer, attach, current_context, detach, reset
 
 if TYPE_CHECKING:
-    from gymtrace._scopes.scope import Scope
+    from opentelemetry.trace import Tracer
+
+
+class ScopeLike(Protocol):
+    """What the block machinery here and the decorator wrappers (``_scopes/decorate.py``) use of a
+    :class:`~gymtrace._scopes.scope.Scope`: typed by this, they sit below it in the import graph."""
+
+    kind: str
+    _timeout: float | None
+    _timers: dict[object, list[_live.deadline]] | None
+
+    def start(
+        self,
+        tracer: Tracer,
+        args: tuple[Any, ...] = (),
+        kwargs: dict[str, Any] | None = None,
+        site: object = None,
+    ) -> ActiveScope | None: ...
+
+    def finish(self, frame: ActiveScope, exc: BaseException | None, result: Any = None) -> None: ...
+
+    def with_default(self, name: str, value: Any) -> ScopeLike: ...
+
 
 # A `with` block finds its own activation at exit in the OpenTelemetry context it attached: the
 # current frame (FRAME_KEY) is its own in the normal, nested case, which costs one lookup instead of
@@ -60,7 +82,7 @@ _ENTERED_DISABLED: asyncio.Future[ActiveScope] = _finished(DISABLED_FRAME)
 _EXITED: asyncio.Future[None] = _finished(None)
 
 
-def enter(self: Scope) -> ActiveScope:
+def enter(self: ScopeLike) -> ActiveScope:
     tracer = active_tracer()
     if tracer is None:
         if OPEN:  # something records somewhere: this block may need to shadow it
@@ -81,7 +103,7 @@ def enter(self: Scope) -> ActiveScope:
     return frame
 
 
-def shadow(self: Scope) -> None:
+def shadow(self: ScopeLike) -> None:
     """Entered without recording: shadow the current frame if it is this Scope's own."""
     frame = current_context().get(FRAME_KEY)
     if isinstance(frame, ActiveScope) and frame.owner is self and frame.token is not None:
@@ -91,7 +113,7 @@ def shadow(self: Scope) -> None:
 
 
 def exit_block(
-    self: Scope,
+    self: ScopeLike,
     exc_type: type[BaseException] | None,
     exc: BaseException | None,
     tb: TracebackType | None,
@@ -137,7 +159,7 @@ def exit_block(
     exit_elsewhere(self, exc)
 
 
-def exit_elsewhere(self: Scope, exc: BaseException | None) -> None:
+def exit_elsewhere(self: ScopeLike, exc: BaseException | None) -> None:
     """``__exit__`` in another context than ``__enter__`` (an ``ExitStack`` handed across asyncio
     tasks or threads): the entering context's token cannot be detached here, but the span is
     still ended, and nothing is raised into user code."""
@@ -174,7 +196,7 @@ def exit_elsewhere(self: Scope, exc: BaseException | None) -> None:
 # Plain methods returning awaitables, not coroutines: with nothing recording, a coroutine pair
 # alone costs what the whole disabled `async with` may (benchmarks/perf.py, forms), so the
 # disabled path hands back futures that finished at import, which `await` reads at once.
-def aenter(self: Scope) -> Awaitable[ActiveScope]:
+def aenter(self: ScopeLike) -> Awaitable[ActiveScope]:
     if self._timeout is not None:
         return timed_aenter(self, self._timeout)
     if active_tracer() is None and not OPEN:
@@ -183,7 +205,7 @@ def aenter(self: Scope) -> Awaitable[ActiveScope]:
 
 
 def aexit(
-    self: Scope,
+    self: ScopeLike,
     exc_type: type[BaseException] | None,
     exc: BaseException | None,
     tb: TracebackType | None,
@@ -195,7 +217,7 @@ def aexit(
     return aexit_recording(self, exc_type, exc, tb)
 
 
-async def timed_aenter(self: Scope, seconds: float) -> ActiveScope:
+async def timed_aenter(self: ScopeLike, seconds: float) -> ActiveScope:
     """``async with gymtrace.episode(timeout=S)``: the body is cancelled after S seconds."""
     timer = _live.deadline(seconds)
     await timer.__aenter__()
@@ -212,7 +234,7 @@ async def timed_aenter(self: Scope, seconds: float) -> ActiveScope:
 
 
 async def timed_aexit(
-    self: Scope,
+    self: ScopeLike,
     exc_type: type[BaseException] | None,
     exc: BaseException | None,
     tb: TracebackType | None,
@@ -233,12 +255,12 @@ async def timed_aexit(
     exit_block(self, exc_type, exc, tb)
 
 
-async def aenter_recording(self: Scope) -> ActiveScope:
+async def aenter_recording(self: ScopeLike) -> ActiveScope:
     return enter(self)
 
 
 async def aexit_recording(
-    self: Scope,
+    self: ScopeLike,
     exc_type: type[BaseException] | None,
     exc: BaseException | None,
     tb: TracebackType | None,

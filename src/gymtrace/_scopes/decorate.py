@@ -12,19 +12,17 @@ from __future__ import annotations
 import functools
 import inspect
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import Any, TypeVar
 
 from gymtrace import _constants as c
 from gymtrace._live import markers as _live
+from gymtrace._scopes.blocks import ScopeLike
 from gymtrace._scopes.tracing import active_tracer, attach, current_context, detach
-
-if TYPE_CHECKING:
-    from gymtrace._scopes.scope import Scope
 
 F = TypeVar("F", bound=Callable[..., Any])
 
 
-def decorate(scope: Scope, func: F) -> F:
+def decorate(scope: ScopeLike, func: F) -> F:
     """Wrap ``func`` once, choosing the wrapper for its kind at decoration time."""
     if isinstance(func, (staticmethod, classmethod)):
         return type(func)(decorate(scope, func.__func__))
@@ -56,7 +54,7 @@ def _timed(func: Callable[..., Any], seconds: float) -> Callable[..., Any]:
     return timed
 
 
-def _function_wrapper(scope: Scope, func: Callable[..., Any]) -> Callable[..., Any]:
+def _function_wrapper(scope: ScopeLike, func: Callable[..., Any]) -> Callable[..., Any]:
     start, finish = scope.start, scope.finish
 
     def wrapper(*args: Any, **kwargs: Any) -> Any:
@@ -80,7 +78,7 @@ def _function_wrapper(scope: Scope, func: Callable[..., Any]) -> Callable[..., A
     return wrapper
 
 
-def _coroutine_wrapper(scope: Scope, func: Callable[..., Any]) -> Callable[..., Any]:
+def _coroutine_wrapper(scope: ScopeLike, func: Callable[..., Any]) -> Callable[..., Any]:
     start, finish = scope.start, scope.finish
 
     async def wrapper(*args: Any, **kwargs: Any) -> Any:
@@ -104,7 +102,7 @@ def _coroutine_wrapper(scope: Scope, func: Callable[..., Any]) -> Callable[..., 
     return wrapper
 
 
-def _generator_wrapper(scope: Scope, func: Callable[..., Any]) -> Callable[..., Any]:
+def _generator_wrapper(scope: ScopeLike, func: Callable[..., Any]) -> Callable[..., Any]:
     # The wrapper is itself a generator function, so inspect.isgeneratorfunction() still holds for
     # frameworks that check it (pytest fixtures, FastAPI dependencies). The span starts at the
     # first next(), when the body starts.
@@ -158,7 +156,7 @@ def _generator_wrapper(scope: Scope, func: Callable[..., Any]) -> Callable[..., 
     return wrapper
 
 
-def _async_generator_wrapper(scope: Scope, func: Callable[..., Any]) -> Callable[..., Any]:
+def _async_generator_wrapper(scope: ScopeLike, func: Callable[..., Any]) -> Callable[..., Any]:
     # Drives the body with asend/athrow in the consumer's own task: never a task per step, which
     # would put the body outside the consumer's asyncio.timeout(). Async generators cannot
     # `yield from`, so the untraced path runs the same loop without touching the context.

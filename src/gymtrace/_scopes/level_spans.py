@@ -272,7 +272,7 @@ def finish_rollout(frame: ActiveScope) -> None:
     span.set_attribute(c.ROLLOUT_OUTCOME, decision.outcome)
     if decision.reward is not None:
         span.set_attribute(c.REWARD, decision.reward)
-    state = frame._rollout()
+    state = frame.rollout_state or frame._rollout()  # made by prepare_rollout
     if not state.counted:
         # Counted by this process (the rollout's owner) at the next collection, with the outcome
         # records written here meanwhile, as the readers decide (see _metrics).

@@ -25,7 +25,7 @@ from gymtrace._model.ids import ROLLOUT_IDENTITY, episode_id
 from gymtrace._scopes.tracing import active_tracer
 
 if TYPE_CHECKING:
-    from gymtrace._scopes.frame import ActiveScope
+    from gymtrace._scopes.activation import Activation
 
 
 def untraced_worker(what: str) -> None:
@@ -43,7 +43,7 @@ def untraced_worker(what: str) -> None:
     )
 
 
-def _record_identity(frame: ActiveScope, attempt: int) -> dict[str, Any]:
+def _record_identity(frame: Activation, attempt: int) -> dict[str, Any]:
     """A ``gym.outcome`` record's identity and kind, for attempt ``attempt`` of ``frame``'s rollout."""
     attributes: dict[str, Any] = {k: v for k, v in frame.identity.items() if k in ROLLOUT_IDENTITY}
     rollout_id = attributes.get(c.ROLLOUT_ID)
@@ -54,7 +54,7 @@ def _record_identity(frame: ActiveScope, attempt: int) -> dict[str, Any]:
     return attributes
 
 
-def emit_outcome(frame: ActiveScope, source: str) -> None:
+def emit_outcome(frame: Activation, source: str) -> None:
     """Record ``frame``'s outcome (an episode's, or a rollout's) as a ``gym.outcome`` span in the
     rollout's trace: the outcome was decided where the rollout span cannot carry it (see docs/results.md,
     "Late and remote outcomes"). Readers take, per rollout, the candidate with the highest
@@ -107,7 +107,7 @@ def emit_outcome(frame: ActiveScope, source: str) -> None:
     )
 
 
-def emit_lost_attempt(rollout: ActiveScope, attempt: int, message: str) -> SpanContext | None:
+def emit_lost_attempt(rollout: Activation, attempt: int, message: str) -> SpanContext | None:
     """Record attempt ``attempt`` of ``rollout`` as failed (``infrastructure``, retryable) with a
     ``gym.outcome`` span: its run ended without a result and without spans (a worker that died), and
     a re-run goes on. Its context, for the next attempt's ``retry`` link; None when nothing exports."""

@@ -18,20 +18,20 @@ from typing import TYPE_CHECKING, Any
 
 from gymtrace import _constants as c
 from gymtrace import _content
-from gymtrace._identity.scope_carrier import CARRIER_FORMAT, span_ref
 from gymtrace._model.errors import GymTraceError, InvalidArgumentError, contract_problem, data_lost, guard
 from gymtrace._model.failures import qualified_name, retryable_by_default
 from gymtrace._model.ids import ROLLOUT_IDENTITY, check_index, check_reward
 from gymtrace._scopes.outcome_spans import emit_outcome
+from gymtrace._scopes.scope_carrier import CARRIER_FORMAT, span_ref
 
 if TYPE_CHECKING:
-    from gymtrace._scopes.frame import ActiveScope
+    from gymtrace._scopes.activation import Activation
 
 # The kind of the stand-in frame a `with` block gets while tracing is off.
 DISABLED_KIND = "disabled"
 
 
-def set_reward(self: ActiveScope, number: float) -> bool:
+def set_reward(self: Activation, number: float) -> bool:
     """Record a validated reward on this episode or rollout."""
     # An episode, or a rollout without any (its own implicit attempt), that ended failed.
     attempt = self.kind == c.KIND_EPISODE or (self.kind == c.KIND_ROLLOUT and self.last_episode is None)
@@ -57,7 +57,7 @@ def set_reward(self: ActiveScope, number: float) -> bool:
 
 
 def set_failure(
-    self: ActiveScope,
+    self: Activation,
     kind: str,
     retryable: bool | None,
     message: str | None,
@@ -72,7 +72,7 @@ def set_failure(
         emit_outcome(self, c.SOURCE_LATE if self.ended else c.SOURCE_REMOTE)
 
 
-def fail_unless_classified(self: ActiveScope, kind: str, retryable: bool) -> None:
+def fail_unless_classified(self: Activation, kind: str, retryable: bool) -> None:
     """An exception escaped the episode: it failed, unless record_failure() already said how."""
     if self.failure is None:
         self.failure = (kind, retryable, None)
@@ -81,13 +81,13 @@ def fail_unless_classified(self: ActiveScope, kind: str, retryable: bool) -> Non
 # -- the public methods (never raise, except in strict mode for misuse) --------------------
 
 
-def set_attribute(self: ActiveScope, key: str, value: Any) -> None:
+def set_attribute(self: Activation, key: str, value: Any) -> None:
     """Set an attribute on this scope's span (never raises)."""
-    with guard("ActiveScope.set_attribute"):
+    with guard("Activation.set_attribute"):
         self.span.set_attribute(key, value)
 
 
-def record_reward(self: ActiveScope, value: float) -> None:
+def record_reward(self: Activation, value: float) -> None:
     """See :func:`gymtrace.record_reward`; recorded on this scope's episode or rollout."""
     with guard("record_reward"):
         number = check_reward("value", value)
@@ -104,12 +104,12 @@ def record_reward(self: ActiveScope, value: float) -> None:
         verify = self.nearest(c.KIND_VERIFY)
         if verify is not None:
             verify.reward = number
-        if target.set_reward(number) and (target.ended or target.remote):
+        if set_reward(target, number) and (target.ended or target.remote):
             emit_outcome(target, c.SOURCE_LATE if target.ended else c.SOURCE_REMOTE)
 
 
 def record_failure(
-    self: ActiveScope,
+    self: Activation,
     kind: str = c.FAILURE_INFRASTRUCTURE,
     *,
     retryable: bool | None = None,
@@ -141,11 +141,11 @@ def record_failure(
         if target is None:
             target = find_target(self, (c.KIND_EPISODE,), "record_failure")
         if target is not None:
-            target.set_failure(kind, retryable, message, exception)
+            set_failure(target, kind, retryable, message, exception)
 
 
 def record_usage(
-    self: ActiveScope,
+    self: Activation,
     *,
     input_tokens: int | None = None,
     output_tokens: int | None = None,
@@ -204,13 +204,13 @@ def record_usage(
                 span.set_attribute(c.GEN_AI_RESPONSE_TIME_TO_FIRST_CHUNK, float(time_to_first_token))
 
 
-def record_content(self: ActiveScope, input: object = None, output: object = None) -> None:
+def record_content(self: Activation, input: object = None, output: object = None) -> None:
     """Record prompts/messages or tool arguments/results on this scope; off by default
     (see :func:`gymtrace.record_content`)."""
     if self.kind == DISABLED_KIND or not _content.capturing() or (input is None and output is None):
         return
     with guard("record_content"):
-        target: ActiveScope | None = self
+        target: Activation | None = self
         while target is not None and getattr(target.level, "content", None) is None:
             target = target.parent
         if target is None:
@@ -225,7 +225,7 @@ def record_content(self: ActiveScope, input: object = None, output: object = Non
         _content.record_on(target.span, target.level.content, input, output)
 
 
-def carrier(self: ActiveScope) -> dict[str, Any]:
+def carrier(self: Activation) -> dict[str, Any]:
     """A small JSON-safe dict from which another process, possibly hours later, opens the next
     attempt of this rollout: ``gymtrace.episode(continue_from=carrier)`` (a retry) or
     ``gymtrace.episode(restored_from=carrier)`` (a checkpoint restore). Only identity and span
@@ -235,7 +235,8 @@ def carrier(self: ActiveScope) -> dict[str, Any]:
     owner = rollout or episode or self
     identity = {k: v for k, v in owner.identity.items() if k in ROLLOUT_IDENTITY}
     if rollout is not None:
-        next_attempt = rollout.next_attempt()
+        state = rollout.rollout_state
+        next_attempt = state.next_attempt if state is not None else 0
     elif episode is not None and episode.attempt is not None:
         next_attempt = episode.attempt + 1
     else:
@@ -256,11 +257,11 @@ def carrier(self: ActiveScope) -> dict[str, Any]:
         carrier["episode_span"] = span_ref(episode.span.get_span_context())
         if episode.attempt is not None:
             carrier["attempt"] = episode.attempt  # the attempt a later phase scores with it
-    self.hand_off()  # whoever holds the carrier may record the outcome
+    hand_off(self)  # whoever holds the carrier may record the outcome
     return carrier
 
 
-def hand_off(self: ActiveScope) -> None:
+def hand_off(self: Activation) -> None:
     """A carrier or continuation headers of this scope were taken: the attempt they were taken
     in (its episode; outside every episode, the rollout's final attempt) may be concluded in
     another process, so that attempt, ending final with no outcome of its own, is ``pending``.
@@ -273,18 +274,18 @@ def hand_off(self: ActiveScope) -> None:
     (episode if episode is not None else rollout).handed_off = True
 
 
-def find_target(self: ActiveScope, kinds: tuple[str, ...], caller: str) -> ActiveScope | None:
+def find_target(self: Activation, kinds: tuple[str, ...], caller: str) -> Activation | None:
     target = self.nearest(*kinds)
     if target is None:
         data_lost(GymTraceError(outside(caller, kinds, self)))
     return target
 
 
-def outside(caller: str, kinds: tuple[str, ...], frame: ActiveScope | None) -> str:
+def outside(caller: str, kinds: tuple[str, ...], frame: Activation | None) -> str:
     """The message for a record_*() call that nothing can be attributed to: the reason and the fix."""
     where = f"inside {frame.kind}" if frame is not None else "outside every gym scope"
     fix = (
-        "open the scope around the call, pass scope= (an ActiveScope, also after its span ended), or"
+        "open the scope around the call, pass scope= (an Activation, also after its span ended), or"
         " in another process continue the caller's context with gymtrace.propagation.attach(carrier)"
         " where the carrier was injected inside the episode"
     )

@@ -13,16 +13,18 @@ reused, step numbers unique across processes) stay on ``ActiveScope``, under its
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 if TYPE_CHECKING:
     from opentelemetry.trace import SpanContext
 
     from gymtrace._model.outcome_rule import Attempt
-    from gymtrace._scopes.frame import ActiveScope
+
+# The activation class (ActiveScope): a parameter, so this module imports nothing above it.
+_Frame = TypeVar("_Frame")
 
 
-class RolloutState:
+class RolloutState(Generic[_Frame]):
     """A rollout's attempts: made when a rollout opens (or a frame standing for a rollout of another
     process first numbers an attempt)."""
 
@@ -44,7 +46,7 @@ class RolloutState:
         # How many episodes it opened.
         self.episodes = 0
         # Its most recent episode (the final one once the rollout ends).
-        self.last_episode: ActiveScope | None = None
+        self.last_episode: _Frame | None = None
         # What its episodes before the last one ended as (the outcome rule reports a reward they
         # had, which the final attempt supersedes).
         self.earlier_attempts: list[Attempt] = []

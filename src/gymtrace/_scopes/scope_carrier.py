@@ -1,9 +1,9 @@
 """The scope carrier: the small JSON-safe dict ``ActiveScope.carrier()`` gives for another process.
 
 It holds only identity and span IDs (safe to store and log) and may travel through files and queues
-for hours, so reading one validates everything. Its format name and span references live here, in
-the identity package, beside the other rules of what crosses a process boundary; the scope that
-writes it and the episode and propagation code that read it import it from here.
+for hours, so reading one validates everything. Apart from the activation because both sides use
+it: the scope that writes it (``ActiveScope.carrier()``), and the episode (``continue_from=``,
+``restored_from=``) and ``gymtrace.propagation`` that read it.
 """
 
 from __future__ import annotations
