@@ -38,7 +38,7 @@ LAYERS: list[tuple[str, list[str]]] = [
             "attributes",
         ],
     ),
-    ("settings and errors", ["_model.settings", "_model.errors"]),
+    ("settings and errors", ["_model.env_reading", "_model.settings", "_model.errors"]),
     (
         "values",
         [
@@ -48,13 +48,27 @@ LAYERS: list[tuple[str, list[str]]] = [
             "_model.spandata",
             "_scopes.tracing",
             "_identity.trust",
+            "_scopes.scope_carrier",
+            "_scopes.state",
             "_content",
             "_content.*",
             "_live.metrics",
         ],
     ),
-    ("levels", ["_scopes.frame", "_live.markers", "_scopes.levels", "_scopes.steps"]),
-    ("engine", ["_scopes.scope"]),
+    (
+        "levels",
+        [
+            "_scopes.activation",
+            "_scopes.outcome_spans",
+            "_scopes.recording",
+            "_scopes.frame",
+            "_live.markers",
+            "_scopes.level_spans",
+            "_scopes.levels",
+            "_scopes.steps",
+        ],
+    ),
+    ("engine", ["_scopes.open_scopes", "_scopes.blocks", "_scopes.decorate", "_scopes.scope"]),
     (
         "public API",
         [
@@ -62,6 +76,7 @@ LAYERS: list[tuple[str, list[str]]] = [
             "_scopes.api",
             "_scopes.attempts",
             "propagation",
+            "_identity.carriers",
             "_identity.processor",
             "sampling",
             "instrumentation",

@@ -68,6 +68,8 @@ from opentelemetry import trace
 from gymtrace._constants import KIND_ROLLOUT as _KIND_ROLLOUT
 from gymtrace._identity import processor as _processor
 from gymtrace._identity import trust as _trust
+from gymtrace._identity.carriers import incoming_identity as _incoming_identity
+from gymtrace._identity.carriers import remote_context as _remote_context
 from gymtrace._model import errors as _errors
 from gymtrace._model.errors import InvalidArgumentError, guard
 from gymtrace._scopes import steps as _steps
@@ -77,7 +79,6 @@ from gymtrace._scopes.frame import DISABLED_KIND as _DISABLED_KIND
 from gymtrace._scopes.frame import FRAME_KEY as _FRAME_KEY
 from gymtrace._scopes.frame import ActiveScope as _ActiveScope
 from gymtrace._scopes.scope import Scope as _Scope
-from gymtrace.propagation import _incoming_identity, _remote_context
 
 __all__ = [
     "STEPS_OWNED_ELSEWHERE",

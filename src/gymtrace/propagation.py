@@ -44,30 +44,32 @@ and identity values that are not short printable text (or small non-negative int
 from __future__ import annotations
 
 import os
-import re
-import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, MutableMapping
 from concurrent.futures import Executor, Future
 from contextlib import contextmanager
-from typing import Any, Generic, NamedTuple, ParamSpec, TypeVar
-from urllib.parse import quote, unquote
+from typing import Any, Generic, ParamSpec, TypeVar
 
 from opentelemetry import baggage, propagate, trace
 from opentelemetry import context as otel_context
-from opentelemetry.propagators.textmap import Getter
 
 from gymtrace import _constants as c
 from gymtrace._identity import trust as _trust
-from gymtrace._model.errors import GymTraceError, contract_problem, guard, internal_error, logger
-from gymtrace._model.ids import clean_identity, clean_step_number, episode_id
+from gymtrace._identity.carriers import (
+    GETTER,
+    carrier_index,
+    format_baggage,
+    from_scope_carrier,
+    incoming_identity,
+    remote_context,
+)
+from gymtrace._model.errors import GymTraceError, contract_problem, guard, internal_error
+from gymtrace._model.ids import clean_identity
 from gymtrace._scopes import tracing as _tracing
 from gymtrace._scopes.frame import (
     CARRIER_FORMAT,
     DISABLED_KIND,
     FRAME_KEY,
-    REMOTE_KIND,
     ActiveScope,
-    read_carrier,
 )
 from gymtrace._scopes.levels import NUMBERING_OWNERS
 from gymtrace._scopes.tracing import current_provider
@@ -196,152 +198,6 @@ def _reserve_step(ctx: otel_context.Context) -> int | None:
     return owner.reserve_step() if owner is not None else None
 
 
-# -- carriers ---------------------------------------------------------------------------------------
-
-
-def _folded(name: str) -> str:
-    # One spelling for header and environment names: TRACEPARENT, traceparent, X_B3_TRACEID and
-    # x-b3-traceid are the same key (specification context/env-carriers.md).
-    return name.lower().replace("_", "-")
-
-
-def _text(value: Any) -> str | None:
-    if isinstance(value, str):
-        # os.environ turns every byte that is not UTF-8 into a lone surrogate, which the SDK's
-        # propagators cannot encode: such a value is garbage, so it is ignored, not raised.
-        try:
-            value.encode("utf-8")
-        except UnicodeEncodeError:
-            return None
-        return value
-    if isinstance(value, (bytes, bytearray)):
-        return bytes(value).decode("latin-1")
-    return None
-
-
-def _items(carrier: Any) -> Iterable[tuple[Any, Any]]:
-    if isinstance(carrier, Mapping):
-        multi = getattr(carrier, "multi_items", None)  # starlette Headers keep repeated headers
-        if callable(multi):
-            return multi()  # type: ignore[no-any-return]
-        return carrier.items()
-    pairs: Iterable[tuple[Any, Any]] = carrier  # a list of (name, value) pairs (ASGI headers)
-    return pairs
-
-
-def _index(carrier: Any) -> dict[str, list[str]]:
-    """Case- and separator-insensitive view of a carrier. Repeated headers keep every value, in
-    order, so each propagator takes them as it takes them from the official instrumentations'
-    getters: the first ``traceparent``, the first ``baggage``, all ``tracestate``."""
-    index: dict[str, list[str]] = {}
-    for key, raw in _items(carrier):
-        name = _text(key)
-        if name is None:
-            continue
-        values = raw if isinstance(raw, (list, tuple)) else (raw,)
-        for item in values:
-            value = _text(item)
-            if value is not None:
-                index.setdefault(_folded(name), []).append(value)
-    return index
-
-
-class _IndexGetter(Getter[Mapping[str, list[str]]]):
-    def get(self, carrier: Mapping[str, list[str]], key: str) -> list[str] | None:
-        return carrier.get(_folded(key))
-
-    def keys(self, carrier: Mapping[str, list[str]]) -> list[str]:
-        return list(carrier)
-
-
-_GETTER = _IndexGetter()
-
-# W3C Baggage limits, as OpenTelemetry's propagator applies them: a longer header is dropped whole.
-_MAX_BAGGAGE_BYTES = 8192
-_MAX_BAGGAGE_ENTRIES = 180
-_MAX_ENTRY_BYTES = 4096
-# W3C Baggage grammar: key is an RFC 7230 token; value is baggage-octets, percent-encoded.
-_TOKEN = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
-_VALUE = re.compile(r"[\x21\x23-\x2b\x2d-\x3a\x3c-\x5b\x5d-\x7e]*")
-
-
-class _Baggage(NamedTuple):
-    """One ``baggage`` header split the W3C way: the ``gym.*`` entries (values decoded, properties
-    stripped, ``+`` kept), the other well-formed entries re-joined, and how many were malformed."""
-
-    gym: dict[str, str]
-    other: str
-    dropped: int
-
-
-# baggage-octet minus "%" (the escape itself): these stay as they are, everything else is encoded.
-_SAFE = "!#$&'()*+-./:<=>?@[]^_`{|}~"
-
-
-def _format_baggage(entries: Mapping[str, object]) -> str:
-    return ",".join(f"{quote(str(k), safe=_SAFE)}={quote(str(v), safe=_SAFE)}" for k, v in entries.items())
-
-
-def _split_baggage(header: str | None) -> _Baggage:
-    if not header:
-        return _Baggage({}, "", 0)
-    if len(header.encode("utf-8", "surrogatepass")) > _MAX_BAGGAGE_BYTES:
-        return _Baggage({}, "", 1)
-    gym: dict[str, str] = {}
-    other: list[str] = []
-    dropped = 0
-    for number, member in enumerate(header.split(",")):
-        member = member.strip(" \t")
-        if not member:
-            continue
-        if number >= _MAX_BAGGAGE_ENTRIES or len(member) > _MAX_ENTRY_BYTES:
-            dropped += 1
-            continue
-        pair, _, _properties = member.partition(";")
-        key, eq, value = pair.partition("=")
-        key, value = key.strip(" \t"), value.strip(" \t")
-        if not eq or not _TOKEN.fullmatch(key) or not _VALUE.fullmatch(value):
-            dropped += 1
-            continue
-        if key.startswith("gym."):
-            # W3C Baggage percent-decodes values and gives "+" no meaning (unquote_plus would
-            # turn an ID's "+" into a space). The first entry of a key wins, like the header.
-            try:
-                decoded = unquote(value, errors="strict") if "%" in value else value
-            except UnicodeDecodeError:
-                dropped += 1
-                continue
-            gym.setdefault(key, decoded)
-        else:
-            # Properties (";ttl=30") are metadata about an entry, not part of its value.
-            other.append(f"{key}={value}")
-    return _Baggage(gym, ",".join(other), dropped)
-
-
-def _report_dropped(dropped: int) -> None:
-    # At most one line per process per minute, whatever a caller sends.
-    global _last_report
-    now = time.monotonic()
-    if dropped and now - _last_report > 60.0:
-        _last_report = now
-        logger.warning("gymtrace: ignored %d malformed or oversized incoming baggage entries", dropped)
-
-
-_last_report = -1e9
-
-
-def _incoming_identity(
-    header: str | None, *, trusted: bool | None = None
-) -> tuple[dict[str, str | int], _Baggage]:
-    """The identity in a raw ``baggage`` header that this process believes, and the split header."""
-    parsed = _split_baggage(header)
-    _report_dropped(parsed.dropped)
-    identity = _trust.accept(
-        clean_identity(parsed.gym), parsed.gym.get(_trust.SIGNATURE_KEY), trusted=trusted
-    )
-    return identity, parsed
-
-
 def inject(
     carrier: MutableMapping[str, str] | None = None,
     context: otel_context.Context | None = None,
@@ -390,7 +246,7 @@ def inject(
         if "baggage" in carrier:
             # OpenTelemetry Python writes a space as "+", which W3C Baggage gives no meaning (and
             # which receivers must keep as "+"): gymtrace writes the same entries percent-encoded.
-            carrier["baggage"] = _format_baggage(baggage.get_all(ctx))
+            carrier["baggage"] = format_baggage(baggage.get_all(ctx))
     return carrier
 
 
@@ -413,75 +269,19 @@ def extract(
         _tracing.inherit_parent_settings()
         if isinstance(carrier, Mapping) and carrier.get("format") == CARRIER_FORMAT:
             # A scope carrier is made by this application's own code (ActiveScope.carrier()).
-            return _from_scope_carrier(carrier, base)
-        index = _index(carrier)
+            return from_scope_carrier(carrier, base)
+        index = carrier_index(carrier)
         raw = index.get("baggage")
-        identity, parsed = _incoming_identity(raw[0] if raw else None, trusted=trusted)
+        identity, parsed = incoming_identity(raw[0] if raw else None, trusted=trusted)
         if raw:
             # OpenTelemetry's propagator sees the well-formed application entries only: the gym ones
             # are read above, and nothing it parses can make it log.
             index["baggage"] = [parsed.other] if parsed.other else []
-        ctx = propagate.extract(index, context=base, getter=_GETTER)
-        return _remote_context(ctx, identity, parsed.gym.get(c.STEP_BASE))
+        ctx = propagate.extract(index, context=base, getter=GETTER)
+        return remote_context(ctx, identity, parsed.gym.get(c.STEP_BASE))
     except Exception as exc:  # noqa: BLE001 - telemetry must not break the caller
         internal_error("gymtrace.propagation.extract", exc)
         return base
-
-
-def _remote_context(
-    ctx: otel_context.Context, identity: dict[str, str | int], step_base: object = None
-) -> otel_context.Context:
-    """``ctx`` without ``gym.*`` baggage and, when ``identity`` (already believed) names one, the
-    caller's gym scope continued here: a frame that stands for the caller's episode (or rollout) so
-    that verify(), record_reward(), record_failure(), step() and turn() work as in the caller's
-    process. It has no span here; outcomes recorded on it become outcome records.
-
-    The identity lives only in that frame, never in OpenTelemetry baggage: another
-    instrumentation's ``propagate.inject()`` sends the context's baggage to any host, so the
-    ``gym.*`` entries an extraction put there (the official ASGI middleware's, a user's) are
-    removed (issue 31). Application baggage stays."""
-    if step_base is None:
-        step_base = baggage.get_baggage(c.STEP_BASE, ctx)
-    base_number = clean_step_number(step_base)
-    entries = baggage.get_all(ctx)
-    if any(key.startswith("gym.") for key in entries):
-        ctx = baggage.clear(ctx)
-        for key, value in entries.items():
-            if not key.startswith("gym."):
-                ctx = baggage.set_baggage(key, value, ctx)
-    if not identity:
-        return ctx
-    if c.EPISODE_ATTEMPT in identity:
-        kind = c.KIND_EPISODE
-    elif c.ROLLOUT_ID in identity:
-        kind = c.KIND_ROLLOUT
-    else:
-        kind = REMOTE_KIND
-    frame = ActiveScope(kind, None)
-    frame.remote = True
-    frame.identity = identity
-    frame.span = trace.NonRecordingSpan(trace.get_current_span(ctx).get_span_context())
-    attempt = identity.get(c.EPISODE_ATTEMPT)
-    if isinstance(attempt, int):
-        frame.attempt = attempt
-    if isinstance(base_number, int) and base_number > 0:
-        frame.continue_steps_from(base_number)
-    return otel_context.set_value(FRAME_KEY, frame, ctx)
-
-
-def _from_scope_carrier(carrier: Mapping[str, Any], base: otel_context.Context) -> otel_context.Context:
-    """A context from :meth:`gymtrace.ActiveScope.carrier`: a later phase scoring the attempt the
-    carrier was taken in (or, taken outside an episode, the rollout)."""
-    identity, _, rollout_span, episode_span = read_carrier(carrier)
-    attempt = carrier.get("attempt")
-    if isinstance(attempt, int) and not isinstance(attempt, bool) and attempt >= 0:
-        identity[c.EPISODE_ATTEMPT] = attempt
-        rollout_id = identity.get(c.ROLLOUT_ID)
-        if isinstance(rollout_id, str):
-            identity[c.EPISODE_ID] = episode_id(rollout_id, attempt)
-    parent = rollout_span if rollout_span is not None else episode_span
-    ctx = trace.set_span_in_context(trace.NonRecordingSpan(parent), base) if parent is not None else base
-    return _remote_context(ctx, identity)
 
 
 @contextmanager

@@ -1,10 +1,11 @@
-"""The active-scope state: one :class:`ActiveScope` per activation of a gym level.
+"""The active scope: :class:`ActiveScope`, one per activation of a gym level, and finding the current one.
 
-An activation (a ``with`` block, or one call of a decorated function) owns its span, the gym
-identity every span below it inherits, and its level's outcome state: the rollout's attempt
-counters, the episode's reward and failure, the turn and step counters of whatever owns numbering.
-Every change to that state goes through a method here, so the rules (one reward per rollout, a failed
-episode is never scored, attempts are 0-based and never reused) hold in one place.
+:class:`ActiveScope` is the activation's state and its reading (``_scopes/activation.py``, its base)
+with the methods that change that state: here the numbering (turn and step numbers, unique across
+processes by ranges; attempt numbers, 0-based and never reused; all under one lock), and in
+``_scopes/recording.py`` what user code records on it (bound in the class body, so a call costs
+what a method defined here costs). So the rules (one reward per rollout, a failed episode is never
+scored, attempts are 0-based and never reused) hold in one place.
 
 The activation lives in the OpenTelemetry context under :data:`FRAME_KEY`, so anything that carries
 the OpenTelemetry context (``contextvars.copy_context()``, asyncio tasks) carries the gym scope too.
@@ -12,35 +13,31 @@ the OpenTelemetry context (``contextvars.copy_context()``, asyncio tasks) carrie
 
 from __future__ import annotations
 
-import math
-import os
 import threading
-from collections.abc import Mapping, Sequence
 from typing import Any
 
 from opentelemetry import context as otel_context
-from opentelemetry import trace
-from opentelemetry.trace import SpanContext, TraceFlags
-from opentelemetry.trace.status import Status, StatusCode
 
 from gymtrace import _constants as c
-from gymtrace import _content
-from gymtrace._live import metrics as _metrics
-from gymtrace._model.environment import GYMTRACE_PARENT
-from gymtrace._model.errors import GymTraceError, InvalidArgumentError, contract_problem, data_lost, guard
-from gymtrace._model.failures import qualified_name, retryable_by_default
-from gymtrace._model.ids import ROLLOUT_IDENTITY, check_index, check_reward, clean_identity, episode_id
-from gymtrace._model.outcome_rule import CANCELLED, COMPLETED, FAILED, Attempt, Decision, Facts, decide
+from gymtrace._model.errors import GymTraceError, contract_problem, data_lost
+from gymtrace._scopes import recording as _recording
+from gymtrace._scopes.activation import Activation
+from gymtrace._scopes.activation import Failure as Failure
+from gymtrace._scopes.outcome_spans import emit_lost_attempt as emit_lost_attempt
+from gymtrace._scopes.outcome_spans import emit_outcome as emit_outcome
+from gymtrace._scopes.outcome_spans import untraced_worker
+from gymtrace._scopes.recording import DISABLED_KIND as DISABLED_KIND
+from gymtrace._scopes.recording import outside
+from gymtrace._scopes.scope_carrier import CARRIER_FORMAT as CARRIER_FORMAT
+from gymtrace._scopes.scope_carrier import read_carrier as read_carrier
+from gymtrace._scopes.scope_carrier import span_ref as span_ref
+from gymtrace._scopes.state import StepCounter
 from gymtrace._scopes.tracing import active_tracer, current_context
 
 FRAME_KEY = otel_context.create_key("gymtrace.frame")
 
-# The kind of the stand-in frame a `with` block gets while tracing is off.
-DISABLED_KIND = "disabled"
 # The kind of the frame that stands for a gym scope of another process (gymtrace.propagation).
 REMOTE_KIND = "remote"
-
-CARRIER_FORMAT = "gymtrace.carrier/1"
 
 # The steps a continuation in another process numbers after its reserved first one: base * this + k
 # (issue 25: 12 Ray tasks of one episode numbered 279 steps with 35 distinct numbers). Readable
@@ -52,194 +49,48 @@ MAX_STEP_NUMBER = (1 << 63) - 1  # OTLP's intValue
 
 _counter_lock = threading.Lock()
 
-# (kind, retryable, message)
-Failure = tuple[str, bool, "str | None"]
 
-
-class ActiveScope:
+class ActiveScope(Activation):
     """One activation of a gym scope: its span, its identity and its outcome state.
 
     ``with gymtrace.episode() as ep:`` binds ``ep`` to one; decorated functions reach theirs with
     :func:`gymtrace.current_scope`.
     """
 
-    __slots__ = (
-        "_earlier_attempts",
-        "_episodes",
-        "_last_episode",
-        "_next_attempt",
-        "_next_step",
-        "_next_turn",
-        "attempt",
-        "cancelled",
-        "context",
-        "counted",
-        "ended",
-        "failure",
-        "handed_off",
-        "identity",
-        "kind",
-        "level",
-        "lost_attempt",
-        "owner",
-        "parent",
-        "parent_span_context",
-        "remote",
-        "restored",
-        "reward",
-        "span",
-        "started_ns",
-        "step_jump",
-        "step_limit",
-        "step_stats",
-        "step_timing",
-        "thread",
-        "token",
-        "unsampled",
-    )
-    # Not set in __init__ (see there): read with getattr and a default.
-    counted: bool
-    started_ns: int
-    # For a rollout continued in a re-run of a task (Ray's max_retries): (the attempt the lost run
-    # was, why), until the first episode opened here records it (see rerun()).
-    lost_attempt: tuple[int, str] | None
+    __slots__ = ()
 
-    def __init__(
-        self, kind: str, parent: ActiveScope | None, owner: object = None, level: Any = None
-    ) -> None:
-        self.kind = kind
-        # The level's description (a ``_levels.Level``); None for remote and disabled frames.
-        self.level = level
-        self.parent = parent
-        # The Scope object this is an activation of (None for remote and disabled frames).
-        self.owner = owner
-        self.span: trace.Span = trace.INVALID_SPAN
-        self.identity: dict[str, str | int] = parent.identity if parent is not None else {}
-        self.context: otel_context.Context | None = None
-        self._next_turn = 1
-        self._next_step = 1
-        self._next_attempt = 0
-        self._episodes = 0
-        self._last_episode: ActiveScope | None = None
-        # For a rollout: what its episodes before the last one ended as (the outcome rule reports
-        # a reward they had, which the final attempt supersedes).
-        self._earlier_attempts: list[Attempt] = []
-        # A carrier or continuation headers were taken in this episode (or on this rollout outside
-        # its episodes): the attempt's outcome may come from there (see hand_off()).
-        self.handed_off = False
-        self.attempt: int | None = None
-        self.reward: float | None = None
-        self.failure: Failure | None = None
-        self.cancelled = False
-        self.restored = False
-        # Set only on rollouts and episodes, never per step (read with getattr): ``counted``, the
-        # rollout (or the frame standing for one) was counted in gym.rollout.completed here, once;
-        # ``started_ns``, when the rollout or episode started (live markers, episode duration).
-        # Its span has ended: what is recorded now is a late outcome.
-        self.ended = False
-        # It stands for a scope of another process (gymtrace.propagation): it has no span here.
-        self.remote = False
-        # An episode continued from a carrier: the rollout span it belongs to (in another process).
-        self.parent_span_context: trace.SpanContext | None = None
-        # The aggregate step policy (_steps.py): on a step owner, its steps' statistics; on a step,
-        # (statistics, number, start time in ns, whether it is a span).
-        self.step_stats: Any = None
-        # A continuation in another process: after its first (reserved) step number, where its next
-        # steps number from (see continue_steps_from).
-        self.step_jump = 0
-        # Once this scope's step numbers share the episode with a continuation's range: the first
-        # number that would enter another part's range (0: no such limit). See continue_steps_from.
-        self.step_limit = 0
-        self.step_timing: tuple[Any, int, int, bool] | None = None
-        # Entered by a `with` block: the token of the context it attached, which its exit detaches.
-        self.token: object = None
-        # Entered by a `with` block: the thread that entered it, so that an exit in another context
-        # ends this thread's activation of a shared scope object, never another thread's.
-        self.thread = 0
-        # On a step's parent: the steps the aggregate policy did not sample that are open in a
-        # `with` block, innermost first, as (frame, the ones below) or None. They attach nothing,
-        # so their exit finds them here, on the frame that is current.
-        self.unsampled: tuple[ActiveScope, Any] | None = None
+    # -- what user code records on it, and the rules of where it lands (_scopes/recording.py) --
+    set_reward = _recording.set_reward
+    set_failure = _recording.set_failure
+    fail_unless_classified = _recording.fail_unless_classified
+    set_attribute = _recording.set_attribute
+    record_reward = _recording.record_reward
+    record_failure = _recording.record_failure
+    record_usage = _recording.record_usage
+    record_content = _recording.record_content
+    carrier = _recording.carrier
+    hand_off = _recording.hand_off
 
-    # -- reading -------------------------------------------------------------------------------
-
-    @property
-    def trace_id(self) -> str:
-        return trace.format_trace_id(self.span.get_span_context().trace_id)
-
-    @property
-    def span_id(self) -> str:
-        return trace.format_span_id(self.span.get_span_context().span_id)
-
-    @property
-    def attempts_started(self) -> int:
-        """For a rollout: how many episodes it has opened."""
-        return self._episodes
-
-    @property
-    def steps_started(self) -> int:
-        """For a step owner: the number of the last step started below it (0: none yet)."""
-        return self._next_step - 1
-
-    @property
-    def last_episode(self) -> ActiveScope | None:
-        """For a rollout: its most recent episode (the final one once the rollout ends)."""
-        return self._last_episode
-
-    def nearest(self, *kinds: str) -> ActiveScope | None:
-        frame: ActiveScope | None = self
-        while frame is not None:
-            if frame.kind in kinds:
-                return frame
-            frame = frame.parent
-        return None
-
-    def attempt_fact(self) -> Attempt:
-        """For an episode: how it ended (so far), as the outcome rule reads it."""
-        if self.cancelled:
-            state = CANCELLED
-        elif self.failure is not None:
-            state = FAILED
-        else:
-            state = COMPLETED
-        return Attempt(
-            self.attempt if self.attempt is not None else 0, state, self.reward, (), False, self.handed_off
-        )
-
-    def outcome_facts(self) -> Facts:
-        """For a rollout: what was recorded about it that bears on its outcome (``_outcome_rule``)."""
-        final = self._last_episode
-        attempts = (*self._earlier_attempts, final.attempt_fact()) if final is not None else ()
-        # Without episodes the rollout is its own attempt: what ended it is that attempt's failure.
-        failure = self.failure[0] if self.failure is not None else None
-        if failure is None and self.cancelled:
-            failure = c.OUTCOME_CANCELLED
-        # Positional: keywords cost a named tuple twice the time, at every rollout's end.
-        return Facts(attempts, self.reward, failure, self.handed_off, self._episodes)
-
-    def decision(self) -> Decision:
-        """For a rollout: its outcome by the one rule; for an episode, the outcome it concludes."""
-        if self.kind == c.KIND_EPISODE:
-            return decide(Facts(attempts=(self.attempt_fact(),)))
-        return decide(self.outcome_facts())
-
-    # -- state changes (each level's rules) ----------------------------------------------------
+    # -- numbering (turns, steps, attempts) -------------------------------------------------
 
     def take_number(self, kind: str, explicit: int | None) -> int:
         """The next turn or step number of this owner (1, 2, 3...), or ``explicit``."""
         with _counter_lock:
+            counter = self.counter
+            if counter is None:
+                counter = self.counter = StepCounter()
             if kind == c.KIND_TURN:
-                number = self._next_turn if explicit is None else explicit
-                self._next_turn = max(self._next_turn, number + 1)
+                number = counter.next_turn if explicit is None else explicit
+                counter.next_turn = max(counter.next_turn, number + 1)
                 return number
-            number = self._next_step if explicit is None else explicit
-            self._next_step = max(self._next_step, number + 1)
-            if self.step_jump and explicit is None:
-                self._next_step, self.step_jump = self.step_jump, 0
+            number = counter.next_step if explicit is None else explicit
+            counter.next_step = max(counter.next_step, number + 1)
+            if counter.jump and explicit is None:
+                counter.next_step, counter.jump = counter.jump, 0
                 return number
-            if not (number >= self.step_limit > 0 and explicit is None):
+            if not (number >= counter.limit > 0 and explicit is None):
                 return number
-            self.step_limit = 0  # said once
+            counter.limit = 0  # said once
         # Past this part's range (reported outside the lock: strict mode raises).
         contract_problem(
             ("step range", id(self)),
@@ -257,8 +108,9 @@ class ActiveScope:
         From the first hand-off, this scope's own numbers are bounded by the continuations' ranges."""
         number = self.take_number(c.KIND_STEP, None)
         with _counter_lock:
-            if self.step_limit == 0 and self._next_step < STEP_RANGE:
-                self.step_limit = STEP_RANGE
+            counter = self._counter()
+            if counter.limit == 0 and counter.next_step < STEP_RANGE:
+                counter.limit = STEP_RANGE
         return number
 
     def continue_steps_from(self, base: int) -> None:
@@ -277,35 +129,42 @@ class ActiveScope:
                 ),
             )
         with _counter_lock:
-            self._next_step = base
+            counter = self._counter()
+            counter.next_step = base
             if ranged:
-                self.step_jump = base * STEP_RANGE + 1
-                self.step_limit = (base + 1) * STEP_RANGE
+                counter.jump = base * STEP_RANGE + 1
+                counter.limit = (base + 1) * STEP_RANGE
 
     def next_attempt(self) -> int:
         """For a rollout: the attempt number its next episode gets."""
-        return self._next_attempt
+        state = self.rollout_state
+        return state.next_attempt if state is not None else 0
 
     def rerun(self, attempt: int, message: str) -> None:
         """For a rollout: the work here is re-run number ``attempt`` of work continued from another
         process whose earlier run ended without a result (a worker that died). Its episodes number
         from ``attempt``, and the first records attempt ``attempt - 1`` as failed and links to it."""
         with _counter_lock:
-            self._next_attempt = max(self._next_attempt, attempt)
-            self.lost_attempt = (attempt - 1, message)
+            state = self._rollout()
+            state.next_attempt = max(state.next_attempt, attempt)
+            state.lost_attempt = (attempt - 1, message)
 
     def take_lost_attempt(self) -> tuple[int, str] | None:
         """For a rollout: the lost attempt :meth:`rerun` noted, once."""
         with _counter_lock:
-            lost = getattr(self, "lost_attempt", None)
-            self.lost_attempt = None
+            state = self.rollout_state
+            if state is None:
+                return None
+            lost, state.lost_attempt = state.lost_attempt, None
         return lost
 
     def attempt_recorded(self, attempt: int) -> bool:
         """For a rollout: whether an episode of it already took attempt number ``attempt``."""
-        last = self._last_episode
-        return last is not None and (
-            last.attempt == attempt or any(a.number == attempt for a in self._earlier_attempts)
+        state = self.rollout_state
+        if state is None or state.last_episode is None:
+            return False
+        return state.last_episode.attempt == attempt or any(
+            a.number == attempt for a in state.earlier_attempts
         )
 
     def add_episode(self, episode: ActiveScope, attempt: int, reused: bool = False) -> None:
@@ -313,246 +172,13 @@ class ActiveScope:
         (``reused``, see :meth:`attempt_recorded`; reported by the caller) records that attempt
         again: the last recorded counts, and it is one attempt."""
         with _counter_lock:
-            self._next_attempt = max(self._next_attempt, attempt + 1)
+            state = self._rollout()
+            state.next_attempt = max(state.next_attempt, attempt + 1)
             if not reused:
-                self._episodes += 1
-            if self._last_episode is not None:
-                self._earlier_attempts.append(self._last_episode.attempt_fact())
-            self._last_episode = episode
-
-    def set_reward(self, number: float) -> bool:
-        """Record a validated reward on this episode or rollout."""
-        # An episode, or a rollout without any (its own implicit attempt), that ended failed.
-        attempt = self.kind == c.KIND_EPISODE or (self.kind == c.KIND_ROLLOUT and self._last_episode is None)
-        if self.ended and attempt and (self.failure is not None or self.cancelled):
-            data_lost(
-                GymTraceError(
-                    f"a reward ({number}) was recorded for {self.kind}"
-                    f" {self.identity.get(c.EPISODE_ID if self.kind == c.KIND_EPISODE else c.ROLLOUT_ID)!r}"
-                    " after it ended failed or cancelled; failed episodes are never scored, so it is ignored"
-                )
-            )
-            return False
-        if self.reward is not None:
-            contract_problem(
-                ("second reward", self.kind),
-                GymTraceError(
-                    f"a second reward was recorded for one {self.kind} ({self.reward} then {number});"
-                    " the last one counts"
-                ),
-            )
-        self.reward = number
-        return True
-
-    def set_failure(
-        self, kind: str, retryable: bool | None, message: str | None, exception: BaseException | None = None
-    ) -> None:
-        """Mark this episode failed; ``retryable`` defaults by kind (see ``_failures``)."""
-        self.failure = (kind, retryable_by_default(kind) if retryable is None else bool(retryable), message)
-        if exception is not None and self.span.is_recording():
-            self.span.record_exception(exception)
-            self.span.set_attribute(c.ERROR_TYPE, qualified_name(type(exception)))
-        if self.ended or self.remote:
-            emit_outcome(self, c.SOURCE_LATE if self.ended else c.SOURCE_REMOTE)
-
-    def fail_unless_classified(self, kind: str, retryable: bool) -> None:
-        """An exception escaped the episode: it failed, unless record_failure() already said how."""
-        if self.failure is None:
-            self.failure = (kind, retryable, None)
-
-    # -- the public methods (never raise, except in strict mode for misuse) --------------------
-
-    def set_attribute(self, key: str, value: Any) -> None:
-        """Set an attribute on this scope's span (never raises)."""
-        with guard("ActiveScope.set_attribute"):
-            self.span.set_attribute(key, value)
-
-    def record_reward(self, value: float) -> None:
-        """See :func:`gymtrace.record_reward`; recorded on this scope's episode or rollout."""
-        with guard("record_reward"):
-            number = check_reward("value", value)
-            if number is None or self.kind == DISABLED_KIND:
-                return
-            target = self._target((c.KIND_EPISODE, c.KIND_ROLLOUT), "record_reward")
-            if target is None:
-                return
-            final = target.last_episode if target.kind == c.KIND_ROLLOUT else None
-            if final is not None and (target.ended or final.ended):
-                # A reward after the rollout's final episode ended (a verify() between the last
-                # episode and the rollout's end, or later) scores that episode: a record says so.
-                target = final
-            verify = self.nearest(c.KIND_VERIFY)
-            if verify is not None:
-                verify.reward = number
-            if target.set_reward(number) and (target.ended or target.remote):
-                emit_outcome(target, c.SOURCE_LATE if target.ended else c.SOURCE_REMOTE)
-
-    def record_failure(
-        self,
-        kind: str = c.FAILURE_INFRASTRUCTURE,
-        *,
-        retryable: bool | None = None,
-        exception: BaseException | None = None,
-        message: str | None = None,
-    ) -> None:
-        """See :func:`gymtrace.record_failure`; recorded on this scope's episode."""
-        with guard("record_failure"):
-            if not isinstance(kind, str) or not kind:
-                contract_problem(
-                    ("record_failure", "kind"),
-                    GymTraceError(
-                        "gymtrace.record_failure(): argument 'kind' must be a non-empty string,"
-                        f" got {kind!r:.80}"
-                    ),
-                )
-                kind = c.FAILURE_ERROR
-            if self.kind == DISABLED_KIND:
-                return
-            target = self.nearest(c.KIND_EPISODE, c.KIND_ROLLOUT)
-            if target is not None and target.kind == c.KIND_ROLLOUT and target.last_episode is not None:
-                # Its episodes ended: a failure here belongs to none of them.
-                data_lost(
-                    GymTraceError(
-                        f"gymtrace.record_failure() was called in rollout {target.identity.get(c.ROLLOUT_ID)!r}"
-                        " after its episodes ended; dropped. Fix: record it inside the episode that failed"
-                    )
-                )
-                return
-            if target is None:
-                target = self._target((c.KIND_EPISODE,), "record_failure")
-            if target is not None:
-                target.set_failure(kind, retryable, message, exception)
-
-    def record_usage(
-        self,
-        *,
-        input_tokens: int | None = None,
-        output_tokens: int | None = None,
-        response_model: str | None = None,
-        cached_input_tokens: int | None = None,
-        response_id: str | None = None,
-        finish_reasons: Sequence[str] | None = None,
-        time_to_first_token: float | None = None,
-    ) -> None:
-        """See :func:`gymtrace.record_usage`; recorded on this scope's model call."""
-        with guard("record_usage"):
-            if self.kind == DISABLED_KIND:
-                return
-            target = self._target((c.KIND_MODEL_CALL,), "record_usage")
-            if target is None:
-                return
-            span = target.span
-            tokens_in = check_index("record_usage", "input_tokens", input_tokens, 0)
-            tokens_out = check_index("record_usage", "output_tokens", output_tokens, 0)
-            tokens_cached = check_index("record_usage", "cached_input_tokens", cached_input_tokens, 0)
-            if tokens_in is not None:
-                span.set_attribute(c.GEN_AI_USAGE_INPUT_TOKENS, tokens_in)
-            if tokens_out is not None:
-                span.set_attribute(c.GEN_AI_USAGE_OUTPUT_TOKENS, tokens_out)
-            if tokens_cached is not None:
-                span.set_attribute(c.GEN_AI_USAGE_CACHE_READ_INPUT_TOKENS, tokens_cached)
-            if response_model is not None:
-                span.set_attribute(c.GEN_AI_RESPONSE_MODEL, str(response_model))
-            if response_id is not None:
-                span.set_attribute(c.GEN_AI_RESPONSE_ID, str(response_id))
-            if finish_reasons is not None:
-                if isinstance(finish_reasons, str) or not all(isinstance(r, str) for r in finish_reasons):
-                    contract_problem(
-                        ("record_usage", "finish_reasons"),
-                        InvalidArgumentError(
-                            f"record_usage(): finish_reasons must be a list of strings, got {finish_reasons!r:.80}"
-                        ),
-                    )
-                else:
-                    span.set_attribute(c.GEN_AI_RESPONSE_FINISH_REASONS, list(finish_reasons))
-            if time_to_first_token is not None:
-                if (
-                    isinstance(time_to_first_token, bool)
-                    or not isinstance(time_to_first_token, (int, float))
-                    or not math.isfinite(time_to_first_token)
-                    or time_to_first_token < 0
-                ):
-                    contract_problem(
-                        ("record_usage", "time_to_first_token"),
-                        InvalidArgumentError(
-                            "record_usage(): time_to_first_token must be a finite number of seconds >= 0,"
-                            f" got {time_to_first_token!r:.40}"
-                        ),
-                    )
-                else:
-                    span.set_attribute(c.GEN_AI_RESPONSE_TIME_TO_FIRST_CHUNK, float(time_to_first_token))
-
-    def record_content(self, input: object = None, output: object = None) -> None:
-        """Record prompts/messages or tool arguments/results on this scope; off by default
-        (see :func:`gymtrace.record_content`)."""
-        if self.kind == DISABLED_KIND or not _content.capturing() or (input is None and output is None):
-            return
-        with guard("record_content"):
-            target: ActiveScope | None = self
-            while target is not None and getattr(target.level, "content", None) is None:
-                target = target.parent
-            if target is None:
-                contract_problem(
-                    ("record_content", "no target"),
-                    GymTraceError(
-                        "gymtrace.record_content() was called outside any model_call, tool_call or"
-                        " agent_invocation scope; ignored"
-                    ),
-                )
-                return
-            _content.record_on(target.span, target.level.content, input, output)
-
-    def carrier(self) -> dict[str, Any]:
-        """A small JSON-safe dict from which another process, possibly hours later, opens the next
-        attempt of this rollout: ``gymtrace.episode(continue_from=carrier)`` (a retry) or
-        ``gymtrace.episode(restored_from=carrier)`` (a checkpoint restore). Only identity and span
-        IDs: safe to store and log."""
-        rollout = self.nearest(c.KIND_ROLLOUT)
-        episode = self.nearest(c.KIND_EPISODE)
-        owner = rollout or episode or self
-        identity = {k: v for k, v in owner.identity.items() if k in ROLLOUT_IDENTITY}
-        if rollout is not None:
-            next_attempt = rollout.next_attempt()
-        elif episode is not None and episode.attempt is not None:
-            next_attempt = episode.attempt + 1
-        else:
-            next_attempt = 0
-        carrier: dict[str, Any] = {
-            "format": CARRIER_FORMAT,
-            "identity": identity,
-            "next_attempt": next_attempt,
-        }
-        if rollout is not None:
-            carrier["rollout_span"] = span_ref(rollout.span.get_span_context())
-        elif episode is not None and episode.parent_span_context is not None:
-            carrier["rollout_span"] = span_ref(episode.parent_span_context)
-        if episode is None and rollout is not None and rollout.last_episode is not None:
-            # Taken between attempts: the next attempt links to the last one.
-            carrier["episode_span"] = span_ref(rollout.last_episode.span.get_span_context())
-        if episode is not None:
-            carrier["episode_span"] = span_ref(episode.span.get_span_context())
-            if episode.attempt is not None:
-                carrier["attempt"] = episode.attempt  # the attempt a later phase scores with it
-        self.hand_off()  # whoever holds the carrier may record the outcome
-        return carrier
-
-    def hand_off(self) -> None:
-        """A carrier or continuation headers of this scope were taken: the attempt they were taken
-        in (its episode; outside every episode, the rollout's final attempt) may be concluded in
-        another process, so that attempt, ending final with no outcome of its own, is ``pending``.
-        A hand-off belongs to the episode that made it: a later attempt that completes here is not
-        pending because an earlier, failed one had handed off."""
-        rollout = self.nearest(c.KIND_ROLLOUT)
-        if rollout is None or rollout.remote:
-            return
-        episode = self.nearest(c.KIND_EPISODE)
-        (episode if episode is not None else rollout).handed_off = True
-
-    def _target(self, kinds: tuple[str, ...], caller: str) -> ActiveScope | None:
-        target = self.nearest(*kinds)
-        if target is None:
-            data_lost(GymTraceError(_outside(caller, kinds, self)))
-        return target
+                state.episodes += 1
+            if state.last_episode is not None:
+                state.earlier_attempts.append(state.last_episode.attempt_fact())
+            state.last_episode = episode
 
     def __repr__(self) -> str:
         return f"<ActiveScope {self.kind} {self.identity}>"
@@ -592,165 +218,5 @@ def frame_for(scope: ActiveScope | None, caller: str, kinds: tuple[str, ...]) ->
         return None
     frame = current_frame()
     if frame is None:
-        data_lost(GymTraceError(_outside(caller, kinds, None)))
+        data_lost(GymTraceError(outside(caller, kinds, None)))
     return frame
-
-
-def _outside(caller: str, kinds: tuple[str, ...], frame: ActiveScope | None) -> str:
-    """The message for a record_*() call that nothing can be attributed to: the reason and the fix."""
-    where = f"inside {frame.kind}" if frame is not None else "outside every gym scope"
-    fix = (
-        "open the scope around the call, pass scope= (an ActiveScope, also after its span ended), or"
-        " in another process continue the caller's context with gymtrace.propagation.attach(carrier)"
-        " where the carrier was injected inside the episode"
-    )
-    return (
-        f"gymtrace.{caller}() was called {where}, not in any {' or '.join(kinds)} scope; dropped. Fix: {fix}"
-    )
-
-
-def untraced_worker(what: str) -> None:
-    """Something was recorded under another process's gym context in a process that exports
-    nothing: said once per process, with the fix."""
-    contract_problem(
-        ("untraced worker", os.getpid()),
-        GymTraceError(
-            f"{what} was recorded under a gym context continued from another process, in process"
-            f" {os.getpid()} where tracing is not configured and no parent settings were inherited"
-            f" ({GYMTRACE_PARENT}); it is lost. Fix: call gymtrace.configure() in this process"
-            " (e.g. multiprocessing.Pool(initializer=gymtrace.configure)), or start it from a process"
-            " that called gymtrace.configure() and keep its environment"
-        ),
-    )
-
-
-# -- outcome records -----------------------------------------------------------------------------------
-
-
-def _record_identity(frame: ActiveScope, attempt: int) -> dict[str, Any]:
-    """A ``gym.outcome`` record's identity and kind, for attempt ``attempt`` of ``frame``'s rollout."""
-    attributes: dict[str, Any] = {k: v for k, v in frame.identity.items() if k in ROLLOUT_IDENTITY}
-    rollout_id = attributes.get(c.ROLLOUT_ID)
-    attributes[c.EPISODE_ATTEMPT] = attempt
-    if isinstance(rollout_id, str):
-        attributes[c.EPISODE_ID] = episode_id(rollout_id, attempt)
-    attributes[c.KIND] = c.KIND_OUTCOME
-    return attributes
-
-
-def emit_outcome(frame: ActiveScope, source: str) -> None:
-    """Record ``frame``'s outcome (an episode's, or a rollout's) as a ``gym.outcome`` span in the
-    rollout's trace: the outcome was decided where the rollout span cannot carry it (see docs/results.md,
-    "Late and remote outcomes"). Readers take, per rollout, the candidate with the highest
-    concluded attempt, a record beating the rollout root on a tie."""
-    tracer = active_tracer()
-    if tracer is None:
-        untraced_worker("an outcome")
-        return
-    episode = frame if frame.kind == c.KIND_EPISODE else None
-    if episode is not None:
-        rollout = episode.parent.nearest(c.KIND_ROLLOUT) if episode.parent is not None else None
-    else:
-        rollout = frame
-    decision = frame.decision()
-    attempt = decision.attempt
-    attributes = _record_identity(frame, attempt)
-    # A record concludes what was recorded: it is never pending itself.
-    attributes[c.ROLLOUT_OUTCOME] = c.OUTCOME_SCORED if decision.scored else c.OUTCOME_UNSCORED
-    if decision.reward is not None:
-        attributes[c.REWARD] = decision.reward
-    attributes[c.ROLLOUT_ATTEMPTS] = attempt + 1
-    attributes[c.OUTCOME_SOURCE] = source
-    if episode is not None and episode.failure is not None:
-        attributes[c.FAILURE_KIND] = episode.failure[0]
-        attributes[c.FAILURE_RETRYABLE] = episode.failure[1]
-    # In the rollout's trace: under the rollout span where it is known, else under the span the
-    # context was continued from.
-    if rollout is not None:
-        parent = rollout.span.get_span_context()
-    elif episode is not None and episode.parent_span_context is not None:
-        parent = episode.parent_span_context
-    else:
-        parent = frame.span.get_span_context()
-    links = None
-    if episode is not None and not episode.remote and episode.span.get_span_context().is_valid:
-        links = [trace.Link(episode.span.get_span_context(), {c.LINK_RELATION: c.RELATION_OUTCOME})]
-    context = trace.set_span_in_context(trace.NonRecordingSpan(parent), otel_context.Context())
-    record = tracer.start_span(c.SPAN_OUTCOME, context=context, attributes=attributes, links=links)
-    record.end()
-    # A fact for the rollout's count in the process that owns it, if that is this one (_metrics);
-    # with the episode's own outcome when its span, ending now, says it (the readers read that too).
-    ending = episode is not None and not episode.remote and not episode.ended
-    fact = episode.attempt_fact() if ending and episode is not None else None
-    _metrics.outcome_recorded(
-        record.get_span_context().trace_id,
-        attributes.get(c.ROLLOUT_ID),
-        attributes,
-        record,
-        (fact.number, fact.state) if fact is not None else None,
-    )
-
-
-def emit_lost_attempt(rollout: ActiveScope, attempt: int, message: str) -> SpanContext | None:
-    """Record attempt ``attempt`` of ``rollout`` as failed (``infrastructure``, retryable) with a
-    ``gym.outcome`` span: its run ended without a result and without spans (a worker that died), and
-    a re-run goes on. Its context, for the next attempt's ``retry`` link; None when nothing exports."""
-    tracer = active_tracer()
-    if tracer is None:
-        untraced_worker("a lost attempt")
-        return None
-    attributes = _record_identity(rollout, attempt)
-    attributes[c.ROLLOUT_OUTCOME] = c.OUTCOME_UNSCORED
-    attributes[c.ROLLOUT_ATTEMPTS] = attempt + 1
-    attributes[c.OUTCOME_SOURCE] = c.SOURCE_REMOTE
-    attributes[c.FAILURE_KIND] = c.FAILURE_INFRASTRUCTURE
-    attributes[c.FAILURE_RETRYABLE] = True
-    parent = rollout.span.get_span_context()
-    context = trace.set_span_in_context(trace.NonRecordingSpan(parent), otel_context.Context())
-    record = tracer.start_span(c.SPAN_OUTCOME, context=context, attributes=attributes)
-    record.set_status(Status(StatusCode.ERROR, message))
-    record.end()
-    # A fact, not a count: the rollout's final outcome is still to come (_metrics).
-    _metrics.outcome_recorded(
-        record.get_span_context().trace_id, attributes.get(c.ROLLOUT_ID), attributes, record
-    )
-    found = record.get_span_context()
-    return found if found.is_valid else None
-
-
-# -- carriers ----------------------------------------------------------------------------------------
-
-
-def span_ref(ctx: SpanContext) -> dict[str, Any]:
-    return {
-        "trace_id": trace.format_trace_id(ctx.trace_id),
-        "span_id": trace.format_span_id(ctx.span_id),
-        "sampled": bool(ctx.trace_flags.sampled),
-    }
-
-
-def _span_context(ref: Any) -> SpanContext | None:
-    try:
-        ctx = SpanContext(
-            trace_id=int(ref["trace_id"], 16),
-            span_id=int(ref["span_id"], 16),
-            is_remote=True,
-            trace_flags=TraceFlags(TraceFlags.SAMPLED if ref.get("sampled", True) else TraceFlags.DEFAULT),
-        )
-    except (KeyError, TypeError, ValueError, AttributeError):
-        return None
-    return ctx if ctx.is_valid else None
-
-
-def read_carrier(carrier: Any) -> tuple[dict[str, str | int], int, SpanContext | None, SpanContext | None]:
-    """Validate a carrier (it may have travelled through files and queues for hours):
-    ``(identity, next attempt, rollout span, previous episode span)``."""
-    if not isinstance(carrier, Mapping) or carrier.get("format") != CARRIER_FORMAT:
-        raise GymTraceError(f"not a gymtrace carrier (expected format {CARRIER_FORMAT!r}): {carrier!r:.120}")
-    identity = clean_identity(carrier.get("identity") or {})
-    next_attempt = carrier.get("next_attempt", 0)
-    if isinstance(next_attempt, bool) or not isinstance(next_attempt, int) or next_attempt < 0:
-        raise GymTraceError(f"carrier 'next_attempt' must be an int >= 0, got {next_attempt!r:.40}")
-    rollout_span = _span_context(carrier.get("rollout_span") or {})
-    episode_span = _span_context(carrier.get("episode_span") or {})
-    return identity, next_attempt, rollout_span, episode_span

@@ -4,41 +4,49 @@ A :class:`Level` says everything that differs between ``run``, ``rollout``, ...,
 rank in the nesting order, its default span kind, which arguments it takes and how each is
 validated, how its span is prepared at start (name, attributes, links, parent context) and what
 happens when it finishes, where content goes on it, and which of its attributes ``gymtrace tree``
-shows. The rules of rollouts and episodes (0-based attempts, retry and restore links, carriers,
-the final episode's reward) live here with their levels.
+shows. The table is data; what each level does at its start and end (the rules of rollouts and
+episodes: 0-based attempts, retry and restore links, carriers, the final episode's reward) is in
+``_scopes/level_spans.py``, which the entries name.
 
 Adding a level: a constant for its kind and span name in ``_constants.py``, one :class:`Level` entry in
-:data:`LEVELS`, and one public function in ``_api.py`` (see CONTRIBUTING.md).
+:data:`LEVELS` (with its prepare function in ``_scopes/level_spans.py``), and one public function in
+``_scopes/api.py`` (see CONTRIBUTING.md).
 """
 
 from __future__ import annotations
 
 import math
-import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from time import time_ns
 from typing import Any
 
-from opentelemetry import context as otel_context
-from opentelemetry import trace
-from opentelemetry.trace import Link, SpanContext, SpanKind, Status, StatusCode
+from opentelemetry.trace import SpanKind
 
 from gymtrace import _constants as c
-from gymtrace._live import markers as _live
 from gymtrace._live import metrics as _metrics
 from gymtrace._model import settings as _settings
-from gymtrace._model.errors import GymTraceError, InvalidArgumentError, contract_problem, data_lost
-from gymtrace._model.failures import classify
-from gymtrace._model.ids import check_id, check_index, episode_id, report
-from gymtrace._model.outcome_rule import warning_text
+from gymtrace._model.errors import InvalidArgumentError
+from gymtrace._model.ids import check_id, check_index, report
 from gymtrace._scopes import steps as _steps
-from gymtrace._scopes.frame import ActiveScope, emit_lost_attempt, emit_outcome, read_carrier
+from gymtrace._scopes.frame import ActiveScope
+from gymtrace._scopes.level_spans import NUMBERING_OWNERS as NUMBERING_OWNERS
+from gymtrace._scopes.level_spans import (
+    Prepare,
+    episode_failed,
+    finish_episode,
+    finish_rollout,
+    finish_step,
+    finish_verify,
+    prepare_episode,
+    prepare_genai,
+    prepare_numbered,
+    prepare_phase,
+    prepare_rollout,
+    prepare_run,
+    rollout_failed,
+)
+from gymtrace._scopes.level_spans import genai_span_name as genai_span_name
 
-# What a level's prepare() returns: span name, start attributes, links, the context to start it in.
-Prepared = tuple[str, dict[str, Any], "list[Link] | None", otel_context.Context]
-# prepare(frame, validated argument values, parent context, the scope's source) -> Prepared
-Prepare = Callable[[ActiveScope, dict[str, Any], otel_context.Context, Any], Prepared]
 # A validator takes (level kind, argument name, value) and returns the value or None (reported).
 Validator = Callable[[str, str, Any], Any]
 
@@ -74,7 +82,10 @@ def _a_mapping(kind: str, name: str, value: Any) -> dict[str, Any] | None:
     return dict(value)
 
 
-@dataclass(frozen=True, slots=True)
+# Not frozen: every field is fixed at import but the step level's ``finish``, which measure_steps()
+# switches (read by every Scope of steps through its Level, so a switch reaches decorated steps
+# too). eq=False: a level is its identity.
+@dataclass(slots=True, eq=False)
 class Level:
     """One gym level. See the module docstring."""
 
@@ -117,262 +128,6 @@ def set_trace_per(value: str) -> None:
     _settings.override(trace_per_run=value == "run")
 
 
-# -- preparing spans ------------------------------------------------------------------------------------
-
-
-def _base(frame: ActiveScope, values: dict[str, Any]) -> dict[str, Any]:
-    attributes = {**frame.identity, c.KIND: frame.kind}
-    extra = values.get("attributes")
-    if extra:
-        for key, value in extra.items():
-            attributes.setdefault(key, value)
-    return attributes
-
-
-def _prepare_run(
-    frame: ActiveScope, values: dict[str, Any], ctx: otel_context.Context, source: Any
-) -> Prepared:
-    run_id = values.get("run_id") or f"run-{uuid.uuid4().hex[:12]}"
-    frame.identity = {c.RUN_ID: run_id}
-    return c.SPAN_RUN, _base(frame, values), None, ctx
-
-
-def _prepare_rollout(
-    frame: ActiveScope, values: dict[str, Any], ctx: otel_context.Context, source: Any
-) -> Prepared:
-    identity = {k: v for k, v in frame.identity.items() if k == c.RUN_ID}
-    identity[c.ROLLOUT_ID] = values.get("rollout_id") or uuid.uuid4().hex
-    if "task_id" in values:
-        identity[c.TASK_ID] = values["task_id"]
-    if "repeat" in values:
-        identity[c.ROLLOUT_REPEAT] = values["repeat"]
-    frame.identity = identity
-    frame.started_ns = time_ns()
-    _live.watch(frame)
-    links = None
-    start_context = ctx
-    run = frame.parent.nearest(c.KIND_RUN) if frame.parent is not None else None
-    if run is not None and not _settings.active.trace_per_run:
-        # One trace per rollout: the rollout is a trace root that links to its run. A root span in
-        # the run's trace would be invisible until the run ends (hours) and lost on a crash.
-        links = [Link(run.span.get_span_context(), {c.LINK_RELATION: c.RELATION_RUN})]
-        start_context = trace.set_span_in_context(trace.INVALID_SPAN, ctx)
-    return c.SPAN_ROLLOUT, _base(frame, values), links, start_context
-
-
-def _prepare_episode(
-    frame: ActiveScope, values: dict[str, Any], ctx: otel_context.Context, source: Any
-) -> Prepared:
-    """``source``: (relation, previous episode or its carrier), relation ``retry`` or ``restore``."""
-    parent = frame.parent
-    rollout = parent.nearest(c.KIND_ROLLOUT) if parent is not None else None
-    identity = {k: v for k, v in frame.identity.items() if k not in (c.EPISODE_ATTEMPT, c.EPISODE_ID)}
-    attempt = values.get("attempt")
-    start_context = ctx
-    relation, previous = source if source is not None else (c.RELATION_RETRY, None)
-    if previous is True or previous is None:
-        previous = rollout.last_episode if rollout is not None else None
-    previous_span: SpanContext | None = None
-    if isinstance(previous, ActiveScope):
-        if previous.span is not trace.INVALID_SPAN:
-            previous_span = previous.span.get_span_context()
-    elif previous is not None:
-        try:
-            carried, next_attempt, rollout_span, previous_span = read_carrier(previous)
-        except GymTraceError as error:
-            contract_problem(("carrier", relation), GymTraceError(f"gymtrace.episode(): {error}"))
-        else:
-            if attempt is None:
-                attempt = next_attempt
-            if rollout is None:
-                # Another process: the episode joins the rollout's trace, under its rollout span.
-                identity = {**identity, **carried}
-                if rollout_span is not None:
-                    start_context = trace.set_span_in_context(trace.NonRecordingSpan(rollout_span), ctx)
-                frame.parent_span_context = rollout_span
-    if attempt is None:
-        attempt = rollout.next_attempt() if rollout is not None else 0
-    if rollout is not None:
-        lost = rollout.take_lost_attempt() if rollout.remote else None
-        if lost is not None and lost[0] < attempt:
-            # A re-run after a run that left nothing (Ray's max_retries after a worker died): that
-            # attempt failed, and this one is its retry.
-            lost_span = emit_lost_attempt(rollout, *lost)
-            if previous_span is None and relation == c.RELATION_RETRY:
-                previous_span = lost_span
-        reused = rollout.attempt_recorded(attempt)
-        if reused:
-            # Said when it happens (strict mode: raised, and the episode is not opened); the rule
-            # then takes the last recorded episode of the attempt, as every reader and check do.
-            data_lost(
-                GymTraceError(
-                    f"rollout {rollout.identity.get(c.ROLLOUT_ID)!r}: episode attempt {attempt} was opened"
-                    " again; attempt numbers are never reused, so this episode replaces the earlier one"
-                    " (the last recorded counts). Fix: let gymtrace number the attempts (omit attempt=,"
-                    " or use gymtrace.attempts()), or give each retry the next number"
-                )
-            )
-        rollout.add_episode(frame, attempt, reused)
-    restored = relation == c.RELATION_RESTORE
-    if restored and previous_span is None:
-        contract_problem(
-            ("restored_from", type(previous)),
-            GymTraceError(
-                "gymtrace.episode(restored_from=...) needs the episode it continues (an ActiveScope,"
-                f" its carrier, or True for the previous one in this rollout), got {previous!r:.80}"
-            ),
-        )
-    links = [Link(previous_span, {c.LINK_RELATION: relation})] if previous_span is not None else None
-    identity[c.EPISODE_ATTEMPT] = attempt
-    rollout_id = identity.get(c.ROLLOUT_ID)
-    if isinstance(rollout_id, str):
-        identity[c.EPISODE_ID] = episode_id(rollout_id, attempt)
-    frame.identity = identity
-    frame.attempt = attempt
-    frame.started_ns = time_ns()
-    attributes = _base(frame, values)
-    timeout = values.get("timeout")
-    if timeout is not None:
-        attributes[c.EPISODE_TIMEOUT] = timeout
-        _live.watch_deadline(frame, timeout)
-    if restored:
-        frame.restored = True
-        attributes[c.EPISODE_RESTORED] = True
-    return c.SPAN_EPISODE, attributes, links, start_context
-
-
-def _prepare_phase(name: str) -> Prepare:
-    def prepare(
-        frame: ActiveScope, values: dict[str, Any], ctx: otel_context.Context, source: Any
-    ) -> Prepared:
-        return name, _base(frame, values), None, ctx
-
-    return prepare
-
-
-def genai_span_name(operation: str, subject: object) -> str:
-    """GenAI spans are named "{operation} {subject}" (the agent, model or tool name, low-cardinality);
-    without a subject the name is the bare operation. The importers name theirs by it too."""
-    return f"{operation} {subject}" if subject else operation
-
-
-def _prepare_genai(operation: str, subject: tuple[str, str], detail: tuple[str, str]) -> Prepare:
-    """A GenAI level's spans, named by :func:`genai_span_name`. ``subject`` and ``detail`` are
-    (argument, attribute) pairs."""
-    subject_argument, subject_attribute = subject
-    detail_argument, detail_attribute = detail
-
-    def prepare(
-        frame: ActiveScope, values: dict[str, Any], ctx: otel_context.Context, source: Any
-    ) -> Prepared:
-        attributes = _base(frame, values)
-        attributes[c.GEN_AI_OPERATION_NAME] = operation
-        name = values.get(subject_argument)
-        if name is not None:
-            attributes[subject_attribute] = name
-        if detail_argument in values:
-            attributes[detail_attribute] = values[detail_argument]
-        return genai_span_name(operation, name), attributes, None, ctx
-
-    return prepare
-
-
-# Who numbers turns and steps: the nearest of these (1, 2, 3... per agent invocation).
-NUMBERING_OWNERS = (c.KIND_AGENT_INVOCATION, c.KIND_EPISODE, c.KIND_ROLLOUT, c.KIND_RUN)
-
-
-def _prepare_numbered(kind: str, span_name: str, attribute: str) -> Prepare:
-    def prepare(
-        frame: ActiveScope, values: dict[str, Any], ctx: otel_context.Context, source: Any
-    ) -> Prepared:
-        attributes = _base(frame, values)
-        owner = frame.parent.nearest(*NUMBERING_OWNERS) if frame.parent else None
-        explicit = values.get("number")
-        attributes[attribute] = owner.take_number(kind, explicit) if owner is not None else (explicit or 1)
-        return span_name, attributes, None, ctx
-
-    return prepare
-
-
-# -- finishing ------------------------------------------------------------------------------------------
-
-
-def _finish_episode(frame: ActiveScope) -> None:
-    span = frame.span
-    if frame.cancelled:
-        outcome = c.OUTCOME_CANCELLED
-    elif frame.failure is not None:
-        outcome = c.OUTCOME_FAILED
-    else:
-        outcome = c.OUTCOME_COMPLETED
-    span.set_attribute(c.EPISODE_OUTCOME, outcome)
-    _live.unwatch_deadline(frame)
-    seconds = (time_ns() - getattr(frame, "started_ns", time_ns())) / 1e9
-    failure = frame.failure[0] if outcome == c.OUTCOME_FAILED and frame.failure is not None else None
-    _metrics.episode_ended(outcome, failure, seconds, span)
-    if outcome == c.OUTCOME_FAILED and frame.failure is not None:
-        kind, retryable, message = frame.failure
-        span.set_attribute(c.FAILURE_KIND, kind)
-        span.set_attribute(c.FAILURE_RETRYABLE, retryable)
-        span.set_status(Status(StatusCode.ERROR, message or f"episode failed: {kind}"))
-    elif outcome == c.OUTCOME_COMPLETED and frame.reward is not None:
-        span.set_attribute(c.REWARD, frame.reward)
-        span.add_event(
-            c.GEN_AI_EVALUATION_RESULT,
-            {
-                c.GEN_AI_EVALUATION_NAME: c.EVALUATION_NAME_REWARD,
-                c.GEN_AI_EVALUATION_SCORE_VALUE: frame.reward,
-            },
-        )
-
-    rollout = frame.parent.nearest(c.KIND_ROLLOUT) if frame.parent is not None else None
-    if rollout is None and frame.parent_span_context is not None:
-        # Continued from a carrier in another process: the rollout span ended elsewhere and cannot
-        # learn this attempt's outcome; a record in the rollout's trace carries it.
-        emit_outcome(frame, c.SOURCE_CONTINUED)
-    elif rollout is not None and rollout.remote:
-        emit_outcome(frame, c.SOURCE_REMOTE)
-
-
-def _episode_failed(frame: ActiveScope, exc: Exception) -> None:
-    frame.fail_unless_classified(*classify(exc))
-
-
-def _rollout_failed(frame: ActiveScope, exc: Exception) -> None:
-    # An exception escaping a rollout that opened no episode fails its implicit attempt 0, whatever
-    # was recorded before it (with episodes the rule leaves it to them).
-    frame.fail_unless_classified(*classify(exc))
-
-
-def _finish_rollout(frame: ActiveScope) -> None:
-    span = frame.span
-    _live.unwatch(frame)
-    decision = frame.decision()
-    span.set_attribute(c.ROLLOUT_ATTEMPTS, decision.attempts)
-    span.set_attribute(c.ROLLOUT_OUTCOME, decision.outcome)
-    if decision.reward is not None:
-        span.set_attribute(c.REWARD, decision.reward)
-    if not getattr(frame, "counted", False):
-        # Counted by this process (the rollout's owner) at the next collection, with the outcome
-        # records written here meanwhile, as the readers decide (see _metrics).
-        frame.counted = True
-        _metrics.rollout_ended(
-            span.get_span_context().trace_id,
-            frame.identity.get(c.ROLLOUT_ID),
-            decision,
-            frame.outcome_facts().attempts,
-            span,
-        )
-    if decision.discarded:
-        # Last: in strict mode this raises, and the span above is complete by then.
-        data_lost(GymTraceError(warning_text(frame.identity.get(c.ROLLOUT_ID), decision)))
-
-
-def _finish_verify(frame: ActiveScope) -> None:
-    if frame.reward is not None:
-        frame.span.set_attribute(c.REWARD, frame.reward)
-
-
 # -- the table ------------------------------------------------------------------------------------------
 
 _ATTRIBUTES: Mapping[str, Validator] = {"attributes": _a_mapping}
@@ -393,7 +148,7 @@ def _numbered(
     return Level(
         kind,
         rank=rank,
-        prepare=_prepare_numbered(kind, span_name, attribute),
+        prepare=prepare_numbered(kind, span_name, attribute),
         arguments={"number": _a_number, **_ATTRIBUTES},
         shown=((attribute, "#"), *shown),
     )
@@ -405,25 +160,25 @@ LEVELS: Mapping[str, Level] = {
         Level(
             c.KIND_RUN,
             rank=0,
-            prepare=_prepare_run,
+            prepare=prepare_run,
             arguments={"run_id": _an_id, **_ATTRIBUTES},
         ),
         Level(
             c.KIND_ROLLOUT,
             rank=1,
-            prepare=_prepare_rollout,
+            prepare=prepare_rollout,
             arguments={"rollout_id": _an_id, "task_id": _an_id, "repeat": _an_index, **_ATTRIBUTES},
-            finish=_finish_rollout,
-            failed=_rollout_failed,
+            finish=finish_rollout,
+            failed=rollout_failed,
             shown=((c.ROLLOUT_OUTCOME, "outcome"), (c.ROLLOUT_ATTEMPTS, "attempts"), (c.REWARD, "reward")),
         ),
         Level(
             c.KIND_EPISODE,
             rank=2,
-            prepare=_prepare_episode,
+            prepare=prepare_episode,
             arguments={"attempt": _an_index, "timeout": _a_duration, **_ATTRIBUTES},
-            finish=_finish_episode,
-            failed=_episode_failed,
+            finish=finish_episode,
+            failed=episode_failed,
             shown=(
                 (c.EPISODE_OUTCOME, "outcome"),
                 (c.EPISODE_RESTORED, "restored"),
@@ -434,21 +189,19 @@ LEVELS: Mapping[str, Level] = {
             ),
         ),
         # seed_session and verify are phases of an episode and share a rank.
-        Level(
-            c.KIND_SEED_SESSION, rank=3, prepare=_prepare_phase(c.SPAN_SEED_SESSION), arguments=_ATTRIBUTES
-        ),
+        Level(c.KIND_SEED_SESSION, rank=3, prepare=prepare_phase(c.SPAN_SEED_SESSION), arguments=_ATTRIBUTES),
         Level(
             c.KIND_VERIFY,
             rank=3,
-            prepare=_prepare_phase(c.SPAN_VERIFY),
+            prepare=prepare_phase(c.SPAN_VERIFY),
             arguments=_ATTRIBUTES,
-            finish=_finish_verify,
+            finish=finish_verify,
             shown=((c.REWARD, "reward"),),
         ),
         Level(
             c.KIND_AGENT_INVOCATION,
             rank=4,
-            prepare=_prepare_genai(
+            prepare=prepare_genai(
                 c.OPERATION_INVOKE_AGENT,
                 ("agent_name", c.GEN_AI_AGENT_NAME),
                 ("invocation_id", c.GEN_AI_AGENT_ID),
@@ -464,7 +217,7 @@ LEVELS: Mapping[str, Level] = {
             c.KIND_MODEL_CALL,
             rank=7,
             # The second pair is the provider, not an ID; same shape all the same.
-            prepare=_prepare_genai(
+            prepare=prepare_genai(
                 c.OPERATION_CHAT, ("model", c.GEN_AI_REQUEST_MODEL), ("provider", c.GEN_AI_PROVIDER_NAME)
             ),
             arguments={"model": _an_id, "provider": _an_id, **_ATTRIBUTES},
@@ -475,7 +228,7 @@ LEVELS: Mapping[str, Level] = {
         Level(
             c.KIND_TOOL_CALL,
             rank=7,
-            prepare=_prepare_genai(
+            prepare=prepare_genai(
                 c.OPERATION_EXECUTE_TOOL,
                 ("tool_name", c.GEN_AI_TOOL_NAME),
                 ("call_id", c.GEN_AI_TOOL_CALL_ID),
@@ -489,17 +242,11 @@ LEVELS: Mapping[str, Level] = {
 }
 
 
-def _finish_step(frame: ActiveScope) -> None:
-    started = getattr(frame.span, "start_time", None)  # an SDK span's; an API-only span has none
-    if isinstance(started, int):
-        _metrics.step_ended((time_ns() - started) / 1e9)
-
-
 def measure_steps(on: bool) -> None:
     """``gym.step.duration`` on or off (GYMTRACE_STEP_METRICS). Off, a step level has no finish at
     all, so a step costs exactly what it did before metrics existed."""
-    # Level is frozen for everyone else; this one field is the switch, read by every Scope of steps.
-    object.__setattr__(LEVELS[c.KIND_STEP], "finish", _finish_step if on else None)
+    # This one field is the switch, read by every Scope of steps through its Level.
+    LEVELS[c.KIND_STEP].finish = finish_step if on else None
     _steps.measure = _metrics.step_ended if on else None
 
 

@@ -317,7 +317,7 @@ def stats_for(owner: Any) -> StepStats:
     The policy is visible at once on the owner's span and, when the owner is an agent invocation,
     on its episode's span, so a reader of either knows the step spans are a sample.
     """
-    stats = owner.step_stats = StepStats(_policy)
+    stats = owner._counter().stats = StepStats(_policy)
     policy_name = POLICY_ALL if stats.everything else POLICY_AGGREGATE
     owner.span.set_attribute(c.STEPS_POLICY, policy_name)
     episode = owner.nearest(c.KIND_EPISODE)
@@ -344,7 +344,7 @@ def end_unsampled(frame: Any, timing: tuple[Any, int, int, bool], exc: BaseExcep
 
 def write_owner(frame: Any) -> None:
     """The owner ends: its slowest steps become spans, its span gets the statistics."""
-    frame.step_stats.finish(frame.span, active_tracer(), frame.context, frame.identity)
+    frame.counter.stats.finish(frame.span, active_tracer(), frame.context, frame.identity)
 
 
 def write_step(
