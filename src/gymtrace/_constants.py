@@ -26,7 +26,7 @@ KIND_VERIFY: Final = "verify"
 # elsewhere): spans are immutable once ended, so the outcome travels in a record of its own.
 KIND_OUTCOME: Final = "outcome"
 SPAN_OUTCOME: Final = "gym.outcome"
-# A live marker (_live.py): a zero-length span a rollout's process writes while the rollout is open,
+# A live marker (_live/markers.py): a zero-length span a rollout's process writes while the rollout is open,
 # when it and each episode start and as a heartbeat, so a rollout that never ends is visible.
 # Readers of finished traces fold markers away; `gymtrace live` reads nothing else.
 KIND_LIVE: Final = "live"
@@ -95,7 +95,8 @@ LINK_RELATION: Final = "gym.link.relation"
 OUTCOME_SCORED: Final = "scored"
 OUTCOME_UNSCORED: Final = "unscored"
 # The rollout's episode was handed to another process (a carrier or headers taken) and it ended with
-# no outcome of its own: the outcome is expected from there, in an outcome record (DESIGN.md §8).
+# no outcome of its own: the outcome is expected from there, in an outcome record
+# (docs/contract/outcome-rule.md).
 OUTCOME_PENDING: Final = "pending"
 ROLLOUT_OUTCOMES: Final = (OUTCOME_SCORED, OUTCOME_UNSCORED, OUTCOME_PENDING)
 # A rollout the readers know only from its live markers, whose process stopped beating (killed): it
@@ -126,7 +127,7 @@ SOURCE_LATE: Final = "late"
 SOURCE_CONTINUED: Final = "continued"
 OUTCOME_SOURCES: Final = (SOURCE_REMOTE, SOURCE_LATE, SOURCE_CONTINUED)
 
-# -- live markers and the watchdog (_live.py, `gymtrace live`) ----------------------------------------
+# -- live markers and the watchdog (_live/markers.py, `gymtrace live`) --------------------------------
 
 # On a marker: what it marks (``rollout`` or ``episode`` start, ``heartbeat``, or ``end``).
 LIVE_EVENT: Final = "gym.live.event"
@@ -146,7 +147,7 @@ LIVE_STARTED: Final = "gym.live.started_ns"
 LIVE_INTERVAL: Final = "gym.live.interval_s"
 LIVE_STEP: Final = "gym.live.step"
 LIVE_OVERDUE: Final = "gym.live.overdue"
-# States `gymtrace live` reads (DESIGN.md §8, fixed).
+# States `gymtrace live` reads (fixed: docs/contract/fixed-names.md).
 LIVE_RUNNING: Final = "running"
 LIVE_STALLED: Final = "stalled"
 LIVE_LOST: Final = "lost"
@@ -154,7 +155,7 @@ LIVE_LOST: Final = "lost"
 EVENT_EPISODE_OVERDUE: Final = "gym.episode.overdue"
 EPISODE_TIMEOUT: Final = "gym.episode.timeout_s"
 
-# -- metrics (_metrics.py; DESIGN.md §8, fixed) --------------------------------------------------------
+# -- metrics (_live/metrics.py; fixed: docs/contract/fixed-names.md) ------------------------------------
 
 METER_NAME: Final = "gymtrace"
 METRIC_ROLLOUT_ACTIVE: Final = "gym.rollout.active"
@@ -189,7 +190,7 @@ GEN_AI_EVALUATION_NAME: Final = "gen_ai.evaluation.name"
 GEN_AI_EVALUATION_SCORE_VALUE: Final = "gen_ai.evaluation.score.value"
 GEN_AI_EVALUATION_SCORE_LABEL: Final = "gen_ai.evaluation.score.label"
 
-# Content, opt-in (see _content.py). Checked against open-telemetry/semantic-conventions-genai
+# Content, opt-in (see _content/). Checked against open-telemetry/semantic-conventions-genai
 # model/gen-ai/registry.yaml: gen_ai.input.messages, gen_ai.output.messages (opt_in on inference and
 # invoke_agent spans, spans.yaml "attributes.gen_ai.content"), gen_ai.tool.call.arguments and
 # gen_ai.tool.call.result (type any; "MAY be recorded as a JSON string" on spans); and
@@ -307,7 +308,7 @@ RAY_TASK_ID: Final = "ray.task.id"
 RAY_TASK_ATTEMPT: Final = "ray.task.attempt"
 RAY_WORKER_PID: Final = "ray.worker.pid"
 EVENT_RAY_TASK_RETRY: Final = "ray.task.retry"
-# -- the engine's step policy (_steps.py) ------------------------------------------------------------
+# -- the engine's step policy (_scopes/steps.py) ----------------------------------------------------
 
 # Beside the gym.steps.* statistics above, on the span that owns the steps (agent invocation, else
 # episode) under the aggregate policy: its sampling parameters, and how many steps raised.
@@ -321,7 +322,7 @@ STEP_KEPT_FIRST: Final = "first"
 STEP_KEPT_SLOWEST: Final = "slowest"
 STEP_KEPT_RAISED: Final = "raised"
 
-# -- backends (GYMTRACE_BACKEND=mlflow|phoenix, gymtrace push; _export_backends.py) -----------------
+# -- backends (GYMTRACE_BACKEND=mlflow|phoenix, gymtrace push; _sdk/backends.py) --------------------
 # The names MLflow 3 and Arize Phoenix read from OTLP spans, and the score gymtrace gives them.
 SCORE_REWARD: Final = "reward"  # the MLflow assessment / Phoenix span annotation of a rollout's reward
 SCORE_SOURCE: Final = "gymtrace"  # its MLflow source_id and Phoenix identifier: one score per rollout

@@ -35,7 +35,7 @@ DEFAULT_STALLED_AFTER = 60.0
 
 @dataclass(frozen=True)
 class LiveRollout:
-    """One open rollout; ``--json`` prints these keys (DESIGN.md §8, fixed)."""
+    """One open rollout; ``--json`` prints these keys (fixed: docs/contract/fixed-names.md)."""
 
     run_id: str | None
     task_id: str | None

@@ -1,8 +1,8 @@
 """The step policy: what a ``gymtrace.step`` records when steps are too fast to trace one by one.
 
-A span costs ~25 µs; a Gymnasium CartPole step ~8 µs (REFERENCE.md). ``all`` (the default) makes
-every step a span, which fits an LLM agent loop whose steps take milliseconds. ``aggregate`` fits a
-simulator: the step owner's span (the agent invocation, else the episode) carries the step count and
+A span costs several times a Gymnasium CartPole step (docs/performance.md, "Fast loops: the step
+policy"). ``all`` (the default) makes every step a span, which fits an LLM agent loop whose steps
+take milliseconds. ``aggregate`` fits a simulator: the step owner's span (the agent invocation, else the episode) carries the step count and
 duration statistics, and only a bounded sample of steps become spans, each with its true number and
 true start and end time:
 

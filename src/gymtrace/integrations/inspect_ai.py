@@ -9,7 +9,7 @@ Example::
     gymtrace.integrations.inspect_ai.instrument()   # registers gymtrace through Inspect's hooks
     inspect_ai.eval(my_task(), model="openai/gpt-4o", epochs=2, retry_on_error=1)
 
-How an evaluation maps onto the gym vocabulary (``shared/DESIGN.md``):
+How an evaluation maps onto the gym vocabulary (docs/contract/spans.md):
 
 - An Inspect run (one ``eval()`` call) is a ``gym.run``; ``gym.run.id`` is Inspect's run ID. Inside
   the caller's own ``gymtrace.run()`` the samples are that run's rollouts instead.

@@ -129,7 +129,7 @@ def from_nemo_id(nemo_id: str) -> str:
 
 
 class RolloutIdentity(NamedTuple):
-    """A NeMo Gym rollout as gymtrace names it (DESIGN.md section 8)."""
+    """A NeMo Gym rollout as gymtrace names it (docs/contract/fixed-names.md, "NeMo Gym identity")."""
 
     rollout_id: str
     """``gym.rollout.id``: ``_ng_rollout_id`` when set, else ``"{task}-{rollout}"`` (never the
