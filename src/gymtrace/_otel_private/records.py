@@ -18,8 +18,8 @@ from typing import TYPE_CHECKING, Any
 from opentelemetry.trace.span import DEFAULT_TRACE_STATE
 
 from gymtrace._otel_private import fastpaths as _fastpaths
+from gymtrace._otel_private.spanfields import last_object_cache
 from gymtrace._otel_private.spanfields import read_span as _read
-from gymtrace._sdk.otlp_proto import last_object_cache
 
 # Records per frame: a marshal call and a write per this many spans (about 0.3 ms of work).
 _BLOCK = 256

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import operator
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import Any, TypeVar
 
 from gymtrace._otel_private import fastpaths as _fastpaths
 
@@ -102,6 +102,28 @@ def _read(span: Any) -> _Read:
         tuple(links) if links else (), getattr(links, "dropped", 0), span._status, span._resource,
         span._instrumentation_scope,
     )  # fmt: skip
+
+
+# Every reader of ended spans (the encoders, the encoder-process records) meets the same few status
+# objects again and again: each keeps its encoding of the last one.
+_Value = TypeVar("_Value")
+
+
+def last_object_cache(compute: Callable[[Any], _Value]) -> Callable[[Any], _Value]:
+    """``compute(obj)``, kept for the last object seen (by identity; the object is held, so its id
+    is never another's): almost every span shares one status object, the unset one."""
+    last: tuple[Any, Any] = (object(), None)
+
+    def cached(obj: Any) -> _Value:
+        nonlocal last
+        seen = last
+        if obj is seen[0]:
+            return seen[1]  # type: ignore[no-any-return]
+        value = compute(obj)
+        last = (obj, value)  # replaced whole: the export threads of two queues may race
+        return value
+
+    return cached
 
 
 # The read_span of the encoders: one module-level name, bound once by its callers.

@@ -21,6 +21,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from gymtrace._otel_private import fastpaths as _fastpaths
+from gymtrace._otel_private.spanfields import last_object_cache
 from gymtrace._sdk.otlp_encode import (
     MAX_REQUEST_BYTES,
     _undelivered,
@@ -30,7 +31,6 @@ from gymtrace._sdk.otlp_encode import (
     encode_span,
 )
 from gymtrace._sdk.otlp_json import encode_json_line
-from gymtrace._sdk.otlp_proto import last_object_cache
 
 __all__ = [
     "MAX_REQUEST_BYTES",

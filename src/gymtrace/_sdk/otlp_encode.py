@@ -12,7 +12,7 @@ from typing import Any
 
 from opentelemetry.trace.span import DEFAULT_TRACE_STATE
 
-from gymtrace._otel_private.spanfields import _Read
+from gymtrace._otel_private.spanfields import _Read, last_object_cache
 from gymtrace._otel_private.spanfields import read_span as _read
 from gymtrace._sdk.otlp_proto import (
     _FLAGS_HAS_IS_REMOTE,
@@ -25,7 +25,6 @@ from gymtrace._sdk.otlp_proto import (
     _pack_fixed32,
     _pack_times,
     _varint,
-    last_object_cache,
 )
 
 # The Collector's OTLP receivers refuse requests over 4 MiB by default (gRPC max_recv_msg_size_mib);

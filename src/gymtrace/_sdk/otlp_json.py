@@ -12,9 +12,10 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from gymtrace._model.spandata import _any_value as _json_any_value
+from gymtrace._otel_private.spanfields import last_object_cache
 from gymtrace._otel_private.spanfields import read_span as _read
 from gymtrace._sdk.otlp_encode import _NO_GROUP
-from gymtrace._sdk.otlp_proto import _cached_each, _keep, last_object_cache
+from gymtrace._sdk.otlp_proto import _cached_each, _keep
 
 # ASCII escapes like json.dumps: a lone surrogate in an attribute must not break the file write.
 _dumps = json.JSONEncoder(separators=(",", ":")).encode

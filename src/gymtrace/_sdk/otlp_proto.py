@@ -139,23 +139,3 @@ def _tagged_key_value(tag: bytes, key: str, value: Any) -> bytes | None:
     except (TypeError, ValueError):
         logger.warning("gymtrace: attribute %r could not be encoded; it is left out", key, exc_info=True)
         return None
-
-
-_Value = TypeVar("_Value")
-
-
-def last_object_cache(compute: Callable[[Any], _Value]) -> Callable[[Any], _Value]:
-    """``compute(obj)``, kept for the last object seen (by identity; the object is held, so its id
-    is never another's): almost every span shares one status object, the unset one."""
-    last: tuple[Any, Any] = (object(), None)
-
-    def cached(obj: Any) -> _Value:
-        nonlocal last
-        seen = last
-        if obj is seen[0]:
-            return seen[1]  # type: ignore[no-any-return]
-        value = compute(obj)
-        last = (obj, value)  # replaced whole: the export threads of two queues may race
-        return value
-
-    return cached
