@@ -5,9 +5,9 @@ gains) and lives in this package, the fence (``tests/test_otel_fence.py`` fails 
 OpenTelemetry name, private SDK field or ``__class__`` swap anywhere else in gymtrace), one module
 per concern: ``provider`` (the API's global provider), ``spanfields`` (reading an ended span's
 fields: the encoders and the identity processor), ``leanspan``/``leanspan_span``/``sdkdigest``
-(building gymtrace's own spans), ``records`` (spans to encoder-process records and back). The
-OTLP exporters' transport seams are probed in ``gymtrace._sdk.otlp``, whose exporters subclass the
-SDK's. Each checks by capability, once, whether the names it needs are there (never by version),
+(building gymtrace's own spans), ``records`` (spans to encoder-process records and back),
+``otlp_seams`` (the probes of the SDK exporters' transport seams, which the exporters of
+``gymtrace._sdk.otlp`` set on themselves as the SDK's subclasses). Each checks by capability, once, whether the names it needs are there (never by version),
 binds the public path when they are not, and registers the outcome here.
 ``tests/test_fast_paths.py`` fails naming what disappeared when a release removes one, so a new
 OpenTelemetry release makes gymtrace slower loudly, not silently; ``benchmarks/perf.py`` prints the

@@ -21,6 +21,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from gymtrace._otel_private import fastpaths as _fastpaths
+from gymtrace._otel_private.otlp_seams import _GRPC_SEAMS, _grpc_seams_missing, _http_seams_missing
 from gymtrace._otel_private.spanfields import last_object_cache
 from gymtrace._sdk.otlp_encode import (
     MAX_REQUEST_BYTES,
@@ -71,53 +72,6 @@ class _RawTraceServiceStub:
             request_serializer=_identity,
             response_deserializer=ExportTraceServiceResponse.FromString,
         )
-
-
-_GRPC_SEAMS = ("OTLPSpanExporter._export()", "._translate_data()", "._channel", "._stub", "._client")
-
-
-def _grpc_seams_missing(exporter_class: Any = None) -> list[str]:
-    """What of the gRPC exporter's private seams this installation lacks (checked on a real
-    instance once: the channel connects lazily, so nothing is sent)."""
-    if exporter_class is None:
-        try:
-            from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
-        except ImportError:
-            return ["opentelemetry-exporter-otlp-proto-grpc (not installed)"]
-        exporter_class = OTLPSpanExporter
-    cached = _SEAMS_CHECKED.get(exporter_class)
-    if cached is not None:
-        return cached
-    missing = [
-        f"OTLPSpanExporter.{n}()"
-        for n in ("_export", "_translate_data")
-        if not callable(getattr(exporter_class, n, None))
-    ]
-    if not missing:
-        probe = exporter_class(endpoint="127.0.0.1:1", insecure=True)
-        missing = [f"OTLPSpanExporter.{n}" for n in ("_channel", "_stub", "_client") if not hasattr(probe, n)]
-        probe.shutdown()
-    _SEAMS_CHECKED[exporter_class] = missing
-    return missing
-
-
-def _http_seams_missing() -> list[str]:
-    try:
-        from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
-    except ImportError:
-        return ["opentelemetry-exporter-otlp-proto-http (not installed)"]
-    probe = OTLPSpanExporter(endpoint="http://127.0.0.1:1/v1/traces")
-    try:
-        return (
-            []
-            if callable(getattr(getattr(probe, "_client", None), "export", None))
-            else ["OTLPSpanExporter._client.export(bytes) (1.45+)"]
-        )
-    finally:
-        probe.shutdown()  # type: ignore[no-untyped-call]  # the SDK leaves it unannotated
-
-
-_SEAMS_CHECKED: dict[Any, list[str]] = {}
 
 
 def register_fast_paths() -> None:
