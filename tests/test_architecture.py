@@ -47,6 +47,9 @@ LAYERS: list[tuple[str, list[str]]] = [
             "_model.outcome_rule",
             "_model.spandata",
             "_scopes.tracing",
+            # The fence's parts that the engine and the identity processor read through.
+            "_otel_private.provider",
+            "_otel_private.spanfields",
             "_identity.trust",
             "_scopes.scope_carrier",
             "_scopes.state",

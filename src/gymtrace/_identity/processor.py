@@ -9,6 +9,7 @@ from opentelemetry import context as otel_context
 
 from gymtrace import _constants as c
 from gymtrace._model.errors import guard
+from gymtrace._otel_private.spanfields import attribute_dict, attribute_dict_of
 from gymtrace._scopes.frame import FRAME_KEY, ActiveScope
 from gymtrace.propagation import identity_from_context
 
@@ -44,7 +45,7 @@ class IdentitySpanProcessor:
             # gymtrace's own spans (every step of a fast loop) start with their identity: found
             # before the guard and the context lookups, which cost more than the check.
             try:
-                plain = span._attributes._dict
+                plain = attribute_dict_of(span)
                 if type(plain) is dict and c.KIND in plain:
                     return
             except Exception:  # noqa: BLE001 - not an SDK span: the general path below
@@ -61,8 +62,8 @@ class IdentitySpanProcessor:
                 return
             # The SDK span's plain dict when it has one: ``span.attributes`` wraps it twice, and
             # ``in`` on the wrapper runs Python-level Mapping code on every span (~0.5 µs).
-            plain = getattr(getattr(span, "_attributes", None), "_dict", None)
-            attributes = plain if isinstance(plain, dict) else span.attributes
+            plain = attribute_dict(span)
+            attributes = plain if plain is not None else span.attributes
             if attributes is not None and c.KIND in attributes:
                 # A gymtrace span: it was started with its identity.
                 if derive is not None:

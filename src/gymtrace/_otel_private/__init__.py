@@ -1,1 +1,2 @@
-"""The fence: every use of OpenTelemetry's private names and SDK objects' private fields."""
+"""The fence: every use of private OpenTelemetry names, with its probe and public fallback (see
+``fastpaths``)."""

@@ -1,13 +1,17 @@
 """Where gymtrace uses OpenTelemetry's private parts, and whether each use is active here.
 
 Each use of a private OpenTelemetry name is worth something measured (CONTRIBUTING.md lists the
-gains) and sits in one module per concern: ``_tracing`` (the API's context variable and global
-provider), ``_leanspan`` (the SDK span's fields: building gymtrace's spans and reading them back
-in ``_otlp`` and ``_export_process``), ``_otlp`` (the OTLP exporters' transport seams). Each module
-checks by capability, once, whether the names it needs are there (never by version), takes the
-public path when they are not, and registers the outcome here. ``tests/test_fast_paths.py`` fails
-naming what disappeared when a release removes one, so a new OpenTelemetry release makes gymtrace
-slower loudly, not silently; ``benchmarks/perf.py`` prints the table.
+gains) and lives in this package, the fence (``tests/test_otel_fence.py`` fails on any private
+OpenTelemetry name, private SDK field or ``__class__`` swap anywhere else in gymtrace), one module
+per concern: ``provider`` (the API's global provider), ``spanfields`` (reading an ended span's
+fields: the encoders and the identity processor), ``leanspan``/``leanspan_span``/``sdkdigest``
+(building gymtrace's own spans), ``records`` (spans to encoder-process records and back),
+``otlp_seams`` (the probes of the SDK exporters' transport seams, which the exporters of
+``gymtrace._sdk.otlp`` set on themselves as the SDK's subclasses). Each checks by capability, once, whether the names it needs are there (never by version),
+binds the public path when they are not, and registers the outcome here.
+``tests/test_fast_paths.py`` fails naming what disappeared when a release removes one, so a new
+OpenTelemetry release makes gymtrace slower loudly, not silently; ``benchmarks/perf.py`` prints the
+table.
 """
 
 from __future__ import annotations

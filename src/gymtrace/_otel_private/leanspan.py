@@ -9,13 +9,16 @@ limit decisions, builds the same SDK ``Span`` class (so every span processor, ex
 per-value validation, and ends spans without the copy. Any other attribute value, and every
 tracer other than gymtrace's, takes the SDK's own path.
 
+The span class is in ``leanspan_span``, the check of which SDK it was built for in
+``sdkdigest``; this module holds the tracer that builds those spans and decides, once, whether the
+installed SDK gets them.
+
 It is installed only when ``configure()`` creates the provider, and only if the SDK's ``Tracer``
 and ``Span`` have the private fields this module fills (checked once; otherwise the SDK path stays).
 """
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import threading
 import time
@@ -26,14 +29,23 @@ from opentelemetry.attributes import BoundedAttributes
 from opentelemetry.sdk import trace as sdk_trace
 from opentelemetry.sdk.trace import sampling as sdk_sampling
 from opentelemetry.sdk.trace.id_generator import RandomIdGenerator
-from opentelemetry.sdk.util import BoundedList
 from opentelemetry.trace import SpanContext, SpanKind
 from opentelemetry.trace.span import DEFAULT_TRACE_STATE
-from opentelemetry.trace.status import Status, StatusCode
 
 from gymtrace import _constants as c
 from gymtrace._model import errors as _errors
 from gymtrace._otel_private import fastpaths as _fastpaths
+from gymtrace._otel_private.leanspan_span import (
+    _ATTRIBUTE_FIELDS_KNOWN,
+    _NONE,
+    _PLAIN,
+    _SETITEM_KNOWN,
+    _UNSET_STATUS,
+    _Lean,
+    _lean_failed,
+    _LeanSpan,
+)
+from gymtrace._otel_private.sdkdigest import _MISSING_SPAN_FIELDS
 
 try:  # the key the API stores the current span under (private): a parent read without two calls
     from opentelemetry.trace.propagation import _SPAN_KEY
@@ -47,9 +59,6 @@ except ImportError:  # an SDK without span metrics
 
 logger = logging.getLogger("gymtrace")
 
-_PLAIN = (str, bool, int, float)
-_UNSET_STATUS = Status(StatusCode.UNSET)
-_NONE: tuple[Any, ...] = ()
 _TRACER_FIELDS = (
     "sampler",
     "resource",
@@ -60,278 +69,6 @@ _TRACER_FIELDS = (
     "_instrumentation_scope",
 )
 
-
-# The SDK instantiates the private _Span (Span refuses direct construction since 1.2x).
-_SpanBase: Any = getattr(sdk_trace, "_Span", sdk_trace.Span)
-
-
-class _Lean:
-    """Whether new spans take the lean path: on until a lean method fails once in this process."""
-
-    on = True
-
-
-def _lean_failed(where: str, exc: Exception) -> None:
-    """A method of the lean path raised: the SDK's own spans from now on, and one WARNING. Never
-    raised, in strict mode neither: the caller's ``with`` block is not the place for an SDK
-    mismatch this module should have caught (issue 31)."""
-    _Lean.on = False
-    _errors.internal_error(
-        f"the lean span path ({where}); gymtrace uses the SDK's own spans now", exc, may_raise=False
-    )
-
-
-class _LeanSpan(_SpanBase):  # type: ignore[misc]
-    """The SDK span, constructed directly and handed to ``on_end`` as itself.
-
-    After ``end()`` every mutator of the SDK span is a no-op (``_check_span_ended``) and the
-    attributes are immutable, so the span is the read-only view the SDK would otherwise copy.
-    Every method here catches its own failure (:func:`_lean_failed`): a span that cannot be ended
-    or set the lean way is reported, never raised into the block that uses it.
-    """
-
-    def _readable_span(self) -> Any:
-        return self
-
-    def end(self, end_time: int | None = None) -> None:
-        try:
-            super().end(end_time)
-        except Exception as exc:  # noqa: BLE001 - the SDK's end() on a span it did not build
-            _lean_failed("end", exc)
-
-    # Most gymtrace spans never get an event or a link: the two bounded lists (a deque and a lock
-    # each, ~4 % of a span) are made when needed. Until then the span holds a tuple, which every
-    # reader of the SDK span handles (``events``/``links`` copy it to a tuple,
-    # ``dropped_events``/``dropped_links`` count 0 for anything not a BoundedList): empty, or for
-    # events the first one alone (an episode's reward event is the only one it ever gets).
-    def _add_event(self, event: Any) -> None:
-        span: Any = self
-        try:
-            if type(span._events) is tuple:
-                with span._lock:  # two threads adding an event must not each replace the tuple
-                    events = span._events
-                    if type(events) is tuple and span._end_time is None:
-                        limit = span._limits.max_events
-                        if not events and (limit is None or limit > 0):
-                            span._events = (event,)
-                            return
-                        bounded: Any = BoundedList(limit)
-                        bounded.extend(events)
-                        span._events = bounded
-            super()._add_event(event)
-        except Exception as exc:  # noqa: BLE001 - see end()
-            _lean_failed("add_event", exc)
-
-    # Attributes and events set after the start with plain values (str with no length limit, bool,
-    # int, float: values the SDK's cleaning returns unchanged) go into the same fields the SDK's
-    # path fills, without that cleaning; the Gymnasium integration sets an episode's statistics
-    # and outcome and adds its reward event this way once per episode. Anything else, an ended
-    # span (the SDK's warning) or a length limit takes the SDK's path.
-    def set_attribute(self, key: str, value: Any) -> None:
-        span: Any = self
-        try:
-            if _SETITEM_KNOWN and type(value) in _PLAIN and type(key) is str and key:
-                with span._lock:
-                    attributes = span._attributes
-                    if span._end_time is None and attributes.max_value_len is None:
-                        with attributes._lock:
-                            attributes._setitem_locked(key, value)
-                        return
-            super().set_attribute(key, value)
-        except Exception as exc:  # noqa: BLE001 - see end()
-            _lean_failed("set_attribute", exc)
-
-    def set_attributes(self, attributes: Any) -> None:
-        try:
-            self._set_attributes(attributes)
-        except Exception as exc:  # noqa: BLE001 - see end()
-            _lean_failed("set_attributes", exc)
-
-    def _set_attributes(self, attributes: Any) -> None:
-        span: Any = self
-        if _SETITEM_KNOWN and type(attributes) is dict:
-            for key, value in attributes.items():
-                if type(value) not in _PLAIN or type(key) is not str or not key:
-                    break
-            else:
-                with span._lock:
-                    bounded = span._attributes
-                    if span._end_time is None and bounded.max_value_len is None:
-                        with bounded._lock:
-                            for key, value in attributes.items():
-                                bounded._setitem_locked(key, value)
-                        return
-        super().set_attributes(attributes)
-
-    def add_event(self, name: str, attributes: Any = None, timestamp: int | None = None) -> None:
-        try:
-            self._lean_add_event(name, attributes, timestamp)
-        except Exception as exc:  # noqa: BLE001 - see end()
-            _lean_failed("add_event", exc)
-
-    def _lean_add_event(self, name: str, attributes: Any, timestamp: int | None) -> None:
-        span: Any = self
-        limits = span._limits
-        if (
-            _ATTRIBUTE_FIELDS_KNOWN
-            and (attributes is None or type(attributes) is dict)
-            and limits.max_attribute_length is None
-            and len(attributes or ()) <= (limits.max_event_attributes or 0)
-        ):
-            for value in (attributes or {}).values():
-                if type(value) not in _PLAIN:
-                    break
-            else:
-                # BoundedAttributes(max_event_attributes, attributes, immutable=True), as add_event
-                # builds it, from values that need no cleaning.
-                bounded: Any = _new_attributes(BoundedAttributes)
-                bounded._dict = dict(attributes) if attributes else {}
-                bounded.maxlen = limits.max_event_attributes
-                bounded.dropped = 0
-                bounded.max_value_len = None
-                bounded._lock = threading.Lock()
-                bounded._immutable = True
-                self._add_event(sdk_trace.Event(name=name, attributes=bounded, timestamp=timestamp))
-                return
-        super().add_event(name, attributes, timestamp)
-
-    def _add_link(self, link: Any) -> None:
-        span: Any = self
-        try:
-            if span._links is _NONE:
-                with span._lock:
-                    if span._links is _NONE and span._end_time is None:
-                        span._links = BoundedList(span._limits.max_links)
-            super()._add_link(link)
-        except Exception as exc:  # noqa: BLE001 - see end()
-            _lean_failed("add_link", exc)
-
-
-# Every field a lean span gets, set by _lean_span below: exactly the fields the SDK's own span has in
-# the releases this module was built for. A release with one more (or one fewer) is not the span
-# this module builds, whatever its methods look like (issue 31: a new field that end() read passed a
-# check for the known ones, and AttributeError came out of the user's `with`).
-_LEAN_FIELDS: frozenset[str] = frozenset(
-    {
-        "_name",
-        "_context",
-        "_kind",
-        "_instrumentation_info",
-        "_instrumentation_scope",
-        "_parent",
-        "_start_time",
-        "_end_time",
-        "_attributes",
-        "_events",
-        "_links",
-        "_resource",
-        "_status",
-        "_sampler",
-        "_trace_config",
-        "_record_exception",
-        "_set_status_on_exception",
-        "_span_processor",
-        "_limits",
-        "_lock",
-        "_record_end_metrics",
-    }
-)
-
-
-def _code_names(code: Any) -> set[str]:
-    """The names a code object and the code nested in it use: attributes, globals, locals (not the
-    compiler's own, such as a comprehension's ``.0``, which CPython 3.12 no longer makes)."""
-    names = {name for name in (*code.co_names, *code.co_varnames) if not name.startswith(".")}
-    for const in code.co_consts:
-        if hasattr(const, "co_names"):
-            names |= _code_names(const)
-    return names
-
-
-def _functions(owner: Any) -> dict[str, Any]:
-    """The functions a class defines itself (properties by their getter and setter), by name."""
-    found = {}
-    for name, member in vars(owner).items():
-        for suffix, function in (("", member), (".fget", getattr(member, "fget", None))):
-            function = getattr(function, "__func__", function)  # static and class methods
-            if hasattr(function, "__code__"):
-                found[name + suffix] = function
-        setter = getattr(member, "fset", None)
-        if hasattr(setter, "__code__"):
-            found[name + ".fset"] = setter
-    return found
-
-
-def code_fingerprint(owner: Any, only: tuple[str, ...] = ()) -> str:
-    """A digest of the code of ``owner``'s own methods (or of the ``only`` ones): per method, its
-    name, argument count and the sorted names it uses. The same across CPython 3.10 to 3.13 for
-    the same source (names come from the source, not the bytecode), different as soon as a method
-    uses another field or calls another method."""
-    functions = _functions(owner)
-    lines = []
-    for name in sorted(only or functions):
-        function = functions.get(name)
-        if function is None:
-            lines.append(f"{name}: missing")
-            continue
-        code = function.__code__
-        lines.append(
-            f"{name}({code.co_argcount},{code.co_kwonlyargcount}): {' '.join(sorted(_code_names(code)))}"
-        )
-    return hashlib.sha256("\n".join(lines).encode()).hexdigest()[:16]
-
-
-# What the lean path was built for: the code of the SDK classes a lean span runs (its methods come
-# from Span and ReadableSpan) and of what it stands in for (Tracer.start_span builds the span it
-# replaces; BoundedAttributes is filled field by field), by digest, one per SDK release whose code
-# differs. The span fields alone cannot tell a release whose end() reads a field set elsewhere, or
-# calls a new method. A release not listed here gets the SDK's own spans (one INFO line at
-# configure(); tests/test_fast_paths.py fails naming the class), until its code is read and added.
-#   python -c "from gymtrace._otel_private.leanspan import sdk_code; print(sdk_code())"
-_BUILT_FOR: dict[str, frozenset[str]] = {
-    # opentelemetry-sdk 1.45.0 and 1.45.1 (the same code), CPython 3.10, 3.11, 3.12 and 3.13.
-    "Span": frozenset({"bf3c30d9bf2065b8"}),
-    "ReadableSpan": frozenset({"b9f63c4902ddb0b6"}),
-    "Tracer.start_span": frozenset({"84a7917195e503d1"}),
-    "BoundedAttributes": frozenset({"65f08795021f2043"}),
-}
-
-
-def sdk_code() -> dict[str, str]:
-    """The digests of this SDK's code that :data:`_BUILT_FOR` is checked against."""
-    return {
-        "Span": code_fingerprint(sdk_trace.Span),
-        "ReadableSpan": code_fingerprint(sdk_trace.ReadableSpan),
-        "Tracer.start_span": code_fingerprint(sdk_trace.Tracer, ("start_span",)),
-        "BoundedAttributes": code_fingerprint(BoundedAttributes),
-    }
-
-
-def _span_fields_present() -> list[str]:
-    probe = sdk_trace.TracerProvider().get_tracer("gymtrace.probe")
-    span: Any = probe.start_span("probe")
-    span.end()
-    present = set(vars(span))
-    # Exactly the fields the lean path sets: one more is a field the SDK's methods may read that a
-    # lean span would not have.
-    missing = [f"sdk Span.{name}" for name in sorted(_LEAN_FIELDS - present)]
-    missing += [f"sdk Span field not built for: {name}" for name in sorted(present - _LEAN_FIELDS)]
-    if type(span) is not getattr(sdk_trace, "_Span", None) or _functions(type(span)):
-        missing.append("opentelemetry.sdk.trace._Span (the SDK's span class, adding nothing to Span)")
-    missing += [
-        f"sdk {part}'s code (digest {digest}, built for {', '.join(sorted(_BUILT_FOR[part]))})"
-        for part, digest in sdk_code().items()
-        if digest not in _BUILT_FOR[part]
-    ]
-    if not hasattr(span._attributes, "_dict"):
-        missing.append("BoundedAttributes._dict")
-    return missing
-
-
-try:
-    _MISSING_SPAN_FIELDS = _span_fields_present()
-except Exception as exc:  # noqa: BLE001 - an SDK we do not know: keep the SDK's path
-    _MISSING_SPAN_FIELDS = [f"sdk Span fields ({type(exc).__name__}: {exc})"]
 _SUPPORTED = not _MISSING_SPAN_FIELDS and _SPAN_KEY is not None
 
 
@@ -366,23 +103,6 @@ try:
     _CONTEXT_LAYOUT_KNOWN = _context_layout_known()
 except Exception:  # noqa: BLE001 - an API we do not know: use its properties and constructor
     _CONTEXT_LAYOUT_KNOWN = False
-
-
-def _attribute_fields_known() -> bool:
-    # The fields BoundedAttributes.__init__ sets, as the lean path sets them (checked once).
-    probe = BoundedAttributes(3, None, immutable=False)
-    return sorted(vars(probe)) == ["_dict", "_immutable", "_lock", "dropped", "max_value_len", "maxlen"] and (
-        type(probe._dict) is dict
-    )
-
-
-try:
-    _ATTRIBUTE_FIELDS_KNOWN = _attribute_fields_known()
-except Exception:  # noqa: BLE001 - an SDK we do not know: construct them the SDK's way
-    _ATTRIBUTE_FIELDS_KNOWN = False
-# BoundedAttributes' insertion under its lock (replace, or evict the oldest at the limit), which the
-# lean set_attribute(s) call; without it, the SDK's own set_attribute(s).
-_SETITEM_KNOWN = _ATTRIBUTE_FIELDS_KNOWN and callable(getattr(BoundedAttributes, "_setitem_locked", None))
 
 
 def _default_on_intact() -> bool:

@@ -9,7 +9,6 @@ dictionary lookup and a comparison.
 from __future__ import annotations
 
 import contextvars
-import os
 import threading
 from collections.abc import Callable
 from typing import Any
@@ -19,6 +18,7 @@ from opentelemetry import trace
 
 from gymtrace import _constants as c
 from gymtrace._otel_private import fastpaths as _fastpaths
+from gymtrace._otel_private.provider import global_tracer_provider as _global_provider
 from gymtrace._version import __version__
 
 # (provider, tracer or None): the answer for the provider seen last. Replaced as a whole tuple so
@@ -27,16 +27,6 @@ _cache: tuple[object, trace.Tracer | None] = (object(), None)
 # Providers pushed by gymtrace.testing.capture_spans(); the innermost wins over the global one.
 _overrides: list[trace.TracerProvider] = []
 _lock = threading.Lock()
-
-
-# trace.get_tracer_provider() looks up OTEL_PYTHON_TRACER_PROVIDER in os.environ on every call
-# while no global provider is set, which costs ~1 µs (os.environ raises and catches KeyError):
-# more than the whole disabled path may cost (benchmarks/overhead.py). So while no provider is set
-# and that variable was not set at import, read the API's module global directly. It is private,
-# hence the guard: if a future opentelemetry-api renames it, we fall back to the public call.
-_GLOBAL_PROVIDER_READABLE = hasattr(trace, "_TRACER_PROVIDER") and (
-    "OTEL_PYTHON_TRACER_PROVIDER" not in os.environ
-)
 
 
 # A provider an integration was handed (``tracer_provider=``), in force in this context only: set by
@@ -74,13 +64,12 @@ def active_tracer() -> trace.Tracer | None:
             return tracer_for(given)
     if _overrides:
         provider = _overrides[-1]
-    elif _GLOBAL_PROVIDER_READABLE:
-        provider = trace._TRACER_PROVIDER
-        if provider is None:
-            # Nothing set: get_tracer_provider() would return the proxy provider, which means off.
-            return None
     else:
-        provider = trace.get_tracer_provider()
+        # The API's global, read without get_tracer_provider()'s os.environ lookup where the fence
+        # (gymtrace._otel_private.provider) allows it; None: nothing set, which means off.
+        provider = _global_provider()
+        if provider is None:
+            return None
     cache = _cache
     if provider is cache[0]:
         return cache[1]
@@ -219,13 +208,6 @@ else:
     detach = reset = otel_context.detach
 
 
-_fastpaths.register(
-    "global provider read",
-    __name__,
-    ("opentelemetry.trace._TRACER_PROVIDER",),
-    "trace.get_tracer_provider() on every decorated call (~1 µs while no provider is set)",
-    lambda: [] if hasattr(trace, "_TRACER_PROVIDER") else ["opentelemetry.trace._TRACER_PROVIDER"],
-)
 _fastpaths.register(
     "context variable",
     __name__,

@@ -43,6 +43,7 @@ from gymtrace._model import errors as _errors
 from gymtrace._model import settings as _settings
 from gymtrace._model.errors import InvalidArgumentError, reset_seen
 from gymtrace._otel_private import fastpaths as _fastpaths
+from gymtrace._otel_private.provider import ending_hook
 from gymtrace._scopes import frame as _frame
 from gymtrace._scopes import levels as _levels
 from gymtrace._scopes import tracing as _tracing
@@ -125,9 +126,7 @@ class _ExportStage:
         # loop in between. Instance attributes, so the provider's lookup finds them first.
         processors = self._processors
         starts = tuple(p.on_start for p in processors if not isinstance(p, _QUEUES))
-        endings = tuple(
-            e for p in processors if not isinstance(p, _QUEUES) and (e := getattr(p, "_on_ending", None))
-        )
+        endings = tuple(e for p in processors if not isinstance(p, _QUEUES) and (e := ending_hook(p)))
         ends = tuple(p.on_end for p in processors)
         self.on_start = self._fan_start(starts) if starts else _ignore_start
         self._on_ending = self._fan(endings) if endings else _ignore
