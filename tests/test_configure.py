@@ -98,7 +98,7 @@ def test_otlp_exporters_are_built_for_each_protocol(tmp_path: Path) -> None:
     import json, gymtrace
     from gymtrace._sdk.setup import _state
     config = gymtrace.configure(endpoint="http://127.0.0.1:1", protocol={protocol!r})
-    # The SDK's own exporter class, with gymtrace's lean encoder in front (gymtrace._sdk.otlp).
+    # The SDK's own exporter class, with gymtrace's lean encoder in front (gymtrace._otel_private.otlp_seams).
     exporters = [
         [type(p.exporter).__mro__[1].__module__, type(p.exporter).__module__]
         for p in _state.stage.processors()
@@ -107,12 +107,16 @@ def test_otlp_exporters_are_built_for_each_protocol(tmp_path: Path) -> None:
     """
     grpc = run_python(code.format(protocol="grpc"), tmp_path)
     assert grpc == {
-        "exporters": [["opentelemetry.exporter.otlp.proto.grpc.trace_exporter", "gymtrace._sdk.otlp"]],
+        "exporters": [
+            ["opentelemetry.exporter.otlp.proto.grpc.trace_exporter", "gymtrace._otel_private.otlp_seams"]
+        ],
         "endpoint": "http://127.0.0.1:1",
     }
     http = run_python(code.format(protocol="http/protobuf"), tmp_path)
     assert http == {
-        "exporters": [["opentelemetry.exporter.otlp.proto.http.trace_exporter", "gymtrace._sdk.otlp"]],
+        "exporters": [
+            ["opentelemetry.exporter.otlp.proto.http.trace_exporter", "gymtrace._otel_private.otlp_seams"]
+        ],
         "endpoint": "http://127.0.0.1:1/v1/traces",
     }
 

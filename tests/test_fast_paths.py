@@ -11,7 +11,7 @@ from __future__ import annotations
 import pytest
 from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
 
-from gymtrace._sdk import otlp as _otlp
+from gymtrace._otel_private import otlp_seams as _otlp
 from gymtrace._sdk import setup as _setup
 
 PATHS = {path.name: path for path in _setup.fast_paths()}

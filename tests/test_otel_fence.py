@@ -75,27 +75,34 @@ def otel_private_names(modules: tuple[str, ...] = OTEL_MODULES) -> frozenset[str
         except ImportError:  # an exporter not installed here: nothing of it to fence
             continue
         for _, cls in inspect.getmembers(module, inspect.isclass):
-            if not cls.__module__.startswith("opentelemetry"):
-                continue
-            for klass in cls.__mro__:
-                if not klass.__module__.startswith("opentelemetry"):
-                    continue
-                slots = vars(klass).get("__slots__", ())
-                names.update(s for s in ([slots] if isinstance(slots, str) else slots) if _private(s))
-                names.update(n for n in vars(klass) if _private(n) and callable(vars(klass)[n]))
-                try:
-                    tree = ast.parse(textwrap.dedent(inspect.getsource(klass)))
-                except (OSError, TypeError):
-                    continue
-                for node in ast.walk(tree):
-                    if (
-                        isinstance(node, ast.Attribute)
-                        and isinstance(node.ctx, ast.Store)
-                        and isinstance(node.value, ast.Name)
-                        and node.value.id in ("self", "cls")
-                        and _private(node.attr)
-                    ):
-                        names.add(node.attr)
+            if cls.__module__.startswith("opentelemetry"):
+                names |= class_private_names(cls)
+    return frozenset(names)
+
+
+@cache
+def class_private_names(cls: type) -> frozenset[str]:
+    """The private fields and methods one OpenTelemetry class and its OpenTelemetry bases have."""
+    names: set[str] = set()
+    for klass in cls.__mro__:
+        if not klass.__module__.startswith("opentelemetry"):
+            continue
+        slots = vars(klass).get("__slots__", ())
+        names.update(s for s in ([slots] if isinstance(slots, str) else slots) if _private(s))
+        names.update(n for n in vars(klass) if _private(n) and callable(vars(klass)[n]))
+        try:
+            tree = ast.parse(textwrap.dedent(inspect.getsource(klass)))
+        except (OSError, TypeError):
+            continue
+        for node in ast.walk(tree):
+            if (
+                isinstance(node, ast.Attribute)
+                and isinstance(node.ctx, ast.Store)
+                and isinstance(node.value, ast.Name)
+                and node.value.id in ("self", "cls")
+                and _private(node.attr)
+            ):
+                names.add(node.attr)
     return frozenset(names)
 
 
@@ -106,6 +113,7 @@ class _Checker(ast.NodeVisitor):
         self.private_names = private_names
         self.found: list[tuple[int, str]] = []
         self.otel_aliases: set[str] = set()  # local names bound to opentelemetry modules
+        self.otel_names: dict[str, tuple[str, str]] = {}  # local name -> (module, name) imported
         self.gymtrace_aliases: set[str] = set()  # local names bound to gymtrace's own modules
         self.allowed: set[str] = set()  # GYMTRACE_OWN expressions seen
         self.classes: list[ast.ClassDef] = []
@@ -135,6 +143,7 @@ class _Checker(ast.NodeVisitor):
                     self._add(node, f"from {module} import {alias.name}")
                 else:
                     self.otel_aliases.add(alias.asname or alias.name)
+                    self.otel_names[alias.asname or alias.name] = (module, alias.name)
 
     def visit_ClassDef(self, node: ast.ClassDef) -> None:
         self.classes.append(node)
@@ -147,7 +156,7 @@ class _Checker(ast.NodeVisitor):
         if _private(node.attr):
             if isinstance(receiver, ast.Name) and receiver.id in self.otel_aliases:
                 self._add(node, f"{receiver.id}.{node.attr}")
-            elif node.attr in self.private_names and not self._own(receiver):
+            elif node.attr in self.private_names and not self._own(receiver, node.attr):
                 if ast.unparse(node) in GYMTRACE_OWN:
                     self.allowed.add(ast.unparse(node))
                     return
@@ -156,12 +165,30 @@ class _Checker(ast.NodeVisitor):
                 )
         self.generic_visit(node)
 
-    def _own(self, receiver: ast.expr) -> bool:
+    def _own(self, receiver: ast.expr, attr: str) -> bool:
         # `self._x` / `cls._x` inside a class gymtrace defines is gymtrace's own field, and so is a
         # field of one of gymtrace's own modules (`_settings._lock`).
+        # A class that subclasses one of OpenTelemetry's inherits its private fields: there `self._x`
+        # is the SDK's field, not gymtrace's.
         if not isinstance(receiver, ast.Name):
             return False
-        return (bool(self.classes) and receiver.id in ("self", "cls")) or receiver.id in self.gymtrace_aliases
+        if receiver.id in ("self", "cls"):
+            return bool(self.classes) and attr not in self._inherited(self.classes[-1])
+        return receiver.id in self.gymtrace_aliases
+
+    def _inherited(self, node: ast.ClassDef) -> frozenset[str]:
+        """The private names a class gymtrace defines inherits from OpenTelemetry base classes."""
+        names: frozenset[str] = frozenset()
+        for base in node.bases:
+            if isinstance(base, ast.Name) and base.id in self.otel_names:
+                module, name = self.otel_names[base.id]
+                try:
+                    cls = getattr(importlib.import_module(module), name)
+                except (ImportError, AttributeError):
+                    continue
+                if isinstance(cls, type):
+                    names |= class_private_names(cls)
+        return names
 
     # (3) getattr/setattr/hasattr/delattr(x, "_name") with such a literal
     def visit_Call(self, node: ast.Call) -> None:
@@ -177,7 +204,7 @@ class _Checker(ast.NodeVisitor):
                 node.args[1].value in self.private_names
                 or (isinstance(node.args[0], ast.Name) and node.args[0].id in self.otel_aliases)
             )
-            and not self._own(node.args[0])
+            and not self._own(node.args[0], node.args[1].value)
         ):
             self._add(node, f"{func.id}({ast.unparse(node.args[0])}, {node.args[1].value!r})")
         self.generic_visit(node)
@@ -274,6 +301,11 @@ def test_the_private_names_come_from_the_installed_sdk() -> None:
         ("def f(span):\n    return getattr(span, '_events', None)", "getattr(span, '_events')"),
         ("def f(span):\n    setattr(span, '_links', ())", "setattr(span, '_links')"),
         ("def f(tracer, Lean):\n    tracer.__class__ = Lean", "tracer.__class__ = ... (a __class__ swap)"),
+        (
+            "from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter\n"
+            "class Lean(OTLPSpanExporter):\n    def f(self):\n        return self._client",
+            "self._client (read)",
+        ),
         (
             "class Mine:\n    def f(self, other):\n        return other._attributes",
             "other._attributes (read)",
