@@ -23,13 +23,6 @@ EXTERNAL = {
     "context/env-carriers.md": "open-telemetry/opentelemetry-specification",
 }
 
-# Citations of documents outside the repository in files that other branches of issue 33 are
-# splitting right now: the replacement text is applied when those branches merge, and this entry
-# removed then. The test fails on an entry that no longer matches, so none outlives its fix.
-PENDING: dict[str, set[str]] = {
-    "src/gymtrace/_sdk/otlp.py": {"REFERENCE.md"},
-}
-
 
 def _exists(name: str) -> bool:
     name = name.lstrip("./")
@@ -51,26 +44,13 @@ def test_every_document_the_source_names_is_in_the_repository() -> None:
         f"{path}: {name}"
         for path, names in _citations().items()
         for name in sorted(names)
-        if name not in EXTERNAL and not _exists(name) and name not in PENDING.get(path, set())
+        if name not in EXTERNAL and not _exists(name)
     ]
     assert missing == [], (
         "source files name documents that are not in the repository (write the fact in the"
         " docstring, or cite the docs/ page that holds it, e.g. docs/contract/fixed-names.md):\n"
         + "\n".join(missing)
     )
-
-
-def test_pending_citations_are_still_there() -> None:
-    # An entry whose citation is gone (fixed, or the file split) must go too, or it would excuse
-    # the same citation coming back.
-    found = _citations()
-    stale = [
-        f"{path}: {name}"
-        for path, names in PENDING.items()
-        for name in names
-        if name not in found.get(path, set())
-    ]
-    assert stale == [], "remove these entries from PENDING in this test:\n" + "\n".join(stale)
 
 
 def test_the_contract_pages_exist() -> None:
