@@ -22,7 +22,7 @@ from gymtrace._model import settings as _settings
 from gymtrace._model.environment import DEFAULT_FILE, GYMTRACE_FILE
 from gymtrace._model.spandata import SpanData, TraceFileError, read_otlp_json_lines
 from gymtrace._read.passk import PASS_THRESHOLD
-from gymtrace._sdk.setup import child_files
+from gymtrace._sdk.children import child_files
 from gymtrace._version import __version__
 
 if TYPE_CHECKING:
