@@ -20,7 +20,7 @@ from gymtrace._identity.processor import IdentitySpanProcessor
 from gymtrace._model import environment as env
 from gymtrace._model import errors as _errors
 from gymtrace._model import settings as _settings
-from gymtrace._sdk.processors import ExportStage
+from gymtrace._sdk.stage import ExportStage
 from gymtrace._sdk.state import Configuration, _state
 
 if TYPE_CHECKING:

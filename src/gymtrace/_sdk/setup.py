@@ -6,8 +6,8 @@ that have none. It never replaces a provider the application already set: it add
 :class:`~gymtrace.IdentitySpanProcessor` to it and leaves exporting to the application.
 
 Its parts, each in its own module: what was set up (``state``), the providers (``provider``), the
-exporting processors and the per-span stage (``processors``), what child processes inherit
-(``children``), and flushing and stopping (``flush``). Here: ``configure()`` and
+per-span export stage (``stage``), the exporting processors (``processors``), what child
+processes inherit (``children``), and flushing and stopping (``flush``). Here: ``configure()`` and
 ``configure_from_parent()``, ``reset()``, the ID generator (reseeded in forked children by the fork
 hook here, which also renews every lock of gymtrace's module state) and ``fast_paths()``.
 """

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from opentelemetry.sdk.trace import TracerProvider
 
-    from gymtrace._sdk.processors import ExportStage
+    from gymtrace._sdk.stage import ExportStage
 
 
 @dataclass(frozen=True)

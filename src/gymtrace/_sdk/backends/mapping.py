@@ -52,15 +52,8 @@ _MLFLOW_OPERATIONS = {
     c.OPERATION_INVOKE_AGENT: "AGENT",
     "create_agent": "AGENT",
 }
-_OPENINFERENCE_OPERATIONS = {
-    c.OPERATION_CHAT: "LLM",
-    "text_completion": "LLM",
-    "generate_content": "LLM",
-    "embeddings": "EMBEDDING",
-    c.OPERATION_EXECUTE_TOOL: "TOOL",
-    c.OPERATION_INVOKE_AGENT: "AGENT",
-    "create_agent": "AGENT",
-}
+# OpenInference has no chat kind of its own: a chat is an LLM span there.
+_OPENINFERENCE_OPERATIONS = {**_MLFLOW_OPERATIONS, c.OPERATION_CHAT: "LLM"}
 _TAGGED = (c.RUN_ID, c.TASK_ID, c.ROLLOUT_ID, c.ROLLOUT_OUTCOME, c.ROLLOUT_ATTEMPTS)
 
 
