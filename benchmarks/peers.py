@@ -216,12 +216,12 @@ print(json.dumps({"peer_vs_hand": ratio(res, "peer", "hand"), "hand_us": statist
 
 GYM_CHILD = r"""
 import gymtrace
-from gymtrace._sdk import setup as _setup
+from gymtrace._sdk import processors as _processors
 from gymtrace._otel_private.leanspan import LeanTracer
-# configure() builds its exporters in _setup; swapping the file exporter's constructor for the drop
+# configure() builds its exporters in _sdk.processors; swapping the file exporter's constructor for the drop
 # exporter keeps everything else exactly what configure() makes: gymtrace's provider and lean span
 # path, IdentitySpanProcessor, the export stage and gymtrace's batching queue with its thread.
-_setup._file_exporter = lambda *args, **kwargs: DropExporter()
+_processors._file_exporter = lambda *args, **kwargs: DropExporter()
 configuration = gymtrace.configure(service_name="bench-peers", file=os.devnull)
 assert configuration.owns_provider and configuration.exporters == ("file",), configuration
 BASELINE

@@ -50,15 +50,9 @@ from gymtrace._scopes.record import (
 from gymtrace._scopes.scope import Scope
 from gymtrace._scopes.steps import StepPolicy
 from gymtrace._sdk.export import ExportStats
-from gymtrace._sdk.setup import (
-    Configuration,
-    configure,
-    export_stats,
-    force_flush,
-    get_configuration,
-    is_configured,
-    shutdown,
-)
+from gymtrace._sdk.flush import export_stats, force_flush, shutdown
+from gymtrace._sdk.setup import configure, get_configuration, is_configured
+from gymtrace._sdk.state import Configuration
 from gymtrace._version import __version__
 
 __all__ = [

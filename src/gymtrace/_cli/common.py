@@ -13,7 +13,7 @@ from gymtrace import _constants as c
 from gymtrace._model import settings as _settings
 from gymtrace._model.environment import DEFAULT_FILE
 from gymtrace._model.spandata import SpanData, TraceFileError, read_otlp_json_lines
-from gymtrace._sdk.setup import child_files
+from gymtrace._sdk.children import child_files
 
 
 def default_file() -> str:

@@ -13,7 +13,7 @@ import time
 from gymtrace import _constants as c
 from gymtrace._cli.common import default_file, print_table
 from gymtrace._model.spandata import SpanData, TraceFileError, read_otlp_json_lines
-from gymtrace._sdk.setup import child_files
+from gymtrace._sdk.children import child_files
 
 
 def run(args: argparse.Namespace) -> int:

@@ -76,6 +76,26 @@ _YIELD_EVERY_MASK = 63
 _yield_gil = functools.partial(time.sleep, 0)
 
 
+def wait_until_idle(
+    condition: threading.Condition,
+    busy: Callable[[], bool],
+    deadline: float,
+    *,
+    nudge: Callable[[], None] | None = None,
+) -> bool:
+    """With ``condition``'s lock held, wait until ``busy()`` is false (True) or the ``deadline`` of
+    ``time.monotonic()`` passes (False): how every flush here waits for its worker thread. It looks
+    again every 50 ms even unnotified, and calls ``nudge`` (to wake the worker) after each wait."""
+    while busy():
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            return False
+        condition.wait(min(remaining, 0.05))
+        if nudge is not None:
+            nudge()
+    return True
+
+
 # Every exporter queue alive in this process. One fork hook serves them all; a hook per instance
 # could never be unregistered and would keep every replaced queue alive.
 _LIVE: weakref.WeakSet[BatchExporter] = weakref.WeakSet()
@@ -215,13 +235,9 @@ class BatchExporter:
         with self._lock:
             self._backoff = 0.0  # a flush is a reason to try again now
             self._wake.set()
-            while self._queue or self._exporting:
-                remaining = deadline - time.monotonic()
-                if remaining <= 0:
-                    return False
-                self._idle.wait(min(remaining, 0.05))
-                self._wake.set()
-        return True
+            return wait_until_idle(
+                self._idle, lambda: bool(self._queue or self._exporting), deadline, nudge=self._wake.set
+            )
 
     def shutdown(self, timeout_millis: int | None = None, *, report: bool = True) -> None:
         """Flush within the shutdown timeout (GYMTRACE_FLUSH_TIMEOUT), then stop; what is left is

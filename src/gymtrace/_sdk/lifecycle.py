@@ -22,7 +22,7 @@ Installed by ``configure()`` when gymtrace owns the TracerProvider:
 Nothing of the standard library is replaced: ``os._exit`` keeps its meaning everywhere (leave now,
 as a crash would). The one ending that cannot be covered is a process that calls ``os._exit``
 itself, outside ``multiprocessing`` (a bare ``os.fork()`` child, say): there, each rollout's spans
-are exported as the rollout ends (``_setup._ExportStage.flush_each_rollout``), so only a rollout
+are exported as the rollout ends (``_sdk.stage.ExportStage.flush_each_rollout``), so only a rollout
 still open at ``os._exit`` is lost; ``gymtrace.force_flush()`` before it covers that too.
 """
 

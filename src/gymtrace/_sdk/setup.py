@@ -1,49 +1,43 @@
-"""``configure()``, ``shutdown()`` and ``force_flush()``: the only code that imports the SDK.
+"""``configure()``: resolve the settings, build the exporters, then apply; the only code that
+imports the SDK (lazily, from here and the modules it calls).
 
 Instrumentation works under any ``TracerProvider``; this module is optional setup for applications
 that have none. It never replaces a provider the application already set: it adds
 :class:`~gymtrace.IdentitySpanProcessor` to it and leaves exporting to the application.
+
+Its parts, each in its own module: what was set up (``state``), the providers (``provider``), the
+per-span export stage (``stage``), the exporting processors (``processors``), what child
+processes inherit (``children``), and flushing and stopping (``flush``). Here: ``configure()`` and
+``configure_from_parent()``, ``reset()``, the ID generator (reseeded in forked children by the fork
+hook here, which also renews every lock of gymtrace's module state) and ``fast_paths()``.
 """
 
 from __future__ import annotations
 
-import atexit
 import contextlib
-import functools
-import glob
-import json
 import logging
 import os
 import random
 import signal
 import threading
-import uuid
 import weakref
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from opentelemetry import trace
 
-from gymtrace import _constants as c
 from gymtrace._content import (
     UNCHANGED,
     apply_content_changes,
     content_changes,
     export_settings,
-    otlp_batch_size,
     reset_content_policy,
 )
-from gymtrace._identity.processor import IdentitySpanProcessor
 from gymtrace._identity.trust import trust_overrides
-from gymtrace._live import markers as _live
-from gymtrace._model import environment as env
 from gymtrace._model import errors as _errors
 from gymtrace._model import settings as _settings
 from gymtrace._model.errors import InvalidArgumentError, reset_seen
 from gymtrace._otel_private import fastpaths as _fastpaths
-from gymtrace._otel_private.provider import ending_hook
 from gymtrace._scopes import frame as _frame
 from gymtrace._scopes import levels as _levels
 from gymtrace._scopes import tracing as _tracing
@@ -51,19 +45,17 @@ from gymtrace._scopes.steps import StepPolicy
 from gymtrace._scopes.steps import policy_from as step_policy_from
 from gymtrace._scopes.steps import reset_policy as reset_step_policy
 from gymtrace._scopes.steps import set_policy as set_step_policy
-from gymtrace._scopes.tracing import active_tracer, current_provider
+from gymtrace._scopes.tracing import active_tracer
 from gymtrace._sdk import lifecycle as _lifecycle
 from gymtrace._sdk import otlp as _otlp
-from gymtrace._sdk.backends import BackendExporter, flush_scores, score_stats
-from gymtrace._sdk.export import BatchExporter
-from gymtrace._sdk.export_auto import AutoExporter
-from gymtrace._sdk.export_process import ProcessExporter
+from gymtrace._sdk.children import child_file, export_to_children
 from gymtrace._sdk.export_targets import SDK_HINT as _SDK_HINT
-from gymtrace._sdk.export_targets import file_exporter as _file_exporter
-from gymtrace._sdk.export_targets import otlp_exporter as _otlp_exporter
+from gymtrace._sdk.flush import flush_at_exit, force_flush, in_multiprocessing_child, shutdown
+from gymtrace._sdk.processors import build_processors as _processors
+from gymtrace._sdk.provider import adopt, keep_sampler, new_provider, sampler_key, set_meter_provider
+from gymtrace._sdk.state import Configuration, _state
 
 if TYPE_CHECKING:
-    from opentelemetry.sdk.trace import TracerProvider
     from opentelemetry.sdk.trace.sampling import Sampler
 
 logger = logging.getLogger("gymtrace")
@@ -77,146 +69,6 @@ def _import_sdk() -> Any:
     except ImportError as exc:  # pragma: no cover - exercised in the SDK-less test environment
         raise ImportError(_SDK_HINT) from exc
     return sdk_trace
-
-
-@dataclass(frozen=True)
-class Configuration:
-    """What ``configure()`` set up; returned so callers and tests can see the resolved settings."""
-
-    service_name: str | None = None
-    exporters: tuple[str, ...] = ()
-    endpoint: str | None = None
-    protocol: str | None = None
-    file: str | None = None
-    owns_provider: bool = False
-    disabled: bool = False
-    headers: Mapping[str, str] = field(default_factory=dict)
-
-
-# gymtrace's own export queues: they do nothing when a span starts or is ending.
-_QUEUES = (AutoExporter, BatchExporter, ProcessExporter)
-
-
-class _ExportStage:
-    """The exporting processors of the provider gymtrace set, replaceable by a later configure().
-
-    The SDK cannot remove a span processor from a provider, and the global provider can be set only
-    once per process, so reconfiguring swaps what this stage delegates to.
-    """
-
-    def __init__(self) -> None:
-        self._processors: tuple[Any, ...] = ()
-        self._lock = threading.Lock()
-        # In a child of a bare os.fork(): each rollout's spans are exported before its end returns
-        # (see flush_each_rollout). Never in the process that called configure(): its binding,
-        # and so its per-span and per-rollout cost, is the same whether this exists or not.
-        self._flush_rollouts = False
-        self._bind()
-
-    def replace(self, processors: Sequence[Any]) -> None:
-        with self._lock:
-            old, self._processors = self._processors, tuple(processors)
-            self._bind()
-        for processor in old:
-            processor.shutdown()
-
-    def _bind(self) -> None:
-        # Called for every span, so bound once per configuration: gymtrace's queues do nothing at
-        # start or ending (skipped), and a single queue's on_end is called without this stage's
-        # loop in between. Instance attributes, so the provider's lookup finds them first.
-        processors = self._processors
-        starts = tuple(p.on_start for p in processors if not isinstance(p, _QUEUES))
-        endings = tuple(e for p in processors if not isinstance(p, _QUEUES) and (e := ending_hook(p)))
-        ends = tuple(p.on_end for p in processors)
-        self.on_start = self._fan_start(starts) if starts else _ignore_start
-        self._on_ending = self._fan(endings) if endings else _ignore
-        on_end = ends[0] if len(ends) == 1 else self._fan(ends)
-        self.on_end = self._flushing(on_end) if self._flush_rollouts and ends else on_end
-
-    def flush_each_rollout(self, on: bool) -> None:
-        """In a child of a bare ``os.fork()``, which usually ends with ``os._exit()`` and so runs no
-        exit hook: every rollout (and every span with no parent in this process) is exported
-        before its end returns, bounded by the flush timeout. A ``multiprocessing`` child turns
-        this off again: its exit hook flushes (_lifecycle)."""
-        with self._lock:
-            self._flush_rollouts = on
-            self._bind()
-
-    def _flushing(self, on_end: Callable[[Any], None]) -> Callable[[Any], None]:
-        def end(span: Any) -> None:
-            on_end(span)
-            parent = span.parent
-            if span.name == c.SPAN_ROLLOUT or parent is None or parent.is_remote:
-                self._flush_forked_child()
-
-        return end
-
-    def _flush_forked_child(self) -> None:
-        late = [p for p in self._processors if not p.force_flush(int(p.shutdown_timeout * 1000))]
-        if late:
-            # An exporter that cannot keep up (a Collector away) must not hold up every rollout:
-            # said once, then this child's spans wait for its exit, as anywhere else.
-            logger.warning(
-                "gymtrace: a forked child's flush at the end of a rollout did not finish within"
-                " GYMTRACE_FLUSH_TIMEOUT (%s); its spans are no longer flushed per rollout, so"
-                " call gymtrace.force_flush() before os._exit()",
-                ", ".join(str(getattr(p, "name", type(p).__name__)) for p in late),
-            )
-            self.flush_each_rollout(False)
-
-    @staticmethod
-    def _fan(calls: tuple[Callable[[Any], None], ...]) -> Callable[[Any], None]:
-        def fan(span: Any) -> None:
-            for call in calls:
-                call(span)
-
-        return fan
-
-    @staticmethod
-    def _fan_start(calls: tuple[Callable[..., None], ...]) -> Callable[..., None]:
-        def fan(span: Any, parent_context: Any = None) -> None:
-            for call in calls:
-                call(span, parent_context=parent_context)
-
-        return fan
-
-    def rebind(self) -> None:
-        """Bind again: a processor's ``on_end`` changed (an AutoExporter moved to its process)."""
-        with self._lock:
-            self._bind()
-
-    def processors(self) -> tuple[Any, ...]:
-        return self._processors
-
-    def shutdown(self) -> None:
-        self.replace(())
-
-    def force_flush(self, timeout_millis: int = 30000) -> bool:
-        return all(p.force_flush(timeout_millis) for p in self._processors)
-
-
-def _ignore(span: Any) -> None:
-    return None
-
-
-def _ignore_start(span: Any, parent_context: Any = None) -> None:
-    return None
-
-
-class _State:
-    def __init__(self) -> None:
-        self.lock = threading.RLock()
-        self.configuration: Configuration | None = None
-        self.provider: TracerProvider | None = None  # the provider gymtrace created, if any
-        self.stage: _ExportStage | None = None
-        self.key: tuple[Any, ...] | None = None  # what the current configuration was built from
-        # The MeterProvider gymtrace set (OTLP to the spans' endpoint) when the application had none.
-        self.meter_provider: Any = None
-        # Configured from GYMTRACE_PARENT (a worker of a configured process), not by its own code.
-        self.inherited = False
-
-
-_state = _State()
 
 
 # Every ID generator alive in this process. One fork hook reseeds them all: a hook per generator
@@ -433,7 +285,7 @@ def configure(
         settings.protocol,
         settings.file,
         tuple(sorted((headers or {}).items())),
-        _sampler_key(sampler),
+        sampler_key(sampler),
         export_settings(settings),  # content capture lowers the OTLP batch size
         (
             settings.max_queue_size,
@@ -452,19 +304,19 @@ def configure(
         existing = trace.get_tracer_provider()
         if _state.provider is None and not isinstance(existing, trace.ProxyTracerProvider):
             _apply(settings, overrides, policy_changes, step)
-            return _adopt(existing, sdk_trace, key)
+            return adopt(existing, sdk_trace, key)
         # Everything that can fail (imports, exporter constructors) happens before anything changes.
         processors = _processors(settings, headers)
         _apply(settings, overrides, policy_changes, step)
         if _state.provider is None:
-            _state.provider = _new_provider(sdk_trace, settings.service_name, sampler)
+            _state.provider = new_provider(sdk_trace, settings.service_name, sampler, make_id_generator())
         else:
-            _keep_sampler(_state.provider, sampler)
+            keep_sampler(_state.provider, sampler)
         provider = _state.provider
         assert _state.stage is not None
         _state.stage.replace(processors)
-        _meter_provider(settings, headers)
-        _lifecycle.install(_flush_at_exit, _in_multiprocessing_child)
+        set_meter_provider(settings, headers)
+        _lifecycle.install(flush_at_exit, in_multiprocessing_child)
         resolved_name = str(provider.resource.attributes.get("service.name", ""))
         if service_name is not None and service_name != resolved_name:
             logger.warning(
@@ -486,97 +338,8 @@ def configure(
         )
         _state.key = key
         logger.info("gymtrace: tracing to %s", _describe(_state.configuration))
-        _export_to_children(settings, resolved_name)
+        export_to_children(settings, resolved_name)
         return _state.configuration
-
-
-def _meter_provider(settings: _settings.Settings, headers: Mapping[str, str] | None) -> None:
-    """The metrics (``_metrics``) over OTLP to the spans' endpoint, when the application set no
-    MeterProvider; one it set is never replaced, and without OTLP nothing is set up."""
-    from opentelemetry import metrics
-
-    if "otlp" not in settings.exporters or _state.meter_provider is not None:
-        return
-    if settings.backend != _settings.BACKEND_OTLP:
-        return  # MLflow and Phoenix take traces, not metrics (their /v1/metrics answers 404)
-    # Until someone sets one, the API hands out its proxy provider (a private class, so by name).
-    if type(metrics.get_meter_provider()).__name__ != "_ProxyMeterProvider":
-        return  # the application's
-    from opentelemetry.sdk.metrics import MeterProvider
-    from opentelemetry.sdk.metrics.export import PeriodicExportingMetricReader
-
-    if settings.protocol == "grpc":
-        from opentelemetry.exporter.otlp.proto.grpc.metric_exporter import OTLPMetricExporter
-    else:
-        from opentelemetry.exporter.otlp.proto.http.metric_exporter import (  # type: ignore[assignment]
-            OTLPMetricExporter,
-        )
-    endpoint = settings.endpoint
-    if endpoint is not None and settings.protocol != "grpc":
-        # The traces URL (…/v1/traces) names the Collector; its metrics path is beside it.
-        endpoint = endpoint.rstrip("/").removesuffix("/v1/traces") + "/v1/metrics"
-    exporter = OTLPMetricExporter(endpoint=endpoint, headers=dict(headers) if headers else None)
-    provider = trace.get_tracer_provider()
-    resource = getattr(provider, "resource", None)
-    # Flushed by gymtrace's exit hook within GYMTRACE_FLUSH_TIMEOUT like the spans, not by the
-    # SDK's own, which waits up to 30 s for an unreachable Collector.
-    meter_provider = MeterProvider(
-        metric_readers=[PeriodicExportingMetricReader(exporter)],
-        shutdown_on_exit=False,
-        **({"resource": resource} if resource is not None else {}),
-    )
-    metrics.set_meter_provider(meter_provider)
-    _state.meter_provider = meter_provider
-    atexit.register(_export_metrics_at_exit)
-
-
-def _export_metrics_at_exit() -> None:
-    # After the heartbeat thread's exit hook (registered later, at the first rollout) handed over
-    # the last counts; bounded like the spans' flush.
-    with _errors.guard("the exit export of the gym.* metrics", may_raise=False):
-        if _state.meter_provider is not None:
-            _state.meter_provider.force_flush(int(_settings.active.flush_timeout * 1000))
-
-
-def _export_to_children(settings: _settings.Settings, service_name: str) -> None:
-    """Leave the settings just applied in the environment every child process inherits
-    (``GYMTRACE_PARENT``): a worker that never calls configure() then exports what it records under
-    this process's carriers the same way (issue 25). Headers and secrets stay out: the environment
-    of a child (a sandbox) is readable by whatever runs there."""
-    exporters = settings.exporters
-    file = settings.file if "file" in exporters else None
-    parent = {
-        "pid": os.getpid(),
-        "service_name": service_name or None,
-        "endpoint": settings.endpoint if "otlp" in exporters else None,
-        "protocol": settings.protocol if "otlp" in exporters else None,
-        "file": os.path.abspath(file) if file else None,
-        "console": "console" in exporters,
-        "strict": settings.strict,
-        "trace_per": "run" if settings.trace_per_run else "rollout",
-        "backend": settings.backend,
-        "experiment": settings.experiment,
-    }
-    os.environ[env.GYMTRACE_PARENT] = json.dumps(parent)
-
-
-def child_file(path: str, pid: int | None = None) -> str:
-    """The trace file a child process writes when its parent writes ``path``: a directory stays the
-    directory (one file per process already), a file gets a sibling per process, because processes
-    appending to one file could interleave their lines."""
-    if path.endswith(("/", os.sep)) or os.path.isdir(path):
-        return path
-    p = Path(path)
-    return str(p.with_name(f"{p.stem}{_CHILD_TAG}{pid if pid is not None else os.getpid()}{p.suffix}"))
-
-
-def child_files(path: str) -> list[str]:
-    """The files :func:`child_file` gave the children of a process that writes ``path``."""
-    p = Path(path)
-    return sorted(str(f) for f in p.parent.glob(f"{glob.escape(p.stem)}{_CHILD_TAG}*{glob.escape(p.suffix)}"))
-
-
-_CHILD_TAG = ".pid-"
 
 
 def configure_from_parent() -> bool:
@@ -616,14 +379,6 @@ def configure_from_parent() -> bool:
     return active_tracer() is not None
 
 
-def _forget_exported_settings() -> None:
-    """After shutdown: children started from now on must not configure from settings no longer in
-    force (only the variable this process wrote is removed, not one it inherited)."""
-    raw = os.environ.get(env.GYMTRACE_PARENT)
-    if raw and f'"pid": {os.getpid()},' in raw:
-        del os.environ[env.GYMTRACE_PARENT]
-
-
 _inherit_lock = threading.Lock()
 _tracing.inherit_hook = configure_from_parent
 
@@ -642,191 +397,6 @@ def _apply(
         set_step_policy(step, chosen=True)
 
 
-def _keep_sampler(provider: Any, sampler: Sampler | None) -> None:
-    # The SDK gives a TracerProvider its sampler when it is created, and its tracers copy it:
-    # swapping it later would leave tracers already handed out on the old one. So it stays.
-    if sampler is None:
-        return
-    current = provider.sampler
-    if _sampler_key(sampler) != _sampler_key(current):
-        logger.warning(
-            "gymtrace: configure(sampler=%s) after the first configure(); the sampler of a"
-            " TracerProvider cannot change once it is created, so %s stays",
-            sampler.get_description(),
-            current.get_description(),
-        )
-
-
-def _sampler_key(sampler: Sampler | None) -> object:
-    # Two equal env-built samplers are the same setting; a user's sampler object is itself.
-    return sampler.get_description() if sampler is not None else None
-
-
-def _new_provider(sdk_trace: Any, service_name: str | None, sampler: Sampler | None) -> TracerProvider:
-    from opentelemetry.sdk.resources import SERVICE_NAME, Resource
-
-    resource = Resource.create({SERVICE_NAME: service_name} if service_name else {})
-    if str(resource.attributes.get(SERVICE_NAME, "")).startswith("unknown_service"):
-        resource = resource.merge(Resource({SERVICE_NAME: env.DEFAULT_SERVICE_NAME}))
-    if c.SERVICE_INSTANCE_ID not in resource.attributes:
-        # One ID per process (unless OTEL_RESOURCE_ATTRIBUTES names one): readers tell apart
-        # processes of one service by it, e.g. the checker compares step numbers per process.
-        resource = resource.merge(Resource({c.SERVICE_INSTANCE_ID: str(uuid.uuid4())}))
-    from gymtrace._otel_private.leanspan import GymTracerProvider
-
-    # The SDK's provider, with gymtrace's own spans on the lean path (_leanspan.py): only here,
-    # where gymtrace owns the provider; an application's provider is never changed.
-    provider: Any = GymTracerProvider(resource=resource, sampler=sampler, id_generator=make_id_generator())
-    provider.add_span_processor(IdentitySpanProcessor())
-    _state.stage = _ExportStage()
-    provider.add_span_processor(_state.stage)
-    trace.set_tracer_provider(provider)
-    return provider  # type: ignore[no-any-return]
-
-
-def _processors(settings: _settings.Settings, headers: Mapping[str, str] | None) -> list[Any]:
-    from opentelemetry.sdk.trace.export import ConsoleSpanExporter
-
-    # The standard batch-processor variables (OTEL_BSP_*) apply to gymtrace's queue too.
-    processors: list[Any] = []
-    for name in settings.exporters:
-        if name == "otlp" and settings.backend != _settings.BACKEND_OTLP:
-            # MLflow or Phoenix: mapped and scored on the queue's thread; no encoder process.
-            exporter: Any = BackendExporter(settings.backend, settings.endpoint, settings.experiment)
-            target: dict[str, Any] = {}
-        elif name == "otlp":
-            exporter = _otlp_exporter(settings.protocol, settings.endpoint, headers)
-            # What the encoder process needs to build the same exporter (GYMTRACE_ENCODER=process).
-            target = {
-                "kind": "otlp",
-                "protocol": settings.protocol,
-                "endpoint": settings.endpoint,
-                "headers": dict(headers) if headers else None,
-            }
-        elif name == "console":
-            exporter, target = ConsoleSpanExporter(), {}
-        elif name == "file" and settings.file is not None:
-            exporter = _file_exporter(settings.file, settings.max_export_batch_size)
-            target = {"kind": "file", "path": settings.file, "line_spans": settings.max_export_batch_size}
-        else:
-            continue
-        batch_size = settings.max_export_batch_size
-        queue: dict[str, Any] = {
-            "name": name,
-            "max_queue_size": settings.max_queue_size,
-            "max_batch_size": otlp_batch_size(batch_size, settings) if name == "otlp" else batch_size,
-            "schedule_delay": settings.schedule_delay,
-            "shutdown_timeout": settings.flush_timeout,
-            # gymtrace's OTLP exporters split requests at 4 MiB and the file exporter writes a
-            # line per batch: each can take the whole backlog in one call (_export.py).
-            "max_drain": settings.max_queue_size if _splits_requests(name, exporter) else None,
-        }
-        if target and settings.encoder == _settings.ENCODER_PROCESS:
-            # The same queue and exporter in a child process (_export_process.py); this process's
-            # exporter object is built anyway (its errors surface here) and is the fallback's.
-            processors.append(
-                ProcessExporter(target, queue, fallback=functools.partial(BatchExporter, exporter, **queue))
-            )
-        elif target and settings.encoder == _settings.ENCODER_AUTO:
-            # The thread queue, moving to an encoder process when spans come fast (_export_auto.py).
-            processors.append(AutoExporter(exporter, target, queue, rebind=_rebind_stage))
-        else:
-            processors.append(BatchExporter(exporter, **queue))
-    return processors
-
-
-def _in_multiprocessing_child() -> None:
-    stage = _state.stage
-    if stage is not None:
-        stage.flush_each_rollout(False)  # the multiprocessing exit hook flushes instead
-
-
-def _rebind_stage() -> None:
-    stage = _state.stage
-    if stage is not None:
-        stage.rebind()
-
-
-def _splits_requests(name: str, exporter: Any) -> bool:
-    return name == "file" or (name == "otlp" and bool(getattr(exporter, "splits_requests", False)))
-
-
-def _flush_at_exit() -> None:
-    # Each queue flushes within the GYMTRACE_FLUSH_TIMEOUT it was built with (read once, in
-    # _processors); an exit is no time to parse the environment again.
-    stage = _state.stage
-    if stage is not None:
-        late = []
-        for processor in stage.processors():
-            if not processor.force_flush(int(processor.shutdown_timeout * 1000)) or not flush_scores(
-                processor, processor.shutdown_timeout
-            ):
-                late.append(
-                    f"{getattr(processor, 'name', type(processor).__name__)} ({processor.shutdown_timeout:g} s)"
-                )
-        if late:
-            # One line for the whole exit: what was still queued is lost with this process.
-            logger.warning(
-                "gymtrace: the exit flush did not finish within GYMTRACE_FLUSH_TIMEOUT: %s; spans still"
-                " queued there are lost",
-                ", ".join(late),
-            )
-    with _errors.guard("the exit flush of the gym.* metrics", may_raise=False):
-        _live.flush_metrics()
-        if _state.meter_provider is not None:
-            _state.meter_provider.force_flush(int(_settings.active.flush_timeout * 1000))
-
-
-def fast_paths() -> list[Any]:
-    """Every use of private OpenTelemetry names (``_fastpaths.FastPath``), with whether this
-    installation has what it needs: loaded here, since the span and exporter ones need the SDK."""
-    # API only: the SDK's paths are not registered, and nothing uses them.
-    with contextlib.suppress(ImportError):
-        from gymtrace._otel_private import leanspan as _leanspan  # noqa: F401 - registers its fast path
-    _otlp.register_fast_paths()
-    return _fastpaths.all_paths()
-
-
-def export_stats() -> list[Any]:
-    """Per exporter: spans finished, exported, queued and dropped (with why) since configure().
-
-    Every span that will never be delivered is counted here and logged at shutdown; nothing is
-    dropped silently.
-    """
-    stage = _state.stage
-    if stage is None:
-        return []
-    stats = [p.stats() for p in stage.processors()]
-    # A backend's scores (GYMTRACE_BACKEND=mlflow|phoenix) are counted beside its spans.
-    return stats + [s for s in map(score_stats, stage.processors()) if s is not None]
-
-
-def _adopt(existing: trace.TracerProvider, sdk_trace: Any, key: tuple[Any, ...]) -> Configuration:
-    """The application set its own provider: add identity stamping, never exporters."""
-    if isinstance(existing, sdk_trace.TracerProvider):
-        if not getattr(existing, "_gymtrace_identity_added", False):
-            existing.add_span_processor(IdentitySpanProcessor())
-            existing._gymtrace_identity_added = True
-        logger.warning(
-            "gymtrace: the application already set a TracerProvider; gymtrace adds its"
-            " IdentitySpanProcessor to it and does not add exporters or replace it, so the"
-            " endpoint/protocol/file settings of configure() are not applied"
-        )
-    else:
-        logger.warning(
-            "gymtrace: the application's TracerProvider (%s) is not an OpenTelemetry SDK provider;"
-            " gymtrace cannot add IdentitySpanProcessor to it. Add it yourself to stamp gym identity"
-            " onto other libraries' spans",
-            type(existing).__name__,
-        )
-    resource = getattr(existing, "resource", None)
-    name = str(resource.attributes.get("service.name", "")) if resource is not None else None
-    configuration = Configuration(service_name=name, owns_provider=False)
-    _state.configuration = configuration
-    _state.key = key
-    return configuration
-
-
 def _describe(configuration: Configuration) -> str:
     parts = []
     for name in configuration.exporters:
@@ -841,20 +411,14 @@ def _describe(configuration: Configuration) -> str:
     return ", ".join(parts) or "no exporter"
 
 
-def force_flush(timeout_millis: int = 30000) -> bool:
-    """Export every finished span now. True when all exporters finished within the timeout.
-
-    Flushes the provider gymtrace's spans go to: inside ``gymtrace.testing.capture_spans()`` its
-    private one, else the global one. The ``gym.*`` counters gathered so far are handed to the
-    global MeterProvider first (and exported, when it is the one ``configure()`` set).
-    """
-    with _errors.guard("gymtrace.force_flush(): the gym.* metrics"):
-        _live.flush_metrics()
-        if _state.meter_provider is not None:
-            _state.meter_provider.force_flush(timeout_millis)
-    provider = current_provider()
-    flush = getattr(provider, "force_flush", None)
-    return bool(flush(timeout_millis)) if flush is not None else True
+def fast_paths() -> list[Any]:
+    """Every use of private OpenTelemetry names (``_fastpaths.FastPath``), with whether this
+    installation has what it needs: loaded here, since the span and exporter ones need the SDK."""
+    # API only: the SDK's paths are not registered, and nothing uses them.
+    with contextlib.suppress(ImportError):
+        from gymtrace._otel_private import leanspan as _leanspan  # noqa: F401 - registers its fast path
+    _otlp.register_fast_paths()
+    return _fastpaths.all_paths()
 
 
 def is_configured() -> bool:
@@ -882,19 +446,3 @@ def reset() -> None:
     _levels.measure_steps(_settings.active.step_metrics)
     reset_step_policy()  # from the settings just read again
     reset_seen()
-
-
-def shutdown() -> None:
-    """Flush and stop gymtrace's exporters. A later ``configure()`` starts new ones.
-
-    The global TracerProvider stays (OpenTelemetry allows setting it once per process); until the
-    next ``configure()`` its spans are not exported.
-    """
-    with _state.lock:
-        if _state.stage is not None:
-            _state.stage.shutdown()
-        _state.configuration = None
-        _state.key = None
-        _state.inherited = False
-        _tracing.flush_after_continuation = None
-        _forget_exported_settings()
