@@ -305,7 +305,7 @@ def stepping():
 result = interleaved({"rollout": rollouts, "step": stepping}, repeats)
 out = {k: statistics.median(v) for k, v in result.items()}
 if mode == "on":
-    from gymtrace._live import markers as _live
+    from gymtrace._scopes import live as _live
     from gymtrace._scopes import tracing as _tracing
     with rollout(rollout_id="m") as open_rollout:
         watched = _live._Watched(open_rollout, time.time_ns())

@@ -24,8 +24,8 @@ from opentelemetry.sdk.trace.sampling import ALWAYS_OFF
 from child_process import run_python
 from gymtrace._model import settings as _settings
 from gymtrace._model.spandata import read_otlp_json_lines
-from gymtrace._otel_private import otlp_seams as _otlp
 from gymtrace._sdk import export as _export
+from gymtrace._sdk import otlp as _otlp
 from gymtrace._sdk import setup as _setup
 from gymtrace._sdk.export import BatchExporter, ExportStats
 from gymtrace.testing import check_trace

@@ -311,7 +311,7 @@ def test_a_forked_child_marks_its_own_rollouts_not_its_parents(tmp_path: Path) -
     code = """
 import contextvars, os, time
 import gymtrace
-from gymtrace._live import markers as _live
+from gymtrace._scopes import live as _live
 from gymtrace._model import settings as _settings
 from gymtrace.testing import capture_spans
 _settings.override(heartbeat=0.2)

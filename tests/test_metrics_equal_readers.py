@@ -162,9 +162,9 @@ def metric_points(reader: Any) -> tuple[Counter[str], int, float, list[int], lis
 
 def check_program(program: list[RolloutSpec], reader: Any, spans: Any) -> None:
     import gymtrace
-    from gymtrace._live.metrics import REWARD_BUCKETS
     from gymtrace._model.errors import set_strict, strict_override
     from gymtrace._read.outcomes import final_outcomes
+    from gymtrace._scopes.metrics import REWARD_BUCKETS
 
     _RUNS[0] += 1
     run_id = f"run-{_RUNS[0]}"

@@ -26,7 +26,7 @@ KIND_VERIFY: Final = "verify"
 # elsewhere): spans are immutable once ended, so the outcome travels in a record of its own.
 KIND_OUTCOME: Final = "outcome"
 SPAN_OUTCOME: Final = "gym.outcome"
-# A live marker (_live/markers.py): a zero-length span a rollout's process writes while the rollout is open,
+# A live marker (_scopes/live.py): a zero-length span a rollout's process writes while the rollout is open,
 # when it and each episode start and as a heartbeat, so a rollout that never ends is visible.
 # Readers of finished traces fold markers away; `gymtrace live` reads nothing else.
 KIND_LIVE: Final = "live"
@@ -127,7 +127,7 @@ SOURCE_LATE: Final = "late"
 SOURCE_CONTINUED: Final = "continued"
 OUTCOME_SOURCES: Final = (SOURCE_REMOTE, SOURCE_LATE, SOURCE_CONTINUED)
 
-# -- live markers and the watchdog (_live/markers.py, `gymtrace live`) --------------------------------
+# -- live markers and the watchdog (_scopes/live.py, `gymtrace live`) --------------------------------
 
 # On a marker: what it marks (``rollout`` or ``episode`` start, ``heartbeat``, or ``end``).
 LIVE_EVENT: Final = "gym.live.event"
@@ -155,7 +155,7 @@ LIVE_LOST: Final = "lost"
 EVENT_EPISODE_OVERDUE: Final = "gym.episode.overdue"
 EPISODE_TIMEOUT: Final = "gym.episode.timeout_s"
 
-# -- metrics (_live/metrics.py; fixed: docs/contract/fixed-names.md) ------------------------------------
+# -- metrics (_scopes/metrics.py; fixed: docs/contract/fixed-names.md) ------------------------------------
 
 METER_NAME: Final = "gymtrace"
 METRIC_ROLLOUT_ACTIVE: Final = "gym.rollout.active"

@@ -59,11 +59,11 @@ from gymtrace._identity.carriers import (
     carrier_index,
     format_baggage,
     from_scope_carrier,
+    identity_from_context,
     incoming_identity,
     remote_context,
 )
 from gymtrace._model.errors import GymTraceError, contract_problem, guard, internal_error
-from gymtrace._model.ids import clean_identity
 from gymtrace._scopes import tracing as _tracing
 from gymtrace._scopes.frame import (
     CARRIER_FORMAT,
@@ -98,43 +98,6 @@ environment (:func:`env_carrier`), a pool worker's task (:func:`submit`, :func:`
 such carriers, never for a request whose URL you do not control."""
 
 # -- identity <-> baggage ---------------------------------------------------------------------------
-
-
-# A context whose baggage came from some other extraction (the official ASGI middleware's, a user's
-# propagate.extract()) holds whatever the caller sent: what of it is believed is decided once per
-# baggage mapping. Spans started under one request context share that mapping, so the last answer
-# is kept (with a reference to the mapping, so its id cannot be reused).
-_last_foreign: tuple[object, dict[str, str | int]] = (None, {})
-
-
-def identity_from_context(ctx: otel_context.Context | None = None) -> dict[str, str | int]:
-    """The gym identity this context carries and this process believes.
-
-    Inside gym scopes and contexts made by :func:`extract` (or continued by the middlewares) that
-    is their (already trusted) identity, kept in gymtrace's own context entry. Otherwise, in a
-    context another extraction made (the official ASGI middleware's server span, a user's
-    ``propagate.extract()``), the ``gym.*`` entries of its baggage, validated and subject to
-    ``GYMTRACE_TRUST_IDENTITY`` (``none``: nothing; ``signed``: only with a valid ``gym.sig``).
-    """
-    if ctx is None:
-        ctx = otel_context.get_current()
-    frame = ctx.get(FRAME_KEY)
-    if isinstance(frame, ActiveScope):
-        return frame.identity if frame.kind != DISABLED_KIND else {}
-    entries = baggage.get_all(ctx)
-    if not entries:
-        return {}
-    global _last_foreign
-    seen, identity = _last_foreign
-    if seen is entries:
-        return identity
-    # OpenTelemetry's baggage propagator keeps a property in the value (``r-1;ttl=30``).
-    identity = clean_identity(
-        {k: v.split(";", 1)[0].strip() if isinstance(v, str) else v for k, v in entries.items()}
-    )
-    identity = _trust.accept(identity, entries.get(_trust.SIGNATURE_KEY))
-    _last_foreign = (entries, identity)
-    return identity
 
 
 def _identity_of(ctx: otel_context.Context) -> dict[str, str | int]:

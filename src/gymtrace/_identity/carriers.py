@@ -24,7 +24,7 @@ from gymtrace import _constants as c
 from gymtrace._identity import trust as _trust
 from gymtrace._model.errors import logger
 from gymtrace._model.ids import clean_identity, clean_step_number, episode_id
-from gymtrace._scopes.frame import FRAME_KEY, REMOTE_KIND, ActiveScope
+from gymtrace._scopes.frame import DISABLED_KIND, FRAME_KEY, REMOTE_KIND, ActiveScope
 from gymtrace._scopes.scope_carrier import read_carrier
 
 
@@ -225,3 +225,40 @@ def from_scope_carrier(carrier: Mapping[str, Any], base: otel_context.Context) -
     parent = rollout_span if rollout_span is not None else episode_span
     ctx = trace.set_span_in_context(trace.NonRecordingSpan(parent), base) if parent is not None else base
     return remote_context(ctx, identity)
+
+
+# A context whose baggage came from some other extraction (the official ASGI middleware's, a user's
+# propagate.extract()) holds whatever the caller sent: what of it is believed is decided once per
+# baggage mapping. Spans started under one request context share that mapping, so the last answer
+# is kept (with a reference to the mapping, so its id cannot be reused).
+_last_foreign: tuple[object, dict[str, str | int]] = (None, {})
+
+
+def identity_from_context(ctx: otel_context.Context | None = None) -> dict[str, str | int]:
+    """The gym identity this context carries and this process believes.
+
+    Inside gym scopes and contexts made by :func:`extract` (or continued by the middlewares) that
+    is their (already trusted) identity, kept in gymtrace's own context entry. Otherwise, in a
+    context another extraction made (the official ASGI middleware's server span, a user's
+    ``propagate.extract()``), the ``gym.*`` entries of its baggage, validated and subject to
+    ``GYMTRACE_TRUST_IDENTITY`` (``none``: nothing; ``signed``: only with a valid ``gym.sig``).
+    """
+    if ctx is None:
+        ctx = otel_context.get_current()
+    frame = ctx.get(FRAME_KEY)
+    if isinstance(frame, ActiveScope):
+        return frame.identity if frame.kind != DISABLED_KIND else {}
+    entries = baggage.get_all(ctx)
+    if not entries:
+        return {}
+    global _last_foreign
+    seen, identity = _last_foreign
+    if seen is entries:
+        return identity
+    # OpenTelemetry's baggage propagator keeps a property in the value (``r-1;ttl=30``).
+    identity = clean_identity(
+        {k: v.split(";", 1)[0].strip() if isinstance(v, str) else v for k, v in entries.items()}
+    )
+    identity = _trust.accept(identity, entries.get(_trust.SIGNATURE_KEY))
+    _last_foreign = (entries, identity)
+    return identity

@@ -8,10 +8,10 @@ from typing import Any
 from opentelemetry import context as otel_context
 
 from gymtrace import _constants as c
+from gymtrace._identity.carriers import identity_from_context
 from gymtrace._model.errors import guard
 from gymtrace._otel_private.spanfields import attribute_dict, attribute_dict_of
 from gymtrace._scopes.frame import FRAME_KEY, ActiveScope
-from gymtrace.propagation import identity_from_context
 
 _ON_START_GUARD = guard("IdentitySpanProcessor.on_start")
 

@@ -9,11 +9,20 @@ because they subclass the SDK's exporters and set those inherited private fields
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 from gymtrace._otel_private import fastpaths as _fastpaths
-from gymtrace._sdk.otlp_encode import MAX_REQUEST_BYTES, _undelivered, encode_request_spans
+
+# The encoder's requests for a batch: (the spans a request holds, the request's bytes), each request
+# under the exporter's size bound. Given by gymtrace._sdk.otlp, which owns the encoding.
+Requests = Callable[[Sequence[Any]], Iterable[tuple[list[Any], bytes]]]
+
+
+def _undelivered(spans: Sequence[Any], delivered: list[Any]) -> list[Any]:
+    sent = {id(span) for span in delivered}
+    return [span for span in spans if id(span) not in sent]
+
 
 _GRPC_SEAMS = ("OTLPSpanExporter._export()", "._translate_data()", "._channel", "._stub", "._client")
 
@@ -107,8 +116,8 @@ def register_fast_paths() -> None:
     )
 
 
-def grpc_exporter(**kwargs: Any) -> Any:
-    """The SDK's OTLP/gRPC span exporter, sending the lean encoder's bytes."""
+def grpc_exporter(requests: Requests, **kwargs: Any) -> Any:
+    """The SDK's OTLP/gRPC span exporter, sending the lean encoder's bytes (``requests``)."""
     from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
     from opentelemetry.sdk.trace.export import SpanExportResult
 
@@ -136,7 +145,7 @@ def grpc_exporter(**kwargs: Any) -> Any:
             """Send ``spans`` in requests under the 4 MiB bound; the spans not delivered (those of
             the first request that failed and after), so a retry resends only them."""
             delivered: list[Any] = []
-            for sent, request in encode_request_spans(spans, MAX_REQUEST_BYTES):
+            for sent, request in requests(spans):
                 if self._export(request) != SpanExportResult.SUCCESS:  # type: ignore[arg-type]
                     return _undelivered(spans, delivered)
                 delivered.extend(sent)
@@ -145,7 +154,7 @@ def grpc_exporter(**kwargs: Any) -> Any:
     return LeanGrpcSpanExporter(**kwargs)
 
 
-def http_exporter(**kwargs: Any) -> Any:
+def http_exporter(requests: Requests, **kwargs: Any) -> Any:
     """The SDK's OTLP/HTTP span exporter, posting the lean encoder's bytes.
 
     Uses the SDK's HTTP client (its retries, TLS, compression and headers) when it has the
@@ -171,7 +180,7 @@ def http_exporter(**kwargs: Any) -> Any:
                 return [] if super().export(spans) == SpanExportResult.SUCCESS else list(spans)
             assert client is not None
             delivered: list[Any] = []
-            for sent, request in encode_request_spans(spans, MAX_REQUEST_BYTES):
+            for sent, request in requests(spans):
                 if not client.export(request).success:
                     return _undelivered(spans, delivered)
                 delivered.extend(sent)

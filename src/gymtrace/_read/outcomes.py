@@ -30,11 +30,11 @@ from time import time_ns
 from typing import Any
 
 from gymtrace import _constants as c
-from gymtrace._live import metrics as _metrics
 from gymtrace._model.outcome_rule import CANCELLED, FAILED, Attempt, Decision, Facts, state_of
 from gymtrace._model.outcome_rule import decide as decide_outcome
 from gymtrace._model.spandata import SpanData, from_readable, is_marker, normalize
 from gymtrace._read.liveview import live_rollouts
+from gymtrace._scopes import metrics as _metrics
 
 # Where an outcome came from when the rollout root decided it (an outcome record says its own).
 SOURCE_ROOT = "root"

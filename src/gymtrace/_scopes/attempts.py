@@ -26,11 +26,11 @@ from types import TracebackType
 from typing import Any
 
 from gymtrace import _constants as c
-from gymtrace._live.markers import deadline
 from gymtrace._model.errors import InvalidArgumentError
 from gymtrace._model.failures import classify, classify_as_told, retryable_by_default
 from gymtrace._model.ids import check_timeout
 from gymtrace._scopes.frame import ActiveScope
+from gymtrace._scopes.live import deadline
 from gymtrace._scopes.scope import CANCELLATION, Scope
 
 

@@ -18,8 +18,8 @@ from threading import get_ident
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Protocol
 
-from gymtrace._live import markers as _live
 from gymtrace._model.errors import GymTraceError, contract_problem
+from gymtrace._scopes import live as _live
 from gymtrace._scopes import steps as _steps
 from gymtrace._scopes.frame import DISABLED_FRAME, FRAME_KEY, ActiveScope
 from gymtrace._scopes.open_scopes import OPEN

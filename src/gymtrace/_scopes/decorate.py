@@ -15,7 +15,7 @@ from collections.abc import Callable
 from typing import Any, TypeVar
 
 from gymtrace import _constants as c
-from gymtrace._live import markers as _live
+from gymtrace._scopes import live as _live
 from gymtrace._scopes.blocks import ScopeLike
 from gymtrace._scopes.tracing import active_tracer, attach, current_context, detach
 

@@ -21,13 +21,13 @@ from opentelemetry import trace
 from opentelemetry.trace import Link, SpanContext, Status, StatusCode
 
 from gymtrace import _constants as c
-from gymtrace._live import markers as _live
-from gymtrace._live import metrics as _metrics
 from gymtrace._model import settings as _settings
 from gymtrace._model.errors import GymTraceError, contract_problem, data_lost
 from gymtrace._model.failures import classify
 from gymtrace._model.ids import episode_id
 from gymtrace._model.outcome_rule import warning_text
+from gymtrace._scopes import live as _live
+from gymtrace._scopes import metrics as _metrics
 from gymtrace._scopes.frame import ActiveScope, emit_lost_attempt, emit_outcome, read_carrier
 from gymtrace._scopes.state import EpisodeState, RolloutState
 

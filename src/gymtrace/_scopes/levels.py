@@ -23,10 +23,10 @@ from typing import Any
 from opentelemetry.trace import SpanKind
 
 from gymtrace import _constants as c
-from gymtrace._live import metrics as _metrics
 from gymtrace._model import settings as _settings
 from gymtrace._model.errors import InvalidArgumentError
 from gymtrace._model.ids import check_id, check_index, report
+from gymtrace._scopes import metrics as _metrics
 from gymtrace._scopes import steps as _steps
 from gymtrace._scopes.frame import ActiveScope
 from gymtrace._scopes.level_spans import NUMBERING_OWNERS as NUMBERING_OWNERS

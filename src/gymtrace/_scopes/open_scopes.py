@@ -13,8 +13,8 @@ from __future__ import annotations
 import sys
 
 from gymtrace import _constants as c
-from gymtrace._live import markers as _live
 from gymtrace._model.errors import HierarchyViolationError, contract_problem, guard
+from gymtrace._scopes import live as _live
 from gymtrace._scopes import steps as _steps
 from gymtrace._scopes.frame import ActiveScope
 from gymtrace._scopes.levels import LEVELS

@@ -18,10 +18,10 @@ from opentelemetry.trace import SpanContext
 from opentelemetry.trace.status import Status, StatusCode
 
 from gymtrace import _constants as c
-from gymtrace._live import metrics as _metrics
 from gymtrace._model.environment import GYMTRACE_PARENT
 from gymtrace._model.errors import GymTraceError, contract_problem
 from gymtrace._model.ids import ROLLOUT_IDENTITY, episode_id
+from gymtrace._scopes import metrics as _metrics
 from gymtrace._scopes.tracing import active_tracer
 
 if TYPE_CHECKING:

@@ -25,10 +25,10 @@ from opentelemetry import trace
 from opentelemetry.trace import SpanKind
 
 from gymtrace import _constants as c
-from gymtrace._live import markers as _live
 from gymtrace._model.errors import GymTraceError, contain, contract_problem, guard
 from gymtrace._model.failures import qualified_name, record_error
 from gymtrace._scopes import blocks as _blocks
+from gymtrace._scopes import live as _live
 from gymtrace._scopes import steps as _steps
 from gymtrace._scopes.decorate import decorate as decorate
 from gymtrace._scopes.frame import FRAME_KEY, ActiveScope

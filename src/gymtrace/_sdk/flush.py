@@ -11,9 +11,9 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from gymtrace._live import markers as _live
 from gymtrace._model import errors as _errors
 from gymtrace._model import settings as _settings
+from gymtrace._scopes import live as _live
 from gymtrace._scopes import tracing as _tracing
 from gymtrace._scopes.tracing import current_provider
 from gymtrace._sdk.backends import flush_scores, score_stats

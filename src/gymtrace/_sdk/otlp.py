@@ -18,7 +18,11 @@ here: this module is what the rest of gymtrace imports.
 
 from __future__ import annotations
 
-from gymtrace._otel_private.otlp_seams import grpc_exporter, http_exporter, register_fast_paths
+from collections.abc import Sequence
+from typing import Any
+
+from gymtrace._otel_private import otlp_seams as _seams
+from gymtrace._otel_private.otlp_seams import register_fast_paths
 from gymtrace._otel_private.spanfields import last_object_cache
 from gymtrace._sdk.otlp_encode import (
     MAX_REQUEST_BYTES,
@@ -41,3 +45,18 @@ __all__ = [
     "last_object_cache",
     "register_fast_paths",
 ]
+
+
+def _requests(spans: Sequence[Any]) -> list[tuple[list[Any], bytes]]:
+    # MAX_REQUEST_BYTES read per batch, so the bound is this module's (a test lowers it here).
+    return encode_request_spans(spans, MAX_REQUEST_BYTES)
+
+
+def grpc_exporter(**kwargs: Any) -> Any:
+    """The SDK's OTLP/gRPC span exporter, sending the lean encoder's bytes."""
+    return _seams.grpc_exporter(_requests, **kwargs)
+
+
+def http_exporter(**kwargs: Any) -> Any:
+    """The SDK's OTLP/HTTP span exporter, posting the lean encoder's bytes."""
+    return _seams.http_exporter(_requests, **kwargs)

@@ -245,11 +245,6 @@ def encode_request_spans(spans: Sequence[Any], max_bytes: int) -> list[tuple[lis
     return requests
 
 
-def _undelivered(spans: Sequence[Any], delivered: list[Any]) -> list[Any]:
-    sent = {id(span) for span in delivered}
-    return [span for span in spans if id(span) not in sent]
-
-
 def _schema(url: str | None) -> bytes:
     # schema_url is field 3 of both ResourceSpans and ScopeSpans.
     return _field(b"\x1a", url.encode("utf-8")) if url else b""

@@ -46,10 +46,10 @@ from opentelemetry import context as otel_context
 from opentelemetry import trace
 
 from gymtrace import _constants as c
-from gymtrace._live import metrics as _metrics
 from gymtrace._model import settings as _settings
 from gymtrace._model.errors import guard
 from gymtrace._model.ids import ROLLOUT_IDENTITY
+from gymtrace._scopes import metrics as _metrics
 from gymtrace._scopes.frame import ActiveScope
 from gymtrace._scopes.tracing import active_tracer
 

@@ -1,1 +1,0 @@
-"""Live rollouts: the metrics instruments and the live markers, heartbeats and deadlines."""
