@@ -949,3 +949,13 @@ def test_a_flip_is_judged_at_the_threshold_given_for_both_runs(
 ) -> None:
     result = _compare.compare(_run({"t": [a]}), _run({"t": [b]}), threshold=threshold)
     assert (result.pass_to_fail, result.fail_to_pass) == (pass_to_fail, fail_to_pass)
+
+
+def test_rewards_by_task_skips_rollouts_without_a_task_and_takes_only_scored_rewards() -> None:
+    # A rollout recorded without a task ID (first in the list) says nothing about any task, and
+    # must not stop the rollouts after it from counting; a pending rollout whose last episode
+    # reported a reward counts as a repeat, but its reward is not the task's until it is scored.
+    no_task = dataclasses.replace(_run({"x": [1.0]})[0], task_id=None)
+    pending = dataclasses.replace(_run({"t": [0.25]})[0], outcome="pending", rollout_id="t-pending")
+    found = _passk.rewards_by_task([no_task, *_run({"t": [1.0, None]}), pending])
+    assert found == {"t": (3, [1.0])}
