@@ -53,13 +53,13 @@ from opentelemetry import baggage, propagate, trace
 from opentelemetry import context as otel_context
 
 from gymtrace import _constants as c
+from gymtrace._identity import carriers as _carriers
 from gymtrace._identity import trust as _trust
 from gymtrace._identity.carriers import (
     GETTER,
     carrier_index,
     format_baggage,
     from_scope_carrier,
-    identity_from_context,
     incoming_identity,
     remote_context,
 )
@@ -87,6 +87,10 @@ __all__ = [
     "submit",
     "with_identity",
 ]
+
+# The gym identity a context carries and this process believes (implemented beside the carriers,
+# which the identity processor reads without this public module).
+identity_from_context = _carriers.identity_from_context
 
 _P = ParamSpec("_P")
 _R = TypeVar("_R")
