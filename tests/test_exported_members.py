@@ -30,7 +30,14 @@ PUBLIC_MODULES = [
 
 
 # Modules whose surface is what they re-export.
-FACADES = {"gymtrace", "gymtrace.integrations.concurrent", "gymtrace.instrumentation", "gymtrace.sampling"}
+FACADES = {
+    "gymtrace",
+    "gymtrace.integrations.concurrent",
+    "gymtrace.integrations.gymnasium",
+    "gymtrace.integrations.nemo_gym",
+    "gymtrace.instrumentation",
+    "gymtrace.sampling",
+}
 
 
 def _bound_names(body: list[ast.stmt], *, facade: bool, lazy: bool = False) -> set[str]:

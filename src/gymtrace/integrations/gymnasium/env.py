@@ -1,67 +1,8 @@
-"""Trace Gymnasium environments: ``TraceEnv(env)`` turns episodes into gym rollouts.
+"""``TraceEnv``: the transparent proxy that turns a Gymnasium environment's episodes into gym
+rollouts (reset opens the episode, step counts and times steps, termination records the return).
 
-Example::
-
-    import gymnasium as gym
-    import gymtrace
-    from gymtrace.integrations.gymnasium import TraceEnv
-
-    gymtrace.configure(service_name="cartpole")
-    env = TraceEnv(gym.make("CartPole-v1"))
-    obs, info = env.reset(seed=0)          # opens rollout > episode, the reset is its seed_session
-    while True:
-        obs, reward, terminated, truncated, info = env.step(env.action_space.sample())
-        if terminated or truncated:        # the episode return becomes the reward at verify
-            break
-
-What each call records:
-
-- ``reset()`` opens an episode whose ``gym.seed_session`` span covers the reset. Inside an open
-  ``gymtrace.rollout()`` scope it is the next episode (attempt) of that rollout (after an episode
-  of it completed, a second sample in one rollout: said at the reset, raised in strict mode);
-  otherwise every reset opens its own rollout, with ``rollout_id`` from the callable given (called
-  with the wrapper's episode index 0, 1, 2...) or generated (``{env id}-{8 hex}-{index}``),
-  ``task_id`` the environment's ID (``CartPole-v1``) unless given, and ``repeat`` the episode
-  index. A reset while an episode is still open ends that episode ``cancelled`` (unscored). A
-  ``gymnasium.wrappers.TimeLimit`` wrapped around TraceEnv is found from the ``reset()`` call that
-  came through it, and its truncation completes the episode as if the environment had said it.
-  Inside an open
-  ``gymtrace.episode()`` (the harness's own) the environment is not traced (logged once): TraceEnv
-  opens the episode itself.
-- ``step()`` counts a step. ``terminated`` or ``truncated`` (a ``TimeLimit`` too) completes the
-  episode: a ``gym.verify`` span records the episode return as the reward. An exception in the
-  environment's ``step`` fails the episode (``gym.failure.kind=error``, the rollout unscored) and
-  is re-raised unchanged.
-- Steps follow the step policy, visible on the episode span as ``gym.steps.policy``. ``"aggregate"``
-  (for simulators whose steps take microseconds): the first ``first`` steps, the ``slowest``
-  slowest of the others (written when the episode ends, with their true times), every step of a
-  sampled share ``episode_share`` of episodes (those say ``"all"``) and every step that raised are
-  ``gym.step`` spans, each saying why in ``gym.step.kept``; every step is counted in
-  ``gym.steps.count`` with the duration statistics ``gym.steps.duration.{total,mean,min,max}_ms``
-  and ``gym.steps.slowest.number``, and the parameters are ``gym.steps.policy.{first,slowest,
-  episode_share}``, as gymtrace's own step engine writes them. ``"all"``: every step is a span
-  (for environments whose steps take milliseconds, e.g. an LLM agent loop). The policy is the
-  ``steps`` argument (a name or a ``gymtrace.StepPolicy``); without it, the one
-  ``configure(step_policy=...)`` or ``GYMTRACE_STEP_POLICY`` chose (an aggregate one with its
-  parameters); without either, ``"aggregate"`` with ``first=1`` (:data:`DEFAULT_SAMPLE_FIRST`),
-  no slowest steps (:data:`DEFAULT_SAMPLE_SLOWEST`) and no sampled share, each replaced by a
-  ``GYMTRACE_STEP_FIRST``/``_SLOWEST``/``_EPISODE_SHARE`` variable that is set. ``sample_first``
-  wins over any ``first``. The wrapper counts and samples its steps itself, under any global policy.
-- A vector environment (``SyncVectorEnv``, ``AsyncVectorEnv``, any ``gymnasium.vector.VectorEnv``)
-  gets one rollout per sub-environment episode, each in its own context, so identities never mix;
-  the sub-environment index is ``gym.env.index``. Every autoreset mode is followed: ``NextStep``
-  (the sub-environment's next episode, seed_session included, starts in the step that resets it),
-  ``SameStep`` (it starts at once) and ``Disabled`` (at ``reset(options={"reset_mask": ...})``). A
-  vector step's duration counts for each sub-environment stepped. A vector environment always
-  opens its own rollouts: inside a ``gymtrace.rollout()`` scope it is not traced (logged).
-
-``copy.copy``, ``copy.deepcopy`` and pickling give a TraceEnv with the same arguments around the
-environment's copy: it traces episodes of its own (none open, its own generated rollout IDs).
-
-The episode's spans live in a context of their own, held by the wrapper between calls: spans the
-environment itself opens inside ``reset``/``step`` nest under the episode, but code between two
-``step()`` calls runs in the caller's context. ``AsyncVectorEnv``'s ``step_async``/``step_wait``
-called directly are traced as one step, from ``step_async`` to ``step_wait``.
+A vector environment's wrapper (:mod:`.vector`) is a subclass, chosen when the wrapped environment
+is a ``VectorEnv``.
 """
 
 from __future__ import annotations
@@ -70,15 +11,11 @@ import asyncio
 import contextvars
 import copy
 import dataclasses
-import heapq
 import itertools
-import os
-import random
 import sys
-import time
 import uuid
 import weakref
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import Any
 
 import wrapt
@@ -92,182 +29,31 @@ from gymtrace.instrumentation import STEPS_OWNED_ELSEWHERE as OWNED_ELSEWHERE
 from gymtrace.instrumentation import (
     bind_tracer_provider,
     check_tracer_provider,
-    misuse,
     report_error,
     rollout_sampled_out,
-    warn_once,
     write_step,
 )
 from gymtrace.instrumentation import chosen_step_parameters as given_parameters
-from gymtrace.instrumentation import step_policy_attributes as policy_attributes
 from gymtrace.instrumentation import step_policy_inputs as policy_inputs
-from gymtrace.instrumentation import step_statistics_attributes as statistics_attributes
-
-__all__ = ["DEFAULT_SAMPLE_FIRST", "DEFAULT_SAMPLE_SLOWEST", "TraceEnv"]
-
-
-DEFAULT_SAMPLE_FIRST = 1
-"""Steps of each episode recorded as spans under the ``aggregate`` policy (then only failures).
-
-Measured (``benchmarks/gymnasium_steps.py``, random-action CartPole, file exporter): the first
-step's span is ~11 µs of CPU of an episode's ~149 µs traced. It shows a step's shape (and what the
-environment does inside it); ``0`` keeps only the aggregates."""
-
-DEFAULT_SAMPLE_SLOWEST = 0
-"""The slowest steps of each episode written as spans under the integration's own default policy.
-
-0: each would cost ~10 µs of CPU on every episode (the same benchmark), while the episode span
-already names the slowest step (``gym.steps.slowest.number``) and its duration. A policy chosen
-with ``configure(step_policy=...)``/``GYMTRACE_STEP_POLICY``, or given as ``steps``, says how
-many."""
-
-# The integration's own policy, when neither the arguments nor configure() chose one.
-_DEFAULT_POLICY = StepPolicy(
-    c.STEPS_POLICY_AGGREGATE, first=DEFAULT_SAMPLE_FIRST, slowest=DEFAULT_SAMPLE_SLOWEST, episode_share=0.0
+from gymtrace.integrations.gymnasium.episodes import (
+    _DEFAULT_POLICY,
+    _VERIFY,
+    _epoch_offset,
+    _exit,
+    _Open,
+    _perf_counter_ns,
+    _Policy,
+    _random,
+    _step_scope,
 )
-
-_perf_counter_ns = time.perf_counter_ns
-_time_ns = time.time_ns
-# A step number no episode reaches: under the "all" policy every step is below it. Also a
-# duration no step reaches: with no slowest steps to keep, no step is slow enough.
-_EVERY_STEP = sys.maxsize
-# A private generator for the sampled share of episodes: RL code seeds the global one.
-_random = random.Random(os.urandom(16))
-os.register_at_fork(after_in_child=lambda: _random.seed(os.urandom(16)))
-
-
-class _Policy:
-    """The step policy of one episode, resolved from the arguments and the chosen policy."""
-
-    __slots__ = ("aggregate", "every", "first", "share", "slowest")
-
-    def __init__(self, aggregate: bool, first: int, slowest: int, share: float) -> None:
-        self.aggregate = aggregate  # False: every step of every episode is a span ("all")
-        self.every = not aggregate or share >= 1.0
-        self.first = first
-        self.slowest = slowest
-        self.share = share
-
-    def episode_attributes(self, every: bool) -> dict[str, Any]:
-        """What the episode span says of its policy, as gymtrace's own engine says it (an episode
-        of the sampled share says "all"); under "all" there are no parameters to say."""
-        if not self.aggregate:
-            return {c.STEPS_POLICY: c.STEPS_POLICY_ALL}
-        return policy_attributes(every, self.first, self.slowest, self.share)
-
-
-class _Open:
-    """One open episode (and the rollout the wrapper opened for it), held outside any ``with``,
-    with the step policy's state: which steps become spans, and the aggregate of all of them.
-
-    ``Scope.__enter__``/``__exit__`` keep their state in the context they ran in, so every call on
-    these scopes goes through ``context.run``. The statistics are plain slots in integer
-    nanoseconds: an unsampled step must cost a small fraction of a CartPole step (~8 µs). Steps
-    are timed with ``perf_counter_ns``; :func:`_epoch_offset`, taken when a span is written after
-    the fact, turns those times into its epoch nanoseconds.
-    """
-
-    __slots__ = (
-        "context",
-        "count",
-        "env_step",
-        "episode",
-        "errors",
-        "floor",
-        "frame",
-        "keep",
-        "limit",
-        "limits",
-        "max_ns",
-        "min_ns",
-        "reward",
-        "rollout",
-        "run",
-        "sampled",
-        "scopes",
-        "slow",
-        "slowest",
-        "total_ns",
-    )
-
-    def __init__(
-        self,
-        context: contextvars.Context,
-        rollout: gymtrace.Scope | None,
-        episode: gymtrace.Scope,
-        frame: gymtrace.ActiveScope,
-        every: bool,
-        policy: _Policy,
-        env_step: Any,
-    ) -> None:
-        self.context = context
-        self.run = context.run
-        self.env_step = env_step  # the wrapped environment's bound step (scalar environments)
-        # The gymnasium TimeLimit wrappers around the TraceEnv (see _outer_time_limits): their
-        # truncation ends the episode as if the environment had said it. Empty: none.
-        self.limits: tuple[Any, ...] = ()
-        self.rollout = rollout
-        self.episode = episode
-        self.frame = frame
-        # Steps numbered up to ``limit`` become spans, marked as the first ones when sampled.
-        self.limit = _EVERY_STEP if every else policy.first
-        self.scopes = _STEP_SCOPES if every else _FIRST_STEP_SCOPES
-        # The ``keep`` slowest of the other steps become spans when the episode ends: a min-heap
-        # of (duration, number, start), entered by a step slower than ``floor``.
-        self.keep = 0 if every else policy.slowest
-        self.floor = -1 if self.keep else _EVERY_STEP
-        self.slow: list[tuple[int, int, int]] = []
-        self.reward = 0.0
-        self.count = 0
-        self.sampled = 0
-        self.errors = 0
-        self.total_ns = 0
-        self.min_ns = _EVERY_STEP
-        self.max_ns = -1
-        self.slowest = 0
-
-    def add(self, number: int, ns: int) -> None:
-        """Count step ``number`` that took ``ns``."""
-        self.count = number
-        self.total_ns += ns
-        if ns > self.max_ns:
-            self.max_ns = ns
-            self.slowest = number
-        if ns < self.min_ns:
-            self.min_ns = ns
-
-    def add_span(self, number: int, ns: int, exc: BaseException | None = None) -> None:
-        """Count step ``number``, a span, that took ``ns`` and raised ``exc`` (if not None)."""
-        self.add(number, ns)
-        self.sampled += 1
-        if isinstance(exc, Exception):
-            self.errors += 1
-
-    def slower(self, number: int, start: int, ns: int) -> None:
-        """Step ``number`` (no span) is among the slowest so far: keep it, dropping the fastest."""
-        slow = self.slow
-        if len(slow) < self.keep:
-            heapq.heappush(slow, (ns, number, start))
-            if len(slow) < self.keep:
-                return
-        else:
-            heapq.heapreplace(slow, (ns, number, start))
-        self.floor = slow[0][0]
-
-    def write_slowest(self) -> None:
-        """The slowest steps kept, as spans under the episode in the order they ran."""
-        frame, offset = self.frame, _epoch_offset()
-        slow, self.slow = sorted(self.slow, key=lambda entry: entry[2]), []
-        for ns, number, start in slow:
-            start += offset
-            if write_step(frame.context, frame.identity, number, start, start + ns, c.STEP_KEPT_SLOWEST):
-                self.sampled += 1
-
-    def attributes(self) -> dict[str, Any]:
-        """The statistics set when the episode ends (the policy was set when it started)."""
-        return statistics_attributes(
-            self.count, self.sampled, self.errors, self.total_ns, self.min_ns, self.max_ns, self.slowest
-        )
+from gymtrace.integrations.gymnasium.surroundings import (
+    _env_id,
+    _outer_time_limits,
+    _recording,
+    _reset_after_completed,
+    _truncated_outside,
+    _warn_inside_episode,
+)
 
 
 def _end_abandoned(live: set[_Open]) -> None:
@@ -288,135 +74,9 @@ def _end_abandoned(live: set[_Open]) -> None:
             )
 
 
-def _epoch_offset() -> int:
-    """What turns a ``perf_counter_ns`` time into ``time_ns`` (epoch) nanoseconds, now: the two
-    clocks run at the same rate, so a step timed earlier in the episode maps through it too."""
-    return _time_ns() - _perf_counter_ns()
-
-
-def _exit(scope: gymtrace.Scope, exc: BaseException | None) -> None:
-    if exc is None:
-        scope.__exit__(None, None, None)
-    else:
-        scope.__exit__(type(exc), exc, exc.__traceback__)
-
-
-# Scopes without per-episode arguments, made once: a Scope is reusable (as a decorator's is).
-_VERIFY = gymtrace.verify()
-
-
-def _new_step_scope(number: int, first: bool) -> gymtrace.Scope:
-    """``gymtrace.step(number=number)``: of a step that is a span because every step is, or (``first``)
-    because it is among the first sampled (``gym.step.kept``, as gymtrace's engine marks it)."""
-    if first:
-        return gymtrace.step(number=number, attributes={c.STEP_KEPT: c.STEP_KEPT_FIRST})
-    return gymtrace.step(number=number)
-
-
-# The first step numbers' scopes, made once.
-_STEP_SCOPES = tuple(_new_step_scope(number, first=False) for number in range(1, 65))
-_FIRST_STEP_SCOPES = tuple(_new_step_scope(number, first=True) for number in range(1, 65))
-
-
-def _step_scope(ep: _Open, number: int) -> gymtrace.Scope:
-    """The scope of step ``number`` of ``ep``, a span."""
-    scopes = ep.scopes
-    if number <= len(scopes):
-        return scopes[number - 1]
-    return _new_step_scope(number, first=scopes is _FIRST_STEP_SCOPES)
-
-
-def _env_id(env: Any) -> str:
-    """The registered ID (``CartPole-v1``) of an environment or of a vector environment's
-    sub-environments; the class name when it was not made by ``gymnasium.make``."""
-    spec = getattr(env, "spec", None)
-    if getattr(spec, "id", None) is None:
-        subs = getattr(env, "envs", None)  # SyncVectorEnv
-        if subs:
-            spec = getattr(subs[0], "spec", None)
-        elif callable(getattr(env, "get_attr", None)):  # AsyncVectorEnv: asks the workers once
-            try:
-                spec = env.get_attr("spec")[0]
-            except Exception:  # noqa: BLE001 - a worker that cannot answer: the class name will do
-                spec = None
-    env_id = getattr(spec, "id", None)
-    return str(env_id) if env_id else type(getattr(env, "unwrapped", env)).__name__
-
-
-def _warn_inside_episode() -> None:
-    warn_once(
-        ("gymtrace.integrations.gymnasium", "episode"),
-        "TraceEnv.reset() inside an open gymtrace.episode(): TraceEnv opens the episode"
-        " itself (use it inside a rollout or no scope); this environment's episodes are not traced",
-    )
-
-
-def _outer_time_limits(env: Any, caller: Any) -> tuple[Any, ...]:
-    """The ``gymnasium.wrappers.TimeLimit`` wrappers around ``env`` (a TraceEnv), found from the
-    frames of the ``reset()`` call that reached it (``caller``: the frame that called it). A
-    wrapper around TraceEnv calls it from its own method, so each frame whose ``self`` wraps the
-    one below it is one more wrapper; the first frame that is none is the user's code."""
-    from gymnasium import Wrapper
-    from gymnasium.wrappers import TimeLimit
-
-    found: list[Any] = []
-    inner, frame = env, caller
-    while frame is not None:
-        code = frame.f_code
-        if code.co_name != "reset" or code.co_varnames[:1] != ("self",):
-            # Not a wrapper's reset(): the user's code. Its f_locals is never read (before Python
-            # 3.13 reading it keeps a copy of every local alive as long as the frame runs).
-            break
-        owner = frame.f_locals.get("self")
-        if owner is inner and inner is not env:
-            frame = frame.f_back  # the same wrapper, one more of its methods (super().reset)
-            continue
-        if not isinstance(owner, Wrapper) or getattr(owner, "env", None) is not inner:
-            break
-        if isinstance(owner, TimeLimit):
-            if isinstance(getattr(owner, "_elapsed_steps", None), int) and isinstance(
-                getattr(owner, "_max_episode_steps", None), int
-            ):
-                found.append(owner)
-            else:
-                _warn_time_limit_outside()
-        inner, frame = owner, frame.f_back
-    return tuple(found)
-
-
-def _truncated_outside(limits: tuple[Any, ...]) -> bool:
-    """Whether a TimeLimit around the TraceEnv truncates the step now returning to it: it counts
-    the step after TraceEnv returns, and truncates at ``max_episode_steps`` (gymnasium's rule)."""
-    return any(limit._elapsed_steps + 1 >= limit._max_episode_steps for limit in limits)
-
-
-def _warn_time_limit_outside() -> None:
-    warn_once(
-        ("gymtrace.integrations.gymnasium", "time limit outside"),
-        "a gymnasium TimeLimit wraps TraceEnv and its step count cannot be read, so TraceEnv cannot"
-        " see it truncate: those episodes end cancelled (unscored) at the next reset(). Fix: wrap"
-        " TraceEnv around the TimeLimit, TraceEnv(TimeLimit(env, max_episode_steps=n)), or"
-        " gym.make(..., max_episode_steps=n) inside TraceEnv",
-    )
-
-
-def _reset_after_completed(rollout: gymtrace.ActiveScope) -> None:
-    """``reset()`` in the user's rollout whose last episode completed: a second sample in one
-    rollout, which gets one reward (its final episode's). Said now (strict mode: raised)."""
-    last = rollout.last_episode
-    if last is None or not last.ended or last.failure is not None or last.cancelled:
-        return  # the first episode, or a retry after one that failed or was cut short
-    misuse(
-        f"TraceEnv.reset() in rollout {rollout.identity.get(c.ROLLOUT_ID)!r} after its episode"
-        f" (attempt {last.attempt}) completed: a rollout gets one reward, its final episode's, and"
-        " its episodes are retries, so this episode's return replaces that one's. Fix: open one"
-        " gymtrace.rollout() per reset() (a rollout is one sample), or use TraceEnv outside any"
-        " rollout, where every reset() opens a rollout of its own"
-    )
-
-
-def _recording(frame: gymtrace.ActiveScope) -> bool:
-    return frame.span.is_recording()
+# The wrapper of vector environments: a subclass of TraceEnv that .vector registers here when the
+# package imports it (importing any module of the package imports the package first).
+_VECTOR_WRAPPER: list[type[TraceEnv]] = []
 
 
 class TraceEnv(wrapt.ObjectProxy):  # type: ignore[type-arg]  # proxies any environment
@@ -438,7 +98,7 @@ class TraceEnv(wrapt.ObjectProxy):  # type: ignore[type-arg]  # proxies any envi
             from gymnasium.vector import VectorEnv
 
             if isinstance(env, VectorEnv):
-                cls = _TraceVectorEnv
+                cls = _VECTOR_WRAPPER[0]
         return super().__new__(cls)
 
     def __init__(
@@ -772,238 +432,3 @@ class TraceEnv(wrapt.ObjectProxy):  # type: ignore[type-arg]  # proxies any envi
 def _rebuilt(env: Any, arguments: dict[str, Any]) -> Any:
     """A pickled TraceEnv, unpickled: a new one around the unpickled environment."""
     return TraceEnv(env, **arguments)
-
-
-class _Batch:
-    """One vector step in flight: what ``step`` (or ``step_async``) opened before the call."""
-
-    __slots__ = ("resetting", "sessions", "spans", "start", "stepped")
-
-    def __init__(
-        self,
-        resetting: list[int],
-        sessions: list[tuple[_Open, gymtrace.Scope]],
-        stepped: list[int],
-        spans: list[tuple[_Open, gymtrace.Scope]],
-        start: int,
-    ) -> None:
-        self.resetting = resetting
-        self.sessions = sessions
-        self.stepped = stepped
-        self.spans = spans
-        self.start = start
-
-
-class _TraceVectorEnv(TraceEnv):
-    """``TraceEnv`` of a vector environment: one rollout per sub-environment episode."""
-
-    def __init__(self, env: Any, **kwargs: Any) -> None:
-        super().__init__(env, **kwargs)
-        from gymnasium.vector import AutoresetMode
-
-        mode = getattr(env, "autoreset_mode", None) or env.metadata.get("autoreset_mode")
-        try:
-            mode = AutoresetMode(mode) if mode is not None else AutoresetMode.NEXT_STEP
-        except ValueError:
-            mode = AutoresetMode.NEXT_STEP
-        self._self_mode = mode.value
-        self._self_num = int(env.num_envs)
-        self._self_eps: list[_Open | None] = [None] * self._self_num
-        # NextStep autoreset: sub-environments whose episode ended in the previous step, and which
-        # the next step() therefore resets instead of stepping.
-        self._self_pending: list[bool] = [False] * self._self_num
-        self._self_traced = True
-        self._self_batch: _Batch | None = None
-
-    def _self_open_sub(self, index: int) -> _Open | None:
-        try:
-            return self._self_open_episode(index, own_rollout=True)
-        except (TypeError, ValueError):
-            raise  # the user's rollout_id callable
-        except Exception as error:  # noqa: BLE001 - telemetry must not break the environment
-            report_error("gymtrace.integrations.gymnasium opening an episode", error)
-            return None
-
-    def _self_sessions(self, indices: Sequence[int], seed: Any) -> list[tuple[_Open, gymtrace.Scope]]:
-        sessions = []
-        for index in indices:
-            ep = self._self_eps[index]
-            if ep is None:
-                continue
-            sub_seed = None
-            if isinstance(seed, int):
-                sub_seed = seed + index  # what the vector envs give each sub-environment
-            elif isinstance(seed, (list, tuple)) and isinstance(seed[index], int):
-                sub_seed = seed[index]
-            session = gymtrace.seed_session(
-                attributes={c.ENV_SEED: sub_seed} if sub_seed is not None else None
-            )
-            ep.context.run(session.__enter__)
-            sessions.append((ep, session))
-        return sessions
-
-    def _self_fail_all(self, exc: BaseException, indices: Sequence[int]) -> None:
-        for index in indices:
-            ep, self._self_eps[index] = self._self_eps[index], None
-            if ep is not None:
-                self._self_end(ep, exc)
-
-    def reset(self, *, seed: Any = None, options: Any = None) -> Any:
-        env = self.__wrapped__
-        mask = options.get("reset_mask") if isinstance(options, dict) else None
-        indices = [i for i in range(self._self_num) if mask is None or bool(mask[i])]
-        current = gymtrace.current_scope()
-        if current is not None and current.nearest(c.KIND_ROLLOUT) is not None:
-            if self._self_traced:
-                warn_once(
-                    ("gymtrace.integrations.gymnasium", "vector rollout", id(self)),
-                    "TraceEnv of a vector environment opens one rollout per sub-environment"
-                    " episode; inside gymtrace.rollout() it would nest rollouts, so it is not traced."
-                    " Use it inside gymtrace.run() or no scope.",
-                )
-            self._self_traced = False
-            self._self_cancel_all("environment reset inside a rollout")
-            return env.reset(seed=seed, options=options)
-        self._self_traced = True
-        for index in indices:
-            self._self_pending[index] = False
-            ep, self._self_eps[index] = self._self_eps[index], None
-            if ep is not None:
-                self._self_end(ep, asyncio.CancelledError("reset before the episode ended"))
-        for index in indices:
-            self._self_eps[index] = self._self_open_sub(index)
-        sessions = self._self_sessions(indices, seed)
-        try:
-            result = env.reset(seed=seed, options=options)
-        except BaseException as exc:
-            for ep, session in sessions:
-                ep.context.run(_exit, session, exc)
-            self._self_fail_all(exc, indices)
-            raise
-        for ep, session in sessions:
-            ep.context.run(_exit, session, None)
-        return result
-
-    def step(self, actions: Any) -> Any:
-        env = self.__wrapped__
-        if not self._self_traced:
-            return env.step(actions)
-        batch = self._self_before_step()
-        try:
-            result = env.step(actions)
-        except BaseException as exc:
-            self._self_step_failed(batch, exc)
-            raise
-        self._self_after_step(batch, result)
-        return result
-
-    # AsyncVectorEnv's two halves of step(), for code that overlaps them with its own work.
-
-    def step_async(self, actions: Any) -> None:
-        env = self.__wrapped__
-        if not self._self_traced:
-            return env.step_async(actions)  # type: ignore[no-any-return]
-        batch = self._self_before_step()
-        try:
-            env.step_async(actions)
-        except BaseException as exc:
-            self._self_step_failed(batch, exc)
-            raise
-        self._self_batch = batch
-        return None
-
-    def step_wait(self, *args: Any, **kwargs: Any) -> Any:
-        env = self.__wrapped__
-        batch, self._self_batch = getattr(self, "_self_batch", None), None
-        if batch is None:
-            return env.step_wait(*args, **kwargs)
-        try:
-            result = env.step_wait(*args, **kwargs)
-        except BaseException as exc:
-            self._self_step_failed(batch, exc)
-            raise
-        self._self_after_step(batch, result)
-        return result
-
-    def _self_before_step(self) -> _Batch:
-        num = self._self_num
-        eps = self._self_eps
-        pending = self._self_pending
-        # NextStep: the sub-environments that ended last step are reset by this call; their next
-        # episode starts here with the reset as its seed_session.
-        resetting = [i for i in range(num) if pending[i]]
-        for index in resetting:
-            pending[index] = False
-            eps[index] = self._self_open_sub(index)
-        sessions = self._self_sessions(resetting, None) if resetting else []
-        stepped = [i for i in range(num) if eps[i] is not None and not (resetting and i in resetting)]
-        spans: list[tuple[_Open, gymtrace.Scope]] = []
-        for index in stepped:
-            ep = eps[index]
-            assert ep is not None
-            number = ep.count + 1
-            if number <= ep.limit:
-                scope = _step_scope(ep, number)
-                ep.context.run(scope.__enter__)
-                spans.append((ep, scope))
-        return _Batch(resetting, sessions, stepped, spans, _perf_counter_ns())
-
-    def _self_step_failed(self, batch: _Batch, exc: BaseException) -> None:
-        end = _perf_counter_ns()
-        eps = self._self_eps
-        for ep, scope in batch.sessions:
-            ep.context.run(_exit, scope, exc)
-        spanned = {id(ep) for ep, _ in batch.spans}
-        for ep, scope in batch.spans:
-            ep.add_span(ep.count + 1, end - batch.start, exc)
-            ep.context.run(_exit, scope, exc)
-        for index in batch.stepped:
-            sub = eps[index]
-            if sub is not None and id(sub) not in spanned:
-                self._self_failed_step(sub, sub.count + 1, batch.start, end, exc)
-        self._self_fail_all(exc, range(self._self_num))
-
-    def _self_after_step(self, batch: _Batch, result: Any) -> None:
-        ns = _perf_counter_ns() - batch.start
-        eps = self._self_eps
-        resetting = batch.resetting
-        for ep, scope in batch.sessions:
-            ep.context.run(_exit, scope, None)
-        for ep, scope in batch.spans:
-            ep.sampled += 1
-            ep.context.run(_exit, scope, None)
-        rewards = result[1].tolist()
-        ended = (result[2] | result[3]).tolist()
-        spanned = {id(ep) for ep, _ in batch.spans} if batch.spans else ()
-        for index in batch.stepped:
-            sub = eps[index]
-            assert sub is not None
-            number = sub.count + 1
-            sub.add(number, ns)
-            if ns > sub.floor and id(sub) not in spanned:
-                sub.slower(number, batch.start, ns)
-            sub.reward += rewards[index]
-        mode = self._self_mode
-        for index in range(self._self_num):
-            if not ended[index] or (resetting and index in resetting):
-                continue
-            ended_ep, eps[index] = eps[index], None
-            if ended_ep is not None:
-                self._self_end(ended_ep, None)
-            if mode == "NextStep":
-                self._self_pending[index] = True
-            elif mode == "SameStep":
-                # The sub-environment was reset inside this very step: its next episode starts now.
-                eps[index] = self._self_open_sub(index)
-                for new, session in self._self_sessions([index], None):
-                    new.context.run(_exit, session, None)
-
-    def _self_cancel_all(self, why: str) -> None:
-        for index in range(self._self_num):
-            self._self_pending[index] = False
-            ep, self._self_eps[index] = self._self_eps[index], None
-            if ep is not None:
-                self._self_end(ep, asyncio.CancelledError(why))
-
-    def __repr__(self) -> str:
-        return f"<TraceEnv {self.__wrapped__!r}>"
