@@ -33,7 +33,6 @@ PUBLIC_MODULES = [
 FACADES = {
     "gymtrace",
     "gymtrace.integrations.concurrent",
-    "gymtrace.integrations.gymnasium",
     "gymtrace.integrations.nemo_gym",
     "gymtrace.instrumentation",
     "gymtrace.sampling",

@@ -69,6 +69,7 @@ environments).
 
 from __future__ import annotations
 
+from gymtrace.instrumentation import STEP_POLICIES as POLICIES  # noqa: F401 - importable here as before the split
 from gymtrace.integrations.gymnasium.env import TraceEnv
 from gymtrace.integrations.gymnasium.episodes import DEFAULT_SAMPLE_FIRST, DEFAULT_SAMPLE_SLOWEST
 from gymtrace.integrations.gymnasium.vector import _TraceVectorEnv  # noqa: F401 - registers it on TraceEnv
