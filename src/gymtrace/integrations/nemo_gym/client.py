@@ -66,7 +66,7 @@ def body_fields(*, task_index: int | None = None) -> dict[str, str | int]:
 
 def _key(execution: tuple[str, int]) -> str:
     nemo_id, attempt = execution
-    return nemo_id if attempt == 0 else f"{nemo_id}-a{attempt}"
+    return instrumentation.episode_id(nemo_id, attempt)  # NeMo Gym's capture key: the episode-ID rule
 
 
 def path_prefix() -> str:
@@ -107,7 +107,7 @@ def identity_from_headers(carrier: Any) -> dict[str, str | int]:
     identity: dict[str, str | int] = {
         c.ROLLOUT_ID: rollout_id,
         c.EPISODE_ATTEMPT: attempt,
-        c.EPISODE_ID: rollout_id if attempt == 0 else f"{rollout_id}-a{attempt}",
+        c.EPISODE_ID: instrumentation.episode_id(rollout_id, attempt),
     }
     return instrumentation.accept_identity(identity)
 

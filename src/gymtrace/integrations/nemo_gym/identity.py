@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 from gymtrace import attributes as c
+from gymtrace import instrumentation
 
 NEMO_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
 _PLAIN = frozenset(b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789.-")
@@ -113,15 +114,13 @@ def run_id_for_output(path: str | os.PathLike[str]) -> str:
 def trace_id_for(run_id: str, rollout_id: str) -> int:
     """The trace of one rollout of one run, the same in every pass and every import: 128 bits of
     SHA-256 over both IDs (never 0, which OpenTelemetry reads as invalid)."""
-    material = f"gymtrace/trace\x00{run_id}\x00{rollout_id}".encode()
-    return int.from_bytes(hashlib.sha256(material).digest()[:16], "big") or 1
+    return instrumentation.deterministic_id("gymtrace/trace", run_id, rollout_id, size=16)
 
 
 def span_id_for(run_id: str, rollout_id: str, part: str) -> int:
     """A span ID of one rollout of one run (``part``: ``"rollout"``, ``"episode-0"``, ...), the same
     in every pass: what a resume pass links its next attempt to."""
-    material = f"gymtrace/span\x00{run_id}\x00{rollout_id}\x00{part}".encode()
-    return int.from_bytes(hashlib.sha256(material).digest()[:8], "big") or 1
+    return instrumentation.deterministic_id("gymtrace/span", run_id, rollout_id, part, size=8)
 
 
 def process_service_name(
@@ -150,9 +149,7 @@ def _attributes(identity: RolloutIdentity) -> dict[str, str | int]:
     if identity.repeat is not None:
         values[c.ROLLOUT_REPEAT] = identity.repeat
     values[c.EPISODE_ATTEMPT] = identity.attempt
-    values[c.EPISODE_ID] = (
-        identity.rollout_id if identity.attempt == 0 else f"{identity.rollout_id}-a{identity.attempt}"
-    )
+    values[c.EPISODE_ID] = instrumentation.episode_id(identity.rollout_id, identity.attempt)
     return values
 
 
