@@ -163,6 +163,7 @@ def test_the_integration_seam_is_pinned() -> None:
         "may_carry_identity",
         "misuse",
         "pinned_ids",
+        "read_int",
         "report_error",
         "rerun",
         "rollout_sampled_out",

@@ -1,6 +1,8 @@
-"""The ID helpers on the seam (``gymtrace.instrumentation``) derive exactly the IDs gymtrace has
-always written: a run traced live and the same run imported later, or traced by an older gymtrace,
-must land in the same traces. The values below were computed by the code each helper replaced."""
+"""The helpers on the seam (``gymtrace.instrumentation``) that integrations and importers share.
+
+The ID helpers derive exactly the IDs gymtrace has always written: a run traced live and the same
+run imported later, or traced by an older gymtrace, must land in the same traces. The values below
+were computed by the code each helper replaced."""
 
 from __future__ import annotations
 
@@ -43,3 +45,17 @@ def test_a_deterministic_id_of_an_impossible_size_is_refused(size: object) -> No
 def test_the_episode_id_is_the_rollout_id_then_attempt_qualified() -> None:
     assert instrumentation.episode_id("t-1/r0", 0) == "t-1/r0"
     assert instrumentation.episode_id("t-1/r0", 2) == "t-1/r0-a2"
+
+
+def test_reading_an_integer_never_takes_a_bool_and_says_the_rest_at_the_call() -> None:
+    read_int = instrumentation.read_int
+    assert read_int(3) == 3
+    assert read_int(True) is None  # a bool is never a count, an attempt or a step number
+    assert read_int(False, 0) == 0
+    assert read_int("7") is None  # text is not read unless asked ...
+    assert read_int("-7", digits=True) == -7  # ... as OTLP/JSON writes int64
+    assert read_int("7.0", digits=True) is None
+    assert read_int(-1, minimum=0) is None  # token counts are never negative
+    assert read_int(0, minimum=0) == 0
+    assert read_int(None, 5) == 5
+    assert read_int(2.0, 5) == 5
