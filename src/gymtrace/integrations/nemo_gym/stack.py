@@ -61,8 +61,8 @@ def _patch_module(module: Any) -> None:
 
 def instrument_stack(*, tracer_provider: Any = None) -> None:
     """Trace the NeMo Gym 0.7.0 stack as it is: the driver's run and its `/run` rollouts, every
-    server's phases in the rollout's identity, identity kept inside the gym (see the module section
-    above and docs/integrations/nemo-gym.md). Patches NeMo Gym when its modules are imported (so a
+    server's phases in the rollout's identity, identity kept inside the gym (see
+    :mod:`gymtrace.integrations.nemo_gym.stack` and docs/integrations/nemo-gym.md). Patches NeMo Gym when its modules are imported (so a
     process that never imports them pays nothing); idempotent. What
     ``opentelemetry-instrument`` runs through :class:`gymtrace.integrations.autoinstrument.NeMoGymInstrumentor`."""
     global _stack_registered, _stack_on
