@@ -32,6 +32,7 @@ LAYERS: list[tuple[str, list[str]]] = [
             "_import",
             "_model.environment",
             "_model.exceptions",
+            "_model.numbers",
             "_otel_private",
             "_otel_private.fastpaths",
             "attributes",

@@ -30,7 +30,13 @@ PUBLIC_MODULES = [
 
 
 # Modules whose surface is what they re-export.
-FACADES = {"gymtrace", "gymtrace.integrations.concurrent", "gymtrace.instrumentation", "gymtrace.sampling"}
+FACADES = {
+    "gymtrace",
+    "gymtrace.integrations.concurrent",
+    "gymtrace.integrations.nemo_gym",
+    "gymtrace.instrumentation",
+    "gymtrace.sampling",
+}
 
 
 def _bound_names(body: list[ast.stmt], *, facade: bool, lazy: bool = False) -> set[str]:
@@ -143,8 +149,10 @@ def test_the_integration_seam_is_pinned() -> None:
         "chosen_step_parameters",
         "continue_scope",
         "current_identity",
+        "deterministic_id",
         "end_scope",
         "episode_carrier",
+        "episode_id",
         "get_tracer",
         "guard",
         "gym_destination",
@@ -155,6 +163,7 @@ def test_the_integration_seam_is_pinned() -> None:
         "may_carry_identity",
         "misuse",
         "pinned_ids",
+        "read_int",
         "report_error",
         "rerun",
         "rollout_sampled_out",

@@ -46,6 +46,12 @@ any release; this module changes only by addition):
   raised in strict mode); :func:`warn_once` reports a misuse once per key,
   :func:`warn` something about one datum each time; :class:`InvalidArgumentError` is what a bad
   argument to an integration raises.
+- **IDs.** :func:`episode_id` (``gym.episode.id`` of a rollout's attempt: the rollout ID, then
+  ``{rollout_id}-a{attempt}``) and :func:`deterministic_id` (an ID that every process, pass and
+  importer derives alike from the same parts: SHA-256 of the parts joined by NUL, first ``size``
+  bytes, never 0), so an integration and an importer of the same records agree on every ID.
+- **Reading values.** :func:`read_int` reads an integer out of a library's response or a record
+  (a ``bool`` never counts; ``default``, ``minimum`` and ``digits`` say the rest).
 - **Step aggregation** (what :class:`gymtrace.integrations.gymnasium.TraceEnv` samples steps with):
   :data:`STEP_POLICIES`, :data:`STEPS_OWNED_ELSEWHERE`, :func:`chosen_step_parameters`,
   :func:`step_policy_inputs`, :func:`step_policy_attributes`, :func:`step_statistics_attributes`,
@@ -72,6 +78,8 @@ from gymtrace._identity.carriers import incoming_identity as _incoming_identity
 from gymtrace._identity.carriers import remote_context as _remote_context
 from gymtrace._model import errors as _errors
 from gymtrace._model.errors import InvalidArgumentError, guard
+from gymtrace._model.ids import deterministic_id, episode_id
+from gymtrace._model.numbers import read_int
 from gymtrace._scopes import steps as _steps
 from gymtrace._scopes import tracing as _which
 from gymtrace._scopes.frame import CARRIER_FORMAT as _CARRIER_FORMAT
@@ -90,7 +98,9 @@ __all__ = [
     "chosen_step_parameters",
     "continue_scope",
     "current_identity",
+    "deterministic_id",
     "episode_carrier",
+    "episode_id",
     "end_scope",
     "get_tracer",
     "gym_destination",
@@ -102,6 +112,7 @@ __all__ = [
     "may_carry_identity",
     "misuse",
     "pinned_ids",
+    "read_int",
     "report_error",
     "rerun",
     "rollout_sampled_out",

@@ -16,7 +16,6 @@ them into :class:`~gymtrace._model.spandata.SpanData` records, the same records 
 
 from __future__ import annotations
 
-import hashlib
 from collections import Counter
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
@@ -24,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from gymtrace import _constants as c
-from gymtrace._model.ids import episode_id
+from gymtrace._model.ids import deterministic_id, episode_id
 from gymtrace._model.spandata import EventData, LinkData, SpanData
 from gymtrace._scopes.levels import genai_span_name
 from gymtrace.integrations.nemo_gym import trace_id_for
@@ -260,21 +259,16 @@ def conclude(rollout: Node, attempts: list[Attempt]) -> None:
 # -- IDs ---------------------------------------------------------------------------------------------
 
 
-def _digest(*parts: str, size: int) -> int:
-    material = "\x00".join(parts).encode("utf-8")
-    return int.from_bytes(hashlib.sha256(material).digest()[:size], "big") or 1
-
-
 def run_trace_id(run_id: str) -> int:
     """The trace of a run's own span (each rollout is a trace of its own, linked to it)."""
-    return _digest("gymtrace/run-trace", run_id, size=16)
+    return deterministic_id("gymtrace/run-trace", run_id, size=16)
 
 
 def _assign_ids(root: Node, trace_id: int) -> None:
     trace = format(trace_id, "032x")
     for node in root.walk():
         node.trace_id = trace
-        node.span_id = format(_digest("gymtrace/span", trace, node.key, size=8), "016x")
+        node.span_id = format(deterministic_id("gymtrace/span", trace, node.key, size=8), "016x")
 
 
 # -- times -------------------------------------------------------------------------------------------

@@ -41,6 +41,7 @@ from gymtrace._import.build import (
     tool_call,
 )
 from gymtrace._import.build import seconds_to_ns as _ns
+from gymtrace._model.numbers import read_int
 from gymtrace.integrations.nemo_gym import RolloutIdentity, output_passes, rollout_identity, run_id_for_output
 
 SERVICE = "nemo-gym"
@@ -261,11 +262,12 @@ def _trajectory(
             for key in _ref_keys(ref):
                 owner_of_call.setdefault(key, nodes[inv_id])
     for turn in sorted(
-        _items(record, "turns", result), key=lambda t: (str(t.get("invocation_id")), _int(t.get("turn_no")))
+        _items(record, "turns", result),
+        key=lambda t: (str(t.get("invocation_id")), read_int(t.get("turn_no"), 0)),
     ):
         owner = turn.get("invocation_id")
         parent = nodes[owner] if isinstance(owner, str) and owner in nodes else episode_node
-        number = _int(turn.get("turn_no"))
+        number = read_int(turn.get("turn_no"), 0)
         node = parent.child(
             c.SPAN_TURN, f"turn:{owner}:{number}", {c.KIND: c.KIND_TURN, c.TURN_NUMBER: number}
         )
@@ -327,10 +329,6 @@ def _ref_keys(ref: Any) -> list[str]:
 
 def _count(value: Any) -> int | None:
     return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else None
-
-
-def _int(value: Any) -> int:
-    return value if isinstance(value, int) and not isinstance(value, bool) else 0
 
 
 def _times(item: Mapping[str, Any]) -> tuple[int | None, int | None]:

@@ -130,6 +130,17 @@ def episode_id(rollout_id: str, attempt: int) -> str:
     return rollout_id if attempt == 0 else f"{rollout_id}-a{attempt}"
 
 
+def deterministic_id(*parts: str, size: int) -> int:
+    """An ID derived from ``parts`` alone, the same in every process, pass and import: the SHA-256
+    of the parts (UTF-8) joined by NUL, its first ``size`` bytes as a big-endian integer, never 0
+    (which OpenTelemetry reads as invalid; 1 instead). ``size=16`` for a trace ID, ``8`` for a span
+    ID. Put a fixed namespace first (``"gymtrace/trace"``) so two kinds of ID never collide."""
+    if isinstance(size, bool) or not isinstance(size, int) or not 1 <= size <= 32:
+        raise InvalidArgumentError(f"deterministic_id(): size must be 1 to 32 bytes, got {size!r:.40}")
+    material = "\x00".join(parts).encode("utf-8")
+    return int.from_bytes(hashlib.sha256(material).digest()[:size], "big") or 1
+
+
 def check_timeout(caller: str, value: object) -> None:
     """A ``timeout=`` argument: None, or a finite number of seconds > 0 (else InvalidArgumentError)."""
     if value is None:

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from gymtrace import _constants as c
+from gymtrace._model.numbers import read_int
 
 
 @dataclass(frozen=True)
@@ -161,10 +162,9 @@ def _int64(value: Any, what: str, default: int = 0) -> int:
     """An OTLP/JSON integer: a JSON number or, as the encoding writes int64, a string of digits."""
     if value is None:
         return default
-    if isinstance(value, int) and not isinstance(value, bool):
-        return value
-    if isinstance(value, str) and _INTEGER.fullmatch(value):
-        return int(value)
+    number = read_int(value, None, digits=True)
+    if number is not None:
+        return number
     raise BadTraceData(f"{what} must be an integer, got {_type_name(value)} {str(value)[:40]!r}")
 
 
@@ -192,7 +192,6 @@ def _enum(value: Any, what: str, prefix: str, names: tuple[str, ...], default: i
     return names[number] if 0 <= number < len(names) else names[default]
 
 
-_INTEGER = re.compile(r"[+-]?[0-9]+")
 _HEX = re.compile(r"[0-9a-fA-F]+")
 
 

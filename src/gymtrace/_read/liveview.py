@@ -25,6 +25,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from gymtrace import _constants as c
+from gymtrace._model.numbers import read_int
 from gymtrace._model.spandata import SpanData, is_marker
 
 # A rollout with no heartbeat for this many intervals is lost (its process is gone).
@@ -52,10 +53,6 @@ class LiveRollout:
         body = asdict(self)
         del body["trace_id"]
         return body
-
-
-def _int(value: Any, default: int = 0) -> int:
-    return value if isinstance(value, int) and not isinstance(value, bool) else default
 
 
 def live_rollouts(
@@ -107,24 +104,24 @@ def _read(
     markers = [m for m in markers if m.attributes.get(c.LIVE_EVENT) != c.LIVE_EVENT_STEP] or markers
     last = markers[-1]
     interval = float(last.attributes.get(c.LIVE_INTERVAL) or 0.0)
-    started = _int(last.attributes.get(c.LIVE_STARTED), markers[0].start_ns)
+    started = read_int(last.attributes.get(c.LIVE_STARTED), markers[0].start_ns)
     # Progress: a span of the rollout ended, a marker of a start, or a heartbeat with a new step.
     progress = max((s.end_ns for s in rest), default=0)
     step = 0
     for marker in markers:
-        new_step = _int(marker.attributes.get(c.LIVE_STEP))
+        new_step = read_int(marker.attributes.get(c.LIVE_STEP), 0)
         if marker.attributes.get(c.LIVE_EVENT) != c.LIVE_EVENT_HEARTBEAT or new_step != step:
             progress = max(progress, marker.end_ns)
         step = new_step
     steps = [s for s in rest if s.attributes.get(c.KIND) == c.KIND_STEP and s.start_ns > last.end_ns]
     if steps:  # steps ended after the last marker: the newest is further on
-        step = _int(max(steps, key=lambda s: s.start_ns).attributes.get(c.STEP_NUMBER), step)
+        step = read_int(max(steps, key=lambda s: s.start_ns).attributes.get(c.STEP_NUMBER), step)
     service = last.service
     instance = last.service_instance or str(last.attributes.get(c.SERVICE_INSTANCE_ID, ""))
     if requests:
         newest = requests[-1]
         progress = max(progress, newest.end_ns)
-        step = _int(newest.attributes.get(c.LIVE_STEP), step) or step
+        step = read_int(newest.attributes.get(c.LIVE_STEP), step) or step
         server = newest.attributes.get(c.LIVE_SERVER)
         if (
             isinstance(server, str)
@@ -135,9 +132,10 @@ def _read(
             # plumbing may have): it hangs there.
             service, instance = server, ""
     seen = max(last.end_ns, progress)
-    attempt = max(_int(s.attributes.get(c.EPISODE_ATTEMPT)) for s in [*markers, *rest])
+    attempt = max(read_int(s.attributes.get(c.EPISODE_ATTEMPT), 0) for s in [*markers, *rest])
     overdue = (
-        bool(last.attributes.get(c.LIVE_OVERDUE)) and _int(last.attributes.get(c.EPISODE_ATTEMPT)) == attempt
+        bool(last.attributes.get(c.LIVE_OVERDUE))
+        and read_int(last.attributes.get(c.EPISODE_ATTEMPT), 0) == attempt
     )
     idle_s = max(0.0, (now_ns - progress) / 1e9)
     if interval > 0 and now_ns - seen > LOST_AFTER_BEATS * interval * 1e9:

@@ -30,6 +30,7 @@ from time import time_ns
 from typing import Any
 
 from gymtrace import _constants as c
+from gymtrace._model.numbers import read_int
 from gymtrace._model.outcome_rule import CANCELLED, FAILED, Attempt, Decision, Facts, state_of
 from gymtrace._model.outcome_rule import decide as decide_outcome
 from gymtrace._model.spandata import SpanData, from_readable, is_marker, normalize
@@ -54,10 +55,6 @@ def dedupe(spans: Iterable[Any]) -> list[SpanData]:
     return unique
 
 
-def _int(value: Any) -> int | None:
-    return value if isinstance(value, int) and not isinstance(value, bool) else None
-
-
 def _reward(value: Any) -> float | None:
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         return None
@@ -71,9 +68,9 @@ def is_outcome_record(span: SpanData) -> bool:
 
 def _concluded(attributes: Mapping[str, Any]) -> int:
     if attributes.get(c.KIND) == c.KIND_OUTCOME:
-        attempt = _int(attributes.get(c.EPISODE_ATTEMPT))
+        attempt = read_int(attributes.get(c.EPISODE_ATTEMPT))
         return attempt if attempt is not None else -1
-    attempts = _int(attributes.get(c.ROLLOUT_ATTEMPTS))
+    attempts = read_int(attributes.get(c.ROLLOUT_ATTEMPTS))
     return attempts - 1 if attempts is not None else -1
 
 
@@ -142,7 +139,7 @@ def decide_candidates(
     facts = []
     started = 0
     for attributes, end_ns, span_number in candidates:
-        started = max(started, _int(attributes.get(c.ROLLOUT_ATTEMPTS)) or 0)
+        started = max(started, read_int(attributes.get(c.ROLLOUT_ATTEMPTS)) or 0)
         facts.append(_fact(attributes, _ordered(attributes, end_ns, span_number)))
     if not facts:
         return None
@@ -151,7 +148,7 @@ def decide_candidates(
     # that two episodes took (reused), only the last recorded speaks for it, as in the writer.
     last: dict[int, object] = {}
     for number, outcome in episodes:
-        attempt = _int(number)
+        attempt = read_int(number)
         if attempt is not None:
             last[attempt] = outcome
     for attempt, outcome in last.items():
@@ -174,7 +171,7 @@ def last_recorded(episodes: Iterable[SpanData]) -> dict[int, SpanData]:
     """Per attempt number, the episode recorded last (see :func:`recorded_order`)."""
     found: dict[int, SpanData] = {}
     for episode in sorted(episodes, key=recorded_order):
-        attempt = _int(episode.attributes.get(c.EPISODE_ATTEMPT))
+        attempt = read_int(episode.attributes.get(c.EPISODE_ATTEMPT))
         if attempt is not None:
             found[attempt] = episode
     return found
@@ -249,7 +246,7 @@ def group_rollouts(spans: Iterable[Any]) -> list[RolloutSpans]:
     groups: dict[tuple[str | None, str, str], RolloutSpans] = {}
     for span in spans:
         kind = span.attributes.get(c.KIND)
-        rerun = (_int(span.attributes.get(c.RAY_TASK_ATTEMPT)) or 0) >= 1
+        rerun = (read_int(span.attributes.get(c.RAY_TASK_ATTEMPT)) or 0) >= 1
         if kind not in (c.KIND_ROLLOUT, c.KIND_OUTCOME, c.KIND_EPISODE) and not rerun:
             continue
         rollout_id = span.attributes.get(c.ROLLOUT_ID)
@@ -324,7 +321,7 @@ def _run_span_of(root: SpanData | None, ancestors: Mapping[str, str]) -> str | N
 def _services(episodes: list[SpanData], attempts: int) -> tuple[str, ...]:
     by_attempt: dict[int, str] = {}
     for episode in sorted(episodes, key=lambda s: s.start_ns):
-        attempt = _int(episode.attributes.get(c.EPISODE_ATTEMPT))
+        attempt = read_int(episode.attributes.get(c.EPISODE_ATTEMPT))
         if attempt is not None and attempt >= 0:
             by_attempt.setdefault(attempt, episode.service)
     count = max(attempts, max(by_attempt, default=-1) + 1)
@@ -346,7 +343,7 @@ def outcome_of(group: RolloutSpans, ancestors: Mapping[str, str] | None = None) 
         run_id=group.run_id,
         task_id=task_id if isinstance(task_id, str) else None,
         rollout_id=group.rollout_id,
-        repeat=_int(identity.get(c.ROLLOUT_REPEAT)),
+        repeat=read_int(identity.get(c.ROLLOUT_REPEAT)),
         outcome=decision.outcome,
         reward=decision.reward,
         attempts=attempts,

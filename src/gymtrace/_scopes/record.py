@@ -17,6 +17,7 @@ from gymtrace import _constants as c
 from gymtrace import _content
 from gymtrace._model.errors import guard
 from gymtrace._model.ids import check_reward
+from gymtrace._model.numbers import read_int
 from gymtrace._scopes.frame import DISABLED_KIND, ActiveScope, current_frame, frame_for
 from gymtrace._scopes.levels import LEVELS
 
@@ -152,10 +153,6 @@ def _str(value: object) -> str | None:
     return value if isinstance(value, str) else None
 
 
-def _int(value: object) -> int | None:
-    return value if isinstance(value, int) and not isinstance(value, bool) else None
-
-
 def identity_of(frame: ActiveScope | None) -> Current:
     if frame is not None and frame.kind == DISABLED_KIND:
         frame = None
@@ -167,8 +164,8 @@ def identity_of(frame: ActiveScope | None) -> Current:
         run_id=_str(ids.get(c.RUN_ID)),
         task_id=_str(ids.get(c.TASK_ID)),
         rollout_id=_str(ids.get(c.ROLLOUT_ID)),
-        repeat=_int(ids.get(c.ROLLOUT_REPEAT)),
-        attempt=_int(ids.get(c.EPISODE_ATTEMPT)),
+        repeat=read_int(ids.get(c.ROLLOUT_REPEAT)),
+        attempt=read_int(ids.get(c.EPISODE_ATTEMPT)),
         episode_id=_str(ids.get(c.EPISODE_ID)),
         trace_id=trace.format_trace_id(span_context.trace_id) if valid and span_context else None,
         span_id=trace.format_span_id(span_context.span_id) if valid and span_context else None,

@@ -67,6 +67,7 @@ from gymtrace.instrumentation import (
     get_tracer,
     innermost_scope,
     may_carry_identity,
+    read_int,
     report_error,
     start_scope,
     warn_once,
@@ -103,17 +104,19 @@ class _Usage:
     def take_usage(self, usage: Any) -> None:
         if usage is None:
             return
-        self.input = _int(getattr(usage, "prompt_tokens", None))
-        self.output = _int(getattr(usage, "completion_tokens", None))
+        self.input = read_int(getattr(usage, "prompt_tokens", None), minimum=0)
+        self.output = read_int(getattr(usage, "completion_tokens", None), minimum=0)
         details = getattr(usage, "prompt_tokens_details", None)
-        self.cached = _int(getattr(details, "cached_tokens", None)) if details is not None else None
+        self.cached = (
+            read_int(getattr(details, "cached_tokens", None), minimum=0) if details is not None else None
+        )
 
     def take_response(self, response: Any) -> None:
         self.response_id = _str(getattr(response, "id", None))
         self.model = _str(getattr(response, "model", None))
         for number, choice in enumerate(getattr(response, "choices", None) or ()):
             reason = getattr(choice, "finish_reason", None)
-            self.finish[_int(getattr(choice, "index", None)) or number] = reason or "error"
+            self.finish[read_int(getattr(choice, "index", None), minimum=0) or number] = reason or "error"
         self.take_usage(getattr(response, "usage", None))
 
     def take_chunk(self, chunk: Any) -> None:
@@ -124,7 +127,7 @@ class _Usage:
         for choice in getattr(chunk, "choices", None) or ():
             reason = getattr(choice, "finish_reason", None)
             if reason:
-                self.finish[_int(getattr(choice, "index", None)) or 0] = reason
+                self.finish[read_int(getattr(choice, "index", None), minimum=0) or 0] = reason
         if getattr(chunk, "usage", None) is not None:
             self.take_usage(chunk.usage)
 
@@ -148,10 +151,6 @@ class _Usage:
         if self.finish:
             out[c.GEN_AI_RESPONSE_FINISH_REASONS] = [self.finish[k] for k in sorted(self.finish)]
         return out
-
-
-def _int(value: Any) -> int | None:
-    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else None
 
 
 def _str(value: Any) -> str | None:

@@ -1,0 +1,310 @@
+"""Below the episode: an agent server's invocation, its turns and steps, read from the requests
+the agent sends through NeMo Gym's ``ServerClient`` and its one HTTP function (which also routes the
+driver's ``/run`` POSTs to :mod:`.passes`).
+
+Separate from the server middleware because it follows the agent's outgoing requests, not the
+requests a server receives.
+"""
+
+from __future__ import annotations
+
+import contextvars
+from collections.abc import Mapping
+from typing import Any, NamedTuple
+
+from opentelemetry import context as otel_context
+from opentelemetry.trace import Status, StatusCode
+
+from gymtrace import attributes as c
+from gymtrace import instrumentation
+from gymtrace.integrations.nemo_gym.identity import rollout_identity
+from gymtrace.integrations.nemo_gym.options import _own_telemetry
+from gymtrace.integrations.nemo_gym.passes import _dispatch_run, _driver_run
+from gymtrace.integrations.nemo_gym.wire import (
+    _MODEL_PATHS,
+    _PREFIX_PATH,
+    _RUN,
+    _SEED,
+    _VERIFY,
+    _function_calls,
+    _read_response,
+)
+
+# -- below the episode: the agent's invocation, its turns and steps --------------------------------------
+#
+# NeMo Gym's own boundary (simple_agent's TrajectoryTurn): one turn per model response. An agent
+# server's `/run` (and a `/v1/responses` conversation nobody opened an invocation for) is an
+# agent invocation; each model request it sends opens the next turn and its step, and the tool
+# requests that follow run in that step until the next model request, its `/verify`, or its end.
+# Everything is read from the requests the agent sends through NeMo Gym's one HTTP function, so any
+# agent that talks to NeMo Gym's model servers that way is covered, whatever its loop.
+
+
+class _Invocation:
+    """One agent invocation in an agent server: its span, and its turn and step in progress."""
+
+    __slots__ = ("agent", "calls", "frame", "scope", "step", "trace_id", "tracer", "turn", "turns")
+
+    def __init__(self, agent: str | None, tracer: Any) -> None:
+        self.agent = agent
+        self.tracer = tracer
+        self.scope: Any = None
+        self.frame: Any = None
+        self.trace_id = 0
+        self.turns = 0
+        self.turn: tuple[Any, Any] | None = None
+        self.step: tuple[Any, Any] | None = None
+        # The function calls the last model response asked for, (name, call ID), not yet sent.
+        self.calls: list[tuple[str, str]] = []
+
+    def open(self) -> otel_context.Context | None:
+        """The invocation's context, its span started in the current context the first time."""
+        import gymtrace
+
+        if self.frame is None:
+            self.scope = (
+                gymtrace.agent_invocation(agent_name=self.agent)
+                if self.agent
+                else gymtrace.agent_invocation()
+            )
+            self.frame = instrumentation.start_scope(self.scope, self.tracer)
+            if self.frame is None:
+                return None
+            span = self.frame.span
+            if span is not None:
+                self.trace_id = span.get_span_context().trace_id
+                _invocations[self.trace_id] = self
+        context: otel_context.Context | None = self.frame.context
+        return context
+
+    def next_step(self, parent: otel_context.Context | None) -> otel_context.Context | None:
+        """A model request is about to go: end the step in progress, start the next turn and step
+        (in ``parent``, default the current context); the step's context."""
+        import gymtrace
+
+        self.end_step()
+        self.turns += 1
+        number = self.turns
+        token = otel_context.attach(parent) if parent is not None else None
+        try:
+            turn_scope = gymtrace.turn(number=number)
+            turn = instrumentation.start_scope(turn_scope, self.tracer)
+            if turn is None:
+                return None
+            self.turn = (turn_scope, turn)
+            if turn.context is None:
+                return None
+        finally:
+            if token is not None:
+                otel_context.detach(token)
+        token = otel_context.attach(turn.context)
+        try:
+            step_scope = gymtrace.step(number=number)
+            step = instrumentation.start_scope(step_scope, self.tracer)
+        finally:
+            otel_context.detach(token)
+        if step is None:
+            return turn.context
+        self.step = (step_scope, step)
+        return step.context
+
+    def step_context(self) -> otel_context.Context | None:
+        return self.step[1].context if self.step is not None else None
+
+    def take_call(self, tool: str) -> str | None:
+        """The call ID of the first pending function call named ``tool`` (removed)."""
+        for index, (name, call_id) in enumerate(self.calls):
+            if name == tool:
+                del self.calls[index]
+                return call_id
+        return None
+
+    def end_step(self, failed: int | None = None) -> None:
+        for pair in (self.step, self.turn):
+            if pair is not None:
+                if failed is not None and pair[1].span is not None:
+                    pair[1].span.set_status(Status(StatusCode.ERROR, f"HTTP {failed}"))
+                instrumentation.end_scope(pair[0], pair[1])
+        self.step = self.turn = None
+        self.calls = []
+
+    def close(self, failed: int | None = None) -> None:
+        self.end_step(failed)
+        if self.frame is not None:
+            _invocations.pop(self.trace_id, None)
+            if failed is not None and self.frame.span is not None:
+                self.frame.span.set_status(Status(StatusCode.ERROR, f"HTTP {failed}"))
+            instrumentation.end_scope(self.scope, self.frame)
+            self.frame = None
+
+
+class _Conversation(NamedTuple):
+    """An agent server's request in progress that talks to models: ``/run`` (``own``: its
+    invocation opens at its first model or tool request and ends at its ``/verify``) or
+    ``/v1/responses`` (turns open in its own context, under the invocation that called it)."""
+
+    invocation: _Invocation
+    own: bool
+    agent: str | None
+
+
+_conversation: contextvars.ContextVar[_Conversation | None] = contextvars.ContextVar(
+    "gymtrace_nemo_gym_conversation", default=None
+)
+# Set while ServerClient sends a request the conversation already placed (NeMo Gym's HTTP function
+# then places nothing again).
+_routed: contextvars.ContextVar[bool] = contextvars.ContextVar("gymtrace_nemo_gym_routed", default=False)
+# The open invocations of this process by trace: an agent's `/run` that posts to its own
+# `/v1/responses` (simple_agent) continues its invocation there, one per rollout trace.
+_invocations: dict[int, _Invocation] = {}
+_AGENT_PATHS = (_RUN, "/v1/responses")
+
+
+def _target_kind(client: Any, server_name: Any) -> str:
+    """``responses_api_models``, ``resources_servers``, ... for a server ``ServerClient`` knows."""
+    try:
+        entry = client.global_config_dict.get(server_name)
+        for kind in (
+            "responses_api_models",
+            "resources_servers",
+            "responses_api_agents",
+            "environment_servers",
+        ):
+            if kind in entry:
+                return kind
+    except Exception:  # noqa: BLE001 - an unknown server: no kind
+        pass
+    return ""
+
+
+def _mark_request(invocation: _Invocation, context: otel_context.Context, server: str) -> None:
+    """A live marker for the request about to go out: the rollout's step, and the server it now
+    waits on (what ``gymtrace live`` names when the rollout hangs there)."""
+    tracer = invocation.tracer
+    identity = instrumentation.current_identity(context)
+    if tracer is None or c.ROLLOUT_ID not in identity:
+        return
+    attributes: dict[str, Any] = {
+        **identity,
+        c.KIND: c.KIND_LIVE,
+        c.LIVE_EVENT: c.LIVE_EVENT_STEP,
+        c.LIVE_STEP: invocation.turns,
+        c.LIVE_SERVER: server,
+    }
+    tracer.start_span(c.SPAN_LIVE, context=context, attributes=attributes).end()
+
+
+async def _agent_request(
+    wrapped: Any,
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+    conversation: _Conversation,
+    target: str,
+    own: bool,
+    path: str,
+    server: str = "",
+) -> Any:
+    """One request an agent sends inside a conversation, in the turn, step or phase it belongs to."""
+    invocation = conversation.invocation
+    context: otel_context.Context | None = None
+    model = False
+    try:
+        if path in (_SEED, _VERIFY, "/aggregate_metrics"):
+            # The episode's phases, beside the invocation: it ends where verification starts.
+            if path == _VERIFY and conversation.own:
+                invocation.close()
+        elif own:
+            context = invocation.open()  # simple_agent's /run posting to its own /v1/responses
+        elif target == "responses_api_models" and path in _MODEL_PATHS:
+            parent = invocation.open() if conversation.own else None
+            context = invocation.next_step(parent)
+            model = True
+        else:  # a tool, in the step of the model response that asked for it
+            if conversation.own:
+                invocation.open()
+            context = invocation.step_context() or (invocation.open() if conversation.own else None)
+            call_id = invocation.take_call(path.rsplit("/", 1)[-1])
+            if call_id is not None:
+                given = kwargs.get("headers")
+                kwargs["headers"] = {**(dict(given) if given else {}), c.NEMO_GYM_TOOL_CALL_HEADER: call_id}
+        if context is not None and (model or invocation.step is not None):
+            _mark_request(invocation, context, server)
+    except Exception as exc:  # noqa: BLE001 - telemetry must not break the request
+        instrumentation.report_error("gymtrace.integrations.nemo_gym agent request", exc)
+        context = None
+    token = otel_context.attach(context) if context is not None else None
+    routed = _routed.set(True)
+    try:
+        response = await wrapped(*args, **kwargs)
+    finally:
+        _routed.reset(routed)
+        if token is not None:
+            otel_context.detach(token)
+    if model:
+        with instrumentation.guard("gymtrace.integrations.nemo_gym model response"):
+            if response.status < 400:
+                invocation.calls = _function_calls(await _read_response(response))
+    return response
+
+
+async def _server_client_request(
+    wrapped: Any, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
+) -> Any:
+    conversation = _conversation.get()
+    if conversation is not None:
+        try:
+            server_name = kwargs.get("server_name", args[0] if args else None)
+            url_path = kwargs.get("url_path", args[1] if len(args) > 1 else "")
+            path = str(url_path).split("?", 1)[0]
+            prefixed = _PREFIX_PATH.match(path)
+            path = prefixed.group(2) if prefixed else path
+            target = _target_kind(instance, server_name)
+            own = server_name is not None and server_name == conversation.agent
+        except Exception as exc:  # noqa: BLE001 - telemetry must not break the request
+            instrumentation.report_error("gymtrace.integrations.nemo_gym ServerClient.request", exc)
+            return await wrapped(*args, **kwargs)
+        return await _agent_request(wrapped, args, kwargs, conversation, target, own, path, str(server_name))
+    this_pass = _driver_run.get()
+    if this_pass is None:
+        return await wrapped(*args, **kwargs)
+    row = None
+    try:
+        url_path = kwargs.get("url_path", args[1] if len(args) > 1 else "")
+        body: Any = kwargs.get("json")
+        if isinstance(url_path, str) and url_path.split("?", 1)[0].endswith(_RUN):
+            fields = body.model_dump() if hasattr(body, "model_dump") else body
+            row = rollout_identity(fields) if isinstance(fields, Mapping) else None
+    except Exception as exc:  # noqa: BLE001 - telemetry must not break the request
+        instrumentation.report_error("gymtrace.integrations.nemo_gym ServerClient.request", exc)
+    if row is None or _own_telemetry("rollout"):
+        # NeMo Gym's own rollout span (nemo.gym.rollout.id, read as the rollout ID) is the one.
+        return await wrapped(*args, **kwargs)
+    return await _dispatch_run(wrapped, args, kwargs, this_pass, row)
+
+
+async def _request_with_retries(
+    wrapped: Any, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
+) -> Any:
+    """NeMo Gym's one HTTP function says whether a request goes to one of its servers; an agent's
+    tool request that bypasses ``ServerClient`` (a session's direct tool access) joins its step."""
+    conversation = _conversation.get()
+    token = None
+    with instrumentation.gym_destination(bool(kwargs.get("_internal", False))):
+        if conversation is not None and not _routed.get():
+            with instrumentation.guard("gymtrace.integrations.nemo_gym tool request"):
+                url = str(kwargs.get("url", args[1] if len(args) > 1 else ""))
+                name = url.split("?", 1)[0].rstrip("/").rsplit("/", 1)[-1]
+                call_id = conversation.invocation.take_call(name)
+                context = conversation.invocation.step_context()
+                if call_id is not None and context is not None:
+                    given = kwargs.get("headers")
+                    kwargs["headers"] = {
+                        **(dict(given) if given else {}),
+                        c.NEMO_GYM_TOOL_CALL_HEADER: call_id,
+                    }
+                    token = otel_context.attach(context)
+        try:
+            return await wrapped(*args, **kwargs)
+        finally:
+            if token is not None:
+                otel_context.detach(token)
