@@ -50,7 +50,12 @@ Span = dict[str, Any]
 
 
 class PipelineError(RuntimeError):
-    """A pipeline process failed to start, died, or did not become healthy in time."""
+    """A pipeline process failed to start, died, or did not become healthy in time, or a query
+    failed (``status``: the HTTP status it answered, when there was one)."""
+
+    def __init__(self, message: str, status: int | None = None) -> None:
+        super().__init__(message)
+        self.status = status
 
 
 def free_ports(n: int) -> list[int]:
@@ -408,7 +413,7 @@ class Pipeline:
         except urllib.error.HTTPError as exc:
             if exc.code == 404:
                 return None
-            raise PipelineError(f"GET {url}: {exc.code} {exc.read()[:500]!r}") from exc
+            raise PipelineError(f"GET {url}: {exc.code} {exc.read()[:500]!r}", exc.code) from exc
 
     def services(self) -> list[str]:
         return (self._get("/api/services") or {}).get("data") or []
@@ -451,8 +456,17 @@ class Pipeline:
         """Poll until at least ``count`` matching traces (each with ``min_spans`` spans) are
         stored, or ``predicate(traces)`` holds; raise ``TimeoutError`` with what was seen."""
         deadline = time.monotonic() + timeout
+        unavailable = ""  # the store's last "not ready" answer
         while True:
-            traces = [t for t in self.find_traces(service, tags) if len(t.get("spans", [])) >= min_spans]
+            try:
+                found = self.find_traces(service, tags)
+            except PipelineError as exc:
+                # A store still allocating its shards (OpenSearch on a loaded machine) answers 5xx
+                # for a while: not an answer yet, keep polling until the timeout.
+                if exc.status is None or exc.status < 500:
+                    raise
+                found, unavailable = [], str(exc)
+            traces = [t for t in found if len(t.get("spans", [])) >= min_spans]
             done = predicate(traces) if predicate else len(traces) >= count
             if done:
                 return traces
@@ -460,7 +474,9 @@ class Pipeline:
                 raise TimeoutError(
                     f"after {timeout:.0f}s Jaeger has {len(traces)} trace(s) for service "
                     f"{service!r} tags {dict(tags or {})} (wanted {count} with >= {min_spans} "
-                    f"spans); services: {self.services()}\n{self.logs(20)}"
+                    f"spans); services: {self.services()}"
+                    + (f"; last answer: {unavailable}" if unavailable else "")
+                    + f"\n{self.logs(20)}"
                 )
             time.sleep(interval)
 
