@@ -1,6 +1,6 @@
 """The content policy: whether content is captured, the byte budgets, the redaction hook and keys.
 
-The capture mode and budgets are settings (argument > environment > default, see ``_settings``);
+The capture mode and budgets are settings (argument > environment > default, see ``_model.settings``);
 the redaction hook and the secret keys exist only in code, so they live here.
 """
 

@@ -3,7 +3,7 @@
 Anyone who can reach a server can send ``baggage: gym.rollout.id=...``. The identity decides which
 searches a span turns up in, what ``gymtrace.current()`` returns to handler code that stores join
 keys, and (through ``gym.episode.attempt``) which traces the Collector keeps. So incoming identity
-is believed only as the operator says (``GYMTRACE_TRUST_IDENTITY``, resolved in ``_settings``):
+is believed only as the operator says (``GYMTRACE_TRUST_IDENTITY``, resolved in ``_model.settings``):
 
 - ``all``: every peer is trusted (a single-tenant cluster; the default without a secret);
 - ``none``: the trace context is continued, the identity is not;
@@ -69,7 +69,7 @@ def trust_overrides(
     secret: object = None,
     allow: object = None,
 ) -> dict[str, object]:
-    """Validated ``_settings`` overrides for the trust arguments of ``configure()``."""
+    """Validated ``_model.settings`` overrides for the trust arguments of ``configure()``."""
     overrides: dict[str, object] = {}
     if mode is not None:
         if not isinstance(mode, str) or mode.strip().lower() not in _settings.TRUST_MODES:

@@ -7,7 +7,7 @@ gymtrace honours the standard ``OTEL_*`` variables through the OpenTelemetry SDK
 what those do not. Precedence everywhere: argument to ``configure()``, then ``GYMTRACE_*``, then
 ``OTEL_*``, then the default.
 
-gymtrace reads these variables in one place, ``_settings`` (once at import and again at each
+gymtrace reads these variables in one place, ``_model.settings`` (once at import and again at each
 ``configure()``), with one policy for a bad value: a warning naming the variable and the value, and
 the default; an ``InvalidArgumentError`` in strict mode.
 """

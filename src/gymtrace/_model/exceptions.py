@@ -1,6 +1,6 @@
 """gymtrace's exception classes, at the bottom of the import graph.
 
-They sit apart from the error policy in ``_errors`` so that the settings object, which the error
+They sit apart from the error policy in ``_model.errors`` so that the settings object, which the error
 policy reads, can raise :class:`InvalidArgumentError` for a bad environment value in strict mode.
 """
 

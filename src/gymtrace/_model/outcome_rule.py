@@ -6,8 +6,8 @@ Example::
     decide(facts)   # Decision(outcome="scored", reward=0.5, attempt=1, attempts=2, discarded=())
 
 Everything that states a rollout's outcome calls :func:`decide`: the rollout span's finish and the
-outcome records (``_levels``, ``_frame``), the readers (``_outcomes``: ``rollouts``, ``stats``,
-``tree``) and the checker (``_check``). Before it existed the rule lived in four places that
+outcome records (``_scopes.levels``, ``_scopes.frame``), the readers (``_read.outcomes``: ``rollouts``, ``stats``,
+``tree``) and the checker (``_read.check``). Before it existed the rule lived in four places that
 disagreed, so gymtrace could write a trace its own checker rejected, and pass one whose reward it had
 already lost (issue 25). The seed's rule, as it decides it:
 

@@ -18,7 +18,7 @@ variable and the value, and the default is used; in strict mode (``GYMTRACE_STRI
 *argument* always raises. Resolving at import never raises: an import is no place to fail.
 
 This module sits at the bottom of gymtrace's import graph: it imports only the standard library,
-``_environment``, ``_constants``, ``_exceptions`` and ``_model/env_reading.py`` (how one variable is
+``_model.environment``, ``_constants``, ``_model.exceptions`` and ``_model/env_reading.py`` (how one variable is
 read and parsed, with the failure policy above).
 """
 

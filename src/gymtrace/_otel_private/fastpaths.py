@@ -61,5 +61,5 @@ def status(name: str) -> FastPath:
 
 
 def all_paths() -> list[FastPath]:
-    """Every fast path registered by the modules imported so far (see ``_setup.fast_paths``)."""
+    """Every fast path registered by the modules imported so far (see ``_sdk.setup.fast_paths``)."""
     return [status(name) for name in sorted(_REGISTERED)]

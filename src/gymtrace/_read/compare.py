@@ -1,7 +1,7 @@
 """Two runs side by side (``gymtrace compare A B``): per-task reward deltas, a paired bootstrap
 interval, flips, and a refusal when the runs lost different shares of rollouts.
 
-Everything is read from the final outcomes every reader uses (``_outcomes.final_outcomes``):
+Everything is read from the final outcomes every reader uses (``_read.outcomes.final_outcomes``):
 
 - tasks are joined on ``gym.task.id``, never on position; a task only one run has is listed with no
   delta and left out of the totals;

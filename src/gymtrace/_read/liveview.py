@@ -6,7 +6,7 @@ Example::
     run      task  rollout  attempt  state    age     idle    step  service
     run-1    t3    t3-r0    1        stalled  312.4s  301.9s  7     env-worker (5b1c…)
 
-A rollout is open while its trace holds ``gym.live`` markers (``_live.py``), and neither its
+A rollout is open while its trace holds ``gym.live`` markers (``_scopes/live.py``), and neither its
 rollout span nor its ``end`` marker. What the markers and the rollout's other spans say, read at ``now``:
 
 - ``lost``: nothing of it (no marker, no span) for three heartbeat intervals: its process is gone;

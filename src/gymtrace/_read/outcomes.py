@@ -5,7 +5,7 @@ summary) answers "what was this rollout's outcome?" through :func:`final_outcome
 never disagree. Spans are immutable once ended: when a rollout's outcome is decided outside its
 rollout span (a reward recorded in another process, after the rollout span ended, or by an episode
 continued from a carrier elsewhere), gymtrace writes a short ``gym.outcome`` record span. Each
-candidate is one fact for the outcome rule (``_outcome_rule.decide``, the same function the writer
+candidate is one fact for the outcome rule (``_model.outcome_rule.decide``, the same function the writer
 used):
 
 - the candidates of a rollout are its root span (it concludes attempt ``gym.rollout.attempts - 1``)
@@ -135,7 +135,7 @@ def decide_candidates(
     record, end time in ns, span ID as an int), and its episodes, each (``gym.episode.attempt``,
     ``gym.episode.outcome``) in the order they were recorded (of two with one attempt number, the
     later speaks for it); None without candidates. The readers call it with spans, and the
-    metrics (``_metrics``) with what the process that owns the rollout recorded about it."""
+    metrics (``_scopes.metrics``) with what the process that owns the rollout recorded about it."""
     facts = []
     started = 0
     for attributes, end_ns, span_number in candidates:

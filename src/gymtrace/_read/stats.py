@@ -114,7 +114,7 @@ def summarise(
 
     The mean reward is over scored rollouts only; ``failed_as_zero=True`` counts each unscored
     rollout as an input of 0 (nothing is written into the trace). pass@k is given per task that
-    has more than one repeat, by ``_passk``'s one definition: the unbiased estimator over the
+    has more than one repeat, by ``_read.passk``'s one definition: the unbiased estimator over the
     task's scored repeats with k their number, a repeat passing when its reward is at least
     ``pass_threshold`` (default 0.5); unscored repeats are counted beside it, never as failures. Several runs
     sharing one run ID (a re-run appended to the same file) get one ``RunStats`` each.

@@ -66,7 +66,7 @@ class Activation:
 
     def __init__(self, kind: str, parent: Self | None, owner: object = None, level: Any = None) -> None:
         self.kind = kind
-        # The level's description (a ``_levels.Level``); None for remote and disabled frames.
+        # The level's description (a ``_scopes.levels.Level``); None for remote and disabled frames.
         self.level = level
         self.parent = parent
         # The Scope object this is an activation of (None for remote and disabled frames).
@@ -261,7 +261,7 @@ class Activation:
         )
 
     def outcome_facts(self) -> Facts:
-        """For a rollout: what was recorded about it that bears on its outcome (``_outcome_rule``)."""
+        """For a rollout: what was recorded about it that bears on its outcome (``_model.outcome_rule``)."""
         state = self.rollout_state
         if state is not None:
             final = state.last_episode

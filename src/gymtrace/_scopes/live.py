@@ -19,8 +19,8 @@ marker spans into the rollout's trace (``gym.kind=live``), from one daemon threa
   the frames when the beat fires: nothing is done per step), the interval, when the rollout started
   and the process (``service.instance.id``).
 
-The same thread hands the episodes' metrics to the MeterProvider each second (``_metrics.settle``;
-a collection takes everything at once, see ``_metrics``), and is the watchdog of sync episodes
+The same thread hands the episodes' metrics to the MeterProvider each second (``_scopes.metrics.settle``;
+a collection takes everything at once, see ``_scopes.metrics``), and is the watchdog of sync episodes
 opened with ``timeout=``: one cannot be interrupted safely (threads are never killed), so past its
 deadline it gets a ``gym.episode.overdue`` event and its heartbeats say ``gym.live.overdue``, which
 ``gymtrace live`` reads as ``stalled``. Async episodes are cancelled instead (:func:`deadline`).
@@ -57,7 +57,7 @@ from gymtrace._scopes.tracing import active_tracer
 # if shorter): "searchable within seconds" without a span for every short rollout.
 MARK_EVERY = 1.0
 
-# The engine's open activations (``_scope._OPEN``), handed down by the engine at import: a span of
+# The engine's open activations (``_scopes.open_scopes.OPEN``), handed down by the engine at import: a span of
 # a rollout that ended since the last beat is one that left this table.
 open_scopes: Mapping[int, ActiveScope] = {}
 
@@ -125,7 +125,7 @@ os.register_at_fork(after_in_child=_after_fork_in_child)
 
 def watch(rollout: ActiveScope) -> None:
     """A rollout started: mark it and beat for it while it is open (unless heartbeats are off; the
-    thread starts all the same, it also hands the metrics over, ``_metrics.settle``)."""
+    thread starts all the same, it also hands the metrics over, ``_scopes.metrics.settle``)."""
     state = _state
     if _settings.active.heartbeat > 0:
         state.watched[id(rollout)] = _Watched(rollout, time.time_ns())

@@ -15,7 +15,7 @@ low-cardinality: outcomes and failure kinds, never rollout or task IDs.
 **Which process counts a rollout, and with what.** The process that ran the rollout span (its
 owner), once: a remote scorer, a NeMo Gym server's ``/verify`` or an episode continued from a
 carrier writes an outcome record and counts nothing. The owner counts the decision the readers
-(``_outcomes.decide_candidates``, the function ``gymtrace rollouts`` uses, handed down here by
+(``_read.outcomes.decide_candidates``, the function ``gymtrace rollouts`` uses, handed down here by
 :func:`decide_by`) give for what this process recorded about the rollout: its root, the outcome
 records written here for it (remote, continued, late) and its episodes. It counts at the first
 collection after the rollout span ended (a reader's ``collect()``, a Prometheus scrape, the periodic
@@ -158,7 +158,7 @@ Candidate = tuple[Mapping[str, Any], int, int]
 EpisodeFact = tuple[object, object]
 Rule = Callable[[Iterable[Candidate], Iterable[EpisodeFact]], "Decision | None"]
 
-# The readers' decision (``_outcomes.decide_candidates``), handed down when ``_outcomes`` is imported
+# The readers' decision (``_read.outcomes.decide_candidates``), handed down when ``_read.outcomes`` is imported
 # (``import gymtrace`` imports it): the metrics decide by the very function ``gymtrace rollouts`` runs.
 _reader_rule: Rule | None = None
 
@@ -172,7 +172,7 @@ def _no_open_rollouts() -> int:
     return 0
 
 
-# How many rollouts are open in this process: handed down by ``_live``, which reads the engine's
+# How many rollouts are open in this process: handed down by ``_scopes.live``, which reads the engine's
 # table of open activations.
 open_rollouts: Callable[[], int] = _no_open_rollouts
 
@@ -267,7 +267,7 @@ def outcome_recorded(
     record: trace.Span,
     episode: EpisodeFact | None = None,
 ) -> None:
-    """An outcome record was written here (``_frame.emit_outcome``): a fact for its rollout's count
+    """An outcome record was written here (``_scopes.outcome_spans.emit_outcome``): a fact for its rollout's count
     when this process owns the rollout and has not counted it yet, else for nobody (the owner, in
     another process, counts it)."""
     end_ns = getattr(record, "end_time", None)
@@ -399,5 +399,5 @@ os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 def step_ended(seconds: float) -> None:
-    """Only with ``GYMTRACE_STEP_METRICS`` (``_levels.measure_steps`` installs it)."""
+    """Only with ``GYMTRACE_STEP_METRICS`` (``_scopes.levels.measure_steps`` installs it)."""
     instruments().step_duration.record(seconds)

@@ -63,7 +63,7 @@ def set_failure(
     message: str | None,
     exception: BaseException | None = None,
 ) -> None:
-    """Mark this episode failed; ``retryable`` defaults by kind (see ``_failures``)."""
+    """Mark this episode failed; ``retryable`` defaults by kind (see ``_model.failures``)."""
     self.failure = (kind, retryable_by_default(kind) if retryable is None else bool(retryable), message)
     if exception is not None and self.span.is_recording():
         self.span.record_exception(exception)

@@ -1,6 +1,6 @@
 """The scope engine: one object that is a context manager and a decorator, for every gym level.
 
-A :class:`Scope` is a level (see ``_levels.LEVELS``) with its arguments. Each activation (a ``with``
+A :class:`Scope` is a level (see ``_scopes.levels.LEVELS``) with its arguments. Each activation (a ``with``
 block or one call of a decorated function) creates an :class:`~gymtrace._scopes.frame.ActiveScope` holding
 the span, the identity and the level's state, and puts it in the OpenTelemetry context. The engine
 knows nothing of any particular level: it validates arguments, asks the level to prepare the span,

@@ -34,7 +34,7 @@ measured, long enough to fill 8,192 spans. What was measured and chosen:
   would have to keep encoded bytes per exporter; it removes one handoff per batch, which
   draining already amortises.
 - *an encoder process fed through a pipe* (built: ``GYMTRACE_ENCODER=process``,
-  ``_export_process.py``, where the default ``auto`` moves a fast loop, ``_export_auto.py``): the
+  ``_sdk/export_process.py``, where the default ``auto`` moves a fast loop, ``_sdk/export_auto.py``): the
   only candidate that takes the encoding CPU off the application's process and GIL. A queue of
   records feeding this worker thread had not paid: making them cost the application thread more
   than the collector work they saved, and with an exporter that does nothing queueing alone cost

@@ -1,9 +1,9 @@
 """``GYMTRACE_ENCODER=auto`` (the default): the thread queue, until spans come too fast for it.
 
 An LLM agent loop ends tens of spans a second; a simulator with every step a span, tens of
-thousands. For the first the thread queue (``_export.py``) costs nothing worth a process; for the
+thousands. For the first the thread queue (``_sdk/export.py``) costs nothing worth a process; for the
 second it costs the application's process ~13 µs a span (``benchmarks/perf.py``, the CartPole
-rows), and the encoder process (``_export_process.py``) ~2 µs. So the export starts on the thread
+rows), and the encoder process (``_sdk/export_process.py``) ~2 µs. So the export starts on the thread
 queue, whose worker watches the rate before each batch it takes (off the application's threads),
 and moves to an encoder process when :data:`UPGRADE_SPANS` spans ended within
 :data:`UPGRADE_WINDOW` seconds (started from a thread of its own, so that the worker keeps

@@ -1,7 +1,7 @@
 """The export queue in an encoder process: the application's process only hands over records.
 
 ``GYMTRACE_ENCODER=process`` (or ``configure(encoder="process")``) puts gymtrace's OTLP and file
-exporters in a child process; the default, ``auto`` (``_export_auto.py``), moves there when spans
+exporters in a child process; the default, ``auto`` (``_sdk/export_auto.py``), moves there when spans
 come fast. Why (``benchmarks/perf.py``, the CartPole rows): with the export queue on a thread of
 the application's process, a span cost the process ~13 µs more than with no exporter at all, of
 which encoding was only ~4 µs; the rest was the export thread itself (it takes the GIL from the

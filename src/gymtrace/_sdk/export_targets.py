@@ -1,6 +1,6 @@
 """The exporters behind gymtrace's queues: OTLP (gRPC or HTTP, with the lean encoder) and the file of
 OTLP/JSON lines. Built by ``configure()`` in the application's process, and by the encoder process
-(``_export_process.py``) from the same settings."""
+(``_sdk/export_process.py``) from the same settings."""
 
 from __future__ import annotations
 

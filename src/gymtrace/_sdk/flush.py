@@ -2,7 +2,7 @@
 ``shutdown()``, and the counts ``export_stats()`` reports.
 
 Every exit path (``atexit``, SIGTERM, a ``multiprocessing`` child's finalizer, installed by
-``_lifecycle``) ends in :func:`flush_at_exit`, bounded by the ``GYMTRACE_FLUSH_TIMEOUT`` each queue
+``_sdk.lifecycle``) ends in :func:`flush_at_exit`, bounded by the ``GYMTRACE_FLUSH_TIMEOUT`` each queue
 was built with; what is still queued then is counted and said in one line.
 """
 

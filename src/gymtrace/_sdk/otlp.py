@@ -8,7 +8,7 @@ straight from the SDK span's fields into bytes instead (``otlp_proto``: the wire
 the export thread holds the GIL for a fraction of that time. ``benchmarks/perf.py`` prints both
 costs side by side.
 
-The exporters (built inside the fence, ``_otel_private/otlp_seams``, because they set the SDK
+The exporters (built inside the fence, ``_otel_private.otlp_seams``, because they set the SDK
 exporters' private transport fields; re-exported here) are the SDK's own OTLP exporters with only
 the encoding replaced: TLS, headers, compression, timeouts, the ``OTEL_EXPORTER_OTLP_*`` variables
 and the SDK's transport retries stay exactly theirs. The result decodes with the official ``opentelemetry-proto`` classes to the

@@ -103,7 +103,7 @@ def adopt(existing: trace.TracerProvider, sdk_trace: Any, key: tuple[Any, ...]) 
 
 
 def set_meter_provider(settings: _settings.Settings, headers: Mapping[str, str] | None) -> None:
-    """The metrics (``_metrics``) over OTLP to the spans' endpoint, when the application set no
+    """The metrics (``_scopes.metrics``) over OTLP to the spans' endpoint, when the application set no
     MeterProvider; one it set is never replaced, and without OTLP nothing is set up."""
     from opentelemetry import metrics
 

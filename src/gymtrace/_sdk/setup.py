@@ -343,7 +343,7 @@ def configure(
 
 
 def configure_from_parent() -> bool:
-    """Configure this never-configured process from ``GYMTRACE_PARENT`` (see ``_tracing``). True
+    """Configure this never-configured process from ``GYMTRACE_PARENT`` (see ``_scopes.tracing``). True
     when it did; every later call is free."""
     parent = dict(_settings.active.parent or ())
     if not parent or parent.get("pid") == os.getpid() or _state.configuration is not None:
@@ -412,7 +412,7 @@ def _describe(configuration: Configuration) -> str:
 
 
 def fast_paths() -> list[Any]:
-    """Every use of private OpenTelemetry names (``_fastpaths.FastPath``), with whether this
+    """Every use of private OpenTelemetry names (``_otel_private.fastpaths.FastPath``), with whether this
     installation has what it needs: loaded here, since the span and exporter ones need the SDK."""
     # API only: the SDK's paths are not registered, and nothing uses them.
     with contextlib.suppress(ImportError):

@@ -1,7 +1,7 @@
 """The contract's rules about single spans and how they nest, and the index they read the trace by.
 
 Each rule is a rule of the vocabulary docs/concepts.md describes; each message names the span it
-is about. Nesting comes from the level table (``_levels.LEVELS``), so a new level is checked
+is about. Nesting comes from the level table (``_scopes.levels.LEVELS``), so a new level is checked
 without touching this module. The rules that judge a whole rollout (its attempts, root and final
 outcome) are in :mod:`.rollouts`; both return problems to the driver in :mod:`gymtrace._read.check`,
 which limits the examples per rule.

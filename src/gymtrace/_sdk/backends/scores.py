@@ -1,7 +1,7 @@
 """The scores' machinery, shared by the live exporter and ``gymtrace push``: which outcome each
 rollout has, and the thread that sends scores, tags and run counts until they land.
 
-The outcome is the one every reader reports: ``_outcomes.final_outcomes`` over the rollout's root,
+The outcome is the one every reader reports: ``_read.outcomes.final_outcomes`` over the rollout's root,
 its ``gym.outcome`` records and its episodes. A rollout scored, then changed by a late or remote
 outcome record, gets its score updated; an unscored or pending one gets none.
 
