@@ -10,7 +10,7 @@ from opentelemetry import context as otel_context
 from gymtrace import _constants as c
 from gymtrace._identity.carriers import identity_from_context
 from gymtrace._model.errors import guard
-from gymtrace._otel_private.spanfields import attribute_dict, attribute_dict_of
+from gymtrace._otel_private.spanfields import SkipsOwnSpans, attribute_dict
 from gymtrace._scopes.frame import FRAME_KEY, ActiveScope
 
 _ON_START_GUARD = guard("IdentitySpanProcessor.on_start")
@@ -23,9 +23,11 @@ _aliases: Callable[[Mapping[str, Any]], Mapping[str, Any]] | None = None
 def set_aliases(derive: Callable[[Mapping[str, Any]], Mapping[str, Any]] | None) -> None:
     global _aliases
     _aliases = derive
+    # Aliases are derived for gymtrace's own spans too: none may skip the general path then.
+    IdentitySpanProcessor.skip_own = derive is None
 
 
-class IdentitySpanProcessor:
+class IdentitySpanProcessor(SkipsOwnSpans):
     """Stamps ``gym.run.id``, ``gym.rollout.id``, ``gym.episode.attempt``, ... onto every span
     started in a gym scope, including spans of HTTP clients and model SDKs. Outside any gym scope
     it takes the identity from the W3C baggage of the span's parent context (validated, and only
@@ -40,16 +42,8 @@ class IdentitySpanProcessor:
     instrumentation does not import the SDK.
     """
 
-    def on_start(self, span: Any, parent_context: otel_context.Context | None = None) -> None:
-        if _aliases is None:
-            # gymtrace's own spans (every step of a fast loop) start with their identity: found
-            # before the guard and the context lookups, which cost more than the check.
-            try:
-                plain = attribute_dict_of(span)
-                if type(plain) is dict and c.KIND in plain:
-                    return
-            except Exception:  # noqa: BLE001 - not an SDK span: the general path below
-                pass
+    def start_other(self, span: Any, parent_context: otel_context.Context | None = None) -> None:
+        # on_start (SkipsOwnSpans) has returned already for gymtrace's own spans.
         with _ON_START_GUARD:
             ctx = parent_context if parent_context is not None else otel_context.get_current()
             frame = ctx.get(FRAME_KEY)

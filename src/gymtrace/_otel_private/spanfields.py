@@ -15,6 +15,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, TypeVar
 
+from gymtrace._constants import KIND as _KIND
 from gymtrace._otel_private import fastpaths as _fastpaths
 
 # What the encoders read of an ended span, in this order (a plain tuple: a NamedTuple's __new__
@@ -129,13 +130,29 @@ def last_object_cache(compute: Callable[[Any], _Value]) -> Callable[[Any], _Valu
 read_span = _read
 
 
-# A span's attribute dict, for the identity processor's check of every span's start: the SDK span's
-# plain dict (``span.attributes`` wraps it twice, and ``in`` on the wrapper runs Python-level
-# Mapping code, ~0.5 µs). Raises AttributeError on a span without it (not an SDK span): the caller
-# takes its public path then. A plain function: ``operator.attrgetter`` with a dotted name costs
-# twice as much as this call (it splits the name on every call).
-def attribute_dict_of(span: Any) -> Any:
-    return span._attributes._dict
+class SkipsOwnSpans:
+    """Base of the identity processor: ``on_start`` returns at once for a span that started with
+    ``gym.kind`` among its attributes (every span gymtrace makes, every step of a fast loop),
+    read from the SDK span's plain dict, so those spans cost no call here; any other span goes to
+    ``start_other``. ``span.attributes`` would wrap the dict twice, and ``in`` on the wrapper runs
+    Python-level Mapping code (~0.5 µs). A span without that dict (not an SDK span) takes the
+    general path too."""
+
+    # False while every span needs the general path (extra attributes derived for each one).
+    skip_own = True
+
+    def on_start(self, span: Any, parent_context: Any = None) -> None:
+        if self.skip_own:
+            try:
+                plain = span._attributes._dict
+                if type(plain) is dict and _KIND in plain:
+                    return
+            except Exception:  # noqa: BLE001 - not an SDK span: the general path below
+                pass
+        self.start_other(span, parent_context)
+
+    def start_other(self, span: Any, parent_context: Any) -> None:
+        raise NotImplementedError
 
 
 def attribute_dict(span: Any) -> dict[str, Any] | None:
