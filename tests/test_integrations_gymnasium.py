@@ -193,25 +193,58 @@ def test_an_exception_in_step_fails_the_episode_and_leaves_the_rollout_unscored(
 
 
 class SlowSteps(CountsSteps):
-    """Sleeps the given seconds in the given steps of each episode (1-based), and opens a span of
-    its own in every step, as a simulator instrumented with OpenTelemetry would."""
+    """Takes the given seconds in the given steps of each episode (1-based), and opens a span of
+    its own in every step, as a simulator instrumented with OpenTelemetry would. With a
+    ``VirtualClock`` the seconds pass on that clock instead of in a real sleep."""
 
-    def __init__(self, env: Any, sleeps: dict[int, float], tracer: Any) -> None:
+    def __init__(
+        self, env: Any, sleeps: dict[int, float], tracer: Any, clock: VirtualClock | None = None
+    ) -> None:
         super().__init__(env)
         self.sleeps = sleeps
         self.tracer = tracer
+        self.clock = clock
 
     def step(self, action: Any) -> Any:
         self.steps += 1
         with self.tracer.start_as_current_span(f"physics {self.steps}"):
-            time.sleep(self.sleeps.get(self.steps, 0.0))
+            seconds = self.sleeps.get(self.steps, 0.0)
+            if self.clock is None:
+                time.sleep(seconds)
+            else:
+                self.clock.advance(seconds)
             return self.env.step(action)
 
 
-def test_step_statistics_are_each_unsampled_steps_own_time(captured: CapturedSpans) -> None:
+class VirtualClock:
+    """The step timer's ``perf_counter_ns``, made deterministic: one microsecond per reading plus
+    whatever a step says it took, so a busy machine cannot reorder the steps' durations."""
+
+    def __init__(self) -> None:
+        self.now = time.perf_counter_ns()
+
+    def __call__(self) -> int:
+        self.now += 1_000
+        return self.now
+
+    def advance(self, seconds: float) -> None:
+        self.now += int(seconds * 1e9)
+
+    def install(self, monkeypatch: pytest.MonkeyPatch) -> VirtualClock:
+        from gymtrace.integrations.gymnasium import env, episodes
+
+        monkeypatch.setattr(env, "_perf_counter_ns", self)
+        monkeypatch.setattr(episodes, "_perf_counter_ns", self)
+        return self
+
+
+def test_step_statistics_are_each_unsampled_steps_own_time(
+    captured: CapturedSpans, monkeypatch: pytest.MonkeyPatch
+) -> None:
     tracer = captured.tracer_provider.get_tracer("sim")
     sleeps = {2: 0.004, 4: 0.030}
-    env = TraceEnv(SlowSteps(gym.make("CartPole-v1", max_episode_steps=6), sleeps, tracer))
+    clock = VirtualClock().install(monkeypatch)
+    env = TraceEnv(SlowSteps(gym.make("CartPole-v1", max_episode_steps=6), sleeps, tracer, clock))
     env.reset(seed=0)
     for n in range(6):
         env.step(n % 2)  # alternate pushes: upright for six steps, then the TimeLimit
@@ -219,9 +252,10 @@ def test_step_statistics_are_each_unsampled_steps_own_time(captured: CapturedSpa
     ep = attrs(captured.one("episode"))
     assert ep[c.STEPS_COUNT] == 6 and ep[c.STEPS_SAMPLED] == 1
     assert ep[c.STEPS_SLOWEST_NUMBER] == 4
-    assert 30.0 <= ep[c.STEPS_DURATION_MAX_MS] < 1000.0
-    assert ep[c.STEPS_DURATION_MIN_MS] < 4.0  # none of the four steps that did not sleep
-    assert 34.0 <= ep[c.STEPS_DURATION_TOTAL_MS] < ep[c.STEPS_DURATION_MAX_MS] + 4.0 + 100.0
+    # On the virtual clock each step took what it asked for, plus one microsecond of reading.
+    assert ep[c.STEPS_DURATION_MAX_MS] == pytest.approx(30.001)
+    assert ep[c.STEPS_DURATION_MIN_MS] == pytest.approx(0.001)  # the four steps that did not sleep
+    assert ep[c.STEPS_DURATION_TOTAL_MS] == pytest.approx(34.006)
     assert ep[c.STEPS_DURATION_MEAN_MS] == pytest.approx(ep[c.STEPS_DURATION_TOTAL_MS] / 6)
     # Spans the environment opens in a step nest under that step's span when it has one (the
     # sampled first step), else directly under the episode: never under the caller's context.
