@@ -49,12 +49,14 @@ def test_aggregate_keeps_the_first_the_slowest_and_counts_every_step(policy) -> 
     aggregate(first=2, slowest=1)
     with capture_spans() as captured:
         run_episode(10, slow=6)
-    assert steps_of(captured) == [(1, "first"), (2, "first"), (6, "slowest")]
+    kept = steps_of(captured)
+    assert kept[:2] == [(1, "first"), (2, "first")] and len(kept) == 3
+    number, why = kept[2]
     episode = captured.one("episode").attributes
     assert episode[c.STEPS_POLICY] == "aggregate"
     assert (episode[c.STEPS_COUNT], episode[c.STEPS_SAMPLED]) == (10, 3)
     assert (episode[c.STEPS_FIRST], episode[c.STEPS_SLOWEST]) == (2, 1)
-    assert episode[c.STEPS_SLOWEST_NUMBER] == 6
+    assert why == "slowest" and episode[c.STEPS_SLOWEST_NUMBER] == number
     assert episode[c.STEPS_DURATION_MAX_MS] >= 20
     assert (
         episode[c.STEPS_DURATION_MIN_MS]
@@ -62,9 +64,13 @@ def test_aggregate_keeps_the_first_the_slowest_and_counts_every_step(policy) -> 
         <= episode[c.STEPS_DURATION_MAX_MS]
     )
     assert episode[c.STEPS_DURATION_TOTAL_MS] == pytest.approx(episode[c.STEPS_DURATION_MEAN_MS] * 10)
-    # The slowest step's span has its true times, inside the episode.
-    slowest = next(s for s in captured.by_kind("step") if s.attributes[c.STEP_NUMBER] == 6)
-    assert (slowest.end_time - slowest.start_time) >= 20_000_000
+    # The slowest step's span has its true times, inside the episode. It is step 6, the one that
+    # slept 20 ms, unless a busy machine stalled another step for longer: then that one, and it
+    # took at least as long (which a wrong choice, the fastest say, would not).
+    slowest = next(s for s in captured.by_kind("step") if s.attributes[c.STEP_NUMBER] == number)
+    took = slowest.end_time - slowest.start_time
+    assert took >= 20_000_000
+    assert took / 1e6 == pytest.approx(episode[c.STEPS_DURATION_MAX_MS], abs=1.0)
     assert slowest.parent.span_id == captured.one("episode").context.span_id
     assert check_trace(captured) == []
 
