@@ -160,10 +160,23 @@ _invocations: dict[int, _Invocation] = {}
 _AGENT_PATHS = (_RUN, "/v1/responses")
 
 
+# The kind of each server by (configuration, name): the configuration is an OmegaConf DictConfig,
+# whose lookups cost more than the rest of a request's bookkeeping here; it is loaded once per
+# process and not changed, so a kind found once is kept (with the configuration, so its id is not
+# reused). Bounded: a process that made configurations without end would only lose the cache.
+_kinds: dict[tuple[int, Any], tuple[Any, str]] = {}
+_KINDS_KEPT = 256
+
+
 def _target_kind(client: Any, server_name: Any) -> str:
     """``responses_api_models``, ``resources_servers``, ... for a server ``ServerClient`` knows."""
     try:
-        entry = client.global_config_dict.get(server_name)
+        config = client.global_config_dict
+        key = (id(config), server_name)
+        known = _kinds.get(key)
+        if known is not None and known[0] is config:
+            return known[1]
+        entry = config.get(server_name)
         for kind in (
             "responses_api_models",
             "resources_servers",
@@ -171,6 +184,9 @@ def _target_kind(client: Any, server_name: Any) -> str:
             "environment_servers",
         ):
             if kind in entry:
+                if len(_kinds) >= _KINDS_KEPT:
+                    _kinds.clear()
+                _kinds[key] = (config, kind)
                 return kind
     except Exception:  # noqa: BLE001 - an unknown server: no kind
         pass
