@@ -51,6 +51,17 @@ def _free_port() -> int:
         return int(probe.getsockname()[1])
 
 
+def _group(process: psutil.Process, root: bool) -> str:
+    """Which part of the stack a process is: a NeMo Gym server (by its directory), Ray's own
+    processes, or ``gym env start`` (the head server, and what it reaped)."""
+    if root:
+        return "gym env start"
+    command = " ".join(process.cmdline())
+    if command.endswith("app.py"):
+        return Path(process.cwd()).name  # simple_agent, openai_model, the resources server, ...
+    return "ray" if "ray" in command else "other"
+
+
 class Side:
     def __init__(
         self, root: Path, server: str, upstream_port: str, variant: str, source: str | None = None
@@ -124,20 +135,26 @@ class Side:
             time.sleep(1)
         raise SystemExit(f"stack did not start:\n{self.log.read_text(errors='replace')[-3000:]}")
 
-    def stack_cpu(self) -> float:
+    def stack_cpu(self) -> dict[str, float]:
+        """CPU seconds so far of every process of the stack, by group (see :func:`_group`)."""
         processes = [psutil.Process(self.process.pid)]
         processes += processes[0].children(recursive=True)
-        total = 0.0
+        total: dict[str, float] = {}
         for process in processes:
             try:
                 times = process.cpu_times()
-                total += times.user + times.system + times.children_user + times.children_system
+                group = _group(process, process.pid == self.process.pid)
             except psutil.Error:
-                pass
+                continue
+            spent = times.user + times.system + times.children_user + times.children_system
+            total[group] = total.get(group, 0.0) + spent
         return total
 
-    def run(self, name: str, agent: str, data: Path, limit: int, repeats: int) -> tuple[float, float, int]:
-        """CPU seconds of one ``gym eval run`` (driver, stack) and the rollouts it wrote."""
+    def run(
+        self, name: str, agent: str, data: Path, limit: int, repeats: int
+    ) -> tuple[float, dict[str, float], int]:
+        """CPU seconds of one ``gym eval run``: the driver's, the stack's by group; and the rollouts
+        it wrote."""
         output = self.root / name / "rollouts.jsonl"
         prefix = [str(BIN / "opentelemetry-instrument")] if self.traced else []
         command = [
@@ -167,7 +184,8 @@ class Side:
         if driver.returncode != 0:
             raise SystemExit(f"gym eval run failed ({driver.returncode}) on the {self.variant} side")
         time.sleep(1.0)  # the servers' exporters write on their schedule
-        stack = self.stack_cpu() - before
+        after = self.stack_cpu()
+        stack = {group: spent - before.get(group, 0.0) for group, spent in after.items()}
         rows = sum(1 for line in output.read_text().splitlines() if line.strip())
         return usage.ru_utime + usage.ru_stime, stack, rows
 
@@ -222,6 +240,8 @@ def main() -> None:
             spans_before = {side.variant: _spans(side.traces) for side in sides}
             per: dict[str, list[float]] = {variant: [] for variant in SIDES}
             servers: dict[str, list[float]] = {variant: [] for variant in SIDES}
+            # Per round and side: ms CPU per rollout of each part (the driver, each server, Ray).
+            parts: dict[str, list[dict[str, float]]] = {variant: [] for variant in SIDES}
             rollouts = dict.fromkeys(SIDES, 0)
             for round_number in range(args.rounds):
                 # Each side first, middle and last in turn: a drift in the machine's load is shared.
@@ -230,8 +250,11 @@ def main() -> None:
                     driver, stack, rows = side.run(
                         f"round-{round_number}", agent, data, args.limit, args.repeats
                     )
-                    per[side.variant].append((driver + stack) / rows * 1000)
-                    servers[side.variant].append(stack / rows * 1000)
+                    per[side.variant].append((driver + sum(stack.values())) / rows * 1000)
+                    servers[side.variant].append(sum(stack.values()) / rows * 1000)
+                    parts[side.variant].append(
+                        {"driver": driver / rows * 1000, **{k: v / rows * 1000 for k, v in stack.items()}}
+                    )
                     rollouts[side.variant] += rows
             time.sleep(2)
             spans = {
@@ -260,6 +283,11 @@ def main() -> None:
         f" per rollout ({total[FULL] / total[CONTRIB]:.2f}x); that rest over plain:"
         f" +{total[CONTRIB] - total[PLAIN]:.1f} ms ({total[CONTRIB] / total[PLAIN]:.2f}x)"
     )
+    print("  by process, ms CPU per rollout (median over rounds): " + ", ".join(SIDES))
+    names = sorted({name for rounds in parts.values() for row in rounds for name in row})
+    for name in names:
+        medians = [statistics.median(row.get(name, 0.0) for row in parts[variant]) for variant in SIDES]
+        print(f"    {name:<38}" + "".join(f" {m:8.1f}" for m in medians))
 
 
 if __name__ == "__main__":
