@@ -199,7 +199,9 @@ class Side:
 
 
 def _spans(traces: Path) -> int:
-    return sum(1 for f in traces.glob("*.jsonl") for line in f.read_text().splitlines() if line.strip())
+    """The spans written so far: each OTLP/JSON line holds a batch, each span one ``"spanId"`` key
+    (a parent's is ``"parentSpanId"``)."""
+    return sum(f.read_text().count('"spanId"') for f in traces.glob("*.jsonl"))
 
 
 def main() -> None:
