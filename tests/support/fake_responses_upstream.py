@@ -160,7 +160,14 @@ def main() -> None:
         def log_message(self, format: str, *args: Any) -> None:
             pass
 
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    class Server(ThreadingHTTPServer):
+        # socketserver's listen backlog is 5: a model server opening a connection per request
+        # overflowed it, and the kernel's SYN retransmits (1, 2, 4, ... 32 s) then stretched a
+        # 200-rollout run from 26 s to over 2 minutes (nstat's ListenOverflows counted them).
+        request_queue_size = 1024
+        daemon_threads = True
+
+    server = Server(("127.0.0.1", 0), Handler)
     with open(port_file + ".tmp", "w") as f:
         f.write(str(server.server_address[1]))
     os.replace(port_file + ".tmp", port_file)
