@@ -53,7 +53,9 @@ def test_trace_env_spans_go_to_the_provider_it_was_handed(
         done = terminated or truncated
     env.close()
     mine = list(exporter.get_finished_spans())
-    kinds = sorted({str(s.attributes.get(c.KIND)) for s in mine})
+    # A live marker joins them when the episode outlasts the heartbeat thread's next mark (a busy
+    # machine): it goes to the same provider, and is no level of its own.
+    kinds = sorted({str(s.attributes.get(c.KIND)) for s in mine} - {c.KIND_LIVE})
     assert kinds == ["episode", "rollout", "seed_session", "step", "verify"]
     assert check_trace(mine) == []
     assert captured.spans == []  # nothing reached the provider in force otherwise
