@@ -252,8 +252,9 @@ def main() -> None:
                     driver, stack, rows = side.run(
                         f"round-{round_number}", agent, data, args.limit, args.repeats
                     )
-                    per[side.variant].append((driver + sum(stack.values())) / rows * 1000)
-                    servers[side.variant].append(sum(stack.values()) / rows * 1000)
+                    stack_total = sum(stack.values())
+                    per[side.variant].append((driver + stack_total) / rows * 1000)
+                    servers[side.variant].append(stack_total / rows * 1000)
                     parts[side.variant].append(
                         {"driver": driver / rows * 1000, **{k: v / rows * 1000 for k, v in stack.items()}}
                     )

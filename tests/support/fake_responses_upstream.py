@@ -165,7 +165,6 @@ def main() -> None:
         # overflowed it, and the kernel's SYN retransmits (1, 2, 4, ... 32 s) then stretched a
         # 200-rollout run from 26 s to over 2 minutes (nstat's ListenOverflows counted them).
         request_queue_size = 1024
-        daemon_threads = True
 
     server = Server(("127.0.0.1", 0), Handler)
     with open(port_file + ".tmp", "w") as f:
