@@ -5,11 +5,15 @@ Run in the NeMo Gym venv ``scripts/test`` builds (about 10 minutes on a 2-core m
     .venv-nemo/bin/python benchmarks/nemo_gym_cost.py [--server example_multi_step] [--limit 5]
         [--repeats 4] [--rounds 3] [--gymtrace-src DIR]
 
-Three stacks run at once against one instant fake Responses API upstream
-(tests/support/fake_responses_upstream.py): ``gym env start`` plain; under
+Four stacks run at once against one instant fake Responses API upstream
+(tests/support/fake_responses_upstream.py): ``gym env start`` plain; plain with the OpenTelemetry
+SDK's ``TracerProvider`` set in every process by a ``sitecustomize`` and nothing else (no exporter,
+no gymtrace: FastAPI's own telemetry records its spans once a provider is set, so this is the floor
+under any OpenTelemetry tracing of these servers); under
 ``opentelemetry-instrument`` with gymtrace's NeMo Gym integration switched off
-(``OTEL_PYTHON_DISABLED_INSTRUMENTATIONS=gymtrace_nemo_gym``: the contrib FastAPI/aiohttp/...
-instrumentations alone, their spans written to ``GYMTRACE_FILE=DIR/`` by gymtrace's exporter); and
+(``OTEL_PYTHON_DISABLED_INSTRUMENTATIONS=gymtrace_nemo_gym``: FastAPI's own telemetry and any
+contrib instrumentation installed, their spans written to ``GYMTRACE_FILE=DIR/`` by gymtrace's
+configurator and exporter); and
 fully traced (the integration on, ``GYMTRACE_FILE=DIR/``). Each round runs ``gym eval run`` over the
 same tasks on each (the driver as its stack: plain, or under ``opentelemetry-instrument`` with the
 same environment), in rotating order, and takes the CPU time (user + system) of the driver (its
@@ -40,8 +44,16 @@ BIN = Path(sys.executable).parent
 PACKAGES = Path(nemo_gym.__file__).resolve().parent.parent
 UPSTREAM = Path(__file__).resolve().parent.parent / "tests" / "support" / "fake_responses_upstream.py"
 # The sides, in the order printed: how each runs the stack and its driver.
-PLAIN, CONTRIB, FULL = "plain", "integration off", "gymtrace"
-SIDES = (PLAIN, CONTRIB, FULL)
+PLAIN, SDK, CONTRIB, FULL = "plain", "sdk only", "integration off", "gymtrace"
+SIDES = (PLAIN, SDK, CONTRIB, FULL)
+# The "sdk only" side: the plain stack with the OpenTelemetry SDK's TracerProvider set in every
+# process (no exporter, no gymtrace): what FastAPI's own telemetry costs once a provider records its
+# spans, the floor under any OpenTelemetry tracing of these servers.
+SDK_SITE = """from opentelemetry import trace
+from opentelemetry.sdk.trace import TracerProvider
+
+trace.set_tracer_provider(TracerProvider())
+"""
 KINDS = ("resources_servers", "responses_api_agents/simple_agent", "environment_servers/legacy_agent")
 
 
@@ -66,7 +78,7 @@ class Side:
     def __init__(
         self, root: Path, server: str, upstream_port: str, variant: str, source: str | None = None
     ) -> None:
-        traced = variant != PLAIN
+        traced = variant not in (PLAIN, SDK)
         self.root, self.traced, self.variant = root, traced, variant
         self.head = f"++head_server.port={_free_port()}"
         self.traces = root / "traces"
@@ -96,6 +108,11 @@ class Side:
                     "OTEL_LOGS_EXPORTER": "none",
                 }
             )
+        if variant == SDK:
+            site = root / "sdk-site"
+            site.mkdir(exist_ok=True)
+            (site / "sitecustomize.py").write_text(SDK_SITE)
+            self.env["PYTHONPATH"] = str(site)
         if variant == CONTRIB:
             # The supported switch: opentelemetry-instrument loads no instrumentor of this name.
             self.env["OTEL_PYTHON_DISABLED_INSTRUMENTATIONS"] = "gymtrace_nemo_gym"
@@ -281,6 +298,12 @@ def main() -> None:
             f" (stack alone {alone[variant]:.1f} ms, {alone[variant] / alone[PLAIN]:.2f}x);"
             f" {spans[variant]:.1f} spans per rollout; rounds: {rounds}"
         )
+    print(
+        f"  gymtrace's exporter and configurator over the SDK alone: +{total[CONTRIB] - total[SDK]:.1f} ms"
+        f" per rollout; the SDK alone over plain: +{total[SDK] - total[PLAIN]:.1f} ms"
+        f" ({total[SDK] / total[PLAIN]:.2f}x); gymtrace's whole share (full over the SDK alone):"
+        f" +{total[FULL] - total[SDK]:.1f} ms ({total[FULL] / total[SDK]:.2f}x)"
+    )
     print(
         f"  gymtrace's integration over the rest of opentelemetry-instrument: +{total[FULL] - total[CONTRIB]:.1f} ms"
         f" per rollout ({total[FULL] / total[CONTRIB]:.2f}x); that rest over plain:"
