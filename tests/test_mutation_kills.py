@@ -434,6 +434,30 @@ def test_identity_goes_to_listed_gym_hosts_and_loopback_only(url: str, allowed: 
     assert _trust.may_carry_identity(url) is allowed
 
 
+@pytest.mark.parametrize(
+    ("url", "allowed"),
+    [
+        ("http://gym.lab/run", True),  # host:* names the scheme's default port too
+        ("http://gym.lab:8000/run", True),
+        ("https://web.lab/v1", True),  # 443, the port https goes to
+        ("wss://web.lab/v1", True),
+        ("http://web.lab/v1", False),  # 80 is not listed
+        ("https://web.lab:8443/v1", False),
+        ("gopher://gym.lab/x", False),  # no default port known: only a bare-host pattern matches
+    ],
+)
+def test_a_url_without_a_port_is_matched_at_its_schemes_default_port(
+    monkeypatch: pytest.MonkeyPatch, url: str, allowed: bool
+) -> None:
+    monkeypatch.setenv("GYMTRACE_PROPAGATE_TO", "gym.lab:*, web.lab:443")
+    _settings.reload()
+    try:
+        assert _trust.may_carry_identity(url) is allowed
+    finally:
+        monkeypatch.delenv("GYMTRACE_PROPAGATE_TO")
+        _settings.reload()
+
+
 def test_identity_to_an_unknown_destination_is_denied_and_to_the_gym_itself_allowed() -> None:
     assert _trust.may_carry_identity(None) is False
     assert _trust.may_carry_identity(_trust.GYM_INTERNAL) is True

@@ -195,6 +195,9 @@ class _GymInternal:
 GYM_INTERNAL: object = _GymInternal()
 
 
+_DEFAULT_PORTS = {"http": 80, "https": 443, "ws": 80, "wss": 443}
+
+
 def may_carry_identity(url: object) -> bool:
     """Whether gym identity may be sent with a request to ``url`` (a URL string or an object whose
     ``str()`` is one). :data:`GYM_INTERNAL`: yes, a carrier that stays inside the gym by
@@ -207,7 +210,9 @@ def may_carry_identity(url: object) -> bool:
     try:
         parts = urlsplit(str(url))
         host = (parts.hostname or "").lower()
-        port = parts.port
+        # A URL without a port goes to its scheme's: `gym.internal:*` and `gym.internal:80` name
+        # `http://gym.internal/` too, and `models.lab:8443` still not `https://models.lab/`.
+        port = parts.port if parts.port is not None else _DEFAULT_PORTS.get(parts.scheme.lower())
     except ValueError:
         return False
     patterns = _settings.active.propagate_to
