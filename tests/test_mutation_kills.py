@@ -3,7 +3,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+from collections.abc import Iterator
 
 import pytest
 
@@ -400,15 +402,24 @@ def test_only_loopback_names_and_addresses_are_loopback(host: str, loopback: boo
     assert _trust._is_loopback(host) is loopback
 
 
+@contextlib.contextmanager
+def _propagate_to(monkeypatch: pytest.MonkeyPatch, patterns: str) -> Iterator[None]:
+    """``GYMTRACE_PROPAGATE_TO=patterns`` in force for the block, the settings read again both ways."""
+    monkeypatch.setenv("GYMTRACE_PROPAGATE_TO", patterns)
+    _settings.reload()
+    try:
+        yield
+    finally:
+        monkeypatch.delenv("GYMTRACE_PROPAGATE_TO")
+        _settings.reload()
+
+
 @pytest.fixture
-def gym_hosts(monkeypatch: pytest.MonkeyPatch) -> object:
+def gym_hosts(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     # The operator's list of the gym's own hosts: one by name, one by name and port, and one a
     # URL without a host must not match by accident.
-    monkeypatch.setenv("GYMTRACE_PROPAGATE_TO", "*.gym.internal, models.lab:8443, x*")
-    _settings.reload()
-    yield
-    monkeypatch.delenv("GYMTRACE_PROPAGATE_TO")
-    _settings.reload()
+    with _propagate_to(monkeypatch, "*.gym.internal, models.lab:8443, x*"):
+        yield
 
 
 @pytest.mark.usefixtures("gym_hosts")
@@ -449,13 +460,8 @@ def test_identity_goes_to_listed_gym_hosts_and_loopback_only(url: str, allowed: 
 def test_a_url_without_a_port_is_matched_at_its_schemes_default_port(
     monkeypatch: pytest.MonkeyPatch, url: str, allowed: bool
 ) -> None:
-    monkeypatch.setenv("GYMTRACE_PROPAGATE_TO", "gym.lab:*, web.lab:443")
-    _settings.reload()
-    try:
+    with _propagate_to(monkeypatch, "gym.lab:*, web.lab:443"):
         assert _trust.may_carry_identity(url) is allowed
-    finally:
-        monkeypatch.delenv("GYMTRACE_PROPAGATE_TO")
-        _settings.reload()
 
 
 def test_identity_to_an_unknown_destination_is_denied_and_to_the_gym_itself_allowed() -> None:

@@ -285,8 +285,11 @@ def test_rollout_sampler_keeps_or_drops_whole_rollouts_by_task() -> None:
     for task in kept_tasks:  # whole groups: both repeats, both attempts, every level
         # A rollout still open at the heartbeat thread's next mark (a stall on a busy machine) also
         # has live markers: kept or dropped with it, so they count only as its task's.
-        kinds = [s.attributes[c.KIND] for s in spans if s.attributes.get(c.TASK_ID) == task]
-        kinds = [kind for kind in kinds if kind != c.KIND_LIVE]
+        kinds = [
+            s.attributes[c.KIND]
+            for s in spans
+            if s.attributes.get(c.TASK_ID) == task and s.attributes[c.KIND] != c.KIND_LIVE
+        ]
         assert sorted(kinds) == sorted(["rollout", "episode", "episode", "step", "step"] * 2)
     assert len([s for s in spans if s.attributes[c.KIND] == "run"]) == 1  # runs are always kept
 

@@ -68,9 +68,9 @@ GYMTRACE_PROPAGATE_TO: Final = "GYMTRACE_PROPAGATE_TO"
 """Comma-separated host patterns (``fnmatch`` style, ``host`` or ``host:port``: ``*.gym.internal``,
 ``10.0.0.*``, ``env-server:8000``; a URL without a port is matched at its scheme's default port, so
 ``env-server:*`` names ``http://env-server/`` too) that outgoing gym identity may go to, beside
-loopback and, in a NeMo Gym process, the servers NeMo Gym itself addresses. Gym baggage and ``x-nemo-gym-*`` headers
-go nowhere else (a model provider is a third party); ``traceparent`` is sent as usual. Default:
-empty. ``*`` sends identity everywhere, as before this setting existed."""
+loopback and, in a NeMo Gym process, the servers NeMo Gym itself addresses. Gym baggage and
+``x-nemo-gym-*`` headers go nowhere else (a model provider is a third party); ``traceparent`` is
+sent as usual. Default: empty. ``*`` sends identity everywhere, as before this setting existed."""
 GYMTRACE_STEP_POLICY: Final = "GYMTRACE_STEP_POLICY"
 """What a ``gymtrace.step`` records. ``all`` (default): every step is a span, right for an LLM
 agent loop whose steps take milliseconds. ``aggregate``: for simulators whose steps take
