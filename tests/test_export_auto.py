@@ -211,7 +211,12 @@ def test_an_encoder_process_that_dies_before_it_listens_loses_only_what_reached_
 def test_pinned_to_the_thread_a_fast_loop_never_moves(tmp_path: Path) -> None:
     result, spans = run_app(tmp_path, 30_000, GYMTRACE_ENCODER="thread")
     assert result["kind"] == "BatchExporter" and result["moved"] == "thread"
-    assert_each_span_once(result["stats"][0], spans, 30_002)
+    # Pinned, the loop can outrun the thread's encoder on a busy machine and fill the bounded queue
+    # (CI saw 13,136 of 30,002 exported): what it drops is counted, never lost or written twice.
+    stats = assert_exported_or_counted(result, spans, 30_002)
+    assert stats["dropped_export_failed"] == 0 and len(spans) == stats["exported"]
+    if stats["dropped_queue_full"] == 0:
+        assert_each_span_once(stats, spans, 30_002)
 
 
 @pytest.mark.usefixtures("cpu_contention")
