@@ -67,7 +67,8 @@ def make_parser() -> argparse.ArgumentParser:
     rollouts.add_argument(
         "--json",
         action="store_true",
-        help="one JSON object per line (run_id, task_id, rollout_id, repeat, outcome, reward, attempts, ...)",
+        help="one JSON object per line (run_id, task_id, rollout_id, repeat, outcome, reward, attempts,"
+        " group_id, policy_version, consumed_by, training_outcome, staleness, ...)",
     )
 
     stats = sub.add_parser("stats", help="per run: rollouts scored and unscored, mean reward, pass@k")
@@ -88,6 +89,12 @@ def make_parser() -> argparse.ArgumentParser:
         "--json",
         action="store_true",
         help="one JSON object per run (run_id, scored, unscored, inputs, mean_reward, ...)",
+    )
+    stats.add_argument(
+        "--by",
+        choices=("train_step", "policy_version", "group"),
+        help="a training run, per train step (consumed, outcomes, wasted work, staleness; then a line"
+        " per run: the share of rollout time wasted), per policy version or per group",
     )
     stats.add_argument(
         "--pass-k",
