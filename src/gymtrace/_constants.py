@@ -112,12 +112,13 @@ TRAIN_REASON: Final = "gym.train.reason"
 TRAINING_KEYS: Final = (GROUP_ID, POLICY_VERSION)
 CARRIED_KEYS: Final = (*IDENTITY_KEYS, *TRAINING_KEYS)
 # On a consumed record (SPAN_CONSUMED): how many rollouts it holds, and per rollout, in one order,
-# its ID, the trace and span of its rollout span ("" when the trainer did not know them), its
-# training outcome, the reason given ("" for none) and its start policy version as text ("" unknown).
+# its ID, its rollout span as "{trace_id}-{span_id}" ("" when the trainer did not know it), its
+# training outcome, its start policy version as text ("" unknown) and, when any entry has one, the
+# reason given ("" for none). Few arrays on purpose: the SDK checks every element of every array
+# attribute, a cost per consumed rollout.
 CONSUMED_COUNT: Final = "gym.consumed.count"
 CONSUMED_ROLLOUT_IDS: Final = "gym.consumed.rollout_ids"
-CONSUMED_TRACE_IDS: Final = "gym.consumed.trace_ids"
-CONSUMED_SPAN_IDS: Final = "gym.consumed.span_ids"
+CONSUMED_SPANS: Final = "gym.consumed.rollout_spans"
 CONSUMED_OUTCOMES: Final = "gym.consumed.outcomes"
 CONSUMED_REASONS: Final = "gym.consumed.reasons"
 CONSUMED_VERSIONS: Final = "gym.consumed.policy_versions"
@@ -171,8 +172,6 @@ RELATION_RESTORE: Final = "restore"
 RELATION_RUN: Final = "run"
 # On an outcome record's link to the episode it concludes.
 RELATION_OUTCOME: Final = "outcome"
-# On a consumed record's link to a rollout it holds.
-RELATION_CONSUMED: Final = "consumed"
 
 # On an outcome record: where the outcome was decided. ``remote``: in another process that continued
 # the rollout's context; ``late``: after the rollout span ended; ``continued``: in an attempt opened

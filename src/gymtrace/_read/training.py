@@ -2,7 +2,7 @@
 
 A train step's consumption is written as ``gym.consumed`` records (children of the step, see
 ``_scopes/consumed.py``): per rollout its ID, the trace and span of its rollout span when the trainer
-knew them, the training outcome, the reason and the rollout's start policy version. Here each entry
+knew it, the training outcome, the reason and the rollout's start policy version. Here each entry
 is joined to a rollout of the input: by its rollout span, else by its rollout ID in its trace, else
 (a bare ID the trainer could not resolve) to the most recent rollout of that ID in the run that no
 earlier entry took, as ``consume()`` resolves one in-process. Records are taken in the order they
@@ -177,8 +177,7 @@ def _read_record(
     columns = [
         _array(attributes.get(name))
         for name in (
-            c.CONSUMED_TRACE_IDS,
-            c.CONSUMED_SPAN_IDS,
+            c.CONSUMED_SPANS,
             c.CONSUMED_OUTCOMES,
             c.CONSUMED_REASONS,
             c.CONSUMED_VERSIONS,
@@ -186,9 +185,10 @@ def _read_record(
         )
     ]
     for n, rollout_id in enumerate(ids):
-        trace_id, span_id, outcome, reason, version_text, bare = (
+        span_ref, outcome, reason, version_text, bare = (
             column[n] if n < len(column) else "" for column in columns
         )
+        trace_id, _, span_id = span_ref.partition("-")
         found: RolloutOutcome | None = None
         if trace_id and span_id:
             found = by_span.get((trace_id, span_id))

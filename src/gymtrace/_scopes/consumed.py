@@ -6,10 +6,11 @@ fewer, and gymtrace may not raise it). So a ``consume()`` call only appends a tu
 list (a span per call would cost several times the budget of 5 µs); every
 :data:`~gymtrace._constants.CONSUMED_BATCH` entries, and at the step's end, the list becomes one
 ``gym.consumed`` span, a child of the step: one link to each rollout span it names (Jaeger goes
-from the step to its rollouts) and the facts of every entry in parallel arrays (rollout ID, trace
-and span of its rollout span, training outcome, reason, start policy version), which is what the
-readers read, so no entry depends on a link being kept. The metrics are handed over at the next
-collection (``_scopes/metrics.py``), off the caller's thread.
+from the step to its rollouts) and the facts of every entry in parallel arrays (rollout ID, its
+rollout span, training outcome, start policy version, reason), which is what the readers read, so no
+entry depends on a link being kept. The spans are built by one writer thread per process (the SDK's
+work per link and per array element is most of the cost), and the step's end waits for its
+records; the metrics are handed over at the next collection (``_scopes/metrics.py``).
 
 A rollout is named by its join keys (``gymtrace.current().join_keys()``, which travelled with its
 data to the trainer: run, rollout, trace, the rollout span's ID, its policy version) or by a bare
@@ -22,6 +23,7 @@ readers, which resolve it the same way over the trace.
 from __future__ import annotations
 
 import collections
+import os
 import threading
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
@@ -30,7 +32,7 @@ from opentelemetry import trace
 from opentelemetry.trace import Link, SpanContext, TraceFlags
 
 from gymtrace import _constants as c
-from gymtrace._model.errors import GymTraceError, contain, contract_problem
+from gymtrace._model.errors import GymTraceError, contain, contract_problem, guard
 from gymtrace._model.ids import id_problem, read_version, report
 from gymtrace._scopes import metrics as _metrics
 from gymtrace._scopes import training as _training
@@ -43,7 +45,6 @@ if TYPE_CHECKING:
 _OUTCOMES = frozenset(c.TRAINING_OUTCOMES)
 # Rollouts of training runs that ended in this process, for bare-ID consume(): at most this many.
 MAX_REMEMBERED = 65_536
-_LINK_ATTRIBUTES = {c.LINK_RELATION: c.RELATION_CONSUMED}
 _SAMPLED = TraceFlags(TraceFlags.SAMPLED)
 
 # (run ID, rollout ID) -> [trace ID, span ID, policy version, consumed], oldest first
@@ -160,7 +161,7 @@ def consume(rollout: str | Mapping[str, Any], outcome: str = c.TRAINED, reason: 
                 trace_id = format(found[0], "032x")
                 span_id = format(found[1], "016x")
                 version = found[2]
-        elif isinstance(rollout, Mapping):
+        elif type(rollout) is dict or isinstance(rollout, Mapping):  # an ABC check costs ~0.3 us
             named = rollout.get(c.ROLLOUT_ID)
             if not isinstance(named, str) or id_problem(named) is not None:
                 report(
@@ -177,8 +178,9 @@ def consume(rollout: str | Mapping[str, Any], outcome: str = c.TRAINED, reason: 
                 trace_id = ""
             if not isinstance(span_id, str) or len(span_id) != 16:
                 span_id = ""
-            version = read_version(rollout.get(c.POLICY_VERSION))
-            if span_id:
+            raw = rollout.get(c.POLICY_VERSION)
+            version = raw if type(raw) is int else read_version(raw)
+            if span_id and _ended:
                 _mark(rollout.get(c.RUN_ID, run_id), rollout_id, span_id)
         else:
             report(
@@ -187,7 +189,12 @@ def consume(rollout: str | Mapping[str, Any], outcome: str = c.TRAINED, reason: 
                 f"must be a rollout ID or join keys, got {type(rollout).__name__} {rollout!r:.60}",
             )
             return
-        stale = _training.staleness(state.version, version)
+        step_version = state.version
+        stale = (
+            step_version - version
+            if type(step_version) is int and type(version) is int
+            else _training.staleness(step_version, version)
+        )
         entry = (
             rollout_id,
             trace_id,
@@ -210,27 +217,94 @@ def consume(rollout: str | Mapping[str, Any], outcome: str = c.TRAINED, reason: 
 
 
 def write_consumed(step: ActiveScope, *, final: bool = False) -> None:
-    """Write the step's pending entries as ``gym.consumed`` records of up to CONSUMED_BATCH each
-    (at the end of the step, ``final``, also a short last one)."""
+    """Hand the step's pending entries to the writer as batches of CONSUMED_BATCH (at the end of
+    the step, ``final``, also a short last one, and wait until the step's records are written)."""
     state = step.train_state
     if state is None:
         return
     batch = c.CONSUMED_BATCH
     with state.lock:
         pending = state.pending
-        if not pending or (len(pending) < batch and not final):
-            return
-        cut = len(pending) if final else len(pending) - len(pending) % batch
-        taken, state.pending = pending[:cut], pending[cut:]
-    for start in range(0, len(taken), batch):
-        _write(step, state, taken[start : start + batch])
+        if len(pending) < batch and not (final and pending):
+            taken = []
+        else:
+            cut = len(pending) if final else len(pending) - len(pending) % batch
+            taken, state.pending = pending[:cut], pending[cut:]
+    tracer = active_tracer() if taken else None
+    if tracer is not None and step.span.is_recording():
+        for start in range(0, len(taken), batch):
+            _writer.submit((tracer, step, state, taken[start : start + batch]))
+    if final:
+        # The step's trace is complete when it ends (the writer is usually done by then: it ran
+        # while the trainer's thread was in its tensor code, without the GIL).
+        _writer.drain(FINAL_WAIT)
 
 
-def _write(step: ActiveScope, state: _training.TrainState, entries: list[Any]) -> None:
-    tracer = active_tracer()
+# Seconds a step's end waits for the writer to finish the step's records.
+FINAL_WAIT = 30.0
+
+
+class _Writer:
+    """One daemon thread per process that turns batches of consumed entries into ``gym.consumed``
+    spans. The SDK builds a link and checks every array element per entry (~4 µs a rollout, more
+    than consume() may cost on the caller's thread), so the caller only appends and hands over."""
+
+    def __init__(self) -> None:
+        self.queue: collections.deque[tuple[Any, ActiveScope, _training.TrainState, list[Any]]] = (
+            collections.deque()
+        )
+        self.condition = threading.Condition()
+        self.busy = 0
+        self.thread: threading.Thread | None = None
+
+    def submit(self, item: tuple[Any, ActiveScope, _training.TrainState, list[Any]]) -> None:
+        with self.condition:
+            self.queue.append(item)
+            self.condition.notify_all()
+            if self.thread is None or not self.thread.is_alive():
+                self.thread = threading.Thread(target=self._run, name="gymtrace-consumed", daemon=True)
+                self.thread.start()
+
+    def _run(self) -> None:
+        while True:
+            with self.condition:
+                while not self.queue:
+                    self.condition.wait()
+                item = self.queue.popleft()
+                self.busy += 1
+            try:
+                with guard("writing gym.consumed records", may_raise=False):
+                    _write(*item)
+            finally:
+                with self.condition:
+                    self.busy -= 1
+                    self.condition.notify_all()
+
+    def drain(self, timeout: float | None = None) -> bool:
+        """Wait until every batch handed over is written; False if ``timeout`` passed first."""
+        with self.condition:
+            return self.condition.wait_for(lambda: not self.queue and not self.busy, timeout)
+
+
+_writer = _Writer()
+
+
+def drain(timeout: float | None = None) -> bool:
+    """Write every consumed batch handed over (``force_flush``, ``shutdown``, exit)."""
+    return _writer.drain(timeout)
+
+
+def _after_fork_in_child() -> None:
+    # The writer thread is the parent's; a child starts its own when it first needs one.
+    global _writer
+    _writer = _Writer()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
+def _write(tracer: Any, step: ActiveScope, state: _training.TrainState, entries: list[Any]) -> None:
     span = step.span
-    if tracer is None or not span.is_recording():
-        return
     links = []
     for entry in entries:
         if entry[1] and entry[2]:
@@ -238,18 +312,20 @@ def _write(step: ActiveScope, state: _training.TrainState, entries: list[Any]) -
                 target = SpanContext(int(entry[1], 16), int(entry[2], 16), True, _SAMPLED)
             except ValueError:
                 continue
-            links.append(Link(target, _LINK_ATTRIBUTES))
+            # No link attributes: the SDK copies each link's into a BoundedAttributes of its own
+            # (2.5x the cost of the link); the record's kind says what its links are.
+            links.append(Link(target))
     attributes: dict[str, Any] = {k: v for k, v in step.identity.items() if k in (c.RUN_ID, c.TRAIN_STEP)}
     if state.version is not None:
         attributes[c.POLICY_VERSION] = state.version
     attributes[c.KIND] = c.KIND_CONSUMED
     attributes[c.CONSUMED_COUNT] = len(entries)
     attributes[c.CONSUMED_ROLLOUT_IDS] = [e[0] for e in entries]
-    attributes[c.CONSUMED_TRACE_IDS] = [e[1] for e in entries]
-    attributes[c.CONSUMED_SPAN_IDS] = [e[2] for e in entries]
+    attributes[c.CONSUMED_SPANS] = [f"{e[1]}-{e[2]}" if e[1] and e[2] else "" for e in entries]
     attributes[c.CONSUMED_OUTCOMES] = [e[3] for e in entries]
-    attributes[c.CONSUMED_REASONS] = [e[4] for e in entries]
     attributes[c.CONSUMED_VERSIONS] = [e[5] for e in entries]
+    if any(e[4] for e in entries):
+        attributes[c.CONSUMED_REASONS] = [e[4] for e in entries]
     if any(e[7] for e in entries):
         attributes[c.CONSUMED_BY_ID] = ["1" if e[7] else "" for e in entries]
     record = tracer.start_span(
