@@ -16,6 +16,7 @@ from gymtrace import propagation
 from gymtrace._identity import trust as _trust
 from gymtrace._scopes import consumed as _consumed
 from gymtrace._scopes import training as _training
+from gymtrace._scopes.tracing import pop_provider, push_provider
 from gymtrace.testing import CapturedSpans, capture_spans, check_trace
 from tree_asserts import assert_child, by_name, span_id
 
@@ -445,8 +446,29 @@ def test_consume_of_an_unknown_outcome_is_an_error_naming_it_in_strict_mode(capt
 
 
 def test_tracing_off_makes_every_training_call_a_no_op() -> None:
-    gymtrace.set_policy_version(1)
-    with gymtrace.train_step(step=1):
-        gymtrace.consume("r")
-    with gymtrace.rollout(rollout_id="r", group_id="g"):
-        assert gymtrace.current().group_id is None
+    # Off whatever global provider an earlier test set: a no-op provider for this block.
+    provider = trace.NoOpTracerProvider()
+    push_provider(provider)
+    try:
+        gymtrace.set_policy_version(1)
+        with gymtrace.train_step(step=1):
+            gymtrace.consume("r")  # strict mode is on: any complaint would raise
+        with gymtrace.rollout(rollout_id="r", group_id="g"):
+            assert gymtrace.current().group_id is None
+    finally:
+        pop_provider(provider)
+
+
+def test_a_rollout_opened_under_a_runs_carried_context_is_its_own_trace_linked_to_that_run(
+    captured: CapturedSpans,
+) -> None:
+    with gymtrace.run(run_id="run"):
+        carrier = propagation.inject({}, destination=propagation.GYM_INTERNAL)
+    # A rollout worker (another process): the trainer's run context, carried.
+    with propagation.attach(carrier), gymtrace.rollout(rollout_id="r", group_id="g"):
+        pass
+    run, rollout = captured.one("run"), captured.one("rollout")
+    assert rollout.parent is None and rollout.context.trace_id != run.context.trace_id
+    [link] = rollout.links
+    assert link.context.span_id == span_id(run) and link.attributes[c.LINK_RELATION] == c.RELATION_RUN
+    assert rollout.attributes[c.RUN_ID] == "run"

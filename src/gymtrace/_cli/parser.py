@@ -34,6 +34,16 @@ def make_parser() -> argparse.ArgumentParser:
     demo.add_argument(
         "--distributed", action="store_true", help="run agent, model and environment as separate processes"
     )
+    demo.add_argument(
+        "--training",
+        action="store_true",
+        help="an asynchronous GRPO run: rollout workers in processes, a trainer consuming their rollouts"
+        " (read it with `gymtrace stats --by train_step`)",
+    )
+    demo.add_argument(
+        "--workers", type=int, default=2, help="--training: rollout worker processes (default: 2)"
+    )
+    demo.add_argument("--steps", type=int, default=3, help="--training: train steps (default: 3)")
 
     service = sub.add_parser(
         "demo-service", help="serve one service of `demo --distributed` (which starts them itself)"

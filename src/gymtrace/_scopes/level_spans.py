@@ -31,7 +31,7 @@ from gymtrace._scopes import metrics as _metrics
 from gymtrace._scopes import training as _training
 from gymtrace._scopes.consumed import remember as _consumed_remember
 from gymtrace._scopes.consumed import write_consumed
-from gymtrace._scopes.frame import ActiveScope, emit_lost_attempt, emit_outcome, read_carrier
+from gymtrace._scopes.frame import REMOTE_KIND, ActiveScope, emit_lost_attempt, emit_outcome, read_carrier
 from gymtrace._scopes.state import EpisodeState, RolloutState
 
 # What a level's prepare() returns: span name, start attributes, links, the context to start it in.
@@ -62,6 +62,19 @@ def prepare_run(
     return c.SPAN_RUN, _base(frame, values), None, ctx
 
 
+def _run_of(frame: ActiveScope) -> ActiveScope | None:
+    """The run a rollout or train step opens in: the enclosing run scope, or a run of another process
+    whose context was carried here (a rollout worker that attached the trainer's run context: the
+    frame standing for it is the caller's run, not a rollout or episode)."""
+    parent = frame.parent
+    if parent is None:
+        return None
+    run = parent.nearest(c.KIND_RUN)
+    if run is None and parent.remote and parent.kind == REMOTE_KIND and c.RUN_ID in parent.identity:
+        return parent
+    return run
+
+
 def prepare_rollout(
     frame: ActiveScope, values: dict[str, Any], ctx: otel_context.Context, source: Any
 ) -> Prepared:
@@ -85,7 +98,7 @@ def prepare_rollout(
     _live.watch(frame)
     links = None
     start_context = ctx
-    run = frame.parent.nearest(c.KIND_RUN) if frame.parent is not None else None
+    run = _run_of(frame)
     if run is not None and not _settings.active.trace_per_run:
         # One trace per rollout: the rollout is a trace root that links to its run. A root span in
         # the run's trace would be invisible until the run ends (hours) and lost on a crash.
@@ -123,7 +136,7 @@ def prepare_train_step(
     frame.train_state = _training.TrainState(version)
     links = None
     start_context = ctx
-    run = frame.parent.nearest(c.KIND_RUN) if frame.parent is not None else None
+    run = _run_of(frame)
     if run is not None and not _settings.active.trace_per_run:
         links = [Link(run.span.get_span_context(), {c.LINK_RELATION: c.RELATION_RUN})]
         start_context = trace.set_span_in_context(trace.INVALID_SPAN, ctx)
