@@ -64,7 +64,14 @@ def _demo_training(args: argparse.Namespace) -> int:
         return 2
     run_id = args.run_id or f"grpo-{uuid.uuid4().hex[:8]}"
     file = args.file or default_file()
-    result = run_training(run_id=run_id, file=file, workers=args.workers, steps=args.steps)
+    result = run_training(
+        run_id=run_id,
+        file=file,
+        workers=args.workers,
+        steps=args.steps,
+        endpoint=args.endpoint,
+        protocol=args.protocol,
+    )
     outcomes = final_outcomes(result.spans)
     training = read_training(result.spans, outcomes)
     finish_rows(training, outcomes)

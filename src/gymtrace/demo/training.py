@@ -37,6 +37,10 @@ SLOW_GROUP = 0
 ZERO_VARIANCE_GROUP = 3
 # (step, group, sample) whose episode fails: it has no reward.
 FAILING = (1, 1, 3)
+# (step, group, sample) still running when the trainer's weights change: after its first model call
+# it tells the trainer, which publishes its first update only then, and waits for that update, so
+# at least one rollout ends under a newer version whatever the timing.
+IN_FLIGHT_AT_UPDATE = (1, 0, 0)
 
 
 class EnvironmentError_(RuntimeError):
@@ -78,9 +82,16 @@ def _sync_weights(version: Any) -> None:
     gymtrace.set_policy_version(version.value)
 
 
-def _generate(job: dict[str, Any], version: Any) -> dict[str, Any]:
+def _await_update(version: Any, seen: int, timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while version.value <= seen and time.monotonic() < deadline:
+        time.sleep(0.001)
+
+
+def _generate(job: dict[str, Any], version: Any, in_flight: Any) -> dict[str, Any]:
     step, group, sample, samples = job["step"], job["group"], job["sample"], job["samples"]
     _sync_weights(version)
+    started_under = version.value
     keys: dict[str, Any] = {}
     reward: float | None = None
     with propagation.attach(job["carrier"]):
@@ -99,6 +110,9 @@ def _generate(job: dict[str, Any], version: Any) -> dict[str, Any]:
                     with gymtrace.seed_session():
                         time.sleep(0.001)
                     for turn in range(2):
+                        if turn == 1 and (step, group, sample) == IN_FLIGHT_AT_UPDATE:
+                            in_flight.set()
+                            _await_update(version, started_under)
                         _sync_weights(version)  # a weight update may land between model calls
                         with gymtrace.step():
                             with gymtrace.model_call(model="policy", provider="gymtrace-demo") as call:
@@ -123,14 +137,25 @@ def _generate(job: dict[str, Any], version: Any) -> dict[str, Any]:
     }
 
 
-def _worker(index: int, file: str, jobs: Any, results: Any, version: Any) -> None:
-    gymtrace.configure(service_name=f"rollout-worker-{index}", file=file)
+def _worker(
+    index: int,
+    file: str,
+    endpoint: str | None,
+    protocol: str | None,
+    jobs: Any,
+    results: Any,
+    version: Any,
+    in_flight: Any,
+) -> None:
+    gymtrace.configure(
+        service_name=f"rollout-worker-{index}", file=file, endpoint=endpoint, protocol=protocol
+    )
     try:
         while True:
             job = jobs.get()
             if job is None:
                 break
-            results.put(_generate(job, version))
+            results.put(_generate(job, version, in_flight))
     finally:
         gymtrace.shutdown()
 
@@ -151,23 +176,36 @@ def _decide(item: dict[str, Any], batch: list[dict[str, Any]], version: int) -> 
 
 
 def run_training(
-    *, run_id: str, file: str, workers: int = 2, steps: int = 3, groups: int = 4, samples: int = 4
+    *,
+    run_id: str,
+    file: str,
+    workers: int = 2,
+    steps: int = 3,
+    groups: int = 4,
+    samples: int = 4,
+    endpoint: str | None = None,
+    protocol: str | None = None,
 ) -> TrainingResult:
-    """Run the simulated training run, trace it to ``file`` (the workers' spans appended), read it
-    back and check it."""
+    """Run the simulated training run, trace it to ``file`` (the workers' spans appended) and to
+    ``endpoint`` over OTLP when given, read the file back and check it."""
     context = multiprocessing.get_context("fork")
     jobs, results, version = context.Queue(), context.Queue(), context.Value("i", 0)
+    in_flight = context.Event()
     with tempfile.TemporaryDirectory(prefix="gymtrace-training-") as work:
         worker_files = [str(Path(work) / f"worker-{i}.jsonl") for i in range(workers)]
         # Forked before this process configures anything: each worker sets up its own exporter.
         processes = [
-            context.Process(target=_worker, args=(i, worker_files[i], jobs, results, version), daemon=True)
+            context.Process(
+                target=_worker,
+                args=(i, worker_files[i], endpoint, protocol, jobs, results, version, in_flight),
+                daemon=True,
+            )
             for i in range(workers)
         ]
         for process in processes:
             process.start()
         started = time.perf_counter()
-        gymtrace.configure(service_name="trainer", file=file)
+        gymtrace.configure(service_name="trainer", file=file, endpoint=endpoint, protocol=protocol)
         records: list[StepRecord] = []
         decisions: dict[str, tuple[int, str, int]] = {}
         try:
@@ -220,6 +258,8 @@ def run_training(
                                 record.wasted_seconds += item["seconds"]
                             decisions[item["keys"][c.ROLLOUT_ID]] = (step, outcome, staleness)
                         time.sleep(0.02)  # the optimizer step
+                    if step == 0 and steps > 1:
+                        in_flight.wait(timeout=10)  # publish once a rollout of the next batch runs
                     records.append(record)
                     with version.get_lock():
                         version.value += 1  # the new weights reach the workers' next model calls
