@@ -1,4 +1,4 @@
-"""Metrics beside the spans: the six fixed ``gym.*`` instruments, on the global MeterProvider.
+"""Metrics beside the spans: the fixed ``gym.*`` instruments, on the global MeterProvider.
 
 Example (what a dashboard reads; ``configure()`` exports them over OTLP next to the spans)::
 
