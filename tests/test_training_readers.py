@@ -202,3 +202,16 @@ def test_check_notes_a_consumed_id_that_no_rollout_of_the_input_has(
     out = capsys.readouterr().out
     assert "rollout sampled-out-7: consumed by a train step but not in the input" in out
     assert "carry no rollout identity" not in out  # the step and its records are no such spans
+
+
+def test_the_tree_shows_a_train_step_and_counts_its_records_links(captured: CapturedSpans) -> None:
+    gymtrace.set_policy_version(0)
+    with gymtrace.run(run_id="run"):
+        keys = [_rollout("g", 2, n, float(n)) for n in range(2)]
+        with gymtrace.train_step(step=4):
+            for k in keys:
+                gymtrace.consume(k)
+    tree = captured.tree()
+    assert "gym.train_step [train_step]" in tree and "step=4 policy=0 consumed=2" in tree
+    assert "gym.consumed [consumed]" in tree and "rollouts=2 ->2 rollout spans" in tree
+    assert "group=g policy=0" in tree  # on the rollout lines
