@@ -101,14 +101,12 @@ def _resolve(run_id: object, rollout_id: str) -> list[Any] | None:
 
 def _mark(run_id: object, rollout_id: object, span_id: str) -> None:
     """A rollout consumed by its join keys: not a candidate for a later bare-ID consume."""
+    try:
+        number = int(span_id, 16)
+    except ValueError:
+        return
     with _lock:
-        entries = _ended.get((run_id, rollout_id))
-    if entries:
-        try:
-            number = int(span_id, 16)
-        except ValueError:
-            return
-        for entry in entries:
+        for entry in _ended.get((run_id, rollout_id)) or ():
             if entry[1] == number:
                 entry[3] = True
 
