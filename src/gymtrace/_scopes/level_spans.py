@@ -106,9 +106,7 @@ def prepare_rollout(
         start_context = trace.set_span_in_context(trace.INVALID_SPAN, ctx)
     attributes = _base(frame, values)
     if version is not None:
-        attributes[c.POLICY_VERSION] = version
-    elif c.POLICY_VERSION in attributes:
-        del attributes[c.POLICY_VERSION]
+        attributes[c.POLICY_VERSION] = version  # its own, not the process's (_base)
     if "group_size" in values:
         attributes[c.GROUP_SIZE] = values["group_size"]
     step = values.get("train_step")
