@@ -7,7 +7,9 @@ worker) or Jaeger's query API, searched by run ID when one is given.
 from __future__ import annotations
 
 import argparse
+import sys
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 from gymtrace import _constants as c
 from gymtrace._model import settings as _settings
@@ -15,9 +17,34 @@ from gymtrace._model.environment import DEFAULT_FILE
 from gymtrace._model.spandata import SpanData, TraceFileError, read_otlp_json_lines
 from gymtrace._sdk.children import child_files
 
+if TYPE_CHECKING:
+    from gymtrace._read.source import Summary
+
 
 def default_file() -> str:
     return _settings.resolve(file=True).file or DEFAULT_FILE
+
+
+def warn(message: str) -> None:
+    """A problem with the input that the command reads past (a file cut short, a foreign file)."""
+    print(f"gymtrace: warning: {message}", file=sys.stderr)
+
+
+def input_files(files: list[str]) -> list[str]:
+    """The files given, or the default file and the files its workers wrote beside it (a worker
+    configured from GYMTRACE_PARENT writes {stem}.pid-{pid}{suffix}), so their outcomes count."""
+    return files or [default_file(), *child_files(default_file())]
+
+
+def read_summary(args: argparse.Namespace) -> Summary:
+    """What ``rollouts``, ``stats`` and ``compare`` read: from files, in one streaming pass, only the
+    spans the outcome rule and the training figures need (``_read.source``); from Jaeger, its
+    search (by run ID if given)."""
+    from gymtrace._read.source import Summary, TokenTotals, read_summary_spans
+
+    if args.jaeger:
+        return Summary(read_spans(args), TokenTotals())
+    return read_summary_spans(input_files(args.files), warn)
 
 
 def read_spans(args: argparse.Namespace) -> list[SpanData]:
@@ -37,11 +64,12 @@ def read_spans(args: argparse.Namespace) -> list[SpanData]:
 def read_files(files: list[str]) -> list[SpanData]:
     """The spans of every file given, read as one (a Ray run writes one per worker, a traced
     service one per process), or of the default file."""
+    from gymtrace._read.source import gc_paused
+
     spans: list[SpanData] = []
-    # With no file named: the default file and the files its workers wrote beside it (a worker
-    # configured from GYMTRACE_PARENT writes {stem}.pid-{pid}{suffix}), so their outcomes count.
-    for path in files or [default_file(), *child_files(default_file())]:
-        spans.extend(read_otlp_json_lines(path))
+    with gc_paused():
+        for path in input_files(files):
+            spans.extend(read_otlp_json_lines(path, warn=warn))
     return spans
 
 

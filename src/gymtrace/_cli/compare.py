@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from gymtrace import _constants as c
-from gymtrace._cli.common import read_files
+from gymtrace._cli.common import warn
 from gymtrace._model.spandata import SpanData
 
 if TYPE_CHECKING:
@@ -31,7 +31,9 @@ def _run_spans(args: argparse.Namespace, which: str) -> list[SpanData]:
         if path.is_dir()
         else [path]
     )
-    return read_files([str(p) for p in files])
+    from gymtrace._read.source import read_summary_spans
+
+    return read_summary_spans([str(p) for p in files], warn).spans
 
 
 def run(args: argparse.Namespace) -> int:

@@ -6,20 +6,21 @@ import argparse
 import json
 import sys
 
-from gymtrace._cli.common import print_table, read_spans
+from gymtrace._cli.common import print_table, read_summary
 
 
 def run(args: argparse.Namespace) -> int:
     from gymtrace._read.outcomes import dedupe, final_outcomes
     from gymtrace._read.training import finish_rows, read_training
 
-    spans = read_spans(args)
+    summary = read_summary(args)
+    spans = summary.spans
     outcomes = final_outcomes(spans, run_id=args.run)
     if not outcomes:
         print("no rollouts found", file=sys.stderr)
         return 1
     if args.json:
-        training = read_training(dedupe(spans), outcomes)
+        training = read_training(dedupe(spans), outcomes, summary.tokens)
         finish_rows(training, outcomes)
         for o in outcomes:
             print(json.dumps({**o.as_json(), **training.row(o).as_json()}))

@@ -11,12 +11,12 @@ import sys
 from typing import TYPE_CHECKING, Any
 
 from gymtrace import _constants as c
-from gymtrace._cli.common import read_spans
+from gymtrace._cli.common import read_summary
 
 if TYPE_CHECKING:
-    from gymtrace._model.spandata import SpanData
     from gymtrace._read.outcomes import RolloutOutcome
     from gymtrace._read.passk import PassK
+    from gymtrace._read.source import Summary
     from gymtrace._read.stats import RunStats
 
 
@@ -28,10 +28,10 @@ def run(args: argparse.Namespace) -> int:
     if args.pass_k is not None and args.pass_k < 1:
         print("gymtrace stats: --pass-k must be at least 1", file=sys.stderr)
         return 2
-    spans = read_spans(args)
-    outcomes = final_outcomes(spans, run_id=args.run)
+    summary = read_summary(args)
+    outcomes = final_outcomes(summary.spans, run_id=args.run)
     if args.by is not None:
-        return _by(args, spans, outcomes)
+        return _by(args, summary, outcomes)
     stats = summarise(
         outcomes=outcomes, failed_as_zero=args.failed_as_zero, pass_threshold=args.pass_threshold
     )
@@ -55,7 +55,7 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _by(args: argparse.Namespace, spans: list[SpanData], outcomes: list[RolloutOutcome]) -> int:
+def _by(args: argparse.Namespace, summary: Summary, outcomes: list[RolloutOutcome]) -> int:
     """``--by train_step|policy_version|group``: one object (or line) per step, version or group."""
     from gymtrace._read.outcomes import dedupe
     from gymtrace._read.training import (
@@ -67,7 +67,7 @@ def _by(args: argparse.Namespace, spans: list[SpanData], outcomes: list[RolloutO
         version_stats,
     )
 
-    training = read_training(dedupe(spans), outcomes)
+    training = read_training(dedupe(summary.spans), outcomes, summary.tokens)
     finish_rows(training, outcomes)
     if args.run is not None:
         training.consumptions = [e for e in training.consumptions if e.run_id == args.run]

@@ -10,7 +10,7 @@ from __future__ import annotations
 import base64
 import json
 import re
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -223,6 +223,12 @@ def _from_any_value(value: Any, what: str = "value") -> Any:
     return None
 
 
+def decode_any_value(value: Any) -> Any:
+    """One OTLP/JSON ``AnyValue`` object as the readers see it (:class:`BadTraceData` if it is not
+    one)."""
+    return _from_any_value(value)
+
+
 # The gym attributes every reader relies on, with the type gymtrace writes them as: a file where one
 # has another type was not written by gymtrace, and is refused with the attribute's name instead of
 # failing deep inside a reader (issue 31).
@@ -385,11 +391,15 @@ def encode_spandata_json(
     return {"resourceSpans": resource_spans}
 
 
-def decode_otlp_json(request: Any) -> Iterator[SpanData]:
+def decode_otlp_json(
+    request: Any, keep: Callable[[Mapping[str, Any]], bool] | None = None
+) -> Iterator[SpanData]:
     """One OTLP/JSON ``ExportTraceServiceRequest`` (a line of the embedded default's file).
 
-    Every field is type-checked: a field of the wrong type raises :class:`BadTraceData` naming it,
-    never an ``AttributeError`` from deep inside a reader."""
+    Every field of a span decoded is type-checked: a field of the wrong type raises
+    :class:`BadTraceData` naming it, never an ``AttributeError`` from deep inside a reader.
+    ``keep``, given a span's raw object, says whether to decode it (a reader that needs few spans
+    skips the rest)."""
     request = _object(request, "the request")
     for resource_spans in _array(request.get("resourceSpans"), "resourceSpans"):
         resource_spans = _object(resource_spans, "resourceSpans[]")
@@ -401,7 +411,9 @@ def decode_otlp_json(request: Any) -> Iterator[SpanData]:
         for scope_spans in _array(resource_spans.get("scopeSpans"), "scopeSpans"):
             scope_spans = _object(scope_spans, "scopeSpans[]")
             for s in _array(scope_spans.get("spans"), "spans"):
-                yield _decode_span(_object(s, "spans[]"), service, instance)
+                s = _object(s, "spans[]")
+                if keep is None or keep(s):
+                    yield _decode_span(s, service, instance)
 
 
 def _decode_span(s: Mapping[str, Any], service: str, instance: str) -> SpanData:
@@ -449,36 +461,159 @@ class TraceFileError(ValueError):
     """A file of OTLP/JSON lines could not be read; the message names the file and line."""
 
 
-def read_otlp_json_lines(path: str | Path, *, partial_last_line: bool = False) -> list[SpanData]:
-    """The spans in a file of OTLP/JSON lines, or in every ``*.jsonl`` file of a directory (what
-    ``GYMTRACE_FILE=DIR/`` writes: one file per process). ``partial_last_line``: the file is still
-    being written (``gymtrace live``), so a last line without its newline that does not parse is
-    skipped rather than an error; it is whole at the next read."""
-    if Path(path).is_dir():
-        files = sorted(p for p in Path(path).glob("*.jsonl") if p.is_file())
-        return [
-            span for file in files for span in read_otlp_json_lines(file, partial_last_line=partial_last_line)
-        ]
-    spans: list[SpanData] = []
+def _orjson_loads() -> Callable[[bytes], Any] | None:
+    try:
+        import orjson
+    except ImportError:  # the plain install: the standard library's json
+        return None
+    loads: Callable[[bytes], Any] = orjson.loads
+    return loads
+
+
+_FAST_LOADS = _orjson_loads()
+
+
+def parse_json_line(raw: bytes) -> Any:
+    """One line of JSON, by orjson when it is installed (the ``fast`` extra), else by the standard
+    library. What orjson refuses and ``json`` reads (``NaN``, a lone surrogate, an integer past 64
+    bits) is read by ``json``, so both installs read the same lines the same way."""
+    if _FAST_LOADS is not None:
+        try:
+            return _FAST_LOADS(raw)
+        except ValueError:
+            pass
+    return json.loads(raw.decode("utf-8"))
+
+
+Warn = Callable[[str], None]
+
+
+def trace_files(path: str | Path, warn: Warn | None = None) -> list[Path]:
+    """The files of OTLP/JSON lines ``path`` names: itself, or every ``*.jsonl`` file of a
+    directory (what ``GYMTRACE_FILE=DIR/`` writes: one file per process). Another file in the
+    directory is named in a warning and skipped; hidden files are left alone."""
+    if not Path(path).is_dir():
+        return [Path(path)]
+    files = []
+    for p in sorted(Path(path).iterdir()):
+        if p.name.startswith(".") or not p.is_file():
+            continue
+        if p.suffix == ".jsonl":
+            files.append(p)
+        elif warn is not None:
+            warn(f"{p}: not a trace file (*.jsonl), skipped")
+    return files
+
+
+# A byte range of a file, [start, end), that starts at the start of a line (a reader splits a big
+# file between processes); None: the whole file.
+Part = tuple[int, int] | None
+
+
+def _lines(f: Any, part: Part) -> Iterator[bytes]:
+    if part is None:
+        yield from f
+        return
+    at, end = part
+    f.seek(at)
+    while at < end:
+        raw = f.readline()
+        if not raw:
+            return
+        at += len(raw)
+        yield raw
+
+
+def line_number(path: str | Path, part: Part, number: int) -> int:
+    """The line number in the whole file of line ``number`` of ``part`` (counted only for a
+    message: a part's first line number is not known without reading what comes before it)."""
+    if part is None or part[0] == 0:
+        return number
+    before, left = 0, part[0]
+    with open(path, "rb") as f:
+        while left > 0:
+            block = f.read(min(left, 1 << 20))
+            if not block:
+                break
+            before += block.count(b"\n")
+            left -= len(block)
+    return before + number
+
+
+def iter_requests(
+    path: str | Path, *, partial_last_line: bool = False, warn: Warn | None = None, part: Part = None
+) -> Iterator[tuple[int, Any, bool]]:
+    """Each line of one file of OTLP/JSON lines (or of ``part`` of it) as ``(line number in the
+    part, parsed JSON, last line without its newline)``, one at a time.
+
+    A line that is not JSON raises :class:`TraceFileError` naming the file and line, except a last
+    line without its newline: the file is still being written (``partial_last_line``, for
+    ``gymtrace live``: skipped, it is whole at the next read) or its writer was killed mid-line
+    (skipped if ``warn`` is given, and told, naming the file; else the same error)."""
     # Read as bytes and decoded line by line: a byte that is not UTF-8 is an error naming its line,
     # not a UnicodeDecodeError out of the file iterator.
     with open(path, "rb") as f:
-        for number, raw in enumerate(f, 1):
-            unfinished = partial_last_line and not raw.endswith(b"\n")
+        for number, raw in enumerate(_lines(f, part), 1):
+            unfinished = not raw.endswith(b"\n")
             raw = raw.strip()
             if not raw:
                 continue
             try:
-                spans.extend(decode_otlp_json(json.loads(raw.decode("utf-8"))))
-            except BadTraceData as exc:
-                if unfinished:
-                    break
-                raise TraceFileError(f"{path}:{number}: not a trace gymtrace can read: {exc}") from exc
+                request = parse_json_line(raw)
             except (ValueError, RecursionError) as exc:  # not UTF-8, not JSON, or nested too deep
-                if unfinished:
+                if unfinished and _cut_short(path, part, number, partial_last_line, warn):
+                    return
+                where = f"{path}:{line_number(path, part, number)}"
+                raise TraceFileError(f"{where}: not an OTLP/JSON trace request ({exc})") from exc
+            yield number, request, unfinished
+
+
+def _cut_short(path: str | Path, part: Part, number: int, partial_last_line: bool, warn: Warn | None) -> bool:
+    """A last line without its newline that does not read: True to skip it (the file is still
+    being written, or the caller takes a warning: its writer was killed mid-line), False for the
+    error a caller that takes no warning gets."""
+    if partial_last_line:
+        return True
+    if warn is None:
+        return False
+    number = line_number(path, part, number)
+    warn(f"{path}: its last line ({number}) is cut short (a writer stopped mid-line?): skipped")
+    return True
+
+
+def iter_otlp_json_lines(
+    path: str | Path,
+    *,
+    partial_last_line: bool = False,
+    warn: Warn | None = None,
+    keep: Callable[[Mapping[str, Any]], bool] | None = None,
+    part: Part = None,
+) -> Iterator[SpanData]:
+    """The spans of a file of OTLP/JSON lines (or of a directory's, see :func:`trace_files`; or of
+    ``part`` of one file), one at a time. ``keep``, given a span's raw OTLP/JSON object, says
+    whether to decode it at all."""
+    for file in trace_files(path, warn) if part is None else [Path(path)]:
+        lines = iter_requests(file, partial_last_line=partial_last_line, warn=warn, part=part)
+        for number, request, unfinished in lines:
+            try:
+                # Decoded whole before any is yielded: a bad span fails its line, not half of it.
+                spans = list(decode_otlp_json(request, keep))
+            except BadTraceData as exc:
+                if unfinished and _cut_short(file, part, number, partial_last_line, warn):
                     break
-                raise TraceFileError(f"{path}:{number}: not an OTLP/JSON trace request ({exc})") from exc
-    return spans
+                where = f"{file}:{line_number(file, part, number)}"
+                raise TraceFileError(f"{where}: not a trace gymtrace can read: {exc}") from exc
+            yield from spans
+
+
+def read_otlp_json_lines(
+    path: str | Path, *, partial_last_line: bool = False, warn: Warn | None = None
+) -> list[SpanData]:
+    """The spans in a file of OTLP/JSON lines, or in every ``*.jsonl`` file of a directory (what
+    ``GYMTRACE_FILE=DIR/`` writes: one file per process). ``partial_last_line``: the file is still
+    being written (``gymtrace live``), so a last line without its newline that does not parse is
+    skipped rather than an error; it is whole at the next read."""
+    return list(iter_otlp_json_lines(path, partial_last_line=partial_last_line, warn=warn))
 
 
 def is_marker(span: SpanData) -> bool:

@@ -28,6 +28,7 @@ from gymtrace._model.ids import read_version
 from gymtrace._model.numbers import read_int
 from gymtrace._model.spandata import SpanData
 from gymtrace._read.outcomes import RolloutOutcome
+from gymtrace._read.source import TokenTotals
 from gymtrace._scopes.training import staleness
 
 _OUTCOME_ORDER = c.TRAINING_OUTCOMES
@@ -112,9 +113,16 @@ def _seconds(outcome: RolloutOutcome) -> float:
     return max(0, root.end_ns - root.start_ns) / 1e9 if root is not None else 0.0
 
 
-def read_training(spans: Sequence[SpanData], outcomes: Sequence[RolloutOutcome]) -> Training:
-    """Join the input's consumed records to its rollouts (see the module docstring)."""
+def read_training(
+    spans: Sequence[SpanData], outcomes: Sequence[RolloutOutcome], dropped: TokenTotals | None = None
+) -> Training:
+    """Join the input's consumed records to its rollouts (see the module docstring). ``dropped``:
+    the output tokens of spans a streaming read dropped (``_read.source``), counted beside those
+    of ``spans``."""
     result = Training(outcomes=list(outcomes))
+    if dropped is not None:
+        result.tokens_by_trace.update(dropped.by_trace)
+        result.tokens_by_version.update(dropped.by_version)
     by_span: dict[tuple[str, str], RolloutOutcome] = {}
     by_trace: dict[tuple[str, str], list[RolloutOutcome]] = defaultdict(list)
     by_id: dict[tuple[str | None, str], list[RolloutOutcome]] = defaultdict(list)

@@ -1,0 +1,212 @@
+"""The readers stream a run: they hold what each rollout needs, read directories of per-process
+files as one run, and read past what a killed writer or a stray file leaves."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+import gymtrace
+from gymtrace import _constants as c
+from gymtrace._cli import main
+from gymtrace._model.spandata import encode_otlp_json, read_otlp_json_lines
+from gymtrace._read.outcomes import dedupe, final_outcomes
+from gymtrace._read.source import read_summary_spans
+from gymtrace._read.training import finish_rows, read_training
+from gymtrace._scopes import consumed as _consumed
+from gymtrace._scopes import training as _training
+from gymtrace.testing import CapturedSpans, capture_spans
+
+READERS = [
+    ["rollouts", "--json"],
+    ["stats", "--json"],
+    ["stats", "--by", "train_step", "--json"],
+    ["stats", "--by", "policy_version", "--json"],
+    ["stats", "--by", "group", "--json"],
+]
+
+
+@pytest.fixture(autouse=True)
+def _no_policy_version() -> Iterator[None]:
+    _training.set_policy_version(None)
+    _consumed.forget()
+    yield
+    _training.set_policy_version(None)
+    _consumed.forget()
+
+
+def _training_run(rollouts: int = 12) -> None:
+    """A run with retries, unscored rollouts, model calls with tokens, and a train step consuming
+    every rollout: what each reader's answer draws on."""
+    keys = []
+    with gymtrace.run(run_id="stream"):
+        for i in range(rollouts):
+            gymtrace.set_policy_version(i // 4)
+            with gymtrace.rollout(
+                rollout_id=f"r-{i}", task_id=f"t-{i % 3}", group_id=f"g-{i // 4}", group_size=4
+            ):
+                for attempt in gymtrace.attempts(2, reraise=False):
+                    with attempt:
+                        with gymtrace.step():
+                            with gymtrace.model_call(model="policy") as call:
+                                call.record_usage(output_tokens=7 + i)
+                            with gymtrace.tool_call(tool_name="env.step"):
+                                pass
+                        if i % 4 == 1 and attempt.number == 0:
+                            raise ConnectionError("environment lost")  # retried
+                        if i % 4 == 2:
+                            raise KeyError("harness bug")  # unscored
+                        with gymtrace.verify():
+                            gymtrace.record_reward(float(i % 2))
+                keys.append(gymtrace.current().join_keys())
+        with gymtrace.train_step(step=0, policy_version=3):
+            for n, k in enumerate(keys):
+                gymtrace.consume(k, outcome="trained" if n % 3 else "filtered")
+
+
+def _lines(captured: CapturedSpans, per_line: int = 5) -> list[str]:
+    spans = list(captured.spans)
+    return [json.dumps(encode_otlp_json(spans[i : i + per_line])) for i in range(0, len(spans), per_line)]
+
+
+@pytest.fixture
+def run_file(tmp_path: Path) -> Path:
+    with capture_spans() as captured:
+        _training_run()
+    path = tmp_path / "run.jsonl"
+    path.write_text("".join(line + "\n" for line in _lines(captured)))
+    return path
+
+
+def _out(capsys: pytest.CaptureFixture[str], argv: list[str]) -> tuple[int, str, str]:
+    code = main(argv)
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
+
+
+def _whole_rows(path: Path) -> list[str]:
+    """``rollouts --json`` as the readers computed it before they streamed: from every span."""
+    spans = read_otlp_json_lines(path)
+    outcomes = final_outcomes(spans)
+    training = read_training(dedupe(spans), outcomes)
+    finish_rows(training, outcomes)
+    return [json.dumps({**o.as_json(), **training.row(o).as_json()}) for o in outcomes]
+
+
+def test_streamed_rows_equal_the_rows_read_from_every_span(
+    run_file: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code, out, _ = _out(capsys, ["rollouts", "--json", str(run_file)])
+    assert code == 0
+    assert out.splitlines() == _whole_rows(run_file)
+    rows = [json.loads(line) for line in out.splitlines()]
+    assert {r["outcome"] for r in rows} == {"scored", "unscored"} and max(r["attempts"] for r in rows) == 2
+
+
+def test_output_tokens_of_the_dropped_model_calls_still_count_once_in_a_file_appended_to_itself(
+    run_file: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code, out, _ = _out(capsys, ["stats", "--by", "policy_version", "--json", str(run_file)])
+    assert code == 0
+    tokens = [json.loads(line)["output_tokens"] for line in out.splitlines()]
+    # Attempt 0 of every retried rollout made a model call too.
+    assert tokens == [sum(7 + i for i in range(v * 4, v * 4 + 4)) + 7 + v * 4 + 1 for v in range(3)]
+    doubled = run_file.with_name("doubled.jsonl")
+    doubled.write_text(run_file.read_text() * 2)
+    for argv in READERS:
+        assert _out(capsys, [*argv, str(doubled)])[1] == _out(capsys, [*argv, str(run_file)])[1], argv
+
+
+def test_the_summary_readers_hold_no_span_below_an_episode(run_file: Path) -> None:
+    summary = read_summary_spans([run_file])
+    kinds = {s.attributes.get(c.KIND) for s in summary.spans}
+    assert kinds == {c.KIND_RUN, c.KIND_ROLLOUT, c.KIND_EPISODE, c.KIND_TRAIN_STEP, c.KIND_CONSUMED}
+    assert len(summary.spans) < len(read_otlp_json_lines(run_file)) / 2
+
+
+def test_a_directory_of_per_process_files_reads_as_the_one_file_it_was_split_from(
+    run_file: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Each trace's spans spread over both files, as processes sharing rollouts write them.
+    directory = tmp_path / "traces"
+    directory.mkdir()
+    lines = run_file.read_text().splitlines(keepends=True)
+    (directory / "trainer.jsonl").write_text("".join(lines[0::2]))
+    (directory / "worker.pid-7.jsonl").write_text("".join(lines[1::2]))
+    for argv in READERS:
+        whole = _out(capsys, [*argv, str(run_file)])
+        split = _out(capsys, [*argv, str(directory)])
+        assert split == whole, argv
+    assert (
+        _out(capsys, ["tree", "--rollout", "r-1", str(directory)])[1]
+        == _out(capsys, ["tree", "--rollout", "r-1", str(run_file)])[1]
+    )
+
+
+def test_a_foreign_file_in_a_directory_is_named_in_a_warning(
+    run_file: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    directory = tmp_path / "traces"
+    directory.mkdir()
+    (directory / "run.jsonl").write_text(run_file.read_text())
+    (directory / "notes.txt").write_text("not a trace\n")
+    for argv in (["rollouts", "--json"], ["check"]):
+        code, out, err = _out(capsys, [*argv, str(directory)])
+        assert code == 0 and out
+        assert err.count("warning") == 1 and str(directory / "notes.txt") in err, argv
+
+
+def test_a_malformed_line_is_an_error_naming_file_and_line(
+    run_file: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    lines = run_file.read_text().splitlines(keepends=True)
+    lines[2] = lines[2][: len(lines[2]) // 2] + "\n"
+    run_file.write_text("".join(lines))
+    for argv in (["rollouts", "--json"], ["stats"], ["check"], ["tree", "--run", "stream"]):
+        code, _, err = _out(capsys, [*argv, str(run_file)])
+        assert code == 2 and f"{run_file}:3:" in err, argv
+
+
+def test_a_last_line_cut_short_by_a_killed_writer_is_one_warning(
+    run_file: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    text = run_file.read_text()
+    whole = _out(capsys, ["rollouts", "--json", str(run_file)])[1].splitlines()
+    last = text.rstrip("\n").rsplit("\n", 1)[1]
+    run_file.write_text(text[: -len(last) // 2 - 1])  # half of the last line, no newline
+    for argv in (["rollouts", "--json"], ["stats"], ["check"]):
+        code, _, err = _out(capsys, [*argv, str(run_file)])
+        assert code in (0, 1) and err.count("warning") == 1 and str(run_file) in err, argv
+        assert "Traceback" not in err
+    rows = _out(capsys, ["rollouts", "--json", str(run_file)])[1].splitlines()
+    assert 0 < len(rows) <= len(whole)
+
+
+def _plain_install(argv: list[str]) -> str:
+    """The CLI where orjson cannot be imported (the install without the ``fast`` extra)."""
+    script = "import sys; sys.modules['orjson'] = None; from gymtrace._cli import main; sys.exit(main())"
+    return subprocess.run(
+        [sys.executable, "-c", script, *argv], capture_output=True, text=True, check=True
+    ).stdout
+
+
+@pytest.mark.e2e
+def test_the_plain_install_reads_byte_for_byte_what_the_fast_parser_reads(
+    run_file: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    pytest.importorskip("orjson")
+    # What orjson refuses and json reads: a NaN reward and a lone surrogate.
+    with capture_spans() as captured:
+        with gymtrace.rollout(rollout_id="odd", task_id="t"):
+            with gymtrace.episode(attributes={"note": float("nan"), "label": "lone \ud800"}):
+                gymtrace.record_reward(1.0)
+    with run_file.open("a") as f:
+        f.write(json.dumps(encode_otlp_json(captured.spans)) + "\n")
+    for argv in READERS:
+        fast = _out(capsys, [*argv, str(run_file)])[1]
+        assert fast and _plain_install([*argv, str(run_file)]) == fast, argv
