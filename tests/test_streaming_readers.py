@@ -14,7 +14,7 @@ import pytest
 import gymtrace
 from gymtrace import _constants as c
 from gymtrace._cli import main
-from gymtrace._model.spandata import encode_otlp_json, read_otlp_json_lines
+from gymtrace._model.spandata import TraceFileError, encode_otlp_json, read_otlp_json_lines
 from gymtrace._read.outcomes import dedupe, final_outcomes
 from gymtrace._read.source import read_summary_spans
 from gymtrace._read.training import finish_rows, read_training
@@ -210,3 +210,33 @@ def test_the_plain_install_reads_byte_for_byte_what_the_fast_parser_reads(
     for argv in READERS:
         fast = _out(capsys, [*argv, str(run_file)])[1]
         assert fast and _plain_install([*argv, str(run_file)]) == fast, argv
+
+
+def _summary(paths: list[Path], parallel_from: int) -> tuple[list[object], dict[str, int], list[str]]:
+    warnings: list[str] = []
+    summary = read_summary_spans(paths, warnings.append, parallel_from=parallel_from)
+    return list(summary.spans), {**summary.tokens.by_trace}, warnings
+
+
+def test_a_big_input_read_by_two_processes_gives_what_one_reads(run_file: Path, tmp_path: Path) -> None:
+    # Appended to itself, the halves are copies: each span's tokens still count once.
+    doubled = tmp_path / "doubled.jsonl"
+    doubled.write_text(run_file.read_text() * 2 + '{"resourceSpans": [')  # and cut short
+    other = tmp_path / "other.jsonl"
+    other.write_text(run_file.read_text())
+    one = _summary([doubled, other], parallel_from=1 << 60)
+    two = _summary([doubled, other], parallel_from=0)
+    assert two == one
+    assert len(one[2]) == 1 and str(doubled) in one[2][0]
+
+
+def test_a_malformed_line_read_by_the_second_process_is_named_by_its_line_in_the_file(
+    run_file: Path,
+) -> None:
+    lines = run_file.read_text().splitlines(keepends=True)
+    bad = len(lines) - 2
+    lines[bad] = "{not json\n"
+    run_file.write_text("".join(lines))
+    for parallel_from in (0, 1 << 60):
+        with pytest.raises(TraceFileError, match=f"{run_file}:{bad + 1}:"):
+            read_summary_spans([run_file], parallel_from=parallel_from)

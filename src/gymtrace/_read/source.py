@@ -237,10 +237,11 @@ def _fork_context() -> Any:
     return multiprocessing.get_context("fork")
 
 
-def _read_all(files: list[Path]) -> _Read:
-    """One streaming pass over ``files``; a big input is split in two halves, the second read by
-    a forked process meanwhile (both cores of a small machine), the results joined in order."""
-    context = _fork_context() if sum(f.stat().st_size for f in files) >= PARALLEL_BYTES else None
+def _read_all(files: list[Path], parallel_from: int) -> _Read:
+    """One streaming pass over ``files``; an input of ``parallel_from`` bytes or more is split in
+    two halves, the second read by a forked process meanwhile (both cores of a small machine), the
+    results joined in order."""
+    context = _fork_context() if sum(f.stat().st_size for f in files) >= parallel_from else None
     if context is None:
         return _read_parts([(f, None) for f in files], entries=False)
     first, second = _halves(files)
@@ -256,10 +257,15 @@ def _read_all(files: list[Path]) -> _Read:
     return spans + more, tokens, warnings + more_warnings, error
 
 
-def read_summary_spans(paths: Iterable[str | Path], warn: Warn | None = None) -> Summary:
-    """The spans the summary readers need from every file (or directory) of ``paths``."""
+def read_summary_spans(
+    paths: Iterable[str | Path], warn: Warn | None = None, *, parallel_from: int = PARALLEL_BYTES
+) -> Summary:
+    """The spans the summary readers need from every file (or directory) of ``paths``; from
+    ``parallel_from`` bytes on, read by two processes."""
     files = list(paths)
-    spans, tokens, warnings, error = _read_all([f for path in files for f in trace_files(path, warn)])
+    spans, tokens, warnings, error = _read_all(
+        [f for path in files for f in trace_files(path, warn)], parallel_from
+    )
     for message in warnings:
         if warn is not None:
             warn(message)
