@@ -10,6 +10,7 @@ from __future__ import annotations
 import base64
 import json
 import re
+import sys
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -256,9 +257,42 @@ _GYM_TYPES: dict[str, tuple[type, ...]] = {
 }
 
 
+_SLOW = object()
+
+
+def _plain_value(value: dict[str, Any]) -> Any:
+    """What :func:`_from_any_value` reads from the common values (ASCII text, digits, a float, a
+    boolean) without its checks; ``_SLOW`` for anything else, which it then reads and names."""
+    if "stringValue" in value:
+        text = value["stringValue"]
+        return text if type(text) is str and text.isascii() else _SLOW
+    if "boolValue" in value:
+        flag = value["boolValue"]
+        return flag if type(flag) is bool else _SLOW
+    if "intValue" in value:
+        number = value["intValue"]
+        if type(number) is str and number.isascii() and number.isdigit():
+            return int(number)
+        return number if type(number) is int else _SLOW
+    if "doubleValue" in value:
+        double = value["doubleValue"]
+        return float(double) if type(double) in (float, int) else _SLOW
+    return _SLOW
+
+
 def _from_key_values(items: Any, what: str = "attributes") -> dict[str, Any]:
     found: dict[str, Any] = {}
     for item in _array(items, what):
+        if type(item) is dict:
+            # The fast path: a readable key and a plain value of the type _GYM_TYPES wants.
+            key, value = item.get("key"), item.get("value")
+            if type(key) is str and key.isascii() and type(value) is dict:
+                plain = _plain_value(value)
+                if plain is not _SLOW:
+                    wanted = _GYM_TYPES.get(key)
+                    if wanted is None or type(plain) in wanted:
+                        found[sys.intern(key)] = plain
+                        continue
         item = _object(item, f"{what}[]")
         key = _text(item.get("key"), f"{what}[].key")
         value = _from_any_value(item.get("value", {}), f"attribute {key!r}")
@@ -269,7 +303,8 @@ def _from_key_values(items: Any, what: str = "attributes") -> dict[str, Any]:
             raise BadTraceData(
                 f"attribute {key!r} must be {' or '.join(t.__name__ for t in wanted)}, got {value!r:.40}"
             )
-        found[key] = value
+        # Interned: a reader holding many spans holds each attribute name once, not once a span.
+        found[sys.intern(key)] = value
     return found
 
 
@@ -406,8 +441,8 @@ def decode_otlp_json(
         resource = _from_key_values(
             _object(resource_spans.get("resource") or {}, "resource").get("attributes"), "resource attributes"
         )
-        service = str(resource.get("service.name", ""))
-        instance = str(resource.get("service.instance.id", ""))
+        service = sys.intern(str(resource.get("service.name", "")))
+        instance = sys.intern(str(resource.get("service.instance.id", "")))
         for scope_spans in _array(resource_spans.get("scopeSpans"), "scopeSpans"):
             scope_spans = _object(scope_spans, "scopeSpans[]")
             for s in _array(scope_spans.get("spans"), "spans"):
