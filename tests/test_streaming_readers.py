@@ -7,6 +7,7 @@ import json
 import subprocess
 import sys
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -14,7 +15,15 @@ import pytest
 import gymtrace
 from gymtrace import _constants as c
 from gymtrace._cli import main
-from gymtrace._model.spandata import TraceFileError, encode_otlp_json, read_otlp_json_lines
+from gymtrace._model.spandata import (
+    SpanData,
+    TraceFileError,
+    encode_otlp_json,
+    encode_spandata_json,
+    normalize,
+    read_otlp_json_lines,
+)
+from gymtrace._read.check.stream import SpreadTooThin, check_files
 from gymtrace._read.outcomes import dedupe, final_outcomes
 from gymtrace._read.source import read_summary_spans
 from gymtrace._read.training import finish_rows, read_training
@@ -240,3 +249,68 @@ def test_a_malformed_line_read_by_the_second_process_is_named_by_its_line_in_the
     for parallel_from in (0, 1 << 60):
         with pytest.raises(TraceFileError, match=f"{run_file}:{bad + 1}:"):
             read_summary_spans([run_file], parallel_from=parallel_from)
+
+
+# -- check, trace by trace ------------------------------------------------------------------------
+
+
+def _with_violations(captured: CapturedSpans) -> list[SpanData]:
+    """The run's spans with two findings: a step that names another rollout than its own, and a
+    reward recorded outside any rollout (a trace of its own)."""
+    spans = normalize(captured.spans)
+    step = next(s for s in spans if s.attributes.get(c.KIND) == c.KIND_STEP)
+    wrong = replace(step, attributes={**step.attributes, c.ROLLOUT_ID: "someone-else"})
+    loose = replace(
+        step,
+        trace_id="f" * 32,
+        span_id="e" * 16,
+        parent_id=None,
+        attributes={c.KIND: c.KIND_STEP, c.REWARD: 1.0},
+    )
+    return [wrong if s is step else s for s in spans] + [loose]
+
+
+def _write_spans(path: Path, spans: list[SpanData], per_line: int = 5) -> Path:
+    path.write_text(
+        "".join(
+            json.dumps(encode_spandata_json(spans[i : i + per_line])) + "\n"
+            for i in range(0, len(spans), per_line)
+        )
+    )
+    return path
+
+
+def test_check_trace_by_trace_finds_what_the_whole_input_check_finds(tmp_path: Path) -> None:
+    with capture_spans() as captured:
+        _training_run()
+    path = _write_spans(tmp_path / "run.jsonl", _with_violations(captured))
+    doubled = tmp_path / "doubled.jsonl"
+    doubled.write_text(path.read_text() * 2)
+    for file in (path, doubled):
+        whole = check_files([file], limit=None)
+        by_trace = check_files([file], held=40, limit=None)
+        assert len(whole.problems) == 3 + (file == doubled)
+        assert sorted(by_trace.problems) == sorted(whole.problems)
+        assert (by_trace.spans, by_trace.rollouts, by_trace.outside) == (
+            whole.spans,
+            whole.rollouts,
+            whole.outside,
+        )
+        assert by_trace.notes == whole.notes
+
+
+def test_check_of_a_trace_spread_too_thin_names_it(tmp_path: Path) -> None:
+    with capture_spans() as captured:
+        _training_run()
+    spans = normalize(captured.spans)
+    # One rollout's root is in a file not given: its trace never closes.
+    root = next(s for s in spans if s.attributes.get(c.KIND) == c.KIND_ROLLOUT)
+    path = _write_spans(tmp_path / "run.jsonl", [s for s in spans if s is not root])
+    assert check_files([path], held=len(spans)).problems == []
+    orphans = sum(1 for s in spans if s.trace_id == root.trace_id) - 1
+    with pytest.raises(
+        SpreadTooThin, match=f"trace {root.trace_id} is spread too thin.*{orphans} of its spans"
+    ):
+        check_files([path], held=orphans - 1)
+    # With room for it beside the traces that close meanwhile, it is checked with the rest.
+    assert check_files([path], held=orphans + 20).problems == []

@@ -144,6 +144,14 @@ def _rollout_id(attributes: Mapping[str, Any]) -> object:
     return nemo if isinstance(nemo, str) and nemo else None
 
 
+def summary_span(span: SpanData) -> bool:
+    """Whether the summary readers read ``span`` (what :func:`summary_filter` keeps, decoded)."""
+    attributes = span.attributes
+    if attributes.get(c.KIND) in _READ_KINDS or not isinstance(attributes.get(c.ROLLOUT_ID), str):
+        return True
+    return (read_int(attributes.get(c.RAY_TASK_ATTEMPT)) or 0) >= 1
+
+
 def summary_filter(tokens: TokenTotals) -> Callable[[Mapping[str, Any]], bool]:
     """The ``keep`` of :func:`iter_otlp_json_lines` for the summary readers: True for a span they
     read; a dropped span's output tokens go to ``tokens``."""
