@@ -22,7 +22,8 @@ own so its peak RSS is its own (``resource.getrusage(RUSAGE_CHILDREN)``, by chil
 Peak RSS is the largest process's: on a big file the readers fork a second process that reads half
 of it meanwhile (both cores); it holds half of what the first holds and exits before it goes on.
 
-Prints numbers only; nothing here asserts a time.
+Prints numbers only; nothing here asserts a time. On a shared machine read the CPU time beside the
+wall time: other work stretches the wall time, less so the CPU time.
 """
 
 from __future__ import annotations
@@ -93,17 +94,19 @@ PLAIN = "import sys; sys.modules['orjson'] = None; from gymtrace._cli import mai
 FAST = "import sys; from gymtrace._cli import main; sys.exit(main())"
 
 
-def timed(argv: list[str]) -> tuple[float, float]:
-    """Seconds and peak RSS (MB) of one child process; its output is thrown away."""
+def timed(argv: list[str]) -> tuple[float, float, float]:
+    """Seconds, CPU seconds (user and system, every process of it) and peak RSS (MB, its largest
+    process) of one child process; its output is thrown away."""
     script = (
         "import resource, subprocess, sys, time\n"
         "t = time.perf_counter()\n"
         "subprocess.run(sys.argv[1:], stdout=subprocess.DEVNULL, check=False)\n"
-        "print(time.perf_counter() - t, resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss)\n"
+        "u = resource.getrusage(resource.RUSAGE_CHILDREN)\n"
+        "print(time.perf_counter() - t, u.ru_utime + u.ru_stime, u.ru_maxrss)\n"
     )
     out = subprocess.run([sys.executable, "-c", script, *argv], capture_output=True, text=True, check=True)
-    seconds, rss_kb = out.stdout.split()
-    return float(seconds), int(rss_kb) / 1024
+    seconds, cpu, rss_kb = out.stdout.split()
+    return float(seconds), float(cpu), int(rss_kb) / 1024
 
 
 def generate(path: Path, rollouts: int) -> float:
@@ -133,6 +136,9 @@ def main() -> None:
         "check": ["check"],
     }
     try:
+        print(
+            "Each cell: wall time (CPU time of all its processes), peak RSS, wall time over the parse floor"
+        )
         print("| rollouts (spans, file) | what | fast parser (orjson) | plain install (json) |")
         print("| --- | --- | --- | --- |")
         for n in args.rollouts:
@@ -144,15 +150,19 @@ def main() -> None:
                 spans = sum(line.count(b'"startTimeUnixNano"') for line in f)
             size = f"{n:,} ({spans / 1e6:.2f}M spans, {path.stat().st_size / 1e6:,.0f} MB)"
 
-            def cell(argv: list[str], floor: float | None = None) -> tuple[str, float]:
-                seconds, rss = timed(argv)
-                text = f"{seconds:.{2 if seconds < 1 else 1}f} s, {rss:,.0f} MB"
-                return (text + (f" ({seconds / floor:.1f}x parse)" if floor else "")), seconds
+            def cell(
+                argv: list[str], floor: tuple[float, float] | None = None
+            ) -> tuple[str, tuple[float, float]]:
+                seconds, cpu, rss = timed(argv)
+                text = f"{seconds:.{2 if seconds < 1 else 1}f} s ({cpu:.{2 if cpu < 1 else 1}f} s CPU), {rss:,.0f} MB"
+                if floor:
+                    text += f"; {seconds / floor[0]:.1f}x parse ({cpu / floor[1]:.1f}x CPU)"
+                return text, (seconds, cpu)
 
             cat, _ = cell(["cat", str(path)])
             print(f"| {size} | floor: read the bytes (`cat`) | {cat} | {cat} |")
             fast_parse, fast_floor = (
-                cell([sys.executable, "-c", PARSE, str(path), "orjson"]) if fast else ("-", 0.0)
+                cell([sys.executable, "-c", PARSE, str(path), "orjson"]) if fast else ("-", None)
             )
             plain_parse, plain_floor = cell([sys.executable, "-c", PARSE, str(path), "json"])
             print(f"| | floor: parse only | {fast_parse} | {plain_parse} |")
