@@ -136,9 +136,7 @@ def main() -> None:
         "check": ["check"],
     }
     try:
-        print(
-            "Each cell: wall time (CPU time of all its processes), peak RSS, wall time over the parse floor"
-        )
+        print("Each cell: wall time (CPU time of all its processes), peak RSS; times the parse floor's")
         print("| rollouts (spans, file) | what | fast parser (orjson) | plain install (json) |")
         print("| --- | --- | --- | --- |")
         for n in args.rollouts:
