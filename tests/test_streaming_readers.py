@@ -314,3 +314,21 @@ def test_check_of_a_trace_spread_too_thin_names_it(tmp_path: Path) -> None:
         check_files([path], held=orphans - 1)
     # With room for it beside the traces that close meanwhile, it is checked with the rest.
     assert check_files([path], held=orphans + 20).problems == []
+
+
+def test_check_merges_a_directory_of_per_process_files_by_time(tmp_path: Path) -> None:
+    with capture_spans() as captured:
+        _training_run()
+    spans = _with_violations(captured)
+    one = _write_spans(tmp_path / "run.jsonl", spans)
+    # The rollout roots in one process's file, what ran below them in another's: read one file
+    # after the other, no trace would meet its root before its limit.
+    directory = tmp_path / "traces"
+    directory.mkdir()
+    roots = [s for s in spans if s.parent_id is None]
+    _write_spans(directory / "a-trainer.jsonl", roots)
+    _write_spans(directory / "b-worker.jsonl", [s for s in spans if s.parent_id is not None])
+    whole = check_files([one], limit=None)
+    by_trace = check_files([directory], held=40, limit=None)
+    assert sorted(by_trace.problems) == sorted(whole.problems) and len(whole.problems) == 3
+    assert (by_trace.spans, by_trace.rollouts) == (whole.spans, whole.rollouts)

@@ -14,12 +14,20 @@ a file not given) is spread too thin to check this way: :class:`SpreadTooThin` s
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import heapq
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from gymtrace import _constants as c
-from gymtrace._model.spandata import SpanData, TraceFileError, Warn, iter_otlp_json_lines, normalize
+from gymtrace._model.spandata import (
+    SpanData,
+    TraceFileError,
+    Warn,
+    iter_otlp_json_lines,
+    normalize,
+    trace_files,
+)
 from gymtrace._read.check import EXAMPLES, _limit, check_spans
 from gymtrace._read.check.notes import (
     awaiting_outcomes,
@@ -167,39 +175,49 @@ def check_files(
 ) -> Verdict:
     """Check the spans of every file (or directory) of ``paths`` in one streaming pass, holding at
     most ``held`` spans (see the module docstring)."""
+    files = [file for path in paths for file in trace_files(path, warn)]
     in_order: list[SpanData] | None = []  # the whole input, while it fits
     open_traces: dict[str, list[SpanData]] = {}
     rooted: set[str] = set()
     count = outside = holding = 0
     by_trace: _ByTrace | None = None
     with gc_paused():
-        for path in paths:
-            for span in iter_otlp_json_lines(path, warn=warn):
-                count += 1
-                outside += _outside(span)
-                holding += 1
-                open_traces.setdefault(span.trace_id, []).append(span)
-                if span.parent_id is None:
-                    rooted.add(span.trace_id)
-                if in_order is not None:
-                    in_order.append(span)
-                if holding <= held:
-                    continue
-                in_order = None
-                by_trace = by_trace or _ByTrace()
-                for trace_id in rooted:
-                    trace = open_traces.pop(trace_id)
-                    holding -= len(trace)
-                    by_trace.check(trace)
-                rooted.clear()
-                if holding > held:
-                    raise _too_thin(open_traces, count, held)
+        for span in _merged(files, warn):
+            count += 1
+            outside += _outside(span)
+            holding += 1
+            open_traces.setdefault(span.trace_id, []).append(span)
+            if span.parent_id is None:
+                rooted.add(span.trace_id)
+            if in_order is not None:
+                in_order.append(span)
+            if holding <= held:
+                continue
+            in_order = None
+            by_trace = by_trace or _ByTrace()
+            for trace_id in rooted:
+                trace = open_traces.pop(trace_id)
+                holding -= len(trace)
+                by_trace.check(trace)
+            rooted.clear()
+            if holding > held:
+                raise _too_thin(open_traces, count, held)
     if in_order is not None:
         return _whole(in_order, limit)
     assert by_trace is not None
     for trace in open_traces.values():
         by_trace.check(trace)
     return by_trace.verdict(count, outside, limit)
+
+
+def _merged(files: list[Path], warn: Warn | None) -> Iterator[SpanData]:
+    """The spans of ``files``, one file's after another's while one file is given; of several (the
+    processes of one run, ``GYMTRACE_FILE=DIR/``), merged by when each span ended, so that a trace
+    spread over processes reaches its root span after its children in every file."""
+    streams = [iter_otlp_json_lines(file, warn=warn) for file in files]
+    if len(streams) == 1:
+        return streams[0]
+    return heapq.merge(*streams, key=lambda span: span.end_ns)
 
 
 def _too_thin(open_traces: dict[str, list[SpanData]], count: int, held: int) -> SpreadTooThin:
