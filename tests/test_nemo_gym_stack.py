@@ -30,6 +30,9 @@ from typing import Any
 
 import pytest
 
+# The NeMo Gym servers, a model upstream and Ray: left out of `scripts/test --quick`.
+pytestmark = pytest.mark.e2e
+
 # Set by scripts/test, which runs this file in the venv it built for it: there a NeMo Gym that
 # cannot import is a failure, not a skip (a skipped flagship check would pass, green).
 REQUIRE_NEMO_GYM = "GYMTRACE_REQUIRE_NEMO_GYM"
