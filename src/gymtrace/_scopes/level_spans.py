@@ -65,13 +65,22 @@ def prepare_run(
 def _run_of(frame: ActiveScope) -> ActiveScope | None:
     """The run a rollout or train step opens in: the enclosing run scope, or a run of another process
     whose context was carried here (a rollout worker that attached the trainer's run context: the
-    frame standing for it is the caller's run, not a rollout or episode)."""
+    frame standing for it is the caller's run, not a rollout or episode).
+
+    A frame that names only a run stands for the caller's run span only when the span it continues
+    came from that caller (a remote span context). A run ID continued without one (NeMo Gym's resume
+    pass continues its run by ID alone) or under a span of this process (a server's own HTTP span,
+    where NeMo Gym's servers open the rollouts of an untraced driver) has no run span to link to:
+    a link there would point at nothing, or at a request, and the readers would take each such
+    target for a run of its own (``gymtrace stats`` one line per request)."""
     parent = frame.parent
     if parent is None:
         return None
     run = parent.nearest(c.KIND_RUN)
     if run is None and parent.remote and parent.kind == REMOTE_KIND and c.RUN_ID in parent.identity:
-        return parent
+        carried = parent.span.get_span_context()
+        if carried.is_valid and carried.is_remote:
+            return parent
     return run
 
 
