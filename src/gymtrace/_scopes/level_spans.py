@@ -105,14 +105,7 @@ def prepare_rollout(
     state = frame.rollout_state = RolloutState(time_ns())
     state.policy_start = process_version
     _live.watch(frame)
-    links = None
-    start_context = ctx
-    run = _run_of(frame)
-    if run is not None and not _settings.active.trace_per_run:
-        # One trace per rollout: the rollout is a trace root that links to its run. A root span in
-        # the run's trace would be invisible until the run ends (hours) and lost on a crash.
-        links = [Link(run.span.get_span_context(), {c.LINK_RELATION: c.RELATION_RUN})]
-        start_context = trace.set_span_in_context(trace.INVALID_SPAN, ctx)
+    links, start_context = _root_linked_to_run(frame, ctx)
     attributes = _base(frame, values)
     if version is not None:
         attributes[c.POLICY_VERSION] = version  # its own, not the process's (_base)
@@ -128,6 +121,19 @@ def prepare_rollout(
     return c.SPAN_ROLLOUT, attributes, links, start_context
 
 
+def _root_linked_to_run(
+    frame: ActiveScope, ctx: otel_context.Context
+) -> tuple[list[Link] | None, otel_context.Context]:
+    """The links and start context of a rollout or train step: under a run (and one trace per
+    rollout), the root of its own trace with a link to the run, since a root span in the run's
+    trace would be invisible until the run ends (hours) and lost on a crash; else under ``ctx``."""
+    run = _run_of(frame)
+    if run is None or _settings.active.trace_per_run:
+        return None, ctx
+    links = [Link(run.span.get_span_context(), {c.LINK_RELATION: c.RELATION_RUN})]
+    return links, trace.set_span_in_context(trace.INVALID_SPAN, ctx)
+
+
 def prepare_train_step(
     frame: ActiveScope, values: dict[str, Any], ctx: otel_context.Context, source: Any
 ) -> Prepared:
@@ -141,12 +147,7 @@ def prepare_train_step(
         identity[c.POLICY_VERSION] = version  # gymtrace.current().policy_version inside the step
     frame.identity = identity
     frame.train_state = _training.TrainState(version)
-    links = None
-    start_context = ctx
-    run = _run_of(frame)
-    if run is not None and not _settings.active.trace_per_run:
-        links = [Link(run.span.get_span_context(), {c.LINK_RELATION: c.RELATION_RUN})]
-        start_context = trace.set_span_in_context(trace.INVALID_SPAN, ctx)
+    links, start_context = _root_linked_to_run(frame, ctx)
     attributes = _base(frame, values)
     if version is not None:
         attributes[c.POLICY_VERSION] = version
