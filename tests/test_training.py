@@ -472,3 +472,62 @@ def test_a_rollout_opened_under_a_runs_carried_context_is_its_own_trace_linked_t
     [link] = rollout.links
     assert link.context.span_id == span_id(run) and link.attributes[c.LINK_RELATION] == c.RELATION_RUN
     assert rollout.attributes[c.RUN_ID] == "run"
+
+
+def test_a_run_continued_by_id_alone_links_the_rollouts_to_no_run_span(captured: CapturedSpans) -> None:
+    # NeMo Gym's resume pass continues its run by ID, with no span of the run to continue: its
+    # rollouts and train steps link to nothing (a link to the invalid span would read as a run of
+    # its own, beside the fresh pass's, and `gymtrace stats --run` would print two lines).
+    from opentelemetry import context as otel_context
+
+    from gymtrace import instrumentation
+    from gymtrace._read.stats import summarise
+
+    with gymtrace.run(run_id="run"), gymtrace.rollout(rollout_id="0-0", task_id="0", repeat=0):
+        gymtrace.record_reward(1.0)
+    token = otel_context.attach(instrumentation.continue_scope(otel_context.Context(), {c.RUN_ID: "run"}))
+    try:
+        with gymtrace.rollout(rollout_id="1-0", task_id="1", repeat=0):
+            gymtrace.record_reward(0.0)
+        with gymtrace.train_step(step=0):
+            pass
+    finally:
+        otel_context.detach(token)
+    resumed = [s for s in captured.by_kind("rollout") if s.attributes[c.ROLLOUT_ID] == "1-0"]
+    assert [list(s.links) for s in resumed] == [[]]
+    assert list(captured.one("train_step").links) == []
+    (stats,) = summarise(captured.data)
+    assert (stats.run_id, stats.scored, stats.mean_reward, stats.runs_sharing_id) == ("run", 2, 0.5, 1)
+
+
+def test_a_run_continued_under_a_span_of_this_process_keeps_its_rollouts_below_that_span(
+    captured: CapturedSpans,
+) -> None:
+    # A NeMo Gym environment server opens the rollouts of an untraced driver under its own HTTP
+    # server span, in a run of its own named by ID: each rollout stays a child of its request, as
+    # before issue 44. Linking each to its request's span as "the run" made every rollout a run of
+    # its own in `gymtrace stats` (4 lines of 1 rollout for a pass of 4).
+    from opentelemetry import context as otel_context
+
+    from gymtrace import instrumentation
+    from gymtrace._read.stats import summarise
+
+    tracer = captured.tracer_provider.get_tracer("an-http-server")
+    requests = []
+    for n in range(4):
+        with tracer.start_as_current_span("POST /run") as request:
+            requests.append(request)
+            ctx = instrumentation.continue_scope(otel_context.get_current(), {c.RUN_ID: "servers-only"})
+            token = otel_context.attach(ctx)
+            try:
+                with gymtrace.rollout(rollout_id=f"{n // 2}-{n % 2}", task_id=str(n // 2), repeat=n % 2):
+                    gymtrace.record_reward(1.0)
+            finally:
+                otel_context.detach(token)
+    rollouts = captured.by_kind("rollout")
+    assert len(rollouts) == 4
+    for rollout, request in zip(rollouts, requests, strict=True):
+        assert list(rollout.links) == []
+        assert rollout.parent is not None and rollout.parent.span_id == span_id(request)
+    (stats,) = summarise(captured.data)
+    assert (stats.run_id, stats.scored, stats.mean_reward) == ("servers-only", 4, 1.0)

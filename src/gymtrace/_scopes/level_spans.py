@@ -65,13 +65,22 @@ def prepare_run(
 def _run_of(frame: ActiveScope) -> ActiveScope | None:
     """The run a rollout or train step opens in: the enclosing run scope, or a run of another process
     whose context was carried here (a rollout worker that attached the trainer's run context: the
-    frame standing for it is the caller's run, not a rollout or episode)."""
+    frame standing for it is the caller's run, not a rollout or episode).
+
+    A frame that names only a run stands for the caller's run span only when the span it continues
+    came from that caller (a remote span context). A run ID continued without one (NeMo Gym's resume
+    pass continues its run by ID alone) or under a span of this process (a server's own HTTP span,
+    where NeMo Gym's servers open the rollouts of an untraced driver) has no run span to link to:
+    a link there would point at nothing, or at a request, and the readers would take each such
+    target for a run of its own (``gymtrace stats`` one line per request)."""
     parent = frame.parent
     if parent is None:
         return None
     run = parent.nearest(c.KIND_RUN)
     if run is None and parent.remote and parent.kind == REMOTE_KIND and c.RUN_ID in parent.identity:
-        return parent
+        carried = parent.span.get_span_context()
+        if carried.is_valid and carried.is_remote:
+            return parent
     return run
 
 
@@ -96,14 +105,7 @@ def prepare_rollout(
     state = frame.rollout_state = RolloutState(time_ns())
     state.policy_start = process_version
     _live.watch(frame)
-    links = None
-    start_context = ctx
-    run = _run_of(frame)
-    if run is not None and not _settings.active.trace_per_run:
-        # One trace per rollout: the rollout is a trace root that links to its run. A root span in
-        # the run's trace would be invisible until the run ends (hours) and lost on a crash.
-        links = [Link(run.span.get_span_context(), {c.LINK_RELATION: c.RELATION_RUN})]
-        start_context = trace.set_span_in_context(trace.INVALID_SPAN, ctx)
+    links, start_context = _root_linked_to_run(frame, ctx)
     attributes = _base(frame, values)
     if version is not None:
         attributes[c.POLICY_VERSION] = version  # its own, not the process's (_base)
@@ -119,6 +121,19 @@ def prepare_rollout(
     return c.SPAN_ROLLOUT, attributes, links, start_context
 
 
+def _root_linked_to_run(
+    frame: ActiveScope, ctx: otel_context.Context
+) -> tuple[list[Link] | None, otel_context.Context]:
+    """The links and start context of a rollout or train step: under a run (and one trace per
+    rollout), the root of its own trace with a link to the run, since a root span in the run's
+    trace would be invisible until the run ends (hours) and lost on a crash; else under ``ctx``."""
+    run = _run_of(frame)
+    if run is None or _settings.active.trace_per_run:
+        return None, ctx
+    links = [Link(run.span.get_span_context(), {c.LINK_RELATION: c.RELATION_RUN})]
+    return links, trace.set_span_in_context(trace.INVALID_SPAN, ctx)
+
+
 def prepare_train_step(
     frame: ActiveScope, values: dict[str, Any], ctx: otel_context.Context, source: Any
 ) -> Prepared:
@@ -132,12 +147,7 @@ def prepare_train_step(
         identity[c.POLICY_VERSION] = version  # gymtrace.current().policy_version inside the step
     frame.identity = identity
     frame.train_state = _training.TrainState(version)
-    links = None
-    start_context = ctx
-    run = _run_of(frame)
-    if run is not None and not _settings.active.trace_per_run:
-        links = [Link(run.span.get_span_context(), {c.LINK_RELATION: c.RELATION_RUN})]
-        start_context = trace.set_span_in_context(trace.INVALID_SPAN, ctx)
+    links, start_context = _root_linked_to_run(frame, ctx)
     attributes = _base(frame, values)
     if version is not None:
         attributes[c.POLICY_VERSION] = version
