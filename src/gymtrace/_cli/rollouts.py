@@ -15,12 +15,13 @@ def run(args: argparse.Namespace) -> int:
 
     summary = read_summary(args)
     spans = summary.spans
-    outcomes = final_outcomes(spans, run_id=args.run)
+    data = dedupe(spans)
+    outcomes = final_outcomes(spans, run_id=args.run, data=data)
     if not outcomes:
         print("no rollouts found", file=sys.stderr)
         return 1
     if args.json:
-        training = read_training(dedupe(spans), outcomes, summary.tokens)
+        training = read_training(data, outcomes, summary.tokens)
         finish_rows(training, outcomes)
         for o in outcomes:
             print(json.dumps({**o.as_json(), **training.row(o).as_json()}))

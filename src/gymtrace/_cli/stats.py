@@ -14,6 +14,7 @@ from gymtrace import _constants as c
 from gymtrace._cli.common import read_summary
 
 if TYPE_CHECKING:
+    from gymtrace._model.spandata import SpanData
     from gymtrace._read.outcomes import RolloutOutcome
     from gymtrace._read.passk import PassK
     from gymtrace._read.source import Summary
@@ -21,7 +22,7 @@ if TYPE_CHECKING:
 
 
 def run(args: argparse.Namespace) -> int:
-    from gymtrace._read.outcomes import final_outcomes
+    from gymtrace._read.outcomes import dedupe, final_outcomes
     from gymtrace._read.passk import per_task
     from gymtrace._read.stats import summarise
 
@@ -29,9 +30,10 @@ def run(args: argparse.Namespace) -> int:
         print("gymtrace stats: --pass-k must be at least 1", file=sys.stderr)
         return 2
     summary = read_summary(args)
-    outcomes = final_outcomes(summary.spans, run_id=args.run)
+    data = dedupe(summary.spans)
+    outcomes = final_outcomes(summary.spans, run_id=args.run, data=data)
     if args.by is not None:
-        return _by(args, summary, outcomes)
+        return _by(args, summary, data, outcomes)
     stats = summarise(
         outcomes=outcomes, failed_as_zero=args.failed_as_zero, pass_threshold=args.pass_threshold
     )
@@ -55,9 +57,10 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _by(args: argparse.Namespace, summary: Summary, outcomes: list[RolloutOutcome]) -> int:
+def _by(
+    args: argparse.Namespace, summary: Summary, data: list[SpanData], outcomes: list[RolloutOutcome]
+) -> int:
     """``--by train_step|policy_version|group``: one object (or line) per step, version or group."""
-    from gymtrace._read.outcomes import dedupe
     from gymtrace._read.training import (
         finish_rows,
         group_stats,
@@ -67,7 +70,7 @@ def _by(args: argparse.Namespace, summary: Summary, outcomes: list[RolloutOutcom
         version_stats,
     )
 
-    training = read_training(dedupe(summary.spans), outcomes, summary.tokens)
+    training = read_training(data, outcomes, summary.tokens)
     finish_rows(training, outcomes)
     if args.run is not None:
         training.consumptions = [e for e in training.consumptions if e.run_id == args.run]

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import base64
 import json
+import operator
 import re
 import sys
 from collections.abc import Callable, Iterable, Iterator, Mapping
@@ -280,9 +281,17 @@ def _plain_value(value: dict[str, Any]) -> Any:
     return _SLOW
 
 
-def _from_key_values(items: Any, what: str = "attributes") -> dict[str, Any]:
+def _from_key_values(
+    items: Any, what: str = "attributes", keys: frozenset[str] | None = None
+) -> dict[str, Any]:
     found: dict[str, Any] = {}
     for item in _array(items, what):
+        if (
+            keys is not None
+            and type(item) is dict
+            and not (type(key := item.get("key")) is str and key in keys)
+        ):
+            continue  # read lean: only the keys asked for (a key that is not text is none of them)
         if type(item) is dict:
             # The fast path: a readable key and a plain value of the type _GYM_TYPES wants.
             key, value = item.get("key"), item.get("value")
@@ -426,15 +435,21 @@ def encode_spandata_json(
     return {"resourceSpans": resource_spans}
 
 
+# Decodes one raw span given its resource's service name and instance: the full decoder, or one that
+# reads less (decode_lean).
+Decode = Callable[[Mapping[str, Any], str, str], "SpanData"]
+
+
 def decode_otlp_json(
-    request: Any, keep: Callable[[Mapping[str, Any]], bool] | None = None
+    request: Any, keep: Callable[[Mapping[str, Any]], bool] | None = None, decode: Decode | None = None
 ) -> Iterator[SpanData]:
     """One OTLP/JSON ``ExportTraceServiceRequest`` (a line of the embedded default's file).
 
     Every field of a span decoded is type-checked: a field of the wrong type raises
     :class:`BadTraceData` naming it, never an ``AttributeError`` from deep inside a reader.
     ``keep``, given a span's raw object, says whether to decode it (a reader that needs few spans
-    skips the rest)."""
+    skips the rest); ``decode`` decodes it (default: every field)."""
+    decode = decode or decode_span
     request = _object(request, "the request")
     for resource_spans in _array(request.get("resourceSpans"), "resourceSpans"):
         resource_spans = _object(resource_spans, "resourceSpans[]")
@@ -448,12 +463,224 @@ def decode_otlp_json(
             for s in _array(scope_spans.get("spans"), "spans"):
                 s = _object(s, "spans[]")
                 if keep is None or keep(s):
-                    yield _decode_span(s, service, instance)
+                    yield decode(s, service, instance)
 
 
-def _decode_span(s: Mapping[str, Any], service: str, instance: str) -> SpanData:
-    status = _object(s.get("status") or {}, "status")
-    parent = _text(s.get("parentSpanId"), "parentSpanId")
+def decode_span(s: Mapping[str, Any], service: str, instance: str) -> SpanData:
+    """One raw OTLP/JSON span, every field read and checked (see :func:`decode_otlp_json`)."""
+    span = _plain_span(s, service, instance)
+    return span if span is not None else _checked_span(s, service, instance)
+
+
+# -- the fast path ------------------------------------------------------------------------------
+#
+# A training run's file holds millions of spans, nearly all written by gymtrace's own exporter:
+# ASCII IDs and names, times and int64 attributes as strings of digits, plain attribute values.
+# Those are read here without the per-field checks (a span of ~11 attributes in ~4 us instead of
+# ~13 us); anything else, a field missing, of another type or not plain, makes the fast path give
+# up (None) and the checked path read the span, so both read the same spans the same way and a bad
+# span is named by the checked path's message (issue 45).
+
+_KEY = operator.itemgetter("key")
+_VALUE = operator.itemgetter("value")
+_HEX_32 = re.compile(r"[0-9a-f]{32}").fullmatch
+_HEX_16 = re.compile(r"[0-9a-f]{16}").fullmatch
+_KINDS_BY_NUMBER = dict(enumerate(_OTLP_KINDS))
+_STATUS_BY_NUMBER = dict(enumerate(_OTLP_STATUS))
+_new = object.__new__
+_set = object.__setattr__
+
+
+def raw_attributes(raw: Mapping[str, Any]) -> dict[str, Any] | None:
+    """A raw span's attributes as ``{key: raw AnyValue object}`` (the last of a key that repeats),
+    read in C (``dict(zip(map(...)))``: a reader that looks at a few keys of every span pays for
+    no loop in Python); None when they are not a list of ``{key, value}`` objects or a key repeats
+    (then the checked decoder names what is wrong)."""
+    items = raw.get("attributes")
+    if items is None:
+        return {}
+    if items.__class__ is not list:
+        return None
+    try:
+        found = dict(zip(map(_KEY, items), map(_VALUE, items), strict=True))
+    except (TypeError, KeyError):
+        return None
+    return found if len(found) == len(items) else None
+
+
+def plain_value(value: Any) -> Any:
+    """What the checked decoder reads from a common raw ``AnyValue`` (ASCII text, a string of
+    digits, a number, a boolean); :data:`NOT_PLAIN` for anything else."""
+    if value.__class__ is not dict or len(value) != 1:
+        return NOT_PLAIN
+    for kind, x in value.items():
+        if kind == "stringValue":
+            return x if x.__class__ is str and x.isascii() else NOT_PLAIN
+        if kind == "intValue":
+            if x.__class__ is str:
+                return int(x) if x.isdigit() and x.isascii() else NOT_PLAIN
+            return x if x.__class__ is int else NOT_PLAIN
+        if kind == "doubleValue":
+            return float(x) if x.__class__ is float or x.__class__ is int else NOT_PLAIN
+        if kind == "boolValue":
+            return x if x.__class__ is bool else NOT_PLAIN
+    return NOT_PLAIN
+
+
+NOT_PLAIN: Any = _SLOW
+
+
+def _plain_attributes(raw: Mapping[str, Any], keys: frozenset[str] | None) -> dict[str, Any] | None:
+    """The attributes of a raw span (those in ``keys``, when given) if each is plain and of the type
+    :data:`_GYM_TYPES` wants; else None. Of a key given twice, the last (as the checked path)."""
+    items = raw.get("attributes")
+    if items is None:
+        return {}
+    if items.__class__ is not list:
+        return None
+    attributes: dict[str, Any] = {}
+    intern = sys.intern
+    gym_types = _GYM_TYPES
+    try:
+        for item in items:
+            key = item["key"]
+            if keys is not None and key not in keys:
+                continue
+            value = item["value"]
+            if (
+                key.__class__ is not str
+                or not key.isascii()
+                or value.__class__ is not dict
+                or len(value) != 1
+            ):
+                return None
+            # plain_value inlined for the two common kinds (this loop runs ~10 times a span).
+            plain = value.get("stringValue", _SLOW)
+            if plain is not _SLOW:
+                if plain.__class__ is not str or not plain.isascii():
+                    return None
+            else:
+                plain = value.get("intValue", _SLOW)
+                if plain.__class__ is str and plain.isdigit() and plain.isascii():
+                    plain = int(plain)
+                else:
+                    plain = plain_value(value)
+                    if plain is _SLOW:
+                        return None
+            wanted = gym_types.get(key)
+            if wanted is not None and plain.__class__ not in wanted:
+                return None
+            attributes[intern(key)] = plain
+    except (TypeError, KeyError):  # an item that is not a {key, value} object, a key that is not text
+        return None
+    return attributes
+
+
+# The trace ID last read whole: a trace's spans come together, so most spans' trace IDs are checked
+# by comparing them with it.
+_last_trace_id = [""]
+
+
+def _plain_span(
+    s: Mapping[str, Any], service: str, instance: str, keys: frozenset[str] | None = None
+) -> SpanData | None:
+    """A span whose every field is plain, decoded without the checks; None otherwise. With
+    ``keys``, only those attributes, and no events or links (see :func:`decode_lean`)."""
+    trace_id, span_id, name = s.get("traceId"), s.get("spanId"), s.get("name")
+    if (
+        trace_id.__class__ is not str
+        or span_id.__class__ is not str
+        or name.__class__ is not str
+        or not name.isascii()
+        or not _HEX_16(span_id)
+    ):
+        return None
+    if trace_id != _last_trace_id[0]:
+        if not _HEX_32(trace_id):
+            return None
+        _last_trace_id[0] = trace_id
+    parent = s.get("parentSpanId")
+    if parent == "" or parent is None:
+        parent = None
+    elif parent.__class__ is not str or not _HEX_16(parent):
+        return None
+    # Times as gymtrace writes them: at most 19 ASCII digits (below 2^64).
+    start, end = s.get("startTimeUnixNano"), s.get("endTimeUnixNano")
+    if (
+        start.__class__ is not str
+        or end.__class__ is not str
+        or len(start) > 19
+        or len(end) > 19
+        or not (start + end).isdigit()
+        or not start.isascii()
+        or not end.isascii()
+        or not start
+        or not end
+    ):
+        return None
+    # A bool or a float is no enum number (the checked path refuses them; a dict would take True
+    # for 1), hence the class before the look-up.
+    number = s.get("kind", 1)
+    kind = _KINDS_BY_NUMBER.get(number) if number.__class__ is int else None
+    status = s.get("status")
+    code: str | None = "UNSET"
+    message: Any = ""
+    if status is None:
+        pass
+    elif status.__class__ is dict:
+        number = status.get("code", 0)
+        code = _STATUS_BY_NUMBER.get(number) if number.__class__ is int else None
+        message = status.get("message", "")
+    else:
+        return None
+    if kind is None or code is None or message.__class__ is not str:
+        return None
+    attributes = _plain_attributes(s, keys)
+    if attributes is None:
+        return None
+    if c.NEMO_GYM_ROLLOUT_ID in attributes:
+        attributes = _with_rollout_id(attributes)
+    events: tuple[EventData, ...] = ()
+    links: tuple[LinkData, ...] = ()
+    if keys is None and ("events" in s or "links" in s):
+        try:
+            events, links = _events_and_links(s)
+        except BadTraceData:
+            return None
+    span = _new(SpanData)
+    _set(
+        span,
+        "__dict__",
+        {
+            "trace_id": trace_id,
+            "span_id": span_id,
+            "parent_id": parent,
+            "name": name,
+            "start_ns": int(start),
+            "end_ns": int(end),
+            "attributes": attributes,
+            "events": events,
+            "links": links,
+            "status": code,
+            "status_message": message if message.isascii() else _text(message, "status.message"),
+            "service": service,
+            "span_kind": kind,
+            "service_instance": instance,
+        },
+    )
+    return span
+
+
+def decode_lean(s: Mapping[str, Any], service: str, instance: str, keys: frozenset[str]) -> SpanData:
+    """A raw span with only the attributes in ``keys`` (each checked as the full decoder checks it)
+    and no events or links: what ``gymtrace check`` holds of a span whose other attributes, events
+    and links no rule reads (``_read.check.stream``). Its IDs, times, name and status are read
+    and checked as :func:`decode_otlp_json` reads them."""
+    span = _plain_span(s, service, instance, keys)
+    return span if span is not None else _checked_span(s, service, instance, keys)
+
+
+def _events_and_links(s: Mapping[str, Any]) -> tuple[tuple[EventData, ...], tuple[LinkData, ...]]:
     events = []
     for e in _array(s.get("events"), "events"):
         e = _object(e, "events[]")
@@ -474,6 +701,17 @@ def _decode_span(s: Mapping[str, Any], service: str, instance: str) -> SpanData:
                 _from_key_values(link.get("attributes"), "link attributes"),
             )
         )
+    return tuple(events), tuple(links)
+
+
+def _checked_span(
+    s: Mapping[str, Any], service: str, instance: str, keys: frozenset[str] | None = None
+) -> SpanData:
+    """A span decoded field by field, each checked: the error names the first field that is wrong.
+    With ``keys``, as :func:`decode_lean` reads it."""
+    status = _object(s.get("status") or {}, "status")
+    parent = _text(s.get("parentSpanId"), "parentSpanId")
+    events, links = _events_and_links(s) if keys is None else ((), ())
     return SpanData(
         trace_id=_hex_id(s.get("traceId"), "traceId", 32),
         span_id=_hex_id(s.get("spanId"), "spanId", 16),
@@ -481,9 +719,9 @@ def _decode_span(s: Mapping[str, Any], service: str, instance: str) -> SpanData:
         name=_text(s.get("name"), "name"),
         start_ns=_time(s.get("startTimeUnixNano"), "startTimeUnixNano"),
         end_ns=_time(s.get("endTimeUnixNano"), "endTimeUnixNano"),
-        attributes=_with_rollout_id(_from_key_values(s.get("attributes"))),
-        events=tuple(events),
-        links=tuple(links),
+        attributes=_with_rollout_id(_from_key_values(s.get("attributes"), keys=keys)),
+        events=events,
+        links=links,
         status=_enum(status.get("code"), "status.code", "STATUS_CODE_", _OTLP_STATUS, 0),
         status_message=_text(status.get("message"), "status.message"),
         service=service,
@@ -623,16 +861,17 @@ def iter_otlp_json_lines(
     warn: Warn | None = None,
     keep: Callable[[Mapping[str, Any]], bool] | None = None,
     part: Part = None,
+    decode: Decode | None = None,
 ) -> Iterator[SpanData]:
     """The spans of a file of OTLP/JSON lines (or of a directory's, see :func:`trace_files`; or of
     ``part`` of one file), one at a time. ``keep``, given a span's raw OTLP/JSON object, says
-    whether to decode it at all."""
+    whether to decode it at all, and ``decode`` how (see :func:`decode_otlp_json`)."""
     for file in trace_files(path, warn) if part is None else [Path(path)]:
         lines = iter_requests(file, partial_last_line=partial_last_line, warn=warn, part=part)
         for number, request, unfinished in lines:
             try:
                 # Decoded whole before any is yielded: a bad span fails its line, not half of it.
-                spans = list(decode_otlp_json(request, keep))
+                spans = list(decode_otlp_json(request, keep, decode))
             except BadTraceData as exc:
                 if unfinished and _cut_short(file, part, number, partial_last_line, warn):
                     break

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import gc
 import multiprocessing
+import operator
 import os
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from concurrent.futures import ProcessPoolExecutor
@@ -28,12 +29,15 @@ from typing import Any
 from gymtrace import _constants as c
 from gymtrace._model.numbers import read_int
 from gymtrace._model.spandata import (
+    NOT_PLAIN,
     Part,
     SpanData,
     TraceFileError,
     Warn,
     decode_any_value,
     iter_otlp_json_lines,
+    plain_value,
+    raw_attributes,
     trace_files,
 )
 
@@ -49,18 +53,7 @@ _READ_KINDS = frozenset(
         c.KIND_LIVE,
     }
 )
-# The attributes the decision to drop a span reads.
-_WATCHED = frozenset(
-    {
-        c.KIND,
-        c.ROLLOUT_ID,
-        c.NEMO_GYM_ROLLOUT_ID,
-        c.RAY_TASK_ATTEMPT,
-        c.GEN_AI_USAGE_OUTPUT_TOKENS,
-        c.RUN_ID,
-        c.POLICY_VERSION,
-    }
-)
+_KEY = operator.itemgetter("key")
 
 
 @contextmanager
@@ -110,33 +103,6 @@ class TokenTotals:
             self.by_version[vkey] = self.by_version.get(vkey, 0) + tokens
 
 
-def _watched(raw: Mapping[str, Any], watched: frozenset[str] = _WATCHED) -> dict[str, Any] | None:
-    """The watched attributes of a raw span, decoded; None when its attributes are not a list of
-    ``{key, value}`` objects (it is then decoded whole, and the decoder names what is wrong)."""
-    items = raw.get("attributes")
-    if items is None:
-        return {}
-    values: dict[str, Any] = {}
-    try:
-        for item in items:
-            key = item["key"]
-            if key in watched:
-                values[key] = item["value"]
-    except (TypeError, KeyError):
-        return None
-    found: dict[str, Any] = {}
-    for key, value in values.items():
-        text = value.get("stringValue") if type(value) is dict else None
-        if type(text) is str and text.isascii():  # the common case, as the decoder reads it
-            found[key] = text
-            continue
-        try:
-            found[key] = decode_any_value(value)
-        except ValueError:
-            return None
-    return found
-
-
 def _rollout_id(attributes: Mapping[str, Any]) -> object:
     if c.ROLLOUT_ID in attributes:
         return attributes[c.ROLLOUT_ID]
@@ -154,28 +120,65 @@ def summary_span(span: SpanData) -> bool:
 
 def summary_filter(tokens: TokenTotals) -> Callable[[Mapping[str, Any]], bool]:
     """The ``keep`` of :func:`iter_otlp_json_lines` for the summary readers: True for a span they
-    read; a dropped span's output tokens go to ``tokens``."""
+    read; a dropped span's output tokens go to ``tokens``.
+
+    It runs on every span of the input, so it reads no more than it must: the attribute keys,
+    listed in C, then the values of a few of them. A value that is not
+    plain sends the span to the decoder, which reads it or names what is wrong: keeping a span is
+    always right (the readers read what they need from it), dropping one only when it is sure."""
 
     def keep(raw: Mapping[str, Any]) -> bool:
-        attributes = _watched(raw)
-        if attributes is None or attributes.get(c.KIND) in _READ_KINDS:
+        # Inlined: this runs on millions of spans, and each call or decoded value costs. The keys
+        # are listed in C, and a value is looked up only for the few keys present.
+        items = raw.get("attributes")
+        if items.__class__ is not list:
             return True
-        if not isinstance(_rollout_id(attributes), str):
+        try:
+            keys = list(map(_KEY, items))
+            if len(set(keys)) != len(keys):
+                return True  # a key twice: the decoder reads the last
+        except (TypeError, KeyError):  # an item that is no object, a key that is not text
+            return True  # decoded, so the decoder names what is wrong
+        if c.KIND in keys:
+            value = items[keys.index(c.KIND)].get("value")
+            if value.__class__ is not dict:
+                return True
+            kind = value.get("stringValue")
+            if kind.__class__ is str and kind in _READ_KINDS:
+                return True
+        if c.ROLLOUT_ID in keys:
+            value = items[keys.index(c.ROLLOUT_ID)].get("value")
+        elif c.NEMO_GYM_ROLLOUT_ID in keys:
+            value = items[keys.index(c.NEMO_GYM_ROLLOUT_ID)].get("value")  # NeMo Gym's own key
+            if value.__class__ is not dict or not value.get("stringValue"):
+                return True  # "" names no rollout
+        else:
             return True
-        if (read_int(attributes.get(c.RAY_TASK_ATTEMPT)) or 0) >= 1:
+        if value.__class__ is not dict or value.get("stringValue").__class__ is not str:
+            return True  # a rollout ID that is not plain
+        if c.RAY_TASK_ATTEMPT in keys:
+            attempt = plain_value(items[keys.index(c.RAY_TASK_ATTEMPT)].get("value"))
+            if attempt is NOT_PLAIN or (read_int(attempt) or 0) >= 1:
+                return True
+        if c.GEN_AI_USAGE_OUTPUT_TOKENS not in keys:
+            return False
+        count = plain_value(items[keys.index(c.GEN_AI_USAGE_OUTPUT_TOKENS)].get("value"))
+        if count is NOT_PLAIN:
             return True
-        count = read_int(attributes.get(c.GEN_AI_USAGE_OUTPUT_TOKENS))
+        count = read_int(count)
         if count:
             trace_id, span_id = raw.get("traceId"), raw.get("spanId")
-            if not isinstance(trace_id, str) or not isinstance(span_id, str):
-                return True  # decoded, so the decoder names the bad ID
-            tokens.add(
-                trace_id.lower(),
-                span_id.lower(),
-                count,
-                attributes.get(c.RUN_ID),
-                attributes.get(c.POLICY_VERSION),
+            run_id, version = (
+                plain_value(items[keys.index(key)].get("value")) if key in keys else None
+                for key in (c.RUN_ID, c.POLICY_VERSION)
             )
+            if (
+                trace_id.__class__ is not str
+                or span_id.__class__ is not str
+                or NOT_PLAIN in (run_id, version)
+            ):
+                return True  # decoded: the decoder reads it, or names what is wrong
+            tokens.add(trace_id.lower(), span_id.lower(), count, run_id, version)
         return False
 
     return keep
@@ -212,7 +215,7 @@ def _read_parts(parts: list[tuple[Path, Part]], entries: bool) -> _Read:
     return spans, tokens, warnings, None
 
 
-def _halves(files: list[Path]) -> tuple[list[tuple[Path, Part]], list[tuple[Path, Part]]]:
+def halves(files: list[Path]) -> tuple[list[tuple[Path, Part]], list[tuple[Path, Part]]]:
     """The files as two lists of parts of about equal bytes, in order, each part whole lines."""
     sizes = [f.stat().st_size for f in files]
     middle = sum(sizes) // 2
@@ -235,7 +238,7 @@ def _halves(files: list[Path]) -> tuple[list[tuple[Path, Part]], list[tuple[Path
     return first, second
 
 
-def _fork_context() -> Any:
+def fork_context() -> Any:
     try:
         cores = len(os.sched_getaffinity(0))
     except AttributeError:  # not Linux
@@ -249,10 +252,10 @@ def _read_all(files: list[Path], parallel_from: int) -> _Read:
     """One streaming pass over ``files``; an input of ``parallel_from`` bytes or more is split in
     two halves, the second read by a forked process meanwhile (both cores of a small machine), the
     results joined in order."""
-    context = _fork_context() if sum(f.stat().st_size for f in files) >= parallel_from else None
+    context = fork_context() if sum(f.stat().st_size for f in files) >= parallel_from else None
     if context is None:
         return _read_parts([(f, None) for f in files], entries=False)
-    first, second = _halves(files)
+    first, second = halves(files)
     with ProcessPoolExecutor(max_workers=1, mp_context=context) as pool:
         later = pool.submit(_read_parts, second, True)
         spans, tokens, warnings, error = _read_parts(first, entries=True)
@@ -299,17 +302,22 @@ def read_summary_spans(
 def traces_matching(paths: Iterable[str | Path], key: str, value: str, warn: Warn | None = None) -> set[str]:
     """The trace IDs that hold a span whose ``key`` attribute is ``value`` (a first pass)."""
     found: set[str] = set()
-    watched = frozenset({key, c.NEMO_GYM_ROLLOUT_ID} if key == c.ROLLOUT_ID else {key})
 
     def look(raw: Mapping[str, Any]) -> bool:
-        attributes = _watched(raw, watched)
+        attributes = raw_attributes(raw)
         trace_id = raw.get("traceId")
         if attributes is None or not isinstance(trace_id, str):
             return True  # decoded, so the decoder names what is wrong
-        found_value = _rollout_id(attributes) if key == c.ROLLOUT_ID else attributes.get(key)
+        try:
+            decoded = {k: decode_any_value(v) for k, v in attributes.items() if k in watched}
+        except ValueError:
+            return True
+        found_value = _rollout_id(decoded) if key == c.ROLLOUT_ID else decoded.get(key)
         if found_value == value:
             found.add(trace_id.lower())
         return False
+
+    watched = frozenset({key, c.NEMO_GYM_ROLLOUT_ID} if key == c.ROLLOUT_ID else {key})
 
     with gc_paused():
         for path in paths:

@@ -153,7 +153,9 @@ def read_training(
             result.steps.append(span)
             run = span.attributes.get(c.RUN_ID)
             result.training_runs.add(run if isinstance(run, str) else None)
-        tokens = read_int(span.attributes.get(c.GEN_AI_USAGE_OUTPUT_TOKENS))
+        tokens = span.attributes.get(c.GEN_AI_USAGE_OUTPUT_TOKENS)
+        if tokens is not None:
+            tokens = read_int(tokens)
         if tokens and isinstance(span.attributes.get(c.ROLLOUT_ID), str):
             result.tokens_by_trace[span.trace_id] = result.tokens_by_trace.get(span.trace_id, 0) + tokens
             version = span.attributes.get(c.POLICY_VERSION)
