@@ -23,6 +23,7 @@ from gymtrace._model.spandata import (
     normalize,
     read_otlp_json_lines,
 )
+from gymtrace._read.check import stream
 from gymtrace._read.check.stream import SpreadTooThin, check_files
 from gymtrace._read.outcomes import dedupe, final_outcomes
 from gymtrace._read.source import read_summary_spans
@@ -332,3 +333,46 @@ def test_check_merges_a_directory_of_per_process_files_by_time(tmp_path: Path) -
     by_trace = check_files([directory], held=40, limit=None)
     assert sorted(by_trace.problems) == sorted(whole.problems) and len(whole.problems) == 3
     assert (by_trace.spans, by_trace.rollouts) == (whole.spans, whole.rollouts)
+
+
+def _cut_through_a_trace(captured: CapturedSpans) -> list[SpanData]:
+    """The run's spans (with their findings), a long rollout's trace written across the middle of
+    the file, where the checker's two processes split it."""
+    with gymtrace.rollout(rollout_id="long", task_id="t-long"):
+        with gymtrace.episode():
+            for _ in range(20):
+                with gymtrace.step(), gymtrace.tool_call(tool_name="env.step"):
+                    pass
+            gymtrace.record_reward(1.0)
+    spans = _with_violations(captured)
+    long_trace = next(s.trace_id for s in spans if s.attributes.get(c.ROLLOUT_ID) == "long")
+    rest = [s for s in spans if s.trace_id != long_trace]
+    middle = len(rest) // 2
+    long = [s for s in spans if s.trace_id == long_trace]
+    # A finding in its first half, which only the first process reads.
+    long[0] = replace(long[0], attributes={**long[0].attributes, c.ROLLOUT_ID: "short"})
+    return rest[:middle] + long + rest[middle:]
+
+
+@pytest.mark.parametrize("early", [1000, 0], ids=["joined", "second half read again"])
+def test_check_by_two_processes_finds_what_one_finds(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, early: int
+) -> None:
+    with capture_spans() as captured:
+        _training_run(rollouts=40)
+        spans = _cut_through_a_trace(captured)
+    path = _write_spans(tmp_path / "run.jsonl", spans, per_line=1)
+    doubled = tmp_path / "doubled.jsonl"
+    doubled.write_text(path.read_text() * 2)
+    monkeypatch.setattr(stream, "EARLY_SPANS", early)
+    reads: list[object] = []
+    spans_of = stream._spans
+    monkeypatch.setattr(stream, "_spans", lambda *args: reads.append(args) or spans_of(*args))
+    for file, joined in ((path, early > 0), (doubled, False)):
+        one = check_files([file], held=80, limit=None, parallel_from=1 << 60)
+        reads.clear()
+        two = check_files([file], held=80, limit=None, parallel_from=0)
+        found = " ".join(one.problems)
+        assert two == one and "has 'someone-else'" in found and "has 'short'" in found
+        # Joined, this process read its half once; else once more, the second half after it.
+        assert len(reads) == (1 if joined else 2)
