@@ -37,28 +37,19 @@ def input_files(files: list[str]) -> list[str]:
 
 
 def read_summary(args: argparse.Namespace) -> Summary:
-    """What ``rollouts``, ``stats`` and ``compare`` read: from files, in one streaming pass, only the
-    spans the outcome rule and the training figures need (``_read.source``); from Jaeger, its
-    search (by run ID if given)."""
-    from gymtrace._read.source import Summary, TokenTotals, read_summary_spans
+    """What ``rollouts`` and ``stats`` read: only the spans the outcome rule and the training figures
+    need (``_read.source``), from files in one streaming pass, or from Jaeger's search (by run ID if
+    given), a page of traces at a time."""
+    from gymtrace._read.source import read_summary_spans, summary_of_traces
 
-    if args.jaeger:
-        return Summary(read_spans(args), TokenTotals())
-    return read_summary_spans(input_files(args.files), warn)
-
-
-def read_spans(args: argparse.Namespace) -> list[SpanData]:
-    """The spans ``rollouts`` and ``stats`` read: files, or Jaeger (searched by run ID if given)."""
     if args.jaeger:
         from gymtrace._read.jaeger import JaegerClient
 
         if args.files:
             raise TraceFileError("give trace files or --jaeger, not both")
-        found: list[SpanData] = JaegerClient(args.jaeger).search(
-            args.service, {c.RUN_ID: args.run} if args.run else {}
-        )
-        return found
-    return read_files(args.files)
+        client = JaegerClient(args.jaeger)
+        return summary_of_traces(client.traces(args.service, {c.RUN_ID: args.run} if args.run else {}))
+    return read_summary_spans(input_files(args.files), warn)
 
 
 def read_files(files: list[str]) -> list[SpanData]:

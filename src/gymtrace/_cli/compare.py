@@ -22,9 +22,10 @@ def _run_spans(args: argparse.Namespace, which: str) -> list[SpanData]:
     given = getattr(args, which)
     if args.jaeger:
         from gymtrace._read.jaeger import JaegerClient
+        from gymtrace._read.source import summary_of_traces
 
-        found: list[SpanData] = JaegerClient(args.jaeger).search(args.service, {c.RUN_ID: given})
-        return found
+        client = JaegerClient(args.jaeger)
+        return summary_of_traces(client.traces(args.service, {c.RUN_ID: given})).spans
     path = Path(given)
     files = (
         sorted(p for p in path.iterdir() if p.is_file() and not p.name.startswith("."))

@@ -299,6 +299,34 @@ def read_summary_spans(
     return Summary(spans, tokens)
 
 
+def summary_of_traces(traces: Iterable[list[SpanData]]) -> Summary:
+    """What :func:`read_summary_spans` keeps, from whole traces given one at a time (Jaeger's
+    search, page by page): the spans the summary readers read, the tokens of the others; every
+    span of a trace with live markers and no rollout root (it is judged from all of them)."""
+    tokens = TokenTotals()
+    kept: list[SpanData] = []
+    for trace in traces:
+        kinds = {span.attributes.get(c.KIND) for span in trace}
+        if c.KIND_LIVE in kinds and c.KIND_ROLLOUT not in kinds:
+            kept += trace
+            continue
+        for span in trace:
+            if summary_span(span):
+                kept.append(span)
+                continue
+            count = read_int(span.attributes.get(c.GEN_AI_USAGE_OUTPUT_TOKENS))
+            if count:
+                attributes = span.attributes
+                tokens.add(
+                    span.trace_id,
+                    span.span_id,
+                    count,
+                    attributes.get(c.RUN_ID),
+                    attributes.get(c.POLICY_VERSION),
+                )
+    return Summary(kept, tokens)
+
+
 def traces_matching(paths: Iterable[str | Path], key: str, value: str, warn: Warn | None = None) -> set[str]:
     """The trace IDs that hold a span whose ``key`` attribute is ``value`` (a first pass)."""
     found: set[str] = set()
