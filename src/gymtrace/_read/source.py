@@ -35,6 +35,7 @@ from gymtrace._model.spandata import (
     TraceFileError,
     Warn,
     decode_any_value,
+    decode_detached,
     iter_otlp_json_lines,
     plain_value,
     raw_attributes,
@@ -209,7 +210,11 @@ def _read_parts(parts: list[tuple[Path, Part]], entries: bool) -> _Read:
     try:
         with gc_paused():
             for path, part in parts:
-                spans.extend(iter_otlp_json_lines(path, warn=warnings.append, keep=keep, part=part))
+                spans.extend(
+                    iter_otlp_json_lines(
+                        path, warn=warnings.append, keep=keep, part=part, decode=decode_detached
+                    )
+                )
     except (TraceFileError, OSError) as exc:
         return spans, tokens, warnings, exc
     return spans, tokens, warnings, None
