@@ -484,8 +484,7 @@ def decode_span(s: Mapping[str, Any], service: str, instance: str) -> SpanData:
 
 _KEY = operator.itemgetter("key")
 _VALUE = operator.itemgetter("value")
-_HEX_32 = re.compile(r"[0-9a-f]{32}").fullmatch
-_HEX_16 = re.compile(r"[0-9a-f]{16}").fullmatch
+_HEX_DIGITS = "0123456789abcdef"
 _KINDS_BY_NUMBER = dict(enumerate(_OTLP_KINDS))
 _STATUS_BY_NUMBER = dict(enumerate(_OTLP_STATUS))
 _new = object.__new__
@@ -591,36 +590,36 @@ def _plain_span(
     """A span whose every field is plain, decoded without the checks; None otherwise. With
     ``keys``, only those attributes, and no events or links (see :func:`decode_lean`)."""
     trace_id, span_id, name = s.get("traceId"), s.get("spanId"), s.get("name")
+    # An ID is lowercase hex: nothing left once its hex digits are stripped (a third of a regex).
     if (
         trace_id.__class__ is not str
         or span_id.__class__ is not str
         or name.__class__ is not str
         or not name.isascii()
-        or not _HEX_16(span_id)
+        or len(span_id) != 16
+        or span_id.strip(_HEX_DIGITS)
     ):
         return None
     if trace_id != _last_trace_id[0]:
-        if not _HEX_32(trace_id):
+        if len(trace_id) != 32 or trace_id.strip(_HEX_DIGITS):
             return None
         _last_trace_id[0] = trace_id
     parent = s.get("parentSpanId")
     if parent == "" or parent is None:
         parent = None
-    elif parent.__class__ is not str or not _HEX_16(parent):
+    elif parent.__class__ is not str or len(parent) != 16 or parent.strip(_HEX_DIGITS):
         return None
-    # Times as gymtrace writes them: at most 19 ASCII digits (below 2^64).
+    # Times as gymtrace writes them: 1 to 19 ASCII digits (below 2^64).
     start, end = s.get("startTimeUnixNano"), s.get("endTimeUnixNano")
     if (
         start.__class__ is not str
         or end.__class__ is not str
-        or len(start) > 19
-        or len(end) > 19
-        or not (start + end).isdigit()
-        or not start.isascii()
-        or not end.isascii()
-        or not start
-        or not end
+        or not 0 < len(start) < 20
+        or not 0 < len(end) < 20
     ):
+        return None
+    both = start + end
+    if not both.isdigit() or not both.isascii():
         return None
     # A bool or a float is no enum number (the checked path refuses them; a dict would take True
     # for 1), hence the class before the look-up.
