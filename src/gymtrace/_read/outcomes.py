@@ -393,9 +393,12 @@ def final_outcomes(
 def lost_rollouts(spans: list[SpanData], *, run_id: str | None = None) -> list[RolloutOutcome]:
     """The rollouts ``spans`` know only from live markers whose process is gone (``gymtrace live``
     says ``lost``: killed, so they never ended and recorded no outcome), as outcomes ``lost``."""
-    if not any(is_marker(s) for s in spans):
+    marked = {s.trace_id for s in spans if is_marker(s)}
+    if not marked:
         return []
     lost = []
+    # Only the traces with markers can hold one (live_rollouts groups whatever it is given).
+    spans = [s for s in spans if s.trace_id in marked]
     for live in live_rollouts(spans, now_ns=time_ns(), run_id=run_id):
         if live.state != c.LIVE_LOST:
             continue
