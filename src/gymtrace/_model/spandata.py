@@ -585,10 +585,15 @@ _last_trace_id = [""]
 
 
 def _plain_span(
-    s: Mapping[str, Any], service: str, instance: str, keys: frozenset[str] | None = None
+    s: Mapping[str, Any],
+    service: str,
+    instance: str,
+    keys: frozenset[str] | None = None,
+    events: bool = True,
 ) -> SpanData | None:
     """A span whose every field is plain, decoded without the checks; None otherwise. With
-    ``keys``, only those attributes, and no events or links (see :func:`decode_lean`)."""
+    ``keys``, only those attributes, and no events or links (see :func:`decode_lean`); without
+    ``events``, no events."""
     trace_id, span_id, name = s.get("traceId"), s.get("spanId"), s.get("name")
     # An ID is lowercase hex: nothing left once its hex digits are stripped (a third of a regex).
     if (
@@ -643,11 +648,11 @@ def _plain_span(
         return None
     if c.NEMO_GYM_ROLLOUT_ID in attributes:
         attributes = _with_rollout_id(attributes)
-    events: tuple[EventData, ...] = ()
+    span_events: tuple[EventData, ...] = ()
     links: tuple[LinkData, ...] = ()
-    if keys is None and ("events" in s or "links" in s):
+    if keys is None and ((events and "events" in s) or "links" in s):
         try:
-            events, links = _events_and_links(s)
+            span_events, links = _events_and_links(s, events)
         except BadTraceData:
             return None
     span = _new(SpanData)
@@ -662,7 +667,7 @@ def _plain_span(
             "start_ns": int(start),
             "end_ns": int(end),
             "attributes": attributes,
-            "events": events,
+            "events": span_events,
             "links": links,
             "status": code,
             "status_message": message if message.isascii() else _text(message, "status.message"),
@@ -683,9 +688,11 @@ def decode_lean(s: Mapping[str, Any], service: str, instance: str, keys: frozens
     return span if span is not None else _checked_span(s, service, instance, keys)
 
 
-def _events_and_links(s: Mapping[str, Any]) -> tuple[tuple[EventData, ...], tuple[LinkData, ...]]:
+def _events_and_links(
+    s: Mapping[str, Any], read_events: bool = True
+) -> tuple[tuple[EventData, ...], tuple[LinkData, ...]]:
     events = []
-    for e in _array(s.get("events"), "events"):
+    for e in _array(s.get("events"), "events") if read_events else ():
         e = _object(e, "events[]")
         events.append(
             EventData(
@@ -708,13 +715,17 @@ def _events_and_links(s: Mapping[str, Any]) -> tuple[tuple[EventData, ...], tupl
 
 
 def _checked_span(
-    s: Mapping[str, Any], service: str, instance: str, keys: frozenset[str] | None = None
+    s: Mapping[str, Any],
+    service: str,
+    instance: str,
+    keys: frozenset[str] | None = None,
+    read_events: bool = True,
 ) -> SpanData:
     """A span decoded field by field, each checked: the error names the first field that is wrong.
-    With ``keys``, as :func:`decode_lean` reads it."""
+    With ``keys``, as :func:`decode_lean` reads it; without ``read_events``, no events."""
     status = _object(s.get("status") or {}, "status")
     parent = _text(s.get("parentSpanId"), "parentSpanId")
-    events, links = _events_and_links(s) if keys is None else ((), ())
+    events, links = _events_and_links(s, read_events) if keys is None else ((), ())
     return SpanData(
         trace_id=_hex_id(s.get("traceId"), "traceId", 32),
         span_id=_hex_id(s.get("spanId"), "spanId", 16),
@@ -749,13 +760,16 @@ def _orjson_loads() -> Callable[[bytes], Any] | None:
 _FAST_LOADS = _orjson_loads()
 
 
-def decode_detached(s: Mapping[str, Any], service: str, instance: str) -> SpanData:
-    """:func:`decode_span` of a copy of ``s`` (``marshal`` copies parsed JSON exactly, NaN and lone
-    surrogates too, in C): a reader that holds a few spans of each line holds them apart from the
-    line, whose memory is then freed whole. Held pieces of every parsed line scattered the next
-    lines' objects through memory: the summary readers read a run ~25% slower (issue 45)."""
+def decode_held(s: Mapping[str, Any], service: str, instance: str) -> SpanData:
+    """A span a reader holds to the end (a rollout root, an episode...): :func:`decode_span` without
+    its events (no summary reader reads them: an episode's exception stack traces were most of
+    the text held), of a copy of ``s`` (``marshal`` copies parsed JSON exactly, NaN and lone
+    surrogates too, in C), so it is held apart from the line it was parsed from, whose memory is
+    then freed whole. Held pieces of every parsed line scattered the next lines' objects through
+    memory: the summary readers read a run ~25% slower (issue 45)."""
     copied = marshal.loads(marshal.dumps(s))  # type: ignore[arg-type]  # parsed JSON: a dict
-    return decode_span(copied, service, instance)
+    span = _plain_span(copied, service, instance, events=False)
+    return span if span is not None else _checked_span(copied, service, instance, read_events=False)
 
 
 def parse_json_line(raw: bytes) -> Any:

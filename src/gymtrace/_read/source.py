@@ -35,7 +35,7 @@ from gymtrace._model.spandata import (
     TraceFileError,
     Warn,
     decode_any_value,
-    decode_detached,
+    decode_held,
     iter_otlp_json_lines,
     plain_value,
     raw_attributes,
@@ -211,9 +211,7 @@ def _read_parts(parts: list[tuple[Path, Part]], entries: bool) -> _Read:
         with gc_paused():
             for path, part in parts:
                 spans.extend(
-                    iter_otlp_json_lines(
-                        path, warn=warnings.append, keep=keep, part=part, decode=decode_detached
-                    )
+                    iter_otlp_json_lines(path, warn=warnings.append, keep=keep, part=part, decode=decode_held)
                 )
     except (TraceFileError, OSError) as exc:
         return spans, tokens, warnings, exc
