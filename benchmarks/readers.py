@@ -5,6 +5,7 @@ Run::
     python benchmarks/readers.py                       # 10,000 and 100,000 rollouts
     python benchmarks/readers.py --rollouts 10000      # one size
     python benchmarks/readers.py --keep DIR            # keep the generated files in DIR
+    python benchmarks/readers.py --before OLD/src      # and an earlier checkout's readers beside
 
 Each size is written through the real API by a child process (``gymtrace.configure(file=...)``):
 a run of N rollouts, ~18 spans each (rollout, one episode or two when the first attempt hits an
@@ -19,6 +20,10 @@ own so its peak RSS is its own (``resource.getrusage(RUSAGE_CHILDREN)``, by chil
   (the ``fast`` extra) and as the plain install reads (the child's ``sys.modules`` says orjson is
   absent, so the readers parse with the standard library's ``json``).
 
+With ``--before SRC`` (the ``src`` directory of another checkout, e.g. made by ``git worktree add``),
+each command also runs with that code first on ``sys.path`` (same interpreter and orjson), in a
+column of its own: before and after in one run, each against the same floor.
+
 Peak RSS is the largest process's: on a big file the readers fork a second process that reads half
 of it meanwhile (both cores); it holds half of what the first holds and exits before it goes on.
 
@@ -29,6 +34,7 @@ wall time: other work stretches the wall time, less so the CPU time.
 from __future__ import annotations
 
 import argparse
+import os
 import shutil
 import subprocess
 import sys
@@ -94,9 +100,10 @@ PLAIN = "import sys; sys.modules['orjson'] = None; from gymtrace._cli import mai
 FAST = "import sys; from gymtrace._cli import main; sys.exit(main())"
 
 
-def timed(argv: list[str]) -> tuple[float, float, float]:
+def timed(argv: list[str], src: Path | None = None) -> tuple[float, float, float]:
     """Seconds, CPU seconds (user and system, every process of it) and peak RSS (MB, its largest
-    process) of one child process; its output is thrown away."""
+    process) of one child process (with ``src`` first on its path, if given); its output is thrown
+    away."""
     script = (
         "import resource, subprocess, sys, time\n"
         "t = time.perf_counter()\n"
@@ -104,7 +111,10 @@ def timed(argv: list[str]) -> tuple[float, float, float]:
         "u = resource.getrusage(resource.RUSAGE_CHILDREN)\n"
         "print(time.perf_counter() - t, u.ru_utime + u.ru_stime, u.ru_maxrss)\n"
     )
-    out = subprocess.run([sys.executable, "-c", script, *argv], capture_output=True, text=True, check=True)
+    env = {**os.environ, "PYTHONPATH": str(src)} if src is not None else None
+    out = subprocess.run(
+        [sys.executable, "-c", script, *argv], capture_output=True, text=True, check=True, env=env
+    )
     seconds, cpu, rss_kb = out.stdout.split()
     return float(seconds), float(cpu), int(rss_kb) / 1024
 
@@ -119,6 +129,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--rollouts", type=int, nargs="*", default=[10_000, 100_000])
     parser.add_argument("--keep", type=Path, help="write the runs here and keep them")
+    parser.add_argument("--before", type=Path, help="an earlier checkout's src/, timed beside (fast parser)")
     args = parser.parse_args()
     try:
         import orjson  # noqa: F401
@@ -137,8 +148,9 @@ def main() -> None:
     }
     try:
         print("Each cell: wall time (CPU time of all its processes), peak RSS; times the parse floor's")
-        print("| rollouts (spans, file) | what | fast parser (orjson) | plain install (json) |")
-        print("| --- | --- | --- | --- |")
+        before = " before: `--before` code (orjson) |" if args.before else ""
+        print(f"| rollouts (spans, file) | what | fast parser (orjson) | plain install (json) |{before}")
+        print("| --- | --- | --- | --- |" + (" --- |" if args.before else ""))
         for n in args.rollouts:
             path = where / f"run-{n}.jsonl"
             if not path.exists():
@@ -149,27 +161,36 @@ def main() -> None:
             size = f"{n:,} ({spans / 1e6:.2f}M spans, {path.stat().st_size / 1e6:,.0f} MB)"
 
             def cell(
-                argv: list[str], floor: tuple[float, float] | None = None
+                argv: list[str], floor: tuple[float, float] | None = None, src: Path | None = None
             ) -> tuple[str, tuple[float, float]]:
-                seconds, cpu, rss = timed(argv)
+                seconds, cpu, rss = timed(argv, src)
                 text = f"{seconds:.{2 if seconds < 1 else 1}f} s ({cpu:.{2 if cpu < 1 else 1}f} s CPU), {rss:,.0f} MB"
                 if floor:
                     text += f"; {seconds / floor[0]:.1f}x parse ({cpu / floor[1]:.1f}x CPU)"
                 return text, (seconds, cpu)
 
             cat, _ = cell(["cat", str(path)])
-            print(f"| {size} | floor: read the bytes (`cat`) | {cat} | {cat} |")
+            same = f" {cat} |" if args.before else ""
+            print(f"| {size} | floor: read the bytes (`cat`) | {cat} | {cat} |{same}")
             fast_parse, fast_floor = (
                 cell([sys.executable, "-c", PARSE, str(path), "orjson"]) if fast else ("-", None)
             )
             plain_parse, plain_floor = cell([sys.executable, "-c", PARSE, str(path), "json"])
-            print(f"| | floor: parse only | {fast_parse} | {plain_parse} |")
+            same = f" {fast_parse} |" if args.before else ""
+            print(f"| | floor: parse only | {fast_parse} | {plain_parse} |{same}")
             for name, argv in commands.items():
                 fast_cell = (
                     cell([sys.executable, "-c", FAST, *argv, str(path)], fast_floor)[0] if fast else "-"
                 )
                 plain_cell = cell([sys.executable, "-c", PLAIN, *argv, str(path)], plain_floor)[0]
-                print(f"| | `gymtrace {name}` | {fast_cell} | {plain_cell} |", flush=True)
+                before_cell = ""
+                if args.before:
+                    before_cell = (
+                        " "
+                        + cell([sys.executable, "-c", FAST, *argv, str(path)], fast_floor, args.before)[0]
+                        + " |"
+                    )
+                print(f"| | `gymtrace {name}` | {fast_cell} | {plain_cell} |{before_cell}", flush=True)
     finally:
         if args.keep is None:
             shutil.rmtree(where, ignore_errors=True)
