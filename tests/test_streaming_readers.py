@@ -354,9 +354,13 @@ def _cut_through_a_trace(captured: CapturedSpans) -> list[SpanData]:
     return rest[:middle] + long + rest[middle:]
 
 
-@pytest.mark.parametrize("early", [1000, 0], ids=["joined", "second half read again"])
+@pytest.mark.parametrize(
+    ("early", "held", "reads"),
+    [(1000, 120, 1), (0, 120, 2), (1000, 50, 2)],
+    ids=["joined", "second half read again", "a trace too long for half the spans: one process"],
+)
 def test_check_by_two_processes_finds_what_one_finds(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, early: int
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, early: int, held: int, reads: int
 ) -> None:
     with capture_spans() as captured:
         _training_run(rollouts=40)
@@ -365,14 +369,16 @@ def test_check_by_two_processes_finds_what_one_finds(
     doubled = tmp_path / "doubled.jsonl"
     doubled.write_text(path.read_text() * 2)
     monkeypatch.setattr(stream, "EARLY_SPANS", early)
-    reads: list[object] = []
+    read: list[object] = []
     spans_of = stream._spans
-    monkeypatch.setattr(stream, "_spans", lambda *args: reads.append(args) or spans_of(*args))
-    for file, joined in ((path, early > 0), (doubled, False)):
-        one = check_files([file], held=80, limit=None, parallel_from=1 << 60)
-        reads.clear()
-        two = check_files([file], held=80, limit=None, parallel_from=0)
+    monkeypatch.setattr(stream, "_spans", lambda *args: read.append(args) or spans_of(*args))
+    for file in (path, doubled):
+        one = check_files([file], held=held, limit=None, parallel_from=1 << 60)
+        read.clear()
+        two = check_files([file], held=held, limit=None, parallel_from=0)
         found = " ".join(one.problems)
         assert two == one and "has 'someone-else'" in found and "has 'short'" in found
-        # Joined, this process read its half once; else once more, the second half after it.
-        assert len(reads) == (1 if joined else 2)
+        # This process read its half once; the second half again if the halves did not join (a
+        # span in both, as in a file appended to itself); the whole if a trace was too long for
+        # half the spans held.
+        assert len(read) == (reads if file == path else max(reads, 2))

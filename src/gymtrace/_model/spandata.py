@@ -760,16 +760,16 @@ def _orjson_loads() -> Callable[[bytes], Any] | None:
 _FAST_LOADS = _orjson_loads()
 
 
-def decode_held(s: Mapping[str, Any], service: str, instance: str) -> SpanData:
-    """A span a reader holds to the end (a rollout root, an episode...): :func:`decode_span` without
-    its events (no summary reader reads them: an episode's exception stack traces were most of
-    the text held), of a copy of ``s`` (``marshal`` copies parsed JSON exactly, NaN and lone
-    surrogates too, in C), so it is held apart from the line it was parsed from, whose memory is
-    then freed whole. Held pieces of every parsed line scattered the next lines' objects through
-    memory: the summary readers read a run ~25% slower (issue 45)."""
+def decode_held(s: Mapping[str, Any], service: str, instance: str, *, events: bool = False) -> SpanData:
+    """A span a reader holds to the end (a rollout root, an episode...): :func:`decode_span`, without
+    its events unless ``events`` (no summary reader reads them: an episode's exception stack traces
+    were most of the text held), of a copy of ``s`` (``marshal`` copies parsed JSON exactly, NaN
+    and lone surrogates too, in C), so it is held apart from the line it was parsed from, whose
+    memory is then freed whole. Held pieces of every parsed line scattered the next lines' objects
+    through memory: the summary readers read a run ~25% slower (issue 45)."""
     copied = marshal.loads(marshal.dumps(s))  # type: ignore[arg-type]  # parsed JSON: a dict
-    span = _plain_span(copied, service, instance, events=False)
-    return span if span is not None else _checked_span(copied, service, instance, read_events=False)
+    span = _plain_span(copied, service, instance, events=events)
+    return span if span is not None else _checked_span(copied, service, instance, read_events=events)
 
 
 def parse_json_line(raw: bytes) -> Any:

@@ -17,7 +17,7 @@ reader of outcomes reads, held for the whole input. A trace that stays open whil
 is spread too thin to check this way: :class:`SpreadTooThin` says which.
 
 One file from ``PARALLEL_BYTES`` on is checked trace by trace by two processes, a forked one
-reading its second half meanwhile (both cores), each holding at most :data:`HELD_SPANS` spans;
+reading its second half meanwhile (both cores), each holding at most half of :data:`HELD_SPANS`;
 the traces the cut runs through are checked again whole when the halves are joined, and where the
 halves cannot be joined exactly (a span in both: a file appended to itself), the second half is
 read again in this process. The answer is the one a single process gives.
@@ -38,8 +38,8 @@ from gymtrace._model.spandata import (
     SpanData,
     TraceFileError,
     Warn,
+    decode_held,
     decode_lean,
-    decode_span,
     iter_otlp_json_lines,
     normalize,
     trace_files,
@@ -69,7 +69,8 @@ from gymtrace._read.outcomes import SOURCE_LIVE, RolloutOutcome, dedupe, final_o
 from gymtrace._read.source import PARALLEL_BYTES, fork_context, gc_paused, halves, summary_span
 from gymtrace._read.training import Training
 
-# Spans held at most (by each process): ~1 KB each as the checker decodes them, so ~100 MB.
+# Spans held at most (half of them by each of two processes): ~1 KB each as the checker decodes
+# them, so ~100 MB.
 HELD_SPANS = 100_000
 # The second process keeps the traces first read among its first this many spans until the halves
 # are joined: the traces the cut runs through are among them unless one of them paused that long.
@@ -96,10 +97,10 @@ CHECK_KEYS = frozenset(
 
 
 def decode_for_check(raw: Mapping[str, Any], service: str, instance: str) -> SpanData:
-    """A raw span as the checker holds it: whole if a rollout-level rule reads it, else with
-    :data:`CHECK_KEYS` only."""
+    """A raw span as the checker holds it: whole if a rollout-level rule reads it (held to the end,
+    so decoded from a copy: ``decode_held``), else with :data:`CHECK_KEYS` only."""
     span = decode_lean(raw, service, instance, CHECK_KEYS)
-    return decode_span(raw, service, instance) if summary_span(span) else span
+    return decode_held(raw, service, instance, events=True) if summary_span(span) else span
 
 
 class SpreadTooThin(TraceFileError):
@@ -328,7 +329,10 @@ def check_files(
     with gc_paused():
         context = fork_context() if len(files) == 1 and files[0].stat().st_size >= parallel_from else None
         if context is not None:
-            return _check_halves(files[0], context, warn, held, limit)
+            try:
+                return _check_halves(files[0], context, warn, held, limit)
+            except SpreadTooThin:
+                pass  # a trace that fits in ``held`` spans but not in half of them: one process
         stream = _Stream(held)
         stream.read(_merged(files, warn))
         return stream.verdict(limit)
@@ -366,19 +370,28 @@ def _read_second(parts: list[tuple[Path, Part]], held: int) -> tuple[_Stream, li
 
 
 def _check_halves(file: Path, context: Any, warn: Warn | None, held: int, limit: int | None) -> Verdict:
+    """Two processes, each holding at most half of ``held`` spans (what the second holds when it
+    ends comes to this one); warnings are given once the halves are read (a trace spread too thin
+    for half of ``held`` is read again by one process, which gives them)."""
     first, second = halves([file])
+    held = max(1, held // 2)
     stream = _Stream(held, whole=False)
+    mine: list[str] = []
     with ProcessPoolExecutor(max_workers=1, mp_context=context) as pool:
         later = pool.submit(_read_second, second, held)
         try:
-            stream.read(_spans(first, warn))
-        except BaseException:
+            stream.read(_spans(first, mine.append))
+        except SpreadTooThin:
             later.cancel()
             raise
+        except BaseException:
+            later.cancel()
+            _give(mine, warn)
+            raise
         other, warnings, error = later.result()
-    for message in warnings:
-        if warn is not None:
-            warn(message)
+    if isinstance(error, SpreadTooThin):
+        raise error
+    _give(mine + warnings, warn)
     if error is not None:
         raise error
     if not _join(stream, other):
@@ -386,6 +399,12 @@ def _check_halves(file: Path, context: Any, warn: Warn | None, held: int, limit:
         # warnings were given).
         stream.read(_spans(second, _ignore))
     return stream.verdict(limit)
+
+
+def _give(warnings: list[str], warn: Warn | None) -> None:
+    for message in warnings:
+        if warn is not None:
+            warn(message)
 
 
 def _ignore(message: str) -> None:
