@@ -100,7 +100,10 @@ def decode_for_check(raw: Mapping[str, Any], service: str, instance: str) -> Spa
     """A raw span as the checker holds it: whole if a rollout-level rule reads it (held to the end,
     so decoded from a copy: ``decode_held``), else with :data:`CHECK_KEYS` only."""
     span = decode_lean(raw, service, instance, CHECK_KEYS)
-    return decode_held(raw, service, instance, events=True) if summary_span(span) else span
+    if not summary_span(span):
+        return span
+    # Events only where a rule reads them: a reward event outside any rollout.
+    return decode_held(raw, service, instance, events=not isinstance(span.attributes.get(c.ROLLOUT_ID), str))
 
 
 class SpreadTooThin(TraceFileError):
@@ -449,6 +452,9 @@ def _join(stream: _Stream, other: _Stream) -> bool:
     mine.duplicated += theirs.duplicated
     for trace_id, spans in other.open.items():
         stream.open.setdefault(trace_id, []).extend(spans)
+    # What came from the second process now lives here: its copies go before the verdict's work.
+    theirs.traces, theirs.seen = [], set()
+    other.open.clear()
     stream.count += other.count
     stream.outside += other.outside
     stream.holding += other.holding
