@@ -16,6 +16,7 @@ import gymtrace
 from gymtrace import _constants as c
 from gymtrace._cli import main
 from gymtrace._model.spandata import (
+    EventData,
     SpanData,
     TraceFileError,
     encode_otlp_json,
@@ -24,7 +25,7 @@ from gymtrace._model.spandata import (
     read_otlp_json_lines,
 )
 from gymtrace._read.check import stream
-from gymtrace._read.check.stream import SpreadTooThin, check_files
+from gymtrace._read.check.stream import HELD_SPANS, SpreadTooThin, check_files
 from gymtrace._read.outcomes import dedupe, final_outcomes
 from gymtrace._read.source import read_summary_spans
 from gymtrace._read.training import finish_rows, read_training
@@ -382,3 +383,26 @@ def test_check_by_two_processes_finds_what_one_finds(
         # span in both, as in a file appended to itself); the whole if a trace was too long for
         # half the spans held.
         assert len(read) == (reads if file == path else max(reads, 2))
+
+
+def test_check_of_a_file_reads_a_reward_event_outside_any_rollout(tmp_path: Path) -> None:
+    # The checker decodes a span's events only where a rule reads them: outside any rollout.
+    with capture_spans() as captured:
+        _training_run()
+    spans = normalize(captured.spans)
+    step = next(s for s in spans if s.attributes.get(c.KIND) == c.KIND_STEP)
+    scored = replace(
+        step,
+        trace_id="f" * 32,
+        span_id="e" * 16,
+        parent_id=None,
+        name="scorer",
+        attributes={},
+        events=(EventData(c.GEN_AI_EVALUATION_RESULT, 1, {c.GEN_AI_EVALUATION_SCORE_VALUE: 1.0}),),
+    )
+    path = _write_spans(tmp_path / "run.jsonl", [*spans, scored])
+    for held in (HELD_SPANS, 40):
+        problems = check_files([path], held=held, limit=None).problems
+        assert problems == [
+            f"scorer (span {'e' * 16}): reward recorded outside any rollout (no gym.rollout.id)"
+        ]
