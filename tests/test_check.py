@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import json
 from pathlib import Path
 from typing import Any
 
@@ -356,3 +357,58 @@ def test_each_rule_shows_three_examples_and_a_count() -> None:
     numbering = next(p for p in problems if p.startswith("step numbers"))
     assert len(numbering) < 300 and "(500 in all)" in numbering
     assert problems[3] == "... and 2 more: reward outside any rollout"
+
+
+def _killed_agent(rollout: str, trace: str) -> list[SpanData]:
+    """What a SIGKILLed NeMo Gym agent process had exported of one rollout: its first turn, step
+    and model call had ended; the invocation above them never did, so it is not in the input."""
+    identity = {c.ROLLOUT_ID: rollout, c.TASK_ID: "4", c.EPISODE_ATTEMPT: 0, c.EPISODE_ID: rollout}
+    never_ended = span("agent_invocation", trace=trace, **identity)
+    turn = span("turn", never_ended, trace=trace, **identity, **{c.TURN_NUMBER: 1})
+    step = span("step", turn, trace=trace, **identity, **{c.STEP_NUMBER: 1})
+    chat = span("model_call", step, trace=trace, **identity)
+    return [
+        SpanData(**{**s.__dict__, "service": "simple_agent", "service_instance": "agent-killed"})
+        for s in (turn, step, chat)
+    ]
+
+
+def _resumed(rollout: str, trace: str) -> list[SpanData]:
+    identity = {c.ROLLOUT_ID: rollout, c.TASK_ID: "4"}
+    root = span("rollout", trace=trace, **identity, **{c.ROLLOUT_ATTEMPTS: 1})
+    episode = span("episode", root, trace=trace, **identity, **{c.EPISODE_ATTEMPT: 0, c.EPISODE_ID: rollout})
+    episode = SpanData(**{**episode.__dict__, "attributes": {**episode.attributes, **OK_EPISODE}})
+    return [root, episode]
+
+
+def test_orphans_of_a_killed_process_are_numbered_per_rollout_and_noted_with_their_count(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Issue 43: every process of a NeMo Gym run SIGKILLed while rollouts 4-0 and 4-1 were in their
+    # second model call, then resumed. The killed agent's first steps arrived without their
+    # invocation: two rollouts' step 1, which read "[1, 1], not increasing" under one "<none>" owner.
+    from gymtrace._cli import main
+    from gymtrace._model.spandata import encode_spandata_json
+
+    spans = [
+        *_killed_agent("4-0", "a1"),
+        *_killed_agent("4-1", "a2"),
+        *_resumed("4-0", "a1"),
+        *_resumed("4-1", "a2"),
+    ]
+    assert check_trace(spans) == []
+    path = tmp_path / "traces.jsonl"
+    path.write_text(json.dumps(encode_spandata_json(spans)) + "\n")
+    assert main(["check", str(path)]) == 0
+    out = capsys.readouterr().out
+    for rollout in ("4-0", "4-1"):
+        assert (
+            f"rollout {rollout}: 3 interrupted span(s) (simple_agent) whose parents never arrived: their"
+            " process was killed before those parents ended" in out
+        ), out
+    # Below one span that never arrived the numbers are still checked.
+    again = SpanData(**{**spans[1].__dict__, "span_id": "f" * 16, "start_ns": spans[1].start_ns + 1})
+    assert any(
+        "step numbers within the owner that never arrived" in p and "of rollout 4-0" in p and "[1, 1]" in p
+        for p in check_trace([*spans, again])
+    )

@@ -82,15 +82,47 @@ def missing_service_notes(spans: Iterable[Any]) -> list[str]:
             if is_marker(s) and isinstance(s.attributes.get(c.LIVE_SERVER), str)
         }
         missing = sorted(servers - present)
-        orphans = sum(1 for s in trace_spans if not is_marker(s) and s.parent_id and s.parent_id not in ids)
+        orphans = _interrupted(trace_spans, ids)
         if missing:
             notes.append(
                 f"rollout {rollout}: no span of {', '.join(missing)}, which took part in it: did that"
                 " process write its trace elsewhere (a relative GYMTRACE_FILE)?"
             )
         elif orphans:
+            services = ", ".join(sorted({s.service for s in orphans if s.service})) or "an unnamed service"
             notes.append(
-                f"rollout {rollout}: {orphans} span(s) whose parent is not in the input: a process"
-                " that took part wrote elsewhere, or was killed before its spans ended"
+                f"rollout {rollout}: {len(orphans)} interrupted span(s) ({services}) whose parents never"
+                " arrived: their process was killed before those parents ended (a resume pass re-runs"
+                " the rollout), or wrote them elsewhere"
             )
     return notes
+
+
+def _interrupted(trace_spans: list[SpanData], ids: set[str]) -> list[SpanData]:
+    """The spans of one trace cut off from its root: below a span that is not in the input, the
+    span a killed process never ended (its children had ended, so they were exported)."""
+    by_id = {s.span_id: s for s in trace_spans}
+    cut: dict[str, bool] = {}
+
+    def is_cut(span: SpanData) -> bool:
+        chain = []
+        current: SpanData | None = span
+        answer = False
+        while current is not None:
+            if current.span_id in cut:
+                answer = cut[current.span_id]
+                break
+            chain.append(current.span_id)
+            if current.parent_id is None:
+                break
+            if current.parent_id not in ids:
+                answer = True
+                break
+            current = by_id.get(current.parent_id)
+            if current is not None and current.span_id in chain:  # a cycle: not ours to judge here
+                break
+        for span_id in chain:
+            cut[span_id] = answer
+        return answer
+
+    return [s for s in trace_spans if not is_marker(s) and is_cut(s)]
