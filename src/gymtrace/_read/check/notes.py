@@ -14,7 +14,7 @@ from typing import Any
 
 from gymtrace import _constants as c
 from gymtrace._model.spandata import SpanData, is_marker
-from gymtrace._read.outcomes import final_outcomes
+from gymtrace._read.outcomes import final_outcomes, interrupted
 
 
 def _rollout_ids(spans: Iterable[Any], outcome: str) -> list[str]:
@@ -75,14 +75,13 @@ def missing_service_notes(spans: Iterable[Any]) -> list[str]:
         if rollout is None:
             continue
         present = {s.service for s in trace_spans if not is_marker(s)}
-        ids = {s.span_id for s in trace_spans}
         servers = {
             str(s.attributes[c.LIVE_SERVER])
             for s in trace_spans
             if is_marker(s) and isinstance(s.attributes.get(c.LIVE_SERVER), str)
         }
         missing = sorted(servers - present)
-        orphans = _interrupted(trace_spans, ids)
+        orphans = interrupted(trace_spans)
         if missing:
             notes.append(
                 f"rollout {rollout}: no span of {', '.join(missing)}, which took part in it: did that"
@@ -96,33 +95,3 @@ def missing_service_notes(spans: Iterable[Any]) -> list[str]:
                 " the rollout), or wrote them elsewhere"
             )
     return notes
-
-
-def _interrupted(trace_spans: list[SpanData], ids: set[str]) -> list[SpanData]:
-    """The spans of one trace cut off from its root: below a span that is not in the input, the
-    span a killed process never ended (its children had ended, so they were exported)."""
-    by_id = {s.span_id: s for s in trace_spans}
-    cut: dict[str, bool] = {}
-
-    def is_cut(span: SpanData) -> bool:
-        chain = []
-        current: SpanData | None = span
-        answer = False
-        while current is not None:
-            if current.span_id in cut:
-                answer = cut[current.span_id]
-                break
-            chain.append(current.span_id)
-            if current.parent_id is None:
-                break
-            if current.parent_id not in ids:
-                answer = True
-                break
-            current = by_id.get(current.parent_id)
-            if current is not None and current.span_id in chain:  # a cycle: not ours to judge here
-                break
-        for span_id in chain:
-            cut[span_id] = answer
-        return answer
-
-    return [s for s in trace_spans if not is_marker(s) and is_cut(s)]
