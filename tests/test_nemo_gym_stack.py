@@ -572,6 +572,16 @@ def test_a_killed_pass_leaves_lost_rollouts_and_its_resume_never_lands_in_the_de
     assert all(r["outcome"] == "scored" for r in rollouts.values()), rollouts
     (stats,) = stack.json_lines("stats", str(stack.traces), "--run", run_id)
     assert stats["mean_reward"] == pytest.approx(_nemo_mean(output)) and "lost" not in stats
+    # The killed pass stays visible (issue 43): NeMo Gym re-ran 3-0 and 3-1 at attempt 0, and the
+    # killed execution is a lost attempt 0 of each, marked beside the one that scored, counted in
+    # stats; the rollouts the killed pass finished lost nothing. check passes, noting the
+    # interrupted spans.
+    lost = {k: r["lost_attempts"] for k, r in rollouts.items() if r["lost_attempts"]}
+    assert lost == {"3-0": [0], "3-1": [0]}, rollouts
+    assert {r["attempts"] for r in rollouts.values()} == {1}
+    assert stats["lost_attempts"] == 2, stats
+    check = stack.cli("check", str(stack.traces))
+    assert check.returncode == 0, check.stdout
     spans = read_otlp_json_lines(stack.traces)
     by_id = {s.span_id: s for s in spans}
     for key in ("3-0", "3-1"):
