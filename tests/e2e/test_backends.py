@@ -197,6 +197,20 @@ def test_push_to_a_second_mlflow_experiment_puts_the_run_there_under_ids_derived
     _assert_mlflow_matches(mlflow_server, "rl-first", run_id, expected)
     live = mlflow_server.traces("rl-first", f"tags.`{c.RUN_ID}` = '{run_id}'")
     assert {t["trace_id"] for t in live} == {f"tr-{o}" for o in originals}
+    # Once the originals are gone from the server, a third push still lands on the IDs the earlier
+    # ones gave (not a second copy under the originals).
+    first = mlflow_server.get("/api/2.0/mlflow/experiments/get-by-name?experiment_name=rl-first")
+    mlflow_server.post(
+        "/api/2.0/mlflow/traces/delete-traces",
+        {"experiment_id": first["experiment"]["experiment_id"], "request_ids": [t["trace_id"] for t in live]},
+    )
+    done = run_gymtrace(*argv, str(trace_file), timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip().splitlines() == [
+        _summary(trace_file, run_id, f"MLflow at {mlflow_server.url}, experiment 'rl-second'")
+        + f"; {len(originals)} traces under the new IDs an earlier push gave them"
+    ]
+    _assert_mlflow_matches(mlflow_server, "rl-second", run_id, expected)
 
 
 # -- Phoenix ----------------------------------------------------------------------------------------

@@ -38,14 +38,17 @@ def run(args: argparse.Namespace) -> int:
         f" {result.traces} traces: {result.rollouts} rollouts ({result.scored} with a reward) of"
         f" run(s) {', '.join(result.runs) or '-'}"
     )
-    if result.moved:
+    elsewhere = {name: n for name, n in result.moved.items() if name}
+    if elsewhere:
         holders = " and ".join(
-            f"{target.kind} {name!r} holds" + (f" {n} of" if len(result.moved) > 1 else "")
-            for name, n in sorted(result.moved.items())
+            f"{target.kind} {name!r} holds" + (f" {n} of" if len(elsewhere) > 1 else "")
+            for name, n in sorted(elsewhere.items())
         )
         line += (
-            f"; {sum(result.moved.values())} traces under new IDs, as {holders} their original IDs"
+            f"; {sum(elsewhere.values())} traces under new IDs, as {holders} their original IDs"
             f" (each span carries its original as {c.PUSH_ORIGINAL_TRACE_ID})"
         )
+    if result.moved.get(""):
+        line += f"; {result.moved['']} traces under the new IDs an earlier push gave them"
     print(line)
     return 0

@@ -44,7 +44,8 @@ class PushResult:
     rollouts: int
     scored: int
     runs: tuple[str, ...]
-    # Traces that went under new IDs: the experiment (project) holding their originals, and how many.
+    # Traces that went under new IDs: how many, by the experiment (project) holding their originals
+    # ("": none does, an earlier push here gave them those IDs).
     moved: Mapping[str, int]
 
 
@@ -104,7 +105,11 @@ def placed(client: Client, spans: Sequence[SpanData]) -> tuple[list[SpanData], d
         if holders.get(derived[t]) == client.experiment
         or holders.get(t, client.experiment) != client.experiment
     }
-    moved = collections.Counter(holders.get(t, client.experiment) for t in to_move)
+    # By the experiment holding the originals; "" where none else does (an earlier push here gave
+    # the trace its new IDs, and its original has since left the server).
+    moved = collections.Counter(
+        holders[t] if holders.get(t, client.experiment) != client.experiment else "" for t in to_move
+    )
     return (move(spans, to_move, client.experiment) if to_move else list(spans)), dict(moved)
 
 
