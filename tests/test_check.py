@@ -476,3 +476,9 @@ def test_a_killed_then_resumed_rollout_counts_its_lost_attempt_in_rollouts_and_s
     assert main(["rollouts", str(path)]) == 0
     table = capsys.readouterr().out
     assert "1 (+1 lost: attempt 0)" in table, table
+    assert main(["tree", str(path)]) == 0
+    tree = capsys.readouterr().out
+    marked = [line for line in tree.splitlines() if "=> lost attempt 0 (its process was killed" in line]
+    assert len(marked) == 1 and "rollout=4-0" in marked[0], (
+        tree
+    )  # 4-1's evidence is a marker, which tree folds away
