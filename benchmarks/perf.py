@@ -48,6 +48,12 @@ Sections:
   CPU of the caller's thread alone (``time.thread_time``): the mapping and the scores run on the
   exporter's threads. The endpoint is a closed loopback port, so no server's speed enters the
   figure (the export threads fail and back off, off the caller's thread).
+- **training** (``--only training``): a training run's keys (docs/training.md) under ``configure()``
+  with no exporter: a rollout with one scored episode and a model call, plain vs with ``group_id``,
+  ``group_size``, ``train_step`` and a process policy version (the CPU added per rollout); then
+  ``consume()`` with join keys, 8,192 in one train step: the caller's thread per call
+  (``time.thread_time``) and the whole process per call (the writer thread that builds the
+  ``gym.consumed`` spans included, and the step's wait for it at its end).
 - **peers** (``--peers``): Traceloop ``@task``, Logfire ``@instrument``, Langfuse ``@observe`` and
   OpenInference's ``@tracer.chain``, each installed into its own virtualenv (not a gymtrace
   dependency), content capture off and on. As the targets were first measured: the peer in its own process
@@ -985,6 +991,73 @@ def print_fast_paths() -> None:
         print(f"  {path.name:<44} {path.module:<26} {state}")
 
 
+# -- training ---------------------------------------------------------------------------------------
+
+TRAINING_CODE = r"""
+n, repeats = int(sys.argv[1]), int(sys.argv[2])
+import gymtrace
+from gymtrace import _constants as c
+gymtrace.configure(service_name="bench-training", file=False, heartbeat=0)
+rollout, episode, model_call, verify, reward = (gymtrace.rollout, gymtrace.episode, gymtrace.model_call,
+    gymtrace.verify, gymtrace.record_reward)
+
+def plain():
+    gymtrace.set_policy_version(None)
+    start = clock()
+    for i in range(n):
+        with rollout(rollout_id=f"r{i}", task_id="t"), episode():
+            with model_call(model="policy"):
+                pass
+            with verify():
+                reward(1.0)
+    return (clock() - start) / n / 1000
+
+def training():
+    gymtrace.set_policy_version(3)
+    start = clock()
+    for i in range(n):
+        with rollout(rollout_id=f"r{i}", task_id="t", group_id=f"p{i // 16}", group_size=16, train_step=3), episode():
+            with model_call(model="policy"):
+                pass
+            with verify():
+                reward(1.0)
+    return (clock() - start) / n / 1000
+
+result = interleaved({"plain": plain, "training": training}, repeats)
+out = {k: statistics.median(v) for k, v in result.items()}
+keys = [{c.RUN_ID: "run", c.ROLLOUT_ID: f"{k // 16}-{k % 16}", "trace_id": format(k + 1, "032x"),
+         "rollout_span_id": format(k + 1, "016x"), c.POLICY_VERSION: 1} for k in range(8192)]
+thread, process = [], []
+for _ in range(repeats):
+    with gymtrace.run(run_id="run"):
+        start_process = clock()
+        with gymtrace.train_step(step=1, policy_version=2):
+            start_thread = time.thread_time_ns()
+            for k in keys:
+                gymtrace.consume(k)
+            thread.append((time.thread_time_ns() - start_thread) / len(keys) / 1000)
+        process.append((clock() - start_process) / len(keys) / 1000)
+out["consume_thread"], out["consume_process"] = statistics.median(thread), statistics.median(process)
+print(json.dumps(out))
+"""
+
+
+def training(quick: bool) -> dict[str, float]:
+    n, repeats = (2_000, 3) if quick else (10_000, 5)
+    r = run_child(TRAINING_CODE, str(n), str(repeats))
+    added = r["training"] - r["plain"]
+    print("training (µs of CPU; configure() with no exporter)")
+    print(
+        f"  rollout + episode + model call + verify   plain {r['plain']:7.2f}  with training keys"
+        f" {r['training']:7.2f}  added {added:+6.2f}"
+    )
+    print(
+        f"  consume() with join keys, 8,192 in one step: caller's thread {r['consume_thread']:.2f},"
+        f" whole process (writer thread included) {r['consume_process']:.2f}"
+    )
+    return {"added": added, "consume_thread": r["consume_thread"], "consume_process": r["consume_process"]}
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="fewer iterations (noisier)")
@@ -992,12 +1065,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument(
         "--only",
         action="append",
-        choices=["forms", "cartpole", "export", "live", "backends", "peers"],
+        choices=["forms", "cartpole", "export", "live", "backends", "training", "peers"],
         help="one section",
     )
     args = parser.parse_args(argv)
     only = set(
-        args.only or ["forms", "cartpole", "export", "live", "backends"] + (["peers"] if args.peers else [])
+        args.only
+        or ["forms", "cartpole", "export", "live", "backends", "training"] + (["peers"] if args.peers else [])
     )
     t0 = time.monotonic()
     import opentelemetry.version
@@ -1029,6 +1103,16 @@ def main(argv: Sequence[str] | None = None) -> int:
              "not measured", "<= 20 µs", f"{lv['added']:+.2f} µs", lv["added"] <= 20),
             ("  per step while GYMTRACE_STEP_METRICS is off, on vs off", "", "1.00x",
              f"{lv['step_ratio']:.3f}x", None),
+        ]  # fmt: skip
+    if "training" in only:
+        t = training(args.quick)
+        rows += [
+            ("training keys (group, size, step, policy version), added per rollout", "not measured", "",
+             f"{t['added']:+.2f} µs", None),
+            ("consume() with join keys, caller's thread per call (8,192 in one step)", "not measured",
+             "<= 5 µs", f"{t['consume_thread']:.2f} µs", t["consume_thread"] <= 5),
+            ("  the same, whole process per call (the writer thread included)", "", "",
+             f"{t['consume_process']:.2f} µs", None),
         ]  # fmt: skip
     receiver = Receiver()
     if "backends" in only:

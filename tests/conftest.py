@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -35,3 +36,14 @@ def _strict_gymtrace() -> Iterator[None]:
 def captured() -> Iterator[CapturedSpans]:
     with capture_spans() as spans:
         yield spans
+
+
+E2E_DIR = Path(__file__).resolve().parent / "e2e"
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    # Everything under tests/e2e needs a built binary or a server (the Collector and Jaeger, MLflow,
+    # Phoenix, OpenSearch): `scripts/test --quick` (-m "not e2e") leaves it to the full run.
+    for item in items:
+        if E2E_DIR in item.path.parents:
+            item.add_marker(pytest.mark.e2e)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import ast
 import fnmatch
+import functools
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -53,6 +54,7 @@ LAYERS: list[tuple[str, list[str]]] = [
             "_identity.trust",
             "_scopes.scope_carrier",
             "_scopes.state",
+            "_scopes.training",
             "_content",
             "_content.*",
             "_scopes.metrics",
@@ -69,6 +71,7 @@ LAYERS: list[tuple[str, list[str]]] = [
             "_scopes.level_spans",
             "_scopes.levels",
             "_scopes.steps",
+            "_scopes.consumed",
         ],
     ),
     ("engine", ["_scopes.open_scopes", "_scopes.blocks", "_scopes.decorate", "_scopes.scope"]),
@@ -119,6 +122,7 @@ def _layer(name: str) -> int:
     raise AssertionError(f"gymtrace.{name} is in no layer: add it to LAYERS here and to CONTRIBUTING.md")
 
 
+@functools.cache  # parsed once: every test reads the same source, and parsing it all took ~1.5 s
 def _modules() -> dict[str, ast.Module]:
     return {_module_name(p): ast.parse(p.read_text(encoding="utf-8")) for p in sorted(SRC.rglob("*.py"))}
 

@@ -15,6 +15,9 @@ from gymtrace._model.spandata import read_otlp_json_lines
 from gymtrace.testing import check_trace
 from otlp_receiver import grpc_receiver, http_receiver
 
+# The distributed demo starts its services as real servers: left out of `scripts/test --quick`.
+pytestmark = pytest.mark.e2e
+
 RECEIVERS = {"grpc": grpc_receiver, "http/protobuf": http_receiver}
 
 

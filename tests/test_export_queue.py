@@ -125,9 +125,11 @@ def wait_until(predicate: object, timeout: float = 5.0) -> None:
         time.sleep(0.005)
 
 
-def test_queue_is_bounded_and_drops_the_oldest_counting_each(processors: list[BatchExporter]) -> None:
+def test_a_hung_exporter_holds_the_caller_once_then_the_oldest_are_dropped_counting_each(
+    processors: list[BatchExporter],
+) -> None:
     exporter = BlockingExporter()
-    bex, provider = make(processors, exporter, max_queue_size=10, max_batch_size=5)
+    bex, provider = make(processors, exporter, max_queue_size=10, max_batch_size=5, max_wait=0.05)
     end_spans(provider, [f"a{i}" for i in range(5)])
     assert exporter.entered.wait(5)  # the worker holds a-batch; the queue is empty
     end_spans(provider, [f"b{i}" for i in range(30)])
@@ -139,6 +141,60 @@ def test_queue_is_bounded_and_drops_the_oldest_counting_each(processors: list[Ba
     assert exporter.delivered == [f"a{i}" for i in range(5)] + [f"b{i}" for i in range(20, 30)]
     stats = bex.stats()
     assert (stats.exported, stats.dropped, stats.queued) == (15, 20, 0)
+
+
+def test_a_hung_exporter_costs_the_caller_one_wait_not_one_per_span(processors: list[BatchExporter]) -> None:
+    exporter = BlockingExporter()
+    bex, provider = make(processors, exporter, max_queue_size=10, max_batch_size=5, max_wait=0.2)
+    end_spans(provider, [f"a{i}" for i in range(5)])
+    assert exporter.entered.wait(5)
+    started = time.monotonic()
+    end_spans(provider, [f"b{i}" for i in range(1010)])
+    # A wait per span would be 1,000 x 0.2 s; one wait and then drops is 0.2 s and the loop.
+    assert time.monotonic() - started < 60
+    stats = bex.stats()
+    assert stats.dropped_queue_full == 1000 and balanced(stats)
+    exporter.release.set()
+    assert bex.force_flush(5000)
+    assert not bex._congested  # the export went through: the next full queue waits again
+
+
+class SlowExporter(SpanExporter):
+    """Delivers every batch, each a little later (a Collector across a network, or a busy disk)."""
+
+    def __init__(self) -> None:
+        self.delivered: list[str] = []
+
+    def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
+        time.sleep(0.002)
+        self.delivered.extend(s.name for s in spans)
+        return SpanExportResult.SUCCESS
+
+    def shutdown(self) -> None:
+        return None
+
+
+def test_a_burst_past_the_queue_waits_for_a_working_exporter_and_loses_nothing(
+    processors: list[BatchExporter],
+) -> None:
+    exporter = SlowExporter()
+    bex, provider = make(processors, exporter, max_queue_size=10, max_batch_size=5)
+    names = [f"s{i}" for i in range(500)]
+    end_spans(provider, names)  # 50 queues' worth, ended as fast as the loop goes
+    assert bex.force_flush(5000)
+    stats = bex.stats()
+    assert (stats.exported, stats.dropped, stats.queued) == (500, 0, 0)
+    assert exporter.delivered == names  # every span once, in order
+
+
+def test_a_failing_exporter_never_holds_the_caller(processors: list[BatchExporter]) -> None:
+    exporter = FlakyExporter(failures=10**9)
+    bex, provider = make(processors, exporter, max_queue_size=10, max_batch_size=5, max_wait=600)
+    end_spans(provider, ["first"])
+    wait_until(lambda: bex.stats().retries >= 1)  # failing: backing off
+    end_spans(provider, [f"s{i}" for i in range(200)])  # held for 600 s each if it waited
+    stats = bex.stats()
+    assert stats.dropped_queue_full >= 190 and balanced(stats)
 
 
 def test_failed_batches_are_requeued_and_delivered_once_the_exporter_recovers(

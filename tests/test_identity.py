@@ -176,7 +176,7 @@ def test_async_generator_resumed_from_another_task_keeps_its_identity(captured: 
 
 
 def test_current_gives_join_keys_for_the_trajectory_record(captured: CapturedSpans) -> None:
-    with gymtrace.run(run_id="run-1"), gymtrace.rollout(rollout_id="r-1", task_id="t", repeat=0):
+    with gymtrace.run(run_id="run-1"), gymtrace.rollout(rollout_id="r-1", task_id="t", repeat=0) as rollout:
         with gymtrace.episode() as episode:
             keys = gymtrace.current().join_keys()
     assert keys == {
@@ -187,6 +187,8 @@ def test_current_gives_join_keys_for_the_trajectory_record(captured: CapturedSpa
         c.EPISODE_ATTEMPT: 0,
         c.EPISODE_ID: "r-1",
         "trace_id": episode.trace_id,
+        # What a train step's link to the rollout needs (gymtrace.consume), added in issue 44.
+        "rollout_span_id": rollout.span_id,
     }
     assert gymtrace.current().join_keys() == {}
 

@@ -79,6 +79,7 @@ def test_continue_scope_takes_the_gym_entries_an_extraction_put_into_baggage(
     assert (span.attributes or {}).get(c.ROLLOUT_ID) == ("r-7" if believed else None)
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("official", [[], ["--official"]], ids=["gymtrace-only", "with-official"])
 def test_a_request_handled_under_the_asgi_middleware_has_no_gym_baggage(tmp_path, official) -> None:
     with services(tmp_path, [("svc-id", "app", [*RELAY, *official])]) as (svc,):

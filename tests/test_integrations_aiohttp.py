@@ -7,6 +7,7 @@ import asyncio
 from typing import Any
 
 import aiohttp
+import pytest
 
 import gymtrace
 from _distributed import (
@@ -30,6 +31,7 @@ async def _get_json(url: str) -> Any:
         return await response.json()
 
 
+@pytest.mark.e2e
 def test_aiohttp_requests_continue_the_trace_with_the_identity_in_the_server(tmp_path):
     with services(tmp_path, [("svc-aio", "app", list(RELAY))]) as (svc,):
         with gymtrace.testing.capture_spans() as captured:

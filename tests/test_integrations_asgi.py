@@ -40,6 +40,7 @@ def _client_spans(captured) -> list[SpanData]:
     return captured.data
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("official", MODES)
 @pytest.mark.parametrize("client", ["httpx", "aiohttp"])  # what svc-a calls svc-b with
 def test_request_chain_is_one_tree_with_identity_on_every_span(tmp_path, official, client):
@@ -83,6 +84,7 @@ def test_request_chain_is_one_tree_with_identity_on_every_span(tmp_path, officia
         assert into_b[0].service == "svc-a"
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("official", MODES)
 def test_streaming_response_spans_stay_in_the_request_trace(tmp_path, official):
     with services(tmp_path, [("svc-stream", "app", [*RELAY, *official])]) as (svc,):
@@ -100,6 +102,7 @@ def test_streaming_response_spans_stay_in_the_request_trace(tmp_path, official):
     assert len(entry) == (1 if official else 3)
 
 
+@pytest.mark.e2e
 def test_garbage_trace_headers_do_not_break_the_request(tmp_path):
     with services(tmp_path, [("svc-garbage", "app", [*RELAY, "--official"])]) as (svc,):
         response = httpx.get(

@@ -4,6 +4,7 @@ identity as baggage, to a real server process."""
 from __future__ import annotations
 
 import httpx
+import pytest
 from opentelemetry import baggage
 from opentelemetry import context as otel_context
 
@@ -13,6 +14,7 @@ from gymtrace import _constants as c
 from gymtrace.integrations.httpx import HttpxTransport
 
 
+@pytest.mark.e2e
 def test_outgoing_baggage_holds_gym_identity_only(tmp_path):
     with services(tmp_path, [("svc-echo", "app", list(RELAY))]) as (svc,):
         token = otel_context.attach(baggage.set_baggage("user.token", "secret"))

@@ -21,6 +21,9 @@ from gymtrace import _constants as c
 from gymtrace._model.spandata import SpanData, read_otlp_json_lines
 from gymtrace.testing import check_trace
 
+# A real Ray cluster (its GCS, raylet and workers) per module: left out of `scripts/test --quick`.
+pytestmark = pytest.mark.e2e
+
 pytest.importorskip("ray")
 
 SCENARIO = r"""

@@ -6,6 +6,7 @@ Heartbeats are short here (0.2-0.5 s) so the tests run in seconds; every wait is
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import signal
 import subprocess
@@ -192,6 +193,30 @@ def test_a_busy_rollout_beats_every_other_interval_an_idle_one_every_interval(he
 
 def _overdue_beats(captured: CapturedSpans) -> bool:
     return any(m.attributes.get(c.LIVE_OVERDUE) for m in captured.markers)
+
+
+def test_an_overdue_attempt_reads_stalled_whatever_marker_of_it_comes_after_the_overdue_beat() -> None:
+    # The deadline's beat is said the moment it passes; on a loaded machine the rollout's first
+    # marker, which carries no overdue flag, came after it (CI, the 3.12 leg): overdue belongs to
+    # the attempt, not to its newest marker.
+    _settings.override(heartbeat=1.0)
+    try:
+        with capture_spans() as captured:
+            with gymtrace.rollout(rollout_id="slow"), gymtrace.episode(timeout=0.05):
+                with gymtrace.step():
+                    assert _wait_for(lambda: _overdue_beats(captured), timeout=20)
+                markers = [from_readable(m) for m in captured.markers]
+                gymtrace.record_reward(1.0)
+    finally:
+        _settings.override(heartbeat=None)
+    beat = next(m for m in markers if m.attributes.get(c.LIVE_OVERDUE))
+    later = dataclasses.replace(
+        beat,
+        end_ns=max(m.end_ns for m in markers) + 1,
+        attributes={k: v for k, v in beat.attributes.items() if k != c.LIVE_OVERDUE},
+    )
+    rows = live_rollouts([*markers, later], now_ns=later.end_ns)
+    assert [(r.rollout_id, r.state) for r in rows] == [("slow", c.LIVE_STALLED)]
 
 
 def test_a_sync_episode_past_its_timeout_is_overdue_and_reads_stalled() -> None:

@@ -7,6 +7,8 @@ import json
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from child_process import run_python
 
 # Sets an in-memory reader on the global MeterProvider, runs BODY, and prints every data point with
@@ -435,3 +437,34 @@ with gymtrace.run(run_id="m"), gymtrace.rollout(rollout_id="reused", task_id="t"
     assert (stats["scored"], stats["unscored"]) == (1, 0)
     assert _completed(result) == {"scored": 1}
     assert _rewards(result) == (1, 0.5)
+
+
+TRAINING = """
+gymtrace.set_policy_version(0)
+with gymtrace.run(run_id="t"):
+    keys = []
+    for n in range(4):
+        with gymtrace.rollout(rollout_id=f"r{n}", group_id="g"), gymtrace.episode():
+            keys.append(gymtrace.current().join_keys())
+        if n == 1:
+            gymtrace.set_policy_version(2)
+    with gymtrace.train_step(step=1, policy_version=3):
+        gymtrace.consume(keys[0])
+        gymtrace.consume(keys[1], outcome="stale")
+        gymtrace.consume(keys[2], outcome="filtered", reason="zero_variance_group")
+        gymtrace.consume(keys[3])
+"""
+
+
+@pytest.mark.e2e  # a child process: the global MeterProvider can be set once per process
+def test_consumed_rollouts_are_counted_by_training_outcome_with_their_staleness(tmp_path: Path) -> None:
+    result = _run(tmp_path, TRAINING)
+    consumed = {
+        p["attributes"]["gym.rollout.training_outcome"]: p["value"]
+        for p in _points(result, "gym.rollout.consumed")
+    }
+    assert consumed == {"trained": 2, "stale": 1, "filtered": 1}
+    [staleness] = _points(result, "gym.rollout.staleness")
+    # r0, r1 started under version 0, r2 and r3 under 2; the step starts from 3.
+    assert staleness["unit"] == "{version}" and staleness["count"] == 4 and staleness["sum"] == 3 + 3 + 1 + 1
+    assert all(p["exemplar_traces"] for p in _points(result, "gym.rollout.consumed"))

@@ -132,6 +132,7 @@ def test_a_caller_that_sets_one_header_itself_is_left_alone(env_server, instrume
     assert response.status_code == 409  # never completed into a pair with another execution's half
 
 
+@pytest.mark.e2e
 def test_server_spans_carry_identity_and_nemo_aliases(tmp_path, monkeypatch):
     with services(tmp_path, NEMO_SERVER) as (server,):
         headers = {c.NEMO_GYM_ROLLOUT_HEADER: "t-9-r0", c.NEMO_GYM_ATTEMPT_HEADER: "2"}
@@ -142,6 +143,7 @@ def test_server_spans_carry_identity_and_nemo_aliases(tmp_path, monkeypatch):
     assert step.attributes[c.NEMO_GYM_ROLLOUT_ID] == "t-9-r0-a2"
 
 
+@pytest.mark.e2e
 def test_trusted_baggage_wins_over_nemo_headers_and_untrusted_headers_are_ignored(tmp_path, monkeypatch):
     monkeypatch.setenv("GYMTRACE_TRUST_IDENTITY", "none")
     with services(tmp_path, NEMO_SERVER) as (server,):

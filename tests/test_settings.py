@@ -256,6 +256,14 @@ def test_propagate_to_and_a_trace_directory_are_read_from_the_environment(
     assert _settings.reload().propagate_to == ()
 
 
+def test_a_trace_directory_given_to_configure_is_one_file_per_process_as_in_the_environment(
+    tmp_path: Path,
+) -> None:
+    settings = _settings.resolve(file=f"{tmp_path}/traces/")
+    assert settings.file is not None and Path(settings.file).parent == tmp_path / "traces"
+    assert Path(settings.file).name.endswith(f"-{os.getpid()}.jsonl")
+
+
 def test_a_backend_sends_otlp_http_protobuf_to_the_base_url_whatever_the_protocol_setting(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:

@@ -36,6 +36,7 @@ def _chain(tmp_path, official):
     return services(tmp_path, [("svc-a", "app", [*RELAY, *official]), ("svc-b", "app", [*RELAY, *official])])
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("official", OFFICIAL)
 @pytest.mark.parametrize("mode", ["none", "signed"])
 def test_spoofed_identity_is_never_stamped_returned_or_forwarded(tmp_path, monkeypatch, mode, official):
@@ -65,6 +66,7 @@ def test_spoofed_identity_is_never_stamped_returned_or_forwarded(tmp_path, monke
     assert {s.trace_id for s in spans} == {TRACEPARENT.split("-")[1]}
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("official", OFFICIAL)
 def test_identity_signed_with_the_shared_secret_is_believed_and_forwarded_signed(
     tmp_path, monkeypatch, official
@@ -94,6 +96,7 @@ def test_identity_signed_with_the_shared_secret_is_believed_and_forwarded_signed
     assert all(c.IDENTITY_SIGNATURE not in s.attributes for s in remote)
 
 
+@pytest.mark.e2e
 def test_default_without_a_secret_trusts_every_peer(tmp_path):
     with services(tmp_path, [("svc-a", "app", list(RELAY))]) as (a,):
         reply = httpx.get(f"{a.url}/work", headers={"baggage": "gym.rollout.id=r-1,gym.episode.attempt=2"})
@@ -117,6 +120,7 @@ HOSTILE = [
 REQUESTS_PER_CASE = 5
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("official", OFFICIAL)
 @pytest.mark.parametrize("mode", ["none", "signed", "all"])
 def test_hostile_headers_get_ordinary_answers_bounded_logs_and_no_spoofed_identity(
@@ -163,6 +167,7 @@ def test_hostile_headers_get_ordinary_answers_bounded_logs_and_no_spoofed_identi
     assert all(s.attributes.get(c.ROLLOUT_ID) != "r-4" for s in spans)
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize(
     ("official", "instrument"),
     [
@@ -185,6 +190,7 @@ def test_aiohttp_sends_gym_identity_and_never_the_applications_baggage(
     assert reply["downstream"]["identity"]["rollout_id"] == "r-local"
 
 
+@pytest.mark.e2e
 def test_the_official_aiohttp_instrumentor_alone_overwrote_identity_with_application_baggage(
     tmp_path,
 ):
@@ -196,6 +202,7 @@ def test_the_official_aiohttp_instrumentor_alone_overwrote_identity_with_applica
     assert c.ROLLOUT_ID not in reply["downstream"]["baggage"]
 
 
+@pytest.mark.e2e
 def test_duplicate_baggage_headers_give_the_server_span_and_the_handler_one_identity(tmp_path):
     headers = [
         ("traceparent", TRACEPARENT),
@@ -211,6 +218,7 @@ def test_duplicate_baggage_headers_give_the_server_span_and_the_handler_one_iden
     assert len(server) == 1
 
 
+@pytest.mark.e2e
 def test_one_extraction_per_request_with_the_official_middleware(tmp_path):
     # A malformed entry makes OpenTelemetry's baggage propagator log once per extraction.
     headers = {"traceparent": TRACEPARENT, "baggage": "gym.rollout.id=r-1,bad entry"}
@@ -230,6 +238,7 @@ def test_signature_and_allow_list_settings_come_from_configure():
         _trust.configure_trust(mode="some")
 
 
+@pytest.mark.e2e
 def test_allow_listed_application_baggage_is_forwarded_across_services_and_nothing_else(
     tmp_path, monkeypatch
 ):

@@ -33,6 +33,7 @@ from gymtrace._scopes.api import (
     seed_session,
     step,
     tool_call,
+    train_step,
     turn,
     verify,
 )
@@ -40,12 +41,14 @@ from gymtrace._scopes.attempts import Attempt, Attempts, attempts
 from gymtrace._scopes.frame import ActiveScope
 from gymtrace._scopes.record import (
     Current,
+    consume,
     current,
     current_scope,
     record_content,
     record_failure,
     record_reward,
     record_usage,
+    set_policy_version,
 )
 from gymtrace._scopes.scope import Scope
 from gymtrace._scopes.steps import StepPolicy
@@ -73,6 +76,7 @@ __all__ = [
     "attempts",
     "configure",
     "configure_content",
+    "consume",
     "current",
     "current_scope",
     "episode",
@@ -89,10 +93,12 @@ __all__ = [
     "rollout",
     "run",
     "seed_session",
+    "set_policy_version",
     "shutdown",
     "step",
     "testing",
     "tool_call",
+    "train_step",
     "turn",
     "verify",
 ]

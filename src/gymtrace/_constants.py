@@ -31,6 +31,14 @@ SPAN_OUTCOME: Final = "gym.outcome"
 # Readers of finished traces fold markers away; `gymtrace live` reads nothing else.
 KIND_LIVE: Final = "live"
 SPAN_LIVE: Final = "gym.live"
+# A trainer step (gymtrace.train_step): the root of its own trace, linked to its run, like a rollout.
+KIND_TRAIN_STEP: Final = "train_step"
+SPAN_TRAIN_STEP: Final = "gym.train_step"
+# A batch of the rollouts a train step consumed (gymtrace.consume): a child of the step, one per up to
+# CONSUMED_BATCH rollouts, with a link to each rollout and the per-rollout facts in parallel arrays,
+# so 8,192 consumed rollouts are all recorded under the SDK's default 128 links per span.
+KIND_CONSUMED: Final = "consumed"
+SPAN_CONSUMED: Final = "gym.consumed"
 
 ALL_KINDS: Final = (
     KIND_RUN,
@@ -45,6 +53,8 @@ ALL_KINDS: Final = (
     KIND_VERIFY,
     KIND_OUTCOME,
     KIND_LIVE,
+    KIND_TRAIN_STEP,
+    KIND_CONSUMED,
 )
 
 SPAN_RUN: Final = "gym.run"
@@ -72,6 +82,51 @@ INT_IDENTITY_KEYS: Final = frozenset({ROLLOUT_REPEAT, EPISODE_ATTEMPT})
 # Baggage entry beside the identity entries: their HMAC, when GYMTRACE_IDENTITY_SECRET is set
 # (gymtrace/_identity/trust.py). Never stamped on spans.
 IDENTITY_SIGNATURE: Final = "gym.sig"
+
+# -- training runs (docs/training.md) ---------------------------------------------------------------
+
+# The weights a span was generated under: on a rollout its start version (or its own
+# policy_version=), on every span below it the process's version when that span started
+# (gymtrace.set_policy_version), else the rollout's; on a train step the weights it starts from.
+# int or str.
+POLICY_VERSION: Final = "gym.policy.version"
+# On a rollout that ended under another version than it started with.
+POLICY_VERSION_END: Final = "gym.policy.version.end"
+GROUP_ID: Final = "gym.group.id"
+GROUP_SIZE: Final = "gym.group.size"
+# On a rollout: the train step it was generated for; on a train step (and its records): its number.
+TRAIN_STEP: Final = "gym.train.step"
+TRAINING_OUTCOME: Final = "gym.rollout.training_outcome"
+TRAINED: Final = "trained"
+FILTERED: Final = "filtered"
+STALE: Final = "stale"
+ABORTED: Final = "aborted"
+# (The fifth, "failed", is OUTCOME_FAILED below.)
+TRAINING_OUTCOMES: Final = (TRAINED, FILTERED, STALE, ABORTED, "failed")
+# A rollout no train step consumed, in a run that has train steps (readers only; never written).
+UNCONSUMED: Final = "unconsumed"
+STALENESS: Final = "gym.rollout.staleness"
+TRAIN_REASON: Final = "gym.train.reason"
+# What travels with the identity to the gym's other processes (and is stamped on every span below
+# a rollout) beside IDENTITY_KEYS: signed with them under gym.sig v2 (_identity/trust.py).
+TRAINING_KEYS: Final = (GROUP_ID, POLICY_VERSION)
+CARRIED_KEYS: Final = (*IDENTITY_KEYS, *TRAINING_KEYS)
+# On a consumed record (SPAN_CONSUMED): how many rollouts it holds, and per rollout, in one order,
+# its ID, its rollout span as "{trace_id}-{span_id}" ("" when the trainer did not know it), its
+# training outcome, its start policy version as text ("" unknown) and, when any entry has one, the
+# reason given ("" for none). Few arrays on purpose: the SDK checks every element of every array
+# attribute, a cost per consumed rollout.
+CONSUMED_COUNT: Final = "gym.consumed.count"
+CONSUMED_ROLLOUT_IDS: Final = "gym.consumed.rollout_ids"
+CONSUMED_SPANS: Final = "gym.consumed.rollout_spans"
+CONSUMED_OUTCOMES: Final = "gym.consumed.outcomes"
+CONSUMED_REASONS: Final = "gym.consumed.reasons"
+CONSUMED_VERSIONS: Final = "gym.consumed.policy_versions"
+# A bare rollout ID consume() could not resolve in this process (the reader resolves it: the most
+# recent rollout of that ID in the run not yet consumed): "1" per such entry, else "".
+CONSUMED_BY_ID: Final = "gym.consumed.by_id"
+# Rollouts per consumed record: the SDK's default link limit per span.
+CONSUMED_BATCH: Final = 128
 
 # -- outcome and structure ---------------------------------------------------------------------------
 
@@ -164,6 +219,9 @@ METRIC_ROLLOUT_REWARD: Final = "gym.rollout.reward"
 METRIC_EPISODE_COMPLETED: Final = "gym.episode.completed"
 METRIC_EPISODE_DURATION: Final = "gym.episode.duration"
 METRIC_STEP_DURATION: Final = "gym.step.duration"
+METRIC_ROLLOUT_STALENESS: Final = "gym.rollout.staleness"
+METRIC_ROLLOUT_CONSUMED: Final = "gym.rollout.consumed"
+UNIT_VERSION: Final = "{version}"
 UNIT_ROLLOUT: Final = "{rollout}"
 UNIT_EPISODE: Final = "{episode}"
 UNIT_SECONDS: Final = "s"

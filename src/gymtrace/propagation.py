@@ -65,6 +65,7 @@ from gymtrace._identity.carriers import (
 )
 from gymtrace._model.errors import GymTraceError, contract_problem, guard, internal_error
 from gymtrace._scopes import tracing as _tracing
+from gymtrace._scopes import training as _training
 from gymtrace._scopes.frame import (
     CARRIER_FORMAT,
     DISABLED_KIND,
@@ -132,6 +133,10 @@ def with_identity(
     ctx = context if context is not None else otel_context.get_current()
     inside = _trust.may_carry_identity(destination)
     identity = _identity_of(ctx) if inside else {}
+    version = _training.version
+    if version is not None and c.ROLLOUT_ID in identity:
+        # The version a span started here now records: the process's, as the work goes on there.
+        identity = {**identity, c.POLICY_VERSION: version}
     step_base = _reserve_step(ctx) if inside and reserve_step else None
     allow = _trust.allowed_baggage()
     kept = {}

@@ -48,6 +48,8 @@ from gymtrace._model.errors import set_strict, strict_override
 from gymtrace._model.spandata import SpanData, from_readable
 from gymtrace._read.check import check_spans
 from gymtrace._read.render import render_tree
+from gymtrace._scopes import consumed as _consumed
+from gymtrace._scopes import training as _training
 from gymtrace._scopes.tracing import pop_provider, push_provider
 from gymtrace._sdk.setup import make_id_generator
 from gymtrace._sdk.setup import reset as reset_setup
@@ -165,6 +167,9 @@ def reset() -> None:
     environment is read again, so a variable a test set with ``monkeypatch.setenv`` applies. The
     next ``configure()`` starts fresh, except for what it cannot undo: the global TracerProvider,
     which OpenTelemetry lets a process set once, keeps the resource (``service.name``) and sampler
-    it was created with.
+    it was created with. The process's policy version (``set_policy_version``) is forgotten too,
+    with the rollouts remembered for a train step's bare-ID ``consume()``.
     """
     reset_setup()
+    _training.set_policy_version(None)
+    _consumed.forget()

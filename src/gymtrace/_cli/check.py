@@ -15,6 +15,7 @@ def run(args: argparse.Namespace) -> int:
         lost_notes,
         missing_service_notes,
         rerun_notes,
+        training_notes,
     )
     from gymtrace._read.outcomes import final_outcomes
 
@@ -38,12 +39,18 @@ def run(args: argparse.Namespace) -> int:
     outside = sum(
         1
         for s in spans
-        if s.attributes.get(c.KIND) not in (None, c.KIND_RUN)
+        if s.attributes.get(c.KIND) not in (None, c.KIND_RUN, c.KIND_TRAIN_STEP, c.KIND_CONSUMED)
         and not isinstance(s.attributes.get(c.ROLLOUT_ID), str)
     )
     if outside:
         # Not a violation (a run's own work, a service's spans), but not vouched for either.
         print(f"  - {outside} gym spans carry no rollout identity: no outcome rule applies to them")
-    for note in [*awaiting, *rerun_notes(spans), *lost_notes(spans), *missing_service_notes(spans)]:
+    for note in [
+        *awaiting,
+        *rerun_notes(spans),
+        *lost_notes(spans),
+        *missing_service_notes(spans),
+        *training_notes(spans),
+    ]:
         print(f"  - {note}")
     return 0

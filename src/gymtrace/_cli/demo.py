@@ -26,6 +26,8 @@ def run(args: argparse.Namespace) -> int:
         return 2
     if args.distributed:
         return _demo_distributed(args)
+    if args.training:
+        return _demo_training(args)
 
     from gymtrace._read.render import render_tree
     from gymtrace.demo.local import run_local
@@ -46,6 +48,52 @@ def run(args: argparse.Namespace) -> int:
         print(f"  - {problem}")
     print(f"spans written to: {', '.join(result.targets)}")
     print(f"look again with: gymtrace tree {result.file} --run {result.run_id}")
+    return 1 if result.problems else 0
+
+
+def _demo_training(args: argparse.Namespace) -> int:
+    import json
+
+    from gymtrace._cli.stats import _by_line
+    from gymtrace._read.outcomes import final_outcomes
+    from gymtrace._read.training import finish_rows, read_training, run_stats, step_stats
+    from gymtrace.demo.training import run_training
+
+    if args.workers < 1 or args.steps < 1:
+        print("gymtrace demo --training: --workers and --steps must be at least 1", file=sys.stderr)
+        return 2
+    run_id = args.run_id or f"grpo-{uuid.uuid4().hex[:8]}"
+    file = args.file or default_file()
+    result = run_training(
+        run_id=run_id,
+        file=file,
+        workers=args.workers,
+        steps=args.steps,
+        endpoint=args.endpoint,
+        protocol=args.protocol,
+    )
+    outcomes = final_outcomes(result.spans)
+    training = read_training(result.spans, outcomes)
+    finish_rows(training, outcomes)
+    services = sorted({s.service for s in result.spans})
+    print(
+        f"training run {run_id} finished in {result.elapsed:.2f}s: {len(outcomes)} rollouts from"
+        f" {result.workers} worker processes, {len(result.steps)} train steps, {len(result.spans)} spans"
+        f" ({', '.join(services)})"
+    )
+    for body in [*step_stats(training), *run_stats(training, outcomes)]:
+        print("  " + (json.dumps(body) if args.quiet else _by_line(body)))
+    print("what the trainer did, recorded beside the trace:")
+    for step in result.steps:
+        counts = ", ".join(f"{n} {name}" for name, n in sorted(step.outcomes.items()))
+        print(
+            f"  step {step.step} (policy {step.policy_version}): {counts}; wasted {step.wasted_seconds:.4f}s"
+        )
+    print(f"contract check: {'OK' if not result.problems else f'{len(result.problems)} problem(s)'}")
+    for problem in result.problems:
+        print(f"  - {problem}")
+    print(f"spans written to: {file}")
+    print(f"look again with: gymtrace stats --by train_step {file} --run {run_id}")
     return 1 if result.problems else 0
 
 

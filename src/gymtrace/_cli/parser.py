@@ -34,6 +34,16 @@ def make_parser() -> argparse.ArgumentParser:
     demo.add_argument(
         "--distributed", action="store_true", help="run agent, model and environment as separate processes"
     )
+    demo.add_argument(
+        "--training",
+        action="store_true",
+        help="an asynchronous GRPO run: rollout workers in processes, a trainer consuming their rollouts"
+        " (read it with `gymtrace stats --by train_step`)",
+    )
+    demo.add_argument(
+        "--workers", type=int, default=2, help="--training: rollout worker processes (default: 2)"
+    )
+    demo.add_argument("--steps", type=int, default=3, help="--training: train steps (default: 3)")
 
     service = sub.add_parser(
         "demo-service", help="serve one service of `demo --distributed` (which starts them itself)"
@@ -67,7 +77,8 @@ def make_parser() -> argparse.ArgumentParser:
     rollouts.add_argument(
         "--json",
         action="store_true",
-        help="one JSON object per line (run_id, task_id, rollout_id, repeat, outcome, reward, attempts, ...)",
+        help="one JSON object per line (run_id, task_id, rollout_id, repeat, outcome, reward, attempts,"
+        " group_id, policy_version, consumed_by, training_outcome, staleness, ...)",
     )
 
     stats = sub.add_parser("stats", help="per run: rollouts scored and unscored, mean reward, pass@k")
@@ -88,6 +99,12 @@ def make_parser() -> argparse.ArgumentParser:
         "--json",
         action="store_true",
         help="one JSON object per run (run_id, scored, unscored, inputs, mean_reward, ...)",
+    )
+    stats.add_argument(
+        "--by",
+        choices=("train_step", "policy_version", "group"),
+        help="a training run, per train step (consumed, outcomes, wasted work, staleness; then a line"
+        " per run: the share of rollout time wasted), per policy version or per group",
     )
     stats.add_argument(
         "--pass-k",

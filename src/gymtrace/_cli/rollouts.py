@@ -10,15 +10,19 @@ from gymtrace._cli.common import print_table, read_spans
 
 
 def run(args: argparse.Namespace) -> int:
-    from gymtrace._read.outcomes import final_outcomes
+    from gymtrace._read.outcomes import dedupe, final_outcomes
+    from gymtrace._read.training import finish_rows, read_training
 
-    outcomes = final_outcomes(read_spans(args), run_id=args.run)
+    spans = read_spans(args)
+    outcomes = final_outcomes(spans, run_id=args.run)
     if not outcomes:
         print("no rollouts found", file=sys.stderr)
         return 1
     if args.json:
+        training = read_training(dedupe(spans), outcomes)
+        finish_rows(training, outcomes)
         for o in outcomes:
-            print(json.dumps(o.as_json()))
+            print(json.dumps({**o.as_json(), **training.row(o).as_json()}))
         return 0
     rows = [
         (

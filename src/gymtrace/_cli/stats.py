@@ -8,11 +8,14 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
+from gymtrace import _constants as c
 from gymtrace._cli.common import read_spans
 
 if TYPE_CHECKING:
+    from gymtrace._model.spandata import SpanData
+    from gymtrace._read.outcomes import RolloutOutcome
     from gymtrace._read.passk import PassK
     from gymtrace._read.stats import RunStats
 
@@ -25,7 +28,10 @@ def run(args: argparse.Namespace) -> int:
     if args.pass_k is not None and args.pass_k < 1:
         print("gymtrace stats: --pass-k must be at least 1", file=sys.stderr)
         return 2
-    outcomes = final_outcomes(read_spans(args), run_id=args.run)
+    spans = read_spans(args)
+    outcomes = final_outcomes(spans, run_id=args.run)
+    if args.by is not None:
+        return _by(args, spans, outcomes)
     stats = summarise(
         outcomes=outcomes, failed_as_zero=args.failed_as_zero, pass_threshold=args.pass_threshold
     )
@@ -47,6 +53,78 @@ def run(args: argparse.Namespace) -> int:
         if pass_k is not None:
             _print_pass_k(pass_k)
     return 0
+
+
+def _by(args: argparse.Namespace, spans: list[SpanData], outcomes: list[RolloutOutcome]) -> int:
+    """``--by train_step|policy_version|group``: one object (or line) per step, version or group."""
+    from gymtrace._read.outcomes import dedupe
+    from gymtrace._read.training import (
+        finish_rows,
+        group_stats,
+        read_training,
+        run_stats,
+        step_stats,
+        version_stats,
+    )
+
+    training = read_training(dedupe(spans), outcomes)
+    finish_rows(training, outcomes)
+    if args.run is not None:
+        training.consumptions = [e for e in training.consumptions if e.run_id == args.run]
+        training.steps = [s for s in training.steps if s.attributes.get(c.RUN_ID) == args.run]
+        training.training_runs = {r for r in training.training_runs if r == args.run}
+    if args.by == "train_step":
+        objects = step_stats(training)
+        runs = run_stats(training, outcomes)
+    elif args.by == "policy_version":
+        objects, runs = version_stats(training, outcomes), []
+    else:
+        objects, runs = group_stats(training, outcomes), []
+    if not objects and not runs:
+        print(f"no {args.by.replace('_', ' ')}s found", file=sys.stderr)
+        return 1
+    for body in [*objects, *runs]:
+        print(json.dumps(body) if args.json else _by_line(body))
+    return 0
+
+
+def _number(value: object) -> str:
+    if value is None:
+        return "-"
+    return f"{value:.4g}" if isinstance(value, float) else str(value)
+
+
+def _by_line(body: dict[str, Any]) -> str:
+    run = body.get("run_id") or "(no run)"
+    if "train_step" in body:
+        outcomes = ", ".join(f"{n} {name}" for name, n in body["outcomes"].items() if n)
+        slowest = body["slowest"]
+        return (
+            f"run {run} step {_number(body['train_step'])} (policy {_number(body['policy_version'])}):"
+            f" {body['consumed']} consumed ({outcomes or 'none'}); wasted {_number(body['wasted_seconds'])}s,"
+            f" {body['wasted_output_tokens']} output tokens; staleness p50 {_number(body['staleness_p50'])}"
+            f" max {_number(body['staleness_max'])}; mean reward trained {_number(body['mean_reward_trained'])}"
+            + (f"; slowest {slowest['rollout_id']} {_number(slowest['seconds'])}s" if slowest else "")
+        )
+    if "wasted_share" in body:
+        share = body["wasted_share"]
+        return (
+            f"run {run}: {'-' if share is None else f'{share:.1%}'} of {_number(body['rollout_seconds'])}"
+            f" rollout-seconds not trained on; {body['unconsumed']} rollouts unconsumed"
+        )
+    if "policy_version" in body:
+        return (
+            f"run {run} policy {_number(body['policy_version'])}: {body['rollouts']} rollouts, mean reward"
+            f" {_number(body['mean_reward'])}, {body['output_tokens']} output tokens,"
+            f" {body['ended_under_newer']} ended under a newer version"
+        )
+    outcomes = ", ".join(f"{n} {name}" for name, n in body["outcomes"].items())
+    return (
+        f"run {run} group {body['group_id']}: {body['members']} of {_number(body['group_size'])} seen,"
+        f" mean reward {_number(body['mean_reward'])} std {_number(body['reward_std'])}"
+        + (" (zero variance)" if body["zero_variance"] else "")
+        + (f"; {outcomes}" if outcomes else "")
+    )
 
 
 def _print_pass_k(pass_k: PassK, indent: str = "  ") -> None:

@@ -11,6 +11,7 @@ from gymtrace import _constants as c
 from gymtrace._identity.carriers import identity_from_context
 from gymtrace._model.errors import guard
 from gymtrace._otel_private.spanfields import SkipsOwnSpans, attribute_dict
+from gymtrace._scopes import training as _training
 from gymtrace._scopes.frame import FRAME_KEY, ActiveScope
 
 _ON_START_GUARD = guard("IdentitySpanProcessor.on_start")
@@ -65,6 +66,10 @@ class IdentitySpanProcessor(SkipsOwnSpans):
                 return
             if not identity:
                 return
+            version = _training.version
+            if version is not None and c.ROLLOUT_ID in identity:
+                # Below a rollout: the process's policy version as this span starts.
+                identity = {**identity, c.POLICY_VERSION: version}
             span.set_attributes(identity)
             if derive is not None:
                 span.set_attributes(derive(identity))

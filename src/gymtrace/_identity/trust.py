@@ -16,6 +16,13 @@ peer can neither change, add nor drop an entry without the secret. It does not c
 context: a caller that captured a signed header can replay that same identity (see docs/distributed.md).
 Senders sign whenever they have a secret, whatever they trust themselves. Several secrets,
 comma-separated, verify; the first signs (key rotation).
+
+Signature versions: ``v1.`` covers ``IDENTITY_KEYS`` only. A training run's identity also carries a
+group ID and a policy version (``TRAINING_KEYS``), which decide staleness and group statistics, so
+they are signed too: an identity with either is signed ``v2.``, over ``CARRIED_KEYS`` (the same
+lines, the training keys after the others). An identity without them is signed ``v1.`` exactly as
+before, so peers that know only v1 keep verifying evaluation runs; a ``v1.`` signature still
+verifies here, and then only the keys it covers are believed (training keys beside it are dropped).
 """
 
 from __future__ import annotations
@@ -39,6 +46,7 @@ TRUST_SIGNED = _settings.TRUST_SIGNED
 SIGNATURE_KEY = c.IDENTITY_SIGNATURE
 
 _SIGNATURE_VERSION = "v1."
+_SIGNATURE_V2 = "v2."
 _SIGNATURE_CHARS = 22  # 128 bits of the HMAC: forging stays out of reach, the header stays short
 
 # Signatures of the identities this process sends, per secret set (a process sends the same few
@@ -104,13 +112,20 @@ def reset_trust() -> None:
     _settings.override(trust_identity=None, identity_secrets=None, baggage_allow=None)
 
 
-def _message(identity: Mapping[str, object]) -> bytes:
-    return "\n".join(f"{k}={identity[k]}" for k in c.IDENTITY_KEYS if k in identity).encode()
+def _message(identity: Mapping[str, object], keys: tuple[str, ...] = c.IDENTITY_KEYS) -> bytes:
+    return "\n".join(f"{k}={identity[k]}" for k in keys if k in identity).encode()
 
 
-def _mac(secret: str, identity: Mapping[str, object]) -> str:
+def _mac(secret: str, identity: Mapping[str, object], v2: bool = False) -> str:
+    if v2:
+        digest = hmac.new(secret.encode(), _message(identity, c.CARRIED_KEYS), hashlib.sha256).digest()
+        return _SIGNATURE_V2 + base64.urlsafe_b64encode(digest).decode()[:_SIGNATURE_CHARS]
     digest = hmac.new(secret.encode(), _message(identity), hashlib.sha256).digest()
     return _SIGNATURE_VERSION + base64.urlsafe_b64encode(digest).decode()[:_SIGNATURE_CHARS]
+
+
+def _has_training(identity: Mapping[str, object]) -> bool:
+    return any(k in identity for k in c.TRAINING_KEYS)
 
 
 def signature(identity: Mapping[str, str | int]) -> str | None:
@@ -126,7 +141,7 @@ def signature(identity: Mapping[str, str | int]) -> str | None:
     key = tuple(identity.items())
     sig = cache.get(key)
     if sig is None:
-        sig = _mac(secrets[0], identity)
+        sig = _mac(secrets[0], identity, _has_training(identity))
         if len(cache) > 4096:
             cache.clear()
         cache[key] = sig
@@ -134,9 +149,17 @@ def signature(identity: Mapping[str, str | int]) -> str | None:
 
 
 def verified(identity: Mapping[str, str | int], sig: object) -> bool:
-    if not isinstance(sig, str) or not sig.startswith(_SIGNATURE_VERSION):
+    """Whether ``sig`` signs ``identity``: a ``v2.`` signature all of it, a ``v1.`` one the keys
+    it covers (:func:`accept` then drops the training keys, which it does not cover)."""
+    if not isinstance(sig, str):
         return False
-    return any(hmac.compare_digest(_mac(s, identity), sig) for s in _settings.active.identity_secrets)
+    if sig.startswith(_SIGNATURE_V2):
+        v2 = True
+    elif sig.startswith(_SIGNATURE_VERSION):
+        v2 = False
+    else:
+        return False
+    return any(hmac.compare_digest(_mac(s, identity, v2), sig) for s in _settings.active.identity_secrets)
 
 
 def accept(
@@ -153,6 +176,9 @@ def accept(
     if mode == TRUST_ALL:
         return identity
     if mode == TRUST_SIGNED and verified(identity, sig):
+        if isinstance(sig, str) and sig.startswith(_SIGNATURE_VERSION) and _has_training(identity):
+            # A v1 signature does not cover the training keys: believe only what it signs.
+            return {k: v for k, v in identity.items() if k not in c.TRAINING_KEYS}
         return identity
     return {}
 

@@ -115,14 +115,29 @@ def clean_value(key: str, raw: object) -> str | int | None:
 
 
 def clean_identity(entries: Mapping[str, object]) -> dict[str, str | int]:
-    """Keep the gym identity keys whose values are valid (see :func:`clean_value`)."""
+    """Keep the gym identity keys whose values are valid (see :func:`clean_value`), and the
+    training keys that travel with them (a group ID, a policy version: :func:`read_version`)."""
     identity: dict[str, str | int] = {}
-    for key in c.IDENTITY_KEYS:
+    for key in c.CARRIED_KEYS:
         if key in entries:
-            value = clean_value(key, entries[key])
+            raw = entries[key]
+            value = read_version(raw) if key == c.POLICY_VERSION else clean_value(key, raw)
             if value is not None:
                 identity[key] = value
     return identity
+
+
+def read_version(text: object) -> int | str | None:
+    """A version from text (baggage, a consumed record, a join key): canonical decimal integers
+    (``7``, ``-2``; not ``07``) are ints, other valid text stays text, anything else is None."""
+    if isinstance(text, int) and not isinstance(text, bool):
+        return text
+    if not isinstance(text, str) or id_problem(text) is not None:
+        return None
+    body = text[1:] if text.startswith("-") else text
+    if body.isascii() and body.isdigit() and len(body) <= 18 and str(int(text)) == text:
+        return int(text)
+    return text
 
 
 def episode_id(rollout_id: str, attempt: int) -> str:

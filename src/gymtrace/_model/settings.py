@@ -251,6 +251,8 @@ def resolve(
         path = None
     elif file is not None and file is not True:
         path = os.fspath(file)
+        if path.endswith(("/", os.sep)):  # a directory, as GYMTRACE_FILE=DIR/: one file per process
+            path = os.path.join(path, process_file_name())
     elif read.raw(env.GYMTRACE_FILE):
         path = environ[env.GYMTRACE_FILE]
         if path.endswith(("/", os.sep)):

@@ -40,11 +40,14 @@ def _tag_value(tag: Mapping[str, Any]) -> Any:
     return value
 
 
-def _inferred_relation(tags: Mapping[str, Any]) -> str:
-    """A link's relation guessed from the span it starts at (when v3 cannot say)."""
+def _inferred_relation(tags: Mapping[str, Any]) -> str | None:
+    """A link's relation guessed from the span it starts at (when v3 cannot say); None: it has none
+    (a train step's consumed record links to the rollouts it holds, with no attributes)."""
     kind = tags.get(c.KIND)
-    if kind == c.KIND_ROLLOUT:
+    if kind in (c.KIND_ROLLOUT, c.KIND_TRAIN_STEP):
         return c.RELATION_RUN
+    if kind == c.KIND_CONSUMED:
+        return None
     if kind == c.KIND_OUTCOME:
         return c.RELATION_OUTCOME
     return c.RELATION_RESTORE if tags.get(c.EPISODE_RESTORED) is True else c.RELATION_RETRY
@@ -112,8 +115,9 @@ def spans_from_jaeger(trace: Mapping[str, Any]) -> list[SpanData]:
                 parent = ref["spanID"]
             else:
                 links.append(LinkData(ref["traceID"].rjust(32, "0"), ref["spanID"], {}))
+        relation = _inferred_relation(tags)
         links = [
-            LinkData(link.trace_id, link.span_id, {c.LINK_RELATION: _inferred_relation(tags)})
+            LinkData(link.trace_id, link.span_id, {c.LINK_RELATION: relation} if relation else {})
             for link in links
         ]
         events = []

@@ -133,9 +133,12 @@ def _read(
             service, instance = server, ""
     seen = max(last.end_ns, progress)
     attempt = max(read_int(s.attributes.get(c.EPISODE_ATTEMPT), 0) for s in [*markers, *rest])
-    overdue = (
-        bool(last.attributes.get(c.LIVE_OVERDUE))
-        and read_int(last.attributes.get(c.EPISODE_ATTEMPT), 0) == attempt
+    # Past its timeout, an attempt stays overdue: any of its markers says so. The deadline's own
+    # beat is said the moment it passes, so on a loaded machine the rollout's first marker (which
+    # never carries it) can come after it.
+    overdue = any(
+        m.attributes.get(c.LIVE_OVERDUE) and read_int(m.attributes.get(c.EPISODE_ATTEMPT), 0) == attempt
+        for m in markers
     )
     idle_s = max(0.0, (now_ns - progress) / 1e9)
     if interval > 0 and now_ns - seen > LOST_AFTER_BEATS * interval * 1e9:

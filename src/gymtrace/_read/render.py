@@ -28,6 +28,8 @@ if c.KIND_OUTCOME not in _SHOWN:  # an outcome record is no level (docs/results.
         (c.OUTCOME_SOURCE, "source"),
         *_ALWAYS_SHOWN,
     )
+# A train step's consumed record: how many rollouts it holds.
+_SHOWN.setdefault(c.KIND_CONSUMED, ((c.CONSUMED_COUNT, "rollouts"), *_ALWAYS_SHOWN))
 # Another library's span (no gym.kind): whatever of the levels' attributes it carries (token counts
 # on a model SDK's chat span).
 _FOREIGN_SHOWN = tuple(dict.fromkeys(pair for shown in _SHOWN.values() for pair in shown))
@@ -54,6 +56,10 @@ def describe(span: SpanData, parent: SpanData | None, *, services: bool) -> str:
             parts.append(f"{short}={value:g}" if isinstance(value, float) else f"{short}={value}")
     if span.status == "ERROR":
         parts.append(f"ERROR({attrs.get(c.ERROR_TYPE) or span.status_message or 'error'})")
+    if kind == c.KIND_CONSUMED and span.links:
+        # Up to 128 links, one per rollout: a count, not a line of IDs.
+        parts.append(f"->{len(span.links)} rollout spans")
+        return " ".join(p for p in parts if p)
     for link in span.links:
         relation = link.attributes.get(c.LINK_RELATION, "link")
         parts.append(f"<-{relation} {link.span_id}")

@@ -22,6 +22,7 @@ from opentelemetry.trace import SpanContext
 from gymtrace import _constants as c
 from gymtrace._model.outcome_rule import CANCELLED, COMPLETED, FAILED, Attempt, Decision, Facts, decide
 from gymtrace._scopes.state import EpisodeState, RolloutState, StepCounter
+from gymtrace._scopes.training import TrainState
 
 if TYPE_CHECKING:
     from typing_extensions import Self
@@ -61,6 +62,7 @@ class Activation:
         "step_timing",
         "thread",
         "token",
+        "train_state",
         "unsampled",
     )
 
@@ -81,6 +83,8 @@ class Activation:
         # A numbering owner's turn and step counters, continuation ranges and step statistics
         # (made at its first turn or step, or when a continuation or policy sets them).
         self.counter: StepCounter | None = None
+        # A train step's consumed rollouts not yet written (made by its level).
+        self.train_state: TrainState | None = None
         # A carrier or continuation headers were taken in this episode (or on this rollout outside
         # its episodes): the attempt's outcome may come from there (see hand_off()).
         self.handed_off = False

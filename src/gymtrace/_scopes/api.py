@@ -1,4 +1,4 @@
-"""The ten gym levels as public functions.
+"""The gym levels as public functions (the ten of an episode, and the train step).
 
 Each returns a :class:`~gymtrace._scopes.scope.Scope` usable as ``with``, ``async with`` and
 ``@scope(...)``, or decorates directly when given a function (``@gymtrace.step``). Arguments are
@@ -25,6 +25,8 @@ R = TypeVar("R")
 # An identity argument: the value itself, or a callable applied to the decorated function's arguments.
 Str = str | Callable[..., str] | None
 Int = int | Callable[..., int] | None
+# A policy version: an int (or an integer-like: numpy, torch scalars) or a str, or a callable.
+Version = int | str | Callable[..., int | str] | None
 Attributes = Mapping[str, Any] | Callable[..., Mapping[str, Any]] | None
 
 
@@ -106,7 +108,15 @@ def run(func: Any = None, /, *, run_id: Str = None, attributes: Attributes = Non
 def rollout(func: Callable[P, R], /) -> Callable[P, R]: ...
 @overload
 def rollout(
-    *, rollout_id: Str = None, task_id: Str = None, repeat: Int = None, attributes: Attributes = None
+    *,
+    rollout_id: Str = None,
+    task_id: Str = None,
+    repeat: Int = None,
+    group_id: str | int | Callable[..., str | int] | None = None,
+    group_size: Int = None,
+    train_step: Int = None,
+    policy_version: Version = None,
+    attributes: Attributes = None,
 ) -> Scope: ...
 def rollout(
     func: Any = None,
@@ -115,17 +125,39 @@ def rollout(
     rollout_id: Str = None,
     task_id: Str = None,
     repeat: Int = None,
+    group_id: str | int | Callable[..., str | int] | None = None,
+    group_size: Int = None,
+    train_step: Int = None,
+    policy_version: Version = None,
     attributes: Attributes = None,
 ) -> Any:
     """One sample of one task (``gym.rollout``); ``repeat`` is its index within ``num_repeats``.
 
     By default the rollout span is the root of its own trace, linked to its run.
+
+    In a training run: ``group_id`` and ``group_size`` (``gym.group.id``, ``gym.group.size``) name
+    the group of samples of one prompt it belongs to, ``train_step`` (``gym.train.step``) the step
+    it is generated for, and ``policy_version`` the weights it is generated with, in place of the
+    process's (:func:`gymtrace.set_policy_version`). Each may be a callable of the decorated
+    function's arguments, like ``rollout_id``. ``gym.group.id`` and ``gym.policy.version`` are on
+    every span below it, in the gym's other processes too.
     """
-    if func is None and rollout_id is None and task_id is None and repeat is None and attributes is None:
+    training = group_id is not None or group_size is not None or train_step is not None
+    if (
+        func is None
+        and rollout_id is None
+        and task_id is None
+        and repeat is None
+        and attributes is None
+        and not training
+        and policy_version is None
+    ):
         return _BARE_ROLLOUT
     if (
         func is None
         and attributes is None
+        and not training
+        and policy_version is None
         and type(rollout_id) in _KEYABLE
         and type(task_id) in _KEYABLE
         and type(repeat) in _KEYABLE
@@ -139,10 +171,44 @@ def rollout(
                 {"rollout_id": rollout_id, "task_id": task_id, "repeat": repeat, "attributes": None},
             ),
         )
-    arguments = {"rollout_id": rollout_id, "task_id": task_id, "repeat": repeat, "attributes": attributes}
+    arguments: dict[str, Any] = {
+        "rollout_id": rollout_id,
+        "task_id": task_id,
+        "repeat": repeat,
+        "attributes": attributes,
+    }
+    if training or policy_version is not None:
+        arguments.update(
+            group_id=group_id, group_size=group_size, train_step=train_step, policy_version=policy_version
+        )
     if func is None:
         return Scope(c.KIND_ROLLOUT, arguments)
     return _build(c.KIND_ROLLOUT, func, "rollout_id", arguments)
+
+
+@overload
+def train_step(func: Callable[P, R], /) -> Callable[P, R]: ...
+@overload
+def train_step(
+    *, step: Int = None, policy_version: Version = None, attributes: Attributes = None
+) -> Scope: ...
+def train_step(
+    func: Any = None, /, *, step: Int = None, policy_version: Version = None, attributes: Attributes = None
+) -> Any:
+    """One trainer step (``gym.train_step``): ``step`` its number (``gym.train.step``; a callable of
+    the decorated function's arguments too), ``policy_version`` the weights it starts from (default:
+    the process's, :func:`gymtrace.set_policy_version`).
+
+    Like a rollout, it is the root of its own trace, linked to its run. Inside it,
+    :func:`gymtrace.consume` records each rollout it consumed (trained on or not), with staleness =
+    its policy version minus the rollout's start version.
+    """
+    return _build(
+        c.KIND_TRAIN_STEP,
+        func,
+        "step",
+        {"step": step, "policy_version": policy_version, "attributes": attributes},
+    )
 
 
 @overload

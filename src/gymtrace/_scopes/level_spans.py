@@ -28,7 +28,10 @@ from gymtrace._model.ids import episode_id
 from gymtrace._model.outcome_rule import warning_text
 from gymtrace._scopes import live as _live
 from gymtrace._scopes import metrics as _metrics
-from gymtrace._scopes.frame import ActiveScope, emit_lost_attempt, emit_outcome, read_carrier
+from gymtrace._scopes import training as _training
+from gymtrace._scopes.consumed import remember as _consumed_remember
+from gymtrace._scopes.consumed import write_consumed
+from gymtrace._scopes.frame import REMOTE_KIND, ActiveScope, emit_lost_attempt, emit_outcome, read_carrier
 from gymtrace._scopes.state import EpisodeState, RolloutState
 
 # What a level's prepare() returns: span name, start attributes, links, the context to start it in.
@@ -39,6 +42,11 @@ Prepare = Callable[[ActiveScope, dict[str, Any], otel_context.Context, Any], Pre
 
 def _base(frame: ActiveScope, values: dict[str, Any]) -> dict[str, Any]:
     attributes = {**frame.identity, c.KIND: frame.kind}
+    version = _training.version
+    if version is not None and c.ROLLOUT_ID in attributes:
+        # Below a rollout: the process's policy version as this span starts (a model call after a
+        # mid-rollout weight update shows the new one); without one, the rollout's, in identity.
+        attributes[c.POLICY_VERSION] = version
     extra = values.get("attributes")
     if extra:
         for key, value in extra.items():
@@ -54,6 +62,28 @@ def prepare_run(
     return c.SPAN_RUN, _base(frame, values), None, ctx
 
 
+def _run_of(frame: ActiveScope) -> ActiveScope | None:
+    """The run a rollout or train step opens in: the enclosing run scope, or a run of another process
+    whose context was carried here (a rollout worker that attached the trainer's run context: the
+    frame standing for it is the caller's run, not a rollout or episode).
+
+    A frame that names only a run stands for the caller's run span only when the span it continues
+    came from that caller (a remote span context). A run ID continued without one (NeMo Gym's resume
+    pass continues its run by ID alone) or under a span of this process (a server's own HTTP span,
+    where NeMo Gym's servers open the rollouts of an untraced driver) has no run span to link to:
+    a link there would point at nothing, or at a request, and the readers would take each such
+    target for a run of its own (``gymtrace stats`` one line per request)."""
+    parent = frame.parent
+    if parent is None:
+        return None
+    run = parent.nearest(c.KIND_RUN)
+    if run is None and parent.remote and parent.kind == REMOTE_KIND and c.RUN_ID in parent.identity:
+        carried = parent.span.get_span_context()
+        if carried.is_valid and carried.is_remote:
+            return parent
+    return run
+
+
 def prepare_rollout(
     frame: ActiveScope, values: dict[str, Any], ctx: otel_context.Context, source: Any
 ) -> Prepared:
@@ -63,18 +93,74 @@ def prepare_rollout(
         identity[c.TASK_ID] = values["task_id"]
     if "repeat" in values:
         identity[c.ROLLOUT_REPEAT] = values["repeat"]
+    process_version = _training.version
+    if "group_id" in values:
+        identity[c.GROUP_ID] = values["group_id"]
+    # Its own policy_version= overrides the process's, for the rollout (and, in a process that sets
+    # none, for the spans below it).
+    version = values.get("policy_version", process_version)
+    if version is not None:
+        identity[c.POLICY_VERSION] = version
     frame.identity = identity
-    frame.rollout_state = RolloutState(time_ns())
+    state = frame.rollout_state = RolloutState(time_ns())
+    state.policy_start = process_version
     _live.watch(frame)
-    links = None
-    start_context = ctx
-    run = frame.parent.nearest(c.KIND_RUN) if frame.parent is not None else None
-    if run is not None and not _settings.active.trace_per_run:
-        # One trace per rollout: the rollout is a trace root that links to its run. A root span in
-        # the run's trace would be invisible until the run ends (hours) and lost on a crash.
-        links = [Link(run.span.get_span_context(), {c.LINK_RELATION: c.RELATION_RUN})]
-        start_context = trace.set_span_in_context(trace.INVALID_SPAN, ctx)
-    return c.SPAN_ROLLOUT, _base(frame, values), links, start_context
+    links, start_context = _root_linked_to_run(frame, ctx)
+    attributes = _base(frame, values)
+    if version is not None:
+        attributes[c.POLICY_VERSION] = version  # its own, not the process's (_base)
+    if "group_size" in values:
+        attributes[c.GROUP_SIZE] = values["group_size"]
+    step = values.get("train_step")
+    if step is None and frame.parent is not None:
+        # Generated inside a train step (synchronous RL): generated for that step.
+        trainer = frame.parent.nearest(c.KIND_TRAIN_STEP)
+        step = trainer.identity.get(c.TRAIN_STEP) if trainer is not None else None
+    if step is not None:
+        attributes[c.TRAIN_STEP] = step
+    return c.SPAN_ROLLOUT, attributes, links, start_context
+
+
+def _root_linked_to_run(
+    frame: ActiveScope, ctx: otel_context.Context
+) -> tuple[list[Link] | None, otel_context.Context]:
+    """The links and start context of a rollout or train step: under a run (and one trace per
+    rollout), the root of its own trace with a link to the run, since a root span in the run's
+    trace would be invisible until the run ends (hours) and lost on a crash; else under ``ctx``."""
+    run = _run_of(frame)
+    if run is None or _settings.active.trace_per_run:
+        return None, ctx
+    links = [Link(run.span.get_span_context(), {c.LINK_RELATION: c.RELATION_RUN})]
+    return links, trace.set_span_in_context(trace.INVALID_SPAN, ctx)
+
+
+def prepare_train_step(
+    frame: ActiveScope, values: dict[str, Any], ctx: otel_context.Context, source: Any
+) -> Prepared:
+    """A trainer step: like a rollout, the root of its own trace, linked to its run (a run of 10^4
+    steps must not be one trace). Its policy version is the weights it starts from."""
+    identity = {k: v for k, v in frame.identity.items() if k == c.RUN_ID}
+    if "step" in values:
+        identity[c.TRAIN_STEP] = values["step"]
+    version = values.get("policy_version", _training.version)
+    if version is not None:
+        identity[c.POLICY_VERSION] = version  # gymtrace.current().policy_version inside the step
+    frame.identity = identity
+    frame.train_state = _training.TrainState(version)
+    links, start_context = _root_linked_to_run(frame, ctx)
+    attributes = _base(frame, values)
+    if version is not None:
+        attributes[c.POLICY_VERSION] = version
+    return c.SPAN_TRAIN_STEP, attributes, links, start_context
+
+
+def finish_train_step(frame: ActiveScope) -> None:
+    """Write the consumed rollouts not yet in a record, and how many it consumed in all."""
+    state = frame.train_state
+    if state is None:
+        return
+    write_consumed(frame, final=True)
+    frame.span.set_attribute(c.CONSUMED_COUNT, state.consumed)
 
 
 def prepare_episode(
@@ -267,12 +353,18 @@ def rollout_failed(frame: ActiveScope, exc: Exception) -> None:
 def finish_rollout(frame: ActiveScope) -> None:
     span = frame.span
     _live.unwatch(frame)
+    state = frame.rollout_state
+    now_version = _training.version
+    if state is not None and now_version is not None and now_version != state.policy_start:
+        # The process's weights changed while it ran: it ended under another version.
+        span.set_attribute(c.POLICY_VERSION_END, now_version)
     decision = frame.decision()
     span.set_attribute(c.ROLLOUT_ATTEMPTS, decision.attempts)
     span.set_attribute(c.ROLLOUT_OUTCOME, decision.outcome)
     if decision.reward is not None:
         span.set_attribute(c.REWARD, decision.reward)
     state = frame.rollout_state or frame._rollout()  # made by prepare_rollout
+    _training_ended(frame, state)
     if not state.counted:
         # Counted by this process (the rollout's owner) at the next collection, with the outcome
         # records written here meanwhile, as the readers decide (see _metrics).
@@ -287,6 +379,13 @@ def finish_rollout(frame: ActiveScope) -> None:
     if decision.discarded:
         # Last: in strict mode this raises, and the span above is complete by then.
         data_lost(GymTraceError(warning_text(frame.identity.get(c.ROLLOUT_ID), decision)))
+
+
+def _training_ended(frame: ActiveScope, state: RolloutState[ActiveScope]) -> None:
+    """Remember a rollout of a training run that ended here, so a train step of this process can
+    consume it by its bare ID (``_scopes/consumed.py``)."""
+    if c.GROUP_ID in frame.identity or c.POLICY_VERSION in frame.identity or state.policy_start is not None:
+        _consumed_remember(frame)
 
 
 def finish_verify(frame: ActiveScope) -> None:

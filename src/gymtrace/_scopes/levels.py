@@ -28,6 +28,7 @@ from gymtrace._model.errors import InvalidArgumentError
 from gymtrace._model.ids import check_id, check_index, report
 from gymtrace._scopes import metrics as _metrics
 from gymtrace._scopes import steps as _steps
+from gymtrace._scopes import training as _training
 from gymtrace._scopes.frame import ActiveScope
 from gymtrace._scopes.level_spans import NUMBERING_OWNERS as NUMBERING_OWNERS
 from gymtrace._scopes.level_spans import (
@@ -36,6 +37,7 @@ from gymtrace._scopes.level_spans import (
     finish_episode,
     finish_rollout,
     finish_step,
+    finish_train_step,
     finish_verify,
     prepare_episode,
     prepare_genai,
@@ -43,6 +45,7 @@ from gymtrace._scopes.level_spans import (
     prepare_phase,
     prepare_rollout,
     prepare_run,
+    prepare_train_step,
     rollout_failed,
 )
 from gymtrace._scopes.level_spans import genai_span_name as genai_span_name
@@ -167,10 +170,41 @@ LEVELS: Mapping[str, Level] = {
             c.KIND_ROLLOUT,
             rank=1,
             prepare=prepare_rollout,
-            arguments={"rollout_id": _an_id, "task_id": _an_id, "repeat": _an_index, **_ATTRIBUTES},
+            arguments={
+                "rollout_id": _an_id,
+                "task_id": _an_id,
+                "repeat": _an_index,
+                "group_id": _training.check_group_id,
+                "group_size": _a_number,
+                "train_step": _training.check_step,
+                "policy_version": _training.check_version,
+                **_ATTRIBUTES,
+            },
             finish=finish_rollout,
             failed=rollout_failed,
-            shown=((c.ROLLOUT_OUTCOME, "outcome"), (c.ROLLOUT_ATTEMPTS, "attempts"), (c.REWARD, "reward")),
+            shown=(
+                (c.ROLLOUT_OUTCOME, "outcome"),
+                (c.ROLLOUT_ATTEMPTS, "attempts"),
+                (c.REWARD, "reward"),
+                (c.GROUP_ID, "group"),
+                (c.POLICY_VERSION, "policy"),
+                (c.POLICY_VERSION_END, "policy_end"),
+            ),
+        ),
+        # A trainer step: beside the rollouts (the root of its own trace, linked to the run); in
+        # synchronous RL the rollouts it trains on are generated inside it.
+        Level(
+            c.KIND_TRAIN_STEP,
+            rank=1,
+            prepare=prepare_train_step,
+            arguments={
+                "step": _training.check_step,
+                "policy_version": _training.check_version,
+                **_ATTRIBUTES,
+            },
+            finish=finish_train_step,
+            may_contain=frozenset({c.KIND_ROLLOUT}),
+            shown=((c.TRAIN_STEP, "step"), (c.POLICY_VERSION, "policy"), (c.CONSUMED_COUNT, "consumed")),
         ),
         Level(
             c.KIND_EPISODE,

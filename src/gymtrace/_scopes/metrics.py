@@ -1,4 +1,4 @@
-"""Metrics beside the spans: the six fixed ``gym.*`` instruments, on the global MeterProvider.
+"""Metrics beside the spans: the fixed ``gym.*`` instruments, on the global MeterProvider.
 
 Example (what a dashboard reads; ``configure()`` exports them over OTLP next to the spans)::
 
@@ -54,6 +54,9 @@ EPISODE_BUCKETS = (0.1, 0.5, 1.0, 5.0, 15.0, 30.0, 60.0, 120.0, 300.0, 600.0, 90
 STEP_BUCKETS = (0.0001, 0.001, 0.005, 0.025, 0.1, 0.5, 1.0, 5.0, 15.0, 60.0, 300.0)
 # Rewards are usually in [0, 1]; the histogram's sum and count give the exact mean whatever they are.
 REWARD_BUCKETS = (0.0, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0)
+# Policy versions between a rollout's start and the step that consumed it: 0 on-policy, a few under
+# an off-policy limit; a negative one is a bug `gymtrace check` reports.
+STALENESS_BUCKETS = (-1.0, 0.0, 1.0, 2.0, 3.0, 4.0, 6.0, 8.0, 16.0, 32.0)
 
 
 # Checked by capability, once: opentelemetry-api before 1.28 has neither a measurement's
@@ -100,6 +103,17 @@ class _Instruments:
         )
         self.step_duration = histogram(
             c.METRIC_STEP_DURATION, c.UNIT_SECONDS, "Step wall time (GYMTRACE_STEP_METRICS)", STEP_BUCKETS
+        )
+        self.staleness = histogram(
+            c.METRIC_ROLLOUT_STALENESS,
+            c.UNIT_VERSION,
+            "Policy versions between a rollout's start and the train step that consumed it",
+            STALENESS_BUCKETS,
+        )
+        self.consumed = meter.create_counter(
+            c.METRIC_ROLLOUT_CONSUMED,
+            unit=c.UNIT_ROLLOUT,
+            description="Rollouts consumed by train steps, by training outcome",
         )
         # Observed, not added to: read from the open rollouts at each collection. Its callback also
         # hands what was gathered to the instruments above (see the module docstring). Made last:
@@ -215,6 +229,11 @@ class _Pending:
         self.episodes: collections.deque[tuple[str, str | None, float, trace.SpanContext]] = (
             collections.deque()
         )
+        # Consumed rollouts, per consumed record written: ({training outcome: count}, staleness
+        # values, the train step's span context).
+        self.consumed: collections.deque[tuple[dict[str, int], list[int], trace.SpanContext]] = (
+            collections.deque()
+        )
         self.table = threading.Lock()  # ended and records
         self.lock = threading.Lock()  # one hand-over at a time (a collection, force_flush, the thread)
 
@@ -296,6 +315,12 @@ def episode_ended(outcome: str, failure: str | None, seconds: float, span: trace
     _pending.episodes.append((outcome, failure, seconds, span.get_span_context()))
 
 
+def consumed(counts: dict[str, int], staleness: list[int], span_context: trace.SpanContext) -> None:
+    """A consumed record was written: counted at the next hand-over (one append here; an SDK
+    instrument call per consumed rollout would cost more than ``consume()`` may)."""
+    _pending.consumed.append((counts, staleness, span_context))
+
+
 def flush(made: _Instruments | None = None) -> None:
     """Hand everything gathered to the instruments now (a collection, ``force_flush``, exit)."""
     # Made outside the lock: making them registers with the SDK, under its own lock.
@@ -362,6 +387,17 @@ def _flush(pending: _Pending, keep: int | None, made: _Instruments) -> None:
             _EPISODE_OUTCOME.get(outcome) or {c.EPISODE_OUTCOME: outcome},
             **_with(_exemplar(offered, outcome, EPISODE_BUCKETS, seconds, span_context)),
         )
+    consumed: dict[str, tuple[int, trace.SpanContext]] = {}
+    while pending.consumed:
+        counts, staleness, span_context = pending.consumed.popleft()
+        for outcome, count in counts.items():
+            consumed[outcome] = (consumed.get(outcome, (0, span_context))[0] + count, span_context)
+        for value in staleness:
+            made.staleness.record(
+                value, **_with(_exemplar(offered, c.STALENESS, STALENESS_BUCKETS, value, span_context))
+            )
+    for outcome, (count, span_context) in consumed.items():
+        made.consumed.add(count, {c.TRAINING_OUTCOME: outcome}, **_with(_context(span_context)))
     if not (completed or episodes):
         return
     for outcome, (count, span_context) in completed.items():

@@ -75,6 +75,7 @@ def report_violation(kind: str, parent_kind: str, site: object) -> None:
         ("hierarchy", key, kind, parent_kind),
         HierarchyViolationError(
             f"{kind} opened inside {parent_kind} at {where}: gym levels nest run > rollout > episode >"
-            " seed_session/verify > agent_invocation > turn > step > model_call/tool_call"
+            " seed_session/verify > agent_invocation > turn > step > model_call/tool_call (a train_step"
+            " sits beside the rollouts, under the run, and may hold the rollouts it generates)"
         ),
     )

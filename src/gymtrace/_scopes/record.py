@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from opentelemetry import trace
 
@@ -18,6 +19,8 @@ from gymtrace import _content
 from gymtrace._model.errors import guard
 from gymtrace._model.ids import check_reward
 from gymtrace._model.numbers import read_int
+from gymtrace._scopes import training as _training
+from gymtrace._scopes.consumed import consume as _consume
 from gymtrace._scopes.frame import DISABLED_KIND, ActiveScope, current_frame, frame_for
 from gymtrace._scopes.levels import LEVELS
 
@@ -131,9 +134,16 @@ class Current:
     episode_id: str | None = None
     trace_id: str | None = None
     span_id: str | None = None
+    # In a training run: the rollout's group and policy version (its start version), and the
+    # rollout span's ID (what a train step's link to it needs: gymtrace.consume()).
+    group_id: str | None = None
+    policy_version: int | str | None = None
+    rollout_span_id: str | None = None
 
     def join_keys(self) -> dict[str, str | int]:
-        """The non-empty identity as ``{attribute name: value}``, plus ``trace_id``."""
+        """The non-empty identity as ``{attribute name: value}``, plus ``trace_id`` and, inside a
+        rollout of this process, ``rollout_span_id``: what :func:`gymtrace.consume` needs to name
+        this rollout unambiguously and link a train step to it."""
         keys: dict[str, str | int] = {}
         for name, value in (
             (c.RUN_ID, self.run_id),
@@ -142,7 +152,10 @@ class Current:
             (c.ROLLOUT_REPEAT, self.repeat),
             (c.EPISODE_ATTEMPT, self.attempt),
             (c.EPISODE_ID, self.episode_id),
+            (c.GROUP_ID, self.group_id),
+            (c.POLICY_VERSION, self.policy_version),
             ("trace_id", self.trace_id),
+            ("rollout_span_id", self.rollout_span_id),
         ):
             if value is not None:
                 keys[name] = value
@@ -159,6 +172,9 @@ def identity_of(frame: ActiveScope | None) -> Current:
     ids: Mapping[str, object] = frame.identity if frame is not None else {}
     span_context = frame.span.get_span_context() if frame is not None else None
     valid = span_context is not None and span_context.is_valid
+    rollout = frame.nearest(c.KIND_ROLLOUT) if frame is not None else None
+    rollout_span = rollout.span.get_span_context() if rollout is not None and not rollout.remote else None
+    version = ids.get(c.POLICY_VERSION)
     return Current(
         kind=frame.kind if frame is not None else None,
         run_id=_str(ids.get(c.RUN_ID)),
@@ -169,12 +185,47 @@ def identity_of(frame: ActiveScope | None) -> Current:
         episode_id=_str(ids.get(c.EPISODE_ID)),
         trace_id=trace.format_trace_id(span_context.trace_id) if valid and span_context else None,
         span_id=trace.format_span_id(span_context.span_id) if valid and span_context else None,
+        group_id=_str(ids.get(c.GROUP_ID)),
+        policy_version=version if isinstance(version, (int, str)) and not isinstance(version, bool) else None,
+        rollout_span_id=trace.format_span_id(rollout_span.span_id)
+        if rollout_span is not None and rollout_span.is_valid
+        else None,
     )
 
 
 def current() -> Current:
     """Identity and trace/span IDs of the innermost gym scope (all ``None`` outside one)."""
     return identity_of(current_frame())
+
+
+def set_policy_version(version: int | str | None) -> None:
+    """The weights this process generates with from now on: an ``int`` (integer-likes such as numpy
+    and torch scalars are taken through ``operator.index``) or a ``str``; ``None`` forgets it.
+
+    Every span that starts below a rollout from now on records it as ``gym.policy.version``; a
+    rollout records the version it started with, and ``gym.policy.version.end`` when it ends under
+    another one; a train step starts from it unless told otherwise. Call it where the weights
+    change (after a weight sync), in every process that generates.
+    """
+    with guard("set_policy_version"):
+        _training.set_policy_version(version)
+
+
+def consume(rollout: str | Mapping[str, Any], outcome: str = c.TRAINED, reason: str | None = None) -> None:
+    """Inside a train step: it consumed ``rollout``, with ``outcome`` (``gym.rollout.training_outcome``).
+
+    ``rollout``: the rollout's join keys (``gymtrace.current().join_keys()``, taken inside the
+    rollout and carried with its data to the trainer), or its bare rollout ID, which resolves to the
+    most recent rollout of that ID in the run not yet consumed (a warning when several match).
+    ``outcome``: ``trained``, ``filtered`` (e.g. a zero-variance group under dynamic sampling),
+    ``stale`` (past the off-policy limit), ``aborted`` (cut at a weight update) or ``failed``.
+    ``reason``: free text (``gym.train.reason``), e.g. ``zero_variance_group``.
+
+    Cheap (a few microseconds on the caller's thread): consumed rollouts are written in batches, as
+    ``gym.consumed`` children of the step that link to the rollouts, so a step can consume tens of
+    thousands of rollouts with none lost to the SDK's per-span limits.
+    """
+    _consume(rollout, outcome, reason)
 
 
 def current_scope() -> ActiveScope | None:

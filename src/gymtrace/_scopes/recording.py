@@ -233,7 +233,8 @@ def carrier(self: Activation) -> dict[str, Any]:
     rollout = self.nearest(c.KIND_ROLLOUT)
     episode = self.nearest(c.KIND_EPISODE)
     owner = rollout or episode or self
-    identity = {k: v for k, v in owner.identity.items() if k in ROLLOUT_IDENTITY}
+    # The rollout's group and policy version travel with it (gym.policy.version: its start version).
+    identity = {k: v for k, v in owner.identity.items() if k in ROLLOUT_IDENTITY or k in c.TRAINING_KEYS}
     if rollout is not None:
         state = rollout.rollout_state
         next_attempt = state.next_attempt if state is not None else 0

@@ -35,6 +35,7 @@ class RolloutState(Generic[_Frame]):
         "last_episode",
         "lost_attempt",
         "next_attempt",
+        "policy_start",
         "started_ns",
     )
 
@@ -55,6 +56,9 @@ class RolloutState(Generic[_Frame]):
         self.lost_attempt: tuple[int, str] | None = None
         # Counted in gym.rollout.completed here, once (_metrics).
         self.counted = False
+        # The process's policy version when it started (set_policy_version): ended under another
+        # one, it gets gym.policy.version.end.
+        self.policy_start: int | str | None = None
 
 
 class EpisodeState:

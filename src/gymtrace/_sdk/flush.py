@@ -13,6 +13,7 @@ from typing import Any
 
 from gymtrace._model import errors as _errors
 from gymtrace._model import settings as _settings
+from gymtrace._scopes import consumed as _consumed
 from gymtrace._scopes import live as _live
 from gymtrace._scopes import tracing as _tracing
 from gymtrace._scopes.tracing import current_provider
@@ -30,6 +31,8 @@ def force_flush(timeout_millis: int = 30000) -> bool:
     private one, else the global one. The ``gym.*`` counters gathered so far are handed to the
     global MeterProvider first (and exported, when it is the one ``configure()`` set).
     """
+    with _errors.guard("gymtrace.force_flush(): the gym.consumed records"):
+        _consumed.drain(timeout_millis / 1000)
     with _errors.guard("gymtrace.force_flush(): the gym.* metrics"):
         _live.flush_metrics()
         if _state.meter_provider is not None:
@@ -56,6 +59,8 @@ _live.send_markers = send_soon
 def flush_at_exit() -> None:
     # Each queue flushes within the GYMTRACE_FLUSH_TIMEOUT it was built with (read once, in
     # _processors); an exit is no time to parse the environment again.
+    with _errors.guard("the exit flush of the gym.consumed records", may_raise=False):
+        _consumed.drain(_settings.active.flush_timeout)
     stage = _state.stage
     if stage is not None:
         late = []
@@ -105,6 +110,8 @@ def shutdown() -> None:
     The global TracerProvider stays (OpenTelemetry allows setting it once per process); until the
     next ``configure()`` its spans are not exported.
     """
+    with _errors.guard("gymtrace.shutdown(): the gym.consumed records", may_raise=False):
+        _consumed.drain(_settings.active.flush_timeout)
     with _state.lock:
         if _state.stage is not None:
             _state.stage.shutdown()

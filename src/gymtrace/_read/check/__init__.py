@@ -14,7 +14,13 @@ from collections.abc import Iterable
 from typing import Any
 
 from gymtrace._model.spandata import normalize
-from gymtrace._read.check.notes import awaiting_outcomes, lost_notes, missing_service_notes, rerun_notes
+from gymtrace._read.check.notes import (
+    awaiting_outcomes,
+    lost_notes,
+    missing_service_notes,
+    rerun_notes,
+    training_notes,
+)
 from gymtrace._read.check.rollouts import check_rollouts
 from gymtrace._read.check.spans import (
     Problem,
@@ -27,6 +33,7 @@ from gymtrace._read.check.spans import (
     check_rewards_inside_rollouts,
     check_shared_run_ids,
 )
+from gymtrace._read.check.training import check_training
 from gymtrace._read.outcomes import dedupe
 
 __all__ = [
@@ -36,6 +43,7 @@ __all__ = [
     "lost_notes",
     "missing_service_notes",
     "rerun_notes",
+    "training_notes",
 ]
 
 # Examples shown per rule before "... and N more".
@@ -56,6 +64,7 @@ def check_spans(spans: Iterable[Any], *, limit: int | None = EXAMPLES) -> list[s
     problems += check_rollouts(index)
     problems += check_episode_links(index)
     problems += check_numbering(index)
+    problems += check_training(data)
     return _limit(problems, limit)
 
 

@@ -13,8 +13,10 @@ from collections.abc import Iterable
 from typing import Any
 
 from gymtrace import _constants as c
-from gymtrace._model.spandata import SpanData, is_marker
-from gymtrace._read.outcomes import final_outcomes, interrupted
+from gymtrace._model.spandata import SpanData, is_marker, normalize
+from gymtrace._read.check.training import is_training, training_of
+from gymtrace._read.outcomes import dedupe, final_outcomes, interrupted
+from gymtrace._read.training import training_notes as notes_of
 
 
 def _rollout_ids(spans: Iterable[Any], outcome: str) -> list[str]:
@@ -95,3 +97,10 @@ def missing_service_notes(spans: Iterable[Any]) -> list[str]:
                 " the rollout), or wrote them elsewhere"
             )
     return notes
+
+
+def training_notes(spans: Iterable[Any]) -> list[str]:
+    """Rollout IDs a train step consumed that no rollout of the input has: a note, not a violation
+    (a tail sampler may have kept the step and dropped the rollout)."""
+    data = dedupe(normalize(spans))
+    return notes_of(training_of(data)) if is_training(data) else []
