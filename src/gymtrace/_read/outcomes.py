@@ -467,9 +467,8 @@ def lost_attempts(
     is ``root`` ran it again (NeMo Gym re-runs them under the same attempt number after
     ``+resume_from_cache=true``): the attempt of its interrupted spans (``cut``, of its trace), and
     of its live ``markers`` from a process that never said the rollout ended, all over before
-    ``root`` started. A span cut
-    off from the root in the middle of the rollout is a process that wrote its file elsewhere, not
-    a lost attempt."""
+    ``root`` started. A span cut off from the root in the middle of the rollout is a process that
+    wrote its file elsewhere, not a lost attempt."""
     lost: set[int] = set()
     for span in cut:
         if span.attributes.get(c.ROLLOUT_ID) == rollout_id and span.end_ns <= root.start_ns:
