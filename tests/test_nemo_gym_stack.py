@@ -89,6 +89,8 @@ class Stack:
     head: str  # the head server override: a free port, not NeMo Gym's fixed default 11000
     agent: str = AGENT
     data: Path = DATA
+    # `gym env start`, in a process group of its own: the servers (and the model server).
+    servers: subprocess.Popen[bytes] | None = None
 
     def eval_run(self, name: str, *extra: str, limit: int, traced: bool = True) -> Path:
         """``gym eval run`` over ``limit`` tasks x 2 repeats into ``<root>/<name>/rollouts.jsonl``."""
@@ -193,15 +195,19 @@ def _stack(
     data: Path,
     *,
     relative: bool = False,
+    root: Path | None = None,
 ) -> Iterator[Stack]:
-    root = tmp_path_factory.mktemp("nemo_gym_stack")
+    # A given root: a stack started again over what a killed one left (its traces, its outputs).
+    root = root or tmp_path_factory.mktemp("nemo_gym_stack")
     traces, headers, fail_flag = root / "traces", root / "upstream_headers.jsonl", root / "fail"
     hang_flag = root / "hang"
     # One venv for every server: NeMo Gym would otherwise build a uv venv per server.
     for server in SERVERS:
-        (root / "venvs" / server).mkdir(parents=True)
-        (root / "venvs" / server / ".venv").symlink_to(sys.prefix)
+        (root / "venvs" / server).mkdir(parents=True, exist_ok=True)
+        if not (root / "venvs" / server / ".venv").is_symlink():
+            (root / "venvs" / server / ".venv").symlink_to(sys.prefix)
     port_file = root / "upstream.port"
+    port_file.unlink(missing_ok=True)
     upstream = subprocess.Popen(
         [
             sys.executable,
@@ -264,7 +270,7 @@ def _stack(
                 start_new_session=True,
             )
         _wait_for(log, "All 4 / 4 servers ready", servers, START_TIMEOUT_S)
-        yield Stack(root, traces, headers, fail_flag, hang_flag, env, head, agent, data)
+        yield Stack(root, traces, headers, fail_flag, hang_flag, env, head, agent, data, servers)
     finally:
         if servers is not None:
             _stop(servers)
@@ -586,6 +592,16 @@ def test_a_killed_pass_leaves_lost_rollouts_and_its_resume_never_lands_in_the_de
     assert all(r["outcome"] == "scored" for r in rollouts.values()), rollouts
     (stats,) = stack.json_lines("stats", str(stack.traces), "--run", run_id)
     assert stats["mean_reward"] == pytest.approx(_nemo_mean(output)) and "lost" not in stats
+    # The killed pass stays visible (issue 43): NeMo Gym re-ran 3-0 and 3-1 at attempt 0, and the
+    # killed execution is a lost attempt 0 of each, marked beside the one that scored, counted in
+    # stats; the rollouts the killed pass finished lost nothing. check passes, noting the
+    # interrupted spans.
+    lost = {k: r["lost_attempts"] for k, r in rollouts.items() if r["lost_attempts"]}
+    assert lost == {"3-0": [0], "3-1": [0]}, rollouts
+    assert {r["attempts"] for r in rollouts.values()} == {1}
+    assert stats["lost_attempts"] == 2, stats
+    check = stack.cli("check", str(stack.traces))
+    assert check.returncode == 0, check.stdout
     spans = read_otlp_json_lines(stack.traces)
     by_id = {s.span_id: s for s in spans}
     for key in ("3-0", "3-1"):
@@ -606,6 +622,70 @@ def test_a_killed_pass_leaves_lost_rollouts_and_its_resume_never_lands_in_the_de
                 under[span.attributes.get("gym.kind")] += 1
         # NeMo Gym recorded one seed, 2 model calls and 1 verify for the rollout: so does the trace.
         assert (under["seed_session"], under["model_call"], under["verify"]) == (1, 2, 1), (key, dict(under))
+
+
+def test_a_run_whose_every_process_was_killed_reads_its_killed_pass_as_lost_attempts_after_the_resume(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> None:
+    # Issue 43: driver, servers and model server SIGKILLed at once while task 3's rollouts were in
+    # a model call (nothing runs an exit handler), then the stack started again and the run resumed.
+    first = _stack(tmp_path_factory, "example_single_tool_call", AGENT, DATA)
+    stack = next(first)
+    try:
+        stack.hang_flag.touch()  # task 3's first model call hangs in the model server
+        command, env, output = stack.eval_command("all-killed", "+route_failures_to_sidecar=true", limit=4)
+        seen = Path(f"{stack.hang_flag}.seen")
+        driver = subprocess.Popen(
+            command,
+            cwd=stack.root,
+            env=env,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            start_new_session=True,
+        )
+        try:
+            deadline = time.monotonic() + EVAL_TIMEOUT_S
+            while seen.read_text().count("hung") < 2 if seen.exists() else True:
+                assert time.monotonic() < deadline and driver.poll() is None, "task 3 never reached the model"
+                time.sleep(0.25)
+            time.sleep(1.5)  # a heartbeat of the driver, and the servers' batches of what had ended
+            assert stack.servers is not None
+            for group in (driver.pid, stack.servers.pid):
+                os.killpg(group, signal.SIGKILL)  # as a node lost, or an OOM kill of the job
+            driver.wait(timeout=30)
+            stack.servers.wait(timeout=30)
+        finally:
+            if driver.poll() is None:
+                os.killpg(driver.pid, signal.SIGKILL)
+            stack.hang_flag.unlink(missing_ok=True)
+    finally:
+        first.close()  # the fake upstream provider (not part of the run) stops too
+    run_id = _run_of(stack, output)
+
+    second = _stack(tmp_path_factory, "example_single_tool_call", AGENT, DATA, root=stack.root)
+    stack = next(second)
+    try:
+        stack.eval_run("all-killed", "+route_failures_to_sidecar=true", "+resume_from_cache=true", limit=4)
+    finally:
+        second.close()
+    stack.settle()
+    assert _run_of(stack, output) == run_id
+    rollouts = {r["rollout_id"]: r for r in stack.json_lines("rollouts", str(stack.traces), "--run", run_id)}
+    assert set(rollouts) == _keys(_nemo_rows(output))
+    assert all(r["outcome"] == "scored" for r in rollouts.values()), rollouts
+    # The killed pass is what it was: attempt 0 of 3-0 and 3-1, lost, kept under its number (DESIGN
+    # section 8: the attempt is _ng_attempt_index, absent: 0) beside the resumed attempt 0 that scored.
+    lost = {k: r["lost_attempts"] for k, r in rollouts.items() if r["lost_attempts"]}
+    assert lost == {"3-0": [0], "3-1": [0]}, rollouts
+    assert {r["attempts"] for r in rollouts.values()} == {1}
+    (stats,) = stack.json_lines("stats", str(stack.traces), "--run", run_id)
+    assert stats["lost_attempts"] == 2 and "lost" not in stats, stats
+    assert stats["mean_reward"] == pytest.approx(_nemo_mean(output))
+    # check: no violation from what the killed processes had exported, a note with their count.
+    check = stack.cli("check", str(stack.traces))
+    assert check.returncode == 0, check.stdout
+    for key in ("3-0", "3-1"):
+        assert f"rollout {key}: " in check.stdout and "interrupted span(s)" in check.stdout, check.stdout
 
 
 def _gym_ancestors(span: Any, by_id: dict[str, Any]) -> set[str]:

@@ -385,6 +385,10 @@ STEP_KEPT_RAISED: Final = "raised"
 SCORE_REWARD: Final = "reward"  # the MLflow assessment / Phoenix span annotation of a rollout's reward
 SCORE_SOURCE: Final = "gymtrace"  # its MLflow source_id and Phoenix identifier: one score per rollout
 SCORE_ATTEMPT: Final = "gym.rollout.attempt"  # score metadata: the attempt the reward is from
+# `gymtrace push` into an experiment/project other than the one already holding a trace: the trace
+# goes under an ID derived from (original ID, experiment), and each of its spans carries the original
+# (the ID the files and `join_keys()` hold); MLflow shows it as a trace tag, Phoenix in the metadata.
+PUSH_ORIGINAL_TRACE_ID: Final = "gym.push.original_trace_id"
 # MLflow: span type, trace tags (a root span's "mlflow.traceTag.<key>" attributes), trace name,
 # session (any span's session.id becomes the trace's mlflow.trace.session metadata).
 MLFLOW_SPAN_TYPE: Final = "mlflow.spanType"

@@ -275,6 +275,12 @@ class BatchExporter:
                 return
             self._idle.wait(remaining)
 
+    def send_soon(self) -> None:
+        """Send what is queued now, without waiting for it (live markers: ``_scopes.live``); not
+        while backing off from a failed export, which the next try is timed for."""
+        if not self._backoff:
+            self._wake.set()
+
     def force_flush(self, timeout_millis: int = 30000) -> bool:
         """Wait until everything queued now was handed to the exporter; False on timeout."""
         deadline = time.monotonic() + timeout_millis / 1000
