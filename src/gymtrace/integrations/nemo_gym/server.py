@@ -174,6 +174,9 @@ class NeMoGymServerMiddleware:
             # takes the gym.* entries the extraction put into the baggage (issue 31). The rollout
             # gets a run of this server's own, so repeated servers-only runs do not pool.
             run = {c.RUN_ID: _servers_only_runs.run_for(found, self.server_name)}
+            # A caller's trace context came without gym identity (a trainer that drives NeMo Gym
+            # with telemetry of its own): the rollout links to its span, never joins its trace.
+            ctx = instrumentation.note_caller(ctx, headers)
             return instrumentation.continue_scope(ctx, run), phase, found, receive
         return instrumentation.continue_scope(ctx, identity), phase, None, receive
 
