@@ -60,7 +60,7 @@ def test_a_trainers_request_gets_a_rollout_of_its_own_trace_linked_to_the_traine
     trainer_out = tmp_path / "trainer.ndjson"
     extra = [*RELAY, "--official"] if official else list(RELAY)
     with services(gym_dir, [("gym-env", "app", extra)]) as (gym,):
-        done = run_python(TRAINER, gym.url, str(trainer_out), str(PROMPTS), str(SAMPLES), timeout=120)
+        done = run_python(TRAINER, "http", gym.url, str(trainer_out), str(PROMPTS), str(SAMPLES), timeout=120)
         assert done.returncode == 0, done.stderr
     gym_spans = read_services(gym_dir)
     trainer = _trainer_spans(trainer_out)
@@ -195,4 +195,23 @@ def test_a_request_without_a_trace_context_keeps_its_rollout_under_the_http_span
     rollout = captured.one(c.KIND_ROLLOUT)
     assert rollout.parent is not None and rollout.parent.span_id == request.get_span_context().span_id
     assert list(rollout.links) == []
-    assert trace.get_current_span().get_span_context().is_valid is False
+
+
+def test_a_train_step_opened_inside_the_trainers_own_step_span_is_its_own_trace_linked_to_it(
+    captured: CapturedSpans,
+) -> None:
+    # gymtrace.train_step inside NeMo RL's rl.grpo.step: the step's consumed records stay in a
+    # trace of gymtrace's, and Jaeger goes from it to NeMo RL's step.
+    foreign = captured.tracer_provider.get_tracer("nemo_rl.telemetry")
+    with gymtrace.run(run_id="R") as run:
+        with foreign.start_as_current_span("rl.grpo.step", context=otel_context.Context()) as step:
+            with gymtrace.train_step(step=1, policy_version=1):
+                gymtrace.consume({c.RUN_ID: "R", c.ROLLOUT_ID: "0-0", c.POLICY_VERSION: 0})
+    train_step = captured.one(c.KIND_TRAIN_STEP)
+    assert train_step.parent is None
+    assert _links(train_step) == [
+        (run.span.get_span_context().trace_id, run.span.get_span_context().span_id, c.RELATION_RUN),
+        (step.get_span_context().trace_id, step.get_span_context().span_id, c.RELATION_CALLER),
+    ]
+    (consumed,) = captured.by_kind(c.KIND_CONSUMED)
+    assert consumed.context.trace_id == train_step.context.trace_id != step.get_span_context().trace_id
