@@ -215,3 +215,27 @@ def test_a_train_step_opened_inside_the_trainers_own_step_span_is_its_own_trace_
     ]
     (consumed,) = captured.by_kind(c.KIND_CONSUMED)
     assert consumed.context.trace_id == train_step.context.trace_id != step.get_span_context().trace_id
+
+
+def test_with_one_trace_per_run_a_rollout_under_a_trainers_span_stays_in_the_runs_trace_linked_to_it(
+    captured: CapturedSpans,
+) -> None:
+    from gymtrace._scopes.levels import set_trace_per
+
+    set_trace_per("run")
+    try:
+        foreign = captured.tracer_provider.get_tracer("nemo_rl.telemetry")
+        with gymtrace.run(run_id="R") as run:
+            with foreign.start_as_current_span(
+                "rl.grpo.collect_rollouts", context=otel_context.Context()
+            ) as batch:
+                with gymtrace.rollout(rollout_id="0-0"):
+                    pass
+    finally:
+        set_trace_per("rollout")
+    rollout = captured.one(c.KIND_ROLLOUT)
+    assert rollout.parent is not None and rollout.parent.span_id == run.span.get_span_context().span_id
+    assert rollout.context.trace_id == run.span.get_span_context().trace_id
+    assert _links(rollout) == [
+        (batch.get_span_context().trace_id, batch.get_span_context().span_id, c.RELATION_CALLER)
+    ]

@@ -140,13 +140,17 @@ def _root_linked_to_run(
     run = _run_of(frame)
     if run is not None and caller is not None and run.span.get_span_context().trace_id == caller.trace_id:
         run = None  # a stand-in frame made for the caller's request, not a run of gymtrace's
+    caller_link = Link(caller, {c.LINK_RELATION: c.RELATION_CALLER}) if caller is not None else None
     if run is not None and _settings.active.trace_per_run:
-        return None, ctx
+        # One trace per run: in the run's, even where a caller's span is current.
+        if caller_link is None:
+            return None, ctx
+        return [caller_link], trace.set_span_in_context(run.span, ctx)
     links = [Link(run.span.get_span_context(), {c.LINK_RELATION: c.RELATION_RUN})] if run is not None else []
-    if caller is not None:
+    if caller_link is not None:
         # After the run's link: the Jaeger reader, without link attributes (its v1 API), takes the
         # first link of a rollout for its run.
-        links.append(Link(caller, {c.LINK_RELATION: c.RELATION_CALLER}))
+        links.append(caller_link)
     if not links:
         return None, ctx
     return links, trace.set_span_in_context(trace.INVALID_SPAN, ctx)
