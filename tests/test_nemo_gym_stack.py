@@ -343,6 +343,28 @@ def test_a_traced_run_is_nemo_gyms_rollouts_one_trace_each_across_services(stack
         # The driver, the resources server (seed, tool, verify) and the model server at least.
         assert {"gym-eval-run", "example_single_tool_call", "policy_model"} <= names, (rollout_id, names)
 
+    # A task's repeats are one group: named by the run and the task, its size NeMo Gym's
+    # num_repeats (--num-repeats 2), on every span of its rollouts in every process.
+    for rollout in rollouts:
+        assert (rollout["group_id"], rollout["group_size"]) == (f"{run_id}/task-{rollout['task_id']}", 2)
+    spans = read_otlp_json_lines(stack.traces)
+    roots = [
+        s
+        for s in spans
+        if s.attributes.get("gym.kind") == "rollout" and s.attributes.get("gym.run.id") == run_id
+    ]
+    groups: dict[str, set[tuple[str, int]]] = defaultdict(set)
+    for root in roots:
+        groups[root.attributes["gym.task.id"]].add(
+            (root.attributes["gym.group.id"], root.attributes["gym.group.size"])
+        )
+    assert {task: len(found) for task, found in groups.items()} == {"0": 1, "1": 1, "2": 1, "3": 1}
+    assert len({found.pop() for found in groups.values()}) == 4  # each task a group of its own
+    for root in roots:
+        inside = [s for s in spans if s.trace_id == root.trace_id and "gym.rollout.id" in s.attributes]
+        assert {s.attributes.get("gym.group.id") for s in inside} == {root.attributes["gym.group.id"]}
+        assert {"example_single_tool_call", "policy_model"} <= {s.service for s in inside}
+
 
 def _caller(span: Any, by_id: dict[str, Any]) -> Any:
     """The nearest ancestor of ``span`` in another service: the span that sent its request."""
@@ -484,6 +506,8 @@ def test_a_failure_then_a_resume_pass_reads_as_a_second_attempt_of_the_same_roll
     assert [(link.span_id, link.attributes.get("gym.link.relation")) for link in by_attempt[1].links] == [
         (by_attempt[0].span_id, "retry")
     ]
+    # The resume pass's attempt is in the rollout's group too.
+    assert {e.attributes.get("gym.group.id") for e in episodes} == {f"{run_id}/task-1"}
 
     # The model call that failed upstream is a failed span in the failed attempt.
     failed_calls = [
@@ -612,6 +636,9 @@ def test_a_killed_pass_leaves_lost_rollouts_and_its_resume_never_lands_in_the_de
             and s.attributes.get("gym.rollout.id") == key
             and s.attributes.get("gym.run.id") == run_id
         ]
+        # Opened again by the resume pass, which counted no rows: its group's size is the fresh
+        # pass's, from the pass log.
+        assert (root.attributes["gym.group.id"], root.attributes["gym.group.size"]) == (f"{run_id}/task-3", 2)
         episodes = [
             s for s in spans if s.trace_id == root.trace_id and s.attributes.get("gym.kind") == "episode"
         ]
@@ -771,6 +798,10 @@ def test_the_servers_alone_trace_nemo_gyms_rollouts_each_pass_a_run_of_its_own(s
     # pass is a run of its own, not pooled with the first into one "(no run)".
     (first_run,) = {s.attributes.get("gym.run.id") for s in roots}
     assert first_run and first_run.startswith("example_single_tool_call_environment_server-"), first_run
+    # Each task's repeats are a group of that run; num_repeats is not on the wire, so no size.
+    for root in roots:
+        assert root.attributes["gym.group.id"] == f"{first_run}/task-{root.attributes['gym.task.id']}"
+        assert "gym.group.size" not in root.attributes
     before |= {s.span_id for s in roots}
     stack.eval_run("servers_only_again", limit=2, traced=False)
     again = [
@@ -785,6 +816,53 @@ def test_the_servers_alone_trace_nemo_gyms_rollouts_each_pass_a_run_of_its_own(s
         assert (stats[run_id]["scored"], stats[run_id]["mean_reward"]) == (4, 1.0), stats[run_id]
     rollouts = stack.json_lines("rollouts", str(stack.traces), "--run", second_run)
     assert {r["rollout_id"] for r in rollouts} == _keys(_nemo_rows(output))
+
+
+def test_a_trainer_that_traces_itself_gets_nemo_gyms_rollouts_as_traces_of_their_own_linked_to_its_batch(
+    stack: Stack,
+) -> None:
+    # A stand-in for NeMo RL with its telemetry on (tests/support/stand_in_trainer.py: its span
+    # and attribute names on the plain OpenTelemetry SDK) drives NeMo Gym through the entry points
+    # NeMo Gym gives trainers, its HTTP client sending the batch span's traceparent; the driver is
+    # not traced by gymtrace, the servers are.
+    before = {
+        s.span_id for s in read_otlp_json_lines(stack.traces) if s.attributes.get("gym.kind") == "rollout"
+    }
+    spans_out = stack.root / "trainer.ndjson"
+    env = {k: v for k, v in stack.env.items() if not k.startswith(("GYMTRACE_", "OTEL_"))}
+    head_port = stack.head.rsplit("=", 1)[1]
+    trainer_args = ["nemo-gym", head_port, str(spans_out), "2", "2", str(stack.data), stack.agent]
+    done = subprocess.run(
+        [sys.executable, str(SUPPORT / "stand_in_trainer.py"), *trainer_args],
+        cwd=stack.root,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=EVAL_TIMEOUT_S,
+    )
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    results = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
+    assert len(results) == 4, done.stdout[-3000:]
+    stack.settle()
+
+    trainer = [json.loads(line) for line in spans_out.read_text().splitlines() if line.strip()]
+    (batch,) = [t for t in trainer if t["name"] == "rl.grpo.collect_rollouts"]
+    trainer_trace = batch["context"]["trace_id"].removeprefix("0x")
+    batch_span = batch["context"]["span_id"].removeprefix("0x")
+    spans = read_otlp_json_lines(stack.traces)
+    roots = [s for s in spans if s.attributes.get("gym.kind") == "rollout" and s.span_id not in before]
+    assert sorted(s.attributes["gym.rollout.id"] for s in roots) == ["0-0", "0-1", "1-0", "1-1"]
+    for root in roots:
+        assert root.parent_id is None and root.trace_id != trainer_trace, root
+        assert [
+            (link.trace_id, link.span_id, link.attributes.get("gym.link.relation")) for link in root.links
+        ] == [(trainer_trace, batch_span, "caller")]
+        run_id = root.attributes["gym.run.id"]
+        assert root.attributes["gym.group.id"] == f"{run_id}/task-{root.attributes['gym.task.id']}"
+        below = {s.attributes.get("gym.kind") for s in spans if s.trace_id == root.trace_id}
+        assert {"episode", "seed_session", "model_call", "verify"} <= below, below
+    # The trainer's trace holds no gym span (only the servers' HTTP spans of its requests, if any).
+    assert not [s for s in spans if s.trace_id == trainer_trace and "gym.kind" in s.attributes]
 
 
 def test_the_whole_trace_directory_passes_check_and_no_upstream_request_carried_gym_identity(

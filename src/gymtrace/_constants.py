@@ -143,8 +143,9 @@ STEP_NUMBER: Final = "gym.step.number"
 HIERARCHY_VIOLATION: Final = "gym.hierarchy.violation"
 # Not in the fixed table: set on spans that were still open when the process was stopped.
 INTERRUPTED: Final = "gym.interrupted"
-# On a span link: why two episodes are linked (``retry`` or ``restore``), or ``run`` on the link
-# from a rollout root to its run.
+# On a span link: why two episodes are linked (``retry`` or ``restore``), ``run`` on the link
+# from a rollout root to its run, ``caller`` on the link from a rollout root to the span of a
+# caller outside the gym (a trainer) whose context reached it.
 LINK_RELATION: Final = "gym.link.relation"
 
 OUTCOME_SCORED: Final = "scored"
@@ -170,6 +171,9 @@ FAILURE_ERROR: Final = "error"
 RELATION_RETRY: Final = "retry"
 RELATION_RESTORE: Final = "restore"
 RELATION_RUN: Final = "run"
+# On a rollout's (or train step's) link to a span of another telemetry (a trainer's rollout-batch
+# span) that was current when it opened: it stays the root of its own trace (issue 44).
+RELATION_CALLER: Final = "caller"
 # On an outcome record's link to the episode it concludes.
 RELATION_OUTCOME: Final = "outcome"
 
