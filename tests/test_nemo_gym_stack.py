@@ -14,6 +14,7 @@ Gym that cannot import a failure; elsewhere it skips, naming the reason.
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import json
 import os
@@ -548,11 +549,13 @@ def test_a_failure_then_a_resume_pass_reads_as_a_second_attempt_of_the_same_roll
         assert (imported[key]["outcome"], imported[key]["attempts"]) == ("scored", 2)
 
 
-def test_a_killed_pass_leaves_lost_rollouts_and_its_resume_never_lands_in_the_dead_passs_spans(
-    stack: Stack,
-) -> None:
-    stack.hang_flag.touch()  # task 3's first model call hangs in the model server until removed
-    command, env, output = stack.eval_command("killed", "+route_failures_to_sidecar=true", limit=4)
+@contextlib.contextmanager
+def _eval_with_task_3_hung(stack: Stack, name: str) -> Iterator[tuple[subprocess.Popen[bytes], Path]]:
+    """An eval whose task 3's first model call hangs in the model server: yields the driver and
+    its output once both of task 3's rollouts wait there; on the way out the driver is killed if
+    still running and the hang released."""
+    stack.hang_flag.touch()
+    command, env, output = stack.eval_command(name, "+route_failures_to_sidecar=true", limit=4)
     seen = Path(f"{stack.hang_flag}.seen")
     driver = subprocess.Popen(
         command,
@@ -567,6 +570,17 @@ def test_a_killed_pass_leaves_lost_rollouts_and_its_resume_never_lands_in_the_de
         while seen.read_text().count("hung") < 2 if seen.exists() else True:
             assert time.monotonic() < deadline and driver.poll() is None, "task 3 never reached the model"
             time.sleep(0.25)
+        yield driver, output
+    finally:
+        if driver.poll() is None:
+            os.killpg(driver.pid, signal.SIGKILL)
+        stack.hang_flag.unlink(missing_ok=True)
+
+
+def test_a_killed_pass_leaves_lost_rollouts_and_its_resume_never_lands_in_the_dead_passs_spans(
+    stack: Stack,
+) -> None:
+    with _eval_with_task_3_hung(stack, "killed") as (driver, output):
         stack.settle()
         run_id = _run_of(stack, output)
 
@@ -592,10 +606,6 @@ def test_a_killed_pass_leaves_lost_rollouts_and_its_resume_never_lands_in_the_de
             ), live[key]
         os.killpg(driver.pid, signal.SIGKILL)  # as a scheduler's kill or an OOM would
         driver.wait(timeout=30)
-    finally:
-        if driver.poll() is None:
-            os.killpg(driver.pid, signal.SIGKILL)
-        stack.hang_flag.unlink(missing_ok=True)
     time.sleep(4)  # three heartbeat intervals without a beat: the driver is gone
     stack.settle()
 
@@ -659,32 +669,13 @@ def test_a_run_whose_every_process_was_killed_reads_its_killed_pass_as_lost_atte
     first = _stack(tmp_path_factory, "example_single_tool_call", AGENT, DATA)
     stack = next(first)
     try:
-        stack.hang_flag.touch()  # task 3's first model call hangs in the model server
-        command, env, output = stack.eval_command("all-killed", "+route_failures_to_sidecar=true", limit=4)
-        seen = Path(f"{stack.hang_flag}.seen")
-        driver = subprocess.Popen(
-            command,
-            cwd=stack.root,
-            env=env,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-            start_new_session=True,
-        )
-        try:
-            deadline = time.monotonic() + EVAL_TIMEOUT_S
-            while seen.read_text().count("hung") < 2 if seen.exists() else True:
-                assert time.monotonic() < deadline and driver.poll() is None, "task 3 never reached the model"
-                time.sleep(0.25)
+        with _eval_with_task_3_hung(stack, "all-killed") as (driver, output):
             time.sleep(1.5)  # a heartbeat of the driver, and the servers' batches of what had ended
             assert stack.servers is not None
             for group in (driver.pid, stack.servers.pid):
                 os.killpg(group, signal.SIGKILL)  # as a node lost, or an OOM kill of the job
             driver.wait(timeout=30)
             stack.servers.wait(timeout=30)
-        finally:
-            if driver.poll() is None:
-                os.killpg(driver.pid, signal.SIGKILL)
-            stack.hang_flag.unlink(missing_ok=True)
     finally:
         first.close()  # the fake upstream provider (not part of the run) stops too
     run_id = _run_of(stack, output)
