@@ -4,12 +4,16 @@ to its duration in integer nanoseconds. Figures are exact: the traces are built 
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import gymnasium
 import pytest
 
 import gymtrace
 from built_runs import BuiltRun
 from gymtrace import _constants as c
+from gymtrace._cli import main
 from gymtrace._read.timesplit import (
     ENV,
     MODEL,
@@ -258,3 +262,66 @@ def test_a_run_sums_its_rollouts_splits_and_shares() -> None:
     assert found["time_share"]["model"] == pytest.approx(0.5)
     assert found["rollout_seconds_p50"] == 2.0 and found["rollout_seconds_p99"] == 4.0
     assert run_times([], [])["time_split"] is None
+
+
+# -- what the readers print -------------------------------------------------------------------------
+
+
+def _lines(capsys: pytest.CaptureFixture[str], *argv: str) -> list[str]:
+    assert main(list(argv)) == 0
+    return capsys.readouterr().out.splitlines()
+
+
+def _two_rollouts(path: Path) -> Path:
+    """Rollout a: a failed attempt (0.4 ms model of 1 ms) and a scored one (0.3 ms model, 0.1 ms
+    verify of 1 ms), 3.002 ms end to end; rollout b: one episode, 2 ms tool of 4 ms, sampled in."""
+    run = BuiltRun("split")
+    a = run.rollout("a")
+    a.episode(0, 1_000, outcome=c.OUTCOME_FAILED, failure=c.FAILURE_INFRASTRUCTURE).child(
+        c.KIND_MODEL_CALL, 0, 400
+    )
+    second = a.episode(2_000, 3_000, reward=1.0)
+    second.child(c.KIND_MODEL_CALL, 2_000, 2_300)
+    second.child(c.KIND_VERIFY, 2_900, 3_000)
+    a.end(reward=1.0)
+    b = run.rollout("b", repeat=1)
+    b.episode(10_000, 14_000, reward=0.0).child(c.KIND_TOOL_CALL, 11_000, 13_000)
+    b.end(reward=0.0)
+    run.rollout("c", repeat=2).end(reward=0.5, detail=False, end_us=20_000)  # sampled out: no episode
+    return run.write(path)
+
+
+def test_rollouts_json_rows_carry_each_rollouts_split_summed_over_its_attempts(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = _two_rollouts(tmp_path / "run.jsonl")
+    rows = {r["rollout_id"]: r for r in map(json.loads, _lines(capsys, "rollouts", str(path), "--json"))}
+    assert rows["a"]["time_split"] == {
+        "model": 0.0007,
+        "tool": 0.0,
+        "env": 0.0,
+        "verify": 0.0001,
+        "other": 0.0012,
+    }
+    assert rows["b"]["time_split"] == {"model": 0.0, "tool": 0.002, "env": 0.0, "verify": 0.0, "other": 0.002}
+    assert rows["c"]["time_split"] is None
+
+
+def test_stats_gives_the_runs_split_its_shares_and_the_p50_p99_rollout_duration(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = _two_rollouts(tmp_path / "run.jsonl")
+    (body,) = map(json.loads, _lines(capsys, "stats", str(path), "--json"))
+    assert body["time_split"] == pytest.approx(
+        {"model": 0.0007, "tool": 0.002, "env": 0.0, "verify": 0.0001, "other": 0.0032}
+    )
+    assert body["time_share"]["tool"] == pytest.approx(0.002 / 0.006)
+    # Durations: a 3.002 ms, b 4.002 ms, c 20 ms (its root only): nearest rank.
+    assert body["rollout_seconds_p50"] == pytest.approx(0.004002)
+    assert body["rollout_seconds_p99"] == pytest.approx(0.020)
+    text = "\n".join(_lines(capsys, "stats", str(path)))
+    assert (
+        "time: model 0.0007s (12%), tool 0.002s (33%), env 0s (0%), verify 0.0001s (2%), other 0.0032s (53%)"
+        in text
+    )
+    assert "rollout duration p50 0.004002s, p99 0.02s" in text

@@ -310,3 +310,17 @@ def run_times(splits: Iterable[TimeSplit | None], durations: Iterable[float | No
         "rollout_seconds_p50": percentile(seconds, 50),
         "rollout_seconds_p99": percentile(seconds, 99),
     }
+
+
+def rollout_splits(
+    spans: Sequence[SpanData], outcomes: Iterable[Any], times: EpisodeTimes | None = None
+) -> dict[int, TimeSplit | None]:
+    """Per rollout outcome (by ``id()``, as ``_read.training`` keys its rows), its time split,
+    from ``spans`` (the episodes; their parts too unless ``times`` was collected elsewhere, as a
+    streaming reader does)."""
+    if times is None:
+        times = EpisodeTimes().add_spans(spans)
+    episodes = episodes_by_rollout(spans)
+    return {
+        id(o): rollout_split(o.root, episodes.get((o.trace_id, o.rollout_id), ()), times) for o in outcomes
+    }
