@@ -24,7 +24,7 @@ def run(args: argparse.Namespace) -> int:
     from gymtrace._read.outcomes import final_outcomes
     from gymtrace._read.passk import per_task
     from gymtrace._read.stats import members_of, summarise
-    from gymtrace._read.timesplit import rollout_seconds, rollout_splits, run_times
+    from gymtrace._read.timesplit import rollout_seconds, rollout_splits, run_times, times_text
 
     if args.pass_k is not None and args.pass_k < 1:
         print("gymtrace stats: --pass-k must be at least 1", file=sys.stderr)
@@ -54,7 +54,7 @@ def run(args: argparse.Namespace) -> int:
             print(json.dumps(body))
             continue
         print_stats(run, failed_as_zero=args.failed_as_zero)
-        print("  " + times_line(body))
+        print("  " + times_text(body))
         if pass_k is not None:
             _print_pass_k(pass_k)
     return 0
@@ -102,6 +102,8 @@ def _number(value: object) -> str:
 
 
 def _by_line(body: dict[str, Any]) -> str:
+    from gymtrace._read.timesplit import split_text
+
     run = body.get("run_id") or "(no run)"
     if "train_step" in body:
         outcomes = ", ".join(f"{n} {name}" for name, n in body["outcomes"].items() if n)
@@ -112,7 +114,7 @@ def _by_line(body: dict[str, Any]) -> str:
             f" {body['wasted_output_tokens']} output tokens; staleness p50 {_number(body['staleness_p50'])}"
             f" max {_number(body['staleness_max'])}; mean reward trained {_number(body['mean_reward_trained'])}"
             + (f"; slowest {slowest['rollout_id']} {_number(slowest['seconds'])}s" if slowest else "")
-            + (f"; time {_split_share_text(body['time_split'])}" if body.get("time_split") else "")
+            + (f"; time {split_text(body['time_split'])}" if body.get("time_split") else "")
         )
     if "wasted_share" in body:
         share = body["wasted_share"]
@@ -132,30 +134,6 @@ def _by_line(body: dict[str, Any]) -> str:
         f" mean reward {_number(body['mean_reward'])} std {_number(body['reward_std'])}"
         + (" (zero variance)" if body["zero_variance"] else "")
         + (f"; {outcomes}" if outcomes else "")
-    )
-
-
-def _seconds(value: float | None) -> str:
-    return "-" if value is None else f"{value:.4g}s"
-
-
-def split_text(split: dict[str, float] | None, share: dict[str, float] | None) -> str:
-    """``model 1.2s (40%), tool ...``: a time split and each part's share, on one line."""
-    if not split or not share:
-        return "no time split (no episode spans)"
-    return ", ".join(f"{name} {_seconds(split[name])} ({share[name]:.0%})" for name in c.SPLIT_PARTS)
-
-
-def _split_share_text(split: dict[str, float]) -> str:
-    whole = sum(split.values())
-    return split_text(split, {name: (v / whole if whole else 0.0) for name, v in split.items()})
-
-
-def times_line(body: dict[str, Any]) -> str:
-    """Where the run's rollout time went, and its p50 / p99 rollout duration."""
-    return (
-        f"time: {split_text(body['time_split'], body['time_share'])}; rollout duration"
-        f" p50 {_seconds(body['rollout_seconds_p50'])}, p99 {_seconds(body['rollout_seconds_p99'])}"
     )
 
 

@@ -36,7 +36,7 @@ from __future__ import annotations
 
 import math
 from array import array
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -212,16 +212,16 @@ class EpisodeTimes:
         flat = self._intervals.get(key, _NONE) if key is not None else _NONE
         steps_are_env = c.ENV_ID in episode.attributes
         found = []
-        step_ns = 0
+        steps: set[tuple[int, int]] = set()
         for i in range(0, len(flat), 3):
             part, start, end = flat[i], flat[i + 1], flat[i + 2]
             if part == STEP:
                 if not steps_are_env:
                     continue
                 part = ENV
-                step_ns += end - start
+                steps.add((start, end))  # once: a file appended to itself holds it twice
             found.append((part, start, end))
-        return found, step_ns
+        return found, sum(end - start for start, end in steps)
 
     def split(self, episode: SpanData) -> TimeSplit:
         """The time split of ``episode`` (an episode span) from the spans fed so far."""
@@ -324,3 +324,30 @@ def rollout_splits(
     return {
         id(o): rollout_split(o.root, episodes.get((o.trace_id, o.rollout_id), ()), times) for o in outcomes
     }
+
+
+# -- the figures as text (gymtrace stats, the timeline's and the report's headings) ------------------
+
+
+def seconds_text(value: float | None) -> str:
+    return "-" if value is None else f"{value:.4g}s"
+
+
+def split_text(split: Mapping[str, float] | None, share: Mapping[str, float] | None = None) -> str:
+    """``model 1.2s (40%), tool ...``: a time split (seconds per part) and each part's share of it
+    (computed from the split when not given), on one line."""
+    if not split:
+        return "no time split (no episode spans)"
+    if share is None:
+        whole = math.fsum(split.values())
+        share = {name: (value / whole if whole else 0.0) for name, value in split.items()}
+    return ", ".join(f"{name} {seconds_text(split[name])} ({share[name]:.0%})" for name in PARTS)
+
+
+def times_text(times: Mapping[str, Any]) -> str:
+    """A run's time figures (:func:`run_times`) on one line."""
+    return (
+        f"time: {split_text(times.get('time_split'), times.get('time_share'))}; rollout duration"
+        f" p50 {seconds_text(times.get('rollout_seconds_p50'))},"
+        f" p99 {seconds_text(times.get('rollout_seconds_p99'))}"
+    )
