@@ -210,6 +210,34 @@ class BuiltRun:
         self.spans.append(span)
         return span
 
+    def lost(
+        self, rollout_id: str, start_us: int, last_us: int, *, task: str = "t1", service: str = "worker"
+    ) -> None:
+        """A rollout whose process died: live markers at its start and its last heartbeat, nothing else."""
+        trace_id = f"{next(_ids):032x}"
+        for at, event in ((start_us, c.LIVE_EVENT_ROLLOUT), (last_us, c.LIVE_EVENT_HEARTBEAT)):
+            self.spans.append(
+                SpanData(
+                    trace_id=trace_id,
+                    span_id=_span_id(),
+                    parent_id=None,
+                    name=c.SPAN_LIVE,
+                    start_ns=ns(at),
+                    end_ns=ns(at),
+                    attributes={
+                        c.KIND: c.KIND_LIVE,
+                        c.RUN_ID: self.run_id,
+                        c.TASK_ID: task,
+                        c.ROLLOUT_ID: rollout_id,
+                        c.EPISODE_ATTEMPT: 0,
+                        c.LIVE_EVENT: event,
+                        c.LIVE_INTERVAL: 1.0,
+                        c.LIVE_STARTED: ns(start_us),
+                    },
+                    service=service,
+                )
+            )
+
     def write(self, path: Path, *, mode: str = "w") -> Path:
         """The run as OTLP/JSON lines, one request per span (as a file exporter writes batches)."""
         with open(path, mode) as f:
