@@ -349,7 +349,10 @@ def _failed(view: RunView) -> str:
     retried = sum(
         1 for r in view.rollouts if r.outcome.attempts > 1 and r.outcome.outcome == c.OUTCOME_SCORED
     )
-    note = f"{len(rows)} rollouts without a reward; {retried} more were scored after a failed attempt."
+    note = (
+        f"{len(rows)} rollout{'s' if len(rows) != 1 else ''} without a reward; {retried} more"
+        f" {'were' if retried != 1 else 'was'} scored after a failed attempt."
+    )
     return f'<h2>Failed rollouts</h2><p class="note">{note}</p>' + (
         _rollout_table(rows, "failed", split=False) if rows else ""
     )

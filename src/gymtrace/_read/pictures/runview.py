@@ -231,8 +231,11 @@ def _mark_slowest(rows: list[RolloutRow]) -> None:
 
 
 def _failure(outcome: RolloutOutcome, episodes: Sequence[SpanData]) -> str | None:
+    """Why a rollout has no reward: its process was lost, or its last failed episode's kind."""
     if outcome.outcome == c.OUTCOME_LOST:
         return c.OUTCOME_LOST
+    if outcome.outcome != c.OUTCOME_UNSCORED:
+        return None
     failed = [
         e for e in episodes if e.attributes.get(c.EPISODE_OUTCOME) in (c.OUTCOME_FAILED, c.OUTCOME_CANCELLED)
     ]

@@ -12,7 +12,7 @@
   var PLAIN = "#8d99a6"; // a bar without a split (sampled out, lost)
   var BAND = ["rgba(237, 201, 72, 0.16)", "rgba(237, 201, 72, 0.30)"];
   var F = { FAILED: 1, CANCELLED: 2, LOST: 4, RETRY: 8, SLOW: 16, NOSPLIT: 32, RESTORED: 64 };
-  var AXIS = 24, GUTTER = 190, MAX_AREA = 640, MIN_AREA = 120, LANE_PX = 14;
+  var AXIS = 24, STRIP = 16, GUTTER = 190, MAX_AREA = 640, LANE_PX = 18;
 
   function fmtSeconds(us) {
     var s = us / 1e6;
@@ -63,10 +63,12 @@
 
   Timeline.prototype.layout = function () {
     var width = Math.max(320, this.root.clientWidth);
-    var area = Math.max(MIN_AREA, Math.min(MAX_AREA, this.nLanes * LANE_PX));
+    var area = Math.min(MAX_AREA, this.nLanes * LANE_PX);
     var dpr = window.devicePixelRatio || 1;
+    // Train steps get a strip of their own under the axis (and their edges are drawn over the bars).
+    this.top = AXIS + (this.data.bands.length ? STRIP : 0);
     this.width = width;
-    this.height = AXIS + area;
+    this.height = this.top + area;
     this.area = area;
     if (this.canvas.width !== Math.round(width * dpr) || this.canvas.height !== Math.round(this.height * dpr)) {
       this.canvas.width = Math.round(width * dpr);
@@ -88,14 +90,19 @@
     var laneH = this.laneH, first = this.firstLane, last = first + this.laneCount;
     ctx.fillStyle = "#ffffff";
     ctx.fillRect(0, 0, W, H);
-    // Train steps: bands behind the bars, labelled on the axis.
+    // Train steps: bands behind the bars, in a strip of their own with their labels.
     ctx.font = "11px sans-serif";
+    var edges = [];
     for (var b = 0; b < d.bands.length; b++) {
       var band = d.bands[b], bx0 = Math.max(this.gutter, this.x(band[0])), bx1 = Math.min(W, this.x(band[1]));
       if (bx1 <= bx0) continue;
+      var bw = Math.max(1, bx1 - bx0);
       ctx.fillStyle = BAND[b % 2];
-      ctx.fillRect(bx0, AXIS, Math.max(1, bx1 - bx0), this.area);
-      if (bx1 - bx0 > 30) { ctx.fillStyle = "#7a6514"; ctx.fillText(band[2], bx0 + 3, AXIS + 11); }
+      ctx.fillRect(bx0, AXIS, bw, H - AXIS);
+      ctx.fillStyle = "#edc948";
+      ctx.fillRect(bx0, AXIS + 2, bw, STRIP - 4);
+      edges.push(bx0, bx1);
+      if (bw > 40) { ctx.fillStyle = "#4d3f00"; ctx.fillText(band[2], bx0 + 3, AXIS + STRIP - 4); }
     }
     // Bars, one colour at a time.
     var rects = [[], [], [], [], [], []]; // the five parts, then plain
@@ -103,7 +110,7 @@
     var gap = laneH >= 4 ? 1 : 0, h = Math.max(1, laneH - gap), marks = h >= 3;
     var drawn = 0, lanesRow = laneH < 1 ? Math.ceil(1 / laneH) : 1;
     var lane = bars.lane, start = bars.start, dur = bars.dur, flags = bars.flags, split = bars.split;
-    var x0min = this.gutter, t0 = this.t0, scale = this.scale;
+    var x0min = this.gutter, t0 = this.t0, scale = this.scale, top = this.top;
     for (var i = 0; i < this.n; i++) {
       var ln = lane[i];
       if (ln < first || ln >= last) continue;
@@ -111,8 +118,8 @@
       if (x0 + w < x0min || x0 > W) continue;
       if (x0 < x0min) { w -= x0min - x0; x0 = x0min; }
       if (w < 1) w = 1;
-      var y = AXIS + (ln - first) * laneH, f = flags[i];
-      if (laneH < 1) y = AXIS + Math.floor((ln - first) * laneH);
+      var y = top + (ln - first) * laneH, f = flags[i];
+      if (laneH < 1) y = top + Math.floor((ln - first) * laneH);
       drawn++;
       if (f & F.NOSPLIT) {
         rects[5].push(x0, y, w, h);
@@ -162,6 +169,8 @@
     ctx.lineWidth = 1.5;
     for (var o = 0; o < outline.length; o += 4) ctx.strokeRect(outline[o], outline[o + 1], Math.max(2, outline[o + 2]), Math.max(2, outline[o + 3]));
     ctx.lineWidth = 1;
+    ctx.fillStyle = "rgba(122, 101, 20, 0.55)";
+    for (var g = 0; g < edges.length; g++) ctx.fillRect(edges[g], this.top, 1, this.area);
     this.drawAxis();
     this.drawLabels();
     var fig = this.figures;
@@ -202,20 +211,20 @@
     if (!this.gutter) return;
     var ctx = this.ctx;
     ctx.fillStyle = "#f6f6f6";
-    ctx.fillRect(0, AXIS, this.gutter - 4, this.area);
+    ctx.fillRect(0, this.top, this.gutter - 4, this.area);
     ctx.fillStyle = "#333333";
     ctx.font = "11px sans-serif";
     for (var l = this.firstLane; l < Math.min(this.nLanes, this.firstLane + this.laneCount); l++) {
       var text = this.data.lanes[l] || "";
       if (text.length > 30) text = text.slice(0, 14) + "…" + text.slice(-15);
-      ctx.fillText(text, 4, AXIS + (l - this.firstLane) * this.laneH + Math.min(this.laneH, 14) - 3);
+      ctx.fillText(text, 4, this.top + (l - this.firstLane) * this.laneH + Math.min(this.laneH, 14) - 3);
     }
   };
 
   // The bar under (x, y) in CSS pixels of the canvas, or -1.
   Timeline.prototype.barAt = function (x, y) {
-    if (y < AXIS || x < this.gutter) return -1;
-    var row = y - AXIS, from = this.firstLane + Math.floor(row / this.laneH);
+    if (y < this.top || x < this.gutter) return -1;
+    var row = y - this.top, from = this.firstLane + Math.floor(row / this.laneH);
     var to = this.laneH < 1 ? this.firstLane + Math.floor((Math.floor(row) + 1) / this.laneH) : from + 1;
     var t = this.t0 + (x - this.gutter) / this.scale, slack = 1.5 / this.scale;
     var bars = this.data.bars, order = this.order;
@@ -236,7 +245,7 @@
   // Where bar i is drawn (CSS pixels of the canvas), for tests that point at it.
   Timeline.prototype.barBox = function (i) {
     var bars = this.data.bars, x0 = this.x(bars.start[i]), w = Math.max(1, bars.dur[i] * this.scale);
-    return { x: x0, y: AXIS + (bars.lane[i] - this.firstLane) * this.laneH, w: w, h: Math.max(1, this.laneH) };
+    return { x: x0, y: this.top + (bars.lane[i] - this.firstLane) * this.laneH, w: w, h: Math.max(1, this.laneH) };
   };
 
   Timeline.prototype.describe = function (i) {
@@ -246,7 +255,7 @@
       ["rollout", ro.id[r]],
       ["task", d.tasks[ro.task[r]]],
       ["attempt", bars.attempt[i] + (f & F.RESTORED ? " (restored)" : "") + " of " + ro.attempts[r]],
-      ["episode", (d.outcomes[bars.outcome[i]] || "") + (f & F.LOST ? " (process lost)" : "")],
+      ["episode", d.outcomes[bars.outcome[i]] || ""],
       ["rollout outcome", d.outcomes[ro.outcome[r]] + (ro.failure[r] ? " (" + ro.failure[r] + ")" : "")],
       ["reward", reward === null ? "none (unscored)" : String(reward)],
       ["duration", fmtSeconds(bars.dur[i]) + (f & F.SLOW ? " (rollout among the slowest 1 %)" : "")],
@@ -268,13 +277,33 @@
     return lines;
   };
 
+  // The train step under (x, y) in the strip of train steps, or -1.
+  Timeline.prototype.bandAt = function (x, y) {
+    if (y < AXIS || y >= this.top || x < this.gutter) return -1;
+    var t = this.t0 + (x - this.gutter) / this.scale, slack = 1.5 / this.scale;
+    for (var b = 0; b < this.data.bands.length; b++) {
+      var band = this.data.bands[b];
+      if (band[0] - slack <= t && t <= band[1] + slack) return b;
+    }
+    return -1;
+  };
+
   Timeline.prototype.hover = function (x, y) {
-    var i = this.barAt(x, y);
-    if (i < 0) { this.tip.hidden = true; this.hovered = -1; return null; }
+    var i = this.barAt(x, y), lines;
+    var band = i < 0 ? this.bandAt(x, y) : -1;
+    if (i >= 0) {
+      lines = this.describe(i);
+    } else if (band >= 0) {
+      var found = this.data.bands[band];
+      lines = [["train step", found[2]], ["from", fmtSeconds(found[0])], ["for", fmtSeconds(found[1] - found[0])]];
+    } else {
+      this.tip.hidden = true;
+      this.hovered = -1;
+      return null;
+    }
     this.hovered = i;
     var tip = this.tip;
     tip.textContent = "";
-    var lines = this.describe(i);
     for (var k = 0; k < lines.length; k++) {
       var row = document.createElement("div");
       var key = document.createElement("b");
@@ -314,7 +343,7 @@
       ev.preventDefault();
       var p = pos(ev), factor = ev.deltaY > 0 ? 1.25 : 0.8;
       if (ev.shiftKey) {
-        var at = self.firstLane + Math.max(0, p[1] - AXIS) / self.laneH;
+        var at = self.firstLane + Math.max(0, p[1] - self.top) / self.laneH;
         var count = Math.max(1, Math.min(self.nLanes, Math.round(self.laneCount * factor)));
         self.firstLane = Math.max(0, Math.min(self.nLanes - count, Math.round(at - (at - self.firstLane) * count / self.laneCount)));
         self.laneCount = count;

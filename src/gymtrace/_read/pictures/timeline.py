@@ -71,7 +71,14 @@ def timeline_data(view: RunView) -> dict[str, Any]:
         bars["dur"].append(max(0, _us(bar.end_ns - origin) - start))
         bars["rollout"].append(bar.rollout)
         bars["attempt"].append(bar.attempt)
-        bars["outcome"].append(code(outcomes, bar.outcome))
+        said = (
+            bar.outcome
+            if bar.outcome == c.OUTCOME_LOST
+            else f"{bar.outcome} ({bar.failure})"
+            if bar.failure
+            else bar.outcome
+        )
+        bars["outcome"].append(code(outcomes, said))
         bars["flags"].append(_flags(view, bar))
         parts = bar.split.parts()[:OTHER] if bar.split is not None else (0, 0, 0, 0)
         bars["split"].extend(_us(ns) for ns in parts)
