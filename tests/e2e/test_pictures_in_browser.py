@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from browser import Browser, find_chromium
+from browser import Browser, headless_chromium
 from built_runs import BuiltRun
 from child_process import run_gymtrace
 from gymtrace import _constants as c
@@ -34,11 +34,7 @@ Object.fromEntries(Array.from(document.querySelectorAll('[data-figure]')).map(
 
 @pytest.fixture(scope="module")
 def browser() -> Iterator[Browser]:
-    executable = find_chromium()
-    if executable is None:
-        pytest.skip("no Chromium on PATH: `apt-get install chromium` (scripts/test does it as root)")
-    with Browser(executable, width=1400, height=1000) as b:
-        yield b
+    yield from headless_chromium(width=1400, height=1000)
 
 
 def _json(*argv: str) -> Any:

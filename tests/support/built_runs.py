@@ -31,6 +31,11 @@ def ns(us: int) -> int:
     return ORIGIN_NS + us * 1_000
 
 
+def _dotted(attributes: dict[str, Any]) -> dict[str, Any]:
+    """Keyword arguments as attributes: ``gym__env__id`` is ``gym.env.id``."""
+    return {k.replace("__", "."): v for k, v in attributes.items()}
+
+
 class BuiltEpisode:
     def __init__(self, rollout: BuiltRollout, span: SpanData) -> None:
         self.rollout = rollout
@@ -53,7 +58,7 @@ class BuiltEpisode:
             attrs[c.KIND] = kind
         if operation is not None:
             attrs[c.GEN_AI_OPERATION_NAME] = operation
-        attrs.update({k.replace("__", "."): v for k, v in attributes.items()})
+        attrs.update(_dotted(attributes))
         span = SpanData(
             trace_id=self.span.trace_id,
             span_id=_span_id(),
@@ -115,7 +120,7 @@ class BuiltRollout:
             attrs[c.FAILURE_KIND] = failure
         if reward is not None:
             attrs[c.REWARD] = reward
-        attrs.update({k.replace("__", "."): v for k, v in attributes.items()})
+        attrs.update(_dotted(attributes))
         span = SpanData(
             trace_id=self.trace_id,
             span_id=_span_id(),
