@@ -82,7 +82,7 @@ def test_the_report_draws_the_figures_stats_and_compare_print(browser: Browser, 
     run_gymtrace("demo", "--quiet", "--file", str(base), "--run-id", "base", cwd=tmp_path, check=True)
     run_gymtrace("demo", "--quiet", "--file", str(new), "--run-id", "new", cwd=tmp_path, check=True)
     page = tmp_path / "report.html"
-    run_gymtrace("report", str(new), "--baseline", str(base), "-o", str(page), check=True)
+    run_gymtrace("report", new.name, "--baseline", base.name, "-o", page.name, cwd=tmp_path, check=True)
     (stats,) = _json("stats", str(new), "--json")
     rows = {r["rollout_id"]: r for r in _json("rollouts", str(new), "--json")}
     episodes = [s for s in read_otlp_json_lines(new) if s.attributes.get(c.KIND) == c.KIND_EPISODE]
@@ -169,9 +169,13 @@ def test_lanes_beyond_the_screen_share_pixel_rows_until_zoomed_apart(
     browser: Browser, tmp_path: Path
 ) -> None:
     run = BuiltRun("wide")
-    for n in range(3_000):
+    for n in range(3_000):  # durations and model shares scattered (deterministically) across rollouts
+        start, took = n * 10, 2_000 + n * 7_919 % 6_000
         rollout = run.rollout(f"r{n}", repeat=n)
-        rollout.episode(n * 10, n * 10 + 5_000, reward=1.0).child(c.KIND_MODEL_CALL, n * 10, n * 10 + 2_000)
+        episode = rollout.episode(start, start + took, reward=1.0)
+        episode.child(c.KIND_SEED_SESSION, start, start + 300)
+        episode.child(c.KIND_MODEL_CALL, start + 300, start + 300 + took * (n % 7 + 2) // 10)
+        episode.child(c.KIND_VERIFY, start + took - 200, start + took)
         rollout.end(reward=1.0)
     page = tmp_path / "wide.html"
     run_gymtrace(

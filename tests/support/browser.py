@@ -103,6 +103,11 @@ class Browser:
             connect(page["webSocketDebuggerUrl"], max_size=64 * 1024 * 1024, open_timeout=10)
         )
 
+    @property
+    def pid(self) -> int:
+        """The browser's process (its renderers and helpers are its children)."""
+        return self._process.pid
+
     def call(self, method: str, **params: Any) -> dict[str, Any]:
         """Send one DevTools command and return its result (events in between are skipped)."""
         message_id = next(self._ids)

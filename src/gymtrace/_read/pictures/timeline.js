@@ -108,7 +108,9 @@
     var rects = [[], [], [], [], [], []]; // the five parts, then plain
     var outline = [], failed = [], lost = [], ticks = [];
     var gap = laneH >= 4 ? 1 : 0, h = Math.max(1, laneH - gap), marks = h >= 3;
-    var drawn = 0, lanesRow = laneH < 1 ? Math.ceil(1 / laneH) : 1;
+    var drawn = 0, lanesRow = laneH < 1 ? Math.ceil(1 / laneH) : 1, dense = laneH < 1;
+    // Where lanes share pixel rows, each pixel adds up the time of the parts of its lanes' bars.
+    var cols = Math.ceil(W), acc = dense ? new Float32Array(Math.ceil(this.area) * cols * 6) : null;
     var lane = bars.lane, start = bars.start, dur = bars.dur, flags = bars.flags, split = bars.split;
     var x0min = this.gutter, t0 = this.t0, scale = this.scale, top = this.top;
     for (var i = 0; i < this.n; i++) {
@@ -121,7 +123,9 @@
       var y = top + (ln - first) * laneH, f = flags[i];
       if (laneH < 1) y = top + Math.floor((ln - first) * laneH);
       drawn++;
-      if (f & F.NOSPLIT) {
+      if (dense) {
+        this.accumulate(acc, cols, Math.floor((ln - first) * laneH), x0, w, f & F.NOSPLIT ? null : split, i, dur[i]);
+      } else if (f & F.NOSPLIT) {
         rects[5].push(x0, y, w, h);
       } else {
         var m = split[4 * i], t = split[4 * i + 1], e = split[4 * i + 2], v = split[4 * i + 3];
@@ -140,11 +144,13 @@
         }
       }
       if (f & F.SLOW) outline.push(x0, y, w, h);
-      if (f & (F.FAILED | F.CANCELLED)) failed.push(x0, y, w, h);
       if (f & F.LOST) lost.push(x0, y, w, h);
+      if (dense) continue; // failures and retries are marked once the lanes are zoomed apart
+      if (f & (F.FAILED | F.CANCELLED)) failed.push(x0, y, w, h);
       if (f & F.RETRY) ticks.push(x0, y, h);
     }
     var colors = PART_COLORS.concat([PLAIN]);
+    if (dense) this.paintDense(acc, cols, lanesRow, colors);
     for (var c = 0; c < 6; c++) {
       var r = rects[c];
       ctx.fillStyle = colors[c];
@@ -186,6 +192,59 @@
     this.status.textContent = drawn + " of " + this.n + " bars drawn, " + shown +
       (lanesRow > 1 ? "; " + lanesRow + " lanes share each pixel row (shift + wheel to zoom the lanes apart)" : "") +
       ". Wheel: zoom time · shift + wheel: zoom lanes · drag: pan · double-click: all.";
+  };
+
+  // Add bar i's parts (or, without a split, its whole width as "plain") to the pixels of its row.
+  Timeline.prototype.accumulate = function (acc, cols, row, x0, w, split, i, dur) {
+    var base = row * cols * 6, at = x0;
+    for (var q = 0; q < 6; q++) {
+      var pw;
+      if (split === null) {
+        if (q < 5) continue;
+        pw = w;
+      } else if (q < 4) {
+        pw = w * split[4 * i + q] / Math.max(1, dur);
+      } else if (q === 4) {
+        pw = w * Math.max(0, dur - split[4 * i] - split[4 * i + 1] - split[4 * i + 2] - split[4 * i + 3]) / Math.max(1, dur);
+      } else {
+        continue;
+      }
+      var end = Math.min(at + pw, cols);
+      for (var col = Math.floor(at); col < end; col++) {
+        var cover = Math.min(end, col + 1) - Math.max(at, col);
+        if (cover > 0) acc[base + col * 6 + q] += cover;
+      }
+      at += pw;
+    }
+  };
+
+  // Each pixel the colour of the part that held most of its lanes' time there, paler the fewer of
+  // its lanes were busy.
+  Timeline.prototype.paintDense = function (acc, cols, lanesRow, colors) {
+    var rows = Math.ceil(this.area), image = this.ctx.createImageData(cols, rows), px = image.data;
+    var rgb = colors.map(function (hex) {
+      return [parseInt(hex.slice(1, 3), 16), parseInt(hex.slice(3, 5), 16), parseInt(hex.slice(5, 7), 16)];
+    });
+    for (var k = 0, n = rows * cols; k < n; k++) {
+      var total = 0, best = 0, most = -1;
+      for (var q = 0; q < 6; q++) {
+        var v = acc[k * 6 + q];
+        total += v;
+        if (v > most) { most = v; best = q; }
+      }
+      var o = k * 4;
+      if (total <= 0) continue; // transparent: the train steps behind show
+      var busy = Math.min(1, total / lanesRow), keep = 0.3 + 0.7 * busy;
+      px[o] = Math.round(255 - (255 - rgb[best][0]) * keep);
+      px[o + 1] = Math.round(255 - (255 - rgb[best][1]) * keep);
+      px[o + 2] = Math.round(255 - (255 - rgb[best][2]) * keep);
+      px[o + 3] = 255;
+    }
+    var off = document.createElement("canvas");
+    off.width = cols;
+    off.height = rows;
+    off.getContext("2d").putImageData(image, 0, 0);
+    this.ctx.drawImage(off, 0, this.top);
   };
 
   Timeline.prototype.drawAxis = function () {
