@@ -259,17 +259,23 @@ def episodes_by_rollout(spans: Iterable[SpanData]) -> dict[tuple[str, str], list
     return found
 
 
+def episode_splits(
+    root: SpanData | None, episodes: Sequence[SpanData], times: EpisodeTimes
+) -> list[TimeSplit] | None:
+    """The time split of each of a rollout's episodes; None when it has no episode in the input,
+    or was sampled out (``gym.rollout.detail = false``)."""
+    if not episodes or not has_detail(root):
+        return None
+    return [times.split(episode) for episode in episodes]
+
+
 def rollout_split(
     root: SpanData | None, episodes: Sequence[SpanData], times: EpisodeTimes
 ) -> TimeSplit | None:
-    """A rollout's time split: the sum of its episodes' (every attempt). None when it has no
-    episode in the input, or was sampled out (``gym.rollout.detail = false``)."""
-    if not episodes or not has_detail(root):
-        return None
-    total = TimeSplit()
-    for episode in episodes:
-        total += times.split(episode)
-    return total
+    """A rollout's time split: the sum of its episodes' (every attempt); None as
+    :func:`episode_splits` says."""
+    splits = episode_splits(root, episodes, times)
+    return None if splits is None else sum(splits, TimeSplit())
 
 
 def split_json(split: TimeSplit | None) -> dict[str, float] | None:

@@ -69,7 +69,7 @@ def _requests(path: Path) -> Iterator[tuple[int, Any]]:
             if not raw:
                 continue
             try:
-                yield number, json.loads(raw.decode("utf-8"))
+                yield number, json.loads(raw)  # bytes: json finds their encoding (UTF-8) itself
             except (ValueError, RecursionError) as exc:  # not UTF-8, not JSON, or nested too deep
                 raise TraceFileError(f"{path}:{number}: not an OTLP/JSON trace request ({exc})") from exc
 

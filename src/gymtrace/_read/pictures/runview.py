@@ -34,10 +34,10 @@ from gymtrace._read.stats import RunStats, members_of, summarise
 from gymtrace._read.timesplit import (
     EpisodeTimes,
     TimeSplit,
+    episode_splits,
     episodes_by_rollout,
     has_detail,
     rollout_seconds,
-    rollout_split,
     run_times,
 )
 
@@ -151,10 +151,10 @@ def _process(span: SpanData) -> tuple[str, str]:
 
 
 def _episode_bars(
-    index: int, row: RolloutRow, episodes: Sequence[SpanData], times: EpisodeTimes
+    index: int, episodes: Sequence[SpanData], splits: Sequence[TimeSplit] | None
 ) -> Iterable[Bar]:
     final = last_recorded(episodes)
-    for episode in episodes:
+    for n, episode in enumerate(episodes):
         attributes = episode.attributes
         attempt = read_int(attributes.get(c.EPISODE_ATTEMPT), 0)
         if final.get(attempt) is not episode:
@@ -169,7 +169,7 @@ def _episode_bars(
             outcome=str(attributes.get(c.EPISODE_OUTCOME, "")),
             failure=failure if isinstance(failure, str) else None,
             restored=attributes.get(c.EPISODE_RESTORED) is True,
-            split=times.split(episode) if row.split is not None else None,
+            split=splits[n] if splits is not None else None,
             episode=episode,
         )
 
@@ -263,9 +263,9 @@ def build_view(
     view.bands.sort(key=lambda b: (b.start_ns, b.step if b.step is not None else -1))
     for o in outcomes:
         own = episodes.get((o.trace_id, o.rollout_id), [])
-        split = rollout_split(o.root, own, times)
+        splits = episode_splits(o.root, own, times)
         index = len(view.rollouts)
-        row = RolloutRow(o, 0, 0, split, _failure(o, own))
+        row = RolloutRow(o, 0, 0, None if splits is None else sum(splits, TimeSplit()), _failure(o, own))
         if o.root is not None and (not own or not has_detail(o.root)):
             bars = [
                 Bar(
@@ -276,7 +276,7 @@ def build_view(
             lost = _lost_bar(index, o, markers.get(o.trace_id, ()))
             bars = [lost] if lost is not None else []
         else:
-            bars = list(_episode_bars(index, row, own, times))
+            bars = list(_episode_bars(index, own, splits))
         if not bars and o.root is None:
             continue  # nothing of it to draw (a record whose rollout is in a file not given)
         row.start_ns = o.root.start_ns if o.root is not None else min(b.start_ns for b in bars)
