@@ -14,7 +14,7 @@ every span of its trace: those traces are read again, whole.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -117,12 +117,46 @@ def _raw_spans(request: Any, path: Path, number: int) -> Iterator[tuple[Any, Any
         raise TraceFileError(f"{path}:{number}: not a trace gymtrace can read") from None
 
 
-def _keep_run(attributes: Mapping[str, object], run_id: str | None, runs: set[str | None]) -> bool:
-    run = attributes.get(c.RUN_ID)
-    run = run if isinstance(run, str) else None
-    if attributes.get(c.KIND) in _RUN_KINDS:
-        runs.add(run)
-    return run_id is None or run is None or run == run_id
+def picture_filter(found: RunInput, run_id: str | None) -> Callable[[Mapping[str, Any]], bool]:
+    """The decision per raw span (an OTLP/JSON span object): True to decode it whole; False when
+    it is of another run, or when its part of the time split went to ``found.times`` (all of it
+    a picture needs). Run IDs seen go to ``found.runs``. The shape of a streaming reader's ``keep``."""
+
+    def keep(raw: Mapping[str, Any]) -> bool:
+        try:
+            attributes = _watched(raw)
+            run = attributes.get(c.RUN_ID)
+            run = run if isinstance(run, str) else None
+            kind = attributes.get(c.KIND)
+            if kind in _RUN_KINDS:
+                found.runs.add(run)
+            if run_id is not None and run is not None and run != run_id:
+                return False
+            rollout = attributes.get(c.ROLLOUT_ID)
+            if (
+                kind in _WHOLE
+                or not isinstance(rollout, str)
+                or (read_int(attributes.get(c.RAY_TASK_ATTEMPT)) or 0) >= 1
+            ):
+                return True
+            part = part_of(kind, attributes.get(c.GEN_AI_OPERATION_NAME))
+            attempt = read_int(attributes.get(c.EPISODE_ATTEMPT))
+            if part is not None and attempt is not None:
+                key = (str(raw["traceId"]).lower(), rollout, attempt)
+                found.times.add(key, part, int(raw["startTimeUnixNano"]), int(raw["endTimeUnixNano"]))
+            return False
+        except (TypeError, KeyError, AttributeError, ValueError):
+            return True  # the decoder says what is wrong, or reads it
+
+    return keep
+
+
+def _kept(path: Path, keep: Callable[[Mapping[str, Any]], bool]) -> Iterator[SpanData]:
+    """The spans of a file that ``keep`` keeps, decoded."""
+    for number, request in _requests(path):
+        for resource, raw in _raw_spans(request, path, number):
+            if keep(raw):
+                yield from _decoded(resource, [raw], path, number)
 
 
 def read_run_input(paths: Iterable[str | Path], *, run_id: str | None = None) -> RunInput:
@@ -130,35 +164,12 @@ def read_run_input(paths: Iterable[str | Path], *, run_id: str | None = None) ->
     the parts of its episodes' time (see the module doc)."""
     files = trace_files(paths)
     found = RunInput()
+    keep = picture_filter(found, run_id)
     for path in files:
-        for number, request in _requests(path):
-            whole: list[tuple[Any, Any]] = []
-            for resource, raw in _raw_spans(request, path, number):
-                try:
-                    attributes = _watched(raw)
-                    if not _keep_run(attributes, run_id, found.runs):
-                        continue
-                    kind = attributes.get(c.KIND)
-                    rollout = attributes.get(c.ROLLOUT_ID)
-                    rerun = (read_int(attributes.get(c.RAY_TASK_ATTEMPT)) or 0) >= 1
-                    if kind in _WHOLE or not isinstance(rollout, str) or rerun:
-                        whole.append((resource, raw))
-                        continue
-                    part = part_of(kind, attributes.get(c.GEN_AI_OPERATION_NAME))
-                    attempt = read_int(attributes.get(c.EPISODE_ATTEMPT))
-                    if part is not None and attempt is not None:
-                        key = (str(raw["traceId"]).lower(), rollout, attempt)
-                        found.times.add(key, part, int(raw["startTimeUnixNano"]), int(raw["endTimeUnixNano"]))
-                except (TypeError, KeyError, AttributeError, ValueError):
-                    whole.append((resource, raw))  # the decoder says what is wrong, or reads it
-            for resource, raw in whole:
-                for span in _decoded(resource, [raw], path, number):
-                    if (
-                        span.attributes.get(c.ROLLOUT_ID) is not None
-                        and span.attributes.get(c.KIND) not in _WHOLE
-                    ):
-                        found.times.add_span(span)  # another process's span without the usual fields
-                    found.spans.append(span)
+        for span in _kept(path, keep):
+            if span.attributes.get(c.ROLLOUT_ID) is not None and span.attributes.get(c.KIND) not in _WHOLE:
+                found.times.add_span(span)  # read whole (odd, or NeMo Gym's own rollout ID): its part too
+            found.spans.append(span)
     _read_live_traces(files, found)
     return found
 
@@ -170,11 +181,10 @@ def _read_live_traces(files: list[Path], found: RunInput) -> None:
     if not live:
         return
     have = {(s.trace_id, s.span_id) for s in found.spans if s.trace_id in live}
+
+    def keep(raw: Mapping[str, Any]) -> bool:
+        trace = raw.get("traceId")
+        return isinstance(trace, str) and trace.lower() in live
+
     for path in files:
-        for number, request in _requests(path):
-            for resource, raw in _raw_spans(request, path, number):
-                trace = raw.get("traceId") if isinstance(raw, Mapping) else None
-                if isinstance(trace, str) and trace.lower() in live:
-                    for span in _decoded(resource, [raw], path, number):
-                        if (span.trace_id, span.span_id) not in have:
-                            found.spans.append(span)
+        found.spans.extend(span for span in _kept(path, keep) if (span.trace_id, span.span_id) not in have)

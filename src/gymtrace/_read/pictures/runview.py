@@ -290,9 +290,9 @@ def build_view(
         view.stats = found[0]
         view.runs_sharing_id = found[0].runs_sharing_id
         members = members_of(found[0], outcomes)
-        splits = {id(r.outcome): r.split for r in view.rollouts}
+        drawn = {id(r.outcome): r.split for r in view.rollouts}
         view.times = run_times(
-            [splits.get(id(o)) for o in members], [rollout_seconds(o.root) for o in members]
+            [drawn.get(id(o)) for o in members], [rollout_seconds(o.root) for o in members]
         )
     return view
 
