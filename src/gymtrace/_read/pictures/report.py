@@ -21,7 +21,7 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 from gymtrace import _constants as c
-from gymtrace._read.compare import Comparison
+from gymtrace._read.compare import VERDICT_REFUSED, Comparison
 from gymtrace._read.pictures.runview import RolloutRow, RunView
 from gymtrace._read.pictures.timeline import PART_COLORS, embed, style
 from gymtrace._read.timesplit import PARTS, seconds_text, split_text
@@ -47,10 +47,9 @@ def _figure(name: str, value: Any, text: str | None = None) -> str:
     return f"<span data-figure=\"{_e(name)}\" data-value='{_e(json.dumps(value))}'>{_e(shown)}</span>"
 
 
-def _verdict(comparison: Comparison | None, text: str, css: str = "") -> str:
-    if comparison is None:
-        return ""
-    return f'<div class="verdict {_e(css)}">{text}</div>'
+def _verdict(markup: str, css: str = "") -> str:
+    """A compare verdict beside its figure (``markup`` is HTML: escape what goes into it)."""
+    return f'<div class="verdict {_e(css)}">{markup}</div>'
 
 
 # -- figures -----------------------------------------------------------------------------------------
@@ -109,9 +108,8 @@ def _outcomes(view: RunView, baseline: RunView | None, comparison: Comparison | 
     verdict = ""
     if comparison is not None:
         a, b = comparison.a_unscored_share, comparison.b_unscored_share
-        refused = comparison.verdict == "refused"
+        refused = comparison.verdict == VERDICT_REFUSED
         verdict = _verdict(
-            comparison,
             f"unscored share: baseline {a:.1%}, this run {b:.1%}"
             + (f" — <b>compare refuses a verdict</b>: {_e(comparison.reason)}" if refused else ""),
             "refused" if refused else "",
@@ -182,7 +180,6 @@ def _histogram(view: RunView, baseline: RunView | None, comparison: Comparison |
     if comparison is not None:
         ci = comparison.ci95
         verdict = _verdict(
-            comparison,
             f"mean reward delta (this run - baseline, mean of per-task deltas):"
             f" {_figure('compare.delta', comparison.delta, '-' if comparison.delta is None else f'{comparison.delta:+.3f}')},"
             f" 95% CI {'n/a' if ci is None else f'[{ci[0]:+.3f}, {ci[1]:+.3f}]'};"
@@ -227,7 +224,6 @@ def _pass_at_k(view: RunView, baseline: RunView | None, comparison: Comparison |
     verdict = ""
     if comparison is not None:
         verdict = _verdict(
-            comparison,
             f"flips at {comparison.threshold:g}: pass→fail {len(comparison.pass_to_fail)}"
             f" {_e(list(comparison.pass_to_fail))}, fail→pass {len(comparison.fail_to_pass)}"
             f" {_e(list(comparison.fail_to_pass))}",
@@ -291,7 +287,7 @@ def _time(view: RunView, baseline: RunView | None) -> str:
             f" {seconds_text(theirs.get('rollout_seconds_p99'))}"
         )
         rows.append(
-            _verdict_text(
+            _plain_verdict(
                 "change in rollout duration (this run - baseline): " + (", ".join(changes) or "n/a")
             )
         )
@@ -303,8 +299,8 @@ def _time(view: RunView, baseline: RunView | None) -> str:
     )
 
 
-def _verdict_text(text: str) -> str:
-    return f'<div class="verdict">{_e(text)}</div>'
+def _plain_verdict(text: str) -> str:
+    return _verdict(_e(text))
 
 
 def _split_cell(row: RolloutRow) -> str:
