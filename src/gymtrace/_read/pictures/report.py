@@ -26,8 +26,9 @@ from gymtrace._read.pictures.runview import RolloutRow, RunView
 from gymtrace._read.pictures.timeline import PART_COLORS, embed, style
 from gymtrace._read.timesplit import PARTS, seconds_text, split_text
 
-# Rows a table of rollouts shows before it says how many more there are.
+# Rows a table of rollouts (of tasks) shows before it says how many more there are.
 TABLE_ROWS = 50
+TASK_ROWS = 20
 HISTOGRAM_BINS = 10
 
 
@@ -199,13 +200,43 @@ def _pass_at_k(view: RunView, baseline: RunView | None, comparison: Comparison |
         return (
             '<div class="figure"><h2>pass@k</h2><p class="note">No task has more than one repeat.</p></div>'
         )
+    flipped = set(comparison.pass_to_fail + comparison.fail_to_pass) if comparison is not None else set()
+
+    def first_shown(name: str) -> tuple[bool, float, float, str]:
+        """Flips first, then the largest change, then the lowest pass@k."""
+        delta = deltas[name].delta if name in deltas else None
+        mine = tasks[name].value if name in tasks else None
+        return (
+            name not in flipped,
+            -abs(delta) if delta is not None else 0.0,
+            mine if mine is not None else 2.0,
+            name,
+        )
+
+    shown = sorted(names, key=first_shown)[:TASK_ROWS]
+    by_k: dict[int, list[float]] = {}
+    for found in tasks.values():
+        if found.value is not None:
+            by_k.setdefault(found.k, []).append(found.value)
+    means = "; ".join(
+        f"pass@{k} {_figure(f'pass_at_k_mean.{k}', math.fsum(v) / len(v), f'{math.fsum(v) / len(v):.4g}')}"
+        f" over {len(v)} task{'s' if len(v) != 1 else ''}"
+        for k, v in sorted(by_k.items())
+    )
+    summary = f'<p class="note">Mean per-task pass@k (k = the task\'s scored repeats): {means or "n/a"}.</p>'
+    more = (
+        f'<p class="note">{len(names) - len(shown)} more tasks not listed (flips, the largest changes'
+        " and the lowest pass@k first).</p>"
+        if len(names) > len(shown)
+        else ""
+    )
     head = (
         "<tr><th>task</th><th class=num>pass@k</th><th class=num>passed / scored</th>"
         + ("<th class=num>baseline</th><th class=num>mean Δ</th>" if baseline else "")
         + "</tr>"
     )
     rows = []
-    for name in names:
+    for name in shown:
         p, b = tasks.get(name), base.get(name)
         mine = (
             f"<td class=num>{_figure(f'pass_at_k.{name}', p.value, f'pass@{p.k} {_number(p.value)}')}</td>"
@@ -228,7 +259,10 @@ def _pass_at_k(view: RunView, baseline: RunView | None, comparison: Comparison |
             f" {_e(list(comparison.pass_to_fail))}, fail→pass {len(comparison.fail_to_pass)}"
             f" {_e(list(comparison.fail_to_pass))}",
         )
-    return f'<div class="figure"><h2>pass@k</h2><table class="passk">{head}{"".join(rows)}</table>{verdict}</div>'
+    return (
+        f'<div class="figure"><h2>pass@k</h2>{summary}<table class="passk">{head}{"".join(rows)}</table>'
+        f"{more}{verdict}</div>"
+    )
 
 
 def _split_bar(split: dict[str, float] | None, label: str, css: str) -> str:
