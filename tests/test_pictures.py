@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import re
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -248,3 +249,40 @@ def test_the_reports_figures_are_what_stats_and_compare_print(
     compared = json.loads(capsys.readouterr().out)
     assert figures["compare.verdict"] == compared["verdict"] == "b_better"
     assert figures["compare.delta"] == compared["delta"]
+
+
+def test_a_file_that_cannot_be_read_is_one_line_naming_its_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = _run_of_two_workers(tmp_path)
+    with open(path, "a") as f:
+        f.write("not json\n")
+    lines = len(path.read_text().splitlines())
+    assert main(["timeline", str(path), "-o", str(tmp_path / "t.html")]) == 2
+    err = capsys.readouterr().err
+    assert (
+        err.startswith(f"gymtrace timeline: {path}:{lines}: not an OTLP/JSON trace request")
+        and err.count("\n") == 1
+    )
+
+
+def test_the_pictures_reader_splits_as_the_readers_do_nemo_gyms_own_ids_too(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    run = BuiltRun("nemo")
+    rollout = run.rollout("ng-1")
+    rollout.episode(0, 1_000, outcome=c.OUTCOME_FAILED, failure=c.FAILURE_INFRASTRUCTURE)
+    second = rollout.episode(2_000, 4_000, reward=1.0)
+    # NeMo Gym's model server names the rollout its own way: its capture key, "-a1" for attempt 1.
+    served = second.child(None, 2_500, 3_500, operation=c.OPERATION_CHAT, service="model-server")
+    attributes = {k: v for k, v in served.attributes.items() if k not in c.IDENTITY_KEYS}
+    attributes[c.NEMO_GYM_ROLLOUT_ID] = "ng-1-a1"
+    run.spans[run.spans.index(served)] = replace(served, attributes=attributes)
+    rollout.end(reward=1.0)
+    path = run.write(tmp_path / "nemo.jsonl")
+    assert main(["rollouts", str(path), "--json"]) == 0
+    (row,) = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert row["time_split"]["model"] == 0.001
+    data = _timeline(tmp_path, capsys, str(path))
+    retry = data["bars"]["attempt"].index(1)
+    assert data["bars"]["split"][4 * retry] == 1_000  # µs of model, as the readers say
