@@ -180,25 +180,27 @@ def main() -> None:
     parser.add_argument("--workers", type=int, default=4)
     parser.add_argument("--concurrency", type=int, default=16)
     parser.add_argument("--keep", type=Path, help="keep the run and the pages here")
+    parser.add_argument("--reuse", action="store_true", help="with --keep: read the run kept there before")
     args = parser.parse_args()
     work = args.keep or Path(tempfile.mkdtemp(prefix="gymtrace-timeline-bench-"))
     run_dir = work / "run"
-    shutil.rmtree(run_dir, ignore_errors=True)
-    run_dir.mkdir(parents=True)
     start = time.perf_counter()
-    subprocess.run(
-        [
-            sys.executable,
-            "-c",
-            DRIVER,
-            str(run_dir),
-            str(args.rollouts),
-            str(args.workers),
-            str(args.concurrency),
-            WORKER,
-        ],
-        check=True,
-    )
+    if not (args.reuse and args.keep and any(run_dir.glob("*.jsonl"))):
+        shutil.rmtree(run_dir, ignore_errors=True)
+        run_dir.mkdir(parents=True)
+        subprocess.run(
+            [
+                sys.executable,
+                "-c",
+                DRIVER,
+                str(run_dir),
+                str(args.rollouts),
+                str(args.workers),
+                str(args.concurrency),
+                WORKER,
+            ],
+            check=True,
+        )
     files = sorted(run_dir.glob("*.jsonl"))
     size = sum(f.stat().st_size for f in files)
     spans = 0
