@@ -185,7 +185,8 @@ def main() -> None:
     work = args.keep or Path(tempfile.mkdtemp(prefix="gymtrace-timeline-bench-"))
     run_dir = work / "run"
     start = time.perf_counter()
-    if not (args.reuse and args.keep and any(run_dir.glob("*.jsonl"))):
+    reused = bool(args.reuse and args.keep and any(run_dir.glob("*.jsonl")))
+    if not reused:
         shutil.rmtree(run_dir, ignore_errors=True)
         run_dir.mkdir(parents=True)
         subprocess.run(
@@ -210,7 +211,8 @@ def main() -> None:
                 spans += line.count(b'"startTimeUnixNano"')
     print(
         f"run: {args.rollouts:,} rollouts from {args.workers} workers x {args.concurrency} at once,"
-        f" {spans:,} spans in {len(files)} files, {size / 1e6:,.0f} MB, written in {time.perf_counter() - start:.0f} s"
+        f" {spans:,} spans in {len(files)} files, {size / 1e6:,.0f} MB, "
+        + ("kept from before" if reused else f"written in {time.perf_counter() - start:.0f} s")
     )
     gymtrace = [sys.executable, "-m", "gymtrace"]
     html, chrome, report = work / "run.html", work / "run.json", work / "report.html"
