@@ -4,7 +4,6 @@ Chrome trace-event JSON for Perfetto and ``chrome://tracing``."""
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 
@@ -14,7 +13,7 @@ DEFAULT_CHROME = "gymtrace-timeline.json"
 
 def run(args: argparse.Namespace) -> int:
     from gymtrace._read.pictures.runview import RunNotFound, read_view
-    from gymtrace._read.pictures.timeline import chrome_trace, timeline_page
+    from gymtrace._read.pictures.timeline import timeline_page, write_chrome_trace
 
     try:
         view = read_view(args.files, args.run, lanes_by=args.lanes)
@@ -25,7 +24,7 @@ def run(args: argparse.Namespace) -> int:
     out = Path(args.output or (DEFAULT_CHROME if chrome else DEFAULT_HTML))
     if chrome:
         with open(out, "w", encoding="utf-8") as f:
-            json.dump(chrome_trace(view), f, separators=(",", ":"))
+            write_chrome_trace(view, f)
     else:
         out.write_text(timeline_page(view), encoding="utf-8")
     print(

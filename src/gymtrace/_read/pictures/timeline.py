@@ -18,9 +18,10 @@ from __future__ import annotations
 
 import html
 import json
+from collections.abc import Iterator
 from dataclasses import dataclass
 from importlib import resources
-from typing import Any
+from typing import Any, TextIO
 
 from gymtrace import _constants as c
 from gymtrace._read.pictures.runview import LANES_ROLLOUT, RunView
@@ -197,15 +198,15 @@ def timeline_page(view: RunView) -> str:
 # -- Chrome trace-event JSON ------------------------------------------------------------------------
 
 
-def chrome_trace(view: RunView) -> dict[str, Any]:
-    """The Trace Event Format of ``view`` (see the module doc); times in microseconds from the
-    run's first start, fractional to the nanosecond."""
+def chrome_events(view: RunView) -> Iterator[dict[str, Any]]:
+    """The events of the Trace Event Format of ``view`` (see the module doc), one at a time (a
+    run of 100,000 rollouts is two million of them); times in microseconds from the run's first
+    episode, fractional to the nanosecond."""
     origin = view.start_ns
 
     def ts(ns: int) -> float:
         return (ns - origin) / 1000
 
-    events: list[dict[str, Any]] = []
     groups: dict[str, int] = {}
     lane_group: dict[int, int] = {}
     for bar in view.bars:
@@ -215,22 +216,17 @@ def chrome_trace(view: RunView) -> dict[str, Any]:
         group = "rollouts" if view.lanes_by == LANES_ROLLOUT else label.rsplit(" #", 1)[0]
         if group not in groups:
             groups[group] = len(groups) + 1
-            events.append(
-                {"ph": "M", "name": "process_name", "pid": groups[group], "tid": 0, "args": {"name": group}}
-            )
+            yield {"ph": "M", "name": "process_name", "pid": groups[group], "tid": 0, "args": {"name": group}}
         lane_group[bar.lane] = groups[group]
-        events.append(
-            {
-                "ph": "M",
-                "name": "thread_name",
-                "pid": groups[group],
-                "tid": bar.lane + 1,
-                "args": {"name": label},
-            }
-        )
+        yield {
+            "ph": "M",
+            "name": "thread_name",
+            "pid": groups[group],
+            "tid": bar.lane + 1,
+            "args": {"name": label},
+        }
     for bar in view.bars:
-        row = view.rollouts[bar.rollout]
-        o = row.outcome
+        o = view.rollouts[bar.rollout].outcome
         where = {"pid": lane_group[bar.lane], "tid": bar.lane + 1}
         args: dict[str, Any] = {
             "rollout_id": o.rollout_id,
@@ -245,50 +241,49 @@ def chrome_trace(view: RunView) -> dict[str, Any]:
             args["failure_kind"] = bar.failure
         if bar.split is not None:
             args["time_split"] = bar.split.seconds()
-        events.append(
-            {
-                "ph": "X",
-                "name": f"{o.rollout_id} a{bar.attempt}",
-                "cat": "episode",
-                "ts": ts(bar.start_ns),
-                "dur": (bar.end_ns - bar.start_ns) / 1000,
-                **where,
-                "args": args,
-            }
-        )
+        name = f"{o.rollout_id} a{bar.attempt}"
+        yield {
+            "ph": "X",
+            "name": name,
+            "cat": "episode",
+            "ts": ts(bar.start_ns),
+            "dur": (bar.end_ns - bar.start_ns) / 1000,
+            **where,
+            "args": args,
+        }
         if bar.split is None or bar.episode is None:
             continue
         intervals, _ = view.episode_times.intervals(bar.episode)
         for part, start, end in segments(bar.start_ns, bar.end_ns, intervals):
             if part != OTHER:
-                events.append(
-                    {
-                        "ph": "X",
-                        "name": PARTS[part],
-                        "cat": PARTS[part],
-                        "ts": ts(start),
-                        "dur": (end - start) / 1000,
-                        **where,
-                    }
-                )
-    for band in view.bands:
-        events.append(
-            {
-                "ph": "X",
-                "name": _band_label(band.step, band.policy_version),
-                "cat": "train_step",
-                "ts": ts(band.start_ns),
-                "dur": (band.end_ns - band.start_ns) / 1000,
-                "pid": 0,
-                "tid": 0,
-            }
-        )
+                yield {
+                    "ph": "X",
+                    "name": PARTS[part],
+                    "cat": PARTS[part],
+                    "ts": ts(start),
+                    "dur": (end - start) / 1000,
+                    **where,
+                }
     if view.bands:
-        events.append(
-            {"ph": "M", "name": "process_name", "pid": 0, "tid": 0, "args": {"name": "train steps"}}
-        )
-    return {
-        "traceEvents": events,
-        "displayTimeUnit": "ms",
-        "otherData": {"run_id": view.name, "origin_unix_ns": str(origin)},
-    }
+        yield {"ph": "M", "name": "process_name", "pid": 0, "tid": 0, "args": {"name": "train steps"}}
+    for band in view.bands:
+        label = _band_label(band.step, band.policy_version)
+        yield {
+            "ph": "X",
+            "name": label,
+            "cat": "train_step",
+            "ts": ts(band.start_ns),
+            "dur": (band.end_ns - band.start_ns) / 1000,
+            "pid": 0,
+            "tid": 0,
+        }
+
+
+def write_chrome_trace(view: RunView, out: TextIO) -> None:
+    """The Trace Event Format's JSON object (``traceEvents``, ``displayTimeUnit``, ``otherData``),
+    written as the events are made."""
+    other = {"run_id": view.name, "origin_unix_ns": str(view.start_ns)}
+    out.write('{"displayTimeUnit":"ms","otherData":' + json.dumps(other) + ',"traceEvents":[')
+    for n, event in enumerate(chrome_events(view)):
+        out.write(("," if n else "") + json.dumps(event, separators=(",", ":"), allow_nan=False))
+    out.write("]}")
