@@ -2,13 +2,14 @@
 every other span inside a rollout only its part of the time split (a few integers).
 
 A picture of 100,000 rollouts must not hold their two million spans: :func:`read_run_input`
-decodes only the run, train step, consumed, rollout, episode, outcome and live spans (what
+decodes only the run, train step, consumed, rollout, episode and outcome spans (what
 ``_read.outcomes`` and ``_read.training`` read, a few per rollout) and hands each of the others
 that is a part of an episode's time (a model call, a tool call, a seed session, a step, a verify)
 to :class:`~gymtrace._read.timesplit.EpisodeTimes` as ``(part, start, end)``, reading no more of it
 than its identity and kind. A span that reads oddly is decoded whole, so the decoder names what is
-wrong with it. A rollout that only live markers know (``lost`` or still open) is judged from
-every span of its trace: those traces are read again, whole.
+wrong with it. Of a live marker only its trace is noted: a rollout that only live markers know
+(``lost`` or still open: its trace has markers and no rollout span) is judged from every span of
+its trace, so those traces are read again, whole, in a second pass (a finished run has none).
 """
 
 from __future__ import annotations
@@ -33,7 +34,6 @@ _WHOLE = frozenset(
         c.KIND_ROLLOUT,
         c.KIND_EPISODE,
         c.KIND_OUTCOME,
-        c.KIND_LIVE,
         c.KIND_TRAIN_STEP,
         c.KIND_CONSUMED,
     }
@@ -53,6 +53,8 @@ class RunInput:
     times: EpisodeTimes = field(default_factory=EpisodeTimes)
     # The run IDs the input holds (None: rollouts with no run), whichever run was asked for.
     runs: set[str | None] = field(default_factory=set)
+    # The traces that hold live markers (read whole only if their rollout span is missing).
+    marker_traces: set[str] = field(default_factory=set)
 
 
 def trace_files(paths: Iterable[str | Path]) -> list[Path]:
@@ -136,6 +138,9 @@ def picture_filter(found: RunInput, run_id: str | None) -> Callable[[Mapping[str
                 found.runs.add(run)
             if run_id is not None and run is not None and run != run_id:
                 return False
+            if kind == c.KIND_LIVE:
+                found.marker_traces.add(str(raw["traceId"]).lower())
+                return False
             rollout = attributes.get(c.ROLLOUT_ID)
             if (
                 kind in _WHOLE
@@ -207,8 +212,9 @@ def read_run_input(paths: Iterable[str | Path], *, run_id: str | None = None) ->
 
 def _read_live_traces(files: list[Path], found: RunInput) -> None:
     """Every span of the traces whose rollout only live markers know (see the module doc)."""
-    live = {s.trace_id for s in found.spans if s.attributes.get(c.KIND) == c.KIND_LIVE}
-    live -= {s.trace_id for s in found.spans if s.attributes.get(c.KIND) == c.KIND_ROLLOUT}
+    live = found.marker_traces - {
+        s.trace_id for s in found.spans if s.attributes.get(c.KIND) == c.KIND_ROLLOUT
+    }
     if not live:
         return
     have = {(s.trace_id, s.span_id) for s in found.spans if s.trace_id in live}
