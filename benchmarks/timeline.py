@@ -16,8 +16,9 @@ error and is retried, seed session, an agent invocation of four steps, each a mo
 tool call, verify), a tenth of them retried, a tenth unscored, the shape of
 ``benchmarks/readers.py`` on issue 45's branch.
 
-Then, each in a child of its own (so its peak RSS is its own, ``RUSAGE_CHILDREN``):
-``gymtrace timeline DIR -o run.html``, ``--format chrome`` and ``gymtrace report``; and headless
+Then, each in a child of its own (so its peak RSS is its own, ``RUSAGE_CHILDREN``): the floor
+(every line parsed with the standard library's ``json``, nothing kept), ``gymtrace timeline DIR -o
+run.html``, ``--format chrome`` and ``gymtrace report``; and headless
 Chromium (Debian's, as the browser tests drive it) opens the page: the CPU time of all its
 processes from navigation until the timeline says it has drawn, and the page's own clock.
 
@@ -108,6 +109,16 @@ async def main():
 with propagation.attach(carrier):
     asyncio.run(main())
 gymtrace.shutdown()
+"""
+
+
+# The floor: every line of the run parsed with the standard library's json, nothing kept.
+PARSE = r"""
+import json, sys
+for path in sys.argv[1:]:
+    with open(path, "rb") as f:
+        for line in f:
+            json.loads(line)
 """
 
 
@@ -214,6 +225,8 @@ def main() -> None:
         f" {spans:,} spans in {len(files)} files, {size / 1e6:,.0f} MB, "
         + ("kept from before" if reused else f"written in {time.perf_counter() - start:.0f} s")
     )
+    seconds, cpu, rss = timed([sys.executable, "-c", PARSE, *map(str, files)])
+    print(f"floor, parse only (json): {seconds:.1f} s ({cpu:.1f} s CPU), peak RSS {rss:,.0f} MB")
     gymtrace = [sys.executable, "-m", "gymtrace"]
     html, chrome, report = work / "run.html", work / "run.json", work / "report.html"
     for label, argv, out in (
