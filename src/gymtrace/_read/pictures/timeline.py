@@ -204,8 +204,20 @@ def chrome_events(view: RunView) -> Iterator[dict[str, Any]]:
     episode, fractional to the nanosecond."""
     origin = view.start_ns
 
-    def ts(ns: int) -> float:
-        return (ns - origin) / 1000
+    def complete(
+        name: str, cat: str, start: int, end: int, pid: int, tid: int, **more: Any
+    ) -> dict[str, Any]:
+        """A complete event (``ph: X``) from ``start`` to ``end`` (ns)."""
+        return {
+            "ph": "X",
+            "name": name,
+            "cat": cat,
+            "ts": (start - origin) / 1000,
+            "dur": (end - start) / 1000,
+            "pid": pid,
+            "tid": tid,
+            **more,
+        }
 
     groups: dict[str, int] = {}
     lane_group: dict[int, int] = {}
@@ -227,7 +239,7 @@ def chrome_events(view: RunView) -> Iterator[dict[str, Any]]:
         }
     for bar in view.bars:
         o = view.rollouts[bar.rollout].outcome
-        where = {"pid": lane_group[bar.lane], "tid": bar.lane + 1}
+        pid, tid = lane_group[bar.lane], bar.lane + 1
         args: dict[str, Any] = {
             "rollout_id": o.rollout_id,
             "task_id": o.task_id,
@@ -242,41 +254,19 @@ def chrome_events(view: RunView) -> Iterator[dict[str, Any]]:
         if bar.split is not None:
             args["time_split"] = bar.split.seconds()
         name = f"{o.rollout_id} a{bar.attempt}"
-        yield {
-            "ph": "X",
-            "name": name,
-            "cat": "episode",
-            "ts": ts(bar.start_ns),
-            "dur": (bar.end_ns - bar.start_ns) / 1000,
-            **where,
-            "args": args,
-        }
+        yield complete(name, "episode", bar.start_ns, bar.end_ns, pid, tid, args=args)
         if bar.split is None or bar.episode is None:
             continue
         intervals, _ = view.episode_times.intervals(bar.episode)
         for part, start, end in segments(bar.start_ns, bar.end_ns, intervals):
             if part != OTHER:
-                yield {
-                    "ph": "X",
-                    "name": PARTS[part],
-                    "cat": PARTS[part],
-                    "ts": ts(start),
-                    "dur": (end - start) / 1000,
-                    **where,
-                }
+                yield complete(PARTS[part], PARTS[part], start, end, pid, tid)
     if view.bands:
         yield {"ph": "M", "name": "process_name", "pid": 0, "tid": 0, "args": {"name": "train steps"}}
     for band in view.bands:
-        label = _band_label(band.step, band.policy_version)
-        yield {
-            "ph": "X",
-            "name": label,
-            "cat": "train_step",
-            "ts": ts(band.start_ns),
-            "dur": (band.end_ns - band.start_ns) / 1000,
-            "pid": 0,
-            "tid": 0,
-        }
+        yield complete(
+            _band_label(band.step, band.policy_version), "train_step", band.start_ns, band.end_ns, 0, 0
+        )
 
 
 def write_chrome_trace(view: RunView, out: TextIO) -> None:
