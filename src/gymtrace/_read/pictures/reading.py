@@ -25,7 +25,7 @@ from typing import Any
 from gymtrace import _constants as c
 from gymtrace._model.numbers import read_int
 from gymtrace._model.spandata import BadTraceData, SpanData, TraceFileError, decode_otlp_json
-from gymtrace._read.timesplit import EpisodeTimes, part_of
+from gymtrace._read.timesplit import EpisodeTimes
 
 # The kinds decoded whole: what the outcome rule, the training figures and the pictures read.
 _WHOLE = frozenset(
@@ -148,11 +148,10 @@ def picture_filter(found: RunInput, run_id: str | None) -> Callable[[Mapping[str
                 or (read_int(attributes.get(c.RAY_TASK_ATTEMPT)) or 0) >= 1
             ):
                 return True
-            part = part_of(kind, attributes.get(c.GEN_AI_OPERATION_NAME))
-            attempt = read_int(attributes.get(c.EPISODE_ATTEMPT))
-            if part is not None and attempt is not None:
-                key = (str(raw["traceId"]).lower(), rollout, attempt)
-                found.times.add(key, part, int(raw["startTimeUnixNano"]), int(raw["endTimeUnixNano"]))
+            trace_id = str(raw["traceId"]).lower()
+            found.times.add_attributes(
+                trace_id, attributes, int(raw["startTimeUnixNano"]), int(raw["endTimeUnixNano"])
+            )
             return False
         except (TypeError, KeyError, AttributeError, ValueError):
             return True  # the decoder says what is wrong, or reads it
