@@ -143,8 +143,9 @@ STEP_NUMBER: Final = "gym.step.number"
 HIERARCHY_VIOLATION: Final = "gym.hierarchy.violation"
 # Not in the fixed table: set on spans that were still open when the process was stopped.
 INTERRUPTED: Final = "gym.interrupted"
-# On a span link: why two episodes are linked (``retry`` or ``restore``), or ``run`` on the link
-# from a rollout root to its run.
+# On a span link: why two episodes are linked (``retry`` or ``restore``), ``run`` on the link
+# from a rollout root to its run, ``caller`` on the link from a rollout root to the span of a
+# caller outside the gym (a trainer) whose context reached it.
 LINK_RELATION: Final = "gym.link.relation"
 
 OUTCOME_SCORED: Final = "scored"
@@ -170,6 +171,9 @@ FAILURE_ERROR: Final = "error"
 RELATION_RETRY: Final = "retry"
 RELATION_RESTORE: Final = "restore"
 RELATION_RUN: Final = "run"
+# On a rollout's (or train step's) link to a span of another telemetry (a trainer's rollout-batch
+# span) that was current when it opened: it stays the root of its own trace (issue 44).
+RELATION_CALLER: Final = "caller"
 # On an outcome record's link to the episode it concludes.
 RELATION_OUTCOME: Final = "outcome"
 
@@ -402,6 +406,10 @@ STEP_KEPT_RAISED: Final = "raised"
 SCORE_REWARD: Final = "reward"  # the MLflow assessment / Phoenix span annotation of a rollout's reward
 SCORE_SOURCE: Final = "gymtrace"  # its MLflow source_id and Phoenix identifier: one score per rollout
 SCORE_ATTEMPT: Final = "gym.rollout.attempt"  # score metadata: the attempt the reward is from
+# `gymtrace push` into an experiment/project other than the one already holding a trace: the trace
+# goes under an ID derived from (original ID, experiment), and each of its spans carries the original
+# (the ID the files and `join_keys()` hold); MLflow shows it as a trace tag, Phoenix in the metadata.
+PUSH_ORIGINAL_TRACE_ID: Final = "gym.push.original_trace_id"
 # MLflow: span type, trace tags (a root span's "mlflow.traceTag.<key>" attributes), trace name,
 # session (any span's session.id becomes the trace's mlflow.trace.session metadata).
 MLFLOW_SPAN_TYPE: Final = "mlflow.spanType"

@@ -35,7 +35,13 @@ def run(args: argparse.Namespace) -> int:
             "-" if o.repeat is None else str(o.repeat),
             o.outcome,
             _reward_text(o.reward),
-            str(o.attempts) + (f" ({o.task_reruns} Ray re-run)" if o.task_reruns else ""),
+            str(o.attempts)
+            + (f" ({o.task_reruns} Ray re-run)" if o.task_reruns else "")
+            + (
+                f" (+{len(o.lost_attempts)} lost: {_attempts_text(o.lost_attempts)})"
+                if o.lost_attempts
+                else ""
+            ),
             _ran_in(o.services),
             o.source,
         )
@@ -58,3 +64,7 @@ def _ran_in(services: tuple[str, ...]) -> str:
     if len(set(services)) == 1 and services[0]:
         return services[0]
     return " ".join(f"{attempt}@{service or '?'}" for attempt, service in enumerate(services))
+
+
+def _attempts_text(attempts: tuple[int, ...]) -> str:
+    return ("attempt " if len(attempts) == 1 else "attempts ") + ", ".join(map(str, attempts))

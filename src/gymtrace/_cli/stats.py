@@ -165,6 +165,11 @@ def _stats_line(run: RunStats, *, failed_as_zero: bool) -> str:
         f"run {run.run_id or '(no run)'}: {run.rollouts} rollouts, {run.scored} scored, {run.unscored} unscored"
         + (f", {run.pending} pending (outcome expected from another process)" if run.pending else "")
         + (f", {run.lost} lost (its process died before it ended)" if run.lost else "")
+        + (
+            f", {run.lost_attempts} lost attempt(s) (killed, then run again by a resume)"
+            if run.lost_attempts
+            else ""
+        )
         + ";"
         f" mean {mean} over {run.inputs} input{'s' if run.inputs != 1 else ''} ({over})"
     )

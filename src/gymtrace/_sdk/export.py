@@ -8,8 +8,9 @@
 - a batch the exporter could not deliver (the Collector is restarting) goes back into the queue and
   is tried again after a backoff, so a short outage loses nothing that fits in the queue;
 - the caller pays for a lock and a deque append; encoding and network I/O happen on the worker.
-- a full queue holds the caller until the worker takes it, while the exporter delivers, so a
-  burst arrives whole in bounded memory (:meth:`BatchExporter._wait_for_room`).
+- a full queue holds the caller until the worker takes it (a worker starved of the GIL, or
+  writing to a local file), so a burst arrives whole in bounded memory; a network export under way
+  never holds it (:meth:`BatchExporter._wait_for_room`).
 
 **Keeping up at env-step rate.** At CartPole rate (~30k spans/s) the queue used to
 overflow even with the file exporter. Instrumenting the worker showed why: its own CPU is small
@@ -74,7 +75,7 @@ _BACKOFF_MAX = 5.0
 _MAX_TRIES = 20
 # With the queue full, the caller waits this long at most for the worker to take it, once per
 # stall: past it, the oldest spans are dropped (counted) until an export succeeds again.
-_ROOM_WAIT = 5.0
+ROOM_WAIT = 5.0
 # With the queue this deep (see BatchExporter._yield_depth), the application's thread gives the
 # GIL away once every this many spans (a mask: every 64th).
 _YIELD_EVERY_MASK = 63
@@ -167,7 +168,8 @@ class BatchExporter:
         shutdown_timeout: float = 5.0,
         max_drain: int | None = None,
         observer: Callable[[], None] | None = None,
-        max_wait: float = _ROOM_WAIT,
+        max_wait: float = ROOM_WAIT,
+        local_sink: bool = False,
     ) -> None:
         self.exporter = exporter
         self.name = name
@@ -180,6 +182,11 @@ class BatchExporter:
         self.max_drain = max(self.max_batch_size, min(max_drain or self.max_batch_size, max_queue_size))
         self._yield_depth = max(2 * self.max_batch_size, max_queue_size // 4)
         self.max_wait = max_wait
+        # The exporter writes on this machine (a file, the console): a full queue waits for it even
+        # mid-export, which it finishes at the disk's pace; a network export may hang on a stalled
+        # Collector, and that must never hold the application (only a worker between batches is
+        # waited for then).
+        self.local_sink = local_sink
         # A wait for room ran out while the exporter was neither failing nor taking spans (a
         # Collector that hangs): drop instead of waiting again until an export succeeds.
         self._congested = False
@@ -244,14 +251,18 @@ class BatchExporter:
     def _wait_for_room(self) -> None:
         """The queue is full: hold the caller until the worker takes it (lock held).
 
-        A burst fills the queue while the worker waits for the GIL or writes the batch before; the
-        caller waiting on the condition hands it both, so a burst arrives whole with memory bounded
-        by the queue (and the batch the worker holds). No wait while the exporter fails (its
-        backoff: the spans could not go anywhere), after shutdown, on the worker's own thread, or
-        after a wait ran out until an export succeeds again: then the oldest go, counted, as before.
+        A burst fills the queue while the worker waits for the GIL, or writes the batch before to a
+        local sink; the caller waiting on the condition hands it both, so a burst arrives whole
+        with memory bounded by the queue (and the batch the worker holds). No wait while a network
+        export is under way (a stalled Collector must not stretch a rollout), while the exporter
+        fails (its backoff: the spans could not go anywhere), after shutdown, on the worker's own
+        thread, or after a wait ran out until an export succeeds again: then the oldest go,
+        counted, as before.
         """
         worker = self._thread
         if self._backoff or self._congested or self._shutdown or worker is None:
+            return
+        if self._exporting and not self.local_sink:
             return
         if worker.ident == threading.get_ident():
             return
@@ -263,6 +274,12 @@ class BatchExporter:
                 self._congested = True
                 return
             self._idle.wait(remaining)
+
+    def send_soon(self) -> None:
+        """Send what is queued now, without waiting for it (live markers: ``_scopes.live``); not
+        while backing off from a failed export, which the next try is timed for."""
+        if not self._backoff:
+            self._wake.set()
 
     def force_flush(self, timeout_millis: int = 30000) -> bool:
         """Wait until everything queued now was handed to the exporter; False on timeout."""
