@@ -231,6 +231,11 @@ def test_demo_exercises_every_case_and_passes_check(tmp_path: Path, argv: list[s
     assert "arith-004/r0     reward=1" in out.stdout and "arith-004/r1     reward=1" in out.stdout
     check = run_gymtrace("check", "gymtrace-traces.jsonl", cwd=tmp_path)
     assert check.returncode == 0, check.stdout
+    # It ends with the run's report, beside the trace file.
+    (report,) = [Path(line.split()[1]) for line in out.stdout.splitlines() if line.startswith("report: ")]
+    assert report.parent == tmp_path.resolve() and "8 rollouts" in out.stdout
+    page = report.read_text()
+    assert 'class="gymtrace-timeline"' in page and "<h2>Where the time went</h2>" in page
     if "--quiet" not in argv:
         for expected in (
             "restored=True",

@@ -271,6 +271,9 @@ CONTENT_OMITTED: Final = "gym.content.omitted"
 OPERATION_INVOKE_AGENT: Final = "invoke_agent"
 OPERATION_CHAT: Final = "chat"
 OPERATION_EXECUTE_TOOL: Final = "execute_tool"
+# The conventions' other inference operations: like chat, a model call (the time split's model part).
+OPERATION_TEXT_COMPLETION: Final = "text_completion"
+OPERATION_GENERATE_CONTENT: Final = "generate_content"
 EVALUATION_NAME_REWARD: Final = "reward"
 
 # Response details (GenAI conventions): what tells server queueing from prefix-cache misses from the
@@ -338,6 +341,20 @@ SERVICE_INSTANCE_ID: Final = "service.instance.id"
 # -- instrumentation scope ----------------------------------------------------------------------------
 
 INSTRUMENTATION_NAME: Final = "gymtrace"
+
+# -- what the readers make of a run (gymtrace rollouts --json, stats, timeline, report) ---------------
+
+# A sampled-out rollout's one remaining span says it (gym.rollout.detail = false): no episode below
+# it was kept, so the readers draw it as a plain bar, without a time split.
+ROLLOUT_DETAIL: Final = "gym.rollout.detail"
+# The time split's parts (fixed: the keys of ``time_split``), in precedence order: where two overlap,
+# the first takes the time; ``other`` is what none covers (the harness, queueing).
+SPLIT_MODEL: Final = "model"
+SPLIT_TOOL: Final = "tool"
+SPLIT_ENV: Final = "env"
+SPLIT_VERIFY: Final = "verify"
+SPLIT_OTHER: Final = "other"
+SPLIT_PARTS: Final = (SPLIT_MODEL, SPLIT_TOOL, SPLIT_ENV, SPLIT_VERIFY, SPLIT_OTHER)
 
 # -- integrations ---------------------------------------------------------------------------
 

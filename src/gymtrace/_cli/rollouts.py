@@ -11,6 +11,7 @@ from gymtrace._cli.common import print_table, read_spans
 
 def run(args: argparse.Namespace) -> int:
     from gymtrace._read.outcomes import dedupe, final_outcomes
+    from gymtrace._read.timesplit import rollout_splits, split_json
     from gymtrace._read.training import finish_rows, read_training
 
     spans = read_spans(args)
@@ -21,8 +22,10 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         training = read_training(dedupe(spans), outcomes)
         finish_rows(training, outcomes)
+        splits = rollout_splits(spans, outcomes)
         for o in outcomes:
-            print(json.dumps({**o.as_json(), **training.row(o).as_json()}))
+            time_split = split_json(splits[id(o)])
+            print(json.dumps({**o.as_json(), **training.row(o).as_json(), "time_split": time_split}))
         return 0
     rows = [
         (

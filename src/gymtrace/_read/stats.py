@@ -153,3 +153,13 @@ def summarise(
                 )
             )
     return result
+
+
+def members_of(run: RunStats, outcomes: Iterable[RolloutOutcome]) -> list[RolloutOutcome]:
+    """The outcomes :func:`summarise` counted in ``run`` (its run ID; its run span too when several
+    runs share the ID)."""
+    return [
+        o
+        for o in outcomes
+        if o.run_id == run.run_id and (run.runs_sharing_id <= 1 or o.run_span_id == run.run_span_id)
+    ]
