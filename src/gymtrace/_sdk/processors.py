@@ -60,8 +60,6 @@ def build_processors(settings: _settings.Settings, headers: Mapping[str, str] | 
             # gymtrace's OTLP exporters split requests at 4 MiB and the file exporter writes a
             # line per batch: each can take the whole backlog in one call (_export.py).
             "max_drain": settings.max_queue_size if _splits_requests(name, exporter) else None,
-            # Written on this machine: a full queue waits for it rather than drop (_export.py).
-            "local_sink": name in ("file", "console"),
         }
         if target and settings.encoder == _settings.ENCODER_PROCESS:
             # The same queue and exporter in a child process (_export_process.py); this process's
