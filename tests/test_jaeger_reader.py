@@ -9,6 +9,7 @@ from __future__ import annotations
 import copy
 import json
 from collections.abc import Mapping
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -56,6 +57,10 @@ V1 = {
         _v1_span("00000000000000b2", "episode", [(TRACE, "00000000000000b1")]),
         _v1_span("00000000000000b3", "episode", [(TRACE, "00000000000000b2")], gym_episode_restored=True),
         _v1_span("00000000000000c1", "outcome", [(TRACE, "00000000000000b3")]),
+        # A rollout a trainer asked for under a run: its run first, then the trainer's batch span.
+        _v1_span(
+            "00000000000000d1", "rollout", [(RUN_TRACE[16:], "00000000000000f1"), (TRACE, "00000000000000e1")]
+        ),
     ],
 }
 
@@ -71,6 +76,7 @@ def test_without_v3_each_links_relation_is_inferred_from_the_span_it_starts_at()
         "00000000000000b2": [c.RELATION_RETRY],
         "00000000000000b3": [c.RELATION_RESTORE],
         "00000000000000c1": [c.RELATION_OUTCOME],
+        "00000000000000d1": [c.RELATION_RUN, c.RELATION_CALLER],
     }
     # Jaeger prints a trace ID with zero high bits as 16 digits; records always carry 32.
     (rollout_link,) = spans[0].links
@@ -197,9 +203,18 @@ def test_a_search_pages_through_every_trace_holding_one_page_at_a_time(
     traces = list(JaegerClient("http://jaeger").traces(None, {c.RUN_ID: "paged"}))
     assert sorted(t[0].trace_id for t in traces) == sorted(by_trace) and len(traces) == 41
     assert max(jaeger.answered) <= 6 and len(jaeger.answered) > 41 / 6
-    # The readers read Jaeger's run as they read the file the run wrote.
+    # The readers read Jaeger's run as they read the file the run wrote, at Jaeger's resolution
+    # (microseconds: the time split and the durations are read from the times).
     path = tmp_path / "run.jsonl"
-    path.write_text(json.dumps(encode_spandata_json(normalize(captured.spans))) + "\n")
+    in_us = [
+        replace(
+            s,
+            start_ns=s.start_ns // 1000 * 1000,
+            end_ns=(s.start_ns // 1000 + (s.end_ns - s.start_ns) // 1000) * 1000,
+        )
+        for s in normalize(captured.spans)
+    ]
+    path.write_text(json.dumps(encode_spandata_json(in_us)) + "\n")
     for argv in (["rollouts", "--json"], ["stats", "--json"]):
         assert main([*argv, str(path)]) == 0
         from_file = capsys.readouterr().out

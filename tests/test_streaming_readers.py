@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 import gymtrace
+from built_runs import BuiltRun
 from gymtrace import _constants as c
 from gymtrace._cli import main
 from gymtrace._model.spandata import (
@@ -24,10 +25,12 @@ from gymtrace._model.spandata import (
     normalize,
     read_otlp_json_lines,
 )
+from gymtrace._read import source
 from gymtrace._read.check import stream
 from gymtrace._read.check.stream import HELD_SPANS, SpreadTooThin, check_files
 from gymtrace._read.outcomes import dedupe, final_outcomes
-from gymtrace._read.source import read_summary_spans
+from gymtrace._read.source import fork_context, halves, read_summary_spans
+from gymtrace._read.timesplit import rollout_splits, split_json
 from gymtrace._read.training import finish_rows, read_training
 from gymtrace._scopes import consumed as _consumed
 from gymtrace._scopes import training as _training
@@ -106,7 +109,11 @@ def _whole_rows(path: Path) -> list[str]:
     outcomes = final_outcomes(spans)
     training = read_training(dedupe(spans), outcomes)
     finish_rows(training, outcomes)
-    return [json.dumps({**o.as_json(), **training.row(o).as_json()}) for o in outcomes]
+    splits = rollout_splits(spans, outcomes)  # the time split's parts from every span
+    return [
+        json.dumps({**o.as_json(), **training.row(o).as_json(), "time_split": split_json(splits[id(o)])})
+        for o in outcomes
+    ]
 
 
 def test_streamed_rows_equal_the_rows_read_from_every_span(
@@ -117,6 +124,118 @@ def test_streamed_rows_equal_the_rows_read_from_every_span(
     assert out.splitlines() == _whole_rows(run_file)
     rows = [json.loads(line) for line in out.splitlines()]
     assert {r["outcome"] for r in rows} == {"scored", "unscored"} and max(r["attempts"] for r in rows) == 2
+
+
+def _split_run(path: Path) -> Path:
+    """Rollout a, in an environment integration (``gym.env.id``): attempt 0 failed (0.4 ms model,
+    0.3 ms tool past the model call, 0.3 ms other, of 1 ms), attempt 1 scored (a 0.2 ms seed
+    session, a 0.3 ms step span and 0.2 ms more of aggregated steps; another library's chat span
+    and a model call, 0.5 ms together; another process's tool span, 0.4 ms; a 0.2 ms verify; 0.2 ms
+    other, of 2 ms). Rollout b: a 1.5 ms tool call around a 0.5 ms model call (a subagent) inside
+    an agent's step, of 4 ms. Rollout c: sampled out. Rollout d: a killed pass left a model call
+    of attempt 0 whose episode never ended; the resume ran attempt 0 again (0.3 ms model of 1 ms)."""
+    run = BuiltRun("split")
+    a = run.rollout("a")
+    first = a.episode(
+        0, 1_000, outcome=c.OUTCOME_FAILED, failure=c.FAILURE_INFRASTRUCTURE, gym__env__id="Maze-v0"
+    )
+    first.child(c.KIND_MODEL_CALL, 0, 400, gen_ai__usage__output_tokens=5)
+    first.child(c.KIND_TOOL_CALL, 300, 700)
+    second = a.episode(2_000, 4_000, reward=1.0, gym__env__id="Maze-v0", gym__steps__duration__total_ms=0.5)
+    second.child(c.KIND_SEED_SESSION, 2_000, 2_200)
+    second.child(c.KIND_STEP, 2_200, 2_500)
+    second.child(None, 2_500, 2_900, operation=c.OPERATION_CHAT)
+    second.child(c.KIND_MODEL_CALL, 2_600, 3_000, gen_ai__usage__output_tokens=11)
+    second.child(None, 3_000, 3_400, operation=c.OPERATION_EXECUTE_TOOL, service="env-server")
+    second.child(c.KIND_VERIFY, 3_800, 4_000)
+    a.end(reward=1.0)
+    b = run.rollout("b", repeat=1)
+    agent = b.episode(10_000, 14_000, reward=0.0)
+    agent.child(c.KIND_STEP, 10_000, 14_000)
+    agent.child(c.KIND_TOOL_CALL, 11_000, 13_000)
+    agent.child(c.KIND_MODEL_CALL, 11_500, 12_000)
+    b.end(reward=0.0)
+    run.rollout("c", repeat=2).end(reward=0.5, detail=False, end_us=20_000)
+    d = run.rollout("d", repeat=3)
+    killed = d.episode(20_000, 21_000)
+    killed.child(c.KIND_MODEL_CALL, 20_100, 20_500, gen_ai__usage__output_tokens=3)
+    run.spans.remove(killed.span)  # its process was killed before the episode ended
+    d.episodes.clear()
+    d.episode(30_000, 31_000, reward=1.0).child(c.KIND_MODEL_CALL, 30_100, 30_400)
+    d.end(reward=1.0)
+    return run.write(path)
+
+
+def _json_lines(capsys: pytest.CaptureFixture[str], argv: list[str]) -> list[str]:
+    code, out, err = _out(capsys, argv)
+    assert code == 0 and not err, err
+    return out.splitlines()
+
+
+def _read_by_one_and_two_processes(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, path: Path, argvs: list[list[str]]
+) -> tuple[dict[tuple[str, ...], list[str]], dict[tuple[str, ...], list[str]]]:
+    """Each reader's output on ``path`` read by one process, then by two (forced: the file is
+    small)."""
+    one = {tuple(argv): _json_lines(capsys, [*argv, str(path)]) for argv in argvs}
+    cuts: list[object] = []
+    monkeypatch.setattr(source, "PARALLEL_BYTES", 0)
+    monkeypatch.setattr(source, "halves", lambda files: cuts.append(files) or halves(files))
+    two = {tuple(argv): _json_lines(capsys, [*argv, str(path)]) for argv in argvs}
+    monkeypatch.undo()
+    assert len(cuts) == len(argvs)  # each read in two halves
+    return one, two
+
+
+def test_the_time_split_streamed_by_one_or_two_processes_is_what_every_span_gives(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    if fork_context() is None:
+        pytest.skip("the two-process read needs two cores and fork")
+    path = _split_run(tmp_path / "run.jsonl")
+    one, two = _read_by_one_and_two_processes(capsys, monkeypatch, path, READERS[:2])
+    assert two == one
+
+    assert one[("rollouts", "--json")] == _whole_rows(path)
+    rows = {r["rollout_id"]: r for r in map(json.loads, one[("rollouts", "--json")])}
+    assert rows["a"]["time_split"] == pytest.approx(
+        {"model": 0.0009, "tool": 0.0007, "env": 0.0007, "verify": 0.0002, "other": 0.0005}
+    )
+    assert rows["b"]["time_split"] == pytest.approx(
+        {"model": 0.0005, "tool": 0.0015, "env": 0.0, "verify": 0.0, "other": 0.002}
+    )
+    assert rows["c"]["time_split"] is None
+    assert rows["d"]["time_split"] == pytest.approx(
+        {"model": 0.0003, "tool": 0.0, "env": 0.0, "verify": 0.0, "other": 0.0007}
+    )
+    assert (rows["a"]["attempts"], rows["d"]["lost_attempts"], rows["a"]["lost_attempts"]) == (2, [0], [])
+    (stats,) = map(json.loads, one[("stats", "--json")])
+    assert stats["time_split"] == pytest.approx(
+        {"model": 0.0017, "tool": 0.0022, "env": 0.0007, "verify": 0.0002, "other": 0.0032}
+    )
+    assert stats["time_share"]["tool"] == pytest.approx(0.0022 / 0.008)
+    # Rollout durations (a root is 1 us longer than its episodes each side): a 4.002 ms, b 4.002 ms,
+    # c 20 ms (its root only), d 1.002 ms (the resume's): nearest rank.
+    assert (stats["rollout_seconds_p50"], stats["rollout_seconds_p99"]) == pytest.approx((0.004002, 0.020))
+    assert stats["lost_attempts"] == 1
+    # d's trace was read again whole (for its lost attempt): its dropped call's tokens count once.
+    summary = read_summary_spans([path])
+    outcomes = final_outcomes(summary.spans)
+    streamed = read_training(dedupe(summary.spans), outcomes, summary.tokens).tokens_by_trace
+    every = read_otlp_json_lines(path)
+    assert streamed == read_training(dedupe(every), final_outcomes(every)).tokens_by_trace
+    assert streamed[rows["d"]["trace_id"]] == 3
+
+
+def test_every_reader_gives_the_same_json_read_by_one_process_or_two(
+    run_file: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    if fork_context() is None:
+        pytest.skip("the two-process read needs two cores and fork")
+    one, two = _read_by_one_and_two_processes(capsys, monkeypatch, run_file, READERS)
+    assert two == one
+    (step,) = [json.loads(line) for line in one[("stats", "--by", "train_step", "--json")][:1]]
+    assert step["time_split"]["model"] > 0 and step["time_split"]["tool"] > 0
 
 
 def test_output_tokens_of_the_dropped_model_calls_still_count_once_in_a_file_appended_to_itself(

@@ -376,6 +376,13 @@ def encode_otlp_json(spans: Iterable[Any]) -> dict[str, Any]:
 _ATTEMPT_SUFFIX = re.compile(r"^(.+)-a([0-9]{1,9})$")
 
 
+def nemo_gym_identity(key: str) -> tuple[str, int | None]:
+    """The rollout ID and attempt that NeMo Gym's capture key ``nemo.gym.rollout.id`` names: the key,
+    with ``-a{n}`` after attempt 0 (None: no suffix)."""
+    qualified = _ATTEMPT_SUFFIX.match(key)
+    return (qualified.group(1), int(qualified.group(2))) if qualified else (key, None)
+
+
 def _with_rollout_id(attributes: dict[str, Any]) -> dict[str, Any]:
     """NeMo Gym's own telemetry names a rollout ``nemo.gym.rollout.id`` (its capture key, with
     ``-a{n}`` after attempt 0): where no ``gym.rollout.id`` is set, that key is the rollout ID, and
@@ -383,10 +390,10 @@ def _with_rollout_id(attributes: dict[str, Any]) -> dict[str, Any]:
     key = attributes.get(c.NEMO_GYM_ROLLOUT_ID)
     if c.ROLLOUT_ID in attributes or not isinstance(key, str) or not key:
         return attributes
-    qualified = _ATTEMPT_SUFFIX.match(key)
-    attributes[c.ROLLOUT_ID] = qualified.group(1) if qualified else key
-    if qualified and c.EPISODE_ATTEMPT not in attributes:
-        attributes[c.EPISODE_ATTEMPT] = int(qualified.group(2))
+    rollout_id, attempt = nemo_gym_identity(key)
+    attributes[c.ROLLOUT_ID] = rollout_id
+    if attempt is not None and c.EPISODE_ATTEMPT not in attributes:
+        attributes[c.EPISODE_ATTEMPT] = attempt
     return attributes
 
 

@@ -4,13 +4,17 @@ A training run's file holds ~18 spans per rollout; ``gymtrace rollouts``, ``stat
 answer from a few of them: the rollout roots, outcome records and episodes (the outcome rule), the
 run spans, train steps and consumed records (the training figures), Ray's re-run tasks and the live
 markers. :func:`read_summary_spans` decodes only those and drops the rest unread: its steps, turns,
-model and tool calls, whose one figure the readers take (a model call's output tokens) is summed
-as the file streams by (:class:`TokenTotals`). Memory grows with the rollouts, not with the spans.
+model and tool calls, of which the readers take two things, taken as the file streams by: a model
+call's output tokens, summed (:class:`TokenTotals`), and a span's part of its episode's time split
+(model, tool, env, verify: a few integers in :class:`~gymtrace._read.timesplit.EpisodeTimes`).
+Memory grows with the rollouts, not with the spans.
 
 A span is dropped only when it carries a rollout ID (so it is inside a rollout: never a run span
 or an ancestor the readers walk up through) and its kind is none the readers read. What
 ``gymtrace live`` would call ``lost`` (a rollout with live markers and no end) is judged from every
-span of its trace, so those traces are read whole in a second pass.
+span of its trace, and so is an attempt a killed process left (``lost_attempts``: spans of the
+rollout cut off from its root, ended before it started): those traces are read whole in a second
+pass.
 """
 
 from __future__ import annotations
@@ -36,11 +40,14 @@ from gymtrace._model.spandata import (
     Warn,
     decode_any_value,
     decode_held,
+    is_marker,
     iter_otlp_json_lines,
+    nemo_gym_identity,
     plain_value,
     raw_attributes,
     trace_files,
 )
+from gymtrace._read.timesplit import EpisodeTimes, part_of
 
 # The kinds the summary readers read whole.
 _READ_KINDS = frozenset(
@@ -103,6 +110,69 @@ class TokenTotals:
             vkey = (run, str(version))
             self.by_version[vkey] = self.by_version.get(vkey, 0) + tokens
 
+    def forget(self, trace_id: str, span_id: str, tokens: int, run_id: object, version: object) -> None:
+        """Take back a span's tokens: it is read whole after all (a trace read again in a second
+        pass), so the readers count them from the span."""
+        try:
+            key = int(trace_id, 16) << 64 | int(span_id, 16)
+        except ValueError:
+            key = hash((trace_id, span_id))
+        if key not in self._seen:
+            return  # not counted here, or taken back already (the span's copy)
+        self._seen.discard(key)
+        self.by_trace[trace_id] -= tokens
+        if version is not None:
+            vkey = (run_id if isinstance(run_id, str) else None, str(version))
+            self.by_version[vkey] -= tokens
+
+
+def _end_key(trace_id: str, rollout_id: str) -> int:
+    """The key of :class:`Ends`: a hash, as small as a key gets (two keys that collide only make a
+    trace read again whole, never a different answer)."""
+    return hash((trace_id, rollout_id))
+
+
+@dataclass
+class Ends:
+    """Per (trace, rollout ID) of the spans a reader dropped, the earliest end: what tells whether
+    one of them may be an attempt a killed process left (``_read.outcomes.lost_attempts``: it ended
+    before its rollout's root started), and so whether its trace must be read whole."""
+
+    earliest: dict[int, int] = field(default_factory=dict)
+
+    def add(self, trace_id: str, rollout_id: str, end: int) -> None:
+        key = _end_key(trace_id, rollout_id)
+        found = self.earliest.get(key)
+        if found is None or end < found:
+            self.earliest[key] = end
+
+    def merge(self, other: Ends) -> None:
+        for key, end in other.earliest.items():
+            found = self.earliest.get(key)
+            if found is None or end < found:
+                self.earliest[key] = end
+
+    def cut_traces(self, kept: Iterable[SpanData]) -> set[str]:
+        """The traces in which a span of a rollout (dropped, or among ``kept``) ended at or before
+        the start of that rollout's root: read whole, so ``lost_attempts`` judges them from every
+        span, as when nothing is dropped."""
+        ends = Ends(dict(self.earliest))
+        roots: dict[tuple[str, str], int] = {}
+        for span in kept:
+            rollout_id = span.attributes.get(c.ROLLOUT_ID)
+            if rollout_id.__class__ is not str or is_marker(span):
+                continue
+            ends.add(span.trace_id, rollout_id, span.end_ns)
+            if span.attributes.get(c.KIND) == c.KIND_ROLLOUT:
+                key = (span.trace_id, rollout_id)
+                roots[key] = max(roots.get(key, span.start_ns), span.start_ns)
+        earliest = ends.earliest
+        return {
+            trace_id
+            for (trace_id, rollout_id), start in roots.items()
+            if earliest.get(_end_key(trace_id, rollout_id), start + 1) <= start
+        }
+
 
 def _rollout_id(attributes: Mapping[str, Any]) -> object:
     if c.ROLLOUT_ID in attributes:
@@ -119,9 +189,20 @@ def summary_span(span: SpanData) -> bool:
     return (read_int(attributes.get(c.RAY_TASK_ATTEMPT)) or 0) >= 1
 
 
-def summary_filter(tokens: TokenTotals) -> Callable[[Mapping[str, Any]], bool]:
+def _nanoseconds(value: object) -> int | None:
+    """A span's time as the decoder reads it when it is plain: ASCII digits (as gymtrace writes
+    int64) or a JSON integer; None for anything else (the span is decoded: read, or named)."""
+    if isinstance(value, str):
+        return int(value) if value.isdigit() and value.isascii() else None
+    return value if type(value) is int else None  # not a bool
+
+
+def summary_filter(
+    tokens: TokenTotals, times: EpisodeTimes | None = None, ends: Ends | None = None
+) -> Callable[[Mapping[str, Any]], bool]:
     """The ``keep`` of :func:`iter_otlp_json_lines` for the summary readers: True for a span they
-    read; a dropped span's output tokens go to ``tokens``.
+    read; a dropped span's output tokens go to ``tokens``, its part of the time split (a model or
+    tool call, a seed session, a step, a verify) to ``times``, its end to ``ends``.
 
     It runs on every span of the input, so it reads no more than it must: the attribute keys,
     listed in C, then the values of a few of them. A value that is not
@@ -145,9 +226,12 @@ def summary_filter(tokens: TokenTotals) -> Callable[[Mapping[str, Any]], bool]:
             if value.__class__ is not dict:
                 return True
             kind = value.get("stringValue")
-            if kind.__class__ is str and kind in _READ_KINDS:
-                return True
-        if c.ROLLOUT_ID in keys:
+            if kind.__class__ is not str or kind in _READ_KINDS:
+                return True  # read, or a kind that is not plain: the decoder reads it
+        else:
+            kind = None
+        nemo = c.ROLLOUT_ID not in keys
+        if not nemo:
             value = items[keys.index(c.ROLLOUT_ID)].get("value")
         elif c.NEMO_GYM_ROLLOUT_ID in keys:
             value = items[keys.index(c.NEMO_GYM_ROLLOUT_ID)].get("value")  # NeMo Gym's own key
@@ -161,25 +245,53 @@ def summary_filter(tokens: TokenTotals) -> Callable[[Mapping[str, Any]], bool]:
             attempt = plain_value(items[keys.index(c.RAY_TASK_ATTEMPT)].get("value"))
             if attempt is NOT_PLAIN or (read_int(attempt) or 0) >= 1:
                 return True
-        if c.GEN_AI_USAGE_OUTPUT_TOKENS not in keys:
-            return False
-        count = plain_value(items[keys.index(c.GEN_AI_USAGE_OUTPUT_TOKENS)].get("value"))
-        if count is NOT_PLAIN:
-            return True
-        count = read_int(count)
+        # Dropped. Everything that may yet keep it is read before anything is counted: a span kept
+        # is counted from its decoded self.
+        trace_id = raw.get("traceId")
+        end = _nanoseconds(raw.get("endTimeUnixNano"))
+        if trace_id.__class__ is not str or end is None:
+            return True  # decoded: the decoder reads it, or names what is wrong
+        count = 0
+        if c.GEN_AI_USAGE_OUTPUT_TOKENS in keys:
+            count = plain_value(items[keys.index(c.GEN_AI_USAGE_OUTPUT_TOKENS)].get("value"))
+            if count is NOT_PLAIN:
+                return True
+            count = read_int(count)
+            if count:
+                span_id = raw.get("spanId")
+                run_id, version = (
+                    plain_value(items[keys.index(key)].get("value")) if key in keys else None
+                    for key in (c.RUN_ID, c.POLICY_VERSION)
+                )
+                if span_id.__class__ is not str or NOT_PLAIN in (run_id, version):
+                    return True
+        if kind is None and c.GEN_AI_OPERATION_NAME in keys:
+            operation = plain_value(items[keys.index(c.GEN_AI_OPERATION_NAME)].get("value"))
+            if operation is NOT_PLAIN:
+                return True
+            part = part_of(None, operation)
+        else:
+            part = part_of(kind, None)
+        trace_id = trace_id.lower()
+        rollout_id = value["stringValue"]
+        attempt = None
+        if nemo:
+            rollout_id, attempt = nemo_gym_identity(rollout_id)
+        if part is not None:
+            start = _nanoseconds(raw.get("startTimeUnixNano"))
+            if start is None:
+                return True
+            if c.EPISODE_ATTEMPT in keys:
+                attempt = plain_value(items[keys.index(c.EPISODE_ATTEMPT)].get("value"))
+                if attempt is NOT_PLAIN:
+                    return True
+                attempt = read_int(attempt)
+            if attempt is not None and times is not None:
+                times.add((trace_id, rollout_id, attempt), part, start, end)
+        if ends is not None:
+            ends.add(trace_id, rollout_id, end)
         if count:
-            trace_id, span_id = raw.get("traceId"), raw.get("spanId")
-            run_id, version = (
-                plain_value(items[keys.index(key)].get("value")) if key in keys else None
-                for key in (c.RUN_ID, c.POLICY_VERSION)
-            )
-            if (
-                trace_id.__class__ is not str
-                or span_id.__class__ is not str
-                or NOT_PLAIN in (run_id, version)
-            ):
-                return True  # decoded: the decoder reads it, or names what is wrong
-            tokens.add(trace_id.lower(), span_id.lower(), count, run_id, version)
+            tokens.add(trace_id, span_id.lower(), count, run_id, version)
         return False
 
     return keep
@@ -187,35 +299,46 @@ def summary_filter(tokens: TokenTotals) -> Callable[[Mapping[str, Any]], bool]:
 
 @dataclass
 class Summary:
-    """What :func:`read_summary_spans` read: the spans kept, and the dropped spans' tokens."""
+    """What :func:`read_summary_spans` read: the spans kept, the dropped spans' tokens, and the
+    parts of every episode's time (the kept spans' too: ``rollout_splits(..., times=)``)."""
 
     spans: list[SpanData]
     tokens: TokenTotals
+    times: EpisodeTimes = field(default_factory=EpisodeTimes)
 
 
 # From this many bytes on, a second process reads half of the input (below it, starting one costs
 # more than it saves).
 PARALLEL_BYTES = 48 << 20
 
-# What one process read of its parts: the spans kept, the tokens of the dropped ones, the warnings
-# in order, and the error that stopped it.
-_Read = tuple[list[SpanData], TokenTotals, list[str], Exception | None]
+
+@dataclass
+class _Read:
+    """What one process read of its parts: the spans kept, what the filter took of the dropped
+    ones, the warnings in order, and the error that stopped it."""
+
+    spans: list[SpanData]
+    tokens: TokenTotals
+    times: EpisodeTimes
+    ends: Ends
+    warnings: list[str]
+    error: Exception | None = None
 
 
 def _read_parts(parts: list[tuple[Path, Part]], entries: bool) -> _Read:
-    tokens = TokenTotals(entries={} if entries else None)
-    keep = summary_filter(tokens)
-    warnings: list[str] = []
-    spans: list[SpanData] = []
+    found = _Read([], TokenTotals(entries={} if entries else None), EpisodeTimes(), Ends(), [])
+    keep = summary_filter(found.tokens, found.times, found.ends)
     try:
         with gc_paused():
             for path, part in parts:
-                spans.extend(
-                    iter_otlp_json_lines(path, warn=warnings.append, keep=keep, part=part, decode=decode_held)
+                found.spans.extend(
+                    iter_otlp_json_lines(
+                        path, warn=found.warnings.append, keep=keep, part=part, decode=decode_held
+                    )
                 )
     except (TraceFileError, OSError) as exc:
-        return spans, tokens, warnings, exc
-    return spans, tokens, warnings, None
+        found.error = exc
+    return found
 
 
 def halves(files: list[Path]) -> tuple[list[tuple[Path, Part]], list[tuple[Path, Part]]]:
@@ -261,56 +384,79 @@ def _read_all(files: list[Path], parallel_from: int) -> _Read:
     first, second = halves(files)
     with ProcessPoolExecutor(max_workers=1, mp_context=context) as pool:
         later = pool.submit(_read_parts, second, True)
-        spans, tokens, warnings, error = _read_parts(first, entries=True)
-        if error is not None:
+        found = _read_parts(first, entries=True)
+        if found.error is not None:
             later.cancel()
-            return spans, tokens, warnings, error
-        more, more_tokens, more_warnings, error = later.result()
-    for key, entry in (more_tokens.entries or {}).items():
-        tokens.add_keyed(key, *entry)
-    return spans + more, tokens, warnings + more_warnings, error
+            return found
+        more = later.result()
+    for key, entry in (more.tokens.entries or {}).items():
+        found.tokens.add_keyed(key, *entry)
+    found.times.merge(more.times)
+    found.ends.merge(more.ends)
+    found.spans += more.spans
+    found.warnings += more.warnings
+    found.error = more.error
+    return found
 
 
 def read_summary_spans(
-    paths: Iterable[str | Path], warn: Warn | None = None, *, parallel_from: int = PARALLEL_BYTES
+    paths: Iterable[str | Path], warn: Warn | None = None, *, parallel_from: int | None = None
 ) -> Summary:
     """The spans the summary readers need from every file (or directory) of ``paths``; from
-    ``parallel_from`` bytes on, read by two processes."""
+    ``parallel_from`` bytes on (default :data:`PARALLEL_BYTES`), read by two processes."""
     files = list(paths)
-    spans, tokens, warnings, error = _read_all(
-        [f for path in files for f in trace_files(path, warn)], parallel_from
+    found = _read_all(
+        [f for path in files for f in trace_files(path, warn)],
+        PARALLEL_BYTES if parallel_from is None else parallel_from,
     )
-    for message in warnings:
+    for message in found.warnings:
         if warn is not None:
             warn(message)
-    if error is not None:
-        raise error
+    if found.error is not None:
+        raise found.error
+    spans, tokens, times = found.spans, found.tokens, found.times
+    times.add_spans(spans)  # a span kept for an odd value or a Ray re-run may be a part too
     live = {s.trace_id for s in spans if s.attributes.get(c.KIND) == c.KIND_LIVE}
     if live:
         # A rollout with live markers and no end is judged ("lost"?) from all of its trace.
         live -= {s.trace_id for s in spans if s.attributes.get(c.KIND) == c.KIND_ROLLOUT}
-    if live:
-        ignored = TokenTotals()
-        again = summary_filter(ignored)
+    whole = live | found.ends.cut_traces(spans)
+    if whole:
+        again = summary_filter(TokenTotals())
 
-        def dropped_of_live(raw: Mapping[str, Any]) -> bool:
+        def dropped_of_whole(raw: Mapping[str, Any]) -> bool:
             trace_id = raw.get("traceId")
-            return isinstance(trace_id, str) and trace_id.lower() in live and not again(raw)
+            return isinstance(trace_id, str) and trace_id.lower() in whole and not again(raw)
 
         with gc_paused():
-            spans += [span for path in files for span in iter_otlp_json_lines(path, keep=dropped_of_live)]
-    return Summary(spans, tokens)
+            more = [span for path in files for span in iter_otlp_json_lines(path, keep=dropped_of_whole)]
+        for span in more:  # counted from the spans now (their parts are in ``times`` already)
+            _forget_tokens(tokens, span)
+        spans += more
+    return Summary(spans, tokens, times)
+
+
+def _forget_tokens(tokens: TokenTotals, span: SpanData) -> None:
+    count = read_int(span.attributes.get(c.GEN_AI_USAGE_OUTPUT_TOKENS))
+    if count:
+        attributes = span.attributes
+        tokens.forget(
+            span.trace_id, span.span_id, count, attributes.get(c.RUN_ID), attributes.get(c.POLICY_VERSION)
+        )
 
 
 def summary_of_traces(traces: Iterable[list[SpanData]]) -> Summary:
     """What :func:`read_summary_spans` keeps, from whole traces given one at a time (Jaeger's
-    search, page by page): the spans the summary readers read, the tokens of the others; every
-    span of a trace with live markers and no rollout root (it is judged from all of them)."""
+    search, page by page): the spans the summary readers read, the tokens and the time split's
+    parts of the others; every span of a trace with live markers and no rollout root, or with an
+    attempt a killed process left (each is judged from all of them)."""
     tokens = TokenTotals()
+    times = EpisodeTimes()
     kept: list[SpanData] = []
     for trace in traces:
+        times.add_spans(trace)
         kinds = {span.attributes.get(c.KIND) for span in trace}
-        if c.KIND_LIVE in kinds and c.KIND_ROLLOUT not in kinds:
+        if (c.KIND_LIVE in kinds and c.KIND_ROLLOUT not in kinds) or Ends().cut_traces(trace):
             kept += trace
             continue
         for span in trace:
@@ -327,7 +473,7 @@ def summary_of_traces(traces: Iterable[list[SpanData]]) -> Summary:
                     attributes.get(c.RUN_ID),
                     attributes.get(c.POLICY_VERSION),
                 )
-    return Summary(kept, tokens)
+    return Summary(kept, tokens, times)
 
 
 def traces_matching(paths: Iterable[str | Path], key: str, value: str, warn: Warn | None = None) -> set[str]:

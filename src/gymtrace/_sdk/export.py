@@ -8,8 +8,6 @@
 - a batch the exporter could not deliver (the Collector is restarting) goes back into the queue and
   is tried again after a backoff, so a short outage loses nothing that fits in the queue;
 - the caller pays for a lock and a deque append; encoding and network I/O happen on the worker.
-- a full queue holds the caller until the worker takes it, while the exporter delivers, so a
-  burst arrives whole in bounded memory (:meth:`BatchExporter._wait_for_room`).
 
 **Keeping up at env-step rate.** At CartPole rate (~30k spans/s) the queue used to
 overflow even with the file exporter. Instrumenting the worker showed why: its own CPU is small
@@ -72,9 +70,6 @@ _BACKOFF_MAX = 5.0
 # and the exporters' own retries that is minutes of outage, and it stops a batch the Collector
 # rejects for good from circling forever.
 _MAX_TRIES = 20
-# With the queue full, the caller waits this long at most for the worker to take it, once per
-# stall: past it, the oldest spans are dropped (counted) until an export succeeds again.
-_ROOM_WAIT = 5.0
 # With the queue this deep (see BatchExporter._yield_depth), the application's thread gives the
 # GIL away once every this many spans (a mask: every 64th).
 _YIELD_EVERY_MASK = 63
@@ -167,7 +162,6 @@ class BatchExporter:
         shutdown_timeout: float = 5.0,
         max_drain: int | None = None,
         observer: Callable[[], None] | None = None,
-        max_wait: float = _ROOM_WAIT,
     ) -> None:
         self.exporter = exporter
         self.name = name
@@ -179,10 +173,6 @@ class BatchExporter:
         # thousands of spans (see the module docstring).
         self.max_drain = max(self.max_batch_size, min(max_drain or self.max_batch_size, max_queue_size))
         self._yield_depth = max(2 * self.max_batch_size, max_queue_size // 4)
-        self.max_wait = max_wait
-        # A wait for room ran out while the exporter was neither failing nor taking spans (a
-        # Collector that hangs): drop instead of waiting again until an export succeeds.
-        self._congested = False
         self.schedule_delay = schedule_delay
         self.shutdown_timeout = shutdown_timeout
         # Called on the worker thread before it takes each batch, off the application's threads:
@@ -221,8 +211,6 @@ class BatchExporter:
                 self._dropped_failed += 1
                 return
             if len(self._queue) >= self.max_queue_size:
-                self._wait_for_room()
-            if len(self._queue) >= self.max_queue_size:
                 oldest = self._queue.popleft()
                 self._dropped_full += 1
                 if self._tries:
@@ -241,28 +229,11 @@ class BatchExporter:
             # The worker is falling behind: hand it the GIL (see the module docstring).
             _yield_gil()
 
-    def _wait_for_room(self) -> None:
-        """The queue is full: hold the caller until the worker takes it (lock held).
-
-        A burst fills the queue while the worker waits for the GIL or writes the batch before; the
-        caller waiting on the condition hands it both, so a burst arrives whole with memory bounded
-        by the queue (and the batch the worker holds). No wait while the exporter fails (its
-        backoff: the spans could not go anywhere), after shutdown, on the worker's own thread, or
-        after a wait ran out until an export succeeds again: then the oldest go, counted, as before.
-        """
-        worker = self._thread
-        if self._backoff or self._congested or self._shutdown or worker is None:
-            return
-        if worker.ident == threading.get_ident():
-            return
-        self._wake.set()
-        deadline = time.monotonic() + self.max_wait
-        while len(self._queue) >= self.max_queue_size and not (self._backoff or self._shutdown):
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                self._congested = True
-                return
-            self._idle.wait(remaining)
+    def send_soon(self) -> None:
+        """Send what is queued now, without waiting for it (live markers: ``_scopes.live``); not
+        while backing off from a failed export, which the next try is timed for."""
+        if not self._backoff:
+            self._wake.set()
 
     def force_flush(self, timeout_millis: int = 30000) -> bool:
         """Wait until everything queued now was handed to the exporter; False on timeout."""
@@ -336,7 +307,6 @@ class BatchExporter:
         self._tries = {}
         self._exporting = 0
         self._abandoned = False
-        self._congested = False
         self._finished = self._exported = self._dropped_full = self._dropped_failed = self._retries = 0
         self._pid = os.getpid()
         # The exporter's own lock, when it has one (the file exporter's), may be held by the
@@ -359,8 +329,6 @@ class BatchExporter:
             else:
                 batch = [queue.popleft() for _ in range(count)]
             self._exporting = count
-            if count:
-                self._idle.notify_all()  # the queue has room: callers waiting for it go on
             return batch
 
     def _work(self) -> None:
@@ -424,7 +392,6 @@ class BatchExporter:
                     self._tries.pop(id(span), None)
         if not rest:
             self._backoff = 0.0
-            self._congested = False
             return
         self._backoff = min(_BACKOFF_MAX, max(_BACKOFF_START, self._backoff * 2))
         if self._shutdown:

@@ -186,6 +186,10 @@ class ProcessExporter(LeanSpanRecords, EncoderPipe):
         self._handed += len(batch)
         return batch
 
+    def send_soon(self) -> None:
+        """Hand over what is pending now, without waiting for it (live markers)."""
+        self._wake.set()
+
     def force_flush(self, timeout_millis: int = 30000) -> bool:
         """Hand over everything pending and wait until the encoder process delivered it."""
         deadline = time.monotonic() + timeout_millis / 1000
