@@ -9,22 +9,23 @@ to :class:`~gymtrace._read.timesplit.EpisodeTimes` as ``(part, start, end)``, re
 than its identity and kind. A span that reads oddly is decoded whole, so the decoder names what is
 wrong with it. Of a live marker only its trace is noted: a rollout that only live markers know
 (``lost`` or still open: its trace has markers and no rollout span) is judged from every span of
-its trace, so those traces are read again, whole, in a second pass (a finished run has none).
+its trace, so those traces are read again, whole, in a second pass (a finished run has none). A
+picture shows no lost attempt (``lost_attempts``), so the traces that may hold one are not read
+again, as ``_read.source`` reads them for ``rollouts`` and ``stats``. The lines are read by
+``_read.source``'s streaming reader, with this module's ``keep``.
 """
 
 from __future__ import annotations
 
-import gc
-import json
-from collections.abc import Callable, Iterable, Iterator, Mapping
-from contextlib import contextmanager
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from gymtrace import _constants as c
 from gymtrace._model.numbers import read_int
-from gymtrace._model.spandata import BadTraceData, SpanData, TraceFileError, decode_otlp_json
+from gymtrace._model.spandata import SpanData, Warn, decode_held, iter_otlp_json_lines, trace_files
+from gymtrace._read.source import gc_paused
 from gymtrace._read.timesplit import EpisodeTimes
 
 # The kinds decoded whole: what the outcome rule, the training figures and the pictures read.
@@ -57,27 +58,6 @@ class RunInput:
     marker_traces: set[str] = field(default_factory=set)
 
 
-def trace_files(paths: Iterable[str | Path]) -> list[Path]:
-    """Each path, or the ``*.jsonl`` files of a directory (``GYMTRACE_FILE=DIR/``) in name order."""
-    files: list[Path] = []
-    for path in map(Path, paths):
-        files.extend(sorted(p for p in path.glob("*.jsonl") if p.is_file()) if path.is_dir() else [path])
-    return files
-
-
-def _requests(path: Path) -> Iterator[tuple[int, Any]]:
-    """Each line of a file of OTLP/JSON lines, parsed, with its number."""
-    with open(path, "rb") as f:
-        for number, raw in enumerate(f, 1):
-            raw = raw.strip()
-            if not raw:
-                continue
-            try:
-                yield number, json.loads(raw)  # bytes: json finds their encoding (UTF-8) itself
-            except (ValueError, RecursionError) as exc:  # not UTF-8, not JSON, or nested too deep
-                raise TraceFileError(f"{path}:{number}: not an OTLP/JSON trace request ({exc})") from exc
-
-
 def _value(value: Mapping[str, Any]) -> object:
     """An OTLP/JSON AnyValue of the kinds identity and kind take (text, int); else it is read whole."""
     if "stringValue" in value:
@@ -96,31 +76,6 @@ def _watched(span: Mapping[str, Any]) -> dict[str, object]:
             text = value.get("stringValue")  # the common case, without a call
             found[key] = text if text is not None else _value(value)
     return found
-
-
-def _decoded(resource: Any, spans: list[Any], path: Path, number: int) -> Iterator[SpanData]:
-    try:
-        yield from decode_otlp_json(
-            {"resourceSpans": [{"resource": resource, "scopeSpans": [{"spans": spans}]}]}
-        )
-    except BadTraceData as exc:
-        raise TraceFileError(f"{path}:{number}: not a trace gymtrace can read: {exc}") from exc
-
-
-def _raw_spans(request: Any, path: Path, number: int) -> Iterator[tuple[Any, Any]]:
-    """(resource, raw span) of each span of one request; a request of the wrong shape is decoded
-    whole, so the decoder's message names the field."""
-    try:
-        for resource_spans in request["resourceSpans"]:
-            for scope_spans in resource_spans.get("scopeSpans") or ():
-                for span in scope_spans.get("spans") or ():
-                    yield resource_spans.get("resource") or {}, span
-    except (TypeError, KeyError, AttributeError):
-        try:
-            list(decode_otlp_json(request))
-        except BadTraceData as exc:
-            raise TraceFileError(f"{path}:{number}: not a trace gymtrace can read: {exc}") from exc
-        raise TraceFileError(f"{path}:{number}: not a trace gymtrace can read") from None
 
 
 def picture_filter(found: RunInput, run_id: str | None) -> Callable[[Mapping[str, Any]], bool]:
@@ -159,46 +114,18 @@ def picture_filter(found: RunInput, run_id: str | None) -> Callable[[Mapping[str
     return keep
 
 
-def _kept(path: Path, keep: Callable[[Mapping[str, Any]], bool]) -> Iterator[SpanData]:
-    """The spans of a file that ``keep`` keeps, decoded a resource's at a time (its attributes
-    once, not once a span)."""
-    for number, request in _requests(path):
-        resource: Any = None
-        pending: list[Any] = []
-        for found, raw in _raw_spans(request, path, number):
-            if found is not resource:
-                if pending:
-                    yield from _decoded(resource, pending, path, number)
-                resource, pending = found, []
-            if keep(raw):
-                pending.append(raw)
-        if pending:
-            yield from _decoded(resource, pending, path, number)
-
-
-@contextmanager
-def _gc_paused() -> Iterator[None]:
-    """The cyclic garbage collector off while the files are parsed: parsing makes millions of
-    objects and no cycle, and each collection walks every object held so far (with a run's spans
-    held, it made the parse nine times slower). Issue 45's reader pauses it the same way."""
-    enabled = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if enabled:
-            gc.enable()
-
-
-def read_run_input(paths: Iterable[str | Path], *, run_id: str | None = None) -> RunInput:
+def read_run_input(
+    paths: Iterable[str | Path], *, run_id: str | None = None, warn: Warn | None = None
+) -> RunInput:
     """The spans a picture of run ``run_id`` (of every run when None) needs from ``paths``, and
-    the parts of its episodes' time (see the module doc)."""
-    files = trace_files(paths)
+    the parts of its episodes' time (see the module doc); ``warn`` is told what is read past (a
+    last line cut short, a file in a directory that is no trace file)."""
+    files = [f for path in paths for f in trace_files(path, warn)]
     found = RunInput()
     keep = picture_filter(found, run_id)
-    with _gc_paused():
+    with gc_paused():
         for path in files:
-            for span in _kept(path, keep):
+            for span in iter_otlp_json_lines(path, warn=warn, keep=keep, decode=decode_held):
                 if (
                     span.attributes.get(c.ROLLOUT_ID) is not None
                     and span.attributes.get(c.KIND) not in _WHOLE
@@ -223,4 +150,8 @@ def _read_live_traces(files: list[Path], found: RunInput) -> None:
         return isinstance(trace, str) and trace.lower() in live
 
     for path in files:
-        found.spans.extend(span for span in _kept(path, keep) if (span.trace_id, span.span_id) not in have)
+        found.spans.extend(
+            span
+            for span in iter_otlp_json_lines(path, keep=keep, decode=decode_held)
+            if (span.trace_id, span.span_id) not in have
+        )
