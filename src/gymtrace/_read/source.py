@@ -251,12 +251,13 @@ def summary_filter(
         end = _nanoseconds(raw.get("endTimeUnixNano"))
         if trace_id.__class__ is not str or end is None:
             return True  # decoded: the decoder reads it, or names what is wrong
-        count = 0
+        count: int | None = None
+        span_id: Any = None
         if c.GEN_AI_USAGE_OUTPUT_TOKENS in keys:
-            count = plain_value(items[keys.index(c.GEN_AI_USAGE_OUTPUT_TOKENS)].get("value"))
-            if count is NOT_PLAIN:
+            plain = plain_value(items[keys.index(c.GEN_AI_USAGE_OUTPUT_TOKENS)].get("value"))
+            if plain is NOT_PLAIN:
                 return True
-            count = read_int(count)
+            count = read_int(plain)
             if count:
                 span_id = raw.get("spanId")
                 run_id, version = (
