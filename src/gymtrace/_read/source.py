@@ -127,8 +127,8 @@ class TokenTotals:
 
 
 def _end_key(trace_id: str, rollout_id: str) -> int:
-    """The key of :class:`Ends`: a hash, as small as a key gets (two keys that collide only make a
-    trace read again whole, never a different answer)."""
+    """The key of :class:`Ends` (``summary_filter`` computes it inline): a hash, as small as a key
+    gets (two keys that collide only make a trace read again whole, never a different answer)."""
     return hash((trace_id, rollout_id))
 
 
@@ -209,6 +209,8 @@ def summary_filter(
     plain sends the span to the decoder, which reads it or names what is wrong: keeping a span is
     always right (the readers read what they need from it), dropping one only when it is sure."""
 
+    earliest = ends.earliest if ends is not None else None
+
     def keep(raw: Mapping[str, Any]) -> bool:
         # Inlined: this runs on millions of spans, and each call or decoded value costs. The keys
         # are listed in C, and a value is looked up only for the few keys present.
@@ -247,10 +249,13 @@ def summary_filter(
                 return True
         # Dropped. Everything that may yet keep it is read before anything is counted: a span kept
         # is counted from its decoded self.
-        trace_id = raw.get("traceId")
-        end = _nanoseconds(raw.get("endTimeUnixNano"))
-        if trace_id.__class__ is not str or end is None:
+        trace_id, end = raw.get("traceId"), raw.get("endTimeUnixNano")
+        if end.__class__ is str and end.isdigit() and end.isascii():  # _nanoseconds, inlined
+            end = int(end)
+        elif end.__class__ is not int:
             return True  # decoded: the decoder reads it, or names what is wrong
+        if trace_id.__class__ is not str:
+            return True
         count: int | None = None
         span_id: Any = None
         if c.GEN_AI_USAGE_OUTPUT_TOKENS in keys:
@@ -283,14 +288,22 @@ def summary_filter(
             if start is None:
                 return True
             if c.EPISODE_ATTEMPT in keys:
-                attempt = plain_value(items[keys.index(c.EPISODE_ATTEMPT)].get("value"))
-                if attempt is NOT_PLAIN:
-                    return True
-                attempt = read_int(attempt)
+                held = items[keys.index(c.EPISODE_ATTEMPT)].get("value")
+                number = held.get("intValue") if held.__class__ is dict and len(held) == 1 else None
+                if number.__class__ is str and number.isdigit() and number.isascii():
+                    attempt = int(number)  # the common case, as plain_value reads it
+                else:
+                    attempt = plain_value(held)
+                    if attempt is NOT_PLAIN:
+                        return True
+                    attempt = read_int(attempt)
             if attempt is not None and times is not None:
                 times.add((trace_id, rollout_id, attempt), part, start, end)
-        if ends is not None:
-            ends.add(trace_id, rollout_id, end)
+        if earliest is not None:  # Ends.add, inlined
+            key = hash((trace_id, rollout_id))
+            found = earliest.get(key)
+            if found is None or end < found:
+                earliest[key] = end
         if count:
             tokens.add(trace_id, span_id.lower(), count, run_id, version)
         return False
