@@ -599,11 +599,10 @@ def test_a_killed_pass_leaves_lost_rollouts_and_its_resume_never_lands_in_the_de
             live = read_live()
         assert {"3-0", "3-1"} <= set(live), live
         for key in ("3-0", "3-1"):
-            assert (live[key]["state"], live[key]["step"], live[key]["service"]) == (
-                "running",
-                1,
-                "policy_model",
-            ), live[key]
+            # In flight either way: past live's 60 s without progress (a loaded machine can take
+            # that long to get here) the hung rollout reads stalled, which is what it is.
+            assert live[key]["state"] in ("running", "stalled"), live[key]
+            assert (live[key]["step"], live[key]["service"]) == (1, "policy_model"), live[key]
         os.killpg(driver.pid, signal.SIGKILL)  # as a scheduler's kill or an OOM would
         driver.wait(timeout=30)
     time.sleep(4)  # three heartbeat intervals without a beat: the driver is gone
