@@ -19,7 +19,6 @@ import importlib
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -56,6 +55,7 @@ nemo_gym = _import_or_skip("nemo_gym", reason="needs nemo-gym 0.7.0 (scripts/tes
 _import_or_skip("opentelemetry.instrumentation", reason="needs gymtrace[nemo-gym]")
 
 from gymtrace._model.spandata import read_otlp_json_lines  # noqa: E402 - after the skips
+from pipeline import free_ports  # noqa: E402
 
 SUPPORT = Path(__file__).parent / "support"
 BIN = Path(sys.executable).parent
@@ -233,9 +233,7 @@ def _stack(
     }
     for name in ("OTEL_SERVICE_NAME", "OTEL_EXPORTER_OTLP_ENDPOINT", "GYMTRACE_PROPAGATE_TO", "PYTHONPATH"):
         env.pop(name, None)
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        head = f"++head_server.port={probe.getsockname()[1]}"
+    head = f"++head_server.port={free_ports(1)[0]}"  # below the ephemeral range (see free_ports)
     servers = None
     try:
         deadline = time.monotonic() + 30
