@@ -89,7 +89,8 @@ def decided_in_advance(rollout_id: str, task_id: str | None) -> bool | None:
     """Whether the active provider's sampler keeps a rollout with these IDs, when it is a
     :class:`RolloutSampler` (which decides by the ID alone); None when nothing records or another
     sampler decides at the span. For a caller that opens the rollout itself and would do nothing
-    with a rollout sampled out (the Gymnasium integration): it skips the rollout's whole span path.
+    with a rollout sampled out: skipping its scopes skips its summary span too, so the readers then
+    count only the kept share (the Gymnasium integration opens them, for exact counts).
     """
     tracer = active_tracer()
     sampler = getattr(tracer, "sampler", None)
