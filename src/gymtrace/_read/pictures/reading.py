@@ -25,6 +25,8 @@ from typing import Any
 from gymtrace import _constants as c
 from gymtrace._model.numbers import read_int
 from gymtrace._model.spandata import BadTraceData, SpanData, TraceFileError, decode_otlp_json
+from gymtrace._model.tracefiles import open_lines
+from gymtrace._model.tracefiles import trace_files as _trace_files
 from gymtrace._read.timesplit import EpisodeTimes
 
 # The kinds decoded whole: what the outcome rule, the training figures and the pictures read.
@@ -58,17 +60,15 @@ class RunInput:
 
 
 def trace_files(paths: Iterable[str | Path]) -> list[Path]:
-    """Each path, or the ``*.jsonl`` files of a directory (``GYMTRACE_FILE=DIR/``) in name order."""
-    files: list[Path] = []
-    for path in map(Path, paths):
-        files.extend(sorted(p for p in path.glob("*.jsonl") if p.is_file()) if path.is_dir() else [path])
-    return files
+    """Each path's files (its segments), or the trace files of a directory (``GYMTRACE_FILE=DIR/``),
+    by the one naming rule (``tracefiles.trace_files``)."""
+    return list(dict.fromkeys(f for path in paths for f in _trace_files(path)))
 
 
 def _requests(path: Path) -> Iterator[tuple[int, Any]]:
-    """Each line of a file of OTLP/JSON lines, parsed, with its number."""
-    with open(path, "rb") as f:
-        for number, raw in enumerate(f, 1):
+    """Each line of a file of OTLP/JSON lines (plain or compressed), parsed, with its number."""
+    with open_lines(path) as lines:
+        for number, raw in enumerate(lines, 1):
             raw = raw.strip()
             if not raw:
                 continue
