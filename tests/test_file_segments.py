@@ -129,6 +129,9 @@ def test_a_compressed_segment_cut_short_reads_with_one_warning_naming_it(
     assert code == 0
     assert err.count("\n") == 1 and str(last) in err and "cut short" in err, err
     assert 0 < out.count("\n") <= ROLLOUTS
+    # The pictures read it the same way (two passes over the files: still one warning).
+    code, _, err = _cli(capsys, "timeline", str(path), "-o", str(tmp_path / "t.html"))
+    assert code == 0 and err.count("\n") == 1 and str(last) in err, err
     # Without a warning to give, a reader names the file in its error; while the file is still
     # being written (gymtrace live), the unfinished member is read at the next read.
     with pytest.raises(ValueError, match=re.escape(str(last))):
