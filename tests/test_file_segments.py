@@ -116,15 +116,16 @@ def test_readers_give_identical_output_on_a_run_written_plain_gzip_zstd_and_rota
         assert sizes["zstd"] <= 0.35 * sizes["plain"]
 
 
-def test_a_compressed_segment_cut_short_reads_with_one_warning_naming_it(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+@pytest.mark.parametrize("compress", ["gzip", "none"])
+def test_a_segment_cut_short_reads_with_one_warning_naming_it(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], compress: str
 ) -> None:
     spans = _a_run()
     path = tmp_path / "trace.jsonl"
-    _write(spans, path, "gzip", 4096)
+    _write(spans, path, compress, 4096 if compress == "gzip" else 40_000)
     last = trace_files(path)[-1]
     whole = last.read_bytes()
-    last.write_bytes(whole[: len(whole) - 40])  # the last member loses its end, as a kill mid-write
+    last.write_bytes(whole[: len(whole) - 40])  # its last member (line) loses its end, as a kill mid-write
     code, out, err = _cli(capsys, "rollouts", str(path), "--json")
     assert code == 0
     assert err.count("\n") == 1 and str(last) in err and "cut short" in err, err

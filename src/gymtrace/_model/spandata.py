@@ -18,7 +18,7 @@ from typing import Any
 from gymtrace import _constants as c
 from gymtrace._model.numbers import read_int
 from gymtrace._model.tracefiles import TraceFileError as TraceFileError
-from gymtrace._model.tracefiles import Warn, open_lines, trace_files
+from gymtrace._model.tracefiles import Warn, line_cut_short, open_lines, trace_files
 
 
 @dataclass(frozen=True)
@@ -492,7 +492,7 @@ def _cut_short(path: Path, number: int, partial_last_line: bool, warn: Warn | No
     """A last line without its newline that does not read: True to skip it (the file is still
     being written, or the caller takes a warning: its writer was killed mid-line)."""
     if not partial_last_line and warn is not None:
-        warn(f"{path}: its last line ({number}) is cut short (a writer stopped mid-line?): skipped")
+        warn(line_cut_short(path, number))
     return partial_last_line or warn is not None
 
 

@@ -252,6 +252,11 @@ def _decompressor(compression: str, path: Path) -> Callable[[], Any]:
     return make
 
 
+def line_cut_short(path: str | os.PathLike[str], number: int) -> str:
+    """What a reader says of a plain file's last line that a writer left without its end."""
+    return f"{path}: its last line ({number}) is cut short (a writer stopped mid-line?): skipped"
+
+
 class _CutShort(Exception):
     """The stream ended inside a member (frame): its writer stopped mid-write, or is writing it."""
 

@@ -25,7 +25,7 @@ from typing import Any
 from gymtrace import _constants as c
 from gymtrace._model.numbers import read_int
 from gymtrace._model.spandata import BadTraceData, SpanData, TraceFileError, decode_otlp_json
-from gymtrace._model.tracefiles import Warn, open_lines
+from gymtrace._model.tracefiles import Warn, line_cut_short, open_lines
 from gymtrace._model.tracefiles import trace_files as _trace_files
 from gymtrace._read.timesplit import EpisodeTimes
 
@@ -78,9 +78,7 @@ def _requests(path: Path, warn: Warn | None) -> Iterator[tuple[int, Any]]:
                 yield number, json.loads(raw)  # bytes: json finds their encoding (UTF-8) itself
             except (ValueError, RecursionError) as exc:  # not UTF-8, not JSON, or nested too deep
                 if unfinished and warn is not None:
-                    warn(
-                        f"{path}: its last line ({number}) is cut short (a writer stopped mid-line?): skipped"
-                    )
+                    warn(line_cut_short(path, number))
                     return
                 raise TraceFileError(f"{path}:{number}: not an OTLP/JSON trace request ({exc})") from exc
 
