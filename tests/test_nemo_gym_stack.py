@@ -56,6 +56,7 @@ _import_or_skip("opentelemetry.instrumentation", reason="needs gymtrace[nemo-gym
 
 from gymtrace._model.spandata import read_otlp_json_lines  # noqa: E402 - after the skips
 from pipeline import free_ports  # noqa: E402
+from gymtrace._model.tracefiles import trace_files  # noqa: E402 - after the skips
 
 SUPPORT = Path(__file__).parent / "support"
 BIN = Path(sys.executable).parent
@@ -138,7 +139,7 @@ class Stack:
         deadline = time.monotonic() + timeout_s
         last, since = -1, time.monotonic()
         while time.monotonic() < deadline:
-            size = sum(p.stat().st_size for p in self.traces.glob("*.jsonl"))
+            size = sum(p.stat().st_size for p in trace_files(self.traces))
             if size != last:
                 last, since = size, time.monotonic()
             elif time.monotonic() - since >= quiet_s:
