@@ -3,6 +3,7 @@ files as one run, and read past what a killed writer or a stray file leaves."""
 
 from __future__ import annotations
 
+import gzip
 import json
 import subprocess
 import sys
@@ -187,13 +188,68 @@ def _read_by_one_and_two_processes(
     return one, two
 
 
-def test_the_time_split_streamed_by_one_or_two_processes_is_what_every_span_gives(
+def _gzip_segments(plain: Path, directory: Path, count: int) -> Path:
+    """``plain``'s lines as ``count`` gzip segments of about equal lines (each line one member, as
+    the writer appends them), under the name they were configured by."""
+    directory.mkdir()
+    lines = plain.read_bytes().splitlines(keepends=True)
+    size = -(-len(lines) // count)
+    for number in range(count):
+        name = "traces.jsonl.gz" if number == 0 else f"traces.{number:06d}.jsonl.gz"
+        chunk = lines[number * size : (number + 1) * size]
+        (directory / name).write_bytes(b"".join(gzip.compress(line) for line in chunk))
+    return directory / "traces.jsonl"
+
+
+def test_compressed_input_is_split_by_whole_files_of_comparable_size_or_read_by_one_process(
+    tmp_path: Path,
+) -> None:
+    plain = _split_run(tmp_path / "run.jsonl")
+    configured = _gzip_segments(plain, tmp_path / "segments", 3)
+    files = sorted(configured.parent.iterdir(), key=lambda f: (len(f.name) > len("traces.jsonl.gz"), f.name))
+    split = halves(files)
+    assert split is not None
+    first, second = split
+    # Whole files (no byte range: a compressed file has no byte a line starts at), in order.
+    assert [part for _, part in first + second] == [None] * 3
+    assert [f for f, _ in first + second] == files and first and second
+
+    one = tmp_path / "one.jsonl.gz"
+    one.write_bytes(gzip.compress(plain.read_bytes()))
+    assert halves([one]) is None  # one compressed file: one process
+    small = tmp_path / "small.jsonl.gz"
+    small.write_bytes(gzip.compress(plain.read_bytes().splitlines(keepends=True)[0]))
+    assert halves([one, small]) is None  # not of comparable size
+
+
+def test_one_compressed_file_is_read_by_one_process_and_a_segment_named_twice_once(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    plain = _split_run(tmp_path / "run.jsonl")
+    single = tmp_path / "single.jsonl.gz"
+    single.write_bytes(gzip.compress(plain.read_bytes()))
+    monkeypatch.setattr(source, "PARALLEL_BYTES", 0)
+    assert _json_lines(capsys, ["rollouts", "--json", str(single)]) == _whole_rows(plain)
+    # check: one compressed file of any size in one process, as the plain file is checked.
+    verdict, whole = check_files([single], parallel_from=0), check_files([plain])
+    assert (verdict.spans, verdict.problems) == (whole.spans, whole.problems)
+    # A segment named beside the name that covers it is read once (the readers would dedupe its
+    # outcomes; its spans are not held twice).
+    configured = _gzip_segments(plain, tmp_path / "segments", 4)
+    named_twice = read_summary_spans([configured, configured.with_name("traces.000001.jsonl.gz")])
+    assert len(named_twice.spans) == len(read_summary_spans([configured]).spans)
+
+
+@pytest.mark.parametrize("segments", [None, 4], ids=["plain", "gzip-segments"])
+def test_the_time_split_streamed_by_one_or_two_processes_is_what_every_span_gives(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, segments: int | None
 ) -> None:
     if fork_context() is None:
         pytest.skip("the two-process read needs two cores and fork")
     path = _split_run(tmp_path / "run.jsonl")
-    one, two = _read_by_one_and_two_processes(capsys, monkeypatch, path, READERS[:2])
+    # Rotated gzip segments are split between the processes by whole segments.
+    given = path if segments is None else _gzip_segments(path, tmp_path / "segments", segments)
+    one, two = _read_by_one_and_two_processes(capsys, monkeypatch, given, READERS[:2])
     assert two == one
 
     assert one[("rollouts", "--json")] == _whole_rows(path)

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import argparse
 
-from gymtrace._cli.common import input_files, warn
+from gymtrace._cli.common import input_names, warn
 
 
 def run(args: argparse.Namespace) -> int:
     from gymtrace._read.check.stream import check_files
 
-    verdict = check_files(input_files(args.files), warn=warn)
+    verdict = check_files(input_names(args.files), warn=warn)
     if verdict.problems:
         print(f"{len(verdict.problems)} contract violation(s) in {verdict.spans} spans:")
         for problem in verdict.problems:

@@ -9,12 +9,14 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from gymtrace import _constants as c
 from gymtrace._model import settings as _settings
 from gymtrace._model.environment import DEFAULT_FILE
-from gymtrace._model.spandata import SpanData, TraceFileError, read_otlp_json_lines
+from gymtrace._model.spandata import SpanData, TraceFileError, read_trace_files
+from gymtrace._model.tracefiles import Warn, trace_files_of
 from gymtrace._sdk.children import child_files
 
 if TYPE_CHECKING:
@@ -30,10 +32,17 @@ def warn(message: str) -> None:
     print(f"gymtrace: warning: {message}", file=sys.stderr)
 
 
-def input_files(files: list[str]) -> list[str]:
-    """The files given, or the default file and the files its workers wrote beside it (a worker
-    configured from GYMTRACE_PARENT writes {stem}.pid-{pid}{suffix}), so their outcomes count."""
+def input_names(files: list[str]) -> list[str]:
+    """The names given, or the default file and the files its workers wrote beside it (a worker
+    configured from GYMTRACE_PARENT writes {stem}.pid-{pid}{suffix}), so their outcomes count;
+    each name stands for its segments too (``input_files``)."""
     return files or [default_file(), *child_files(default_file())]
+
+
+def input_files(files: list[str], warn: Warn | None = None) -> list[Path]:
+    """Every file the names given stand for (``tracefiles.trace_files``: a directory's, a file's
+    segments), each once however many names cover it (``gymtrace stats traces*``)."""
+    return trace_files_of(input_names(files), warn)
 
 
 def read_summary(args: argparse.Namespace) -> Summary:
@@ -49,7 +58,7 @@ def read_summary(args: argparse.Namespace) -> Summary:
             raise TraceFileError("give trace files or --jaeger, not both")
         client = JaegerClient(args.jaeger)
         return summary_of_traces(client.traces(args.service, {c.RUN_ID: args.run} if args.run else {}))
-    return read_summary_spans(input_files(args.files), warn)
+    return read_summary_spans(input_names(args.files), warn)
 
 
 def read_files(files: list[str]) -> list[SpanData]:
@@ -57,11 +66,8 @@ def read_files(files: list[str]) -> list[SpanData]:
     service one per process), or of the default file."""
     from gymtrace._read.source import gc_paused
 
-    spans: list[SpanData] = []
     with gc_paused():
-        for path in input_files(files):
-            spans.extend(read_otlp_json_lines(path, warn=warn))
-    return spans
+        return read_trace_files(input_files(files, warn), warn=warn)
 
 
 def print_table(header: tuple[str, ...], rows: Sequence[tuple[str, ...]]) -> None:

@@ -26,13 +26,13 @@ def _load(args: argparse.Namespace) -> list[SpanData]:
 
     # Streamed: only the spans of the traces asked for are decoded and held (one pass for a trace
     # ID, two for a rollout or run: which traces, then their spans).
-    files = input_files(args.files)
+    files = input_files(args.files, warn)
     if args.trace:
-        traces = {args.trace.lower().rjust(32, "0")}
-    else:
-        key, value = (c.ROLLOUT_ID, args.rollout) if args.rollout else (c.RUN_ID, args.run)
-        traces = traces_matching(files, key, value, warn)
-    return spans_of_traces(files, traces) if traces else []
+        return spans_of_traces(files, {args.trace.lower().rjust(32, "0")}, warn)
+    key, value = (c.ROLLOUT_ID, args.rollout) if args.rollout else (c.RUN_ID, args.run)
+    traces = traces_matching(files, key, value, warn)
+    # The second pass reads what the first did: what it read past is told once.
+    return spans_of_traces(files, traces, lambda _: None) if traces else []
 
 
 def run(args: argparse.Namespace) -> int:

@@ -14,12 +14,15 @@ import operator
 import re
 import sys
 from collections.abc import Callable, Iterable, Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from gymtrace import _constants as c
 from gymtrace._model.numbers import read_int
+from gymtrace._model.tracefiles import TraceFileError as TraceFileError
+from gymtrace._model.tracefiles import Warn, compression_of, line_cut_short, open_lines, trace_files
 
 
 @dataclass(frozen=True)
@@ -751,8 +754,17 @@ def _checked_span(
     )
 
 
-class TraceFileError(ValueError):
-    """A file of OTLP/JSON lines could not be read; the message names the file and line."""
+def read_otlp_json_lines(
+    path: str | Path, *, partial_last_line: bool = False, warn: Warn | None = None
+) -> list[SpanData]:
+    """The spans in a file of OTLP/JSON lines and its segments, plain or compressed, or in every
+    trace file of a directory (what ``GYMTRACE_FILE=DIR/`` writes: one file per process); see
+    :func:`gymtrace._model.tracefiles.trace_files`. ``partial_last_line``: the file is still being
+    written (``gymtrace live``), so a last line (or compressed block) caught mid-write is skipped
+    rather than an error; it is whole at the next read. ``warn``: a last line or block a killed
+    writer left cut short is skipped and told, naming the file, and so is a foreign file in a
+    directory."""
+    return read_trace_files(trace_files(path, warn), partial_last_line=partial_last_line, warn=warn)
 
 
 def _orjson_loads() -> Callable[[bytes], Any] | None:
@@ -791,35 +803,13 @@ def parse_json_line(raw: bytes) -> Any:
     return json.loads(raw.decode("utf-8"))
 
 
-Warn = Callable[[str], None]
-
-
-def trace_files(path: str | Path, warn: Warn | None = None) -> list[Path]:
-    """The files of OTLP/JSON lines ``path`` names: itself, or every ``*.jsonl`` file of a
-    directory (what ``GYMTRACE_FILE=DIR/`` writes: one file per process). Another file in the
-    directory is named in a warning and skipped; hidden files are left alone."""
-    if not Path(path).is_dir():
-        return [Path(path)]
-    files = []
-    for p in sorted(Path(path).iterdir()):
-        if p.name.startswith(".") or not p.is_file():
-            continue
-        if p.suffix == ".jsonl":
-            files.append(p)
-        elif warn is not None:
-            warn(f"{p}: not a trace file (*.jsonl), skipped")
-    return files
-
-
 # A byte range of a file, [start, end), that starts at the start of a line (a reader splits a big
-# file between processes); None: the whole file.
+# plain file between processes; a compressed file has no byte a line starts at, so it is read
+# whole: see ``_read.source.halves``); None: the whole file.
 Part = tuple[int, int] | None
 
 
-def _lines(f: Any, part: Part) -> Iterator[bytes]:
-    if part is None:
-        yield from f
-        return
+def _part_lines(f: Any, part: tuple[int, int]) -> Iterator[bytes]:
     at, end = part
     f.seek(at)
     while at < end:
@@ -828,6 +818,20 @@ def _lines(f: Any, part: Part) -> Iterator[bytes]:
             return
         at += len(raw)
         yield raw
+
+
+@contextmanager
+def _open_part(path: Path, part: Part, warn: Warn | None, still_written: bool) -> Iterator[Iterable[bytes]]:
+    """The lines of a file (:func:`~gymtrace._model.tracefiles.open_lines`: decompressed by its
+    suffix), or of ``part`` of a plain one."""
+    if part is None:
+        with open_lines(path, warn=warn, still_written=still_written) as lines:
+            yield lines
+        return
+    if compression_of(path) is not None:
+        raise ValueError(f"{path}: a byte range of a compressed file")  # a caller's mistake
+    with open(path, "rb") as f:
+        yield _part_lines(f, part)
 
 
 def line_number(path: str | Path, part: Part, number: int) -> int:
@@ -849,17 +853,19 @@ def line_number(path: str | Path, part: Part, number: int) -> int:
 def iter_requests(
     path: str | Path, *, partial_last_line: bool = False, warn: Warn | None = None, part: Part = None
 ) -> Iterator[tuple[int, Any, bool]]:
-    """Each line of one file of OTLP/JSON lines (or of ``part`` of it) as ``(line number in the
-    part, parsed JSON, last line without its newline)``, one at a time.
+    """Each line of one trace file, plain or compressed (or of ``part`` of a plain one) as ``(line
+    number in the part, parsed JSON, last line without its newline)``, one at a time.
 
     A line that is not JSON raises :class:`TraceFileError` naming the file and line, except a last
     line without its newline: the file is still being written (``partial_last_line``, for
     ``gymtrace live``: skipped, it is whole at the next read) or its writer was killed mid-line
-    (skipped if ``warn`` is given, and told, naming the file; else the same error)."""
+    (skipped if ``warn`` is given, and told, naming the file; else the same error). A compressed
+    file's last block cut short is :func:`~gymtrace._model.tracefiles.open_lines`'s to tell."""
     # Read as bytes and decoded line by line: a byte that is not UTF-8 is an error naming its line,
     # not a UnicodeDecodeError out of the file iterator.
-    with open(path, "rb") as f:
-        for number, raw in enumerate(_lines(f, part), 1):
+    path = Path(path)
+    with _open_part(path, part, warn, partial_last_line) as lines:
+        for number, raw in enumerate(lines, 1):
             unfinished = not raw.endswith(b"\n")
             raw = raw.strip()
             if not raw:
@@ -874,7 +880,7 @@ def iter_requests(
             yield number, request, unfinished
 
 
-def _cut_short(path: str | Path, part: Part, number: int, partial_last_line: bool, warn: Warn | None) -> bool:
+def _cut_short(path: Path, part: Part, number: int, partial_last_line: bool, warn: Warn | None) -> bool:
     """A last line without its newline that does not read: True to skip it (the file is still
     being written, or the caller takes a warning: its writer was killed mid-line), False for the
     error a caller that takes no warning gets."""
@@ -882,12 +888,11 @@ def _cut_short(path: str | Path, part: Part, number: int, partial_last_line: boo
         return True
     if warn is None:
         return False
-    number = line_number(path, part, number)
-    warn(f"{path}: its last line ({number}) is cut short (a writer stopped mid-line?): skipped")
+    warn(line_cut_short(path, line_number(path, part, number)))
     return True
 
 
-def iter_otlp_json_lines(
+def iter_file_spans(
     path: str | Path,
     *,
     partial_last_line: bool = False,
@@ -896,31 +901,51 @@ def iter_otlp_json_lines(
     part: Part = None,
     decode: Decode | None = None,
 ) -> Iterator[SpanData]:
-    """The spans of a file of OTLP/JSON lines (or of a directory's, see :func:`trace_files`; or of
-    ``part`` of one file), one at a time. ``keep``, given a span's raw OTLP/JSON object, says
-    whether to decode it at all, and ``decode`` how (see :func:`decode_otlp_json`)."""
-    for file in trace_files(path, warn) if part is None else [Path(path)]:
-        lines = iter_requests(file, partial_last_line=partial_last_line, warn=warn, part=part)
-        for number, request, unfinished in lines:
-            try:
-                # Decoded whole before any is yielded: a bad span fails its line, not half of it.
-                spans = list(decode_otlp_json(request, keep, decode))
-            except BadTraceData as exc:
-                if unfinished and _cut_short(file, part, number, partial_last_line, warn):
-                    break
-                where = f"{file}:{line_number(file, part, number)}"
-                raise TraceFileError(f"{where}: not a trace gymtrace can read: {exc}") from exc
-            yield from spans
+    """The spans of one trace file (a file :func:`~gymtrace._model.tracefiles.trace_files` listed,
+    plain or compressed; or ``part`` of a plain one), one at a time. ``keep``, given a span's raw
+    OTLP/JSON object, says whether to decode it at all, and ``decode`` how (see
+    :func:`decode_otlp_json`)."""
+    file = Path(path)
+    lines = iter_requests(file, partial_last_line=partial_last_line, warn=warn, part=part)
+    for number, request, unfinished in lines:
+        try:
+            # Decoded whole before any is yielded: a bad span fails its line, not half of it.
+            spans = list(decode_otlp_json(request, keep, decode))
+        except BadTraceData as exc:
+            if unfinished and _cut_short(file, part, number, partial_last_line, warn):
+                return
+            where = f"{file}:{line_number(file, part, number)}"
+            raise TraceFileError(f"{where}: not a trace gymtrace can read: {exc}") from exc
+        yield from spans
 
 
-def read_otlp_json_lines(
-    path: str | Path, *, partial_last_line: bool = False, warn: Warn | None = None
+def iter_otlp_json_lines(
+    path: str | Path,
+    *,
+    partial_last_line: bool = False,
+    warn: Warn | None = None,
+    keep: Callable[[Mapping[str, Any]], bool] | None = None,
+    decode: Decode | None = None,
+) -> Iterator[SpanData]:
+    """The spans of every file that holds what was written to ``path`` (its segments, plain or
+    compressed; a directory's trace files: :func:`~gymtrace._model.tracefiles.trace_files`), one
+    at a time; ``keep`` and ``decode`` as :func:`iter_file_spans`'s."""
+    for file in trace_files(path, warn):
+        yield from iter_file_spans(
+            file, partial_last_line=partial_last_line, warn=warn, keep=keep, decode=decode
+        )
+
+
+def read_trace_files(
+    files: Iterable[Path], *, partial_last_line: bool = False, warn: Warn | None = None
 ) -> list[SpanData]:
-    """The spans in a file of OTLP/JSON lines, or in every ``*.jsonl`` file of a directory (what
-    ``GYMTRACE_FILE=DIR/`` writes: one file per process). ``partial_last_line``: the file is still
-    being written (``gymtrace live``), so a last line without its newline that does not parse is
-    skipped rather than an error; it is whole at the next read."""
-    return list(iter_otlp_json_lines(path, partial_last_line=partial_last_line, warn=warn))
+    """The spans of each of ``files`` (as :func:`read_otlp_json_lines`, each file alone: a list
+    :func:`~gymtrace._model.tracefiles.trace_files` made, read once each)."""
+    return [
+        span
+        for file in files
+        for span in iter_file_spans(file, partial_last_line=partial_last_line, warn=warn)
+    ]
 
 
 def is_marker(span: SpanData) -> bool:

@@ -37,16 +37,15 @@ from gymtrace._model.spandata import (
     Part,
     SpanData,
     TraceFileError,
-    Warn,
     decode_any_value,
     decode_held,
     is_marker,
-    iter_otlp_json_lines,
+    iter_file_spans,
     nemo_gym_identity,
     plain_value,
     raw_attributes,
-    trace_files,
 )
+from gymtrace._model.tracefiles import Warn, compression_of, trace_files_of
 from gymtrace._read.timesplit import EpisodeTimes, part_of
 
 # The kinds the summary readers read whole.
@@ -346,7 +345,7 @@ def _read_parts(parts: list[tuple[Path, Part]], entries: bool) -> _Read:
         with gc_paused():
             for path, part in parts:
                 found.spans.extend(
-                    iter_otlp_json_lines(
+                    iter_file_spans(
                         path, warn=found.warnings.append, keep=keep, part=part, decode=decode_held
                     )
                 )
@@ -355,10 +354,25 @@ def _read_parts(parts: list[tuple[Path, Part]], entries: bool) -> _Read:
     return found
 
 
-def halves(files: list[Path]) -> tuple[list[tuple[Path, Part]], list[tuple[Path, Part]]]:
-    """The files as two lists of parts of about equal bytes, in order, each part whole lines."""
+def halves(files: list[Path]) -> tuple[list[tuple[Path, Part]], list[tuple[Path, Part]]] | None:
+    """The files as two lists of parts of about equal bytes, in order, each part whole lines; None
+    when there are no two such lists.
+
+    A byte range is read only of a plain file: a compressed one has no byte a line starts at. So
+    plain files are cut at the line the middle byte is in; when any file is compressed, the files
+    are split whole (a run's segments, its processes' files), at the file boundary nearest the
+    middle, if the smaller half holds a third of the bytes or more; else (one big compressed file)
+    there are no halves, and one process reads it all."""
     sizes = [f.stat().st_size for f in files]
     middle = sum(sizes) // 2
+    if any(compression_of(f) is not None for f in files):
+        ends = [sum(sizes[: i + 1]) for i in range(len(files) - 1)]
+        if not ends:
+            return None
+        cut = min(range(len(ends)), key=lambda i: abs(ends[i] - middle))
+        if min(ends[cut], sum(sizes) - ends[cut]) * 3 < sum(sizes):
+            return None
+        return [(f, None) for f in files[: cut + 1]], [(f, None) for f in files[cut + 1 :]]
     first: list[tuple[Path, Part]] = []
     second: list[tuple[Path, Part]] = []
     offset = 0
@@ -389,13 +403,14 @@ def fork_context() -> Any:
 
 
 def _read_all(files: list[Path], parallel_from: int) -> _Read:
-    """One streaming pass over ``files``; an input of ``parallel_from`` bytes or more is split in
-    two halves, the second read by a forked process meanwhile (both cores of a small machine), the
-    results joined in order."""
+    """One streaming pass over ``files``; an input of ``parallel_from`` bytes or more (on disk) is
+    split in two :func:`halves`, the second read by a forked process meanwhile (both cores of a
+    small machine), the results joined in order."""
     context = fork_context() if sum(f.stat().st_size for f in files) >= parallel_from else None
-    if context is None:
+    split = halves(files) if context is not None else None
+    if split is None:
         return _read_parts([(f, None) for f in files], entries=False)
-    first, second = halves(files)
+    first, second = split
     with ProcessPoolExecutor(max_workers=1, mp_context=context) as pool:
         later = pool.submit(_read_parts, second, True)
         found = _read_parts(first, entries=True)
@@ -418,11 +433,8 @@ def read_summary_spans(
 ) -> Summary:
     """The spans the summary readers need from every file (or directory) of ``paths``; from
     ``parallel_from`` bytes on (default :data:`PARALLEL_BYTES`), read by two processes."""
-    files = list(paths)
-    found = _read_all(
-        [f for path in files for f in trace_files(path, warn)],
-        PARALLEL_BYTES if parallel_from is None else parallel_from,
-    )
+    files = trace_files_of(paths, warn)
+    found = _read_all(files, PARALLEL_BYTES if parallel_from is None else parallel_from)
     for message in found.warnings:
         if warn is not None:
             warn(message)
@@ -443,7 +455,12 @@ def read_summary_spans(
             return isinstance(trace_id, str) and trace_id.lower() in whole and not again(raw)
 
         with gc_paused():
-            more = [span for path in files for span in iter_otlp_json_lines(path, keep=dropped_of_whole)]
+            # What the first pass read past (a cut-short tail) was told by it.
+            more = [
+                span
+                for path in files
+                for span in iter_file_spans(path, warn=lambda _: None, keep=dropped_of_whole)
+            ]
         for span in more:  # counted from the spans now (their parts are in ``times`` already)
             _forget_tokens(tokens, span)
         spans += more
@@ -490,8 +507,9 @@ def summary_of_traces(traces: Iterable[list[SpanData]]) -> Summary:
     return Summary(kept, tokens, times)
 
 
-def traces_matching(paths: Iterable[str | Path], key: str, value: str, warn: Warn | None = None) -> set[str]:
-    """The trace IDs that hold a span whose ``key`` attribute is ``value`` (a first pass)."""
+def traces_matching(files: Iterable[Path], key: str, value: str, warn: Warn | None = None) -> set[str]:
+    """The trace IDs that hold a span whose ``key`` attribute is ``value`` (a first pass over trace
+    files :func:`~gymtrace._model.tracefiles.trace_files` listed)."""
     found: set[str] = set()
 
     def look(raw: Mapping[str, Any]) -> bool:
@@ -511,19 +529,20 @@ def traces_matching(paths: Iterable[str | Path], key: str, value: str, warn: War
     watched = frozenset({key, c.NEMO_GYM_ROLLOUT_ID} if key == c.ROLLOUT_ID else {key})
 
     with gc_paused():
-        for path in paths:
-            for _ in iter_otlp_json_lines(path, warn=warn, keep=look):
+        for path in files:
+            for _ in iter_file_spans(path, warn=warn, keep=look):
                 pass
     return found
 
 
-def spans_of_traces(paths: Iterable[str | Path], traces: set[str]) -> list[SpanData]:
-    """Every span of the given traces (a second pass)."""
+def spans_of_traces(files: Iterable[Path], traces: set[str], warn: Warn | None = None) -> list[SpanData]:
+    """Every span of the given traces in trace files :func:`~gymtrace._model.tracefiles.trace_files`
+    listed (a second pass)."""
 
     def keep(raw: Mapping[str, Any]) -> bool:
         trace_id = raw.get("traceId")
         return not isinstance(trace_id, str) or trace_id.lower() in traces
 
     with gc_paused():
-        found = [span for path in paths for span in iter_otlp_json_lines(path, keep=keep)]
+        found = [span for path in files for span in iter_file_spans(path, warn=warn, keep=keep)]
     return found

@@ -16,7 +16,7 @@ reader of outcomes reads, held for the whole input. A trace that stays open whil
 :data:`HELD_SPANS` spans are held (one trace per run, or a trace whose root is in a file not given)
 is spread too thin to check this way: :class:`SpreadTooThin` says which.
 
-One file from ``PARALLEL_BYTES`` on is checked trace by trace by two processes, a forked one
+One plain file from ``PARALLEL_BYTES`` on (a compressed one has no byte a line starts at) is checked trace by trace by two processes, a forked one
 reading its second half meanwhile (both cores), each holding at most half of :data:`HELD_SPANS`;
 the traces the cut runs through are checked again whole when the halves are joined, and where the
 halves cannot be joined exactly (a span in both: a file appended to itself), the second half is
@@ -37,13 +37,12 @@ from gymtrace._model.spandata import (
     Part,
     SpanData,
     TraceFileError,
-    Warn,
     decode_held,
     decode_lean,
-    iter_otlp_json_lines,
+    iter_file_spans,
     normalize,
-    trace_files,
 )
+from gymtrace._model.tracefiles import Warn, compression_of, trace_files_of
 from gymtrace._read.check import EXAMPLES, _limit, problems_of
 from gymtrace._read.check.notes import (
     awaiting_outcomes,
@@ -328,9 +327,12 @@ def check_files(
     """Check the spans of every file (or directory) of ``paths`` in one streaming pass, holding at
     most ``held`` spans (see the module docstring); one file of ``parallel_from`` bytes or more is
     checked by two processes."""
-    files = [file for path in paths for file in trace_files(path, warn)]
+    files = trace_files_of(paths, warn)
+    # Two processes only for one plain file, cut at a line (a compressed file has no byte a line
+    # starts at; several files, a run's processes or segments, are merged by time in one).
+    one_plain = len(files) == 1 and compression_of(files[0]) is None
     with gc_paused():
-        context = fork_context() if len(files) == 1 and files[0].stat().st_size >= parallel_from else None
+        context = fork_context() if one_plain and files[0].stat().st_size >= parallel_from else None
         if context is not None:
             try:
                 return _check_halves(files[0], context, warn, held, limit)
@@ -343,7 +345,7 @@ def check_files(
 
 def _spans(parts: list[tuple[Path, Part]], warn: Warn | None) -> Iterator[SpanData]:
     for path, part in parts:
-        yield from iter_otlp_json_lines(path, warn=warn, part=part, decode=decode_for_check)
+        yield from iter_file_spans(path, warn=warn, part=part, decode=decode_for_check)
 
 
 def _merged(files: list[Path], warn: Warn | None) -> Iterator[SpanData]:
@@ -376,7 +378,9 @@ def _check_halves(file: Path, context: Any, warn: Warn | None, held: int, limit:
     """Two processes, each holding at most half of ``held`` spans (what the second holds when it
     ends comes to this one); warnings are given once the halves are read (a trace spread too thin
     for half of ``held`` is read again by one process, which gives them)."""
-    first, second = halves([file])
+    split = halves([file])
+    assert split is not None  # one plain file
+    first, second = split
     held = max(1, held // 2)
     stream = _Stream(held, whole=False)
     mine: list[str] = []

@@ -24,7 +24,8 @@ from typing import Any
 
 from gymtrace import _constants as c
 from gymtrace._model.numbers import read_int
-from gymtrace._model.spandata import SpanData, Warn, decode_held, iter_otlp_json_lines, trace_files
+from gymtrace._model.spandata import SpanData, decode_held, iter_file_spans
+from gymtrace._model.tracefiles import Warn, trace_files_of
 from gymtrace._read.source import gc_paused
 from gymtrace._read.timesplit import EpisodeTimes
 
@@ -118,25 +119,34 @@ def read_run_input(
     paths: Iterable[str | Path], *, run_id: str | None = None, warn: Warn | None = None
 ) -> RunInput:
     """The spans a picture of run ``run_id`` (of every run when None) needs from ``paths``, and
-    the parts of its episodes' time (see the module doc); ``warn`` is told what is read past (a
-    last line cut short, a file in a directory that is no trace file)."""
-    files = [f for path in paths for f in trace_files(path, warn)]
+    the parts of its episodes' time (see the module doc). ``warn`` is told what is read past (a
+    last line or block a killed writer cut short, a file in a directory that is no trace file),
+    once a file."""
+    files = trace_files_of(paths, warn)
     found = RunInput()
     keep = picture_filter(found, run_id)
+    told: set[str] = set()
+
+    def once(message: str) -> None:  # the second pass reads the same files
+        if warn is not None and message not in told:
+            told.add(message)
+            warn(message)
+
+    tell = once if warn is not None else None
     with gc_paused():
         for path in files:
-            for span in iter_otlp_json_lines(path, warn=warn, keep=keep, decode=decode_held):
+            for span in iter_file_spans(path, warn=tell, keep=keep, decode=decode_held):
                 if (
                     span.attributes.get(c.ROLLOUT_ID) is not None
                     and span.attributes.get(c.KIND) not in _WHOLE
                 ):
                     found.times.add_span(span)  # read whole (odd, or NeMo Gym's own rollout ID): its part too
                 found.spans.append(span)
-        _read_live_traces(files, found)
+        _read_live_traces(files, found, tell)
     return found
 
 
-def _read_live_traces(files: list[Path], found: RunInput) -> None:
+def _read_live_traces(files: list[Path], found: RunInput, warn: Warn | None) -> None:
     """Every span of the traces whose rollout only live markers know (see the module doc)."""
     live = found.marker_traces - {
         s.trace_id for s in found.spans if s.attributes.get(c.KIND) == c.KIND_ROLLOUT
@@ -152,6 +162,6 @@ def _read_live_traces(files: list[Path], found: RunInput) -> None:
     for path in files:
         found.spans.extend(
             span
-            for span in iter_otlp_json_lines(path, keep=keep, decode=decode_held)
+            for span in iter_file_spans(path, warn=warn, keep=keep, decode=decode_held)
             if (span.trace_id, span.span_id) not in have
         )

@@ -27,7 +27,8 @@ from typing import Any
 
 from gymtrace import _constants as c
 from gymtrace._model.numbers import read_int
-from gymtrace._model.spandata import SpanData, Warn
+from gymtrace._model.spandata import SpanData
+from gymtrace._model.tracefiles import Warn
 from gymtrace._read.outcomes import RolloutOutcome, final_outcomes, last_recorded
 from gymtrace._read.pictures.reading import read_run_input
 from gymtrace._read.stats import RunStats, members_of, summarise
@@ -302,7 +303,8 @@ def read_view(
 ) -> RunView:
     """Run ``run_id`` of the files (or directories) ``paths``, read and drawn; :class:`RunNotFound`
     when the input does not hold it (or, with no run named, holds several). ``warn``: told what the
-    reader reads past (a last line cut short, a foreign file in a directory)."""
+    reader reads past (a file a killed writer cut short is read up to the cut, a foreign file in a
+    directory)."""
     found = read_run_input(paths, run_id=run_id, warn=warn)
     chosen = select_run(found.runs, run_id)
     return build_view(found.spans, found.times, chosen, lanes_by=lanes_by)
