@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 from gymtrace._model import environment as env
 from gymtrace._otel_private.records import _Rebuilder
+from gymtrace._sdk import export as _export
 from gymtrace._sdk.export import BatchExporter
 from gymtrace._sdk.export_child import _HEADER, _SPANS, _STAT_FIELDS, _frame, _read_frame
 
@@ -30,6 +31,10 @@ logger = logging.getLogger("gymtrace")
 
 # Longest an application thread waits in one handover for a lagging encoder process.
 _BACKPRESSURE_WAIT = 0.1
+# With the frames past their bound, the caller waits this long at most for the pipe to take one,
+# once per stall (the thread queue's bound, _export._ROOM_WAIT): past it, whole frames are dropped
+# (counted) until the pipe takes a frame again. 0 drops at once, as before issue 47.
+_ROOM_WAIT = _export._ROOM_WAIT
 # Until the encoder process listens (its imports take ~0.3 s, seconds in a fresh virtualenv that
 # compiles them first) nothing drains the pipe: frames wait here, up to this many times the queue
 # bound. A record in a frame takes ~160 bytes, a span in the thread queue ~1,080 (both measured on
@@ -74,6 +79,7 @@ class EncoderPipe:
         _handed: int
         _written: int
         _gone: bool
+        _congested: bool
         _dropped_full: int
         _dropped_failed: int
         _child: dict[str, int]
@@ -176,6 +182,8 @@ class EncoderPipe:
             # The encoder process is behind: a burst waits a little for the pipe instead of filling
             # the bound (the thread queue hands its worker the GIL for the same reason).
             self._write_while(lambda: self._outbox_spans > bound // 8, time.monotonic() + _BACKPRESSURE_WAIT)
+        if self._outbox_spans > bound and len(self._outbox) > 1:
+            self._wait_for_pipe(bound)
         # Bounded like the thread queue: while the pipe stays full, the oldest whole frames go.
         while self._outbox_spans > bound and len(self._outbox) > 1:
             index = 1 if self._head_written else 0  # a frame partly in the pipe must be finished
@@ -183,6 +191,27 @@ class EncoderPipe:
             del self._outbox[index]
             self._outbox_spans -= spans
             self._dropped_full += spans
+
+    def _wait_for_pipe(self, bound: int) -> None:
+        """The frames are past their bound: hold the caller until the pipe takes one (lock held,
+        released while waiting), as the thread queue holds it for its worker (issue 47).
+
+        The encoder process reads its pipe whenever its own queue has room, and its queue waits
+        only for an exporter that delivers (it drops, counted, while the exporter fails), so a
+        burst faster than the encoder runs at the encoder's pace and arrives whole, with the
+        frames bounded. No wait after shutdown, without a running encoder process, or once a wait
+        ran out (the encoder process stopped or hangs): then whole frames go, counted, until the
+        pipe takes a frame again (``_write_outbox`` clears ``_congested``).
+        """
+        wait = _ROOM_WAIT
+        if self._congested or self._shutdown or self._proc is None or wait <= 0:
+            return
+
+        def over() -> bool:
+            return self._outbox_spans > bound and len(self._outbox) > 1 and not self._shutdown
+
+        if not self._write_while(over, time.monotonic() + wait) and self._proc is not None:
+            self._congested = over()
 
     def _write_while(self, unfinished: Callable[[], bool], deadline: float) -> bool:
         """Write frames as the pipe drains while ``unfinished()``, until ``deadline`` (lock held,
@@ -235,6 +264,7 @@ class EncoderPipe:
                 self._outbox_spans -= spans
                 self._written += spans
                 self._head_written = 0
+                self._congested = False  # the encoder process reads again
 
     def _tick(self, proc: subprocess.Popen[bytes]) -> None:
         """Every schedule delay: hand over what is pending, so a quiet application's spans leave."""

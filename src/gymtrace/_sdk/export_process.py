@@ -17,8 +17,9 @@ turns the records back into SDK ``ReadableSpan`` objects and runs the same :clas
 and exporters the thread mode runs, so every promise of the queue holds there: bounded memory,
 counted drops, retries with backoff, the 4 MiB request bound, a flush bounded by
 ``GYMTRACE_FLUSH_TIMEOUT``. It reports its counts back on a second pipe after every change;
-``export_stats()`` adds what the application's side dropped (a pipe that stayed full longer
-than the queue bound) and counts what is in the pipe as queued.
+``export_stats()`` adds what the application's side dropped (frames past the queue bound while
+the pipe took nothing for 5 s: short of that the caller waits, ``EncoderPipe._wait_for_pipe``)
+and counts what is in the pipe as queued.
 
 Endings: ``force_flush`` (and so the exit hooks and SIGTERM) sends what is pending and waits for
 the encoder process to deliver it; ``shutdown`` then stops it. If the application's process dies
@@ -109,6 +110,9 @@ class ProcessExporter(LeanSpanRecords, EncoderPipe):
         # the reply thread may still apply the dead process's last reports, which move spans from
         # dropped to exported, and a count taken at the death counted those twice.
         self._gone = False
+        # A wait for the pipe ran out (the encoder process read nothing for _ROOM_WAIT): frames
+        # past the bound are dropped, not waited for, until the pipe takes one again.
+        self._congested = False
         self._dropped_full = self._dropped_failed = 0
         self._child: dict[str, int] = dict.fromkeys(_STAT_FIELDS, 0)
         self._replies: dict[int, bool] = {}
