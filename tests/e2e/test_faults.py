@@ -284,6 +284,9 @@ def test_collector_killed_mid_run_and_restarted_loses_nothing_that_fit(
     assert stats["retries"] > 0, stats
 
 
+LOOKS = 10  # how often the stalled test reads the counts, 2 s apart
+
+
 def test_stalled_collector_with_a_small_queue_drops_are_counted(
     pipeline_ok: Pipeline, tmp_path: Path, encoder: str
 ) -> None:
@@ -291,7 +294,8 @@ def test_stalled_collector_with_a_small_queue_drops_are_counted(
     worker = Worker(
         tmp_path,
         p.otlp_grpc_endpoint,
-        phases="10,60,10",
+        # Phases of no span read the counts later on (see below), then the last 10 rollouts.
+        phases="10,60" + ",0" * LOOKS + ",10",
         env={"OTEL_BSP_MAX_QUEUE_SIZE": "200", "OTEL_EXPORTER_OTLP_TIMEOUT": "1"},
         encoder=encoder,
     )
@@ -300,10 +304,20 @@ def test_stalled_collector_with_a_small_queue_drops_are_counted(
     try:
         worker.go(0)
         during = worker.wait_phase(1)["stats"][0]
+        # A full queue waits for an export in flight (issue 47) until it fails (the 1 s export
+        # timeout), and then the oldest spans go, counted: look again every 2 s, still stalled.
+        for look in range(1, LOOKS + 1):
+            if during["dropped_queue_full"]:
+                worker.go(look)
+                worker.wait_phase(look + 1)
+                continue
+            time.sleep(2)
+            worker.go(look)
+            during = worker.wait_phase(look + 1)["stats"][0]
     finally:
         p.resume_collector()
     assert during["dropped_queue_full"] > 0, during
-    worker.go(1)
+    worker.go(LOOKS + 1)
     result = worker.finish()
     stats = assert_accounted(p, worker, result)
     assert stats["dropped_queue_full"] > 0, stats

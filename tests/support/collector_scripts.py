@@ -28,6 +28,8 @@ PORT_VARIABLES = (
     "GYMTRACE_JAEGER_QUERY_GRPC_PORT",
     "GYMTRACE_JAEGER_HEALTH_PORT",
     "GYMTRACE_PROMETHEUS_PORT",
+    "GYMTRACE_COLLECTOR_METRICS_PORT",
+    "GYMTRACE_JAEGER_METRICS_PORT",
 )
 
 
@@ -49,9 +51,9 @@ def collector_copy(tmp_path: Path) -> Path:
 
 
 def free_sampler_base(samplers: int) -> int:
-    """A port BASE where every port `up --scale-out` takes (BASE+10i .. +3) is free right now."""
+    """A port BASE where every port `up --scale-out` takes (BASE+10i .. +4) is free right now."""
     for base in range(21000, 60000, 97):
-        wanted = [base + 10 * i + k for i in range(samplers) for k in range(4)]
+        wanted = [base + 10 * i + k for i in range(samplers) for k in range(5)]
         socks = []
         try:
             for port in wanted:
