@@ -130,3 +130,32 @@ def test_the_score_follows_the_readers_rule_a_record_outranking_a_pending_root()
     )
     [(outcome, attempt)] = decided([root, record])
     assert (outcome.outcome, outcome.reward, attempt) == (c.OUTCOME_SCORED, 0.5, 0)
+
+
+def test_a_trace_pushed_under_new_ids_keeps_its_tree_and_links_and_carries_its_original_id() -> None:
+    from gymtrace._model.spandata import LinkData
+    from gymtrace._sdk.backends.push import move, moved_trace_id
+
+    run = _span("gym.run", c.KIND_RUN, run_id="R")
+    run = SpanData(**{**vars(run), "trace_id": "b" * 32})
+    rollout = _span("gym.rollout", c.KIND_ROLLOUT, None, **{c.ROLLOUT_ID: "r-1", c.RUN_ID: "R"})
+    rollout = SpanData(**{**vars(rollout), "links": (LinkData(run.trace_id, run.span_id),)})
+    episode = _span("gym.episode", c.KIND_EPISODE, rollout.span_id)
+    spans = [run, rollout, episode]
+    # The rollout's trace moves; the run's does not (another experiment holds only the rollout's).
+    out = move(spans, {rollout.trace_id}, "B")
+    assert out[0] == run
+    new_rollout, new_episode = out[1], out[2]
+    assert new_rollout.trace_id == new_episode.trace_id == moved_trace_id(rollout.trace_id, "B")
+    assert new_episode.parent_id == new_rollout.span_id != rollout.span_id
+    assert new_rollout.links == rollout.links  # the run's trace kept its IDs: the link still reaches it
+    assert {s.attributes[c.PUSH_ORIGINAL_TRACE_ID] for s in out[1:]} == {rollout.trace_id}
+    assert c.PUSH_ORIGINAL_TRACE_ID not in out[0].attributes
+    # Both moved: the link follows the run span to its new IDs.
+    both = move(spans, {run.trace_id, rollout.trace_id}, "B")
+    assert both[1].links[0].trace_id == both[0].trace_id and both[1].links[0].span_id == both[0].span_id
+    # Derived from (original, experiment) alone: the same again for B, other IDs for C.
+    assert move(spans, {rollout.trace_id}, "B") == out
+    assert move(spans, {rollout.trace_id}, "C")[1].trace_id != new_rollout.trace_id
+    # The rollout still reads as one scored-or-not rollout of the same identity.
+    assert [o.rollout_id for o, _ in decided(out)] == [o.rollout_id for o, _ in decided(spans)]

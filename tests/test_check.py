@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import json
 from pathlib import Path
 from typing import Any
 
@@ -230,6 +231,11 @@ def test_demo_exercises_every_case_and_passes_check(tmp_path: Path, argv: list[s
     assert "arith-004/r0     reward=1" in out.stdout and "arith-004/r1     reward=1" in out.stdout
     check = run_gymtrace("check", "gymtrace-traces.jsonl", cwd=tmp_path)
     assert check.returncode == 0, check.stdout
+    # It ends with the run's report, beside the trace file.
+    (report,) = [Path(line.split()[1]) for line in out.stdout.splitlines() if line.startswith("report: ")]
+    assert report.parent == tmp_path.resolve() and "8 rollouts" in out.stdout
+    page = report.read_text()
+    assert 'class="gymtrace-timeline"' in page and "<h2>Where the time went</h2>" in page
     if "--quiet" not in argv:
         for expected in (
             "restored=True",
@@ -356,3 +362,128 @@ def test_each_rule_shows_three_examples_and_a_count() -> None:
     numbering = next(p for p in problems if p.startswith("step numbers"))
     assert len(numbering) < 300 and "(500 in all)" in numbering
     assert problems[3] == "... and 2 more: reward outside any rollout"
+
+
+def _killed_agent(rollout: str, trace: str) -> list[SpanData]:
+    """What a SIGKILLed NeMo Gym agent process had exported of one rollout: its first turn, step
+    and model call had ended; the invocation above them never did, so it is not in the input."""
+    identity = {c.ROLLOUT_ID: rollout, c.TASK_ID: "4", c.EPISODE_ATTEMPT: 0, c.EPISODE_ID: rollout}
+    never_ended = span("agent_invocation", trace=trace, **identity)
+    turn = span("turn", never_ended, trace=trace, **identity, **{c.TURN_NUMBER: 1})
+    step = span("step", turn, trace=trace, **identity, **{c.STEP_NUMBER: 1})
+    chat = span("model_call", step, trace=trace, **identity)
+    return [
+        SpanData(**{**s.__dict__, "service": "simple_agent", "service_instance": "agent-killed"})
+        for s in (turn, step, chat)
+    ]
+
+
+def _resumed(rollout: str, trace: str) -> list[SpanData]:
+    identity = {c.ROLLOUT_ID: rollout, c.TASK_ID: "4"}
+    root = span(
+        "rollout",
+        trace=trace,
+        **identity,
+        **{c.ROLLOUT_ATTEMPTS: 1, c.ROLLOUT_OUTCOME: c.OUTCOME_SCORED, c.REWARD: 1.0},
+    )
+    episode = span("episode", root, trace=trace, **identity, **{c.EPISODE_ATTEMPT: 0, c.EPISODE_ID: rollout})
+    episode = SpanData(**{**episode.__dict__, "attributes": {**episode.attributes, **OK_EPISODE}})
+    return [root, episode]
+
+
+def test_orphans_of_a_killed_process_are_numbered_per_rollout_and_noted_with_their_count(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Issue 43: every process of a NeMo Gym run SIGKILLed while rollouts 4-0 and 4-1 were in their
+    # second model call, then resumed. The killed agent's first steps arrived without their
+    # invocation: two rollouts' step 1, which read "[1, 1], not increasing" under one "<none>" owner.
+    from gymtrace._cli import main
+    from gymtrace._model.spandata import encode_spandata_json
+
+    spans = [
+        *_killed_agent("4-0", "a1"),
+        *_killed_agent("4-1", "a2"),
+        *_resumed("4-0", "a1"),
+        *_resumed("4-1", "a2"),
+    ]
+    assert check_trace(spans) == []
+    path = tmp_path / "traces.jsonl"
+    path.write_text(json.dumps(encode_spandata_json(spans)) + "\n")
+    assert main(["check", str(path)]) == 0
+    out = capsys.readouterr().out
+    for rollout in ("4-0", "4-1"):
+        assert (
+            f"rollout {rollout}: 3 interrupted span(s) (simple_agent) whose parents never arrived: their"
+            " process was killed before those parents ended" in out
+        ), out
+    # Below one span that never arrived the numbers are still checked.
+    again = SpanData(**{**spans[1].__dict__, "span_id": "f" * 16, "start_ns": spans[1].start_ns + 1})
+    assert any(
+        "step numbers within the owner that never arrived" in p and "of rollout 4-0" in p and "[1, 1]" in p
+        for p in check_trace([*spans, again])
+    )
+
+
+def _at(spans: list[SpanData], start: int, **fields: Any) -> list[SpanData]:
+    """``spans`` moved to start at ``start`` ns (each 1 µs long), with ``fields`` replaced."""
+    return [
+        SpanData(**{**s.__dict__, "start_ns": start + 10 * i, "end_ns": start + 10 * i + 1000, **fields})
+        for i, s in enumerate(spans)
+    ]
+
+
+def test_a_killed_then_resumed_rollout_counts_its_lost_attempt_in_rollouts_and_stats(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Issue 43: NeMo Gym resumes a killed pass's rollouts under the same attempt number
+    # (_ng_attempt_index absent: 0), so the killed pass is attempt 0 too. It is marked lost beside
+    # the attempt that scored, never renumbered.
+    from gymtrace._cli import main
+    from gymtrace._model.spandata import encode_spandata_json
+
+    run = {c.RUN_ID: "run-1"}
+    # Of 4-0 the killed agent's finished spans arrived; of 4-1 only the killed driver's live marker
+    # (its process never said the rollout ended).
+    killed = _at(_killed_agent("4-0", "a1"), 1_000)
+    marker = span(
+        c.KIND_LIVE,
+        trace="a2",
+        **run,
+        **{
+            c.ROLLOUT_ID: "4-1",
+            c.LIVE_EVENT: c.LIVE_EVENT_ROLLOUT,
+            c.EPISODE_ATTEMPT: 0,
+            c.LIVE_INTERVAL: 1.0,
+        },
+    )
+    resumed = _at(_resumed("4-0", "a1"), 50_000) + _at(_resumed("4-1", "a2"), 50_000)
+    # A rollout whose agent wrote its file elsewhere: its spans are cut off from the root too, but
+    # inside the rollout's own time, so no attempt of it was lost.
+    elsewhere = _at(_resumed("5-0", "a3"), 50_000) + _at(_killed_agent("5-0", "a3"), 50_005)
+    spans = [
+        SpanData(**{**s.__dict__, "attributes": {**s.attributes, **run}})
+        for s in [*killed, *_at([marker], 2_000), *resumed, *elsewhere]
+    ]
+    path = tmp_path / "traces.jsonl"
+    path.write_text(json.dumps(encode_spandata_json(spans)) + "\n")
+
+    assert main(["rollouts", str(path), "--json"]) == 0
+    rows = {r["rollout_id"]: r for r in map(json.loads, capsys.readouterr().out.splitlines())}
+    assert {k: (r["outcome"], r["attempts"], r["lost_attempts"]) for k, r in rows.items()} == {
+        "4-0": ("scored", 1, [0]),
+        "4-1": ("scored", 1, [0]),
+        "5-0": ("scored", 1, []),
+    }
+    assert main(["stats", str(path), "--json"]) == 0
+    (stats,) = map(json.loads, capsys.readouterr().out.splitlines())
+    assert (stats["scored"], stats["lost_attempts"], stats["mean_reward"]) == (3, 2, 1.0)
+    assert "lost" not in stats  # no rollout was lost: each was run again and scored
+    assert main(["rollouts", str(path)]) == 0
+    table = capsys.readouterr().out
+    assert "1 (+1 lost: attempt 0)" in table, table
+    assert main(["tree", str(path)]) == 0
+    tree = capsys.readouterr().out
+    marked = [line for line in tree.splitlines() if "=> lost attempt 0 (its process was killed" in line]
+    assert len(marked) == 1 and "rollout=4-0" in marked[0], (
+        tree
+    )  # 4-1's evidence is a marker, which tree folds away

@@ -165,6 +165,7 @@ def test_the_integration_seam_is_pinned() -> None:
         "innermost_scope",
         "may_carry_identity",
         "misuse",
+        "note_caller",
         "pinned_ids",
         "read_int",
         "report_error",

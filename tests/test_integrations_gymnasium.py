@@ -564,8 +564,11 @@ def test_the_slowest_steps_are_spans_with_their_true_times_in_order(captured: Ca
     physics = {s.name: s for s in captured.spans if s.name.startswith("physics")}
     took = {n: physics[f"physics {n}"].end_time - physics[f"physics {n}"].start_time for n in range(2, 9)}
     slowest = sorted(sorted(took, key=took.__getitem__, reverse=True)[:2])
-    assert ep[c.STEPS_SLOWEST_NUMBER] == max(took, key=took.__getitem__)
     by_number = {attrs(s)[c.STEP_NUMBER]: s for s in captured.by_kind("step")}
+    # The slowest step of all is kept (first or slowest), and is the longest of the kept spans: step
+    # 1, whose time holds first-call work the simulator's span does not see, can be it (CI, loaded).
+    kept_took = {n: s.end_time - s.start_time for n, s in by_number.items()}
+    assert ep[c.STEPS_SLOWEST_NUMBER] == max(kept_took, key=kept_took.__getitem__)
     assert sorted(by_number) == [1, *slowest]
     assert [attrs(by_number[n])[c.STEP_KEPT] for n in (1, *slowest)] == ["first", "slowest", "slowest"]
     for number in slowest:

@@ -50,6 +50,10 @@ V1 = {
         _v1_span("00000000000000b2", "episode", [(TRACE, "00000000000000b1")]),
         _v1_span("00000000000000b3", "episode", [(TRACE, "00000000000000b2")], gym_episode_restored=True),
         _v1_span("00000000000000c1", "outcome", [(TRACE, "00000000000000b3")]),
+        # A rollout a trainer asked for under a run: its run first, then the trainer's batch span.
+        _v1_span(
+            "00000000000000d1", "rollout", [(RUN_TRACE[16:], "00000000000000f1"), (TRACE, "00000000000000e1")]
+        ),
     ],
 }
 
@@ -65,6 +69,7 @@ def test_without_v3_each_links_relation_is_inferred_from_the_span_it_starts_at()
         "00000000000000b2": [c.RELATION_RETRY],
         "00000000000000b3": [c.RELATION_RESTORE],
         "00000000000000c1": [c.RELATION_OUTCOME],
+        "00000000000000d1": [c.RELATION_RUN, c.RELATION_CALLER],
     }
     # Jaeger prints a trace ID with zero high bits as 16 digits; records always carry 32.
     (rollout_link,) = spans[0].links

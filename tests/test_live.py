@@ -417,3 +417,64 @@ def test_the_timeout_works_without_asyncio_timeout_as_on_python_3_10(
     first = next(s for s in captured.by_kind(c.KIND_EPISODE) if s.attributes[c.EPISODE_ATTEMPT] == 0)
     assert first.attributes[c.FAILURE_KIND] == c.FAILURE_TIMEOUT
     assert captured.one(c.KIND_ROLLOUT).attributes[c.ROLLOUT_OUTCOME] == c.OUTCOME_SCORED
+
+
+KILLED_AT_ONCE = """
+import os, signal, sys, threading, time
+import gymtrace
+from gymtrace._model.spandata import read_otlp_json_lines
+
+path = sys.argv[1]
+gymtrace.configure(service_name="killed", file=path)
+
+
+def rollout(n):
+    with gymtrace.rollout(rollout_id=f"4-{n}", task_id="4", repeat=n), gymtrace.episode():
+        with gymtrace.step():
+            pass
+        threading.Event().wait()  # its second model call, which never returns
+
+
+with gymtrace.run(run_id="run-killed"):
+    import contextvars
+    for n in range(2):
+        threading.Thread(target=contextvars.copy_context().run, args=(rollout, n), daemon=True).start()
+    # Killed outright (SIGKILL, no exit handler) once both rollouts' markers are in the file, or
+    # after 30 s: long before the 60 s batch delay would have written anything.
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        try:
+            markers = {s.attributes.get("gym.rollout.id") for s in read_otlp_json_lines(path, partial_last_line=True)
+                       if s.attributes.get("gym.kind") == "live"}
+        except OSError:
+            markers = set()
+        if markers >= {"4-0", "4-1"}:
+            break
+        time.sleep(0.05)
+    os.kill(os.getpid(), signal.SIGKILL)
+"""
+
+
+@pytest.mark.e2e
+def test_a_process_killed_outright_leaves_its_rollouts_markers_so_they_read_lost(tmp_path: Path) -> None:
+    # Issue 43: every process of a run SIGKILLed at once left no marker when the kill came within
+    # a batch delay of them (they sat in the export queue), so its rollouts read neither live nor
+    # lost. A marker is sent as soon as it is written. The batch delay is 60 s here, so nothing but
+    # that could have written them before the kill.
+    trace_file = tmp_path / "traces.jsonl"
+    env = clean_env(GYMTRACE_HEARTBEAT="0.5", OTEL_BSP_SCHEDULE_DELAY="60000")
+    done = subprocess.run(
+        [sys.executable, "-c", KILLED_AT_ONCE, str(trace_file)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == -signal.SIGKILL, done.stderr
+    rows = _wait_for(
+        lambda: (r := _live(str(trace_file))) and all(x["state"] == c.LIVE_LOST for x in r) and r, timeout=30
+    )
+    assert {r["rollout_id"] for r in rows} == {"4-0", "4-1"}, rows
+    out = run_gymtrace("rollouts", str(trace_file), "--json", check=True)
+    outcomes = {r["rollout_id"]: r["outcome"] for r in map(json.loads, out.stdout.splitlines())}
+    assert outcomes == {"4-0": c.OUTCOME_LOST, "4-1": c.OUTCOME_LOST}

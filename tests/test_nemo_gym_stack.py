@@ -14,6 +14,7 @@ Gym that cannot import a failure; elsewhere it skips, naming the reason.
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import json
 import os
@@ -89,6 +90,8 @@ class Stack:
     head: str  # the head server override: a free port, not NeMo Gym's fixed default 11000
     agent: str = AGENT
     data: Path = DATA
+    # `gym env start`, in a process group of its own: the servers (and the model server).
+    servers: subprocess.Popen[bytes] | None = None
 
     def eval_run(self, name: str, *extra: str, limit: int, traced: bool = True) -> Path:
         """``gym eval run`` over ``limit`` tasks x 2 repeats into ``<root>/<name>/rollouts.jsonl``."""
@@ -193,15 +196,19 @@ def _stack(
     data: Path,
     *,
     relative: bool = False,
+    root: Path | None = None,
 ) -> Iterator[Stack]:
-    root = tmp_path_factory.mktemp("nemo_gym_stack")
+    # A given root: a stack started again over what a killed one left (its traces, its outputs).
+    root = root or tmp_path_factory.mktemp("nemo_gym_stack")
     traces, headers, fail_flag = root / "traces", root / "upstream_headers.jsonl", root / "fail"
     hang_flag = root / "hang"
     # One venv for every server: NeMo Gym would otherwise build a uv venv per server.
     for server in SERVERS:
-        (root / "venvs" / server).mkdir(parents=True)
-        (root / "venvs" / server / ".venv").symlink_to(sys.prefix)
+        (root / "venvs" / server).mkdir(parents=True, exist_ok=True)
+        if not (root / "venvs" / server / ".venv").is_symlink():
+            (root / "venvs" / server / ".venv").symlink_to(sys.prefix)
     port_file = root / "upstream.port"
+    port_file.unlink(missing_ok=True)
     upstream = subprocess.Popen(
         [
             sys.executable,
@@ -264,7 +271,7 @@ def _stack(
                 start_new_session=True,
             )
         _wait_for(log, "All 4 / 4 servers ready", servers, START_TIMEOUT_S)
-        yield Stack(root, traces, headers, fail_flag, hang_flag, env, head, agent, data)
+        yield Stack(root, traces, headers, fail_flag, hang_flag, env, head, agent, data, servers)
     finally:
         if servers is not None:
             _stop(servers)
@@ -336,6 +343,28 @@ def test_a_traced_run_is_nemo_gyms_rollouts_one_trace_each_across_services(stack
     for rollout_id, names in services.items():
         # The driver, the resources server (seed, tool, verify) and the model server at least.
         assert {"gym-eval-run", "example_single_tool_call", "policy_model"} <= names, (rollout_id, names)
+
+    # A task's repeats are one group: named by the run and the task, its size NeMo Gym's
+    # num_repeats (--num-repeats 2), on every span of its rollouts in every process.
+    for rollout in rollouts:
+        assert (rollout["group_id"], rollout["group_size"]) == (f"{run_id}/task-{rollout['task_id']}", 2)
+    spans = read_otlp_json_lines(stack.traces)
+    roots = [
+        s
+        for s in spans
+        if s.attributes.get("gym.kind") == "rollout" and s.attributes.get("gym.run.id") == run_id
+    ]
+    groups: dict[str, set[tuple[str, int]]] = defaultdict(set)
+    for root in roots:
+        groups[root.attributes["gym.task.id"]].add(
+            (root.attributes["gym.group.id"], root.attributes["gym.group.size"])
+        )
+    assert {task: len(found) for task, found in groups.items()} == {"0": 1, "1": 1, "2": 1, "3": 1}
+    assert len({found.pop() for found in groups.values()}) == 4  # each task a group of its own
+    for root in roots:
+        inside = [s for s in spans if s.trace_id == root.trace_id and "gym.rollout.id" in s.attributes]
+        assert {s.attributes.get("gym.group.id") for s in inside} == {root.attributes["gym.group.id"]}
+        assert {"example_single_tool_call", "policy_model"} <= {s.service for s in inside}
 
 
 def _caller(span: Any, by_id: dict[str, Any]) -> Any:
@@ -478,6 +507,8 @@ def test_a_failure_then_a_resume_pass_reads_as_a_second_attempt_of_the_same_roll
     assert [(link.span_id, link.attributes.get("gym.link.relation")) for link in by_attempt[1].links] == [
         (by_attempt[0].span_id, "retry")
     ]
+    # The resume pass's attempt is in the rollout's group too.
+    assert {e.attributes.get("gym.group.id") for e in episodes} == {f"{run_id}/task-1"}
 
     # The model call that failed upstream is a failed span in the failed attempt.
     failed_calls = [
@@ -518,11 +549,13 @@ def test_a_failure_then_a_resume_pass_reads_as_a_second_attempt_of_the_same_roll
         assert (imported[key]["outcome"], imported[key]["attempts"]) == ("scored", 2)
 
 
-def test_a_killed_pass_leaves_lost_rollouts_and_its_resume_never_lands_in_the_dead_passs_spans(
-    stack: Stack,
-) -> None:
-    stack.hang_flag.touch()  # task 3's first model call hangs in the model server until removed
-    command, env, output = stack.eval_command("killed", "+route_failures_to_sidecar=true", limit=4)
+@contextlib.contextmanager
+def _eval_with_task_3_hung(stack: Stack, name: str) -> Iterator[tuple[subprocess.Popen[bytes], Path]]:
+    """An eval whose task 3's first model call hangs in the model server: yields the driver and
+    its output once both of task 3's rollouts wait there; on the way out the driver is killed if
+    still running and the hang released."""
+    stack.hang_flag.touch()
+    command, env, output = stack.eval_command(name, "+route_failures_to_sidecar=true", limit=4)
     seen = Path(f"{stack.hang_flag}.seen")
     driver = subprocess.Popen(
         command,
@@ -537,6 +570,17 @@ def test_a_killed_pass_leaves_lost_rollouts_and_its_resume_never_lands_in_the_de
         while seen.read_text().count("hung") < 2 if seen.exists() else True:
             assert time.monotonic() < deadline and driver.poll() is None, "task 3 never reached the model"
             time.sleep(0.25)
+        yield driver, output
+    finally:
+        if driver.poll() is None:
+            os.killpg(driver.pid, signal.SIGKILL)
+        stack.hang_flag.unlink(missing_ok=True)
+
+
+def test_a_killed_pass_leaves_lost_rollouts_and_its_resume_never_lands_in_the_dead_passs_spans(
+    stack: Stack,
+) -> None:
+    with _eval_with_task_3_hung(stack, "killed") as (driver, output):
         stack.settle()
         run_id = _run_of(stack, output)
 
@@ -562,10 +606,6 @@ def test_a_killed_pass_leaves_lost_rollouts_and_its_resume_never_lands_in_the_de
             ), live[key]
         os.killpg(driver.pid, signal.SIGKILL)  # as a scheduler's kill or an OOM would
         driver.wait(timeout=30)
-    finally:
-        if driver.poll() is None:
-            os.killpg(driver.pid, signal.SIGKILL)
-        stack.hang_flag.unlink(missing_ok=True)
     time.sleep(4)  # three heartbeat intervals without a beat: the driver is gone
     stack.settle()
 
@@ -586,6 +626,16 @@ def test_a_killed_pass_leaves_lost_rollouts_and_its_resume_never_lands_in_the_de
     assert all(r["outcome"] == "scored" for r in rollouts.values()), rollouts
     (stats,) = stack.json_lines("stats", str(stack.traces), "--run", run_id)
     assert stats["mean_reward"] == pytest.approx(_nemo_mean(output)) and "lost" not in stats
+    # The killed pass stays visible (issue 43): NeMo Gym re-ran 3-0 and 3-1 at attempt 0, and the
+    # killed execution is a lost attempt 0 of each, marked beside the one that scored, counted in
+    # stats; the rollouts the killed pass finished lost nothing. check passes, noting the
+    # interrupted spans.
+    lost = {k: r["lost_attempts"] for k, r in rollouts.items() if r["lost_attempts"]}
+    assert lost == {"3-0": [0], "3-1": [0]}, rollouts
+    assert {r["attempts"] for r in rollouts.values()} == {1}
+    assert stats["lost_attempts"] == 2, stats
+    check = stack.cli("check", str(stack.traces))
+    assert check.returncode == 0, check.stdout
     spans = read_otlp_json_lines(stack.traces)
     by_id = {s.span_id: s for s in spans}
     for key in ("3-0", "3-1"):
@@ -596,6 +646,9 @@ def test_a_killed_pass_leaves_lost_rollouts_and_its_resume_never_lands_in_the_de
             and s.attributes.get("gym.rollout.id") == key
             and s.attributes.get("gym.run.id") == run_id
         ]
+        # Opened again by the resume pass, which counted no rows: its group's size is the fresh
+        # pass's, from the pass log.
+        assert (root.attributes["gym.group.id"], root.attributes["gym.group.size"]) == (f"{run_id}/task-3", 2)
         episodes = [
             s for s in spans if s.trace_id == root.trace_id and s.attributes.get("gym.kind") == "episode"
         ]
@@ -606,6 +659,51 @@ def test_a_killed_pass_leaves_lost_rollouts_and_its_resume_never_lands_in_the_de
                 under[span.attributes.get("gym.kind")] += 1
         # NeMo Gym recorded one seed, 2 model calls and 1 verify for the rollout: so does the trace.
         assert (under["seed_session"], under["model_call"], under["verify"]) == (1, 2, 1), (key, dict(under))
+
+
+def test_a_run_whose_every_process_was_killed_reads_its_killed_pass_as_lost_attempts_after_the_resume(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> None:
+    # Issue 43: driver, servers and model server SIGKILLed at once while task 3's rollouts were in
+    # a model call (nothing runs an exit handler), then the stack started again and the run resumed.
+    first = _stack(tmp_path_factory, "example_single_tool_call", AGENT, DATA)
+    stack = next(first)
+    try:
+        with _eval_with_task_3_hung(stack, "all-killed") as (driver, output):
+            time.sleep(1.5)  # a heartbeat of the driver, and the servers' batches of what had ended
+            assert stack.servers is not None
+            for group in (driver.pid, stack.servers.pid):
+                os.killpg(group, signal.SIGKILL)  # as a node lost, or an OOM kill of the job
+            driver.wait(timeout=30)
+            stack.servers.wait(timeout=30)
+    finally:
+        first.close()  # the fake upstream provider (not part of the run) stops too
+    run_id = _run_of(stack, output)
+
+    second = _stack(tmp_path_factory, "example_single_tool_call", AGENT, DATA, root=stack.root)
+    stack = next(second)
+    try:
+        stack.eval_run("all-killed", "+route_failures_to_sidecar=true", "+resume_from_cache=true", limit=4)
+    finally:
+        second.close()
+    stack.settle()
+    assert _run_of(stack, output) == run_id
+    rollouts = {r["rollout_id"]: r for r in stack.json_lines("rollouts", str(stack.traces), "--run", run_id)}
+    assert set(rollouts) == _keys(_nemo_rows(output))
+    assert all(r["outcome"] == "scored" for r in rollouts.values()), rollouts
+    # The killed pass is what it was: attempt 0 of 3-0 and 3-1, lost, kept under its number (DESIGN
+    # section 8: the attempt is _ng_attempt_index, absent: 0) beside the resumed attempt 0 that scored.
+    lost = {k: r["lost_attempts"] for k, r in rollouts.items() if r["lost_attempts"]}
+    assert lost == {"3-0": [0], "3-1": [0]}, rollouts
+    assert {r["attempts"] for r in rollouts.values()} == {1}
+    (stats,) = stack.json_lines("stats", str(stack.traces), "--run", run_id)
+    assert stats["lost_attempts"] == 2 and "lost" not in stats, stats
+    assert stats["mean_reward"] == pytest.approx(_nemo_mean(output))
+    # check: no violation from what the killed processes had exported, a note with their count.
+    check = stack.cli("check", str(stack.traces))
+    assert check.returncode == 0, check.stdout
+    for key in ("3-0", "3-1"):
+        assert f"rollout {key}: " in check.stdout and "interrupted span(s)" in check.stdout, check.stdout
 
 
 def _gym_ancestors(span: Any, by_id: dict[str, Any]) -> set[str]:
@@ -691,6 +789,10 @@ def test_the_servers_alone_trace_nemo_gyms_rollouts_each_pass_a_run_of_its_own(s
     # pass is a run of its own, not pooled with the first into one "(no run)".
     (first_run,) = {s.attributes.get("gym.run.id") for s in roots}
     assert first_run and first_run.startswith("example_single_tool_call_environment_server-"), first_run
+    # Each task's repeats are a group of that run; num_repeats is not on the wire, so no size.
+    for root in roots:
+        assert root.attributes["gym.group.id"] == f"{first_run}/task-{root.attributes['gym.task.id']}"
+        assert "gym.group.size" not in root.attributes
     before |= {s.span_id for s in roots}
     stack.eval_run("servers_only_again", limit=2, traced=False)
     again = [
@@ -705,6 +807,53 @@ def test_the_servers_alone_trace_nemo_gyms_rollouts_each_pass_a_run_of_its_own(s
         assert (stats[run_id]["scored"], stats[run_id]["mean_reward"]) == (4, 1.0), stats[run_id]
     rollouts = stack.json_lines("rollouts", str(stack.traces), "--run", second_run)
     assert {r["rollout_id"] for r in rollouts} == _keys(_nemo_rows(output))
+
+
+def test_a_trainer_that_traces_itself_gets_nemo_gyms_rollouts_as_traces_of_their_own_linked_to_its_batch(
+    stack: Stack,
+) -> None:
+    # A stand-in for NeMo RL with its telemetry on (tests/support/stand_in_trainer.py: its span
+    # and attribute names on the plain OpenTelemetry SDK) drives NeMo Gym through the entry points
+    # NeMo Gym gives trainers, its HTTP client sending the batch span's traceparent; the driver is
+    # not traced by gymtrace, the servers are.
+    before = {
+        s.span_id for s in read_otlp_json_lines(stack.traces) if s.attributes.get("gym.kind") == "rollout"
+    }
+    spans_out = stack.root / "trainer.ndjson"
+    env = {k: v for k, v in stack.env.items() if not k.startswith(("GYMTRACE_", "OTEL_"))}
+    head_port = stack.head.rsplit("=", 1)[1]
+    trainer_args = ["nemo-gym", head_port, str(spans_out), "2", "2", str(stack.data), stack.agent]
+    done = subprocess.run(
+        [sys.executable, str(SUPPORT / "stand_in_trainer.py"), *trainer_args],
+        cwd=stack.root,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=EVAL_TIMEOUT_S,
+    )
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    results = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
+    assert len(results) == 4, done.stdout[-3000:]
+    stack.settle()
+
+    trainer = [json.loads(line) for line in spans_out.read_text().splitlines() if line.strip()]
+    (batch,) = [t for t in trainer if t["name"] == "rl.grpo.collect_rollouts"]
+    trainer_trace = batch["context"]["trace_id"].removeprefix("0x")
+    batch_span = batch["context"]["span_id"].removeprefix("0x")
+    spans = read_otlp_json_lines(stack.traces)
+    roots = [s for s in spans if s.attributes.get("gym.kind") == "rollout" and s.span_id not in before]
+    assert sorted(s.attributes["gym.rollout.id"] for s in roots) == ["0-0", "0-1", "1-0", "1-1"]
+    for root in roots:
+        assert root.parent_id is None and root.trace_id != trainer_trace, root
+        assert [
+            (link.trace_id, link.span_id, link.attributes.get("gym.link.relation")) for link in root.links
+        ] == [(trainer_trace, batch_span, "caller")]
+        run_id = root.attributes["gym.run.id"]
+        assert root.attributes["gym.group.id"] == f"{run_id}/task-{root.attributes['gym.task.id']}"
+        below = {s.attributes.get("gym.kind") for s in spans if s.trace_id == root.trace_id}
+        assert {"episode", "seed_session", "model_call", "verify"} <= below, below
+    # The trainer's trace holds no gym span (only the servers' HTTP spans of its requests, if any).
+    assert not [s for s in spans if s.trace_id == trainer_trace and "gym.kind" in s.attributes]
 
 
 def test_the_whole_trace_directory_passes_check_and_no_upstream_request_carried_gym_identity(

@@ -153,8 +153,10 @@ def test_the_pass_log_names_the_run_of_the_last_fresh_pass_and_where_each_attemp
     assert log == output.with_name(".rollouts.jsonl.gymtrace-passes.jsonl")
     lines = [
         {"pass": "fresh", "run_id": "r-first"},
+        {"group_sizes": {"0": 4, "1": 4, "2": 4}},
         {"failed": "1-0", "attempt": 0},
         {"pass": "fresh", "run_id": "r-second"},  # a fresh pass over the same output: a new run
+        {"group_sizes": {"0": 2, "1": 3, "2": True}},  # task 2: not a size
         {"failed": "2-0", "attempt": 0},
         {"pass": "resume", "run_id": "r-second"},
         {"failed": "2-0", "attempt": 1},
@@ -167,6 +169,19 @@ def test_the_pass_log_names_the_run_of_the_last_fresh_pass_and_where_each_attemp
         2,
         {("2-0", 0): 0, ("2-0", 1): 1},
     )
+    # The group sizes its fresh pass counted, for the resume passes that dispatch only what is left.
+    assert dict(passes.group_sizes) == {"0": 2, "1": 3}
+
+
+def test_a_tasks_group_is_named_by_its_run_and_task_and_stays_an_id_under_a_long_run_id() -> None:
+    assert nemo_gym.group_id_for("rollouts-3f2a-a1b2c3", "7") == "rollouts-3f2a-a1b2c3/task-7"
+    assert nemo_gym.group_id_for("rollouts-3f2a-a1b2c3", "7") != nemo_gym.group_id_for(
+        "rollouts-3f2a-d4e5f6", "7"
+    )
+    long_run = "r" * 300
+    group = nemo_gym.group_id_for(long_run, "12")
+    assert len(group) <= 256 and group.endswith("/task-12")
+    assert group == nemo_gym.group_id_for(long_run, "12") != nemo_gym.group_id_for("s" * 300, "12")
 
 
 def _span(span_id: str, trace: str, kind: str, start: int, end: int, **attributes: Any) -> SpanData:

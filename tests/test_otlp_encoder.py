@@ -235,10 +235,11 @@ from gymtrace._model.spandata import from_readable
 
 if os.environ.get("GYMTRACE_ENCODER") == "auto":
     # What is tested is the move mid-run with nothing lost, not this machine's speed: the in-memory
-    # copy below slows every span, and on a busy 2-core machine 2,048 spans did not always end
-    # within 0.4 s. A quarter of the threshold still moves only once spans come fast.
+    # copy below slows every span, and beside other test lanes 512 spans did not always end within
+    # 0.4 s. Any 512 spans within ten minutes move it, a few hundred spans into the loop.
     from gymtrace._sdk import export_auto as _export_auto
     _export_auto.UPGRADE_SPANS = 512
+    _export_auto.UPGRADE_WINDOW = 600.0
 
 gymtrace.configure(service_name="lean-wire", endpoint=sys.argv[1], protocol=sys.argv[2], file=False)
 steps = int(sys.argv[3])

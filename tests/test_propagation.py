@@ -322,3 +322,33 @@ def test_child_process_started_with_env_carrier_joins_the_trace(tmp_path):
     assert child.attributes[c.ROLLOUT_ID] == "r-env"
     assert child.attributes[c.EPISODE_ATTEMPT] == 0
     assert captured.one(c.KIND_STEP).name == "gym.step"
+
+
+HAND_OFF_FIX = (
+    "If it was meant for a gym scope in another process, continue that scope here with"
+    " gymtrace.propagation.attach(carrier), and the sender must inject the carrier with"
+    " gymtrace.propagation.inject(carrier, continuation=True) or"
+    " gymtrace.propagation.inject(carrier, destination=URL): a carrier injected with neither"
+    " carries no gym identity"
+)
+
+
+def test_a_reward_after_a_carrier_without_identity_names_both_ways_the_sender_gives_one(caplog):
+    # Code written against the earlier API: inject({}) carried the identity, now only traceparent
+    # (issue 43). The receiving side cannot tell that from a caller outside the gym, so it says
+    # what the sender must do if the reward was meant for a gym scope.
+    with gymtrace.testing.capture_spans(strict=False):
+        with gymtrace.rollout(rollout_id="r-1"), gymtrace.episode():
+            carrier = propagation.inject({})
+        with caplog.at_level("WARNING", logger="gymtrace"):
+            with propagation.attach(carrier):
+                gymtrace.record_reward(1.0)  # no gym scope at all
+            with propagation.attach(carrier), gymtrace.verify():
+                gymtrace.record_reward(1.0)  # a verify scope, but no episode or rollout
+    messages = [r.getMessage() for r in caplog.records if "record_reward" in r.getMessage()]
+    assert len(messages) == 2 and all(HAND_OFF_FIX in m for m in messages), messages
+    assert "outside every gym scope" in messages[0] and "inside verify" in messages[1]
+    # Strict mode (GYMTRACE_STRICT=true, testing.strict()) raises the same words.
+    with gymtrace.testing.capture_spans(strict=True), propagation.attach(carrier):
+        with pytest.raises(gymtrace.GymTraceError, match=r"continuation=True\) or gymtrace\.propagation"):
+            gymtrace.record_reward(1.0)

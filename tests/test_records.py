@@ -20,7 +20,7 @@ from gymtrace._read.compare import MIN_PAIRED_TASKS, compare
 from gymtrace._read.outcomes import final_outcomes
 from gymtrace._read.passk import pass_at_k, per_task
 from gymtrace._read.stats import summarise
-from gymtrace.integrations.nemo_gym import run_id_for_output, trace_id_for
+from gymtrace.integrations.nemo_gym import group_id_for, run_id_for_output, trace_id_for
 from gymtrace.testing import CapturedSpans
 from inspect_eval import run_arith_eval
 from records_support import write_nemo_gym_output
@@ -95,6 +95,16 @@ def test_nemo_gym_output_imports_as_checked_traces_whose_stats_are_nemo_gyms(
     assert (
         event.name == c.GEN_AI_EVALUATION_RESULT and event.attributes[c.GEN_AI_EVALUATION_SCORE_VALUE] == 1.0
     )
+
+    # A task's repeats are one group, as the live integration names it: every span of its
+    # rollouts carries the group, the rollout its size (the rollouts of the task in the output).
+    for span in spans:
+        task = span.attributes.get(c.TASK_ID)
+        if c.ROLLOUT_ID in span.attributes:
+            assert span.attributes[c.GROUP_ID] == group_id_for(run_id, task), span
+    for rollout in kinds(spans, c.KIND_ROLLOUT):
+        assert rollout.attributes[c.GROUP_SIZE] == 2, rollout
+    assert len({r.attributes[c.GROUP_ID] for r in kinds(spans, c.KIND_ROLLOUT)}) == 3
 
     # The terminal failure: unscored, not retryable.
     (terminal,) = [s for s in kinds(spans, c.KIND_EPISODE) if s.attributes[c.ROLLOUT_ID] == "2-1"]

@@ -198,6 +198,17 @@ def test_group_and_version_travel_to_the_gyms_other_processes_and_never_upstream
     assert tool.attributes[c.ROLLOUT_ID] == "r"
 
 
+def test_an_outcome_recorded_in_another_process_carries_the_rollouts_group(captured: CapturedSpans) -> None:
+    # The verify server's record is a span below the rollout like any other (the NeMo Gym stack's
+    # resources server records each rollout's reward so).
+    with gymtrace.rollout(rollout_id="r", group_id="g"), gymtrace.episode():
+        inside = propagation.inject({}, destination="http://127.0.0.1:8000/verify", continuation=True)
+    with propagation.attach(inside), gymtrace.verify():
+        gymtrace.record_reward(1.0)
+    (record,) = captured.by_kind(c.KIND_OUTCOME)
+    assert (record.attributes[c.GROUP_ID], record.attributes[c.ROLLOUT_ID]) == ("g", "r")
+
+
 def test_a_scope_carrier_carries_the_group_and_the_rollouts_version(captured: CapturedSpans) -> None:
     gymtrace.set_policy_version(5)
     with gymtrace.rollout(rollout_id="r", group_id="g"), gymtrace.episode() as first:

@@ -215,3 +215,18 @@ def test_the_tree_shows_a_train_step_and_counts_its_records_links(captured: Capt
     assert "gym.train_step [train_step]" in tree and "step=4 policy=0 consumed=2" in tree
     assert "gym.consumed [consumed]" in tree and "rollouts=2 ->2 rollout spans" in tree
     assert "group=g policy=0" in tree  # on the rollout lines
+
+
+def test_stats_by_train_step_splits_each_steps_time_as_its_consumed_rollouts_sum(
+    captured: CapturedSpans, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    _training_run()
+    path = _write(captured, tmp_path / "run.jsonl")
+    rows = {r["rollout_id"]: r for r in _json_lines(capsys, ["rollouts", str(path), "--json"])}
+    (step, _run) = _json_lines(capsys, ["stats", "--by", "train_step", str(path), "--json"])
+    consumed = [rows[f"a-{n}"] for n in range(4)] + [rows[f"b-{n}"] for n in range(2)]
+    for part in c.SPLIT_PARTS:
+        assert step["time_split"][part] == pytest.approx(
+            sum(r["time_split"][part] for r in consumed), abs=1e-9
+        )
+    assert step["time_split"]["model"] > 0 and step["time_split"]["verify"] > 0

@@ -143,8 +143,9 @@ STEP_NUMBER: Final = "gym.step.number"
 HIERARCHY_VIOLATION: Final = "gym.hierarchy.violation"
 # Not in the fixed table: set on spans that were still open when the process was stopped.
 INTERRUPTED: Final = "gym.interrupted"
-# On a span link: why two episodes are linked (``retry`` or ``restore``), or ``run`` on the link
-# from a rollout root to its run.
+# On a span link: why two episodes are linked (``retry`` or ``restore``), ``run`` on the link
+# from a rollout root to its run, ``caller`` on the link from a rollout root to the span of a
+# caller outside the gym (a trainer) whose context reached it.
 LINK_RELATION: Final = "gym.link.relation"
 
 OUTCOME_SCORED: Final = "scored"
@@ -170,6 +171,9 @@ FAILURE_ERROR: Final = "error"
 RELATION_RETRY: Final = "retry"
 RELATION_RESTORE: Final = "restore"
 RELATION_RUN: Final = "run"
+# On a rollout's (or train step's) link to a span of another telemetry (a trainer's rollout-batch
+# span) that was current when it opened: it stays the root of its own trace (issue 44).
+RELATION_CALLER: Final = "caller"
 # On an outcome record's link to the episode it concludes.
 RELATION_OUTCOME: Final = "outcome"
 
@@ -267,6 +271,9 @@ CONTENT_OMITTED: Final = "gym.content.omitted"
 OPERATION_INVOKE_AGENT: Final = "invoke_agent"
 OPERATION_CHAT: Final = "chat"
 OPERATION_EXECUTE_TOOL: Final = "execute_tool"
+# The conventions' other inference operations: like chat, a model call (the time split's model part).
+OPERATION_TEXT_COMPLETION: Final = "text_completion"
+OPERATION_GENERATE_CONTENT: Final = "generate_content"
 EVALUATION_NAME_REWARD: Final = "reward"
 
 # Response details (GenAI conventions): what tells server queueing from prefix-cache misses from the
@@ -335,6 +342,20 @@ SERVICE_INSTANCE_ID: Final = "service.instance.id"
 
 INSTRUMENTATION_NAME: Final = "gymtrace"
 
+# -- what the readers make of a run (gymtrace rollouts --json, stats, timeline, report) ---------------
+
+# A sampled-out rollout's one remaining span says it (gym.rollout.detail = false): no episode below
+# it was kept, so the readers draw it as a plain bar, without a time split.
+ROLLOUT_DETAIL: Final = "gym.rollout.detail"
+# The time split's parts (fixed: the keys of ``time_split``), in precedence order: where two overlap,
+# the first takes the time; ``other`` is what none covers (the harness, queueing).
+SPLIT_MODEL: Final = "model"
+SPLIT_TOOL: Final = "tool"
+SPLIT_ENV: Final = "env"
+SPLIT_VERIFY: Final = "verify"
+SPLIT_OTHER: Final = "other"
+SPLIT_PARTS: Final = (SPLIT_MODEL, SPLIT_TOOL, SPLIT_ENV, SPLIT_VERIFY, SPLIT_OTHER)
+
 # -- integrations ---------------------------------------------------------------------------
 
 # Gymnasium (gymtrace.integrations.gymnasium): which environment an episode ran in, and, for a vector
@@ -385,6 +406,10 @@ STEP_KEPT_RAISED: Final = "raised"
 SCORE_REWARD: Final = "reward"  # the MLflow assessment / Phoenix span annotation of a rollout's reward
 SCORE_SOURCE: Final = "gymtrace"  # its MLflow source_id and Phoenix identifier: one score per rollout
 SCORE_ATTEMPT: Final = "gym.rollout.attempt"  # score metadata: the attempt the reward is from
+# `gymtrace push` into an experiment/project other than the one already holding a trace: the trace
+# goes under an ID derived from (original ID, experiment), and each of its spans carries the original
+# (the ID the files and `join_keys()` hold); MLflow shows it as a trace tag, Phoenix in the metadata.
+PUSH_ORIGINAL_TRACE_ID: Final = "gym.push.original_trace_id"
 # MLflow: span type, trace tags (a root span's "mlflow.traceTag.<key>" attributes), trace name,
 # session (any span's session.id becomes the trace's mlflow.trace.session metadata).
 MLFLOW_SPAN_TYPE: Final = "mlflow.spanType"

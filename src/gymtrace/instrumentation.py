@@ -28,7 +28,8 @@ What is here, by concern (everything else in gymtrace whose name starts with ``_
 any release; this module changes only by addition):
 
 - **Identity.** :func:`current_identity`, :func:`innermost_scope` (read); :func:`stamp_identity`,
-  :func:`continue_scope` (write); :func:`incoming_identity` and :func:`accept_identity` (what this
+  :func:`continue_scope` (write); :func:`note_caller` (a request from a caller outside the gym: its
+  rollouts link to the caller's span rather than join its trace); :func:`incoming_identity` and :func:`accept_identity` (what this
   process believes of an identity that arrived, per ``GYMTRACE_TRUST_IDENTITY``);
   :func:`set_identity_fallback` (where a request without gym baggage gets its identity, read by
   :class:`gymtrace.integrations.asgi.GymTraceMiddleware`); :func:`set_identity_aliases` (extra
@@ -74,6 +75,7 @@ from opentelemetry import trace
 from gymtrace._constants import KIND_ROLLOUT as _KIND_ROLLOUT
 from gymtrace._identity import processor as _processor
 from gymtrace._identity import trust as _trust
+from gymtrace._identity.carriers import caller_context as _caller_context
 from gymtrace._identity.carriers import incoming_identity as _incoming_identity
 from gymtrace._identity.carriers import remote_context as _remote_context
 from gymtrace._model import errors as _errors
@@ -111,6 +113,7 @@ __all__ = [
     "innermost_scope",
     "may_carry_identity",
     "misuse",
+    "note_caller",
     "pinned_ids",
     "read_int",
     "report_error",
@@ -197,6 +200,19 @@ def continue_scope(
     not given).
     """
     return _remote_context(context, dict(identity), step_base)
+
+
+def note_caller(context: otel_context.Context, carrier: Any) -> otel_context.Context:
+    """``context`` noting the caller outside the gym whose span ``carrier``'s trace context names
+    (a trainer's rollout-batch span, sent as ``traceparent`` with a request that carries no gym
+    identity this process believes); ``context`` unchanged when it names none.
+
+    A rollout (or train step) opened in the returned context, or in one made from it, stays the
+    root of its own trace and links to that span (relation ``caller``) instead of joining the
+    caller's trace, even under the request's own HTTP server span or a stand-in scope made for the
+    request (:func:`continue_scope`). A server middleware calls it for such requests; a context
+    whose current span is foreign already (extracted from the headers) needs no note."""
+    return _caller_context(context, carrier)
 
 
 def incoming_identity(baggage_header: str | None) -> dict[str, str | int]:

@@ -27,6 +27,7 @@ from child_process import run_gymtrace, run_python
 from gymtrace import _constants as c
 from gymtrace._model.spandata import read_otlp_json_lines
 from gymtrace._read.outcomes import final_outcomes
+from gymtrace._sdk.backends.push import moved_trace_id
 from pipeline import REPO_ROOT, free_ports
 
 pytestmark = pytest.mark.e2e
@@ -147,8 +148,69 @@ def test_gymtrace_push_to_mlflow_twice_stores_every_rollout_and_reward_once(
     for _ in range(2):
         done = run_gymtrace(*argv, str(trace_file), timeout=300)
         assert done.returncode == 0, done.stderr
-        assert f"run(s) {run_id}" in done.stdout
+        assert _summary(trace_file, run_id, "experiment 'rl-push'") in done.stdout
+        assert "new IDs" not in done.stdout  # no other experiment holds them: the files' own IDs
     _assert_mlflow_matches(mlflow_server, "rl-push", run_id, _expected(trace_file, run_id))
+
+
+def _summary(trace_file: Path, run_id: str, where: str) -> str:
+    """The summary `gymtrace push` prints when the server holds every span and reward of the file."""
+    spans = [s for s in read_otlp_json_lines(trace_file) if s.attributes.get(c.KIND) != c.KIND_LIVE]
+    expected = _expected(trace_file, run_id)
+    scored = sum(o == c.OUTCOME_SCORED for o, _ in expected.values())
+    return (
+        f"{where}, holds {len(spans)} spans in {len({s.trace_id for s in spans})} traces:"
+        f" {len(expected)} rollouts ({scored} with a reward) of run(s) {run_id}"
+    )
+
+
+def _original_trace_ids(trace_file: Path) -> set[str]:
+    return {s.trace_id for s in read_otlp_json_lines(trace_file) if s.attributes.get(c.KIND) != c.KIND_LIVE}
+
+
+def test_push_to_a_second_mlflow_experiment_puts_the_run_there_under_ids_derived_from_the_originals(
+    mlflow_server: MlflowServer, tmp_path: Path
+) -> None:
+    # The run traced live into one experiment, then pushed from its files into another (issue 43):
+    # MLflow keeps a trace in the experiment it first arrived in, so the same IDs would add nothing.
+    run_id = f"second-{uuid.uuid4().hex[:6]}"
+    env = {"GYMTRACE_BACKEND": "mlflow", "GYMTRACE_EXPERIMENT": "rl-first"}
+    trace_file = _demo(tmp_path, run_id, env, endpoint=mlflow_server.url)
+    expected = _expected(trace_file, run_id)
+    originals = _original_trace_ids(trace_file)
+    argv = ["push", "--backend", "mlflow", "--endpoint", mlflow_server.url, "--experiment", "rl-second"]
+    for _ in range(2):  # the second push lands on the same derived IDs: it changes nothing
+        done = run_gymtrace(*argv, str(trace_file), timeout=300)
+        assert done.returncode == 0, done.stderr
+        assert done.stdout.strip().splitlines() == [
+            _summary(trace_file, run_id, f"MLflow at {mlflow_server.url}, experiment 'rl-second'")
+            + f"; {len(originals)} traces under new IDs, as experiment 'rl-first' holds their original IDs"
+            f" (each span carries its original as {c.PUSH_ORIGINAL_TRACE_ID})"
+        ]
+    _assert_mlflow_matches(mlflow_server, "rl-second", run_id, expected)
+    # Read through MLflow's own client: each trace under the ID derived from (original, experiment),
+    # tagged with the original (the ID the files and join_keys() records hold).
+    pushed = mlflow_server.traces("rl-second", f"tags.`{c.RUN_ID}` = '{run_id}'")
+    assert {t["tags"][c.PUSH_ORIGINAL_TRACE_ID] for t in pushed} == originals
+    assert {t["trace_id"] for t in pushed} == {f"tr-{moved_trace_id(o, 'rl-second')}" for o in originals}
+    # The live experiment keeps its traces under their own IDs.
+    _assert_mlflow_matches(mlflow_server, "rl-first", run_id, expected)
+    live = mlflow_server.traces("rl-first", f"tags.`{c.RUN_ID}` = '{run_id}'")
+    assert {t["trace_id"] for t in live} == {f"tr-{o}" for o in originals}
+    # Once the originals are gone from the server, a third push still lands on the IDs the earlier
+    # ones gave (not a second copy under the originals).
+    first = mlflow_server.get("/api/2.0/mlflow/experiments/get-by-name?experiment_name=rl-first")
+    mlflow_server.post(
+        "/api/2.0/mlflow/traces/delete-traces",
+        {"experiment_id": first["experiment"]["experiment_id"], "request_ids": [t["trace_id"] for t in live]},
+    )
+    done = run_gymtrace(*argv, str(trace_file), timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip().splitlines() == [
+        _summary(trace_file, run_id, f"MLflow at {mlflow_server.url}, experiment 'rl-second'")
+        + f"; {len(originals)} traces under the new IDs an earlier push gave them"
+    ]
+    _assert_mlflow_matches(mlflow_server, "rl-second", run_id, expected)
 
 
 # -- Phoenix ----------------------------------------------------------------------------------------
@@ -199,9 +261,43 @@ def test_gymtrace_push_to_phoenix_twice_stores_every_span_and_reward_once(
     for _ in range(2):
         done = run_gymtrace(*argv, str(trace_file), timeout=300)
         assert done.returncode == 0, done.stderr
+        assert _summary(trace_file, run_id, "project 'rl-push'") in done.stdout
+        assert "new IDs" not in done.stdout
     _assert_phoenix_matches(phoenix_server, "rl-push", run_id, _expected(trace_file, run_id))
     ids = [s["context"]["span_id"] for s in phoenix_server.spans("rl-push")]
     assert len(ids) == len(set(ids)) == len(read_otlp_json_lines(trace_file))
+
+
+def test_push_to_a_second_phoenix_project_puts_the_run_there_under_ids_derived_from_the_originals(
+    phoenix_server: PhoenixServer, tmp_path: Path
+) -> None:
+    # Phoenix files a span under the project its trace ID is already in (issue 43).
+    run_id = f"second-{uuid.uuid4().hex[:6]}"
+    env = {"GYMTRACE_BACKEND": "phoenix", "GYMTRACE_EXPERIMENT": "rl-first"}
+    trace_file = _demo(tmp_path, run_id, env, endpoint=phoenix_server.url)
+    expected = _expected(trace_file, run_id)
+    originals = _original_trace_ids(trace_file)
+    live = [s for s in phoenix_server.spans("rl-first") if s["attributes"].get(c.RUN_ID) == run_id]
+    argv = ["push", "--backend", "phoenix", "--endpoint", phoenix_server.url, "--experiment", "rl-second"]
+    for _ in range(2):
+        done = run_gymtrace(*argv, str(trace_file), timeout=300)
+        assert done.returncode == 0, done.stderr
+        assert done.stdout.strip().splitlines() == [
+            _summary(trace_file, run_id, f"Phoenix at {phoenix_server.url}, project 'rl-second'")
+            + f"; {len(originals)} traces under new IDs, as project 'rl-first' holds their original IDs"
+            f" (each span carries its original as {c.PUSH_ORIGINAL_TRACE_ID})"
+        ]
+    _assert_phoenix_matches(phoenix_server, "rl-second", run_id, expected)
+    pushed = [s for s in phoenix_server.spans("rl-second") if s["attributes"].get(c.RUN_ID) == run_id]
+    ids = [s["context"]["span_id"] for s in pushed]
+    assert len(ids) == len(set(ids)) == len(live)
+    assert {s["context"]["trace_id"] for s in pushed} == {moved_trace_id(o, "rl-second") for o in originals}
+    assert {s["attributes"][c.PUSH_ORIGINAL_TRACE_ID] for s in pushed} == originals
+    # The live project is unchanged.
+    assert len(
+        [s for s in phoenix_server.spans("rl-first") if s["attributes"].get(c.RUN_ID) == run_id]
+    ) == len(live)
+    _assert_phoenix_matches(phoenix_server, "rl-first", run_id, expected)
 
 
 # -- bad input --------------------------------------------------------------------------------------

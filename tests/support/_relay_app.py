@@ -82,6 +82,27 @@ async def forward_local(request: Request) -> JSONResponse:
     return JSONResponse({"downstream": downstream})
 
 
+async def rollout(request: Request) -> JSONResponse:
+    """One rollout a caller asked for (``?task=T&repeat=N&size=K``), opened in the request's context:
+    a gym server that runs rollouts for a trainer."""
+    task, repeat = request.query_params["task"], int(request.query_params["repeat"])
+    with (
+        gymtrace.rollout(
+            rollout_id=f"{task}-{repeat}",
+            task_id=task,
+            repeat=repeat,
+            group_id=f"task-{task}",
+            group_size=int(request.query_params["size"]),
+        ) as scope,
+        gymtrace.episode(),
+    ):
+        with tracer.start_as_current_span("relay.env"), gymtrace.tool_call(tool_name="env.step"):
+            pass
+        with gymtrace.verify():
+            gymtrace.record_reward(1.0)
+    return JSONResponse({"trace_id": scope.trace_id, "span_id": scope.span_id})
+
+
 def make_app() -> Starlette:
     if os.environ.get("RELAY_AIOHTTP_INSTRUMENT"):
         from gymtrace.integrations.aiohttp import instrument
@@ -93,5 +114,6 @@ def make_app() -> Starlette:
             Route("/stream", stream),
             Route("/forward", forward),
             Route("/forward-local", forward_local),
+            Route("/rollout", rollout),
         ]
     )

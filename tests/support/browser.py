@@ -16,10 +16,22 @@ import subprocess
 import tempfile
 import time
 import urllib.request
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 from websockets.sync.client import ClientConnection, connect
+
+
+def headless_chromium(*, width: int = 1600, height: int = 1200) -> Iterator[Browser]:
+    """A browser for a module's tests (a pytest fixture's body), or a skip that names the reason."""
+    import pytest
+
+    executable = find_chromium()
+    if executable is None:
+        pytest.skip("no Chromium on PATH: `apt-get install chromium` (scripts/test does it as root)")
+    with Browser(executable, width=width, height=height) as b:
+        yield b
 
 
 def find_chromium() -> str | None:
@@ -90,6 +102,11 @@ class Browser:
         return self._exit.enter_context(
             connect(page["webSocketDebuggerUrl"], max_size=64 * 1024 * 1024, open_timeout=10)
         )
+
+    @property
+    def pid(self) -> int:
+        """The browser's process (its renderers and helpers are its children)."""
+        return self._process.pid
 
     def call(self, method: str, **params: Any) -> dict[str, Any]:
         """Send one DevTools command and return its result (events in between are skipped)."""

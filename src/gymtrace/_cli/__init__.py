@@ -1,5 +1,5 @@
 """The ``gymtrace`` command: ``demo``, ``tree``, ``check``, ``rollouts``, ``stats``, ``live``, ``import``,
-``compare`` and ``push``.
+``compare``, ``push``, ``timeline`` and ``report``.
 
 The only package that prints. Its grammar is :mod:`.parser`; each subcommand is a module of its own
 (``import`` is :mod:`.import_`, ``demo-service`` lives in :mod:`.demo`), and what the reading
@@ -14,7 +14,7 @@ import os
 import sys
 from collections.abc import Callable, Sequence
 
-from gymtrace._cli import check, compare, demo, import_, live, push, rollouts, stats, tree
+from gymtrace._cli import check, compare, demo, import_, live, push, report, rollouts, stats, timeline, tree
 from gymtrace._cli.parser import make_parser
 from gymtrace._model.spandata import TraceFileError
 
@@ -32,6 +32,8 @@ COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
     "import": import_.run,
     "compare": compare.run,
     "push": push.run,
+    "timeline": timeline.run,
+    "report": report.run,
 }
 
 

@@ -48,6 +48,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"  - {problem}")
     print(f"spans written to: {', '.join(result.targets)}")
     print(f"look again with: gymtrace tree {result.file} --run {result.run_id}")
+    _write_report(result.spans, result.file, result.run_id)
     return 1 if result.problems else 0
 
 
@@ -94,6 +95,7 @@ def _demo_training(args: argparse.Namespace) -> int:
         print(f"  - {problem}")
     print(f"spans written to: {file}")
     print(f"look again with: gymtrace stats --by train_step {file} --run {run_id}")
+    _write_report(result.spans, file, run_id)
     return 1 if result.problems else 0
 
 
@@ -148,6 +150,21 @@ def _print_distributed(result: DistributedResult, *, quiet: bool) -> int:
     services = len({s.service for s in result.spans})
     print(f"{len(result.spans)} spans from {services} services appended to {result.file}")
     return 0
+
+
+def _write_report(spans: list[SpanData], file: str, run_id: str) -> None:
+    """The run's report beside its trace file (``gymtrace report``'s page), and where it is."""
+    import re
+    from pathlib import Path
+
+    from gymtrace._cli.report import write_report
+    from gymtrace._read.pictures.runview import build_view
+    from gymtrace._read.timesplit import EpisodeTimes
+
+    view = build_view(spans, EpisodeTimes().add_spans(spans), run_id)
+    out = Path(file).resolve().with_name(f"gymtrace-report-{re.sub(r'[^A-Za-z0-9._-]', '_', run_id)}.html")
+    write_report(view, [file], out)
+    print(f"report: {out} (open it in a browser; again with: gymtrace report {file} --run {run_id})")
 
 
 def run_service(args: argparse.Namespace) -> int:

@@ -12,6 +12,7 @@ import argparse
 from gymtrace._model import settings as _settings
 from gymtrace._model.environment import DEFAULT_FILE, GYMTRACE_FILE
 from gymtrace._read.passk import PASS_THRESHOLD
+from gymtrace._read.pictures.runview import LANE_CHOICES, LANES_WORKER
 from gymtrace._version import __version__
 
 
@@ -130,7 +131,65 @@ def make_parser() -> argparse.ArgumentParser:
         help="one JSON object per rollout (run_id, task_id, rollout_id, attempt, state, age_s, idle_s, step, service)",
     )
     _add_records_parsers(sub)
+    _add_picture_parsers(sub)
     return parser
+
+
+def _add_picture_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    lanes_help = (
+        "a lane per worker process (service.name, service.instance.id), its episodes packed into as"
+        " few lanes as keep them apart (default), or a lane per rollout"
+    )
+    timeline = sub.add_parser(
+        "timeline",
+        help="a run's episodes on one picture: a self-contained HTML page, or Chrome trace-event JSON (Perfetto)",
+    )
+    timeline.add_argument("files", nargs="+", metavar="FILE|DIR", help="OTLP/JSON lines files or directories")
+    timeline.add_argument("--run", metavar="RUN_ID", help="the run to draw (default: the input's only run)")
+    timeline.add_argument(
+        "-o",
+        "--output",
+        metavar="OUT",
+        help="file to write (default: gymtrace-timeline.html, .json with chrome)",
+    )
+    timeline.add_argument("--lanes", choices=LANE_CHOICES, default=LANES_WORKER, help=lanes_help)
+    timeline.add_argument(
+        "--format",
+        choices=("html", "chrome"),
+        default="html",
+        help="html: a canvas page, hover a bar for its rollout; chrome: the Trace Event Format that"
+        " Perfetto (ui.perfetto.dev) and chrome://tracing open",
+    )
+    report = sub.add_parser(
+        "report", help="one self-contained HTML page of a run, beside a baseline run's compare verdicts"
+    )
+    report.add_argument("files", nargs="+", metavar="FILE|DIR", help="OTLP/JSON lines files or directories")
+    report.add_argument("--run", metavar="RUN_ID", help="the run (default: the input's only run)")
+    report.add_argument(
+        "--baseline",
+        metavar="FILE|DIR",
+        action="append",
+        help="the baseline run's files (repeat for several)",
+    )
+    report.add_argument("--baseline-run", metavar="RUN_ID", help="the baseline's run (default: its only run)")
+    report.add_argument("-o", "--output", metavar="OUT", help="file to write (default: gymtrace-report.html)")
+    report.add_argument(
+        "--lanes", choices=LANE_CHOICES, default=LANES_WORKER, help=f"the timeline's lanes: {lanes_help}"
+    )
+    report.add_argument(
+        "--pass-threshold",
+        type=float,
+        default=PASS_THRESHOLD,
+        metavar="X",
+        help=f"as in compare: a task passes when its mean reward is at least X (default: {PASS_THRESHOLD:g})",
+    )
+    report.add_argument(
+        "--max-unscored-gap",
+        type=float,
+        default=10.0,
+        metavar="PP",
+        help="as in compare: no verdict when the unscored shares differ by more than PP points (default: 10)",
+    )
 
 
 def _add_records_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+from gymtrace import _constants as c
 from gymtrace._cli.common import read_files
 
 
@@ -31,9 +32,23 @@ def run(args: argparse.Namespace) -> int:
     except ImportError as exc:
         print(f"gymtrace push: needs gymtrace[sdk] (the OTLP protobuf messages): {exc}", file=sys.stderr)
         return 2
-    where = f"experiment {args.experiment!r}" if args.backend == "mlflow" else f"project {args.experiment!r}"
-    print(
-        f"pushed {result.spans} spans, {result.rollouts} rollouts ({result.scored} with a reward) of"
-        f" run(s) {', '.join(result.runs) or '-'} to {target.where()}, {where}"
+    # What the server holds, read back through its API (never what was sent).
+    line = (
+        f"{target.where()}, {target.kind} {args.experiment!r}, holds {result.spans} spans in"
+        f" {result.traces} traces: {result.rollouts} rollouts ({result.scored} with a reward) of"
+        f" run(s) {', '.join(result.runs) or '-'}"
     )
+    elsewhere = {name: n for name, n in result.moved.items() if name}
+    if elsewhere:
+        holders = " and ".join(
+            f"{target.kind} {name!r} holds" + (f" {n} of" if len(elsewhere) > 1 else "")
+            for name, n in sorted(elsewhere.items())
+        )
+        line += (
+            f"; {sum(elsewhere.values())} traces under new IDs, as {holders} their original IDs"
+            f" (each span carries its original as {c.PUSH_ORIGINAL_TRACE_ID})"
+        )
+    if result.moved.get(""):
+        line += f"; {result.moved['']} traces under the new IDs an earlier push gave them"
+    print(line)
     return 0

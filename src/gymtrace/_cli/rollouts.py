@@ -11,6 +11,7 @@ from gymtrace._cli.common import print_table, read_spans
 
 def run(args: argparse.Namespace) -> int:
     from gymtrace._read.outcomes import dedupe, final_outcomes
+    from gymtrace._read.timesplit import rollout_splits, split_json
     from gymtrace._read.training import finish_rows, read_training
 
     spans = read_spans(args)
@@ -21,8 +22,10 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         training = read_training(dedupe(spans), outcomes)
         finish_rows(training, outcomes)
+        splits = rollout_splits(spans, outcomes)
         for o in outcomes:
-            print(json.dumps({**o.as_json(), **training.row(o).as_json()}))
+            time_split = split_json(splits[id(o)])
+            print(json.dumps({**o.as_json(), **training.row(o).as_json(), "time_split": time_split}))
         return 0
     rows = [
         (
@@ -32,7 +35,13 @@ def run(args: argparse.Namespace) -> int:
             "-" if o.repeat is None else str(o.repeat),
             o.outcome,
             _reward_text(o.reward),
-            str(o.attempts) + (f" ({o.task_reruns} Ray re-run)" if o.task_reruns else ""),
+            str(o.attempts)
+            + (f" ({o.task_reruns} Ray re-run)" if o.task_reruns else "")
+            + (
+                f" (+{len(o.lost_attempts)} lost: {_attempts_text(o.lost_attempts)})"
+                if o.lost_attempts
+                else ""
+            ),
             _ran_in(o.services),
             o.source,
         )
@@ -55,3 +64,7 @@ def _ran_in(services: tuple[str, ...]) -> str:
     if len(set(services)) == 1 and services[0]:
         return services[0]
     return " ".join(f"{attempt}@{service or '?'}" for attempt, service in enumerate(services))
+
+
+def _attempts_text(attempts: tuple[int, ...]) -> str:
+    return ("attempt " if len(attempts) == 1 else "attempts ") + ", ".join(map(str, attempts))

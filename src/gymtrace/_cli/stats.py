@@ -23,7 +23,8 @@ if TYPE_CHECKING:
 def run(args: argparse.Namespace) -> int:
     from gymtrace._read.outcomes import final_outcomes
     from gymtrace._read.passk import per_task
-    from gymtrace._read.stats import summarise
+    from gymtrace._read.stats import members_of, summarise
+    from gymtrace._read.timesplit import rollout_seconds, rollout_splits, run_times, times_text
 
     if args.pass_k is not None and args.pass_k < 1:
         print("gymtrace stats: --pass-k must be at least 1", file=sys.stderr)
@@ -38,8 +39,11 @@ def run(args: argparse.Namespace) -> int:
     if not stats:
         print("no rollouts found", file=sys.stderr)
         return 1
+    splits = rollout_splits(spans, outcomes)
     for run in stats:
         body = run.as_json()
+        members = members_of(run, outcomes)
+        body.update(run_times([splits[id(o)] for o in members], [rollout_seconds(o.root) for o in members]))
         pass_k = None
         if args.pass_k is not None:
             pass_k = per_task(
@@ -50,6 +54,7 @@ def run(args: argparse.Namespace) -> int:
             print(json.dumps(body))
             continue
         print_stats(run, failed_as_zero=args.failed_as_zero)
+        print("  " + times_text(body))
         if pass_k is not None:
             _print_pass_k(pass_k)
     return 0
@@ -74,7 +79,9 @@ def _by(args: argparse.Namespace, spans: list[SpanData], outcomes: list[RolloutO
         training.steps = [s for s in training.steps if s.attributes.get(c.RUN_ID) == args.run]
         training.training_runs = {r for r in training.training_runs if r == args.run}
     if args.by == "train_step":
-        objects = step_stats(training)
+        from gymtrace._read.timesplit import rollout_splits
+
+        objects = step_stats(training, rollout_splits(spans, outcomes))
         runs = run_stats(training, outcomes)
     elif args.by == "policy_version":
         objects, runs = version_stats(training, outcomes), []
@@ -95,6 +102,8 @@ def _number(value: object) -> str:
 
 
 def _by_line(body: dict[str, Any]) -> str:
+    from gymtrace._read.timesplit import split_text
+
     run = body.get("run_id") or "(no run)"
     if "train_step" in body:
         outcomes = ", ".join(f"{n} {name}" for name, n in body["outcomes"].items() if n)
@@ -105,6 +114,7 @@ def _by_line(body: dict[str, Any]) -> str:
             f" {body['wasted_output_tokens']} output tokens; staleness p50 {_number(body['staleness_p50'])}"
             f" max {_number(body['staleness_max'])}; mean reward trained {_number(body['mean_reward_trained'])}"
             + (f"; slowest {slowest['rollout_id']} {_number(slowest['seconds'])}s" if slowest else "")
+            + (f"; time {split_text(body['time_split'])}" if body.get("time_split") else "")
         )
     if "wasted_share" in body:
         share = body["wasted_share"]
@@ -155,6 +165,11 @@ def _stats_line(run: RunStats, *, failed_as_zero: bool) -> str:
         f"run {run.run_id or '(no run)'}: {run.rollouts} rollouts, {run.scored} scored, {run.unscored} unscored"
         + (f", {run.pending} pending (outcome expected from another process)" if run.pending else "")
         + (f", {run.lost} lost (its process died before it ended)" if run.lost else "")
+        + (
+            f", {run.lost_attempts} lost attempt(s) (killed, then run again by a resume)"
+            if run.lost_attempts
+            else ""
+        )
         + ";"
         f" mean {mean} over {run.inputs} input{'s' if run.inputs != 1 else ''} ({over})"
     )

@@ -16,7 +16,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any, NamedTuple
 from urllib.parse import quote, unquote
 
-from opentelemetry import baggage, trace
+from opentelemetry import baggage, propagate, trace
 from opentelemetry import context as otel_context
 from opentelemetry.propagators.textmap import Getter
 
@@ -24,7 +24,7 @@ from gymtrace import _constants as c
 from gymtrace._identity import trust as _trust
 from gymtrace._model.errors import logger
 from gymtrace._model.ids import clean_identity, clean_step_number, episode_id
-from gymtrace._scopes.frame import DISABLED_KIND, FRAME_KEY, REMOTE_KIND, ActiveScope
+from gymtrace._scopes.frame import CALLER_KEY, DISABLED_KIND, FRAME_KEY, REMOTE_KIND, ActiveScope
 from gymtrace._scopes.scope_carrier import read_carrier
 
 
@@ -210,6 +210,19 @@ def remote_context(
     if isinstance(base_number, int) and base_number > 0:
         frame.continue_steps_from(base_number)
     return otel_context.set_value(FRAME_KEY, frame, ctx)
+
+
+def caller_context(ctx: otel_context.Context, carrier: Any) -> otel_context.Context:
+    """``ctx`` noting the span ``carrier``'s trace context names (``traceparent``, or whatever
+    ``OTEL_PROPAGATORS`` reads) as a caller outside the gym; ``ctx`` itself when it names none.
+
+    For a request that came without a gym identity this process believes: a rollout or train step
+    opened for it is the root of its own trace with a ``caller`` link to that span, even where a
+    local span (the request's HTTP server span, a child of the caller's) is current when it opens."""
+    index = carrier_index(carrier)
+    index.pop("baggage", None)  # only the trace context is wanted here
+    caller = trace.get_current_span(propagate.extract(index, getter=GETTER)).get_span_context()
+    return otel_context.set_value(CALLER_KEY, caller, ctx) if caller.is_valid else ctx
 
 
 def from_scope_carrier(carrier: Mapping[str, Any], base: otel_context.Context) -> otel_context.Context:

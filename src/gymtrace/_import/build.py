@@ -35,7 +35,15 @@ SYNTHETIC_EPOCH_NS = 1_735_689_600 * 1_000_000_000
 # The length of a synthesised span with nothing below it.
 SYNTHETIC_SPAN_NS = 1_000_000
 
-_IDENTITY_BELOW = (c.RUN_ID, c.TASK_ID, c.ROLLOUT_ID, c.ROLLOUT_REPEAT, c.EPISODE_ATTEMPT, c.EPISODE_ID)
+_IDENTITY_BELOW = (
+    c.RUN_ID,
+    c.TASK_ID,
+    c.ROLLOUT_ID,
+    c.ROLLOUT_REPEAT,
+    c.EPISODE_ATTEMPT,
+    c.EPISODE_ID,
+    c.GROUP_ID,  # a training key that every span below a live rollout carries too
+)
 
 
 def seconds_to_ns(seconds: float | None) -> int | None:

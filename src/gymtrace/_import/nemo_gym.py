@@ -11,15 +11,17 @@ What NeMo Gym writes, read from its source (``nemo_gym/rollout_collection.py``):
   attempts, stamping ``_ng_attempt_index`` = the number of earlier failures, and appends to both.
 
 Each rollout is named as the NeMo Gym integration names it
-(:func:`gymtrace.integrations.nemo_gym.rollout_identity`); the run ID defaults to
-:func:`~gymtrace.integrations.nemo_gym.run_id_for_output` of the rollouts file, so a run traced
-live and imported afterwards lands in the same traces.
+(:func:`gymtrace.integrations.nemo_gym.rollout_identity`), a task's repeats one group
+(:func:`~gymtrace.integrations.nemo_gym.group_id_for`, its size the rollouts of that task the file
+holds); the run ID defaults to :func:`~gymtrace.integrations.nemo_gym.run_id_for_output` of the
+rollouts file, so a run traced live and imported afterwards lands in the same traces.
 """
 
 from __future__ import annotations
 
 import json
 import math
+from collections import Counter
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -42,7 +44,13 @@ from gymtrace._import.build import (
 )
 from gymtrace._import.build import seconds_to_ns as _ns
 from gymtrace._model.numbers import read_int
-from gymtrace.integrations.nemo_gym import RolloutIdentity, output_passes, rollout_identity, run_id_for_output
+from gymtrace.integrations.nemo_gym import (
+    RolloutIdentity,
+    group_id_for,
+    output_passes,
+    rollout_identity,
+    run_id_for_output,
+)
 
 SERVICE = "nemo-gym"
 FAILURES_SUFFIX = "_failures.jsonl"
@@ -137,14 +145,19 @@ def import_files(paths: Iterable[Path], *, run_id: str | None = None) -> Importe
                 entry.rows.append((identity.attempt, order, row, failed))
                 order += 1
     for rid, rollouts in runs.items():
-        nodes = [_rollout(rid, entry, result) for entry in rollouts.values()]
+        # A task's repeats are one group, as the live integration reads them; its size is how many
+        # rollouts of it the output holds (its num_repeats, when the collection finished).
+        sizes = Counter(entry.identity.task_id for entry in rollouts.values())
+        nodes = [_rollout(rid, entry, result, sizes) for entry in rollouts.values()]
         finish(run_node(rid), nodes, service=SERVICE, result=result, origin_ns=file_time_ns(origins[rid]))
     return result
 
 
-def _rollout(run_id: str, entry: _Rollout, result: Imported) -> Node:
+def _rollout(run_id: str, entry: _Rollout, result: Imported, group_sizes: Mapping[str, int]) -> Node:
     identity = entry.identity
     rollout = rollout_node(run_id, identity.rollout_id, identity.task_id, identity.repeat)
+    rollout.attributes[c.GROUP_ID] = group_id_for(run_id, identity.task_id)
+    rollout.attributes[c.GROUP_SIZE] = group_sizes[identity.task_id]
     rows = sorted(entry.rows, key=lambda r: (r[0], r[1]))
     if [r[0] for r in rows] != list(range(len(rows))):
         # Repeated or missing attempt numbers (rows written by hand, or a pass that lost its

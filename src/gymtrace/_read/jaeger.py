@@ -53,6 +53,14 @@ def _inferred_relation(tags: Mapping[str, Any]) -> str | None:
     return c.RELATION_RESTORE if tags.get(c.EPISODE_RESTORED) is True else c.RELATION_RETRY
 
 
+def _nth(relation: str, n: int) -> str:
+    """The relation of a span's link number ``n`` (from 0) when all it says is ``relation``: a
+    rollout or train step links to its run first, and any link after that to a caller outside the
+    gym (a trainer's span). A rollout linked to a caller alone reads as linked to a run here: only
+    v3's link attributes tell the two apart."""
+    return c.RELATION_CALLER if relation == c.RELATION_RUN and n > 0 else relation
+
+
 def link_relations_from_otlp(body: Mapping[str, Any]) -> dict[tuple[str, str, str], str]:
     """``(span ID, linked trace ID, linked span ID) -> relation`` from a v3 OTLP JSON trace."""
     relations: dict[tuple[str, str, str], str] = {}
@@ -117,8 +125,8 @@ def spans_from_jaeger(trace: Mapping[str, Any]) -> list[SpanData]:
                 links.append(LinkData(ref["traceID"].rjust(32, "0"), ref["spanID"], {}))
         relation = _inferred_relation(tags)
         links = [
-            LinkData(link.trace_id, link.span_id, {c.LINK_RELATION: relation} if relation else {})
-            for link in links
+            LinkData(link.trace_id, link.span_id, {c.LINK_RELATION: _nth(relation, n)} if relation else {})
+            for n, link in enumerate(links)
         ]
         events = []
         for log in raw.get("logs") or ():

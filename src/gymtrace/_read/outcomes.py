@@ -25,7 +25,7 @@ from __future__ import annotations
 import math
 from collections import defaultdict
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from time import time_ns
 from typing import Any
 
@@ -198,6 +198,9 @@ class RolloutOutcome:
     run_span_id: str | None = None
     # Task executions Ray re-ran inside this rollout's episodes (max_retries, retry_exceptions).
     task_reruns: int = 0
+    # The attempt numbers executed in a process that was killed before they ended, and run again
+    # under the same number by a later pass (a NeMo Gym resume): lost, kept under their own number.
+    lost_attempts: tuple[int, ...] = ()
     decided_by: SpanData | None = field(default=None, compare=False, repr=False)
     root: SpanData | None = field(default=None, compare=False, repr=False)
 
@@ -214,6 +217,7 @@ class RolloutOutcome:
             "source": self.source,
             "trace_id": self.trace_id,
             "task_reruns": self.task_reruns,
+            "lost_attempts": list(self.lost_attempts),
         }
 
 
@@ -365,11 +369,28 @@ def final_outcomes(spans: Iterable[Any], *, run_id: str | None = None) -> list[R
     data = dedupe(raw)  # without the live markers, which only lost_rollouts reads
     ancestors = _run_span_ids(data)
     outcomes = []
+    traces: dict[str, list[SpanData]] | None = None
+    # Per trace: its interrupted spans and its live markers (a trace of a run holds many rollouts).
+    evidence: dict[str, tuple[list[SpanData], list[SpanData]]] = {}
     for group in group_rollouts(data):
         if run_id is not None and group.run_id != run_id:
             continue
         found = outcome_of(group, ancestors)
         if found is not None:
+            if found.root is not None:
+                if traces is None:
+                    traces = defaultdict(list)
+                    for span in raw:
+                        traces[span.trace_id].append(span)
+                if found.trace_id not in evidence:
+                    trace_spans = traces[found.trace_id]
+                    evidence[found.trace_id] = (
+                        interrupted(trace_spans),
+                        [s for s in trace_spans if is_marker(s)],
+                    )
+                lost = lost_attempts(*evidence[found.trace_id], found.rollout_id, found.root)
+                if lost:
+                    found = replace(found, lost_attempts=lost)
             outcomes.append(found)
     outcomes.extend(lost_rollouts(raw, run_id=run_id))
 
@@ -407,3 +428,61 @@ def lost_rollouts(spans: list[SpanData], *, run_id: str | None = None) -> list[R
             )
         )
     return lost
+
+
+def interrupted(trace_spans: list[SpanData]) -> list[SpanData]:
+    """The spans of one trace cut off from its root: below a span that is not in the input, the
+    span a killed process never ended (its children had ended, so they were exported)."""
+    by_id = {s.span_id: s for s in trace_spans}
+    cut: dict[str, bool] = {}
+
+    def is_cut(span: SpanData) -> bool:
+        chain: list[str] = []
+        current: SpanData | None = span
+        answer = False
+        while current is not None:
+            if current.span_id in cut:
+                answer = cut[current.span_id]
+                break
+            chain.append(current.span_id)
+            if current.parent_id is None:
+                break
+            if current.parent_id not in by_id:
+                answer = True
+                break
+            current = by_id[current.parent_id]
+            if current.span_id in chain:  # a cycle: not this reader's to judge
+                break
+        for span_id in chain:
+            cut[span_id] = answer
+        return answer
+
+    return [s for s in trace_spans if not is_marker(s) and is_cut(s)]
+
+
+def lost_attempts(
+    cut: list[SpanData], markers: list[SpanData], rollout_id: str, root: SpanData
+) -> tuple[int, ...]:
+    """The attempts of ``rollout_id`` that a killed process was running before the pass whose root
+    is ``root`` ran it again (NeMo Gym re-runs them under the same attempt number after
+    ``+resume_from_cache=true``): the attempt of its interrupted spans (``cut``, of its trace), and
+    of its live ``markers`` from a process that never said the rollout ended, all over before
+    ``root`` started. A span cut off from the root in the middle of the rollout is a process that
+    wrote its file elsewhere, not a lost attempt."""
+    lost: set[int] = set()
+    for span in cut:
+        if span.attributes.get(c.ROLLOUT_ID) == rollout_id and span.end_ns <= root.start_ns:
+            attempt = read_int(span.attributes.get(c.EPISODE_ATTEMPT))
+            if attempt is not None:
+                lost.add(attempt)
+    by_process: dict[str, list[SpanData]] = defaultdict(list)
+    for span in markers:
+        if span.attributes.get(c.ROLLOUT_ID) == rollout_id:
+            by_process[span.service_instance or span.service].append(span)
+    for markers in by_process.values():
+        ended = any(m.attributes.get(c.LIVE_EVENT) == c.LIVE_EVENT_END for m in markers)
+        if not ended and max(m.end_ns for m in markers) <= root.start_ns:
+            lost.update(
+                a for a in (read_int(m.attributes.get(c.EPISODE_ATTEMPT)) for m in markers) if a is not None
+            )
+    return tuple(sorted(lost))

@@ -80,6 +80,14 @@ def _overridden(spans: list[SpanData]) -> dict[str, str]:
             # Only the worker's ray.task span knows otherwise: said on the rollout's line.
             rerun = f"=> {_reruns_text(o.task_reruns)}"
             marks[o.root.span_id] = f"{marks[o.root.span_id]} {rerun}" if o.root.span_id in marks else rerun
+        if o.root is not None and o.lost_attempts:
+            # A killed pass's execution of an attempt the resume ran again: said where the rollout is.
+            numbers = ", ".join(map(str, o.lost_attempts))
+            lost = (
+                f"=> lost attempt{'s' if len(o.lost_attempts) > 1 else ''} {numbers} (its process was"
+                " killed; run again under the same number)"
+            )
+            marks[o.root.span_id] = f"{marks[o.root.span_id]} {lost}" if o.root.span_id in marks else lost
     return marks
 
 

@@ -38,6 +38,9 @@ class RunStats:
     pending: int = 0
     # Rollouts whose process died before they ended (killed): no outcome, never in the mean.
     lost: int = 0
+    # Attempts a killed process was running that a later pass ran again under the same number
+    # (RolloutOutcome.lost_attempts), over the run's rollouts; they never count in the mean.
+    lost_attempts: int = 0
     # Per task ID, the mean reward over its scored rollouts (tasks with none are left out).
     task_means: Mapping[str, float] = field(default_factory=dict)
 
@@ -57,6 +60,8 @@ class RunStats:
         }
         if self.lost:
             body["lost"] = self.lost
+        if self.lost_attempts:
+            body["lost_attempts"] = self.lost_attempts
         if self.pass_at_k:
             body["pass_at_k"] = {p.task_id: p.as_json() for p in self.pass_at_k}
         if self.runs_sharing_id > 1:
@@ -98,6 +103,7 @@ def _stats(
         runs_sharing_id=sharing,
         pending=pending,
         lost=lost,
+        lost_attempts=sum(len(o.lost_attempts) for o in outcomes),
         task_means=task_means,
     )
 
@@ -147,3 +153,13 @@ def summarise(
                 )
             )
     return result
+
+
+def members_of(run: RunStats, outcomes: Iterable[RolloutOutcome]) -> list[RolloutOutcome]:
+    """The outcomes :func:`summarise` counted in ``run`` (its run ID; its run span too when several
+    runs share the ID)."""
+    return [
+        o
+        for o in outcomes
+        if o.run_id == run.run_id and (run.runs_sharing_id <= 1 or o.run_span_id == run.run_span_id)
+    ]

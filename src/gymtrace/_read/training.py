@@ -28,6 +28,7 @@ from gymtrace._model.ids import read_version
 from gymtrace._model.numbers import read_int
 from gymtrace._model.spandata import SpanData
 from gymtrace._read.outcomes import RolloutOutcome
+from gymtrace._read.timesplit import TimeSplit
 from gymtrace._scopes.training import staleness
 
 _OUTCOME_ORDER = c.TRAINING_OUTCOMES
@@ -244,8 +245,12 @@ def _mean(values: list[float]) -> float | None:
     return math.fsum(values) / len(values) if values else None
 
 
-def step_stats(training: Training) -> list[dict[str, Any]]:
-    """One object per train step, in step order, then one run object per training run."""
+def step_stats(
+    training: Training, splits: Mapping[int, TimeSplit | None] | None = None
+) -> list[dict[str, Any]]:
+    """One object per train step, in step order, then one run object per training run; with
+    ``splits`` (per rollout outcome, by ``id()``), each step's ``time_split``: its consumed
+    rollouts' summed (None when none of them has one)."""
     by_step: dict[tuple[str | None, str | None], list[Consumption]] = {}
     step_info: dict[tuple[str | None, str | None], tuple[int | None, int | str | None]] = {}
     for step in training.steps:
@@ -269,6 +274,7 @@ def step_stats(training: Training) -> list[dict[str, Any]]:
         staleness = []
         rewards = []
         slowest: tuple[float, str] | None = None
+        time_split: TimeSplit | None = None
         for entry in consumed:
             outcomes[entry.outcome] = outcomes.get(entry.outcome, 0) + 1
             if entry.staleness is not None:
@@ -283,6 +289,9 @@ def step_stats(training: Training) -> list[dict[str, Any]]:
                 rewards.append(rollout.reward)
             if rollout is not None and (slowest is None or seconds > slowest[0]):
                 slowest = (seconds, rollout.rollout_id)
+            split = splits.get(id(rollout)) if splits is not None and rollout is not None else None
+            if split is not None:
+                time_split = split if time_split is None else time_split + split
         objects.append(
             {
                 "run_id": key[0],
@@ -296,6 +305,7 @@ def step_stats(training: Training) -> list[dict[str, Any]]:
                 "staleness_max": max(staleness) if staleness else None,
                 "mean_reward_trained": _mean(rewards),
                 "slowest": {"rollout_id": slowest[1], "seconds": round(slowest[0], 6)} if slowest else None,
+                "time_split": time_split.seconds() if time_split is not None else None,
             }
         )
     objects.sort(key=lambda o: (o["run_id"] or "", o["train_step"] if o["train_step"] is not None else -1))

@@ -35,6 +35,11 @@ from gymtrace._scopes.state import StepCounter
 from gymtrace._scopes.tracing import active_tracer, current_context
 
 FRAME_KEY = otel_context.create_key("gymtrace.frame")
+# The span of a caller outside the gym (a trainer) whose request this context serves, when that
+# request's trace context came without a gym identity this process believes: a rollout opened for
+# it starts a trace of its own and links to that span (issue 44), whatever local span (an HTTP
+# server span) or stand-in frame the request got here.
+CALLER_KEY = otel_context.create_key("gymtrace.caller")
 
 # The kind of the frame that stands for a gym scope of another process (gymtrace.propagation).
 REMOTE_KIND = "remote"

@@ -31,7 +31,14 @@ from gymtrace._scopes import metrics as _metrics
 from gymtrace._scopes import training as _training
 from gymtrace._scopes.consumed import remember as _consumed_remember
 from gymtrace._scopes.consumed import write_consumed
-from gymtrace._scopes.frame import REMOTE_KIND, ActiveScope, emit_lost_attempt, emit_outcome, read_carrier
+from gymtrace._scopes.frame import (
+    CALLER_KEY,
+    REMOTE_KIND,
+    ActiveScope,
+    emit_lost_attempt,
+    emit_outcome,
+    read_carrier,
+)
 from gymtrace._scopes.state import EpisodeState, RolloutState
 
 # What a level's prepare() returns: span name, start attributes, links, the context to start it in.
@@ -126,12 +133,49 @@ def _root_linked_to_run(
 ) -> tuple[list[Link] | None, otel_context.Context]:
     """The links and start context of a rollout or train step: under a run (and one trace per
     rollout), the root of its own trace with a link to the run, since a root span in the run's
-    trace would be invisible until the run ends (hours) and lost on a crash; else under ``ctx``."""
+    trace would be invisible until the run ends (hours) and lost on a crash; under a caller
+    outside the gym (a trainer's span), the root of its own trace with a link to that span; else
+    under ``ctx``."""
+    caller = _caller_of(frame, ctx)
     run = _run_of(frame)
-    if run is None or _settings.active.trace_per_run:
+    if run is not None and caller is not None and run.span.get_span_context().trace_id == caller.trace_id:
+        run = None  # a stand-in frame made for the caller's request, not a run of gymtrace's
+    caller_link = Link(caller, {c.LINK_RELATION: c.RELATION_CALLER}) if caller is not None else None
+    if run is not None and _settings.active.trace_per_run:
+        # One trace per run: in the run's, even where a caller's span is current.
+        if caller_link is None:
+            return None, ctx
+        return [caller_link], trace.set_span_in_context(run.span, ctx)
+    links = [Link(run.span.get_span_context(), {c.LINK_RELATION: c.RELATION_RUN})] if run is not None else []
+    if caller_link is not None:
+        # After the run's link: the Jaeger reader, without link attributes (its v1 API), takes the
+        # first link of a rollout for its run.
+        links.append(caller_link)
+    if not links:
         return None, ctx
-    links = [Link(run.span.get_span_context(), {c.LINK_RELATION: c.RELATION_RUN})]
     return links, trace.set_span_in_context(trace.INVALID_SPAN, ctx)
+
+
+def _caller_of(frame: ActiveScope, ctx: otel_context.Context) -> SpanContext | None:
+    """The span of a caller outside the gym that ``ctx`` runs under, or ``None``.
+
+    A trainer with telemetry of its own (NeMo RL's ``rl.grpo.collect_rollouts``) hands its context
+    to the gym: as the ``traceparent`` of a request (noted by the server middleware, which may have
+    made the request a span or a stand-in frame of its own since), or as the span current where
+    the rollout opens. Its rollouts must not join that trace (a step's trace would hold thousands
+    of rollouts), nor lose the way to it. gymtrace's own hand-offs are no caller: the current span
+    is then in the trace of the gym frame the context continues (a run or rollout of this or
+    another process, whose identity this process believed)."""
+    current = trace.get_current_span(ctx).get_span_context()
+    if not current.is_valid:
+        return None
+    noted = ctx.get(CALLER_KEY)
+    if isinstance(noted, SpanContext) and noted.trace_id == current.trace_id:
+        return noted
+    owner = frame.parent
+    if owner is not None and owner.span.get_span_context().trace_id == current.trace_id:
+        return None
+    return current
 
 
 def prepare_train_step(

@@ -106,6 +106,15 @@ class _State:
         self.next_mark = 0.0
         self.last_beat = 0.0
         self.instance: str | None = None
+        self.emitted = False  # a marker was written since the exporters were last told
+
+
+# Set by the setup code (``_sdk.flush.send_soon``): tells the export queues to send what they hold
+# now rather than at their next scheduled batch. Called at most once per mark (a second) and only
+# when a marker was written: a marker exists to outlive its process, and a process killed outright
+# (SIGKILL, every process of a NeMo Gym run at once) within a batch delay of its markers would
+# leave none, so its rollouts would read neither live nor lost (issue 43).
+send_markers: Callable[[], None] | None = None
 
 
 _state = _State()
@@ -202,6 +211,10 @@ def _run(state: _State) -> None:
             beat = now >= state.last_beat + interval
             with guard("live markers", may_raise=False):
                 _mark(state, beat, interval)
+                send = send_markers
+                if state.emitted and send is not None:
+                    state.emitted = False
+                    send()
             if beat:
                 state.last_beat = now
             state.next_mark = now + min(interval, MARK_EVERY)
@@ -321,6 +334,7 @@ def _emit(
         trace.NonRecordingSpan(parent.get_span_context()), otel_context.Context()
     )
     tracer.start_span(c.SPAN_LIVE, context=context, attributes=attributes).end()
+    state.emitted = True
 
 
 def _activity() -> dict[int, tuple[frozenset[int], int]]:

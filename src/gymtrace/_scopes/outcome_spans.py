@@ -45,7 +45,11 @@ def untraced_worker(what: str) -> None:
 
 def _record_identity(frame: Activation, attempt: int) -> dict[str, Any]:
     """A ``gym.outcome`` record's identity and kind, for attempt ``attempt`` of ``frame``'s rollout."""
-    attributes: dict[str, Any] = {k: v for k, v in frame.identity.items() if k in ROLLOUT_IDENTITY}
+    # The group too: a record is a span below the rollout, and every such span carries it (issue 44);
+    # a reader whose input lacks the rollout span (sampled out, lost) still finds the group here.
+    attributes: dict[str, Any] = {
+        k: v for k, v in frame.identity.items() if k in ROLLOUT_IDENTITY or k == c.GROUP_ID
+    }
     rollout_id = attributes.get(c.ROLLOUT_ID)
     attributes[c.EPISODE_ATTEMPT] = attempt
     if isinstance(rollout_id, str):

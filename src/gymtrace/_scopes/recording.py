@@ -285,10 +285,15 @@ def find_target(self: Activation, kinds: tuple[str, ...], caller: str) -> Activa
 def outside(caller: str, kinds: tuple[str, ...], frame: Activation | None) -> str:
     """The message for a record_*() call that nothing can be attributed to: the reason and the fix."""
     where = f"inside {frame.kind}" if frame is not None else "outside every gym scope"
+    # Said conditionally: this process cannot know how a sender injected, and a carrier with no
+    # identity is also what a caller outside the gym sends (issue 43).
     fix = (
-        "open the scope around the call, pass scope= (an Activation, also after its span ended), or"
-        " in another process continue the caller's context with gymtrace.propagation.attach(carrier)"
-        " where the carrier was injected inside the episode"
+        "open the scope around the call, or pass scope= (an Activation, also after its span ended)."
+        " If it was meant for a gym scope in another process, continue that scope here with"
+        " gymtrace.propagation.attach(carrier), and the sender must inject the carrier with"
+        " gymtrace.propagation.inject(carrier, continuation=True) or"
+        " gymtrace.propagation.inject(carrier, destination=URL): a carrier injected with neither"
+        " carries no gym identity"
     )
     return (
         f"gymtrace.{caller}() was called {where}, not in any {' or '.join(kinds)} scope; dropped. Fix: {fix}"

@@ -179,6 +179,12 @@ class AutoExporter:
             rate,
         )
 
+    def send_soon(self) -> None:
+        self._thread.send_soon()
+        process = self._process
+        if process is not None:
+            process.send_soon()
+
     def force_flush(self, timeout_millis: int = 30000) -> bool:
         deadline = time.monotonic() + timeout_millis / 1000
         flushed = self._thread.force_flush(timeout_millis)

@@ -23,18 +23,13 @@ from typing import TYPE_CHECKING, Any
 
 from gymtrace._model import environment as env
 from gymtrace._otel_private.records import _Rebuilder
-from gymtrace._sdk import export as _export
-from gymtrace._sdk.export import BatchExporter
+from gymtrace._sdk.export import BatchExporter, RoomWait
 from gymtrace._sdk.export_child import _HEADER, _SPANS, _STAT_FIELDS, _frame, _read_frame
 
 logger = logging.getLogger("gymtrace")
 
 # Longest an application thread waits in one handover for a lagging encoder process.
 _BACKPRESSURE_WAIT = 0.1
-# With the frames past their bound, the caller waits this long at most for the pipe to take one,
-# once per stall (the thread queue's bound, _export._ROOM_WAIT): past it, whole frames are dropped
-# (counted) until the pipe takes a frame again. 0 drops at once, as before issue 47.
-_ROOM_WAIT = _export._ROOM_WAIT
 # Until the encoder process listens (its imports take ~0.3 s, seconds in a fresh virtualenv that
 # compiles them first) nothing drains the pipe: frames wait here, up to this many times the queue
 # bound. A record in a frame takes ~160 bytes, a span in the thread queue ~1,080 (both measured on
@@ -79,7 +74,7 @@ class EncoderPipe:
         _handed: int
         _written: int
         _gone: bool
-        _congested: bool
+        _room: RoomWait
         _dropped_full: int
         _dropped_failed: int
         _child: dict[str, int]
@@ -184,7 +179,7 @@ class EncoderPipe:
             self._write_while(lambda: self._outbox_spans > bound // 8, time.monotonic() + _BACKPRESSURE_WAIT)
         if self._outbox_spans > bound and len(self._outbox) > 1:
             self._wait_for_pipe(bound)
-        # Bounded like the thread queue: while the pipe stays full, the oldest whole frames go.
+        # Bounded like the thread queue: past the wait, the oldest whole frames go.
         while self._outbox_spans > bound and len(self._outbox) > 1:
             index = 1 if self._head_written else 0  # a frame partly in the pipe must be finished
             spans, _ = self._outbox[index]
@@ -193,25 +188,26 @@ class EncoderPipe:
             self._dropped_full += spans
 
     def _wait_for_pipe(self, bound: int) -> None:
-        """The frames are past their bound: hold the caller until the pipe takes one (lock held,
-        released while waiting), as the thread queue holds it for its worker (issue 47).
+        """The frames are past their bound: hold the caller while the pipe takes them (lock held,
+        released while waiting), by the thread queue's rule (:class:`RoomWait`).
 
-        The encoder process reads its pipe whenever its own queue has room, and its queue waits
-        only for an exporter that delivers (it drops, counted, while the exporter fails), so a
-        burst faster than the encoder runs at the encoder's pace and arrives whole, with the
-        frames bounded. No wait after shutdown, without a running encoder process, or once a wait
-        ran out (the encoder process stopped or hangs): then whole frames go, counted, until the
-        pipe takes a frame again (``_write_outbox`` clears ``_congested``).
+        The encoder process reads its pipe whenever its own queue has room, and that queue holds
+        the reader only while its exporter delivers (it drops, counted, while the exporter fails),
+        so a burst faster than the encoder process runs at its pace and arrives whole. A pipe that
+        took nothing for the whole wait (the encoder process stopped or hung) is a stall: whole
+        frames go, counted, until it takes one again (``_write_outbox``).
         """
-        wait = _ROOM_WAIT
-        if self._congested or self._shutdown or self._proc is None or wait <= 0:
-            return
 
         def over() -> bool:
-            return self._outbox_spans > bound and len(self._outbox) > 1 and not self._shutdown
+            return self._outbox_spans > bound and len(self._outbox) > 1
 
-        if not self._write_while(over, time.monotonic() + wait) and self._proc is not None:
-            self._congested = over()
+        def gone() -> bool:
+            return self._proc is None or self._shutdown
+
+        def wait(seconds: float) -> None:
+            self._write_while(over, time.monotonic() + min(seconds, 0.05))
+
+        self._room.hold(over, gone, wait)
 
     def _write_while(self, unfinished: Callable[[], bool], deadline: float) -> bool:
         """Write frames as the pipe drains while ``unfinished()``, until ``deadline`` (lock held,
@@ -264,7 +260,7 @@ class EncoderPipe:
                 self._outbox_spans -= spans
                 self._written += spans
                 self._head_written = 0
-                self._congested = False  # the encoder process reads again
+                self._room.delivered()  # the encoder process reads again: a full pipe waits again
 
     def _tick(self, proc: subprocess.Popen[bytes]) -> None:
         """Every schedule delay: hand over what is pending, so a quiet application's spans leave."""

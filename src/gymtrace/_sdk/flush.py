@@ -42,6 +42,20 @@ def force_flush(timeout_millis: int = 30000) -> bool:
     return bool(flush(timeout_millis)) if flush is not None else True
 
 
+def send_soon() -> None:
+    """Tell every export queue of the configuration to send what it holds now (not waiting for
+    it): the live thread calls this after writing markers, which must outlive a killed process."""
+    stage = _state.stage
+    if stage is not None:
+        for processor in stage.processors():
+            nudge = getattr(processor, "send_soon", None)
+            if callable(nudge):
+                nudge()
+
+
+_live.send_markers = send_soon
+
+
 def flush_at_exit() -> None:
     # Each queue flushes within the GYMTRACE_FLUSH_TIMEOUT it was built with (read once, in
     # _processors); an exit is no time to parse the environment again.

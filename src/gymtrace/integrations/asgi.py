@@ -11,7 +11,10 @@ Example (Starlette or FastAPI)::
 
 Every span opened while the request is handled, including while a streaming response is being
 sent and in background tasks, joins the caller's trace and carries its ``gym.rollout.id``,
-``gym.episode.attempt``, ...; ``gymtrace.current()`` returns that identity.
+``gym.episode.attempt``, ...; ``gymtrace.current()`` returns that identity. A request whose caller
+sent a trace context but no gym identity this process believes (a trainer with telemetry of its
+own) is the exception for rollouts: one opened while it is handled is the root of its own trace,
+linked to the caller's span (relation ``caller``).
 
 **gymtrace makes no HTTP spans of its own.** HTTP server and client spans are the job of the
 official OpenTelemetry instrumentations (``opentelemetry-instrumentation-asgi``/``-fastapi``,
@@ -48,6 +51,7 @@ from gymtrace.instrumentation import (
     identity_fallback,
     incoming_identity,
     innermost_scope,
+    note_caller,
     report_error,
     set_identity_fallback,
     stamp_identity,
@@ -101,7 +105,10 @@ def _request_context(headers: Any, current: otel_context.Context | None = None) 
         current = otel_context.get_current()
     local = trace.get_current_span(current)
     if not local.get_span_context().is_valid:
-        return _with_fallback(extract(headers, current), headers)
+        ctx = _with_fallback(extract(headers, current), headers)
+        # A caller without a gym identity believed here (a trainer's span): the rollouts opened
+        # for it link to that span rather than join its trace (issue 44).
+        return ctx if innermost_scope(ctx) is not None else note_caller(ctx, headers)
     identity = incoming_identity(_first_baggage(headers))
     read = identity_fallback()
     if not identity and read is not None:
@@ -109,7 +116,7 @@ def _request_context(headers: Any, current: otel_context.Context | None = None) 
     # The outer middleware's span got what OpenTelemetry's propagator decoded (a baggage property
     # inside the value, "+" as a space); this is the identity the request runs with.
     stamp_identity(local, identity)
-    return continue_scope(current, identity)
+    return continue_scope(current if identity else note_caller(current, headers), identity)
 
 
 class GymTraceMiddleware:

@@ -15,7 +15,7 @@ from typing import Any
 from gymtrace import _constants as c
 from gymtrace._model.spandata import SpanData, is_marker, normalize
 from gymtrace._read.check.training import is_training, training_of
-from gymtrace._read.outcomes import dedupe, final_outcomes
+from gymtrace._read.outcomes import dedupe, final_outcomes, interrupted
 from gymtrace._read.training import training_notes as notes_of
 
 
@@ -77,23 +77,24 @@ def missing_service_notes(spans: Iterable[Any]) -> list[str]:
         if rollout is None:
             continue
         present = {s.service for s in trace_spans if not is_marker(s)}
-        ids = {s.span_id for s in trace_spans}
         servers = {
             str(s.attributes[c.LIVE_SERVER])
             for s in trace_spans
             if is_marker(s) and isinstance(s.attributes.get(c.LIVE_SERVER), str)
         }
         missing = sorted(servers - present)
-        orphans = sum(1 for s in trace_spans if not is_marker(s) and s.parent_id and s.parent_id not in ids)
+        orphans = interrupted(trace_spans)
         if missing:
             notes.append(
                 f"rollout {rollout}: no span of {', '.join(missing)}, which took part in it: did that"
                 " process write its trace elsewhere (a relative GYMTRACE_FILE)?"
             )
         elif orphans:
+            services = ", ".join(sorted({s.service for s in orphans if s.service})) or "an unnamed service"
             notes.append(
-                f"rollout {rollout}: {orphans} span(s) whose parent is not in the input: a process"
-                " that took part wrote elsewhere, or was killed before its spans ended"
+                f"rollout {rollout}: {len(orphans)} interrupted span(s) ({services}) whose parents never"
+                " arrived: their process was killed before those parents ended (a resume pass re-runs"
+                " the rollout), or wrote them elsewhere"
             )
     return notes
 

@@ -53,6 +53,19 @@ class SpanIndex:
             current = self.by_id.get(current.parent_id) if current.parent_id else None
         return None
 
+    def missing_ancestor(self, span: SpanData) -> str | None:
+        """The ID of the nearest ancestor of ``span`` that is not in the input (a span its process
+        never ended: killed), or None when its parents lead to a root that is."""
+        seen = set()
+        current: SpanData | None = span
+        while current is not None and current.parent_id is not None and current.span_id not in seen:
+            seen.add(current.span_id)
+            parent = self.by_id.get(current.parent_id)
+            if parent is None:
+                return current.parent_id
+            current = parent
+        return None
+
     def descendants(self, span: SpanData) -> Iterable[SpanData]:
         stack = list(self.children.get(span.span_id, ()))
         while stack:
@@ -291,6 +304,14 @@ def _step_part(number: int, base_numbers: set[int], foreign: bool) -> int:
     return number if foreign or number in base_numbers else 0
 
 
+def _no_owner(span: SpanData, key: str) -> str:
+    """How a message names the owner of steps that have none in the input."""
+    missing = key.rsplit("/", 1)[-1]
+    rollout = span.attributes.get(c.ROLLOUT_ID)
+    of = f" of rollout {rollout}" if isinstance(rollout, str) else ""
+    return f"the owner that never arrived (span {missing}){of}" if missing else f"no invocation{of}"
+
+
 def check_numbering(index: SpanIndex) -> list[Problem]:
     """Turn and step numbers increase within each part of an owner that one process recorded.
 
@@ -306,7 +327,15 @@ def check_numbering(index: SpanIndex) -> list[Problem]:
         for span in index.spans:
             if span.attributes.get(c.KIND) == kind:
                 owner = index.gym_ancestor(span, owners)
-                by_process[(owner.span_id if owner else "<none>", _process(span))].append(span)
+                if owner is not None:
+                    owned_by = owner.span_id
+                else:
+                    # No owner in the input: its process was killed before the owner ended, or
+                    # there is none. The steps below one span that never arrived (one rollout's
+                    # agent invocation) are numbered together, never with another rollout's,
+                    # which numbers from 1 too (issue 43: [1, 1] from two killed rollouts).
+                    owned_by = f"<none>/{span.trace_id}/{index.missing_ancestor(span) or ''}"
+                by_process[(owned_by, _process(span))].append(span)
         for (owner_id, process), spans in by_process.items():
             owner = index.by_id.get(owner_id)
             foreign = owner is None or _process(owner) != process
@@ -325,7 +354,7 @@ def check_numbering(index: SpanIndex) -> list[Problem]:
                 ints = [n for n in shown_numbers if isinstance(n, int)]
                 if len(ints) == len(shown_numbers) and all(a < b for a, b in itertools.pairwise(ints)):
                     continue
-                where = label(owner) if owner else "no invocation"
+                where = label(owner) if owner else _no_owner(spans[0], owner_id)
                 shown = (
                     shown_numbers
                     if len(shown_numbers) <= 12

@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import urllib.error
 import urllib.request
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -37,6 +37,15 @@ class BackendError(Exception):
 
 class NotYet(Exception):
     """The server does not have the trace yet (or cannot be reached now): try again later."""
+
+
+@dataclass(frozen=True)
+class Accepted:
+    """What a server holds of the spans gymtrace sent, read back through its API."""
+
+    spans: int  # of the span IDs asked about
+    traces: frozenset[str]  # the trace IDs it holds any of them in
+    scores: int  # gymtrace's ``reward`` scores on those traces
 
 
 @dataclass(frozen=True)
@@ -88,6 +97,7 @@ class Client:
     """What gymtrace asks of a backend: find the experiment, take spans, keep scores and tags."""
 
     backend: str
+    kind = "experiment"  # what the server calls the place traces go (Phoenix: "project")
 
     def __init__(self, url: str | None, experiment: str) -> None:
         self.base = (url or DEFAULT_URLS[self.backend]).rstrip("/")
@@ -105,6 +115,14 @@ class Client:
         raise NotImplementedError
 
     def send(self, spans: Sequence[SpanData]) -> None:
+        raise NotImplementedError
+
+    def holders(self, trace_ids: Sequence[str]) -> dict[str, str]:
+        """The experiment (project) holding each of ``trace_ids`` that the server holds anywhere."""
+        raise NotImplementedError
+
+    def accepted(self, spans: Mapping[str, Collection[str]]) -> Accepted:
+        """What this experiment holds of ``spans`` (trace ID -> its span IDs), read back."""
         raise NotImplementedError
 
     def score(self, outcome: RolloutOutcome, attempt: int) -> None:

@@ -54,7 +54,7 @@ _MLFLOW_OPERATIONS = {
 }
 # OpenInference has no chat kind of its own: a chat is an LLM span there.
 _OPENINFERENCE_OPERATIONS = {**_MLFLOW_OPERATIONS, c.OPERATION_CHAT: "LLM"}
-_TAGGED = (c.RUN_ID, c.TASK_ID, c.ROLLOUT_ID, c.ROLLOUT_OUTCOME, c.ROLLOUT_ATTEMPTS)
+_TAGGED = (c.RUN_ID, c.TASK_ID, c.ROLLOUT_ID, c.ROLLOUT_OUTCOME, c.ROLLOUT_ATTEMPTS, c.PUSH_ORIGINAL_TRACE_ID)
 
 
 def _kind(span: SpanData, kinds: Mapping[str, str], operations: Mapping[str, str]) -> str:

@@ -9,11 +9,12 @@ written back as the trace's tags when it differs from what the root said.
 
 from __future__ import annotations
 
+import base64
 import collections
 import threading
 import time
 import urllib.parse
-from collections.abc import Sequence
+from collections.abc import Collection, Mapping, Sequence
 from typing import Any
 
 from gymtrace import _constants as c
@@ -21,6 +22,7 @@ from gymtrace._model import settings as _settings
 from gymtrace._model.spandata import SpanData
 from gymtrace._read.outcomes import RolloutOutcome
 from gymtrace._sdk.backends.client import (
+    Accepted,
     BackendError,
     Client,
     NotYet,
@@ -29,6 +31,9 @@ from gymtrace._sdk.backends.client import (
     http_request,
     scored_span,
 )
+
+# Trace IDs per lookup request (a GET's URL holds them).
+_BATCH = 50
 
 
 class MlflowClient(Client):
@@ -154,6 +159,64 @@ class MlflowClient(Client):
                 headers[c.MLFLOW_RUN_HEADER] = self.run_of(run_id)
             self._post_spans(group, headers)
 
+    def holders(self, trace_ids: Sequence[str]) -> dict[str, str]:
+        out: dict[str, str] = {}
+        names: dict[str, str] = {}
+        for start in range(0, len(trace_ids), _BATCH):
+            chunk = [f"tr-{t}" for t in trace_ids[start : start + _BATCH]]
+            found = self._api("POST", "/api/3.0/mlflow/traces/batchGetInfos", {"trace_ids": chunk})
+            self._check(found, "looking up trace IDs")
+            for info in (found.body or {}).get("trace_infos", []):
+                experiment = str(
+                    info.get("trace_location", {}).get("mlflow_experiment", {}).get("experiment_id")
+                )
+                if experiment not in names:
+                    names[experiment] = self._experiment_name(experiment)
+                out[str(info["trace_id"]).removeprefix("tr-")] = names[experiment]
+        return out
+
+    def _experiment_name(self, experiment_id: str) -> str:
+        if experiment_id == self.experiment_id:
+            return self.experiment
+        found = self._api(
+            "GET",
+            "/api/2.0/mlflow/experiments/get?" + urllib.parse.urlencode({"experiment_id": experiment_id}),
+        )
+        body = found.body if isinstance(found.body, dict) else {}
+        return str(body.get("experiment", {}).get("name") or f"#{experiment_id}")
+
+    def accepted(self, spans: Mapping[str, Collection[str]]) -> Accepted:
+        self.prepare()
+        assert self.experiment_id is not None
+        ids = sorted(spans)
+        held, traces, scores = 0, set(), 0
+        for start in range(0, len(ids), _BATCH):
+            query = urllib.parse.urlencode(
+                [("trace_ids", f"tr-{t}") for t in ids[start : start + _BATCH]]
+                + [("experiment_ids", self.experiment_id)]
+            )
+            found = self._api("GET", "/api/3.0/mlflow/traces/batchGet?" + query)
+            self._check(found, "reading back traces")
+            for trace in (found.body or {}).get("traces", []):
+                info = trace.get("trace_info", {})
+                trace_id = str(info.get("trace_id", "")).removeprefix("tr-")
+                if trace_id not in spans:
+                    continue
+                # OTLP JSON from protobuf: span IDs in base64.
+                stored = {base64.b64decode(s.get("span_id", "")).hex() for s in trace.get("spans", [])}
+                mine = stored & set(spans[trace_id])
+                if mine:
+                    traces.add(trace_id)
+                    held += len(mine)
+                scores += sum(1 for a in info.get("assessments", []) if _is_reward(a))
+        return Accepted(held, frozenset(traces), scores)
+
+    def _check(self, response: Response, doing: str) -> None:
+        if response.status != 200 or not isinstance(response.body, dict):
+            raise (NotYet if response.status >= 500 else BackendError)(
+                f"{self.where()}: {doing}: {detail(response)}"
+            )
+
     def _trace_info(self, trace_id: str) -> dict[str, Any]:
         found = self._api("GET", f"/api/3.0/mlflow/traces/tr-{trace_id}")
         if found.status == 404:
@@ -170,9 +233,7 @@ class MlflowClient(Client):
         return [
             a
             for a in info.get("assessments", [])
-            if a.get("assessment_name") == c.SCORE_REWARD
-            and a.get("source", {}).get("source_id") == c.SCORE_SOURCE
-            and (a.get("metadata") or {}).get(c.ROLLOUT_ID) == outcome.rollout_id
+            if _is_reward(a) and (a.get("metadata") or {}).get(c.ROLLOUT_ID) == outcome.rollout_id
         ]
 
     def _sent_reward(self, outcome: RolloutOutcome) -> float | None:
@@ -292,6 +353,14 @@ class MlflowClient(Client):
                 raise (NotYet if response.status >= 500 else BackendError)(
                     f"{self.where()}: logging the counts of run {run_id!r}: {detail(response)}"
                 )
+
+
+def _is_reward(assessment: Mapping[str, Any]) -> bool:
+    """A ``reward`` assessment gymtrace wrote."""
+    return (
+        assessment.get("assessment_name") == c.SCORE_REWARD
+        and assessment.get("source", {}).get("source_id") == c.SCORE_SOURCE
+    )
 
 
 def _quote(value: str) -> str:

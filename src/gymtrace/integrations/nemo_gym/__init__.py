@@ -3,10 +3,10 @@
 **The stack as it is** (nemo-gym 0.7.0): ``opentelemetry-instrument gym env start ...`` and
 ``opentelemetry-instrument gym eval run ...`` run :func:`instrument_stack` in every NeMo Gym process
 (through :mod:`gymtrace.integrations.autoinstrument`): each ``/run`` row is a rollout named by NeMo
-Gym's key, a resume pass the next attempt of it, identity kept inside the gym
-(docs/integrations/nemo-gym.md). :func:`rollout_identity`, :func:`run_id_for_output`,
-:func:`trace_id_for` and :func:`span_id_for` are the one mapping from what NeMo Gym sends or stores
-to gymtrace's IDs, shared with ``gymtrace import nemo-gym``.
+Gym's key, a resume pass the next attempt of it, a task's repeats one group, identity kept inside
+the gym (docs/integrations/nemo-gym.md). :func:`rollout_identity`, :func:`run_id_for_output`,
+:func:`group_id_for`, :func:`trace_id_for` and :func:`span_id_for` are the one mapping from what
+NeMo Gym sends or stores to gymtrace's IDs, shared with ``gymtrace import nemo-gym``.
 
 **Headers, body fields and path prefix** for the current gym scope, for code you own:
 
@@ -63,6 +63,7 @@ from gymtrace.integrations.nemo_gym.identity import (
     NEMO_ID,
     RolloutIdentity,
     from_nemo_id,
+    group_id_for,
     identity_from_key,
     process_service_name,
     rollout_identity,
@@ -87,6 +88,7 @@ __all__ = [
     "OutputPasses",
     "output_passes",
     "pass_log_path",
+    "group_id_for",
     "identity_from_key",
     "instrument_stack",
     "process_service_name",

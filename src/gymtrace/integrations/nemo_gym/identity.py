@@ -24,6 +24,7 @@ _PLAIN = frozenset(b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456
 _ENCODED_PREFIX = "x__"
 _ESCAPE = re.compile(r"_([0-9A-F]{2})")
 _MAX_ATTEMPT = 1_000_000_000
+_MAX_GROUP_ID = 256  # gymtrace's limit for an ID (it travels in baggage)
 _SERVER_NAME_ENV = "NEMO_GYM_CONFIG_PATH"  # set by `gym env start` for each server it launches
 _KEY = re.compile(r"^(\d+)-(\d+)(?:-a(\d+))?$")
 _CLI_PREFIXES = ("ng_", "nemo_gym_")  # NeMo Gym's other console scripts (ng_collect_rollouts, ...)
@@ -121,6 +122,19 @@ def span_id_for(run_id: str, rollout_id: str, part: str) -> int:
     """A span ID of one rollout of one run (``part``: ``"rollout"``, ``"episode-0"``, ...), the same
     in every pass: what a resume pass links its next attempt to."""
     return instrumentation.deterministic_id("gymtrace/span", run_id, rollout_id, part, size=8)
+
+
+def group_id_for(run_id: str, task_id: str) -> str:
+    """``gym.group.id`` of a task's rollouts in a run: NeMo Gym repeats each task
+    ``num_repeats`` times (the same ``_ng_task_index``, ``_ng_rollout_index`` 0, 1, ...), and those
+    repeats are one group. ``"{run}/task-{task}"``: one per task in a run, the same in every process
+    and pass that derives it, and different in every other run (each collection numbers its tasks
+    from 0 again). A run ID too long for the whole to be an ID (256 characters) is shortened to its
+    digest."""
+    group = f"{run_id}/task-{task_id}"
+    if len(group) <= _MAX_GROUP_ID:
+        return group
+    return f"{hashlib.sha256(run_id.encode('utf-8')).hexdigest()[:24]}/task-{task_id}"
 
 
 def process_service_name(

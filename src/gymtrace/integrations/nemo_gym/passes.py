@@ -13,10 +13,12 @@ import json
 import os
 import secrets
 import threading
+from collections import Counter
 from collections.abc import Mapping
 from datetime import datetime, timezone
 from pathlib import Path
 from time import time_ns
+from types import MappingProxyType
 from typing import Any, NamedTuple
 
 from opentelemetry import context as otel_context
@@ -25,6 +27,8 @@ from gymtrace import attributes as c
 from gymtrace import instrumentation
 from gymtrace.integrations.nemo_gym.identity import (
     RolloutIdentity,
+    group_id_for,
+    rollout_identity,
     run_id_for_output,
     span_id_for,
     trace_id_for,
@@ -44,6 +48,9 @@ class OutputPasses(NamedTuple):
     """How many passes that run has had (fresh pass included)."""
     failed_in: Mapping[tuple[str, int], int]
     """``(rollout ID, attempt)`` -> the pass (0-based) in which that attempt failed."""
+    group_sizes: Mapping[str, int] = MappingProxyType({})
+    """Task ID (``_ng_task_index``) -> how many rows of it the run's collection holds (its
+    ``num_repeats``, times its agents under ``fan_out``): ``gym.group.size`` of its rollouts."""
 
 
 def pass_log_path(output: str | os.PathLike[str]) -> Path:
@@ -63,6 +70,7 @@ def output_passes(output: str | os.PathLike[str]) -> OutputPasses | None:
     run_id: str | None = None
     passes = 0
     failed: dict[tuple[str, int], int] = {}
+    sizes: dict[str, int] = {}
     for line in lines:
         try:
             entry = json.loads(line)
@@ -71,12 +79,18 @@ def output_passes(output: str | os.PathLike[str]) -> OutputPasses | None:
         if not isinstance(entry, dict):
             continue
         if entry.get("pass") == "fresh" and isinstance(entry.get("run_id"), str):
-            run_id, passes, failed = entry["run_id"], 1, {}
+            run_id, passes, failed, sizes = entry["run_id"], 1, {}, {}
         elif entry.get("pass") == "resume" and run_id is not None:
             passes += 1
         elif isinstance(entry.get("failed"), str) and isinstance(entry.get("attempt"), int) and passes:
             failed[(entry["failed"], entry["attempt"])] = passes - 1
-    return OutputPasses(run_id, passes, failed) if run_id is not None else None
+        elif isinstance(entry.get("group_sizes"), dict) and passes:
+            sizes = {
+                task: size
+                for task, size in entry["group_sizes"].items()
+                if isinstance(size, int) and not isinstance(size, bool) and size > 0
+            }
+    return OutputPasses(run_id, passes, failed, MappingProxyType(sizes)) if run_id is not None else None
 
 
 def _log_pass(output: Path, entry: Mapping[str, Any]) -> None:
@@ -91,6 +105,9 @@ class _Pass(NamedTuple):
     number: int  # 0 for the fresh pass, then 1, 2... for each resume pass of its run
     failed_in: dict[tuple[str, int], int]  # (rollout ID, attempt) -> the pass it failed in
     output: Path
+    # Task ID -> its rows in the collection (gym.group.size): counted when the fresh pass has
+    # preprocessed its rows, before any is dispatched; a resume pass reads them from the pass log.
+    group_sizes: dict[str, int]
 
 
 _driver_run: contextvars.ContextVar[_Pass | None] = contextvars.ContextVar(
@@ -113,6 +130,14 @@ async def _dispatch_run(
     import gymtrace
 
     run_id = this_pass.run_id
+    # A task's repeats are one group (identity.group_id_for); its size is what the collection
+    # holds of it, when this pass knows (its fresh pass was traced).
+    group: dict[str, Any] = {}
+    if row.task_id:
+        group["group_id"] = group_id_for(run_id, row.task_id)
+        size = this_pass.group_sizes.get(row.task_id)
+        if size is not None:
+            group["group_size"] = size
     trace_id = trace_id_for(run_id, row.rollout_id)
     rollout_span = span_id_for(run_id, row.rollout_id, "rollout")
     stack = ExitStack()
@@ -121,7 +146,9 @@ async def _dispatch_run(
         if row.attempt == 0:
             with instrumentation.pinned_ids(trace_id, rollout_span):
                 stack.enter_context(
-                    gymtrace.rollout(rollout_id=row.rollout_id, task_id=row.task_id, repeat=row.repeat)
+                    gymtrace.rollout(
+                        rollout_id=row.rollout_id, task_id=row.task_id, repeat=row.repeat, **group
+                    )
                 )
             episode = gymtrace.episode(attempt=0)
         else:
@@ -134,6 +161,8 @@ async def _dispatch_run(
             }
             if row.repeat is not None:
                 identity[c.ROLLOUT_REPEAT] = row.repeat
+            if "group_id" in group:
+                identity[c.GROUP_ID] = group["group_id"]
             carrier = instrumentation.episode_carrier(
                 identity,
                 next_attempt=row.attempt,
@@ -191,9 +220,10 @@ async def _run_from_config(wrapped: Any, instance: Any, args: tuple[Any, ...], k
         output = Path(config.output_jsonl_fpath).expanduser().resolve()
         earlier = output_passes(output)
         resume = bool(getattr(config, "resume_from_cache", False)) and output.exists()
+        sizes: dict[str, int] = {}
         if resume and earlier is not None:
             run_id, number = earlier.run_id, earlier.passes
-            failed_in = dict(earlier.failed_in)
+            failed_in, sizes = dict(earlier.failed_in), dict(earlier.group_sizes)
         elif resume:
             # An output written before passes were logged: its run is the one derived from its path.
             run_id, number, failed_in = run_id_for_output(output), 1, {}
@@ -207,7 +237,7 @@ async def _run_from_config(wrapped: Any, instance: Any, args: tuple[Any, ...], k
     except Exception as exc:  # noqa: BLE001 - telemetry must not break the run
         instrumentation.report_error("gymtrace.integrations.nemo_gym run_from_config", exc)
         return await wrapped(*args, **kwargs)
-    token = _driver_run.set(_Pass(run_id, number, failed_in, output))
+    token = _driver_run.set(_Pass(run_id, number, failed_in, output, sizes))
     try:
         if resume:
             ctx = instrumentation.continue_scope(otel_context.Context(), {c.RUN_ID: run_id})
@@ -220,6 +250,27 @@ async def _run_from_config(wrapped: Any, instance: Any, args: tuple[Any, ...], k
             return await wrapped(*args, **kwargs)
     finally:
         _driver_run.reset(token)
+
+
+def _preprocess_rows(wrapped: Any, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    """``RolloutCollectionHelper._preprocess_rows_from_config``: a fresh pass's rows, every repeat
+    of every task (``num_repeats``, per agent, ``fan_out`` applied), before any is dispatched. How
+    many rows each task has is its group's size; the pass log keeps it for the resume passes, which
+    dispatch only what is left."""
+    rows = wrapped(*args, **kwargs)
+    this_pass = _driver_run.get()
+    if this_pass is None:
+        return rows
+    with instrumentation.guard("gymtrace.integrations.nemo_gym group sizes"):
+        counts: Counter[str] = Counter()
+        for row in rows:
+            identity = rollout_identity(row) if isinstance(row, Mapping) else None
+            if identity is not None:
+                counts[identity.task_id] += 1
+        this_pass.group_sizes.clear()
+        this_pass.group_sizes.update(counts)
+        _log_pass(this_pass.output, {"group_sizes": dict(counts)})
+    return rows
 
 
 class _ServersOnlyRuns:

@@ -30,6 +30,7 @@ from gymtrace.integrations.nemo_gym.identity import (
     _SERVER_NAME_ENV,
     RolloutIdentity,
     _attributes,
+    group_id_for,
     identity_from_key,
     rollout_identity,
 )
@@ -174,6 +175,9 @@ class NeMoGymServerMiddleware:
             # takes the gym.* entries the extraction put into the baggage (issue 31). The rollout
             # gets a run of this server's own, so repeated servers-only runs do not pool.
             run = {c.RUN_ID: _servers_only_runs.run_for(found, self.server_name)}
+            # A caller's trace context came without gym identity (a trainer that drives NeMo Gym
+            # with telemetry of its own): the rollout links to its span, never joins its trace.
+            ctx = instrumentation.note_caller(ctx, headers)
             return instrumentation.continue_scope(ctx, run), phase, found, receive
         return instrumentation.continue_scope(ctx, identity), phase, None, receive
 
@@ -207,10 +211,19 @@ class NeMoGymServerMiddleware:
         try:
             stack.enter_context(instrumentation.use_tracer_provider(_options.provider))
             if root is not None and not _own_telemetry("rollout"):
-                # Nobody upstream traced this row (the driver runs without gymtrace): it starts here.
+                # Nobody upstream traced this row (the driver runs without gymtrace): it starts here,
+                # in its task's group of this run. The group's size is not on the wire: the driver
+                # alone knows num_repeats.
+                run_id = instrumentation.current_identity().get(c.RUN_ID)
+                group = (
+                    group_id_for(run_id, root.task_id) if root.task_id and isinstance(run_id, str) else None
+                )
                 stack.enter_context(
                     gymtrace.rollout(
-                        rollout_id=root.rollout_id, task_id=root.task_id or None, repeat=root.repeat
+                        rollout_id=root.rollout_id,
+                        task_id=root.task_id or None,
+                        repeat=root.repeat,
+                        group_id=group,
                     )
                 )
                 stack.enter_context(gymtrace.episode(attempt=root.attempt))

@@ -9,7 +9,8 @@ prefix); the patches read exactly that:
 
 - driver (``gym eval run``): ``RolloutCollectionHelper.run_from_config`` is the run, each
   ``ServerClient`` POST to ``/run`` one rollout (first pass) or the next attempt of one (a resume
-  pass), its reward the ``/run`` response's (:mod:`.passes`);
+  pass), its reward the ``/run`` response's; the repeats of a task are one group, whose size
+  ``_preprocess_rows_from_config`` counts (:mod:`.passes`);
 - every server: an ASGI middleware continues the caller's identity (gym baggage, else the ``_ng_*``
   body fields, the path prefix, the development branch's ``x-nemo-gym-*`` headers) and spans the
   phases it recognises (``/seed_session``, ``/verify`` with the reward, model calls, tools); the
@@ -27,7 +28,7 @@ from typing import Any
 from gymtrace import instrumentation
 from gymtrace.integrations.nemo_gym.agent import _request_with_retries, _server_client_request
 from gymtrace.integrations.nemo_gym.options import _lock, _options
-from gymtrace.integrations.nemo_gym.passes import _run_from_config
+from gymtrace.integrations.nemo_gym.passes import _preprocess_rows, _run_from_config
 from gymtrace.integrations.nemo_gym.server import _add_middleware, _format_exc
 
 _stack_hooks: list[tuple[str, str, str, Any]] = [
@@ -36,6 +37,12 @@ _stack_hooks: list[tuple[str, str, str, Any]] = [
     ("nemo_gym.server_utils", "", "_request_with_retries", _request_with_retries),
     ("nemo_gym.server_utils", "", "format_exc", _format_exc),
     ("nemo_gym.rollout_collection", "RolloutCollectionHelper", "run_from_config", _run_from_config),
+    (
+        "nemo_gym.rollout_collection",
+        "RolloutCollectionHelper",
+        "_preprocess_rows_from_config",
+        _preprocess_rows,
+    ),
 ]
 _stack_patched: list[tuple[Any, str, Any]] = []
 _stack_registered = False
