@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import socket
 import threading
 import time
 from collections.abc import Iterator, Sequence
@@ -196,6 +197,25 @@ def test_a_failing_exporter_never_holds_the_caller(processors: list[BatchExporte
     end_spans(provider, [f"s{i}" for i in range(200)])  # held for 600 s if it waited
     stats = bex.stats()
     assert stats.dropped_queue_full >= 190 and balanced(stats)
+
+
+def test_a_refused_connection_never_holds_the_caller_while_the_sdk_retries_it(
+    processors: list[BatchExporter],
+) -> None:
+    # A Collector that is down: gymtrace's OTLP/gRPC exporter is refused at once, and the SDK tries
+    # again within the export's timeout (1 + 2 + 4 + 8 + 16 s here). The queue must drop meanwhile.
+    with socket.socket() as closed:
+        closed.bind(("127.0.0.1", 0))
+        port = closed.getsockname()[1]
+    exporter = _otlp.grpc_exporter(endpoint=f"127.0.0.1:{port}", insecure=True, timeout=60)
+    bex, provider = make(processors, exporter, max_queue_size=10, max_batch_size=5, max_wait=600)
+    end_spans(provider, [f"a{i}" for i in range(5)])
+    wait_until(lambda: exporter.attempt_failed)  # refused; the SDK waits to try again
+    end_spans(provider, [f"b{i}" for i in range(100)])
+    stats = bex.stats()
+    # Held, the loop would have gone on only once the export failed for good (a retry counted).
+    assert (stats.retries, stats.queued, stats.dropped_queue_full) == (0, 15, 90), stats
+    assert balanced(stats) and not bex._room.stalled
 
 
 def test_an_export_that_times_out_lets_the_held_caller_go_on_dropping_the_oldest(

@@ -297,9 +297,15 @@ class BatchExporter:
         self._wake.set()
         self._room.hold(
             lambda: len(self._queue) >= self.max_queue_size,
-            lambda: bool(self._backoff) or self._shutdown,
-            self._idle.wait,
+            self._failing,
+            # Looked at again every 50 ms: an attempt failing inside the exporter notifies nobody.
+            lambda seconds: self._idle.wait(min(seconds, 0.05)),
         )
+
+    def _failing(self) -> bool:
+        """The exporter is failing: backing off after a failed export, or (gymtrace's OTLP/gRPC
+        exporter) retrying an attempt that failed inside the export under way (lock held)."""
+        return bool(self._backoff) or self._shutdown or getattr(self.exporter, "attempt_failed", False)
 
     def send_soon(self) -> None:
         """Send what is queued now, without waiting for it (live markers: ``_scopes.live``); not
