@@ -22,14 +22,14 @@ import urllib.error
 import urllib.parse
 import urllib.request
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from child_process import run_gymtrace, run_python
-from collector_scripts import alive, collector_copy, free_port_pair, pids, ports_env, script
+from collector_scripts import alive, collector_copy, free_port_pair, pids, ports_env, script, until
 
 pytestmark = pytest.mark.e2e
 
@@ -126,19 +126,6 @@ class Stack:
 
     def block_writes(self, blocked: bool) -> None:
         self._post("/gymtrace-jaeger-span-*/_settings", {"index.blocks.write": blocked}, method="PUT")
-
-
-def until(predicate: Callable[[], Any], timeout: float, what: str) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        try:
-            value = predicate()
-        except OSError:
-            value = None
-        if value or time.monotonic() > deadline:
-            assert value, f"timed out after {timeout}s waiting for {what}"
-            return value
-        time.sleep(1)
 
 
 @pytest.fixture(scope="module")

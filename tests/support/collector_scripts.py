@@ -11,7 +11,10 @@ import os
 import shutil
 import socket
 import subprocess
+import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -113,3 +116,18 @@ def alive(pid: int) -> bool:
     except OSError:
         return False
     return state != "Z"
+
+
+def until(predicate: Callable[[], Any], timeout: float, what: str) -> Any:
+    """``predicate()``'s first true value, looked at every second (a refused connection counts as
+    not yet: the store or Jaeger restarting); an assertion naming ``what`` after ``timeout``."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            value = predicate()
+        except OSError:
+            value = None
+        if value or time.monotonic() > deadline:
+            assert value, f"timed out after {timeout}s waiting for {what}"
+            return value
+        time.sleep(1)
