@@ -889,14 +889,23 @@ class Receiver:
         self.tmp.cleanup()
 
 
+def bursts(
+    pipelines: list[str], rounds: int, endpoint: str, n: int, env: dict[str, str]
+) -> dict[str, list[dict[str, Any]]]:
+    """``n`` spans made as fast as possible through each pipeline (EXPORT_CODE), every round, the
+    order reversed every other round so that neither side always runs first."""
+    runs: dict[str, list[dict[str, Any]]] = {name: [] for name in pipelines}
+    for r in range(rounds):
+        for name in pipelines if r % 2 == 0 else pipelines[::-1]:
+            runs[name].append(run_child(EXPORT_CODE, name, endpoint, "burst", str(n), env=env))
+    return runs
+
+
 def export_path(quick: bool, endpoint: str) -> dict[str, Any]:
     n, rounds = (20_000, 2) if quick else (20_000, 4)
     env = child_env(OTEL_EXPORTER_OTLP_INSECURE="true")
     pipelines = ("stock", "gymtrace") + (("gymtrace-thread",) if _has_encoder_process() else ())
-    burst: dict[str, list[dict[str, Any]]] = {name: [] for name in pipelines}
-    for r in range(rounds):
-        for name in pipelines if r % 2 == 0 else pipelines[::-1]:
-            burst[name].append(run_child(EXPORT_CODE, name, endpoint, "burst", str(n), env=env))
+    burst = bursts(list(pipelines), rounds, endpoint, n, env)
     print(f"export path (live OTLP/gRPC receiver; {n} spans made as fast as possible, {rounds} rounds)")
     out: dict[str, Any] = {}
     for name in pipelines:
@@ -977,10 +986,7 @@ def burst(quick: bool, endpoint: str) -> dict[str, Any]:
     env = child_env(OTEL_EXPORTER_OTLP_INSECURE="true")
     encoders = {"auto": "gymtrace", "thread": "gymtrace-thread"}
     names = [name + tail for name in encoders.values() for tail in ("", "-drop")]
-    runs: dict[str, list[dict[str, Any]]] = {name: [] for name in names}
-    for r in range(rounds):
-        for name in names if r % 2 == 0 else names[::-1]:
-            runs[name].append(run_child(EXPORT_CODE, name, endpoint, "burst", str(n), env=env))
+    runs = bursts(names, rounds, endpoint, n, env)
     print(f"burst (live OTLP/gRPC receiver; {n:,} spans made as fast as possible, {rounds} rounds)")
     out: dict[str, Any] = {}
     for encoder, name in encoders.items():
