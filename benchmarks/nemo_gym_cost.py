@@ -40,6 +40,8 @@ from pathlib import Path
 import nemo_gym
 import psutil
 
+from gymtrace._model.tracefiles import open_lines, trace_files
+
 BIN = Path(sys.executable).parent
 PACKAGES = Path(nemo_gym.__file__).resolve().parent.parent
 UPSTREAM = Path(__file__).resolve().parent.parent / "tests" / "support" / "fake_responses_upstream.py"
@@ -218,7 +220,11 @@ class Side:
 def _spans(traces: Path) -> int:
     """The spans written so far: each OTLP/JSON line holds a batch, each span one ``"spanId"`` key
     (a parent's is ``"parentSpanId"``)."""
-    return sum(f.read_text().count('"spanId"') for f in traces.glob("*.jsonl"))
+    count = 0
+    for file in trace_files(traces):  # compressed as GYMTRACE_FILE_COMPRESS says (plain by default)
+        with open_lines(file, still_written=True) as lines:
+            count += sum(line.count(b'"spanId"') for line in lines)
+    return count
 
 
 def main() -> None:

@@ -54,6 +54,11 @@ Sections:
   ``consume()`` with join keys, 8,192 in one train step: the caller's thread per call
   (``time.thread_time``) and the whole process per call (the writer thread that builds the
   ``gym.consumed`` spans included, and the step's wait for it at its end).
+- **sampling** (``--only sampling``): head sampling (``GYMTRACE_SAMPLE_RATIO``) on a rollout of ~15
+  spans (an agent's three steps with a model call and a tool call each, a verify, one rollout in
+  five retried) under ``configure()`` with the file exporter on the application's thread: CPU and
+  bytes written per rollout at 1.0, 0.1 and 0 (every rollout dropped, each leaving its summary
+  span), and at 0 with the summary switched off, as a dropped rollout was before it left one.
 - **peers** (``--peers``): Traceloop ``@task``, Logfire ``@instrument``, Langfuse ``@observe`` and
   OpenInference's ``@tracer.chain``, each installed into its own virtualenv (not a gymtrace
   dependency), content capture off and on. As the targets were first measured: the peer in its own process
@@ -1108,6 +1113,117 @@ def training(quick: bool) -> dict[str, float]:
     return {"added": added, "consume_thread": r["consume_thread"], "consume_process": r["consume_process"]}
 
 
+# -- head sampling: what a dropped rollout costs and writes ------------------------------------------
+
+SAMPLING_CODE = r"""
+mode, n, path = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+import gymtrace
+if mode == "nothing":
+    # A dropped rollout as it was before it left a summary: the same code with the summary and its
+    # token totals switched off.
+    from gymtrace._scopes import level_spans, recording
+    level_spans._summarise = lambda *args: None
+    recording._count_dropped_tokens = lambda *args: None
+gymtrace.configure(service_name="bench-sampling", file=path, heartbeat=0, encoder="thread")
+rollout, episode, agent, step, model_call, tool_call, verify = (gymtrace.rollout, gymtrace.episode,
+    gymtrace.agent_invocation, gymtrace.step, gymtrace.model_call, gymtrace.tool_call, gymtrace.verify)
+usage, reward, attempts = gymtrace.record_usage, gymtrace.record_reward, gymtrace.attempts
+gymtrace.set_policy_version(1)
+
+def one(i):
+    # ~15 spans: an agent's three steps (a model call and a tool call each) and a verify, and
+    # one rollout in five retried after an infrastructure failure.
+    with rollout(rollout_id=f"r{i}", task_id=f"t{i % 64}", repeat=i // 64, group_id=f"g{i // 8}",
+                 group_size=8, train_step=i // 512):
+        for attempt in attempts(2):
+            with attempt:
+                with agent(agent_name="bench"):
+                    for _ in range(3):
+                        with step():
+                            with model_call(model="policy"):
+                                usage(input_tokens=100, output_tokens=20)
+                            with tool_call(tool_name="search"):
+                                pass
+                if attempt.index == 0 and i % 5 == 0:
+                    attempt.fail()
+                    continue
+                with verify():
+                    reward(1.0)
+
+def size():
+    return os.path.getsize(path) if os.path.exists(path) else 0  # no file: nothing was written yet
+
+for i in range(300):  # warm up
+    one(10**7 + i)
+gymtrace.force_flush()
+before = size()
+gc.collect()
+start = clock()
+for i in range(n):
+    one(i)
+gymtrace.force_flush()
+cpu = (clock() - start) / n / 1000
+written = size() - before
+stats = gymtrace.export_stats()
+gymtrace.shutdown()
+print(json.dumps({"us": cpu, "bytes": written / n, "dropped": sum(s.dropped for s in stats)}))
+"""
+
+# (label, GYMTRACE_SAMPLE_RATIO, mode)
+SAMPLING_VARIANTS = (
+    ("whole", "1", "summary"),
+    ("sampled", "0.1", "summary"),
+    ("dropped", "0", "summary"),
+    ("nothing", "0", "nothing"),
+)
+
+
+def sampling(quick: bool) -> dict[str, float]:
+    """Head sampling (GYMTRACE_SAMPLE_RATIO): CPU and bytes per rollout at 1.0, 0.1 and 0 (every
+    rollout dropped, each leaving its summary span), and 0 with the summary switched off (a dropped
+    rollout as it was before: nothing recorded), file exporter on the application's thread."""
+    n, rounds = (2_000, 3) if quick else (6_000, 5)
+    runs: dict[str, list[dict[str, float]]] = {label: [] for label, _, _ in SAMPLING_VARIANTS}
+    with tempfile.TemporaryDirectory() as folder:
+        for index in range(rounds):
+            order = SAMPLING_VARIANTS if index % 2 == 0 else SAMPLING_VARIANTS[::-1]
+            for label, ratio, mode in order:
+                path = os.path.join(folder, f"{label}-{index}.jsonl")
+                env = child_env(GYMTRACE_SAMPLE_RATIO=ratio)
+                runs[label].append(run_child(SAMPLING_CODE, mode, str(n), path, env=env))
+    cpu = {label: med([r["us"] for r in found]) for label, found in runs.items()}
+    size = {label: med([r["bytes"] for r in found]) for label, found in runs.items()}
+
+    # Ratios round by round (the same machine load on both sides), then their median.
+    def ratio(a: str, b: str, key: str = "us") -> float:
+        return med([x[key] / y[key] for x, y in zip(runs[a], runs[b], strict=True)])
+
+    print(
+        f"sampling (µs of CPU and bytes per rollout of ~15 spans, file exporter; {n} rollouts x {rounds} rounds)"
+    )
+    for label, ratio_text, mode in SAMPLING_VARIANTS:
+        what = {"summary": "", "nothing": ", summary switched off (before)"}[mode]
+        print(f"  ratio {ratio_text:<4}{what:<34} {cpu[label]:8.1f} µs  {size[label]:8.0f} B")
+    out = {
+        "sampled_vs_whole": ratio("sampled", "whole"),
+        "bytes_sampled_vs_whole": ratio("sampled", "whole", "bytes"),
+        "dropped_vs_whole": ratio("dropped", "whole"),
+        "dropped_vs_nothing": ratio("dropped", "nothing"),
+        "dropped_added_us": med(
+            [x["us"] - y["us"] for x, y in zip(runs["dropped"], runs["nothing"], strict=True)]
+        ),
+        "dropped_us": cpu["dropped"],
+        "summary_bytes": size["dropped"],
+        "lost": max(r["dropped"] for found in runs.values() for r in found),
+    }
+    print(
+        f"  0.1 / 1.0: CPU {out['sampled_vs_whole']:.2f}x, bytes {out['bytes_sampled_vs_whole']:.2f}x;"
+        f" a dropped rollout {out['dropped_vs_whole']:.2f}x a whole one, {out['dropped_vs_nothing']:.2f}x"
+        f" ({out['dropped_added_us']:+.1f} µs) one that records nothing; spans lost {out['lost']}"
+    )
+    return out
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="fewer iterations (noisier)")
@@ -1115,13 +1231,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument(
         "--only",
         action="append",
-        choices=["forms", "cartpole", "export", "burst", "live", "backends", "training", "peers"],
+        choices=["forms", "cartpole", "export", "burst", "live", "backends", "training", "sampling", "peers"],
         help="one section",
     )
     args = parser.parse_args(argv)
     only = set(
         args.only
-        or ["forms", "cartpole", "export", "burst", "live", "backends", "training"]
+        or ["forms", "cartpole", "export", "burst", "live", "backends", "training", "sampling"]
         + (["peers"] if args.peers else [])
     )
     t0 = time.monotonic()
@@ -1164,6 +1280,16 @@ def main(argv: Sequence[str] | None = None) -> int:
              "<= 5 µs", f"{t['consume_thread']:.2f} µs", t["consume_thread"] <= 5),
             ("  the same, whole process per call (the writer thread included)", "", "",
              f"{t['consume_process']:.2f} µs", None),
+        ]  # fmt: skip
+    if "sampling" in only:
+        sm = sampling(args.quick)
+        rows += [
+            ("GYMTRACE_SAMPLE_RATIO=0.1, file bytes vs the same run at 1.0", "", "<= 0.3x",
+             f"{sm['bytes_sampled_vs_whole']:.2f}x", sm["bytes_sampled_vs_whole"] <= 0.3),
+            ("  CPU per rollout, 0.1 vs 1.0", "", "", f"{sm['sampled_vs_whole']:.2f}x", None),
+            ("a dropped rollout (its summary span) vs one that records nothing", "not measured", "",
+             f"{sm['dropped_vs_nothing']:.2f}x ({sm['dropped_added_us']:+.1f} µs)", None),
+            ("  a dropped rollout vs a whole one (~15 spans)", "", "", f"{sm['dropped_vs_whole']:.2f}x", None),
         ]  # fmt: skip
     receiver = Receiver()
     if "backends" in only:

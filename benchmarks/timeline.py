@@ -212,6 +212,8 @@ def main() -> None:
                 WORKER,
             ],
             check=True,
+            # Plain lines, as the floor below parses them and the figures were first measured.
+            env={**os.environ, "GYMTRACE_FILE_COMPRESS": "none"},
         )
     files = sorted(run_dir.glob("*.jsonl"))
     size = sum(f.stat().st_size for f in files)

@@ -47,6 +47,7 @@ LAYERS: list[tuple[str, list[str]]] = [
             "_model.failures",
             "_model.outcome_rule",
             "_model.spandata",
+            "_model.tracefiles",
             "_scopes.tracing",
             # The fence's parts that the engine and the identity processor read through.
             "_otel_private.provider",

@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 
 from child_process import run_python as run_child  # this module's run_python returns JSON
+from child_process import wrote
 from gymtrace._model import settings as _settings
 from gymtrace._model.spandata import read_otlp_json_lines
 
@@ -71,20 +72,20 @@ def test_service_name_argument_beats_environment(tmp_path: Path) -> None:
 def test_gymtrace_file_variable_and_file_argument(tmp_path: Path) -> None:
     result = run_python(SMALL_RUN.format(args=""), tmp_path, GYMTRACE_FILE=str(tmp_path / "env.jsonl"))
     assert result["file"] == str(tmp_path / "env.jsonl")
-    assert (tmp_path / "env.jsonl").exists()
+    assert wrote(tmp_path / "env.jsonl")
     result = run_python(
         SMALL_RUN.format(args=f"file={str(tmp_path / 'arg.jsonl')!r}"),
         tmp_path,
         GYMTRACE_FILE=str(tmp_path / "env2.jsonl"),
     )
     assert result["file"] == str(tmp_path / "arg.jsonl")
-    assert not (tmp_path / "env2.jsonl").exists()
+    assert not wrote(tmp_path / "env2.jsonl")
 
 
 def test_sdk_disabled_sets_nothing_up_and_calls_still_work(tmp_path: Path) -> None:
     result = run_python(SMALL_RUN.format(args=""), tmp_path, OTEL_SDK_DISABLED="true")
     assert result["disabled"] is True
-    assert not (tmp_path / "gymtrace-traces.jsonl").exists()
+    assert not wrote(tmp_path / "gymtrace-traces.jsonl")
 
 
 def test_sampler_from_environment_is_honoured(tmp_path: Path) -> None:
@@ -150,7 +151,7 @@ def test_configure_never_replaces_the_applications_provider(tmp_path: Path) -> N
     assert result["spans"]["app-span"]["gym.rollout.id"] == "r-1"
     assert result["spans"]["app-span"]["gym.episode.attempt"] == 0
     assert "app-span" in result["spans"] and "gym.rollout" in result["spans"]
-    assert not (tmp_path / "gymtrace-traces.jsonl").exists()
+    assert not wrote(tmp_path / "gymtrace-traces.jsonl")
 
 
 def test_configure_is_idempotent_and_reconfigure_swaps_exporters(tmp_path: Path) -> None:

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from _distributed import SERVICES_OF_THE_DEMO, assert_one_tree, by_trace
-from child_process import run_gymtrace
+from child_process import run_gymtrace, wrote
 from gymtrace import _constants as c
 from gymtrace._model.spandata import read_otlp_json_lines
 from gymtrace.testing import check_trace
@@ -33,7 +33,7 @@ def test_distributed_demo_sends_every_process_spans_to_the_endpoint_not_the_file
         )  # fmt: skip
         assert out.returncode == 0, out.stdout + out.stderr
         spans = receiver.spans
-    assert not (tmp_path / "gymtrace-traces.jsonl").exists()
+    assert not wrote(tmp_path / "gymtrace-traces.jsonl")
     assert f"spans exported to OTLP/{protocol} {receiver.endpoint}" in out.stdout
     assert {s.service for s in spans} == SERVICES_OF_THE_DEMO
     rollouts = [s for s in spans if s.attributes.get(c.KIND) == c.KIND_ROLLOUT]
@@ -59,7 +59,7 @@ def test_distributed_demo_writes_the_file_with_run_id_and_repeats_and_quiet_drop
     assert not [line for line in out.stdout.splitlines() if line.startswith("trace ")]  # no tree
     assert out.stdout.count("rollout run-file-") == 4  # 2 tasks x 2 repeats
     spans = read_otlp_json_lines(tmp_path / "demo.jsonl")
-    assert not (tmp_path / "gymtrace-traces.jsonl").exists()
+    assert not wrote(tmp_path / "gymtrace-traces.jsonl")
     assert {s.service for s in spans} == SERVICES_OF_THE_DEMO
     repeats = {s.attributes[c.ROLLOUT_REPEAT] for s in spans if s.attributes.get(c.KIND) == c.KIND_ROLLOUT}
     assert repeats == {0, 1}

@@ -22,7 +22,7 @@ from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 from opentelemetry.sdk.trace.sampling import ALWAYS_OFF
 
-from child_process import run_python
+from child_process import run_python, trace_lines
 from gymtrace._model import settings as _settings
 from gymtrace._model.spandata import read_otlp_json_lines
 from gymtrace._sdk import export as _export
@@ -464,7 +464,7 @@ def test_spans_at_cartpole_rate_through_the_file_exporter_are_all_written_once(t
     assert all(s.parent_id is not None and by_id[s.parent_id].name == "gym.episode" for s in steps)
     assert check_trace(spans) == []
     # However deep the backlog a write drained, no line holds more than a batch (512 spans).
-    for line in (tmp_path / "trace.jsonl").read_text().splitlines():
+    for line in trace_lines(tmp_path / "trace.jsonl"):
         request = json.loads(line)
         count = sum(len(ss["spans"]) for rs in request["resourceSpans"] for ss in rs["scopeSpans"])
         assert 0 < count <= 512

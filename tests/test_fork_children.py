@@ -10,12 +10,12 @@ from pathlib import Path
 
 import pytest
 
-from child_process import run_python
+from child_process import run_python, wrote
 from gymtrace._model.spandata import read_otlp_json_lines
 
 
 def _rollouts(path: Path) -> Counter[str]:
-    spans = read_otlp_json_lines(path) if path.exists() else []
+    spans = read_otlp_json_lines(path) if wrote(path) else []
     return Counter(str(s.attributes.get("gym.rollout.id")) for s in spans if s.name == "gym.rollout")
 
 

@@ -672,7 +672,9 @@ def test_bad_arguments_name_the_argument() -> None:
 
 
 @pytest.mark.parametrize("by", ["rollout", "task"])
-def test_under_the_rollout_sampler_a_dropped_episode_passes_through_and_a_kept_one_is_whole(by: str) -> None:
+def test_under_the_rollout_sampler_a_dropped_episode_leaves_its_summary_and_a_kept_one_is_whole(
+    by: str,
+) -> None:
     from opentelemetry.sdk.trace import TracerProvider
     from opentelemetry.sdk.trace.export import SimpleSpanProcessor
     from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
@@ -696,9 +698,19 @@ def test_under_the_rollout_sampler_a_dropped_episode_passes_through_and_a_kept_o
         pop_provider(provider)
     assert all(played[task, n] == play(plain, n) for task, n in played)  # results unchanged either way
     spans = exporter.get_finished_spans()
-    kept = {s.attributes[c.ROLLOUT_ID] for s in spans if s.attributes[c.KIND] == "rollout"}
+    kept = {
+        s.attributes[c.ROLLOUT_ID]
+        for s in spans
+        if s.attributes[c.KIND] == "rollout" and c.ROLLOUT_DETAIL not in s.attributes
+    }
     expected = {f"{t}-{n}" for t, n in played if keep_rollout(f"{t}-{n}" if by == "rollout" else t, 0.5)}
     assert kept == expected and 0 < len(kept) < len(played)
+    # Every episode's return is read back, kept or not: the counts and the mean are exact.
+    outcomes = {o.rollout_id: o for o in final_outcomes(spans)}
+    assert {r: (o.outcome, o.reward, o.attempts) for r, o in outcomes.items()} == {
+        f"{t}-{n}": ("scored", played[t, n][0], 1) for t, n in played
+    }
+    assert {r for r, o in outcomes.items() if o.detail} == kept
     for task, n in played:
         rollout_id = f"{task}-{n}"
         kinds = sorted(s.attributes[c.KIND] for s in spans if s.attributes.get(c.ROLLOUT_ID) == rollout_id)
@@ -714,8 +726,47 @@ def test_under_the_rollout_sampler_a_dropped_episode_passes_through_and_a_kept_o
             ]
             root = next(s for s in spans if s.attributes.get(c.ROLLOUT_ID) == rollout_id and s.parent is None)
             assert root.attributes[c.ROLLOUT_REPEAT] == n
-        else:
-            assert kinds == []
+        else:  # its summary, and none of its episode, seed_session, steps or verify
+            assert kinds == ["rollout"]
+            (summary,) = (s for s in spans if s.attributes.get(c.ROLLOUT_ID) == rollout_id)
+            assert summary.attributes[c.ROLLOUT_DETAIL] is False
+            assert summary.attributes[c.ROLLOUT_REPEAT] == n and summary.attributes[c.TASK_ID] == task
+    assert check_trace(spans) == []
+
+
+def test_a_vector_env_sampled_at_a_tenth_reads_back_every_sub_episodes_return() -> None:
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    from gymtrace._scopes.tracing import pop_provider, push_provider
+    from gymtrace._sdk.setup import make_id_generator
+    from gymtrace.sampling import RolloutSampler, keep_rollout
+
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider(sampler=RolloutSampler(0.1), id_generator=make_id_generator())
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    env = TraceEnv(
+        gym.vector.SyncVectorEnv([lambda: gym.make("CartPole-v1")] * 3), rollout_id=lambda n: f"v-{n}"
+    )
+    push_provider(provider)
+    try:
+        returns = drive_vector(env, 400, seed=3)
+        env.close()
+    finally:
+        pop_provider(provider)
+    spans = exporter.get_finished_spans()
+    outcomes = final_outcomes(spans)
+    scored = [o for o in outcomes if o.outcome == "scored"]
+    # Every ended sub-episode's return, whether its rollout was kept whole or summed up.
+    assert sorted(o.reward for o in scored) == sorted(r for sub in returns for r in sub)
+    assert {o.rollout_id for o in outcomes if o.detail} == {
+        o.rollout_id for o in outcomes if keep_rollout(o.rollout_id, 0.1)
+    }
+    assert 0 < sum(o.detail for o in outcomes) < len(scored)
+    # Nothing of a dropped rollout but its summary: no seed_session, episode or step span.
+    dropped = {o.rollout_id for o in outcomes if not o.detail}
+    assert {s.attributes[c.KIND] for s in spans if s.attributes.get(c.ROLLOUT_ID) in dropped} == {"rollout"}
     assert check_trace(spans) == []
 
 

@@ -18,7 +18,8 @@ from typing import Any
 import pytest
 
 from gymtrace import _constants as c
-from gymtrace._model.spandata import SpanData, read_otlp_json_lines
+from gymtrace._model.spandata import SpanData, read_trace_files
+from gymtrace._model.tracefiles import trace_files
 from gymtrace.testing import check_trace
 
 # A real Ray cluster (its GCS, raylet and workers) per module: left out of `scripts/test --quick`.
@@ -195,8 +196,8 @@ def scenario(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict[str, Any], 
     )
     assert done.returncode == 0, done.stderr[-3000:]
     result = json.loads(done.stdout.strip().splitlines()[-1])
-    files = sorted(out.glob("traces*.jsonl"))
-    spans = [span for path in files for span in read_otlp_json_lines(path)]
+    files = [f for f in trace_files(out) if f.name.startswith("traces")]
+    spans = read_trace_files(files)
     return result, spans, files
 
 

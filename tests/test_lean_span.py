@@ -95,9 +95,10 @@ def test_the_lean_path_gives_the_stock_span_tree_to_every_processor(tmp_path: Pa
 
 def test_the_sampler_still_decides_on_the_lean_path(tmp_path: Path) -> None:
     result = run(SCENARIO, tmp_path, GYMTRACE_SAMPLE_RATIO="0")
-    # The rollout is sampled out, so none of its spans is recorded (the run span is kept by design).
-    # (capture_spans() samples everything, so there is no stock run to compare with here.)
-    assert [s[0] for s in result["lean"]] == ["gym.run"]
+    # The rollout is sampled out, so none of its spans is recorded but its summary (the run span is
+    # kept by design). (capture_spans() samples everything: no stock run to compare with here.)
+    assert [s[0] for s in result["lean"]] == ["gym.rollout", "gym.run"]
+    assert result["lean"][0][3]["gym.rollout.detail"] is False
 
 
 def test_an_applications_own_provider_is_left_as_it_is(tmp_path: Path) -> None:

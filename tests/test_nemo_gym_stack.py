@@ -19,7 +19,6 @@ import importlib
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -56,6 +55,8 @@ nemo_gym = _import_or_skip("nemo_gym", reason="needs nemo-gym 0.7.0 (scripts/tes
 _import_or_skip("opentelemetry.instrumentation", reason="needs gymtrace[nemo-gym]")
 
 from gymtrace._model.spandata import read_otlp_json_lines  # noqa: E402 - after the skips
+from pipeline import free_ports  # noqa: E402
+from gymtrace._model.tracefiles import trace_files  # noqa: E402 - after the skips
 
 SUPPORT = Path(__file__).parent / "support"
 BIN = Path(sys.executable).parent
@@ -138,7 +139,7 @@ class Stack:
         deadline = time.monotonic() + timeout_s
         last, since = -1, time.monotonic()
         while time.monotonic() < deadline:
-            size = sum(p.stat().st_size for p in self.traces.glob("*.jsonl"))
+            size = sum(p.stat().st_size for p in trace_files(self.traces))
             if size != last:
                 last, since = size, time.monotonic()
             elif time.monotonic() - since >= quiet_s:
@@ -233,9 +234,7 @@ def _stack(
     }
     for name in ("OTEL_SERVICE_NAME", "OTEL_EXPORTER_OTLP_ENDPOINT", "GYMTRACE_PROPAGATE_TO", "PYTHONPATH"):
         env.pop(name, None)
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        head = f"++head_server.port={probe.getsockname()[1]}"
+    head = f"++head_server.port={free_ports(1)[0]}"  # below the ephemeral range (see free_ports)
     servers = None
     try:
         deadline = time.monotonic() + 30
@@ -599,11 +598,10 @@ def test_a_killed_pass_leaves_lost_rollouts_and_its_resume_never_lands_in_the_de
             live = read_live()
         assert {"3-0", "3-1"} <= set(live), live
         for key in ("3-0", "3-1"):
-            assert (live[key]["state"], live[key]["step"], live[key]["service"]) == (
-                "running",
-                1,
-                "policy_model",
-            ), live[key]
+            # In flight either way: past live's 60 s without progress (a loaded machine can take
+            # that long to get here) the hung rollout reads stalled, which is what it is.
+            assert live[key]["state"] in ("running", "stalled"), live[key]
+            assert (live[key]["step"], live[key]["service"]) == (1, "policy_model"), live[key]
         os.killpg(driver.pid, signal.SIGKILL)  # as a scheduler's kill or an OOM would
         driver.wait(timeout=30)
     time.sleep(4)  # three heartbeat intervals without a beat: the driver is gone

@@ -24,7 +24,7 @@ from pathlib import Path
 
 import pytest
 
-from child_process import clean_env
+from child_process import clean_env, wrote
 from gymtrace._model.spandata import SpanData, read_otlp_json_lines
 
 TIMEOUT = 60
@@ -218,7 +218,7 @@ def run_both(tmp: Path, scenario: str, stop: int | None = None) -> tuple[int, li
     code, err = run_child(tmp, scenario, tracing=True, stop=stop)
     assert code == plain_code, (code, plain_code, err, plain_err)
     assert "gymtrace" not in err or "Traceback" not in err.split("gymtrace", 1)[1][:200], err
-    spans = read_otlp_json_lines(tmp / "traces.jsonl") if (tmp / "traces.jsonl").exists() else []
+    spans = read_otlp_json_lines(tmp / "traces.jsonl") if wrote(tmp / "traces.jsonl") else []
     ended = [line for line in (tmp / "ids.txt").read_text().split()]
     exported = Counter(s.span_id for s in spans)
     duplicates = [i for i, n in exported.items() if n > 1]

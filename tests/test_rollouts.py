@@ -288,9 +288,17 @@ def test_rollout_sampler_keeps_or_drops_whole_rollouts_by_task() -> None:
     finally:
         pop_provider(provider)
     spans = exporter.get_finished_spans()
-    kept_tasks = {s.attributes[c.TASK_ID] for s in spans if c.TASK_ID in s.attributes}
+    # A dropped rollout leaves only its summary (gym.rollout.detail=false): no episode, no step.
+    summaries = [s for s in spans if s.attributes.get(c.ROLLOUT_DETAIL) is False]
+    kept_tasks = {s.attributes[c.TASK_ID] for s in spans if c.TASK_ID in s.attributes} - {
+        s.attributes[c.TASK_ID] for s in summaries
+    }
     assert kept_tasks == {f"t{t}" for t in range(20) if keep_rollout(f"t{t}", 0.5)}
     assert 0 < len(kept_tasks) < 20
+    assert sorted(s.attributes[c.ROLLOUT_ID] for s in summaries) == sorted(
+        f"t{t}/r{r}" for t in range(20) for r in range(2) if f"t{t}" not in kept_tasks
+    )
+    assert all(s.attributes[c.ROLLOUT_ATTEMPTS] == 2 for s in summaries)
     for task in kept_tasks:  # whole groups: both repeats, both attempts, every level
         # A rollout still open at the heartbeat thread's next mark (a stall on a busy machine) also
         # has live markers: kept or dropped with it, so they count only as its task's.

@@ -53,6 +53,8 @@ def child_json(code: str, tmp_path: Path, **env: str) -> dict[str, Any]:
         ("GYMTRACE_TRACE_PER", "episode", "trace_per_run", False),
         ("OTEL_EXPORTER_OTLP_PROTOCOL", "carrier-pigeon", "protocol", "grpc"),
         ("GYMTRACE_ENCODER", "gpu", "encoder", "auto"),
+        ("GYMTRACE_FILE_COMPRESS", "lz4", "file_compress", "none"),
+        ("GYMTRACE_FILE_ROTATE_MB", "-1", "file_rotate_bytes", 256 << 20),
         ("GYMTRACE_BACKEND", "wandb", "backend", "otlp"),
         ("GYMTRACE_STEP_POLICY", "sometimes", "step_policy", "all"),
         ("GYMTRACE_STEP_FIRST", "-1", "step_first", 1),
@@ -94,6 +96,10 @@ def test_good_environment_values_are_read_once_into_the_settings(monkeypatch: py
     assert (settings.max_queue_size, settings.schedule_delay, settings.trace_per_run) == (100, 0.25, True)
     assert (settings.sample_ratio, settings.sample_by) == (0.25, "task")
     assert _settings.active is settings
+    monkeypatch.setenv("GYMTRACE_FILE_COMPRESS", "GZip")
+    monkeypatch.setenv("GYMTRACE_FILE_ROTATE_MB", "0.5")
+    settings = _settings.reload()
+    assert (settings.file_compress, settings.file_rotate_bytes) == ("gzip", 1 << 19)
     monkeypatch.setenv("OTEL_BSP_MAX_QUEUE_SIZE", "7")
     assert _settings.active.max_queue_size == 100  # not read again until configure() or reload()
 

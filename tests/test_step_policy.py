@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 import gymtrace
-from child_process import run_gymtrace, run_python
+from child_process import run_gymtrace, run_python, trace_lines
 from gymtrace import _constants as c
 from gymtrace._scopes import steps as _steps
 from gymtrace.testing import CapturedSpans, capture_spans, check_trace
@@ -212,7 +212,7 @@ def test_the_variables_set_the_policy_and_tree_and_check_read_the_file(tmp_path:
     assert tree.returncode == 0, tree.stderr
     assert tree.stdout.count("gym.step") == 5  # 3 first + 2 slowest of 50
     assert "steps=50 spans=5" in tree.stdout  # the episode line says the steps are a sample
-    lines = [json.loads(line) for line in trace_file.read_text().splitlines()]
+    lines = [json.loads(line) for line in trace_lines(trace_file)]
     episode = next(
         s
         for line in lines

@@ -8,6 +8,7 @@ import json
 from pathlib import Path
 
 from child_process import run_gymtrace, run_python
+from gymtrace._sdk.children import child_files
 
 _DRIVER = """
 import multiprocessing as mp, subprocess, sys
@@ -49,7 +50,7 @@ def test_unconfigured_workers_of_every_start_method_record_with_the_parents_sett
     script.write_text(_DRIVER.format(path=str(driver)))
     out = run_python(str(script), cwd=tmp_path, timeout=180)
     assert out.returncode == 0, out.stderr
-    workers = sorted(tmp_path.glob("driver.pid-*.jsonl"))
+    workers = child_files(str(driver))
     assert len(workers) == 3  # one file per worker process, beside the driver's
     files = [str(driver), *map(str, workers)]
     rows = [
@@ -141,7 +142,7 @@ def test_the_commands_read_the_default_file_with_the_files_its_workers_wrote(tmp
     """
     out = run_python(code=code, cwd=tmp_path)
     assert out.returncode == 0, out.stderr
-    assert len(list(tmp_path.glob("gymtrace-traces.pid-*.jsonl"))) == 1
+    assert len(child_files(str(tmp_path / "gymtrace-traces.jsonl"))) == 1
     (row,) = [
         json.loads(line)
         for line in run_gymtrace("rollouts", "--json", cwd=tmp_path, check=True).stdout.splitlines()

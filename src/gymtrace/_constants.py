@@ -134,6 +134,11 @@ KIND: Final = "gym.kind"
 REWARD: Final = "gym.reward"
 ROLLOUT_OUTCOME: Final = "gym.rollout.outcome"
 ROLLOUT_ATTEMPTS: Final = "gym.rollout.attempts"
+# False on the one span a rollout that head sampling dropped still leaves (its summary: outcome,
+# reward, attempts, duration, token totals, the training keys), whose episodes and steps are not
+# recorded; absent on a rollout recorded whole. The readers count it as the rollout it stands for,
+# and draw it as a plain bar, without a time split (no episode below it was kept).
+ROLLOUT_DETAIL: Final = "gym.rollout.detail"
 EPISODE_OUTCOME: Final = "gym.episode.outcome"
 EPISODE_RESTORED: Final = "gym.episode.restored"
 FAILURE_KIND: Final = "gym.failure.kind"
@@ -344,9 +349,6 @@ INSTRUMENTATION_NAME: Final = "gymtrace"
 
 # -- what the readers make of a run (gymtrace rollouts --json, stats, timeline, report) ---------------
 
-# A sampled-out rollout's one remaining span says it (gym.rollout.detail = false): no episode below
-# it was kept, so the readers draw it as a plain bar, without a time split.
-ROLLOUT_DETAIL: Final = "gym.rollout.detail"
 # The time split's parts (fixed: the keys of ``time_split``), in precedence order: where two overlap,
 # the first takes the time; ``other`` is what none covers (the harness, queueing).
 SPLIT_MODEL: Final = "model"

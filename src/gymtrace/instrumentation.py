@@ -328,8 +328,9 @@ def end_scope(scope: _Scope, frame: _ActiveScope, exc: BaseException | None = No
 def rollout_sampled_out(rollout_id: str, task_id: str | None = None) -> bool:
     """Whether the sampler in force (a :class:`gymtrace.sampling.RolloutSampler`, which decides by
     the IDs alone) drops a rollout with these IDs: for an integration that opens rollouts itself and
-    can then skip their whole span path. False when another sampler decides at the span, or none
-    was configured."""
+    can then skip their whole span path, at a price: a rollout whose scopes never open leaves no
+    summary span (``gym.rollout.detail=false``), so the readers count only the kept share. False
+    when another sampler decides at the span, or none was configured."""
     # Without a RolloutSampler ever made, its SDK module was never loaded: nothing decides early.
     sampler_module = sys.modules.get("gymtrace._sdk.sampler")
     return sampler_module is not None and sampler_module.decided_in_advance(rollout_id, task_id) is False

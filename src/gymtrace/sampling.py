@@ -11,6 +11,12 @@ follows the rollout's decision through its parent, across processes too, since t
 travels in ``traceparent``; a retried attempt or an episode continued hours later from a carrier
 is decided by the same hash. Spans outside rollouts (runs, unrelated spans) are always kept.
 
+A dropped rollout still leaves one span, written when it ends: its summary (a ``gym.rollout``
+span with ``gym.rollout.detail=false``: outcome, reward, attempts, duration, token totals, the
+training keys), kept by the sampler like the outcome records that conclude it, so that
+``gymtrace stats``, pass@k and the training figures count every rollout while only the kept ones
+have episodes, steps and calls.
+
 ``import gymtrace.sampling`` and :func:`keep_rollout` need only opentelemetry-api;
 :class:`RolloutSampler` is an SDK sampler and needs the SDK (``pip install 'gymtrace[sdk]'``): it is
 loaded on first use, and without the SDK that use raises an ``ImportError`` naming the extra.

@@ -277,6 +277,9 @@ def test_collector_not_up_at_start_gets_everything_once_it_starts(
     assert stats["retries"] > 0, stats
 
 
+LOOKS = 10  # how often a test reads the worker's counts while the Collector is down, ~1 s apart
+
+
 def test_collector_killed_mid_run_and_restarted_loses_nothing_that_fit(
     pipeline_ok: Pipeline, tmp_path: Path, encoder: str
 ) -> None:
@@ -284,7 +287,8 @@ def test_collector_killed_mid_run_and_restarted_loses_nothing_that_fit(
     worker = Worker(
         tmp_path,
         p.otlp_grpc_endpoint,
-        phases="15,15,15",
+        # Phases of no rollouts between the two halves: each reports the counts so far.
+        phases="15,15" + ",0" * LOOKS + ",15",
         env={"OTEL_EXPORTER_OTLP_TIMEOUT": "1"},
         encoder=encoder,
     )
@@ -293,9 +297,18 @@ def test_collector_killed_mid_run_and_restarted_loses_nothing_that_fit(
     worker.go(0)
     during = worker.wait_phase(1)["stats"][0]
     assert during["exported"] == 15 * SPANS_PER_ROLLOUT, during  # nothing got through while it was dead
-    time.sleep(1.5)  # dead for longer than the first export attempts and their backoff
+    # Dead until an export has failed and waits to be retried. A fixed 1.5 s was not always enough
+    # on a loaded machine: the Collector was back before the first attempt, and nothing retried.
+    look = 0
+    while during["retries"] == 0 and look < LOOKS:
+        time.sleep(1)
+        look += 1
+        worker.go(look)
+        during = worker.wait_phase(look + 1)["stats"][0]
+    assert during["retries"] > 0, during
     p.start_collector()
-    worker.go(1)
+    for rest in range(look + 1, LOOKS + 2):
+        worker.go(rest)
     result = worker.finish()
     stats = assert_accounted(p, worker, result)
     assert stats["dropped_queue_full"] == stats["dropped_export_failed"] == 0, stats

@@ -69,6 +69,7 @@ def test_rollouts_and_stats_read_the_final_outcome_from_jaeger(pipeline: Pipelin
         # One definition of pass@k (issue 31): over the scored repeat only, the unscored one beside it.
         "pass_at_k": {"t": {"k": 1, "n": 1, "passed": 1, "unscored": 1, "value": 1.0}},
         "task_means": {"t": 1.0},
+        "rollouts_with_detail": 2,  # head sampling dropped none
     }
     tree = run_gymtrace("tree", "--jaeger", pipeline.query_url, "--rollout", "r-late", "--service", service)
     assert "gym.outcome [outcome]" in tree.stdout and "=> final: outcome=scored" in tree.stdout

@@ -14,7 +14,8 @@ from pathlib import Path
 
 import serve_app
 from gymtrace import _constants as c
-from gymtrace._model.spandata import SpanData, read_otlp_json_lines
+from gymtrace._model.spandata import SpanData, read_trace_files
+from gymtrace._model.tracefiles import trace_files
 from gymtrace.demo.distributed import ServiceProcess
 
 SUPPORT_DIR = Path(__file__).resolve().parent
@@ -63,10 +64,7 @@ SERVICES_OF_THE_DEMO = {"gym-driver", "gym-agent", "gym-model", "gym-env"}
 
 
 def read_services(tmp_path: Path) -> list[SpanData]:
-    spans: list[SpanData] = []
-    for path in sorted(tmp_path.glob("*.jsonl")):
-        spans.extend(read_otlp_json_lines(path))
-    return spans
+    return read_trace_files(trace_files(tmp_path))
 
 
 def by_trace(spans: Iterable[SpanData]) -> dict[str, list[SpanData]]:

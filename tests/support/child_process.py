@@ -9,6 +9,8 @@ import sys
 import textwrap
 from pathlib import Path
 
+from gymtrace._model.tracefiles import open_lines, trace_files
+
 
 def clean_env(**overrides: str) -> dict[str, str]:
     """This process's environment without ``OTEL_*``, ``GYMTRACE_*`` and ``PYTEST_*``, no live
@@ -56,13 +58,31 @@ def run_gymtrace(
     return run_python("-m", "gymtrace", *argv, cwd=cwd, check=check, timeout=timeout)
 
 
+def wrote(path: Path) -> bool:
+    """Whether a process configured to write ``path`` wrote any of its segments (``path.gz``, ...)."""
+    return any(f.exists() for f in trace_files(path))
+
+
+def trace_lines(path: Path) -> list[bytes]:
+    """The lines of the file a process configured to write ``path`` wrote, all of its segments,
+    decompressed (GYMTRACE_FILE_COMPRESS: gzip by default)."""
+    found: list[bytes] = []
+    for file in trace_files(path):
+        with open_lines(file) as lines:
+            found.extend(line for line in lines if line.strip())
+    return found
+
+
 def spans_in(path: Path) -> list[dict[str, object]]:
     """The spans of a file of OTLP/JSON lines a child wrote (none if it wrote no file)."""
     spans: list[dict[str, object]] = []
-    if not path.exists():
-        return spans
-    for line in path.read_text().splitlines():
-        for resource_spans in json.loads(line)["resourceSpans"]:
-            for scope_spans in resource_spans["scopeSpans"]:
-                spans.extend(scope_spans["spans"])
+    # Its segments, whatever their compression (GYMTRACE_FILE_COMPRESS: gzip by default).
+    for file in trace_files(path):
+        if not file.exists():
+            continue
+        with open_lines(file) as lines:
+            for line in lines:
+                for resource_spans in json.loads(line)["resourceSpans"]:
+                    for scope_spans in resource_spans["scopeSpans"]:
+                        spans.extend(scope_spans["spans"])
     return spans

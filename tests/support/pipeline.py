@@ -27,6 +27,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import random
 import re
 import signal
 import socket
@@ -58,14 +59,38 @@ class PipelineError(RuntimeError):
         self.status = status
 
 
+# Ports are picked below the kernel's ephemeral range: a port the kernel handed out for port 0
+# is also what it hands the next outgoing connection of any process, and in a CI run of parallel
+# lanes one took a Collector's port between the pick and the Collector's bind ("address already
+# in use"). Below the range only another test's pick can collide, and the picks are random.
+_PORT_FLOOR = 20000
+_pick = random.Random()
+
+
+def _ephemeral_floor() -> int:
+    try:
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768  # Linux's default, and above what other systems hand out for port 0 here
+
+
 def free_ports(n: int) -> list[int]:
-    """Return ``n`` distinct free TCP ports on 127.0.0.1 (all sockets held until all are picked)."""
-    socks = []
+    """Return ``n`` distinct free TCP ports on 127.0.0.1 (all sockets held until all are picked),
+    below the ephemeral range where the system has room for them, else any the system gives."""
+    ceiling = _ephemeral_floor()
+    socks: list[socket.socket] = []
     try:
         for _ in range(n):
             s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-            s.bind(("127.0.0.1", 0))
             socks.append(s)
+            for _attempt in range(50 if ceiling - _PORT_FLOOR > 1000 else 0):
+                try:
+                    s.bind(("127.0.0.1", _pick.randrange(_PORT_FLOOR, ceiling)))
+                    break
+                except OSError:
+                    continue
+            else:
+                s.bind(("127.0.0.1", 0))
         return [s.getsockname()[1] for s in socks]
     finally:
         for s in socks:

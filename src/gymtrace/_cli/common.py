@@ -7,17 +7,25 @@ worker) or Jaeger's query API, searched by run ID when one is given.
 from __future__ import annotations
 
 import argparse
+import sys
 from collections.abc import Sequence
+from pathlib import Path
 
 from gymtrace import _constants as c
 from gymtrace._model import settings as _settings
 from gymtrace._model.environment import DEFAULT_FILE
-from gymtrace._model.spandata import SpanData, TraceFileError, read_otlp_json_lines
+from gymtrace._model.spandata import SpanData, TraceFileError, read_trace_files
+from gymtrace._model.tracefiles import Warn, trace_files
 from gymtrace._sdk.children import child_files
 
 
 def default_file() -> str:
     return _settings.resolve(file=True).file or DEFAULT_FILE
+
+
+def warn(message: str) -> None:
+    """A problem with the input that the command reads past (a file cut short, a foreign file)."""
+    print(f"gymtrace: warning: {message}", file=sys.stderr)
 
 
 def read_spans(args: argparse.Namespace) -> list[SpanData]:
@@ -37,12 +45,17 @@ def read_spans(args: argparse.Namespace) -> list[SpanData]:
 def read_files(files: list[str]) -> list[SpanData]:
     """The spans of every file given, read as one (a Ray run writes one per worker, a traced
     service one per process), or of the default file."""
-    spans: list[SpanData] = []
     # With no file named: the default file and the files its workers wrote beside it (a worker
-    # configured from GYMTRACE_PARENT writes {stem}.pid-{pid}{suffix}), so their outcomes count.
-    for path in files or [default_file(), *child_files(default_file())]:
-        spans.extend(read_otlp_json_lines(path))
-    return spans
+    # configured from GYMTRACE_PARENT writes {stem}.pid-{pid}{suffix}), so their outcomes count;
+    # each name stands for its segments too.
+    return read_trace_files(input_files(files, warn), warn=warn)
+
+
+def input_files(files: list[str], warn: Warn | None = None) -> list[Path]:
+    """Every file the names given stand for (``tracefiles.trace_files``: a directory's, a file's
+    segments), each once however many names cover it (``gymtrace stats traces*``)."""
+    names = files or [default_file(), *child_files(default_file())]
+    return list(dict.fromkeys(f for name in names for f in trace_files(name, warn)))
 
 
 def print_table(header: tuple[str, ...], rows: Sequence[tuple[str, ...]]) -> None:

@@ -37,7 +37,11 @@ def run(args: argparse.Namespace) -> int:
     targets = []
     if args.output or not args.endpoint:
         targets.append(args.output or default_file())
-        _write.write_file(result.spans, targets[-1], resource)
+        try:
+            _write.write_file(result.spans, targets[-1], resource)
+        except ImportError as exc:  # -o x.jsonl.zst without a zstd module
+            print(f"gymtrace import: {exc}", file=sys.stderr)
+            return 2
     if args.endpoint:
         targets.append(_write.traces_url(args.endpoint))
         _write.send(result.spans, args.endpoint, resource)

@@ -11,9 +11,8 @@ import sys
 import time
 
 from gymtrace import _constants as c
-from gymtrace._cli.common import default_file, print_table
-from gymtrace._model.spandata import SpanData, TraceFileError, read_otlp_json_lines
-from gymtrace._sdk.children import child_files
+from gymtrace._cli.common import input_files, print_table
+from gymtrace._model.spandata import SpanData, TraceFileError, read_trace_files
 
 
 def run(args: argparse.Namespace) -> int:
@@ -32,10 +31,9 @@ def run(args: argparse.Namespace) -> int:
             tags[c.RUN_ID] = args.run
         spans: list[SpanData] = JaegerClient(args.jaeger).search(args.service, tags)
     else:
-        spans = []
         # Files its processes are still writing: a last line caught mid-write is read next time.
-        for path in args.files or [default_file(), *child_files(default_file())]:
-            spans.extend(read_otlp_json_lines(path, partial_last_line=True))
+        # Every segment, so a rollout whose markers began before a rotation is still followed.
+        spans = read_trace_files(input_files(args.files), partial_last_line=True)
     rollouts = live_rollouts(spans, now_ns=time.time_ns(), stalled_after=args.stalled_after, run_id=args.run)
     if args.json:
         for rollout in rollouts:

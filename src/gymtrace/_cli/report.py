@@ -9,6 +9,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from gymtrace._cli.common import warn
 from gymtrace._read.passk import PASS_THRESHOLD
 
 if TYPE_CHECKING:
@@ -24,8 +25,12 @@ def run(args: argparse.Namespace) -> int:
         print("gymtrace report: --baseline-run needs --baseline FILE|DIR", file=sys.stderr)
         return 2
     try:
-        view = read_view(args.files, args.run, lanes_by=args.lanes)
-        baseline = read_view(args.baseline, args.baseline_run, lanes_by=args.lanes) if args.baseline else None
+        view = read_view(args.files, args.run, lanes_by=args.lanes, warn=warn)
+        baseline = (
+            read_view(args.baseline, args.baseline_run, lanes_by=args.lanes, warn=warn)
+            if args.baseline
+            else None
+        )
     except RunNotFound as exc:
         print(f"gymtrace report: {exc}", file=sys.stderr)
         return 2

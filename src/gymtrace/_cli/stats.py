@@ -173,6 +173,9 @@ def _stats_line(run: RunStats, *, failed_as_zero: bool) -> str:
         + ";"
         f" mean {mean} over {run.inputs} input{'s' if run.inputs != 1 else ''} ({over})"
     )
+    if run.rollouts_with_detail < run.rollouts:
+        # Head sampling: the counts and the mean are over every rollout, the detail over these.
+        line += f"; {run.rollouts_with_detail} of {run.rollouts} rollouts with detail (the rest sampled out)"
     if run.runs_sharing_id > 1:
         line += f" [{run.runs_sharing_id} runs share run ID {run.run_id}: appended re-run? this one is run span {run.run_span_id}]"
     return line

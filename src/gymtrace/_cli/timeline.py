@@ -7,6 +7,8 @@ import argparse
 import sys
 from pathlib import Path
 
+from gymtrace._cli.common import warn
+
 DEFAULT_HTML = "gymtrace-timeline.html"
 DEFAULT_CHROME = "gymtrace-timeline.json"
 
@@ -16,7 +18,7 @@ def run(args: argparse.Namespace) -> int:
     from gymtrace._read.pictures.timeline import timeline_page, write_chrome_trace
 
     try:
-        view = read_view(args.files, args.run, lanes_by=args.lanes)
+        view = read_view(args.files, args.run, lanes_by=args.lanes, warn=warn)
     except RunNotFound as exc:
         print(f"gymtrace timeline: {exc}", file=sys.stderr)
         return 2

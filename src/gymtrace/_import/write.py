@@ -10,7 +10,9 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from gymtrace._model.environment import COMPRESS_NONE
 from gymtrace._model.spandata import SpanData, encode_spandata_json
+from gymtrace._model.tracefiles import compression_of, compressor
 
 # Spans per OTLP request: a few hundred keep each request well under a Collector's 4 MiB limit.
 _BATCH = 512
@@ -30,14 +32,18 @@ def _batches(spans: list[SpanData]) -> list[list[SpanData]]:
 
 
 def write_file(spans: list[SpanData], path: str | Path, resource: Mapping[str, Any]) -> None:
-    """Append the spans to ``path`` (created with its directories), one OTLP/JSON request a line."""
+    """Append the spans to ``path`` (created with its directories), one OTLP/JSON request a line;
+    compressed as its name says (``.jsonl.gz``, ``.jsonl.zst``: one more gzip member or zstd
+    frame, as the file exporter appends)."""
     target = Path(path)
     target.parent.mkdir(parents=True, exist_ok=True)
     lines = [
         json.dumps(encode_spandata_json(batch, resource), separators=(",", ":")) for batch in _batches(spans)
     ]
-    with open(target, "a", encoding="utf-8") as f:
-        f.writelines(line + "\n" for line in lines)
+    data = "".join(line + "\n" for line in lines).encode("utf-8")
+    pack = compressor(compression_of(target) or COMPRESS_NONE)
+    with open(target, "ab") as f:
+        f.write(data if pack is None else pack(data))
 
 
 def traces_url(endpoint: str) -> str:

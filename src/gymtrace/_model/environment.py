@@ -26,7 +26,24 @@ GYMTRACE_FILE: Final = "GYMTRACE_FILE"
 ``ExportTraceServiceRequest`` per line, the format of the Collector's ``file`` exporter). When no
 OTLP endpoint is configured this file is the embedded default, ``./gymtrace-traces.jsonl``. A path
 ending in ``/`` is a directory: each process writes its own file there (``{program}-{pid}.jsonl``),
-and every reader (``gymtrace tree``, ``check``, ``rollouts``, ``stats``) accepts the directory."""
+and every reader (``gymtrace tree``, ``check``, ``rollouts``, ``stats``) accepts the directory.
+The file is written in segments (``GYMTRACE_FILE_ROTATE_MB``), compressed where
+``GYMTRACE_FILE_COMPRESS`` says: ``traces.jsonl``, then ``traces.000001.jsonl``, ... (with gzip
+``traces.jsonl.gz``, ``traces.000001.jsonl.gz``, ...); the readers take the name given here and
+find them all."""
+
+GYMTRACE_FILE_COMPRESS: Final = "GYMTRACE_FILE_COMPRESS"
+"""How the trace file is compressed: ``none`` (default: plain ``.jsonl``, what ``tail -f``, ``jq``
+and the Collector's ``otlpjsonfile`` receiver read, as gymtrace always wrote), ``gzip``
+(``.jsonl.gz``: ~0.07x the bytes, for a training run) or ``zstd`` (``.jsonl.zst``; Python 3.14's
+``compression.zstd``, or the ``zstandard`` package of the ``zstd`` extra below it). Each export is written as one whole gzip member or zstd frame, so a
+reader can read the segment being written, and a process killed mid-write loses that write alone.
+A path ending in ``.gz`` or ``.zst`` names its compression itself. Compressed on the exporter's
+thread or in the encoder process, never on the application's threads."""
+
+GYMTRACE_FILE_ROTATE_MB: Final = "GYMTRACE_FILE_ROTATE_MB"
+"""Size in megabytes (2^20 bytes, on disk) at which the trace file moves on to its next segment
+(``traces.000001.jsonl.gz``, ...). Default 256; ``0`` never rotates. A fraction is allowed."""
 
 GYMTRACE_TRACE_PER: Final = "GYMTRACE_TRACE_PER"
 """``rollout`` (default): every rollout span is the root of its own trace and links to its run.
@@ -172,6 +189,17 @@ OTEL_EXPORTER_OTLP_PROTOCOL: Final = "OTEL_EXPORTER_OTLP_PROTOCOL"
 OTEL_EXPORTER_OTLP_TRACES_PROTOCOL: Final = "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL"
 
 DEFAULT_FILE: Final = "gymtrace-traces.jsonl"
+# A trace file's name: {stem}[.pid-{pid}...][.{segment, six digits}]{suffix}[.gz|.zst]; one rule for
+# the writer and every reader (_model/tracefiles.py).
+TRACE_SUFFIX: Final = ".jsonl"
+CHILD_TAG: Final = ".pid-"
+COMPRESS_GZIP: Final = "gzip"
+COMPRESS_ZSTD: Final = "zstd"
+COMPRESS_NONE: Final = "none"
+FILE_COMPRESSIONS: Final = (COMPRESS_GZIP, COMPRESS_ZSTD, COMPRESS_NONE)
+COMPRESSED_SUFFIXES: Final = {COMPRESS_GZIP: ".gz", COMPRESS_ZSTD: ".zst"}
+DEFAULT_FILE_COMPRESS: Final = COMPRESS_NONE
+DEFAULT_FILE_ROTATE_MB: Final = 256.0
 DEFAULT_SERVICE_NAME: Final = "gymtrace"
 
 

@@ -24,6 +24,7 @@ read and parsed, with the failure policy above).
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import logging
 import os
@@ -100,6 +101,8 @@ class Settings:
     endpoint: str | None = None
     protocol: str = "grpc"
     file: str | None = env.DEFAULT_FILE
+    file_compress: str = env.DEFAULT_FILE_COMPRESS  # GYMTRACE_FILE_COMPRESS: gzip, zstd or none
+    file_rotate_bytes: int = int(env.DEFAULT_FILE_ROTATE_MB * 2**20)  # GYMTRACE_FILE_ROTATE_MB; 0: never
     unknown_exporters: tuple[str, ...] = ()
     sample_ratio: float | None = None  # None: the SDK's OTEL_TRACES_SAMPLER applies
     sample_by: str = "rollout"
@@ -309,6 +312,10 @@ def resolve(
         endpoint=resolved_endpoint,
         protocol=protocol,
         file=path,
+        file_compress=_file_compress(read),
+        file_rotate_bytes=int(
+            read.number(env.GYMTRACE_FILE_ROTATE_MB, env.DEFAULT_FILE_ROTATE_MB, minimum=0) * 2**20
+        ),
         unknown_exporters=tuple(sorted(wanted - {"otlp", "console", "none"})),
         sample_ratio=sample_ratio,
         sample_by=read.choice(env.GYMTRACE_SAMPLE_BY, SAMPLE_BY, "rollout"),
@@ -364,6 +371,30 @@ def resolve(
         propagate_to=tuple(p.lower() for p in split_list(read.environ.get(env.GYMTRACE_PROPAGATE_TO))),
         parent=_parent(read),
     )
+
+
+def _file_compress(read: Reader) -> str:
+    compress = read.choice(env.GYMTRACE_FILE_COMPRESS, env.FILE_COMPRESSIONS, env.DEFAULT_FILE_COMPRESS)
+    if compress == env.COMPRESS_ZSTD and not _zstd_installed():
+        read.bad(
+            env.GYMTRACE_FILE_COMPRESS,
+            compress,
+            "available here (zstd needs Python 3.14 or the zstandard package: pip install 'gymtrace[zstd]')",
+            env.DEFAULT_FILE_COMPRESS,
+        )
+        return env.DEFAULT_FILE_COMPRESS
+    return compress
+
+
+def _zstd_installed() -> bool:
+    # Looked up, not imported: the settings are read at import and at each configure().
+    for name in ("compression.zstd", "zstandard"):
+        try:
+            if importlib.util.find_spec(name) is not None:
+                return True
+        except ImportError:  # no package "compression" below Python 3.14
+            continue
+    return False
 
 
 # What GYMTRACE_PARENT may hold, and of which type each value must be.

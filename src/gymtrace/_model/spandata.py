@@ -17,6 +17,8 @@ from typing import Any
 
 from gymtrace import _constants as c
 from gymtrace._model.numbers import read_int
+from gymtrace._model.tracefiles import TraceFileError as TraceFileError
+from gymtrace._model.tracefiles import Warn, line_cut_short, open_lines, trace_files
 
 
 @dataclass(frozen=True)
@@ -445,40 +447,53 @@ def _decode_span(s: Mapping[str, Any], service: str, instance: str) -> SpanData:
     )
 
 
-class TraceFileError(ValueError):
-    """A file of OTLP/JSON lines could not be read; the message names the file and line."""
+def read_otlp_json_lines(
+    path: str | Path, *, partial_last_line: bool = False, warn: Warn | None = None
+) -> list[SpanData]:
+    """The spans in a file of OTLP/JSON lines and its segments, plain or compressed, or in every
+    trace file of a directory (what ``GYMTRACE_FILE=DIR/`` writes: one file per process); see
+    :func:`gymtrace._model.tracefiles.trace_files`. ``partial_last_line``: the file is still being
+    written (``gymtrace live``), so a last line (or compressed block) caught mid-write is skipped
+    rather than an error; it is whole at the next read. ``warn``: a last line or block a killed
+    writer left cut short is skipped and told, naming the file, and so is a foreign file in a
+    directory."""
+    return read_trace_files(trace_files(path, warn), partial_last_line=partial_last_line, warn=warn)
 
 
-def read_otlp_json_lines(path: str | Path, *, partial_last_line: bool = False) -> list[SpanData]:
-    """The spans in a file of OTLP/JSON lines, or in every ``*.jsonl`` file of a directory (what
-    ``GYMTRACE_FILE=DIR/`` writes: one file per process). ``partial_last_line``: the file is still
-    being written (``gymtrace live``), so a last line without its newline that does not parse is
-    skipped rather than an error; it is whole at the next read."""
-    if Path(path).is_dir():
-        files = sorted(p for p in Path(path).glob("*.jsonl") if p.is_file())
-        return [
-            span for file in files for span in read_otlp_json_lines(file, partial_last_line=partial_last_line)
-        ]
+def read_trace_files(
+    files: Iterable[Path], *, partial_last_line: bool = False, warn: Warn | None = None
+) -> list[SpanData]:
+    """The spans of each of ``files`` (as :func:`read_otlp_json_lines`, each file alone: a list
+    :func:`~gymtrace._model.tracefiles.trace_files` made, read once each)."""
     spans: list[SpanData] = []
-    # Read as bytes and decoded line by line: a byte that is not UTF-8 is an error naming its line,
-    # not a UnicodeDecodeError out of the file iterator.
-    with open(path, "rb") as f:
-        for number, raw in enumerate(f, 1):
-            unfinished = partial_last_line and not raw.endswith(b"\n")
-            raw = raw.strip()
-            if not raw:
-                continue
-            try:
-                spans.extend(decode_otlp_json(json.loads(raw.decode("utf-8"))))
-            except BadTraceData as exc:
-                if unfinished:
-                    break
-                raise TraceFileError(f"{path}:{number}: not a trace gymtrace can read: {exc}") from exc
-            except (ValueError, RecursionError) as exc:  # not UTF-8, not JSON, or nested too deep
-                if unfinished:
-                    break
-                raise TraceFileError(f"{path}:{number}: not an OTLP/JSON trace request ({exc})") from exc
+    for file in files:
+        # Read as bytes and decoded line by line: a byte that is not UTF-8 is an error naming its
+        # line, not a UnicodeDecodeError out of the file iterator.
+        with open_lines(file, warn=warn, still_written=partial_last_line) as lines:
+            for number, raw in enumerate(lines, 1):
+                unfinished = not raw.endswith(b"\n")
+                raw = raw.strip()
+                if not raw:
+                    continue
+                try:
+                    spans.extend(decode_otlp_json(json.loads(raw.decode("utf-8"))))
+                except BadTraceData as exc:
+                    if unfinished and _cut_short(file, number, partial_last_line, warn):
+                        break
+                    raise TraceFileError(f"{file}:{number}: not a trace gymtrace can read: {exc}") from exc
+                except (ValueError, RecursionError) as exc:  # not UTF-8, not JSON, or nested too deep
+                    if unfinished and _cut_short(file, number, partial_last_line, warn):
+                        break
+                    raise TraceFileError(f"{file}:{number}: not an OTLP/JSON trace request ({exc})") from exc
     return spans
+
+
+def _cut_short(path: Path, number: int, partial_last_line: bool, warn: Warn | None) -> bool:
+    """A last line without its newline that does not read: True to skip it (the file is still
+    being written, or the caller takes a warning: its writer was killed mid-line)."""
+    if not partial_last_line and warn is not None:
+        warn(line_cut_short(path, number))
+    return partial_last_line or warn is not None
 
 
 def is_marker(span: SpanData) -> bool:

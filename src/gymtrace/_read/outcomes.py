@@ -35,6 +35,7 @@ from gymtrace._model.outcome_rule import CANCELLED, FAILED, Attempt, Decision, F
 from gymtrace._model.outcome_rule import decide as decide_outcome
 from gymtrace._model.spandata import SpanData, from_readable, is_marker, normalize
 from gymtrace._read.liveview import live_rollouts
+from gymtrace._read.timesplit import has_detail
 from gymtrace._scopes import metrics as _metrics
 
 # Where an outcome came from when the rollout root decided it (an outcome record says its own).
@@ -201,6 +202,9 @@ class RolloutOutcome:
     # The attempt numbers executed in a process that was killed before they ended, and run again
     # under the same number by a later pass (a NeMo Gym resume): lost, kept under their own number.
     lost_attempts: tuple[int, ...] = ()
+    # False when the input holds only its summary (gym.rollout.detail=false: head sampling dropped
+    # its episodes and steps); its outcome, reward, attempts and duration are exact all the same.
+    detail: bool = True
     decided_by: SpanData | None = field(default=None, compare=False, repr=False)
     root: SpanData | None = field(default=None, compare=False, repr=False)
 
@@ -218,6 +222,7 @@ class RolloutOutcome:
             "trace_id": self.trace_id,
             "task_reruns": self.task_reruns,
             "lost_attempts": list(self.lost_attempts),
+            "detail": self.detail,
         }
 
 
@@ -358,6 +363,7 @@ def outcome_of(group: RolloutSpans, ancestors: Mapping[str, str] | None = None) 
         trace_id=group.trace_id,
         run_span_id=_run_span_of(root, ancestors or {}),
         task_reruns=len(group.reruns),
+        detail=has_detail(root),
         decided_by=decider,
         root=root,
     )

@@ -43,6 +43,9 @@ class RunStats:
     lost_attempts: int = 0
     # Per task ID, the mean reward over its scored rollouts (tasks with none are left out).
     task_means: Mapping[str, float] = field(default_factory=dict)
+    # Rollouts recorded whole; the others are summaries (head sampling dropped their episodes and
+    # steps) and count the same in every figure above.
+    rollouts_with_detail: int = 0
 
     @property
     def rollouts(self) -> int:
@@ -57,6 +60,7 @@ class RunStats:
             "inputs": self.inputs,
             "mean_reward": self.mean_reward,
             "task_means": dict(self.task_means),
+            "rollouts_with_detail": self.rollouts_with_detail,
         }
         if self.lost:
             body["lost"] = self.lost
@@ -105,6 +109,7 @@ def _stats(
         lost=lost,
         lost_attempts=sum(len(o.lost_attempts) for o in outcomes),
         task_means=task_means,
+        rollouts_with_detail=sum(1 for o in outcomes if o.detail),
     )
 
 

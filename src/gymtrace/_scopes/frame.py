@@ -25,6 +25,7 @@ from gymtrace._scopes.activation import Activation
 from gymtrace._scopes.activation import Failure as Failure
 from gymtrace._scopes.outcome_spans import emit_lost_attempt as emit_lost_attempt
 from gymtrace._scopes.outcome_spans import emit_outcome as emit_outcome
+from gymtrace._scopes.outcome_spans import emit_summary as emit_summary
 from gymtrace._scopes.outcome_spans import untraced_worker
 from gymtrace._scopes.recording import DISABLED_KIND as DISABLED_KIND
 from gymtrace._scopes.recording import outside

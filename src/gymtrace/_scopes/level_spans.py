@@ -25,7 +25,7 @@ from gymtrace._model import settings as _settings
 from gymtrace._model.errors import GymTraceError, contract_problem, data_lost
 from gymtrace._model.failures import classify
 from gymtrace._model.ids import episode_id
-from gymtrace._model.outcome_rule import warning_text
+from gymtrace._model.outcome_rule import Decision, warning_text
 from gymtrace._scopes import live as _live
 from gymtrace._scopes import metrics as _metrics
 from gymtrace._scopes import training as _training
@@ -37,6 +37,7 @@ from gymtrace._scopes.frame import (
     ActiveScope,
     emit_lost_attempt,
     emit_outcome,
+    emit_summary,
     read_carrier,
 )
 from gymtrace._scopes.state import EpisodeState, RolloutState
@@ -125,6 +126,7 @@ def prepare_rollout(
         step = trainer.identity.get(c.TRAIN_STEP) if trainer is not None else None
     if step is not None:
         attributes[c.TRAIN_STEP] = step
+    state.opened = (attributes, links, start_context)
     return c.SPAN_ROLLOUT, attributes, links, start_context
 
 
@@ -408,6 +410,8 @@ def finish_rollout(frame: ActiveScope) -> None:
     if decision.reward is not None:
         span.set_attribute(c.REWARD, decision.reward)
     state = frame.rollout_state or frame._rollout()  # made by prepare_rollout
+    if not span.is_recording():
+        _summarise(frame, state, decision, now_version)
     _training_ended(frame, state)
     if not state.counted:
         # Counted by this process (the rollout's owner) at the next collection, with the outcome
@@ -423,6 +427,26 @@ def finish_rollout(frame: ActiveScope) -> None:
     if decision.discarded:
         # Last: in strict mode this raises, and the span above is complete by then.
         data_lost(GymTraceError(warning_text(frame.identity.get(c.ROLLOUT_ID), decision)))
+
+
+def _summarise(
+    frame: ActiveScope, state: RolloutState[ActiveScope], decision: Decision, now_version: int | str | None
+) -> None:
+    """A rollout the sampler dropped (its span records nothing): its summary, one span of its own."""
+    dropped = frame.span.get_span_context()
+    if not dropped.is_valid or dropped.trace_flags.sampled or state.opened is None:
+        return  # no tracer decided this span (an invalid one), or it records elsewhere
+    opened, links, parent = state.opened
+    attributes = dict(opened)
+    if now_version is not None and now_version != state.policy_start:
+        attributes[c.POLICY_VERSION_END] = now_version
+    attributes[c.ROLLOUT_ATTEMPTS] = decision.attempts
+    attributes[c.ROLLOUT_OUTCOME] = decision.outcome
+    if decision.reward is not None:
+        attributes[c.REWARD] = decision.reward
+    if state.tokens is not None:
+        attributes[c.GEN_AI_USAGE_INPUT_TOKENS], attributes[c.GEN_AI_USAGE_OUTPUT_TOKENS] = state.tokens
+    emit_summary(dropped, attributes, state.started_ns, links, parent)
 
 
 def _training_ended(frame: ActiveScope, state: RolloutState[ActiveScope]) -> None:

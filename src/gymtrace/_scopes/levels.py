@@ -189,6 +189,7 @@ LEVELS: Mapping[str, Level] = {
                 (c.GROUP_ID, "group"),
                 (c.POLICY_VERSION, "policy"),
                 (c.POLICY_VERSION_END, "policy_end"),
+                (c.ROLLOUT_DETAIL, "detail"),  # false: a summary, its detail sampled out
             ),
         ),
         # A trainer step: beside the rollouts (the root of its own trace, linked to the run); in

@@ -2,14 +2,16 @@
 
 An episode continued in another process, a reward recorded after a span ended, a rollout attempt
 lost with a worker that died: each is written as a ``gym.outcome`` span in the rollout's trace, and
-the readers take, per rollout, the candidate with the highest concluded attempt. Apart from the
-activation because it is the one place that starts spans outside the scope engine's own start and
-end, and the one the metrics hear outcome facts from.
+the readers take, per rollout, the candidate with the highest concluded attempt. A rollout that
+head sampling dropped has no span to say anything: its summary (:func:`emit_summary`) is one
+rollout span written at its end. Apart from the activation because it is the one place that starts
+spans outside the scope engine's own start and end, and the one the metrics hear outcome facts from.
 """
 
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from opentelemetry import context as otel_context
@@ -22,7 +24,7 @@ from gymtrace._model.environment import GYMTRACE_PARENT
 from gymtrace._model.errors import GymTraceError, contract_problem
 from gymtrace._model.ids import ROLLOUT_IDENTITY, episode_id
 from gymtrace._scopes import metrics as _metrics
-from gymtrace._scopes.tracing import active_tracer
+from gymtrace._scopes.tracing import active_tracer, pin_for_one_span, unpin_after_one_span
 
 if TYPE_CHECKING:
     from gymtrace._scopes.activation import Activation
@@ -136,3 +138,41 @@ def emit_lost_attempt(rollout: Activation, attempt: int, message: str) -> SpanCo
     )
     found = record.get_span_context()
     return found if found.is_valid else None
+
+
+def emit_summary(
+    dropped: SpanContext,
+    attributes: dict[str, Any],
+    started_ns: int,
+    links: Sequence[trace.Link] | None = None,
+    parent: otel_context.Context | None = None,
+) -> None:
+    """Write the one span a rollout that head sampling dropped leaves: a ``gym.rollout`` span with
+    ``attributes`` (its identity, outcome, reward, attempts, token totals, training keys) and
+    ``gym.rollout.detail=false``, from ``started_ns`` to now, started like the dropped one (its
+    ``links``, under ``parent``), so that counts, rewards, pass@k and the training figures stay
+    exact while its episodes, steps and calls stay dropped. The sampler keeps it by that mark.
+
+    It takes the dropped span's own trace and span IDs (when the ID generator is gymtrace's): the
+    Collector and Jaeger group it where the rollout's detail would have been, including a
+    deterministic trace ID an integration chose for the rollout; an outcome record written under
+    the dropped span (a hand-off) and a train step's link to it (``consume``) name that span, and
+    find it; and its children, never exported, name it as their parent in no file. Under another
+    ID generator it gets IDs of its own and the readers still join the records by rollout ID.
+    """
+    tracer = active_tracer()
+    if tracer is None:
+        return
+    attributes[c.ROLLOUT_DETAIL] = False
+    token = pin_for_one_span(dropped.trace_id, dropped.span_id)
+    try:
+        summary = tracer.start_span(
+            c.SPAN_ROLLOUT,
+            context=parent if parent is not None else otel_context.Context(),
+            attributes=attributes,
+            links=links,
+            start_time=started_ns,
+        )
+    finally:
+        unpin_after_one_span(token)
+    summary.end()

@@ -166,6 +166,8 @@ def record_usage(
         tokens_in = check_index("record_usage", "input_tokens", input_tokens, 0)
         tokens_out = check_index("record_usage", "output_tokens", output_tokens, 0)
         tokens_cached = check_index("record_usage", "cached_input_tokens", cached_input_tokens, 0)
+        if not span.is_recording():
+            _count_dropped_tokens(target, tokens_in, tokens_out)
         if tokens_in is not None:
             span.set_attribute(c.GEN_AI_USAGE_INPUT_TOKENS, tokens_in)
         if tokens_out is not None:
@@ -298,3 +300,17 @@ def outside(caller: str, kinds: tuple[str, ...], frame: Activation | None) -> st
     return (
         f"gymtrace.{caller}() was called {where}, not in any {' or '.join(kinds)} scope; dropped. Fix: {fix}"
     )
+
+
+def _count_dropped_tokens(call: Activation, tokens_in: int | None, tokens_out: int | None) -> None:
+    """A model call in a rollout the sampler dropped: its tokens are added to the rollout's totals,
+    which its summary span carries (only a dropped rollout counts: a recorded one has the calls)."""
+    rollout = call.nearest(c.KIND_ROLLOUT)
+    state = rollout.rollout_state if rollout is not None else None
+    if state is None:
+        return
+    totals = state.tokens
+    if totals is None:
+        totals = state.tokens = [0, 0]
+    totals[0] += tokens_in or 0
+    totals[1] += tokens_out or 0

@@ -35,8 +35,10 @@ class RolloutState(Generic[_Frame]):
         "last_episode",
         "lost_attempt",
         "next_attempt",
+        "opened",
         "policy_start",
         "started_ns",
+        "tokens",
     )
 
     def __init__(self, started_ns: int = 0) -> None:
@@ -59,6 +61,12 @@ class RolloutState(Generic[_Frame]):
         # The process's policy version when it started (set_policy_version): ended under another
         # one, it gets gym.policy.version.end.
         self.policy_start: int | str | None = None
+        # How its span was started (attributes, links, parent context): a rollout the sampler drops
+        # is summed up at its end in one span started the same way (_scopes/outcome_spans.py).
+        self.opened: tuple[dict[str, Any], Any, Any] | None = None
+        # Dropped by the sampler: the input and output tokens record_usage() was given below it,
+        # which its model calls, recording nothing, cannot carry to the readers.
+        self.tokens: list[int] | None = None
 
 
 class EpisodeState:

@@ -8,13 +8,12 @@ A worker that never calls ``configure()`` then exports what it records the same 
 
 from __future__ import annotations
 
-import glob
 import json
 import os
-from pathlib import Path
 
 from gymtrace._model import environment as env
 from gymtrace._model import settings as _settings
+from gymtrace._model.tracefiles import child_path, first_segment, trace_files
 
 
 def export_to_children(settings: _settings.Settings, service_name: str) -> None:
@@ -41,21 +40,20 @@ def export_to_children(settings: _settings.Settings, service_name: str) -> None:
 
 def child_file(path: str, pid: int | None = None) -> str:
     """The trace file a child process writes when its parent writes ``path``: a directory stays the
-    directory (one file per process already), a file gets a sibling per process, because processes
-    appending to one file could interleave their lines."""
+    directory (one file per process already), a file gets a sibling per process
+    (``tracefiles.child_path``), because processes appending to one file could interleave their
+    lines."""
     if path.endswith(("/", os.sep)) or os.path.isdir(path):
         return path
-    p = Path(path)
-    return str(p.with_name(f"{p.stem}{_CHILD_TAG}{pid if pid is not None else os.getpid()}{p.suffix}"))
+    return child_path(path, pid if pid is not None else os.getpid())
 
 
 def child_files(path: str) -> list[str]:
-    """The files :func:`child_file` gave the children of a process that writes ``path``."""
-    p = Path(path)
-    return sorted(str(f) for f in p.parent.glob(f"{glob.escape(p.stem)}{_CHILD_TAG}*{glob.escape(p.suffix)}"))
-
-
-_CHILD_TAG = ".pid-"
+    """The files :func:`child_file` gave the children of a process that writes ``path``: one name
+    per child, which names its segments too (``tracefiles.trace_files``)."""
+    own = set(trace_files(path))
+    children = (first_segment(f) for f in trace_files(path, children=True) if f not in own)
+    return [str(f) for f in dict.fromkeys(children)]
 
 
 def forget_exported_settings() -> None:

@@ -35,7 +35,7 @@ def _frame(message: Any) -> bytes:
 def build_exporter(target: dict[str, Any]) -> Any:
     """The exporter ``target`` describes (see ``_sdk.setup._processors``)."""
     if target["kind"] == "file":
-        return file_exporter(target["path"], target["line_spans"])
+        return file_exporter(target["path"], target["line_spans"], target["compress"], target["rotate_bytes"])
     return otlp_exporter(target["protocol"], target.get("endpoint"), target.get("headers"))
 
 

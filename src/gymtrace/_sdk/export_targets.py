@@ -6,10 +6,11 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Mapping, Sequence
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from gymtrace._model import environment as env
 from gymtrace._model import settings as _settings
+from gymtrace._model.tracefiles import SegmentWriter, compression_of, compressor
 from gymtrace._sdk.otlp import encode_json_line, grpc_exporter, http_exporter
 
 if TYPE_CHECKING:
@@ -19,51 +20,55 @@ if TYPE_CHECKING:
 SDK_HINT = "gymtrace.configure() needs the OpenTelemetry SDK and OTLP exporter: pip install 'gymtrace[sdk]'"
 
 
-def file_exporter(path: str, line_spans: int = _settings.DEFAULT_MAX_EXPORT_BATCH_SIZE) -> SpanExporter:
+def file_exporter(
+    path: str,
+    line_spans: int = _settings.DEFAULT_MAX_EXPORT_BATCH_SIZE,
+    compress: str = env.COMPRESS_NONE,
+    rotate_bytes: int = 0,
+) -> SpanExporter:
     from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 
     class OtlpJsonLinesExporter(SpanExporter):
         """Appends OTLP/JSON ``ExportTraceServiceRequest`` lines to a file, one per ``line_spans``
-        spans, all of one export in a single write.
+        spans, all of one export in a single write: with ``compress``, one gzip member or zstd frame,
+        into the file's segments (``_model/tracefiles.py``).
 
         The format is the Collector's ``file`` exporter's, so the file can be replayed into a
         Collector with the ``otlpjsonfile`` receiver. The queue hands this exporter everything
         queued at once; lines stay the configured batch size so no line grows with the backlog,
-        and the one write is one GIL handoff however many lines it holds.
+        and the one write is one GIL handoff however many lines it holds. It runs on the queue's
+        worker thread or in the encoder process, so the compression does too: never on the
+        application's threads (and zlib lets go of the GIL while it compresses).
         """
 
         def __init__(self, file_path: str, spans_per_line: int) -> None:
             self.path = file_path
             self.spans_per_line = max(1, spans_per_line)
             self._lock = threading.Lock()
-            self._file: Any = None
+            self._pack = compressor(compression_of(file_path) or compress)
+            self._segments = SegmentWriter(file_path, compress, rotate_bytes)
 
         def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
             step = self.spans_per_line
             text = "".join(encode_json_line(spans[i : i + step]) + "\n" for i in range(0, len(spans), step))
             data = text.encode("utf-8")
+            if self._pack is not None:
+                data = self._pack(data)  # outside the lock: the other writer of the file goes on
             with self._lock:
-                if self._file is None:
-                    Path(self.path).parent.mkdir(parents=True, exist_ok=True)
-                    self._file = open(self.path, "ab", buffering=0)  # noqa: SIM115 - kept open
-                # Unbuffered: one write() system call, and a partial write is finished here.
-                view = memoryview(data)
-                while view:
-                    view = view[self._file.write(view) :]
+                self._segments.write(data)
             return SpanExportResult.SUCCESS
 
         def shutdown(self) -> None:
             with self._lock:
-                if self._file is not None:
-                    self._file.close()
-                    self._file = None
+                self._segments.close()
 
         def force_flush(self, timeout_millis: int = 30000) -> bool:
             return True
 
         def after_fork_in_child(self) -> None:
             # A lock the parent's export worker held at the fork is never released in the child.
-            # The open file stays: appends from both processes land whole (O_APPEND).
+            # The open file stays: appends from both processes land whole (O_APPEND), and each
+            # moves to the next segment when the one they share is full.
             self._lock = threading.Lock()
 
     return OtlpJsonLinesExporter(path, line_spans)

@@ -46,8 +46,19 @@ def build_processors(settings: _settings.Settings, headers: Mapping[str, str] | 
         elif name == "console":
             exporter, target = ConsoleSpanExporter(), {}
         elif name == "file" and settings.file is not None:
-            exporter = _file_exporter(settings.file, settings.max_export_batch_size)
-            target = {"kind": "file", "path": settings.file, "line_spans": settings.max_export_batch_size}
+            target = {
+                "kind": "file",
+                "path": settings.file,
+                "line_spans": settings.max_export_batch_size,
+                "compress": settings.file_compress,
+                "rotate_bytes": settings.file_rotate_bytes,
+            }
+            exporter = _file_exporter(
+                settings.file,
+                settings.max_export_batch_size,
+                settings.file_compress,
+                settings.file_rotate_bytes,
+            )
         else:
             continue
         batch_size = settings.max_export_batch_size

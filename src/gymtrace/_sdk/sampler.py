@@ -27,7 +27,9 @@ from gymtrace._scopes.tracing import active_tracer
 
 
 class RolloutSampler(Sampler):
-    """Keep a ``ratio`` of rollouts, whole, chosen by a hash of the rollout ID or the task ID."""
+    """Keep a ``ratio`` of rollouts, whole, chosen by a hash of the rollout ID or the task ID; of
+    every other rollout, the summary span its end writes (``gym.rollout.detail=false``) and the
+    outcome records that conclude it."""
 
     def __init__(self, ratio: float, *, by: str = "rollout", fallback: Sampler | None = None) -> None:
         if isinstance(ratio, bool) or not isinstance(ratio, (int, float)) or not 0.0 <= ratio <= 1.0:
@@ -54,7 +56,15 @@ class RolloutSampler(Sampler):
         trace_state: Any = None,
     ) -> SamplingResult:
         attrs = attributes or {}
-        if attrs.get(c.KIND) == c.KIND_ROLLOUT:
+        gym_kind = attrs.get(c.KIND)
+        if gym_kind == c.KIND_OUTCOME or (
+            gym_kind == c.KIND_ROLLOUT and attrs.get(c.ROLLOUT_DETAIL) is False
+        ):
+            # What keeps a dropped rollout's figures exact: the summary its end writes, and an
+            # outcome record that concludes it (a hand-off), though its parent was not sampled.
+            parent_state = get_current_span(parent_context).get_span_context().trace_state
+            return SamplingResult(Decision.RECORD_AND_SAMPLE, attributes, parent_state)
+        if gym_kind == c.KIND_ROLLOUT:
             keep = self._keeps(attrs.get(c.ROLLOUT_ID), attrs.get(c.TASK_ID))
             if keep is not None:
                 parent_state = get_current_span(parent_context).get_span_context().trace_state
@@ -79,7 +89,8 @@ def decided_in_advance(rollout_id: str, task_id: str | None) -> bool | None:
     """Whether the active provider's sampler keeps a rollout with these IDs, when it is a
     :class:`RolloutSampler` (which decides by the ID alone); None when nothing records or another
     sampler decides at the span. For a caller that opens the rollout itself and would do nothing
-    with a rollout sampled out (the Gymnasium integration): it skips the rollout's whole span path.
+    with a rollout sampled out: skipping its scopes skips its summary span too, so the readers then
+    count only the kept share (the Gymnasium integration opens them, for exact counts).
     """
     tracer = active_tracer()
     sampler = getattr(tracer, "sampler", None)

@@ -32,7 +32,8 @@ from typing import Any
 from gymtrace import _constants as c
 from gymtrace._model import environment as env
 from gymtrace._model import settings as _settings
-from gymtrace._model.spandata import SpanData, read_otlp_json_lines
+from gymtrace._model.spandata import SpanData, read_trace_files
+from gymtrace._model.tracefiles import open_lines, trace_files
 from gymtrace.demo.services import NODELAY, READY_PREFIX, instrument_clients
 
 # Spans of the servers reach their exporter soon after they end, so a server that dies loses little.
@@ -310,7 +311,7 @@ def run_distributed(
     if otlp:
         return DistributedResult(run_id, rollouts, endpoint=settings.endpoint, protocol=settings.protocol)
     out = file or _settings.resolve(file=True).file or env.DEFAULT_FILE
-    spans = merge_trace_files(sorted(Path(work).glob("*.jsonl")), out)
+    spans = merge_trace_files(trace_files(work), out)
     return DistributedResult(run_id, rollouts, file=out, spans=spans)
 
 
@@ -318,12 +319,13 @@ def merge_trace_files(paths: Sequence[Path], out: str | os.PathLike[str]) -> lis
     """Append whole lines of several OTLP/JSON lines files to ``out``; the spans they hold."""
     spans: list[SpanData] = []
     Path(out).parent.mkdir(parents=True, exist_ok=True)
-    with open(out, "a", encoding="utf-8") as target:
+    with open(out, "ab") as target:
         for path in paths:
             if not path.exists():
                 continue
-            spans.extend(read_otlp_json_lines(path))
-            for line in path.read_text(encoding="utf-8").splitlines():
-                if line.strip():
-                    target.write(line + "\n")
+            spans.extend(read_trace_files([path]))
+            with open_lines(path) as lines:
+                for line in lines:
+                    if line.strip():
+                        target.write(line.rstrip(b"\n") + b"\n")
     return spans

@@ -30,6 +30,7 @@ import gymtrace
 from gymtrace import _constants as c
 from gymtrace import propagation
 from gymtrace._model.spandata import SpanData, read_otlp_json_lines
+from gymtrace._model.tracefiles import open_lines, trace_files
 from gymtrace.testing import check_trace
 
 
@@ -269,7 +270,8 @@ def run_local(
 
 
 def _append_lines(source: str, target: str) -> None:
-    if not Path(source).exists():
-        return
-    with open(source, encoding="utf-8") as lines, open(target, "a", encoding="utf-8") as out:
-        out.writelines(line for line in lines if line.strip())
+    with open(target, "ab") as out:
+        for path in trace_files(source):
+            if path.exists():
+                with open_lines(path) as lines:
+                    out.writelines(line for line in lines if line.strip())

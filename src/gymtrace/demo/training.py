@@ -27,6 +27,7 @@ import gymtrace
 from gymtrace import _constants as c
 from gymtrace import propagation
 from gymtrace._model.spandata import SpanData, read_otlp_json_lines
+from gymtrace._model.tracefiles import open_lines, trace_files
 from gymtrace.testing import check_trace
 
 # The off-policy limit: a rollout more than this many versions older than the step is stale.
@@ -270,11 +271,10 @@ def run_training(
                 process.join(timeout=30)
             gymtrace.shutdown()
         elapsed = time.perf_counter() - started
-        with open(file, "a", encoding="utf-8") as out:
-            for worker_file in worker_files:
-                if Path(worker_file).exists():
-                    out.writelines(
-                        line for line in Path(worker_file).read_text().splitlines(True) if line.strip()
-                    )
+        with open(file, "ab") as out:
+            for path in (f for worker_file in worker_files for f in trace_files(worker_file)):
+                if path.exists():
+                    with open_lines(path) as lines:
+                        out.writelines(line for line in lines if line.strip())
     spans = [s for s in read_otlp_json_lines(file) if s.attributes.get(c.RUN_ID) == run_id]
     return TrainingResult(run_id, file, records, decisions, spans, check_trace(spans), workers, elapsed)

@@ -177,6 +177,9 @@ class _Call:
     def record(self) -> None:
         if self.span.is_recording():
             self.span.set_attributes(self.usage.attributes(enrich_only=self.enrich_only))
+        elif self.frame is not None and (self.usage.input is not None or self.usage.output is not None):
+            # Its rollout was dropped by head sampling: the tokens go to the rollout's summary.
+            self.frame.record_usage(input_tokens=self.usage.input, output_tokens=self.usage.output)
 
     def finish(self, exc: BaseException | None) -> None:
         try:

@@ -25,6 +25,8 @@ from typing import Any
 from gymtrace import _constants as c
 from gymtrace._model.numbers import read_int
 from gymtrace._model.spandata import BadTraceData, SpanData, TraceFileError, decode_otlp_json
+from gymtrace._model.tracefiles import Warn, line_cut_short, open_lines
+from gymtrace._model.tracefiles import trace_files as _trace_files
 from gymtrace._read.timesplit import EpisodeTimes
 
 # The kinds decoded whole: what the outcome rule, the training figures and the pictures read.
@@ -58,23 +60,26 @@ class RunInput:
 
 
 def trace_files(paths: Iterable[str | Path]) -> list[Path]:
-    """Each path, or the ``*.jsonl`` files of a directory (``GYMTRACE_FILE=DIR/``) in name order."""
-    files: list[Path] = []
-    for path in map(Path, paths):
-        files.extend(sorted(p for p in path.glob("*.jsonl") if p.is_file()) if path.is_dir() else [path])
-    return files
+    """Each path's files (its segments), or the trace files of a directory (``GYMTRACE_FILE=DIR/``),
+    by the one naming rule (``tracefiles.trace_files``)."""
+    return list(dict.fromkeys(f for path in paths for f in _trace_files(path)))
 
 
-def _requests(path: Path) -> Iterator[tuple[int, Any]]:
-    """Each line of a file of OTLP/JSON lines, parsed, with its number."""
-    with open(path, "rb") as f:
-        for number, raw in enumerate(f, 1):
+def _requests(path: Path, warn: Warn | None) -> Iterator[tuple[int, Any]]:
+    """Each line of a file of OTLP/JSON lines (plain or compressed), parsed, with its number; a
+    last line or block a killed writer cut short is told to ``warn`` and skipped."""
+    with open_lines(path, warn=warn) as lines:
+        for number, raw in enumerate(lines, 1):
+            unfinished = not raw.endswith(b"\n")
             raw = raw.strip()
             if not raw:
                 continue
             try:
                 yield number, json.loads(raw)  # bytes: json finds their encoding (UTF-8) itself
             except (ValueError, RecursionError) as exc:  # not UTF-8, not JSON, or nested too deep
+                if unfinished and warn is not None:
+                    warn(line_cut_short(path, number))
+                    return
                 raise TraceFileError(f"{path}:{number}: not an OTLP/JSON trace request ({exc})") from exc
 
 
@@ -159,10 +164,10 @@ def picture_filter(found: RunInput, run_id: str | None) -> Callable[[Mapping[str
     return keep
 
 
-def _kept(path: Path, keep: Callable[[Mapping[str, Any]], bool]) -> Iterator[SpanData]:
+def _kept(path: Path, keep: Callable[[Mapping[str, Any]], bool], warn: Warn | None) -> Iterator[SpanData]:
     """The spans of a file that ``keep`` keeps, decoded a resource's at a time (its attributes
     once, not once a span)."""
-    for number, request in _requests(path):
+    for number, request in _requests(path, warn):
         resource: Any = None
         pending: list[Any] = []
         for found, raw in _raw_spans(request, path, number):
@@ -190,26 +195,37 @@ def _gc_paused() -> Iterator[None]:
             gc.enable()
 
 
-def read_run_input(paths: Iterable[str | Path], *, run_id: str | None = None) -> RunInput:
+def read_run_input(
+    paths: Iterable[str | Path], *, run_id: str | None = None, warn: Warn | None = None
+) -> RunInput:
     """The spans a picture of run ``run_id`` (of every run when None) needs from ``paths``, and
-    the parts of its episodes' time (see the module doc)."""
+    the parts of its episodes' time (see the module doc). ``warn``: what a killed writer cut short
+    is skipped and told, once a file."""
     files = trace_files(paths)
     found = RunInput()
     keep = picture_filter(found, run_id)
+    told: set[str] = set()
+
+    def once(message: str) -> None:  # the second pass reads the same files
+        if warn is not None and message not in told:
+            told.add(message)
+            warn(message)
+
+    tell = once if warn is not None else None
     with _gc_paused():
         for path in files:
-            for span in _kept(path, keep):
+            for span in _kept(path, keep, tell):
                 if (
                     span.attributes.get(c.ROLLOUT_ID) is not None
                     and span.attributes.get(c.KIND) not in _WHOLE
                 ):
                     found.times.add_span(span)  # read whole (odd, or NeMo Gym's own rollout ID): its part too
                 found.spans.append(span)
-        _read_live_traces(files, found)
+        _read_live_traces(files, found, tell)
     return found
 
 
-def _read_live_traces(files: list[Path], found: RunInput) -> None:
+def _read_live_traces(files: list[Path], found: RunInput, warn: Warn | None) -> None:
     """Every span of the traces whose rollout only live markers know (see the module doc)."""
     live = found.marker_traces - {
         s.trace_id for s in found.spans if s.attributes.get(c.KIND) == c.KIND_ROLLOUT
@@ -223,4 +239,6 @@ def _read_live_traces(files: list[Path], found: RunInput) -> None:
         return isinstance(trace, str) and trace.lower() in live
 
     for path in files:
-        found.spans.extend(span for span in _kept(path, keep) if (span.trace_id, span.span_id) not in have)
+        found.spans.extend(
+            span for span in _kept(path, keep, warn) if (span.trace_id, span.span_id) not in have
+        )

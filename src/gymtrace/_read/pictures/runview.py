@@ -20,7 +20,7 @@ from __future__ import annotations
 import heapq
 import math
 from collections import defaultdict
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -297,9 +297,16 @@ def build_view(
     return view
 
 
-def read_view(paths: Iterable[str | Path], run_id: str | None, *, lanes_by: str = LANES_WORKER) -> RunView:
+def read_view(
+    paths: Iterable[str | Path],
+    run_id: str | None,
+    *,
+    lanes_by: str = LANES_WORKER,
+    warn: Callable[[str], None] | None = None,
+) -> RunView:
     """Run ``run_id`` of the files (or directories) ``paths``, read and drawn; :class:`RunNotFound`
-    when the input does not hold it (or, with no run named, holds several)."""
-    found = read_run_input(paths, run_id=run_id)
+    when the input does not hold it (or, with no run named, holds several). ``warn``: a file a
+    killed writer cut short is read up to the cut and told."""
+    found = read_run_input(paths, run_id=run_id, warn=warn)
     chosen = select_run(found.runs, run_id)
     return build_view(found.spans, found.times, chosen, lanes_by=lanes_by)

@@ -30,13 +30,13 @@ from gymtrace.instrumentation import (
     bind_tracer_provider,
     check_tracer_provider,
     report_error,
-    rollout_sampled_out,
     write_step,
 )
 from gymtrace.instrumentation import chosen_step_parameters as given_parameters
 from gymtrace.instrumentation import step_policy_inputs as policy_inputs
 from gymtrace.integrations.gymnasium.episodes import (
     _DEFAULT_POLICY,
+    _SUMMARY_POLICY,
     _VERIFY,
     _epoch_offset,
     _exit,
@@ -51,6 +51,7 @@ from gymtrace.integrations.gymnasium.surroundings import (
     _outer_time_limits,
     _recording,
     _reset_after_completed,
+    _sampled_out,
     _truncated_outside,
     _warn_inside_episode,
 )
@@ -184,11 +185,8 @@ class TraceEnv(wrapt.ObjectProxy):  # type: ignore[type-arg]  # proxies any envi
         """Open rollout (when ``own_rollout``) and episode in a copy of the caller's context."""
         n = next(self._self_counter)
         rollout_id = self._self_new_rollout_id(n) if own_rollout else None
-        if rollout_id is not None and rollout_sampled_out(rollout_id, self._self_task_id):
-            # Sampled out by the rollout sampler, which decides by the ID alone: the episode passes
-            # through untraced, as it would after opening the rollout's span only to find it dropped
-            # (~8 µs an episode that nothing records).
-            return None
+        # A rollout the sampler drops is opened all the same (its spans record nothing): its end
+        # writes the one summary span that keeps counts and rewards exact.
         context = contextvars.copy_context()
         bind_tracer_provider(context, self._self_tracer_provider)
         ep = context.run(self._self_open_in, context, index, rollout_id, n)
@@ -202,8 +200,9 @@ class TraceEnv(wrapt.ObjectProxy):  # type: ignore[type-arg]  # proxies any envi
         rollout: gymtrace.Scope | None = None
         if rollout_id is not None:
             rollout = gymtrace.rollout(rollout_id=rollout_id, task_id=self._self_task_id, repeat=n)
-            if not _recording(rollout.__enter__()):
-                _exit(rollout, None)  # tracing is off (or this rollout is sampled out): pass through
+            opened = rollout.__enter__()
+            if not _recording(opened) and not _sampled_out(opened):
+                _exit(rollout, None)  # tracing is off: pass through
                 return None
         policy = self._self_policy()
         every = policy.every or (policy.share > 0.0 and _random.random() < policy.share)
@@ -218,14 +217,18 @@ class TraceEnv(wrapt.ObjectProxy):  # type: ignore[type-arg]  # proxies any envi
                 attributes[c.ENV_INDEX] = index
             episode = self._self_episodes[key] = gymtrace.episode(attributes=attributes)
         frame = episode.__enter__()
+        env_step = self.__wrapped__.step if index is None else None
         if not _recording(frame):
+            if _sampled_out(frame):
+                # Its rollout (the wrapper's or the caller's) was dropped by head sampling: only
+                # the return and the end are kept, for the rollout's summary span.
+                return _Open(context, rollout, episode, frame, False, _SUMMARY_POLICY, env_step, True)
             _exit(episode, None)
             if rollout is not None:
                 _exit(rollout, None)
             return None
         # Its steps are sampled and counted here: gymtrace's own step engine keeps its hands off.
         frame.step_stats = OWNED_ELSEWHERE
-        env_step = self.__wrapped__.step if index is None else None
         return _Open(context, rollout, episode, frame, every, policy, env_step)
 
     def _self_policy(self) -> _Policy:
@@ -269,6 +272,19 @@ class TraceEnv(wrapt.ObjectProxy):  # type: ignore[type-arg]  # proxies any envi
 
     @staticmethod
     def _self_end_in(ep: _Open, exc: BaseException | None) -> None:
+        if ep.summary:
+            # Sampled out: the return goes to the rollout's summary, through the episode's outcome.
+            if exc is None:
+                ep.frame.record_reward(float(ep.reward))
+        else:
+            TraceEnv._self_end_recorded(ep, exc)
+        _exit(ep.episode, exc)
+        if ep.rollout is not None:
+            # A cancelled episode leaves its rollout unscored, not cancelled: nothing failed.
+            _exit(ep.rollout, None if isinstance(exc, asyncio.CancelledError) else exc)
+
+    @staticmethod
+    def _self_end_recorded(ep: _Open, exc: BaseException | None) -> None:
         if ep.slow:
             ep.write_slowest()
         # One call for all the statistics: each set_attribute is validated and locked on its own.
@@ -279,10 +295,6 @@ class TraceEnv(wrapt.ObjectProxy):  # type: ignore[type-arg]  # proxies any envi
                 verify.record_reward(float(ep.reward))
             finally:
                 _exit(_VERIFY, None)
-        _exit(ep.episode, exc)
-        if ep.rollout is not None:
-            # A cancelled episode leaves its rollout unscored, not cancelled: nothing failed.
-            _exit(ep.rollout, None if isinstance(exc, asyncio.CancelledError) else exc)
 
     def _self_failed_step(self, ep: _Open, number: int, start: int, end: int, exc: BaseException) -> None:
         """A step without a span raised: counted, and (an ``Exception``, not an interruption)
@@ -328,6 +340,14 @@ class TraceEnv(wrapt.ObjectProxy):  # type: ignore[type-arg]  # proxies any envi
         if ep is None:
             return env.reset(seed=seed, options=options)
         ep.limits = _outer_time_limits(self, sys._getframe(1))
+        if ep.summary:  # no seed_session: nothing below a dropped rollout is recorded
+            try:
+                result = ep.run(env.reset, seed=seed, options=options)
+            except BaseException as exc:
+                self._self_end(ep, exc)
+                raise
+            self._self_open = ep
+            return result
         session = gymtrace.seed_session(attributes={c.ENV_SEED: seed} if isinstance(seed, int) else None)
         ep.context.run(session.__enter__)
         try:

@@ -75,6 +75,10 @@ class _Policy:
         return policy_attributes(every, self.first, self.slowest, self.share)
 
 
+# An episode of a rollout that head sampling dropped: no step becomes a span; it is only counted.
+_SUMMARY_POLICY = _Policy(True, 0, 0, 0.0)
+
+
 class _Open:
     """One open episode (and the rollout the wrapper opened for it), held outside any ``with``,
     with the step policy's state: which steps become spans, and the aggregate of all of them.
@@ -106,6 +110,7 @@ class _Open:
         "scopes",
         "slow",
         "slowest",
+        "summary",
         "total_ns",
     )
 
@@ -118,8 +123,12 @@ class _Open:
         every: bool,
         policy: _Policy,
         env_step: Any,
+        summary: bool = False,
     ) -> None:
         self.context = context
+        # Its rollout was dropped by head sampling: no span below it, only its return and its end,
+        # which the rollout's summary span says (no step is a span: give it _SUMMARY_POLICY).
+        self.summary = summary
         self.run = context.run
         self.env_step = env_step  # the wrapped environment's bound step (scalar environments)
         # The gymnasium TimeLimit wrappers around the TraceEnv (see _outer_time_limits): their

@@ -108,3 +108,9 @@ def _reset_after_completed(rollout: gymtrace.ActiveScope) -> None:
 
 def _recording(frame: gymtrace.ActiveScope) -> bool:
     return frame.span.is_recording()
+
+
+def _sampled_out(frame: gymtrace.ActiveScope) -> bool:
+    """Its span records nothing, yet a tracer gave it IDs: a sampler dropped it (tracing off gives
+    no IDs). Its rollout still leaves a summary span, so the episode's return is still wanted."""
+    return frame.span.get_span_context().is_valid

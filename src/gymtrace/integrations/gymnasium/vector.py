@@ -79,7 +79,7 @@ class _TraceVectorEnv(TraceEnv):
         sessions = []
         for index in indices:
             ep = self._self_eps[index]
-            if ep is None:
+            if ep is None or ep.summary:  # sampled out: nothing below its rollout is recorded
                 continue
             sub_seed = None
             if isinstance(seed, int):
