@@ -6,10 +6,21 @@ test_demo_in_jaeger.py); these pin the two JSON shapes themselves."""
 
 from __future__ import annotations
 
+import http.server
+import json
+import threading
 from typing import Any
 
+import pytest
+
 from gymtrace import _constants as c
-from gymtrace._read.jaeger import link_relations_from_otlp, spans_from_jaeger, with_relations
+from gymtrace._read.jaeger import (
+    JaegerClient,
+    JaegerError,
+    link_relations_from_otlp,
+    spans_from_jaeger,
+    with_relations,
+)
 
 TRACE = "0af7651916cd43dd8448eb211c80319c"
 RUN_TRACE = "00000000000000001111111111111111"
@@ -100,3 +111,30 @@ def test_relations_reported_by_v3_replace_the_inferred_ones() -> None:
     spans = with_relations(spans_from_jaeger(V1), relations)
     assert _relations(spans)["00000000000000b2"] == ["handoff"]  # v3 wins over the "retry" guess
     assert _relations(spans)["00000000000000b3"] == [c.RELATION_RESTORE]  # v3 said nothing: kept
+
+
+def test_an_error_answer_from_jaeger_names_the_stores_reason() -> None:
+    # Issue 47: a store refusing an oversized search answers 500 with its reason in the body;
+    # `gymtrace rollouts --jaeger` shows that reason, not only "Internal Server Error".
+    reason = "search services failed: elastic: Error 503 (Service Unavailable)"
+
+    class Refusing(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            body = json.dumps({"data": None, "errors": [{"code": 500, "msg": reason}]}).encode()
+            self.send_response(500)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: Any) -> None:
+            return None
+
+    server = http.server.HTTPServer(("127.0.0.1", 0), Refusing)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        with pytest.raises(JaegerError, match=r"Error 503.*search\.max_buckets"):
+            JaegerClient(f"http://127.0.0.1:{server.server_port}").search("svc", {c.RUN_ID: "r"})
+    finally:
+        server.shutdown()
+        server.server_close()

@@ -55,8 +55,8 @@ nemo_gym = _import_or_skip("nemo_gym", reason="needs nemo-gym 0.7.0 (scripts/tes
 _import_or_skip("opentelemetry.instrumentation", reason="needs gymtrace[nemo-gym]")
 
 from gymtrace._model.spandata import read_otlp_json_lines  # noqa: E402 - after the skips
-from pipeline import free_ports  # noqa: E402
 from gymtrace._model.tracefiles import trace_files  # noqa: E402 - after the skips
+from pipeline import free_ports  # noqa: E402
 
 SUPPORT = Path(__file__).parent / "support"
 BIN = Path(sys.executable).parent
