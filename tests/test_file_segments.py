@@ -240,7 +240,7 @@ def test_a_sigkilled_writers_directory_reads_with_one_warning_and_most_finished_
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     traces, ledger = tmp_path / "traces", tmp_path / "finished.txt"
-    env = clean_env(GYMTRACE_FILE_ROTATE_MB="0.01", GYMTRACE_ENCODER="thread")
+    env = clean_env(GYMTRACE_FILE_COMPRESS="gzip", GYMTRACE_FILE_ROTATE_MB="0.01", GYMTRACE_ENCODER="thread")
     writer = subprocess.Popen(
         [sys.executable, "-c", KILLED_WRITER, f"{traces}/", str(ledger)],
         env=env,
@@ -312,7 +312,7 @@ with gymtrace.run(run_id="follow"), gymtrace.rollout(rollout_id="open", task_id=
 
 def test_live_follows_the_segment_being_written_across_a_rotation(tmp_path: Path) -> None:
     path = tmp_path / "traces.jsonl"
-    env = {"GYMTRACE_FILE_ROTATE_MB": "0.002", "GYMTRACE_HEARTBEAT": "30"}
+    env = {"GYMTRACE_FILE_COMPRESS": "gzip", "GYMTRACE_FILE_ROTATE_MB": "0.002", "GYMTRACE_HEARTBEAT": "30"}
     done = run_python(str(path), code=LIVE_ACROSS_A_ROTATION, cwd=tmp_path, env=env)
     assert done.returncode == 0, done.stderr
     seen = json.loads(done.stdout.strip().splitlines()[-1])
