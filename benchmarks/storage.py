@@ -1,18 +1,35 @@
-"""Jaeger's stores under a training run: ingest rate, search latency, disk per span, startup.
+"""Jaeger's stores under a training run: every hop counted, ingest, search, disk per span, startup.
 
 Run (after ``collector/build --otelcol --opensearch``)::
 
-    python benchmarks/storage.py                              # 2,000 rollouts x 40 spans per store
-    python benchmarks/storage.py --rollouts 10000             # the full size, where the machine can
-    python benchmarks/storage.py --stores badger opensearch
+    python benchmarks/storage.py                              # 2,000 rollouts x 14 spans per store
+    python benchmarks/storage.py --rollouts 10000 20000 --stores badger opensearch
 
-For each store this runs the real scripts from a copy of ``collector/`` on free ports (as the
-end-to-end tests do): ``collector/up --storage S`` on an empty data directory (**cold**), a child
-process exporting N rollouts of 40 gymtrace spans each (rollout > episode > 38 steps; a quarter of
-them unscored) through the tail-sampling Collector with every rollout kept, then:
+For each store and size this runs the real scripts from a copy of ``collector/`` on free ports (as
+the end-to-end tests do): ``collector/up --storage S`` on an empty data directory (**cold**), a child
+process exporting N rollouts of 14 gymtrace spans each (rollout > episode > 12 steps; a quarter
+of them unscored) as fast as the API allows through the tail-sampling Collector with every rollout
+kept (``GYMTRACE_SAMPLE_PERCENT=100``), then counts every hop (issue 47):
 
-* **ingest**: spans per second from the producer's first span until every rollout is searchable in
-  Jaeger (the last rollout by its ID, then all N by ``gym.run.id`` + ``gym.kind=rollout``);
+* **producer**: spans finished, exported and dropped (``gymtrace.export_stats()``, after a flush
+  that waits as long as delivery takes);
+* **Collector**: spans its receiver accepted and refused, sent to Jaeger, and lost (send failed or
+  queue full), from its own ``otelcol_*`` metrics through ``collector/status --json``, as the
+  difference across the run;
+* **store**: span documents of this run's service in OpenSearch (``_count``; ``_cat/indices``
+  would count Jaeger's nested tag documents too), or the distinct spans Jaeger's search returns
+  (Badger, memory: one search per task of the run).
+
+**Ingest** is spans per second from the producer's first span until the *last* span sent is
+searchable: polled every 0.5 s until the last rollout is whole in Jaeger's search and the store
+holds every exported span (OpenSearch's ``_count``; Badger and memory: what Jaeger's storage
+exporter wrote, which is searchable when written). It is printed only for a run whose counts agree
+(producer exported = Collector accepted = Collector sent = spans in the store); otherwise the row
+names the first hop where spans went missing. Then:
+
+* **search all**: one Jaeger search for every rollout of the run (``gym.run.id`` +
+  ``gym.kind=rollout``, limit N + 10), and whether the store is still up after it (the search that
+  took a 512 MB OpenSearch node down at 10,000 rollouts);
 * **search**: median and p90 of 20 searches by ``gym.rollout.id`` and of the
   ``gym.rollout.outcome=unscored`` search (limit 20), through Jaeger's query API;
 * **disk**: bytes on disk per span (Badger: the blocks its directory allocates, as ``du`` counts
@@ -34,6 +51,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.error
 import urllib.parse
 import urllib.request
 from pathlib import Path
@@ -45,26 +63,34 @@ sys.path.insert(0, str(ROOT / "tests" / "support"))  # the harness: pipeline.py,
 from child_process import clean_env  # noqa: E402
 from pipeline import COLLECTOR_DIR, free_ports  # noqa: E402
 
-SPANS_PER_ROLLOUT = 40
+SPANS_PER_ROLLOUT = 14
+STEPS = SPANS_PER_ROLLOUT - 2
+TASKS = 50
+SERVICE = "storage-bench"
 
 PRODUCER = r"""
-import sys, time
+import json, sys, time
 import gymtrace
 
-endpoint, run_id, n = sys.argv[1], sys.argv[2], int(sys.argv[3])
+endpoint, run_id, n, steps, tasks = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5])
 gymtrace.configure(service_name="storage-bench", endpoint=endpoint, protocol="grpc", file=False)
 start = time.time()
 with gymtrace.run(run_id=run_id):
     for i in range(n):
-        with gymtrace.rollout(rollout_id=f"r-{i}", task_id=f"t-{i % 50}", repeat=i // 50):
+        with gymtrace.rollout(rollout_id=f"r-{i}", task_id=f"t-{i % tasks}", repeat=i // tasks):
             with gymtrace.episode():
-                for _ in range(38):
+                for _ in range(steps):
                     with gymtrace.step():
                         pass
                 if i % 4:
                     gymtrace.record_reward((i % 7) / 6)
+produced = time.time()
+# Delivered, however long it takes: the default flush timeout (5 s) bounds only the exit.
+flushed = gymtrace.force_flush(timeout_millis=600_000)
+[stats] = gymtrace.export_stats()
 gymtrace.shutdown()
-print(start, time.time())
+print(json.dumps({"start": start, "produced": produced, "flushed_at": time.time(), "flushed": flushed,
+                  **stats.__dict__}))
 """
 
 PORT_VARIABLES = (
@@ -77,6 +103,8 @@ PORT_VARIABLES = (
     "GYMTRACE_JAEGER_QUERY_GRPC_PORT",
     "GYMTRACE_JAEGER_HEALTH_PORT",
     "GYMTRACE_PROMETHEUS_PORT",
+    "GYMTRACE_COLLECTOR_METRICS_PORT",
+    "GYMTRACE_JAEGER_METRICS_PORT",
 )
 
 
@@ -85,11 +113,11 @@ def _get(url: str, timeout: float = 120) -> Any:
         return json.load(resp)
 
 
-def _search(query: str, tags: dict[str, str], limit: int) -> list[Any]:
+def _search(query: str, tags: dict[str, str], limit: int, timeout: float = 120) -> list[Any]:
     params = urllib.parse.urlencode(
-        {"service": "storage-bench", "tags": json.dumps(tags), "limit": limit, "lookback": "2h"}
+        {"service": SERVICE, "tags": json.dumps(tags), "limit": limit, "lookback": "2h"}
     )
-    return _get(f"{query}/api/traces?{params}")["data"] or []
+    return _get(f"{query}/api/traces?{params}", timeout)["data"] or []
 
 
 def _timed(fn: Any) -> float:
@@ -111,45 +139,209 @@ def _script(copy: Path, name: str, *args: str, env: dict[str, str]) -> float:
     return time.perf_counter() - start
 
 
-def bench(store: str, rollouts: int, work: Path) -> dict[str, Any]:
-    copy = work / store / "collector"
+def _status(copy: Path, env: dict[str, str]) -> dict[str, Any]:
+    """``collector/status --json``: the processes' own counts (its exit status says lost or down)."""
+    out = subprocess.run(
+        [str(copy / "status"), "--json"], env=env, capture_output=True, text=True, check=False
+    )
+    return json.loads(out.stdout)
+
+
+def _opensearch_count(os_url: str) -> int:
+    """This run's span documents (one per span), counted by OpenSearch."""
+    body = json.dumps({"query": {"term": {"process.serviceName": SERVICE}}}).encode()
+    request = urllib.request.Request(
+        f"{os_url}/gymtrace-jaeger-span-*/_count", data=body, headers={"Content-Type": "application/json"}
+    )
+    with urllib.request.urlopen(request, timeout=30) as resp:
+        return int(json.load(resp)["count"])
+
+
+def _jaeger_written(copy: Path, env: dict[str, str]) -> int:
+    return int(_status(copy, env)["hops"].get("jaeger", {}).get("written", 0))
+
+
+def _jaeger_spans(query: str, rollouts: int, run_id: str) -> int:
+    """Distinct spans of the run that Jaeger's search returns: one search per task, and the run's
+    own trace."""
+    spans = {
+        span["spanID"]
+        for trace in _search(query, {"gym.run.id": run_id, "gym.kind": "run"}, 1)
+        for span in trace["spans"]
+    }
+    per_task = rollouts // TASKS + 10
+    for task in range(TASKS):
+        for trace in _search(query, {"gym.task.id": f"t-{task}", "gym.kind": "rollout"}, per_task, 600):
+            spans.update(span["spanID"] for span in trace["spans"])
+    return len(spans)
+
+
+def _node_stats(os_url: str) -> dict[str, Any]:
+    """Where the node's time went (``_nodes/stats``): indexing, refresh, merge, flush, bulk, and
+    the write thread pool's rejections; seconds since the node started."""
+    node = next(iter(_get(f"{os_url}/_nodes/stats/indices,thread_pool,jvm", 60)["nodes"].values()))
+    indices = node["indices"]
+    write = node["thread_pool"].get("write", {})
+    return {
+        "indexing_s": indices["indexing"]["index_time_in_millis"] / 1000,
+        "refresh_s": indices["refresh"]["total_time_in_millis"] / 1000,
+        "refreshes": indices["refresh"]["total"],
+        "merge_s": indices["merges"]["total_time_in_millis"] / 1000,
+        "flush_s": indices["flush"]["total_time_in_millis"] / 1000,
+        "bulk_s": indices.get("bulk", {}).get("total_time_in_millis", 0) / 1000,
+        "bulk_requests": indices.get("bulk", {}).get("total_operations", 0),
+        "write_rejected": write.get("rejected", 0),
+        "gc_old_s": node["jvm"]["gc"]["collectors"]["old"]["collection_time_in_millis"] / 1000,
+        "gc_young_s": node["jvm"]["gc"]["collectors"]["young"]["collection_time_in_millis"] / 1000,
+        "heap_max_mb": node["jvm"]["mem"]["heap_max_in_bytes"] // 2**20,
+    }
+
+
+def _missing_at(counts: dict[str, int]) -> str | None:
+    """The first hop where spans went missing, or None when every count agrees."""
+    hops = (
+        ("producer (dropped)", counts["finished"], counts["exported"]),
+        ("producer -> Collector", counts["exported"], counts["collector_accepted"]),
+        (
+            "Collector (refused, sampled out, failed or still queued)",
+            counts["collector_accepted"],
+            counts["collector_sent"],
+        ),
+        ("Jaeger -> store", counts["collector_sent"], counts["store"]),
+    )
+    for hop, before, after in hops:
+        if after < before:
+            return f"{before - after:,} missing at {hop}"
+    if counts["jaeger_accepted"] > counts["collector_sent"] + 1:  # + up's probe straight into Jaeger
+        return f"{counts['jaeger_accepted'] - counts['collector_sent']:,} sent to Jaeger twice (timed out, retried)"
+    if counts["store"] > counts["exported"]:
+        return f"{counts['store'] - counts['exported']:,} more in the store than exported (duplicates)"
+    return None
+
+
+def bench(
+    store: str, rollouts: int, work: Path, *, counts_only: bool = False, extra: dict[str, str] | None = None
+) -> dict[str, Any]:
+    copy = work / f"{store}-{rollouts}" / "collector"
     shutil.copytree(COLLECTOR_DIR, copy, ignore=shutil.ignore_patterns("bin", ".run", ".data"))
     (copy / "bin").symlink_to(COLLECTOR_DIR / "bin")
     ports = free_ports(len(PORT_VARIABLES) + 1)
     env = clean_env(
         **dict(zip(PORT_VARIABLES, map(str, ports), strict=False)),
         GYMTRACE_OPENSEARCH_PORT=str(ports[-1]),
-        GYMTRACE_JAEGER_DATA_DIR=str(work / store / "data"),
+        GYMTRACE_JAEGER_DATA_DIR=str(copy.parent / "data"),
         GYMTRACE_SAMPLE_PERCENT="100",
         GYMTRACE_DECISION_WAIT_AFTER_ROOT="1s",
         GYMTRACE_UP_TIMEOUT="120",
         GYMTRACE_JAEGER_MAX_TRACES=str(rollouts + 100),
+        **(extra or {}),
     )
     query = f"http://127.0.0.1:{env['GYMTRACE_JAEGER_QUERY_PORT']}"
-    result: dict[str, Any] = {"store": store, "rollouts": rollouts, "spans": rollouts * SPANS_PER_ROLLOUT}
+    os_url = f"http://127.0.0.1:{env['GYMTRACE_OPENSEARCH_PORT']}"
+    spans = rollouts * SPANS_PER_ROLLOUT
+    result: dict[str, Any] = {"store": store, "rollouts": rollouts, "spans": spans}
     try:
         result["up_cold_s"] = _script(copy, "up", "--storage", store, env=env)
-        run_id = f"bench-{store}"
+        status_before = _status(copy, env)
+        before = status_before["spans"]
+        jaeger_before = int(status_before["hops"].get("jaeger", {}).get("accepted", 0))
+        written_before = _jaeger_written(copy, env)
+        run_id = f"bench-{store}-{rollouts}"
         endpoint = f"http://127.0.0.1:{env['GYMTRACE_OTLP_GRPC_PORT']}"
         out = subprocess.run(
-            [sys.executable, "-c", PRODUCER, endpoint, run_id, str(rollouts)],
+            [sys.executable, "-c", PRODUCER, endpoint, run_id, str(rollouts), str(STEPS), str(TASKS)],
             env=clean_env(),
             capture_output=True,
             text=True,
             check=True,
         )
-        start, produced = map(float, out.stdout.split())
-        result["produce_s"] = produced - start
+        producer = json.loads(out.stdout.splitlines()[-1])
+        start = producer["start"]
+        result["produce_s"] = producer["produced"] - start
+        result["producer"] = {
+            k: producer[k] for k in ("finished", "exported", "dropped_queue_full", "dropped_export_failed")
+        }
+        exported = producer["exported"]
+        # Ingest: until the last rollout is whole in Jaeger's search and the store holds every
+        # exported span, polled every 0.5 s (at most 10 minutes).
         last = {"gym.rollout.id": f"r-{rollouts - 1}"}
-        while not _search(query, last, 1):
-            time.sleep(1)
-        everything = {"gym.run.id": run_id, "gym.kind": "rollout"}
         deadline = time.time() + 600
-        while (found := len(_search(query, everything, rollouts + 10))) < rollouts and time.time() < deadline:
-            time.sleep(5)
-        result["ingest_s"] = time.time() - start
-        result["found"] = found
-        result["ingest_spans_per_s"] = rollouts * SPANS_PER_ROLLOUT / result["ingest_s"]
+        ingest_at = None
+        peak_queue = 0
+        while time.time() < deadline:
+            polled = time.time()
+            try:
+                # The Collector's sending queue: spans decided and waiting for Jaeger to take them.
+                peak_queue = max(peak_queue, int(_status(copy, env)["spans"]["queued"]))
+                whole = sum(len(t["spans"]) for t in _search(query, last, 1, 30)) >= SPANS_PER_ROLLOUT
+                stored = (
+                    _opensearch_count(os_url)
+                    if store == "opensearch"
+                    else _jaeger_written(copy, env) - written_before
+                )
+            except OSError:
+                whole, stored = False, 0
+            if whole and stored >= exported:
+                ingest_at = polled
+                break
+            time.sleep(max(0.0, 0.5 - (time.time() - polled)))
+        result["collector_peak_queue"] = peak_queue
+        if store == "opensearch":
+            result["node"] = _node_stats(os_url)
+        status_after = _status(copy, env)
+        after = status_after["spans"]
+        result["collector"] = {
+            k: after[k] - before[k] for k in ("accepted", "refused", "sent", "queued", "lost")
+        }
+        # What Jaeger took in: more than the Collector sent when a request timed out at the
+        # Collector after Jaeger had taken it, and was sent again (a duplicate in the store).
+        result["jaeger_accepted"] = (
+            int(status_after["hops"].get("jaeger", {}).get("accepted", 0)) - jaeger_before
+        )
+        result["store_spans"] = (
+            _opensearch_count(os_url) if store == "opensearch" else _jaeger_spans(query, rollouts, run_id)
+        )
+        counts = {
+            "finished": producer["finished"],
+            "exported": exported,
+            "collector_accepted": result["collector"]["accepted"],
+            "collector_sent": result["collector"]["sent"],
+            "jaeger_accepted": result["jaeger_accepted"],
+            "store": result["store_spans"],
+        }
+        result["missing"] = _missing_at(counts)
+        if ingest_at is not None and result["missing"] is None:
+            result["ingest_s"] = ingest_at - start
+            result["ingest_spans_per_s"] = exported / result["ingest_s"]
+        # One search for every rollout of the run; then: is the store still up?
+        everything = {"gym.run.id": run_id, "gym.kind": "rollout"}
+        t0 = time.perf_counter()
+        try:
+            found = len(_search(query, everything, rollouts + 10, 600))
+            result["search_all"] = f"{found:,} of {rollouts:,} in {time.perf_counter() - t0:.1f} s"
+        except urllib.error.HTTPError as exc:
+            body = exc.read().decode("utf-8", "replace")
+            try:
+                reason = "; ".join(e["msg"] for e in json.loads(body)["errors"])
+            except (ValueError, KeyError, TypeError):
+                reason = body.replace("\n", " ").strip()[:160]
+            result["search_all"] = f"refused in {time.perf_counter() - t0:.1f} s: HTTP {exc.code} {reason}"
+        except OSError as exc:
+            result["search_all"] = f"failed in {time.perf_counter() - t0:.1f} s: {exc}"
+        if store == "opensearch":
+            try:
+                health = _get(f"{os_url}/_cluster/health", 30)["status"]
+                result["store_up"] = f"yes ({health})"
+            except OSError as exc:
+                result["store_up"] = f"NO: {exc}"
+        else:
+            result["store_up"] = (
+                "yes"
+                if subprocess.run(["curl", "-fs", "-o", "/dev/null", f"{query}/api/services"]).returncode == 0
+                else "NO"
+            )
+        if counts_only:
+            return result
         by_id = [
             _timed(lambda i=i: _search(query, {"gym.rollout.id": f"r-{i}"}, 1))
             for i in range(0, rollouts, max(1, rollouts // 20))
@@ -166,16 +358,15 @@ def bench(store: str, rollouts: int, work: Path) -> dict[str, Any]:
             statistics.quantiles(unscored, n=10)[-1] * 1000,
         )
         if store == "badger":
-            result["disk_bytes"] = _dir_bytes(work / store / "data" / "badger")
+            result["disk_bytes"] = _dir_bytes(copy.parent / "data" / "badger")
         elif store == "opensearch":
-            os_url = f"http://127.0.0.1:{env['GYMTRACE_OPENSEARCH_PORT']}"
             urllib.request.urlopen(
                 urllib.request.Request(f"{os_url}/_flush", method="POST"), timeout=120
             ).read()
             stats = _get(f"{os_url}/gymtrace-jaeger-*/_stats/store")
             result["disk_bytes"] = stats["_all"]["primaries"]["store"]["size_in_bytes"]
         if "disk_bytes" in result:
-            result["disk_bytes_per_span"] = result["disk_bytes"] / result["spans"]
+            result["disk_bytes_per_span"] = result["disk_bytes"] / spans
         _script(copy, "down", env=env)
         result["up_warm_s"] = _script(copy, "up", "--storage", store, env=env)
     finally:
@@ -185,25 +376,75 @@ def bench(store: str, rollouts: int, work: Path) -> dict[str, Any]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--rollouts", type=int, default=2000)
+    parser.add_argument("--rollouts", type=int, nargs="+", default=[2000])
     parser.add_argument("--stores", nargs="+", default=["memory", "badger", "opensearch"])
-    parser.add_argument("--json", action="store_true", help="one JSON object per store")
+    parser.add_argument("--json", action="store_true", help="one JSON object per store and size")
+    parser.add_argument(
+        "--counts-only",
+        action="store_true",
+        help="the hops, ingest and the search for everything only (no latencies, disk, warm start)",
+    )
+    parser.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="VAR=VALUE",
+        help="a GYMTRACE_* setting for collector/up (tuning runs), e.g. GYMTRACE_OPENSEARCH_REFRESH=5s",
+    )
     args = parser.parse_args()
     results = []
     with tempfile.TemporaryDirectory(prefix="gymtrace-storage-bench-") as work:
-        for store in args.stores:
-            result = bench(store, args.rollouts, Path(work))
-            results.append(result)
-            print(json.dumps(result) if args.json else result, flush=True)
+        for rollouts in args.rollouts:
+            for store in args.stores:
+                extra = dict(item.split("=", 1) for item in args.set)
+                result = bench(store, rollouts, Path(work), counts_only=args.counts_only, extra=extra)
+                results.append(result)
+                print(json.dumps(result) if args.json else result, flush=True)
     print()
     print(
-        "| store | spans | ingest spans/s | search by id ms (median/p90) | unscored search ms (median/p90) | disk bytes/span | up cold s | up warm s |"
+        "| store | spans | producer finished / exported / dropped | Collector accepted / sent / lost"
+        " | Jaeger took | in the store | ingest spans/s | search all rollouts | store up after |"
     )
-    print("|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|")
+    for r in results:
+        p, c = r["producer"], r["collector"]
+        dropped = p["dropped_queue_full"] + p["dropped_export_failed"]
+        ingest = (
+            f"{r['ingest_spans_per_s']:,.0f}"
+            if "ingest_spans_per_s" in r
+            else f"— ({r['missing'] or 'not all searchable in 600 s'})"
+        )
+        print(
+            f"| {r['store']} | {r['spans']:,} | {p['finished']:,} / {p['exported']:,} / {dropped:,}"
+            f" | {c['accepted']:,} / {c['sent']:,} / {c['lost']:,} | {r['jaeger_accepted']:,}"
+            f" | {r['store_spans']:,} | {ingest}"
+            f" | {r['search_all']} | {r['store_up']} |"
+        )
+    nodes = [r for r in results if "node" in r]
+    if nodes:
+        print()
+        print(
+            "OpenSearch node (_nodes/stats, since it started): seconds of indexing / bulk / refresh (count) / merge / flush / GC young+old, write rejections, heap"
+        )
+        for r in nodes:
+            n = r["node"]
+            print(
+                f"  {r['spans']:,} spans: indexing {n['indexing_s']:.1f} s, bulk {n['bulk_s']:.1f} s"
+                f" ({n['bulk_requests']:,} requests), refresh {n['refresh_s']:.1f} s ({n['refreshes']:,}),"
+                f" merge {n['merge_s']:.1f} s, flush {n['flush_s']:.1f} s, GC {n['gc_young_s']:.1f}+{n['gc_old_s']:.1f} s,"
+                f" write rejected {n['write_rejected']:,}, heap {n['heap_max_mb']:,} MB"
+            )
+    if args.counts_only:
+        return
+    print()
+    print(
+        "| store | spans | search by id ms (median/p90) | unscored search ms (median/p90) | disk bytes/span | up cold s | up warm s |"
+    )
+    print("|---|---|---|---|---|---|---|")
     for r in results:
         disk = f"{r['disk_bytes_per_span']:.0f}" if "disk_bytes_per_span" in r else "—"
         print(
-            f"| {r['store']} | {r['spans']:,} | {r['ingest_spans_per_s']:,.0f} "
+            f"| {r['store']} | {r['spans']:,} "
             f"| {r['search_by_id_ms'][0]:.0f} / {r['search_by_id_ms'][1]:.0f} "
             f"| {r['search_unscored_ms'][0]:.0f} / {r['search_unscored_ms'][1]:.0f} "
             f"| {disk} | {r['up_cold_s']:.1f} | {r['up_warm_s']:.1f} |"

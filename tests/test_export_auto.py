@@ -18,7 +18,7 @@ from cpu_hog import cpu_contention  # noqa: F401 - a fixture
 from gymtrace._model.environment import GYMTRACE_ENCODER_CONFIG
 
 APP = """
-import json, os, signal, sys, time
+import json, os, signal, sys, threading, time
 import gymtrace
 from gymtrace._sdk import setup as _setup
 path, steps, then, window = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4]
@@ -64,8 +64,18 @@ def starve_encoder():
         os.kill(stopped[0], signal.SIGCONT)
         stopped.append(True)
 
+def pause_encoder():
+    # The encoder process paused for 4 s (a machine busy elsewhere, a long GC pause in its
+    # exporter) while the loop goes on: the frames fill their bound, and the loop must wait.
+    if stopped or queue._process is None or not queue._process._heard:
+        return
+    stopped.append(queue._process._proc.pid)
+    os.kill(stopped[0], signal.SIGSTOP)
+    threading.Timer(4.0, os.kill, (stopped[0], signal.SIGCONT)).start()
+
 try:
-    loop("first", steps, starve_encoder if then == "starve-fork" else None)
+    every = {"starve-fork": starve_encoder, "pause": pause_encoder}.get(then)
+    loop("first", steps, every)
 finally:
     if stopped and stopped[0] is not None:
         os.kill(stopped[0], signal.SIGCONT)  # never leave it stopped
@@ -248,6 +258,16 @@ def test_a_child_forked_after_the_move_exports_its_own_spans_once(tmp_path: Path
     result, spans = run_app(tmp_path, 30_000, "fork", window=ANY_RATE)
     assert result["moved"] == "process"
     assert_parent_and_child_exported_once(result, spans)
+
+
+def test_a_burst_waits_for_a_paused_encoder_process_instead_of_dropping(tmp_path: Path) -> None:
+    # Issue 47: the pipe used to wait 100 ms per frame and then drop whole frames of 256 once
+    # its bound was full; now the loop waits for the encoder process (up to 5 s per stall), so a
+    # 4 s pause costs time, not spans.
+    # A queue of 512 (frames past 512 records are past the bound) overflows within the pause.
+    result, spans = run_app(tmp_path, 20_000, "pause", window=ANY_RATE, OTEL_BSP_MAX_QUEUE_SIZE="512")
+    assert result["moved"] == "process"
+    assert_each_span_once(result["stats"][0], spans, 20_002)
 
 
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")

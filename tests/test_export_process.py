@@ -14,11 +14,13 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 import gymtrace
 from child_process import clean_env, run_python, spans_in
+from gymtrace import _constants as c
 
 # An application: `rollouts` rollouts of one episode and `steps` steps, then what argv[3] says.
 APP = """
@@ -237,8 +239,17 @@ print(json.dumps([s.__dict__ for s in gymtrace.export_stats()]))
     assert out.returncode == 0, out.stderr
     [stats] = json.loads(out.stdout.splitlines()[-1])
     spans = spans_in(path)
-    assert 0 < len(spans) < 400 and len(spans) % 2 == 0  # whole rollouts: rollout and its step
+    # A kept rollout is whole (rollout and its step); a dropped one leaves its summary span alone.
+    details = [s for s in spans if s["name"] == "gym.rollout"]
+    kept = sum(1 for s in details if not _is_summary(s))
+    assert 0 < kept < 200 and len(details) == 200, len(details)
+    assert len(spans) == 2 * kept + (200 - kept)
     assert stats["finished"] == stats["exported"] == len(spans)
+
+
+def _is_summary(span: dict[str, Any]) -> bool:
+    attributes: list[dict[str, Any]] = span["attributes"]
+    return any(a["key"] == c.ROLLOUT_DETAIL and a["value"] == {"boolValue": False} for a in attributes)
 
 
 def test_a_bad_encoder_is_a_clear_error_naming_the_argument_or_variable(tmp_path: Path) -> None:

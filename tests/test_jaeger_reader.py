@@ -7,7 +7,9 @@ test_demo_in_jaeger.py); these pin the two JSON shapes themselves."""
 from __future__ import annotations
 
 import copy
+import http.server
 import json
+import threading
 from collections.abc import Mapping
 from dataclasses import replace
 from pathlib import Path
@@ -220,3 +222,30 @@ def test_a_search_pages_through_every_trace_holding_one_page_at_a_time(
         from_file = capsys.readouterr().out
         assert main([*argv, "--jaeger", "http://jaeger", "--run", "paged"]) == 0
         assert capsys.readouterr().out == from_file and from_file, argv
+
+
+def test_an_error_answer_from_jaeger_names_the_stores_reason() -> None:
+    # Issue 47: a store refusing an oversized search answers 500 with its reason in the body;
+    # `gymtrace rollouts --jaeger` shows that reason, not only "Internal Server Error".
+    reason = "search services failed: elastic: Error 503 (Service Unavailable)"
+
+    class Refusing(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            body = json.dumps({"data": None, "errors": [{"code": 500, "msg": reason}]}).encode()
+            self.send_response(500)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: Any) -> None:
+            return None
+
+    server = http.server.HTTPServer(("127.0.0.1", 0), Refusing)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        with pytest.raises(JaegerError, match=r"Error 503.*search\.max_buckets"):
+            JaegerClient(f"http://127.0.0.1:{server.server_port}").search("svc", {c.RUN_ID: "r"})
+    finally:
+        server.shutdown()
+        server.server_close()

@@ -12,7 +12,9 @@ the worker itself stopped by SIGTERM. Then it counts:
   timeout may arrive twice);
 - **dropped**: what the queue reports it dropped;
 
-and asserts ``received + dropped == finished`` and that Jaeger holds no span that did not finish.
+and asserts ``received + dropped == finished`` (a stalled Collector may still take in a request
+that timed out, whose spans were counted dropped: there, at least ``finished``, see
+``assert_accounted``) and that Jaeger holds no span that did not finish.
 
 The Collector is killed only after Jaeger holds everything exported so far: spans the Collector
 acknowledged and then lost in its own memory (tail sampling holds them ``decision_wait``) are
@@ -43,6 +45,7 @@ from typing import Any
 import pytest
 
 from child_process import clean_env
+from gymtrace._sdk.export import _ROOM_WAIT
 from gymtrace._sdk.export_auto import _cpus
 from pipeline import JAEGER_BIN, Pipeline, PipelineError, span_tags
 
@@ -208,8 +211,17 @@ def only_stats(result: dict[str, Any]) -> dict[str, Any]:
     return dict(stats)
 
 
-def assert_accounted(p: Pipeline, worker: Worker, result: dict[str, Any]) -> dict[str, Any]:
-    """received + dropped == finished, and nothing received that did not finish."""
+def assert_accounted(
+    p: Pipeline, worker: Worker, result: dict[str, Any], *, late: bool = False
+) -> dict[str, Any]:
+    """received + dropped == finished, and nothing received that did not finish.
+
+    ``late``: the Collector was stalled (SIGSTOP), not killed. A request that timed out at the
+    worker was still in the Collector's socket, and on SIGCONT its server may take it in (it times
+    the request from when it reads it): those spans were counted dropped, since the worker cannot
+    know, and arrive too. Then every span counted exported must arrive, and received + dropped may
+    exceed finished (loss over-counted), never fall short of it (loss uncounted). Seen beside CPU
+    hogs: 90 of 140 spans counted dropped arrived so."""
     stats = only_stats(result)
     finished_ids = worker.finished_ids()
     assert stats["queued"] == 0, stats
@@ -218,10 +230,17 @@ def assert_accounted(p: Pipeline, worker: Worker, result: dict[str, Any]) -> dic
     received = wait_received(p, worker.service, stats["finished"] - dropped)
     strangers = set(received) - finished_ids
     assert not strangers, f"{len(strangers)} span(s) in Jaeger that never finished"
-    assert len(received) + dropped == stats["finished"], (
-        f"received {len(received)} + dropped {dropped} != finished {stats['finished']}; {stats}\n"
-        f"{worker.logs()}\n{p.logs(20)}"
-    )
+    if late:
+        assert stats["exported"] + dropped == stats["finished"], stats  # the books
+        assert len(received) >= stats["exported"], (
+            f"received {len(received)} < exported {stats['exported']} (dropped {dropped}); {stats}\n"
+            f"{worker.logs()}\n{p.logs(20)}"
+        )
+    else:
+        assert len(received) + dropped == stats["finished"], (
+            f"received {len(received)} + dropped {dropped} != finished {stats['finished']}; {stats}\n"
+            f"{worker.logs()}\n{p.logs(20)}"
+        )
     stats["received"] = len(received)
     return stats
 
@@ -297,6 +316,9 @@ def test_collector_killed_mid_run_and_restarted_loses_nothing_that_fit(
     assert stats["retries"] > 0, stats
 
 
+LOOKS = 10  # how often the stalled test reads the counts, 2 s apart
+
+
 def test_stalled_collector_with_a_small_queue_drops_are_counted(
     pipeline_ok: Pipeline, tmp_path: Path, encoder: str
 ) -> None:
@@ -304,7 +326,8 @@ def test_stalled_collector_with_a_small_queue_drops_are_counted(
     worker = Worker(
         tmp_path,
         p.otlp_grpc_endpoint,
-        phases="10,60,10",
+        # Phases of no span read the counts later on (see below), then the last 10 rollouts.
+        phases="10,60" + ",0" * LOOKS + ",10",
         env={"OTEL_BSP_MAX_QUEUE_SIZE": "200", "OTEL_EXPORTER_OTLP_TIMEOUT": "1"},
         encoder=encoder,
     )
@@ -313,15 +336,28 @@ def test_stalled_collector_with_a_small_queue_drops_are_counted(
     try:
         worker.go(0)
         during = worker.wait_phase(1)["stats"][0]
+        # A full queue holds the caller while an export is in flight (issue 47) until it fails at
+        # its 1 s timeout; then the oldest spans go, counted. In an encoder process that happens
+        # once it has read the phase from its pipe, which a loaded machine delays: look again
+        # every 2 s, still stalled.
+        for look in range(1, LOOKS + 1):
+            if during["dropped_queue_full"]:
+                worker.go(look)
+                worker.wait_phase(look + 1)
+                continue
+            time.sleep(2)
+            worker.go(look)
+            during = worker.wait_phase(look + 1)["stats"][0]
     finally:
         p.resume_collector()
     assert during["dropped_queue_full"] > 0, during
-    worker.go(1)
+    worker.go(LOOKS + 1)
     result = worker.finish()
-    stats = assert_accounted(p, worker, result)
+    stats = assert_accounted(p, worker, result, late=True)
     assert stats["dropped_queue_full"] > 0, stats
-    # Export is off the caller's thread: a hung Collector does not stretch a rollout (~3 ms of work).
-    assert result["max_rollout_seconds"] < 1.0, result
+    # A stalled Collector holds a rollout (~3 ms of work) once, no longer than the export's timeout
+    # and never past the room wait: not a wait per span (tests/test_export_queue.py counts them).
+    assert result["max_rollout_seconds"] < _ROOM_WAIT + 1.0, result
 
 
 def test_sigterm_mid_rollout_delivers_finished_and_interrupted_spans(

@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import signal
 import subprocess
-import time
 import urllib.request
 import uuid
 from collections.abc import Iterator
@@ -17,7 +16,7 @@ from typing import Any
 import pytest
 
 from child_process import clean_env, run_python
-from collector_scripts import free_port_pair
+from collector_scripts import free_port_pair, until
 from gymtrace import _constants as c
 from pipeline import COLLECTOR_DIR, Pipeline, PipelineError
 
@@ -39,19 +38,6 @@ gymtrace.shutdown()
 def _get(url: str) -> Any:
     with urllib.request.urlopen(url, timeout=30) as resp:
         return json.load(resp)
-
-
-def _wait(predicate: Any, timeout: float, what: str) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        try:
-            value = predicate()
-        except OSError:
-            value = None
-        if value or time.monotonic() > deadline:
-            assert value, f"timed out after {timeout}s waiting for {what}"
-            return value
-        time.sleep(1)
 
 
 def _search_or_none(p: Pipeline, service: str, tags: dict[str, str]) -> list[Any] | None:
@@ -78,7 +64,7 @@ def two_nodes(tmp_path: Path) -> Iterator[tuple[list[str], list[subprocess.Popen
             argv += ["--name", f"n{i}", "--cluster", cluster, "--seed", seeds, "--initial-nodes", "n1,n2"]
             nodes.append(subprocess.Popen(argv, env=clean_env(), stdout=log, stderr=subprocess.STDOUT))
         urls = [f"http://127.0.0.1:{p}" for p in http]
-        _wait(
+        until(
             lambda: _get(f"{urls[0]}/_cluster/health?wait_for_nodes=2&timeout=1s")["number_of_nodes"] == 2,
             240,
             "two OpenSearch nodes in one cluster",
@@ -123,7 +109,7 @@ def test_traces_stay_searchable_when_one_of_two_nodes_stops(
         nodes[gone].send_signal(signal.SIGTERM)
         nodes[gone].wait(60)
         left = urls[1 - gone]
-        _wait(
+        until(
             lambda: _get(f"{left}/_cluster/health?timeout=1s")["number_of_nodes"] == 1,
             60,
             "the cluster to notice the stopped node",
@@ -131,7 +117,7 @@ def test_traces_stay_searchable_when_one_of_two_nodes_stops(
 
         # Jaeger's client marks a node dead on the first refused connection and sends the next
         # request to a live one: a search may fail once, never for long.
-        after = _wait(lambda: _search_or_none(p, service, tags), 90, "the traces from the node left")
+        after = until(lambda: _search_or_none(p, service, tags), 90, "the traces from the node left")
         assert sorted(t["traceID"] for t in after) == sorted(t["traceID"] for t in before)
         assert sum(len(t["spans"]) for t in after) == sum(len(t["spans"]) for t in before)
         # The left node serves every span shard (promoted replicas included) on its own.

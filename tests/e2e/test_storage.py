@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import subprocess
 import time
 import urllib.parse
 import urllib.request
@@ -166,7 +167,10 @@ def _run_restart_read(tmp_path: Path, storage: str, env: dict[str, str], kept: s
         seen: list[dict[str, Any]] = []
 
         def complete() -> dict[str, Any] | None:
-            seen.append(_read_back(query, run_id, service))
+            try:
+                seen.append(_read_back(query, run_id, service))
+            except subprocess.CalledProcessError:
+                return None  # nothing searchable yet ("no rollouts found"): OpenSearch refreshes every 5 s
             # r-lost reads lost three heartbeat intervals after its process died: wait for that.
             done = len(seen[-1]["rollouts"]) == len(_ROLLOUTS) and seen[-1]["live"] == {"r-lost": c.LIVE_LOST}
             return seen[-1] if done else None

@@ -65,7 +65,7 @@ def wrote(path: Path) -> bool:
 
 def trace_lines(path: Path) -> list[bytes]:
     """The lines of the file a process configured to write ``path`` wrote, all of its segments,
-    decompressed (GYMTRACE_FILE_COMPRESS: gzip by default)."""
+    decompressed (GYMTRACE_FILE_COMPRESS, none by default)."""
     found: list[bytes] = []
     for file in trace_files(path):
         with open_lines(file) as lines:
@@ -76,7 +76,7 @@ def trace_lines(path: Path) -> list[bytes]:
 def spans_in(path: Path) -> list[dict[str, object]]:
     """The spans of a file of OTLP/JSON lines a child wrote (none if it wrote no file)."""
     spans: list[dict[str, object]] = []
-    # Its segments, whatever their compression (GYMTRACE_FILE_COMPRESS: gzip by default).
+    # Its segments, whatever their compression (GYMTRACE_FILE_COMPRESS, none by default).
     for file in trace_files(path):
         if not file.exists():
             continue

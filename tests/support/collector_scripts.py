@@ -11,7 +11,10 @@ import os
 import shutil
 import socket
 import subprocess
+import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -28,6 +31,8 @@ PORT_VARIABLES = (
     "GYMTRACE_JAEGER_QUERY_GRPC_PORT",
     "GYMTRACE_JAEGER_HEALTH_PORT",
     "GYMTRACE_PROMETHEUS_PORT",
+    "GYMTRACE_COLLECTOR_METRICS_PORT",
+    "GYMTRACE_JAEGER_METRICS_PORT",
 )
 
 
@@ -49,9 +54,9 @@ def collector_copy(tmp_path: Path) -> Path:
 
 
 def free_sampler_base(samplers: int) -> int:
-    """A port BASE where every port `up --scale-out` takes (BASE+10i .. +3) is free right now."""
+    """A port BASE where every port `up --scale-out` takes (BASE+10i .. +4) is free right now."""
     for base in range(21000, 60000, 97):
-        wanted = [base + 10 * i + k for i in range(samplers) for k in range(4)]
+        wanted = [base + 10 * i + k for i in range(samplers) for k in range(5)]
         socks = []
         try:
             for port in wanted:
@@ -111,3 +116,18 @@ def alive(pid: int) -> bool:
     except OSError:
         return False
     return state != "Z"
+
+
+def until(predicate: Callable[[], Any], timeout: float, what: str) -> Any:
+    """``predicate()``'s first true value, looked at every second (a refused connection counts as
+    not yet: the store or Jaeger restarting); an assertion naming ``what`` after ``timeout``."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            value = predicate()
+        except OSError:
+            value = None
+        if value or time.monotonic() > deadline:
+            assert value, f"timed out after {timeout}s waiting for {what}"
+            return value
+        time.sleep(1)

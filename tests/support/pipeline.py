@@ -233,7 +233,9 @@ class Pipeline:
             self.otlp_http_port,
             self.collector_health_port,
             self.prometheus_port,
-        ) = free_ports(9)
+            self.collector_metrics_port,
+            self.jaeger_metrics_port,
+        ) = free_ports(11)
 
         env = {k: v for k, v in os.environ.items() if not k.startswith("GYMTRACE_")}
         env.update(
@@ -248,6 +250,11 @@ class Pipeline:
             GYMTRACE_OTLP_HTTP_PORT=str(self.otlp_http_port),
             GYMTRACE_COLLECTOR_HEALTH_PORT=str(self.collector_health_port),
             GYMTRACE_PROMETHEUS_PORT=str(self.prometheus_port),
+            # The processes' own counts (otelcol_*), each on its own port; and each Collector's
+            # sending queue on disk in this pipeline's directory (otelcol.upstream.yaml).
+            GYMTRACE_COLLECTOR_METRICS_PORT=str(self.collector_metrics_port),
+            GYMTRACE_JAEGER_METRICS_PORT=str(self.jaeger_metrics_port),
+            GYMTRACE_COLLECTOR_QUEUE_DIR=str(self.workdir / "queue-collector"),
             # Span metrics reach the Prometheus endpoint within a second, not the default 5 s.
             GYMTRACE_SPANMETRICS_FLUSH="1s",
             GYMTRACE_DECISION_WAIT=str(decision_wait),
@@ -287,7 +294,7 @@ class Pipeline:
         self.samplers: list[_Process] = []
         self.sampler_ports: list[tuple[int, int, int]] = []
         for i in range(samplers):
-            grpc, http, health, metrics = free_ports(4)
+            grpc, http, health, metrics, own = free_ports(5)
             self.sampler_ports.append((grpc, http, health))
             sampler_env = dict(
                 env,
@@ -295,6 +302,8 @@ class Pipeline:
                 GYMTRACE_OTLP_HTTP_PORT=str(http),
                 GYMTRACE_COLLECTOR_HEALTH_PORT=str(health),
                 GYMTRACE_PROMETHEUS_PORT=str(metrics),
+                GYMTRACE_COLLECTOR_METRICS_PORT=str(own),
+                GYMTRACE_COLLECTOR_QUEUE_DIR=str(self.workdir / f"queue-sampler-{i}"),
             )
             extra = [a for path in (sampler_extra_configs or {}).get(i, []) for a in ("--config", path)]
             self.samplers.append(
@@ -425,6 +434,23 @@ class Pipeline:
         """One scrape of :attr:`metrics_url` as ``(name, labels, value)`` samples."""
         with urllib.request.urlopen(self.metrics_url, timeout=10) as resp:
             return parse_prometheus(resp.read().decode("utf-8"))
+
+    def own_metrics(self, process: str = "collector") -> list[tuple[str, dict[str, str], float]]:
+        """One scrape of the Collector's (or ``"jaeger"``'s) own counts, the ``otelcol_*`` metrics."""
+        port = self.collector_metrics_port if process == "collector" else self.jaeger_metrics_port
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as resp:
+            return parse_prometheus(resp.read().decode("utf-8"))
+
+    def spans_accepted(self) -> int:
+        """Spans the Collector's OTLP receiver accepted since it started (its own count)."""
+        return int(
+            sum(
+                value
+                for name, labels, value in self.own_metrics()
+                if name in ("otelcol_receiver_accepted_spans", "otelcol_receiver_accepted_spans_total")
+                and labels.get("receiver") == "otlp"
+            )
+        )
 
     # -- Jaeger query API (v1) ---------------------------------------------------------------------
 

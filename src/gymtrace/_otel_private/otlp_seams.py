@@ -9,6 +9,7 @@ because they subclass the SDK's exporters and set those inherited private fields
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
@@ -85,17 +86,30 @@ class _RawTraceServiceStub:
     """``TraceServiceStub`` that sends already serialised requests.
 
     The generated stub serialises a message object with ``SerializeToString``; this one passes
-    the encoder's bytes through and decodes the response with the official class.
+    the encoder's bytes through and decodes the response with the official class, and tells
+    ``attempted`` whether each attempt went through (the SDK retries a failed one within the
+    export's timeout, out of the export queue's sight).
     """
 
-    def __init__(self, channel: Any) -> None:
+    def __init__(self, channel: Any, attempted: Callable[[bool], None]) -> None:
         from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceResponse
 
-        self.Export = channel.unary_unary(
+        call = channel.unary_unary(
             _GRPC_EXPORT_METHOD,
             request_serializer=_identity,
             response_deserializer=ExportTraceServiceResponse.FromString,
         )
+
+        def export(*args: Any, **kwargs: Any) -> Any:
+            try:
+                response = call(*args, **kwargs)
+            except Exception:
+                attempted(False)
+                raise
+            attempted(True)
+            return response
+
+        self.Export = export
 
 
 def register_fast_paths() -> None:
@@ -131,9 +145,16 @@ def grpc_exporter(requests: Requests, **kwargs: Any) -> Any:
 
         def __init__(self, **kw: Any) -> None:
             super().__init__(**kw)
+            # The last attempt to send failed (a refused connection): the SDK tries again within the
+            # export's timeout, seconds during which the export queue must not hold its caller for
+            # room (export.RoomWait). Cleared by the next attempt that goes through.
+            self.attempt_failed = False
             # The mixin builds the stub from self._stub, now and on every reconnect.
-            self._stub = _RawTraceServiceStub
-            self._client = _RawTraceServiceStub(self._channel)  # type: ignore[assignment]
+            self._stub = functools.partial(_RawTraceServiceStub, attempted=self._attempted)
+            self._client = self._stub(self._channel)
+
+        def _attempted(self, ok: bool) -> None:
+            self.attempt_failed = not ok
 
         def _translate_data(self, data: Any) -> Any:
             return data  # already a serialised request (see export)

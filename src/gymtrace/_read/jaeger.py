@@ -177,6 +177,24 @@ def spans_from_jaeger(trace: Mapping[str, Any]) -> list[SpanData]:
     return spans
 
 
+def _reason(error: urllib.error.HTTPError) -> str:
+    """Jaeger's own error messages from an error answer's body (``{"errors": [{"msg": ...}]}``)."""
+    try:
+        body = json.loads(error.read(64_000) or b"{}")
+        messages = [str(e.get("msg", "")) for e in body.get("errors") or [] if isinstance(e, dict)]
+    except (OSError, ValueError, AttributeError):
+        return ""
+    reason = "".join(f": {m[:500]}" for m in messages if m)
+    if "elastic: Error 503" in reason or "elastic: Error 429" in reason:
+        # Jaeger passes on only the status of OpenSearch's refusal; say what it usually is.
+        reason += (
+            " (the OpenSearch store refused the search: more traces than its search.max_buckets"
+            " allows, GYMTRACE_OPENSEARCH_MAX_TRACES_PER_SEARCH, or a tripped circuit breaker;"
+            " the node's log says which)"
+        )
+    return reason
+
+
 class JaegerClient:
     def __init__(self, base_url: str, *, timeout: float = 10.0) -> None:
         self.base_url = base_url.rstrip("/")
@@ -204,6 +222,9 @@ class JaegerClient:
         try:
             with urllib.request.urlopen(url, timeout=self.timeout) as response:
                 return json.load(response)
+        except urllib.error.HTTPError as exc:
+            # Jaeger says why in its body (a store that refused an oversized search: issue 47).
+            raise JaegerError(f"Jaeger query failed for {url}: {exc}{_reason(exc)}") from exc
         except (urllib.error.URLError, OSError, ValueError) as exc:
             raise JaegerError(f"Jaeger query failed for {url}: {exc}") from exc
 

@@ -8,6 +8,9 @@
 - a batch the exporter could not deliver (the Collector is restarting) goes back into the queue and
   is tried again after a backoff, so a short outage loses nothing that fits in the queue;
 - the caller pays for a lock and a deque append; encoding and network I/O happen on the worker.
+- a full queue holds the caller while the exporter delivers, so a burst arrives whole in bounded
+  memory; a failing or stalled exporter drops the oldest instead, counted (:class:`RoomWait`, the
+  one rule the encoder process's pipe follows too).
 
 **Keeping up at env-step rate.** At CartPole rate (~30k spans/s) the queue used to
 overflow even with the file exporter. Instrumenting the worker showed why: its own CPU is small
@@ -70,6 +73,10 @@ _BACKOFF_MAX = 5.0
 # and the exporters' own retries that is minutes of outage, and it stops a batch the Collector
 # rejects for good from circling forever.
 _MAX_TRIES = 20
+# A full queue (the thread queue, the encoder process's pipe) holds the caller this long at most,
+# once per stall: past it, the oldest spans are dropped (counted) until the exporter delivers
+# again (RoomWait).
+_ROOM_WAIT = 5.0
 # With the queue this deep (see BatchExporter._yield_depth), the application's thread gives the
 # GIL away once every this many spans (a mask: every 64th).
 _YIELD_EVERY_MASK = 63
@@ -94,6 +101,48 @@ def wait_until_idle(
         if nudge is not None:
             nudge()
     return True
+
+
+class RoomWait:
+    """The one rule for a full queue, the thread queue's and the encoder process's pipe's (issue 47).
+
+    A burst faster than the exporter fills the queue while the exporter is delivering (a worker
+    waiting for the GIL, a network export under way, an encoder process behind): dropping then
+    loses spans that would have gone out a moment later, so the caller is held until there is room,
+    which also hands the worker the GIL, and the burst arrives whole in the queue's memory. Holding
+    a caller only makes sense while the exporter delivers: while it fails (an export timed out or
+    was refused, the backoff) the spans could not go anywhere, so nothing waits; and one wait per
+    stall, at most ``limit`` seconds (``_ROOM_WAIT``): once a wait ran out (a Collector that
+    accepts and never answers, an encoder process stopped), none again until the exporter delivers.
+    Either way the oldest spans go, counted, as before.
+    """
+
+    __slots__ = ("limit", "stalled")
+
+    def __init__(self, limit: float | None = None) -> None:
+        # Read when the queue is made, so a benchmark can set the module's constant (0: drop at once).
+        self.limit = _ROOM_WAIT if limit is None else limit
+        self.stalled = False  # a wait ran out: no wait again until the exporter delivers
+
+    def hold(
+        self, full: Callable[[], bool], failing: Callable[[], bool], wait: Callable[[float], object]
+    ) -> None:
+        """While ``full()`` and not ``failing()``, call ``wait(seconds left)``, which lets the
+        exporter's side run (it releases the caller's lock) and returns when there may be room;
+        until the limit, when the stall is noted. The caller then drops what still does not fit."""
+        if self.stalled or self.limit <= 0 or failing():
+            return
+        deadline = time.monotonic() + self.limit
+        while full() and not failing():
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                self.stalled = True
+                return
+            wait(remaining)
+
+    def delivered(self) -> None:
+        """The exporter delivered (an export succeeded, the pipe took a frame): a full queue waits again."""
+        self.stalled = False
 
 
 # Every exporter queue alive in this process. One fork hook serves them all; a hook per instance
@@ -162,6 +211,7 @@ class BatchExporter:
         shutdown_timeout: float = 5.0,
         max_drain: int | None = None,
         observer: Callable[[], None] | None = None,
+        max_wait: float | None = None,
     ) -> None:
         self.exporter = exporter
         self.name = name
@@ -173,6 +223,8 @@ class BatchExporter:
         # thousands of spans (see the module docstring).
         self.max_drain = max(self.max_batch_size, min(max_drain or self.max_batch_size, max_queue_size))
         self._yield_depth = max(2 * self.max_batch_size, max_queue_size // 4)
+        self._room = RoomWait(max_wait)
+        self.max_wait = self._room.limit  # seconds a full queue holds the caller (RoomWait)
         self.schedule_delay = schedule_delay
         self.shutdown_timeout = shutdown_timeout
         # Called on the worker thread before it takes each batch, off the application's threads:
@@ -211,6 +263,12 @@ class BatchExporter:
                 self._dropped_failed += 1
                 return
             if len(self._queue) >= self.max_queue_size:
+                self._wait_for_room()
+                if self._shutdown:  # shut down meanwhile: counted as above, never left queued
+                    self._finished += 1
+                    self._dropped_failed += 1
+                    return
+            if len(self._queue) >= self.max_queue_size:
                 oldest = self._queue.popleft()
                 self._dropped_full += 1
                 if self._tries:
@@ -228,6 +286,26 @@ class BatchExporter:
         if lagging:
             # The worker is falling behind: hand it the GIL (see the module docstring).
             _yield_gil()
+
+    def _wait_for_room(self) -> None:
+        """The queue is full: hold the caller while the exporter delivers (lock held, released
+        while waiting; :class:`RoomWait`). Never on the worker's own thread (an exporter that ends
+        spans would wait for itself); the worker is woken, since a full queue is a full batch."""
+        worker = self._thread
+        if worker is None or not worker.is_alive() or worker.ident == threading.get_ident():
+            return
+        self._wake.set()
+        self._room.hold(
+            lambda: len(self._queue) >= self.max_queue_size,
+            self._failing,
+            # Looked at again every 50 ms: an attempt failing inside the exporter notifies nobody.
+            lambda seconds: self._idle.wait(min(seconds, 0.05)),
+        )
+
+    def _failing(self) -> bool:
+        """The exporter is failing: backing off after a failed export, or (gymtrace's OTLP/gRPC
+        exporter) retrying an attempt that failed inside the export under way (lock held)."""
+        return bool(self._backoff) or self._shutdown or getattr(self.exporter, "attempt_failed", False)
 
     def send_soon(self) -> None:
         """Send what is queued now, without waiting for it (live markers: ``_scopes.live``); not
@@ -307,6 +385,7 @@ class BatchExporter:
         self._tries = {}
         self._exporting = 0
         self._abandoned = False
+        self._room.delivered()
         self._finished = self._exported = self._dropped_full = self._dropped_failed = self._retries = 0
         self._pid = os.getpid()
         # The exporter's own lock, when it has one (the file exporter's), may be held by the
@@ -329,6 +408,8 @@ class BatchExporter:
             else:
                 batch = [queue.popleft() for _ in range(count)]
             self._exporting = count
+            if count:
+                self._idle.notify_all()  # the queue has room: callers held by RoomWait go on
             return batch
 
     def _work(self) -> None:
@@ -392,6 +473,7 @@ class BatchExporter:
                     self._tries.pop(id(span), None)
         if not rest:
             self._backoff = 0.0
+            self._room.delivered()
             return
         self._backoff = min(_BACKOFF_MAX, max(_BACKOFF_START, self._backoff * 2))
         if self._shutdown:

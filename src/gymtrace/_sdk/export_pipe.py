@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 from gymtrace._model import environment as env
 from gymtrace._otel_private.records import _Rebuilder
-from gymtrace._sdk.export import BatchExporter
+from gymtrace._sdk.export import BatchExporter, RoomWait
 from gymtrace._sdk.export_child import _HEADER, _SPANS, _STAT_FIELDS, _frame, _read_frame
 
 logger = logging.getLogger("gymtrace")
@@ -74,6 +74,7 @@ class EncoderPipe:
         _handed: int
         _written: int
         _gone: bool
+        _room: RoomWait
         _dropped_full: int
         _dropped_failed: int
         _child: dict[str, int]
@@ -176,13 +177,37 @@ class EncoderPipe:
             # The encoder process is behind: a burst waits a little for the pipe instead of filling
             # the bound (the thread queue hands its worker the GIL for the same reason).
             self._write_while(lambda: self._outbox_spans > bound // 8, time.monotonic() + _BACKPRESSURE_WAIT)
-        # Bounded like the thread queue: while the pipe stays full, the oldest whole frames go.
+        if self._outbox_spans > bound and len(self._outbox) > 1:
+            self._wait_for_pipe(bound)
+        # Bounded like the thread queue: past the wait, the oldest whole frames go.
         while self._outbox_spans > bound and len(self._outbox) > 1:
             index = 1 if self._head_written else 0  # a frame partly in the pipe must be finished
             spans, _ = self._outbox[index]
             del self._outbox[index]
             self._outbox_spans -= spans
             self._dropped_full += spans
+
+    def _wait_for_pipe(self, bound: int) -> None:
+        """The frames are past their bound: hold the caller while the pipe takes them (lock held,
+        released while waiting), by the thread queue's rule (:class:`RoomWait`).
+
+        The encoder process reads its pipe whenever its own queue has room, and that queue holds
+        the reader only while its exporter delivers (it drops, counted, while the exporter fails),
+        so a burst faster than the encoder process runs at its pace and arrives whole. A pipe that
+        took nothing for the whole wait (the encoder process stopped or hung) is a stall: whole
+        frames go, counted, until it takes one again (``_write_outbox``).
+        """
+
+        def over() -> bool:
+            return self._outbox_spans > bound and len(self._outbox) > 1
+
+        def gone() -> bool:
+            return self._proc is None or self._shutdown
+
+        def wait(seconds: float) -> None:
+            self._write_while(over, time.monotonic() + min(seconds, 0.05))
+
+        self._room.hold(over, gone, wait)
 
     def _write_while(self, unfinished: Callable[[], bool], deadline: float) -> bool:
         """Write frames as the pipe drains while ``unfinished()``, until ``deadline`` (lock held,
@@ -235,6 +260,7 @@ class EncoderPipe:
                 self._outbox_spans -= spans
                 self._written += spans
                 self._head_written = 0
+                self._room.delivered()  # the encoder process reads again: a full pipe waits again
 
     def _tick(self, proc: subprocess.Popen[bytes]) -> None:
         """Every schedule delay: hand over what is pending, so a quiet application's spans leave."""

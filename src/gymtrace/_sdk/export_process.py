@@ -17,8 +17,9 @@ turns the records back into SDK ``ReadableSpan`` objects and runs the same :clas
 and exporters the thread mode runs, so every promise of the queue holds there: bounded memory,
 counted drops, retries with backoff, the 4 MiB request bound, a flush bounded by
 ``GYMTRACE_FLUSH_TIMEOUT``. It reports its counts back on a second pipe after every change;
-``export_stats()`` adds what the application's side dropped (a pipe that stayed full longer
-than the queue bound) and counts what is in the pipe as queued.
+``export_stats()`` adds what the application's side dropped (frames past the queue bound while
+the pipe took nothing for the whole wait a full queue allows, ``export.RoomWait``) and counts what
+is in the pipe as queued.
 
 Endings: ``force_flush`` (and so the exit hooks and SIGTERM) sends what is pending and waits for
 the encoder process to deliver it; ``shutdown`` then stops it. If the application's process dies
@@ -41,7 +42,7 @@ from collections.abc import Callable
 from typing import Any
 
 from gymtrace._otel_private.records import _BLOCK, LeanSpanRecords, _record, learn_lean_span
-from gymtrace._sdk.export import BatchExporter, ExportStats, log_totals, remaining_millis
+from gymtrace._sdk.export import BatchExporter, ExportStats, RoomWait, log_totals, remaining_millis
 from gymtrace._sdk.export_child import _FLUSH, _SHUTDOWN, _STAT_FIELDS, _frame, build_exporter, child_main
 from gymtrace._sdk.export_pipe import EncoderPipe, pipes_available
 
@@ -77,7 +78,10 @@ class ProcessExporter(LeanSpanRecords, EncoderPipe):
         self.max_queue_size = queue["max_queue_size"]
         self.shutdown_timeout = queue["shutdown_timeout"]
         self.schedule_delay = queue["schedule_delay"]
-        self._config = {"target": target, "queue": queue}
+        # The full queue's wait, resolved here once: the encoder process's queue and this pipe hold
+        # the caller alike (export.RoomWait).
+        self._max_wait = RoomWait(queue.get("max_wait")).limit
+        self._config = {"target": target, "queue": {**queue, "max_wait": self._max_wait}}
         self._fallback_factory = fallback
         learn_lean_span()
         self._reset_state()
@@ -109,6 +113,8 @@ class ProcessExporter(LeanSpanRecords, EncoderPipe):
         # the reply thread may still apply the dead process's last reports, which move spans from
         # dropped to exported, and a count taken at the death counted those twice.
         self._gone = False
+        # A full pipe holds the caller as a full thread queue does (_wait_for_pipe).
+        self._room = RoomWait(self._max_wait)
         self._dropped_full = self._dropped_failed = 0
         self._child: dict[str, int] = dict.fromkeys(_STAT_FIELDS, 0)
         self._replies: dict[int, bool] = {}
