@@ -231,3 +231,85 @@ def test_a_line_that_is_not_an_otlp_request_is_one_line_naming_it(
     assert code == 2
     (line,) = err.strip().splitlines()
     assert f"{path}:2:" in line, line
+
+
+def _decoded(decode: Any, span: Any) -> Any:
+    """What a decoder makes of a raw span: the span, or the message of the error it names."""
+    from gymtrace._model.spandata import BadTraceData
+
+    try:
+        return decode(span, "service", "instance")
+    except BadTraceData as exc:
+        return str(exc)
+
+
+@settings(max_examples=300, deadline=None, derandomize=True)
+@given(request=broken_requests())
+def test_the_fast_decoder_reads_every_span_as_the_checked_decoder_reads_it(request: dict[str, Any]) -> None:
+    # The readers decode most spans on a fast path without the per-field checks (issue 45); it
+    # gives up on anything it does not read exactly as the checked path does.
+    from gymtrace._model import spandata
+    from gymtrace._read.check.stream import CHECK_KEYS
+
+    def each(node: Any, key: str) -> list[dict[str, Any]]:
+        found = node.get(key) if isinstance(node, dict) else None
+        return [item for item in found if isinstance(item, dict)] if isinstance(found, list) else []
+
+    spans = [
+        span
+        for resource in each(request, "resourceSpans")
+        for scope in each(resource, "scopeSpans")
+        for span in each(scope, "spans")
+    ]
+    assert spans or request != _request()
+    for span in spans:
+        assert _decoded(spandata.decode_span, span) == _decoded(spandata._checked_span, span)
+        held = functools.partial(spandata._checked_span, read_events=False)
+        assert _decoded(spandata.decode_held, span) == _decoded(held, span)
+        lean = functools.partial(spandata._checked_span, keys=CHECK_KEYS)
+        assert _decoded(functools.partial(spandata.decode_lean, keys=CHECK_KEYS), span) == _decoded(
+            lean, span
+        )
+
+
+def _edited(path: tuple[Any, ...], value: Any) -> dict[str, Any]:
+    span: dict[str, Any] = copy.deepcopy(_written()["resourceSpans"][0]["scopeSpans"][0]["spans"][-1])
+    node = span
+    for step in path[:-1]:
+        node = node[step]
+    node[path[-1]] = value
+    return span
+
+
+@pytest.mark.parametrize(
+    ("path", "value"),
+    [
+        (("attributes", 0, "value"), {"intValue": "5"}),  # gym.run.id must be text
+        (("attributes", 0, "value"), {"stringValue": "5", "intValue": "5"}),
+        (("attributes", 0, "key"), "gym.episode.attempt"),  # a key twice, the first of a wrong type
+        (("attributes", 0, "key"), "gym.rollout.attempts"),
+        (("attributes", 0, "value"), {"stringValue": "caf\u00e9"}),
+        (("startTimeUnixNano",), "18446744073709551616"),  # 2^64
+        (("startTimeUnixNano",), "99999999999999999999"),
+        (("endTimeUnixNano",), "+5"),
+        (("endTimeUnixNano",), 5),
+        (("traceId",), "0AF7651916CD43DD8448EB211C80319C"),
+        (("spanId",), "0x12345678901234"),
+        (("kind",), True),
+        (("kind",), 2.0),
+        (("kind",), "SPAN_KIND_SERVER"),
+        (("status",), {"code": True}),
+        (("status",), {"code": 2, "message": "caf\u00e9"}),
+        (("name",), "caf\u00e9"),
+    ],
+)
+def test_the_fast_decoder_gives_way_to_the_checked_one_on_what_it_does_not_read_exactly(
+    path: tuple[Any, ...], value: Any
+) -> None:
+    from gymtrace._model import spandata
+    from gymtrace._read.check.stream import CHECK_KEYS
+
+    span = _edited(path, value)
+    assert _decoded(spandata.decode_span, span) == _decoded(spandata._checked_span, span)
+    lean = functools.partial(spandata._checked_span, keys=CHECK_KEYS)
+    assert _decoded(functools.partial(spandata.decode_lean, keys=CHECK_KEYS), span) == _decoded(lean, span)

@@ -6,14 +6,22 @@ test_demo_in_jaeger.py); these pin the two JSON shapes themselves."""
 
 from __future__ import annotations
 
+import copy
 import http.server
 import json
 import threading
+from collections.abc import Mapping
+from dataclasses import replace
+from pathlib import Path
 from typing import Any
 
 import pytest
 
+import gymtrace
 from gymtrace import _constants as c
+from gymtrace._cli import main
+from gymtrace._model.spandata import SpanData, encode_spandata_json, normalize
+from gymtrace._read import jaeger as jaeger_module
 from gymtrace._read.jaeger import (
     JaegerClient,
     JaegerError,
@@ -21,6 +29,7 @@ from gymtrace._read.jaeger import (
     spans_from_jaeger,
     with_relations,
 )
+from gymtrace.testing import capture_spans
 
 TRACE = "0af7651916cd43dd8448eb211c80319c"
 RUN_TRACE = "00000000000000001111111111111111"
@@ -111,6 +120,108 @@ def test_relations_reported_by_v3_replace_the_inferred_ones() -> None:
     spans = with_relations(spans_from_jaeger(V1), relations)
     assert _relations(spans)["00000000000000b2"] == ["handoff"]  # v3 wins over the "retry" guess
     assert _relations(spans)["00000000000000b3"] == [c.RELATION_RESTORE]  # v3 said nothing: kept
+
+
+class _FakeJaeger:
+    """Jaeger's v1 search as its memory store answers it: the traces with a span of the service, its
+    tags and a start in [start, end] (microseconds), the newest ``limit`` of them; no v3."""
+
+    def __init__(self, traces: list[dict[str, Any]]) -> None:
+        self.traces = traces
+        self.answered: list[int] = []
+
+    def get(self, path: str, params: Mapping[str, str] | None = None) -> Any:
+        if path == "/api/services":
+            return {"data": sorted({p["serviceName"] for t in self.traces for p in t["processes"].values()})}
+        if not path == "/api/traces":
+            raise JaegerError(f"no {path}")
+        assert params is not None
+        start, end, limit = int(params["start"]), int(params["end"]), int(params["limit"])
+        tags = json.loads(params.get("tags", "{}"))
+
+        def matches(span: dict[str, Any]) -> bool:
+            values = {t["key"]: str(t["value"]) for t in span["tags"]}
+            return start <= span["startTime"] <= end and all(values.get(k) == v for k, v in tags.items())
+
+        found = [t for t in self.traces if any(matches(s) for s in t["spans"])]
+        found = sorted(found, key=lambda t: t["spans"][0]["startTime"])[-limit:]
+        self.answered.append(len(found))
+        return {"data": copy.deepcopy(found)}
+
+
+def _v1_trace(spans: list[SpanData]) -> dict[str, Any]:
+    """Spans of one trace as Jaeger's v1 API writes them (microseconds; links as references)."""
+
+    def tag(key: str, value: Any) -> dict[str, Any]:
+        kind = "bool" if isinstance(value, bool) else "int64" if isinstance(value, int) else "string"
+        kind = "float64" if isinstance(value, float) else kind
+        return {"key": key, "type": kind, "value": value if kind != "string" else str(value)}
+
+    return {
+        "traceID": spans[0].trace_id,
+        "processes": {"p1": {"serviceName": spans[0].service, "tags": []}},
+        "spans": [
+            {
+                "traceID": s.trace_id,
+                "spanID": s.span_id,
+                "operationName": s.name,
+                "references": (
+                    [{"refType": "CHILD_OF", "traceID": s.trace_id, "spanID": s.parent_id}]
+                    if s.parent_id
+                    else []
+                )
+                + [
+                    {"refType": "FOLLOWS_FROM", "traceID": link.trace_id, "spanID": link.span_id}
+                    for link in s.links
+                ],
+                "startTime": s.start_ns // 1000,
+                "duration": (s.end_ns - s.start_ns) // 1000,
+                "tags": [tag(k, v) for k, v in s.attributes.items() if not isinstance(v, tuple)],
+                "logs": [],
+                "processID": "p1",
+            }
+            for s in spans
+        ],
+    }
+
+
+def test_a_search_pages_through_every_trace_holding_one_page_at_a_time(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with capture_spans() as captured, gymtrace.run(run_id="paged"):
+        for i in range(40):
+            with gymtrace.rollout(rollout_id=f"r-{i}", task_id=f"t-{i % 4}"):
+                with gymtrace.episode(), gymtrace.step(), gymtrace.tool_call(tool_name="env.step"):
+                    pass
+                if i % 3:
+                    with gymtrace.verify():
+                        gymtrace.record_reward(float(i % 2))
+    by_trace: dict[str, list[SpanData]] = {}
+    for span in normalize(captured.spans):
+        by_trace.setdefault(span.trace_id, []).append(span)
+    jaeger = _FakeJaeger([_v1_trace(spans) for spans in by_trace.values()])
+    monkeypatch.setattr(JaegerClient, "_get", lambda _, path, params=None: jaeger.get(path, params))
+    monkeypatch.setattr(jaeger_module, "PAGE_TRACES", 6)
+    traces = list(JaegerClient("http://jaeger").traces(None, {c.RUN_ID: "paged"}))
+    assert sorted(t[0].trace_id for t in traces) == sorted(by_trace) and len(traces) == 41
+    assert max(jaeger.answered) <= 6 and len(jaeger.answered) > 41 / 6
+    # The readers read Jaeger's run as they read the file the run wrote, at Jaeger's resolution
+    # (microseconds: the time split and the durations are read from the times).
+    path = tmp_path / "run.jsonl"
+    in_us = [
+        replace(
+            s,
+            start_ns=s.start_ns // 1000 * 1000,
+            end_ns=(s.start_ns // 1000 + (s.end_ns - s.start_ns) // 1000) * 1000,
+        )
+        for s in normalize(captured.spans)
+    ]
+    path.write_text(json.dumps(encode_spandata_json(in_us)) + "\n")
+    for argv in (["rollouts", "--json"], ["stats", "--json"]):
+        assert main([*argv, str(path)]) == 0
+        from_file = capsys.readouterr().out
+        assert main([*argv, "--jaeger", "http://jaeger", "--run", "paged"]) == 0
+        assert capsys.readouterr().out == from_file and from_file, argv
 
 
 def test_an_error_answer_from_jaeger_names_the_stores_reason() -> None:

@@ -266,6 +266,20 @@ def test_a_file_that_cannot_be_read_is_one_line_naming_its_line(
     )
 
 
+def test_a_last_line_cut_short_by_a_killed_writer_is_one_warning_and_the_lines_before_it_are_drawn(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = _run_of_two_workers(tmp_path)
+    whole = _timeline(tmp_path, capsys, str(path))
+    with open(path, "a") as f:
+        f.write('{"resourceSpans": [{"scopeSpans"')  # no newline: its writer stopped mid-line
+    out = tmp_path / "cut.html"
+    assert main(["timeline", str(path), "-o", str(out)]) == 0
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and f"{path}: its last line" in err and "cut short" in err
+    assert _page_data(out.read_text()) == whole
+
+
 def test_the_pictures_reader_splits_as_the_readers_do_nemo_gyms_own_ids_too(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

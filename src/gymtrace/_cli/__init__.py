@@ -35,6 +35,10 @@ COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
     "timeline": timeline.run,
     "report": report.run,
 }
+# The subcommands that read a run: they hold the spans a run's answer needs (10^5-10^6 objects),
+# make no reference cycles worth collecting, and run the cyclic garbage collector's full passes
+# over all they hold if it stays on (issue 45).
+READERS = frozenset({"tree", "check", "rollouts", "stats", "compare"})
 
 
 # Exit codes (docs/cli.md): 0 success; 1 the answer is "no" (contract violations, nothing found);
@@ -71,6 +75,11 @@ def _closed_pipe() -> int:
 def _main(argv: Sequence[str] | None) -> int:
     args = make_parser().parse_args(argv)
     try:
+        if args.command in READERS:
+            from gymtrace._read.source import gc_paused
+
+            with gc_paused():
+                return COMMANDS[args.command](args)
         return COMMANDS[args.command](args)
     except BrokenPipeError:
         raise  # an OSError, but not the input's: main() stops quietly

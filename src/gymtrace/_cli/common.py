@@ -10,13 +10,17 @@ import argparse
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from gymtrace import _constants as c
 from gymtrace._model import settings as _settings
 from gymtrace._model.environment import DEFAULT_FILE
 from gymtrace._model.spandata import SpanData, TraceFileError, read_trace_files
-from gymtrace._model.tracefiles import Warn, trace_files
+from gymtrace._model.tracefiles import Warn, trace_files_of
 from gymtrace._sdk.children import child_files
+
+if TYPE_CHECKING:
+    from gymtrace._read.source import Summary
 
 
 def default_file() -> str:
@@ -28,34 +32,42 @@ def warn(message: str) -> None:
     print(f"gymtrace: warning: {message}", file=sys.stderr)
 
 
-def read_spans(args: argparse.Namespace) -> list[SpanData]:
-    """The spans ``rollouts`` and ``stats`` read: files, or Jaeger (searched by run ID if given)."""
-    if args.jaeger:
-        from gymtrace._read.jaeger import JaegerClient
-
-        if args.files:
-            raise TraceFileError("give trace files or --jaeger, not both")
-        found: list[SpanData] = JaegerClient(args.jaeger).search(
-            args.service, {c.RUN_ID: args.run} if args.run else {}
-        )
-        return found
-    return read_files(args.files)
-
-
-def read_files(files: list[str]) -> list[SpanData]:
-    """The spans of every file given, read as one (a Ray run writes one per worker, a traced
-    service one per process), or of the default file."""
-    # With no file named: the default file and the files its workers wrote beside it (a worker
-    # configured from GYMTRACE_PARENT writes {stem}.pid-{pid}{suffix}), so their outcomes count;
-    # each name stands for its segments too.
-    return read_trace_files(input_files(files, warn), warn=warn)
+def input_names(files: list[str]) -> list[str]:
+    """The names given, or the default file and the files its workers wrote beside it (a worker
+    configured from GYMTRACE_PARENT writes {stem}.pid-{pid}{suffix}), so their outcomes count;
+    each name stands for its segments too (``input_files``)."""
+    return files or [default_file(), *child_files(default_file())]
 
 
 def input_files(files: list[str], warn: Warn | None = None) -> list[Path]:
     """Every file the names given stand for (``tracefiles.trace_files``: a directory's, a file's
     segments), each once however many names cover it (``gymtrace stats traces*``)."""
-    names = files or [default_file(), *child_files(default_file())]
-    return list(dict.fromkeys(f for name in names for f in trace_files(name, warn)))
+    return trace_files_of(input_names(files), warn)
+
+
+def read_summary(args: argparse.Namespace) -> Summary:
+    """What ``rollouts`` and ``stats`` read: only the spans the outcome rule and the training figures
+    need (``_read.source``), from files in one streaming pass, or from Jaeger's search (by run ID if
+    given), a page of traces at a time."""
+    from gymtrace._read.source import read_summary_spans, summary_of_traces
+
+    if args.jaeger:
+        from gymtrace._read.jaeger import JaegerClient
+
+        if args.files:
+            raise TraceFileError("give trace files or --jaeger, not both")
+        client = JaegerClient(args.jaeger)
+        return summary_of_traces(client.traces(args.service, {c.RUN_ID: args.run} if args.run else {}))
+    return read_summary_spans(input_names(args.files), warn)
+
+
+def read_files(files: list[str]) -> list[SpanData]:
+    """The spans of every file given, read as one (a Ray run writes one per worker, a traced
+    service one per process), or of the default file."""
+    from gymtrace._read.source import gc_paused
+
+    with gc_paused():
+        return read_trace_files(input_files(files, warn), warn=warn)
 
 
 def print_table(header: tuple[str, ...], rows: Sequence[tuple[str, ...]]) -> None:

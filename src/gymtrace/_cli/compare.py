@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from gymtrace import _constants as c
-from gymtrace._cli.common import read_files
+from gymtrace._cli.common import warn
 from gymtrace._model.spandata import SpanData
 
 if TYPE_CHECKING:
@@ -22,16 +22,19 @@ def _run_spans(args: argparse.Namespace, which: str) -> list[SpanData]:
     given = getattr(args, which)
     if args.jaeger:
         from gymtrace._read.jaeger import JaegerClient
+        from gymtrace._read.source import summary_of_traces
 
-        found: list[SpanData] = JaegerClient(args.jaeger).search(args.service, {c.RUN_ID: given})
-        return found
+        client = JaegerClient(args.jaeger)
+        return summary_of_traces(client.traces(args.service, {c.RUN_ID: given})).spans
     path = Path(given)
     files = (
         sorted(p for p in path.iterdir() if p.is_file() and not p.name.startswith("."))
         if path.is_dir()
         else [path]
     )
-    return read_files([str(p) for p in files])
+    from gymtrace._read.source import read_summary_spans
+
+    return read_summary_spans([str(p) for p in files], warn).spans
 
 
 def run(args: argparse.Namespace) -> int:

@@ -6,7 +6,7 @@ import argparse
 import json
 import sys
 
-from gymtrace._cli.common import print_table, read_spans
+from gymtrace._cli.common import print_table, read_summary
 
 
 def run(args: argparse.Namespace) -> int:
@@ -14,15 +14,17 @@ def run(args: argparse.Namespace) -> int:
     from gymtrace._read.timesplit import rollout_splits, split_json
     from gymtrace._read.training import finish_rows, read_training
 
-    spans = read_spans(args)
-    outcomes = final_outcomes(spans, run_id=args.run)
+    summary = read_summary(args)
+    spans = summary.spans
+    data = dedupe(spans)
+    outcomes = final_outcomes(spans, run_id=args.run, data=data)
     if not outcomes:
         print("no rollouts found", file=sys.stderr)
         return 1
     if args.json:
-        training = read_training(dedupe(spans), outcomes)
+        training = read_training(data, outcomes, summary.tokens)
         finish_rows(training, outcomes)
-        splits = rollout_splits(spans, outcomes)
+        splits = rollout_splits(spans, outcomes, summary.times)
         for o in outcomes:
             time_split = split_json(splits[id(o)])
             print(json.dumps({**o.as_json(), **training.row(o).as_json(), "time_split": time_split}))

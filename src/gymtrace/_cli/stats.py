@@ -11,17 +11,18 @@ import sys
 from typing import TYPE_CHECKING, Any
 
 from gymtrace import _constants as c
-from gymtrace._cli.common import read_spans
+from gymtrace._cli.common import read_summary
 
 if TYPE_CHECKING:
     from gymtrace._model.spandata import SpanData
     from gymtrace._read.outcomes import RolloutOutcome
     from gymtrace._read.passk import PassK
+    from gymtrace._read.source import Summary
     from gymtrace._read.stats import RunStats
 
 
 def run(args: argparse.Namespace) -> int:
-    from gymtrace._read.outcomes import final_outcomes
+    from gymtrace._read.outcomes import dedupe, final_outcomes
     from gymtrace._read.passk import per_task
     from gymtrace._read.stats import members_of, summarise
     from gymtrace._read.timesplit import rollout_seconds, rollout_splits, run_times, times_text
@@ -29,17 +30,18 @@ def run(args: argparse.Namespace) -> int:
     if args.pass_k is not None and args.pass_k < 1:
         print("gymtrace stats: --pass-k must be at least 1", file=sys.stderr)
         return 2
-    spans = read_spans(args)
-    outcomes = final_outcomes(spans, run_id=args.run)
+    summary = read_summary(args)
+    data = dedupe(summary.spans)
+    outcomes = final_outcomes(summary.spans, run_id=args.run, data=data)
     if args.by is not None:
-        return _by(args, spans, outcomes)
+        return _by(args, summary, data, outcomes)
     stats = summarise(
         outcomes=outcomes, failed_as_zero=args.failed_as_zero, pass_threshold=args.pass_threshold
     )
     if not stats:
         print("no rollouts found", file=sys.stderr)
         return 1
-    splits = rollout_splits(spans, outcomes)
+    splits = rollout_splits(summary.spans, outcomes, summary.times)
     for run in stats:
         body = run.as_json()
         members = members_of(run, outcomes)
@@ -60,9 +62,10 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _by(args: argparse.Namespace, spans: list[SpanData], outcomes: list[RolloutOutcome]) -> int:
+def _by(
+    args: argparse.Namespace, summary: Summary, data: list[SpanData], outcomes: list[RolloutOutcome]
+) -> int:
     """``--by train_step|policy_version|group``: one object (or line) per step, version or group."""
-    from gymtrace._read.outcomes import dedupe
     from gymtrace._read.training import (
         finish_rows,
         group_stats,
@@ -72,7 +75,7 @@ def _by(args: argparse.Namespace, spans: list[SpanData], outcomes: list[RolloutO
         version_stats,
     )
 
-    training = read_training(dedupe(spans), outcomes)
+    training = read_training(data, outcomes, summary.tokens)
     finish_rows(training, outcomes)
     if args.run is not None:
         training.consumptions = [e for e in training.consumptions if e.run_id == args.run]
@@ -81,7 +84,7 @@ def _by(args: argparse.Namespace, spans: list[SpanData], outcomes: list[RolloutO
     if args.by == "train_step":
         from gymtrace._read.timesplit import rollout_splits
 
-        objects = step_stats(training, rollout_splits(spans, outcomes))
+        objects = step_stats(training, rollout_splits(summary.spans, outcomes, summary.times))
         runs = run_stats(training, outcomes)
     elif args.by == "policy_version":
         objects, runs = version_stats(training, outcomes), []

@@ -6,7 +6,7 @@ import argparse
 import sys
 
 from gymtrace import _constants as c
-from gymtrace._cli.common import read_files
+from gymtrace._cli.common import input_files, read_files, warn
 from gymtrace._model.spandata import SpanData
 
 
@@ -20,14 +20,19 @@ def _load(args: argparse.Namespace) -> list[SpanData]:
         tags = {c.ROLLOUT_ID: args.rollout} if args.rollout else {c.RUN_ID: args.run} if args.run else {}
         found: list[SpanData] = client.search(args.service, tags)
         return found
-    spans = read_files(args.files)
+    if not (args.trace or args.rollout or args.run):
+        return read_files(args.files)
+    from gymtrace._read.source import spans_of_traces, traces_matching
+
+    # Streamed: only the spans of the traces asked for are decoded and held (one pass for a trace
+    # ID, two for a rollout or run: which traces, then their spans).
+    files = input_files(args.files, warn)
     if args.trace:
-        return [s for s in spans if s.trace_id == args.trace.lower().rjust(32, "0")]
-    if args.rollout or args.run:
-        key, value = (c.ROLLOUT_ID, args.rollout) if args.rollout else (c.RUN_ID, args.run)
-        traces = {s.trace_id for s in spans if s.attributes.get(key) == value}
-        return [s for s in spans if s.trace_id in traces]
-    return spans
+        return spans_of_traces(files, {args.trace.lower().rjust(32, "0")}, warn)
+    key, value = (c.ROLLOUT_ID, args.rollout) if args.rollout else (c.RUN_ID, args.run)
+    traces = traces_matching(files, key, value, warn)
+    # The second pass reads what the first did: what it read past is told once.
+    return spans_of_traces(files, traces, lambda _: None) if traces else []
 
 
 def run(args: argparse.Namespace) -> int:

@@ -9,8 +9,12 @@ from __future__ import annotations
 
 import base64
 import json
+import marshal
+import operator
 import re
-from collections.abc import Iterable, Iterator, Mapping
+import sys
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -18,7 +22,7 @@ from typing import Any
 from gymtrace import _constants as c
 from gymtrace._model.numbers import read_int
 from gymtrace._model.tracefiles import TraceFileError as TraceFileError
-from gymtrace._model.tracefiles import Warn, line_cut_short, open_lines, trace_files
+from gymtrace._model.tracefiles import Warn, compression_of, line_cut_short, open_lines, trace_files
 
 
 @dataclass(frozen=True)
@@ -225,6 +229,12 @@ def _from_any_value(value: Any, what: str = "value") -> Any:
     return None
 
 
+def decode_any_value(value: Any) -> Any:
+    """One OTLP/JSON ``AnyValue`` object as the readers see it (:class:`BadTraceData` if it is not
+    one)."""
+    return _from_any_value(value)
+
+
 # The gym attributes every reader relies on, with the type gymtrace writes them as: a file where one
 # has another type was not written by gymtrace, and is refused with the attribute's name instead of
 # failing deep inside a reader (issue 31).
@@ -252,9 +262,50 @@ _GYM_TYPES: dict[str, tuple[type, ...]] = {
 }
 
 
-def _from_key_values(items: Any, what: str = "attributes") -> dict[str, Any]:
+_SLOW = object()
+
+
+def _plain_value(value: dict[str, Any]) -> Any:
+    """What :func:`_from_any_value` reads from the common values (ASCII text, digits, a float, a
+    boolean) without its checks; ``_SLOW`` for anything else, which it then reads and names."""
+    if "stringValue" in value:
+        text = value["stringValue"]
+        return text if type(text) is str and text.isascii() else _SLOW
+    if "boolValue" in value:
+        flag = value["boolValue"]
+        return flag if type(flag) is bool else _SLOW
+    if "intValue" in value:
+        number = value["intValue"]
+        if type(number) is str and number.isascii() and number.isdigit():
+            return int(number)
+        return number if type(number) is int else _SLOW
+    if "doubleValue" in value:
+        double = value["doubleValue"]
+        return float(double) if type(double) in (float, int) else _SLOW
+    return _SLOW
+
+
+def _from_key_values(
+    items: Any, what: str = "attributes", keys: frozenset[str] | None = None
+) -> dict[str, Any]:
     found: dict[str, Any] = {}
     for item in _array(items, what):
+        if (
+            keys is not None
+            and type(item) is dict
+            and not (type(key := item.get("key")) is str and key in keys)
+        ):
+            continue  # read lean: only the keys asked for (a key that is not text is none of them)
+        if type(item) is dict:
+            # The fast path: a readable key and a plain value of the type _GYM_TYPES wants.
+            key, value = item.get("key"), item.get("value")
+            if type(key) is str and key.isascii() and type(value) is dict:
+                plain = _plain_value(value)
+                if plain is not _SLOW:
+                    wanted = _GYM_TYPES.get(key)
+                    if wanted is None or type(plain) in wanted:
+                        found[sys.intern(key)] = plain
+                        continue
         item = _object(item, f"{what}[]")
         key = _text(item.get("key"), f"{what}[].key")
         value = _from_any_value(item.get("value", {}), f"attribute {key!r}")
@@ -265,7 +316,8 @@ def _from_key_values(items: Any, what: str = "attributes") -> dict[str, Any]:
             raise BadTraceData(
                 f"attribute {key!r} must be {' or '.join(t.__name__ for t in wanted)}, got {value!r:.40}"
             )
-        found[key] = value
+        # Interned: a reader holding many spans holds each attribute name once, not once a span.
+        found[sys.intern(key)] = value
     return found
 
 
@@ -327,6 +379,13 @@ def encode_otlp_json(spans: Iterable[Any]) -> dict[str, Any]:
 _ATTEMPT_SUFFIX = re.compile(r"^(.+)-a([0-9]{1,9})$")
 
 
+def nemo_gym_identity(key: str) -> tuple[str, int | None]:
+    """The rollout ID and attempt that NeMo Gym's capture key ``nemo.gym.rollout.id`` names: the key,
+    with ``-a{n}`` after attempt 0 (None: no suffix)."""
+    qualified = _ATTEMPT_SUFFIX.match(key)
+    return (qualified.group(1), int(qualified.group(2))) if qualified else (key, None)
+
+
 def _with_rollout_id(attributes: dict[str, Any]) -> dict[str, Any]:
     """NeMo Gym's own telemetry names a rollout ``nemo.gym.rollout.id`` (its capture key, with
     ``-a{n}`` after attempt 0): where no ``gym.rollout.id`` is set, that key is the rollout ID, and
@@ -334,10 +393,10 @@ def _with_rollout_id(attributes: dict[str, Any]) -> dict[str, Any]:
     key = attributes.get(c.NEMO_GYM_ROLLOUT_ID)
     if c.ROLLOUT_ID in attributes or not isinstance(key, str) or not key:
         return attributes
-    qualified = _ATTEMPT_SUFFIX.match(key)
-    attributes[c.ROLLOUT_ID] = qualified.group(1) if qualified else key
-    if qualified and c.EPISODE_ATTEMPT not in attributes:
-        attributes[c.EPISODE_ATTEMPT] = int(qualified.group(2))
+    rollout_id, attempt = nemo_gym_identity(key)
+    attributes[c.ROLLOUT_ID] = rollout_id
+    if attempt is not None and c.EPISODE_ATTEMPT not in attributes:
+        attributes[c.EPISODE_ATTEMPT] = attempt
     return attributes
 
 
@@ -387,30 +446,263 @@ def encode_spandata_json(
     return {"resourceSpans": resource_spans}
 
 
-def decode_otlp_json(request: Any) -> Iterator[SpanData]:
+# Decodes one raw span given its resource's service name and instance: the full decoder, or one that
+# reads less (decode_lean).
+Decode = Callable[[Mapping[str, Any], str, str], "SpanData"]
+
+
+def decode_otlp_json(
+    request: Any, keep: Callable[[Mapping[str, Any]], bool] | None = None, decode: Decode | None = None
+) -> Iterator[SpanData]:
     """One OTLP/JSON ``ExportTraceServiceRequest`` (a line of the embedded default's file).
 
-    Every field is type-checked: a field of the wrong type raises :class:`BadTraceData` naming it,
-    never an ``AttributeError`` from deep inside a reader."""
+    Every field of a span decoded is type-checked: a field of the wrong type raises
+    :class:`BadTraceData` naming it, never an ``AttributeError`` from deep inside a reader.
+    ``keep``, given a span's raw object, says whether to decode it (a reader that needs few spans
+    skips the rest); ``decode`` decodes it (default: every field)."""
+    decode = decode or decode_span
     request = _object(request, "the request")
     for resource_spans in _array(request.get("resourceSpans"), "resourceSpans"):
         resource_spans = _object(resource_spans, "resourceSpans[]")
         resource = _from_key_values(
             _object(resource_spans.get("resource") or {}, "resource").get("attributes"), "resource attributes"
         )
-        service = str(resource.get("service.name", ""))
-        instance = str(resource.get("service.instance.id", ""))
+        service = sys.intern(str(resource.get("service.name", "")))
+        instance = sys.intern(str(resource.get("service.instance.id", "")))
         for scope_spans in _array(resource_spans.get("scopeSpans"), "scopeSpans"):
             scope_spans = _object(scope_spans, "scopeSpans[]")
             for s in _array(scope_spans.get("spans"), "spans"):
-                yield _decode_span(_object(s, "spans[]"), service, instance)
+                s = _object(s, "spans[]")
+                if keep is None or keep(s):
+                    yield decode(s, service, instance)
 
 
-def _decode_span(s: Mapping[str, Any], service: str, instance: str) -> SpanData:
-    status = _object(s.get("status") or {}, "status")
-    parent = _text(s.get("parentSpanId"), "parentSpanId")
+def decode_span(s: Mapping[str, Any], service: str, instance: str) -> SpanData:
+    """One raw OTLP/JSON span, every field read and checked (see :func:`decode_otlp_json`)."""
+    span = _plain_span(s, service, instance)
+    return span if span is not None else _checked_span(s, service, instance)
+
+
+# -- the fast path ------------------------------------------------------------------------------
+#
+# A training run's file holds millions of spans, nearly all written by gymtrace's own exporter:
+# ASCII IDs and names, times and int64 attributes as strings of digits, plain attribute values.
+# Those are read here without the per-field checks (a span of ~11 attributes in ~4 us instead of
+# ~13 us); anything else, a field missing, of another type or not plain, makes the fast path give
+# up (None) and the checked path read the span, so both read the same spans the same way and a bad
+# span is named by the checked path's message (issue 45).
+
+_KEY = operator.itemgetter("key")
+_VALUE = operator.itemgetter("value")
+_HEX_DIGITS = "0123456789abcdef"
+_KINDS_BY_NUMBER = dict(enumerate(_OTLP_KINDS))
+_STATUS_BY_NUMBER = dict(enumerate(_OTLP_STATUS))
+_new = object.__new__
+_set = object.__setattr__
+
+
+def raw_attributes(raw: Mapping[str, Any]) -> dict[str, Any] | None:
+    """A raw span's attributes as ``{key: raw AnyValue object}`` (the last of a key that repeats),
+    read in C (``dict(zip(map(...)))``: a reader that looks at a few keys of every span pays for
+    no loop in Python); None when they are not a list of ``{key, value}`` objects or a key repeats
+    (then the checked decoder names what is wrong)."""
+    items = raw.get("attributes")
+    if items is None:
+        return {}
+    if items.__class__ is not list:
+        return None
+    try:
+        found = dict(zip(map(_KEY, items), map(_VALUE, items), strict=True))
+    except (TypeError, KeyError):
+        return None
+    return found if len(found) == len(items) else None
+
+
+def plain_value(value: Any) -> Any:
+    """What the checked decoder reads from a common raw ``AnyValue`` (ASCII text, a string of
+    digits, a number, a boolean); :data:`NOT_PLAIN` for anything else."""
+    if value.__class__ is not dict or len(value) != 1:
+        return NOT_PLAIN
+    for kind, x in value.items():
+        if kind == "stringValue":
+            return x if x.__class__ is str and x.isascii() else NOT_PLAIN
+        if kind == "intValue":
+            if x.__class__ is str:
+                return int(x) if x.isdigit() and x.isascii() else NOT_PLAIN
+            return x if x.__class__ is int else NOT_PLAIN
+        if kind == "doubleValue":
+            return float(x) if x.__class__ is float or x.__class__ is int else NOT_PLAIN
+        if kind == "boolValue":
+            return x if x.__class__ is bool else NOT_PLAIN
+    return NOT_PLAIN
+
+
+NOT_PLAIN: Any = _SLOW
+
+
+def _plain_attributes(raw: Mapping[str, Any], keys: frozenset[str] | None) -> dict[str, Any] | None:
+    """The attributes of a raw span (those in ``keys``, when given) if each is plain and of the type
+    :data:`_GYM_TYPES` wants; else None. Of a key given twice, the last (as the checked path)."""
+    items = raw.get("attributes")
+    if items is None:
+        return {}
+    if items.__class__ is not list:
+        return None
+    attributes: dict[str, Any] = {}
+    intern = sys.intern
+    gym_types = _GYM_TYPES
+    try:
+        for item in items:
+            key = item["key"]
+            if keys is not None and key not in keys:
+                continue
+            value = item["value"]
+            if (
+                key.__class__ is not str
+                or not key.isascii()
+                or value.__class__ is not dict
+                or len(value) != 1
+            ):
+                return None
+            # plain_value inlined for the two common kinds (this loop runs ~10 times a span).
+            plain = value.get("stringValue", _SLOW)
+            if plain is not _SLOW:
+                if plain.__class__ is not str or not plain.isascii():
+                    return None
+                # Interned: a reader holding a run's rollouts holds each run ID, task ID, kind and
+                # outcome once, not once a span (a third of what it held was such text).
+                plain = intern(plain)
+            else:
+                plain = value.get("intValue", _SLOW)
+                if plain.__class__ is str and plain.isdigit() and plain.isascii():
+                    plain = int(plain)
+                else:
+                    plain = plain_value(value)
+                    if plain is _SLOW:
+                        return None
+            wanted = gym_types.get(key)
+            if wanted is not None and plain.__class__ not in wanted:
+                return None
+            attributes[intern(key)] = plain
+    except (TypeError, KeyError):  # an item that is not a {key, value} object, a key that is not text
+        return None
+    return attributes
+
+
+# The trace ID last read whole: a trace's spans come together, so most spans' trace IDs are checked
+# by comparing them with it.
+_last_trace_id = [""]
+
+
+def _plain_span(
+    s: Mapping[str, Any],
+    service: str,
+    instance: str,
+    keys: frozenset[str] | None = None,
+    events: bool = True,
+) -> SpanData | None:
+    """A span whose every field is plain, decoded without the checks; None otherwise. With
+    ``keys``, only those attributes, and no events or links (see :func:`decode_lean`); without
+    ``events``, no events."""
+    trace_id, span_id, name = s.get("traceId"), s.get("spanId"), s.get("name")
+    # An ID is lowercase hex: nothing left once its hex digits are stripped (a third of a regex).
+    if (
+        trace_id.__class__ is not str
+        or span_id.__class__ is not str
+        or name.__class__ is not str
+        or not name.isascii()
+        or len(span_id) != 16
+        or span_id.strip(_HEX_DIGITS)
+    ):
+        return None
+    if trace_id != _last_trace_id[0]:
+        if len(trace_id) != 32 or trace_id.strip(_HEX_DIGITS):
+            return None
+        _last_trace_id[0] = trace_id
+    parent = s.get("parentSpanId")
+    if parent == "" or parent is None:
+        parent = None
+    elif parent.__class__ is not str or len(parent) != 16 or parent.strip(_HEX_DIGITS):
+        return None
+    # Times as gymtrace writes them: 1 to 19 ASCII digits (below 2^64).
+    start, end = s.get("startTimeUnixNano"), s.get("endTimeUnixNano")
+    if (
+        start.__class__ is not str
+        or end.__class__ is not str
+        or not 0 < len(start) < 20
+        or not 0 < len(end) < 20
+    ):
+        return None
+    both = start + end
+    if not both.isdigit() or not both.isascii():
+        return None
+    # A bool or a float is no enum number (the checked path refuses them; a dict would take True
+    # for 1), hence the class before the look-up.
+    number = s.get("kind", 1)
+    kind = _KINDS_BY_NUMBER.get(number) if number.__class__ is int else None
+    status = s.get("status")
+    code: str | None = "UNSET"
+    message: Any = ""
+    if status is None:
+        pass
+    elif status.__class__ is dict:
+        number = status.get("code", 0)
+        code = _STATUS_BY_NUMBER.get(number) if number.__class__ is int else None
+        message = status.get("message", "")
+    else:
+        return None
+    if kind is None or code is None or message.__class__ is not str:
+        return None
+    attributes = _plain_attributes(s, keys)
+    if attributes is None:
+        return None
+    if c.NEMO_GYM_ROLLOUT_ID in attributes:
+        attributes = _with_rollout_id(attributes)
+    span_events: tuple[EventData, ...] = ()
+    links: tuple[LinkData, ...] = ()
+    if keys is None and ((events and "events" in s) or "links" in s):
+        try:
+            span_events, links = _events_and_links(s, events)
+        except BadTraceData:
+            return None
+    span = _new(SpanData)
+    _set(
+        span,
+        "__dict__",
+        {
+            "trace_id": trace_id,
+            "span_id": span_id,
+            "parent_id": parent,
+            "name": name,
+            "start_ns": int(start),
+            "end_ns": int(end),
+            "attributes": attributes,
+            "events": span_events,
+            "links": links,
+            "status": code,
+            "status_message": message if message.isascii() else _text(message, "status.message"),
+            "service": service,
+            "span_kind": kind,
+            "service_instance": instance,
+        },
+    )
+    return span
+
+
+def decode_lean(s: Mapping[str, Any], service: str, instance: str, keys: frozenset[str]) -> SpanData:
+    """A raw span with only the attributes in ``keys`` (each checked as the full decoder checks it)
+    and no events or links: what ``gymtrace check`` holds of a span whose other attributes, events
+    and links no rule reads (``_read.check.stream``). Its IDs, times, name and status are read
+    and checked as :func:`decode_otlp_json` reads them."""
+    span = _plain_span(s, service, instance, keys)
+    return span if span is not None else _checked_span(s, service, instance, keys)
+
+
+def _events_and_links(
+    s: Mapping[str, Any], read_events: bool = True
+) -> tuple[tuple[EventData, ...], tuple[LinkData, ...]]:
     events = []
-    for e in _array(s.get("events"), "events"):
+    for e in _array(s.get("events"), "events") if read_events else ():
         e = _object(e, "events[]")
         events.append(
             EventData(
@@ -429,6 +721,21 @@ def _decode_span(s: Mapping[str, Any], service: str, instance: str) -> SpanData:
                 _from_key_values(link.get("attributes"), "link attributes"),
             )
         )
+    return tuple(events), tuple(links)
+
+
+def _checked_span(
+    s: Mapping[str, Any],
+    service: str,
+    instance: str,
+    keys: frozenset[str] | None = None,
+    read_events: bool = True,
+) -> SpanData:
+    """A span decoded field by field, each checked: the error names the first field that is wrong.
+    With ``keys``, as :func:`decode_lean` reads it; without ``read_events``, no events."""
+    status = _object(s.get("status") or {}, "status")
+    parent = _text(s.get("parentSpanId"), "parentSpanId")
+    events, links = _events_and_links(s, read_events) if keys is None else ((), ())
     return SpanData(
         trace_id=_hex_id(s.get("traceId"), "traceId", 32),
         span_id=_hex_id(s.get("spanId"), "spanId", 16),
@@ -436,9 +743,9 @@ def _decode_span(s: Mapping[str, Any], service: str, instance: str) -> SpanData:
         name=_text(s.get("name"), "name"),
         start_ns=_time(s.get("startTimeUnixNano"), "startTimeUnixNano"),
         end_ns=_time(s.get("endTimeUnixNano"), "endTimeUnixNano"),
-        attributes=_with_rollout_id(_from_key_values(s.get("attributes"))),
-        events=tuple(events),
-        links=tuple(links),
+        attributes=_with_rollout_id(_from_key_values(s.get("attributes"), keys=keys)),
+        events=events,
+        links=links,
         status=_enum(status.get("code"), "status.code", "STATUS_CODE_", _OTLP_STATUS, 0),
         status_message=_text(status.get("message"), "status.message"),
         service=service,
@@ -460,40 +767,185 @@ def read_otlp_json_lines(
     return read_trace_files(trace_files(path, warn), partial_last_line=partial_last_line, warn=warn)
 
 
+def _orjson_loads() -> Callable[[bytes], Any] | None:
+    try:
+        import orjson
+    except ImportError:  # the plain install: the standard library's json
+        return None
+    loads: Callable[[bytes], Any] = orjson.loads
+    return loads
+
+
+_FAST_LOADS = _orjson_loads()
+
+
+def decode_held(s: Mapping[str, Any], service: str, instance: str, *, events: bool = False) -> SpanData:
+    """A span a reader holds to the end (a rollout root, an episode...): :func:`decode_span`, without
+    its events unless ``events`` (no summary reader reads them: an episode's exception stack traces
+    were most of the text held), of a copy of ``s`` (``marshal`` copies parsed JSON exactly, NaN
+    and lone surrogates too, in C), so it is held apart from the line it was parsed from, whose
+    memory is then freed whole. Held pieces of every parsed line scattered the next lines' objects
+    through memory: the summary readers read a run ~25% slower (issue 45)."""
+    copied = marshal.loads(marshal.dumps(s))  # type: ignore[arg-type]  # parsed JSON: a dict
+    span = _plain_span(copied, service, instance, events=events)
+    return span if span is not None else _checked_span(copied, service, instance, read_events=events)
+
+
+def parse_json_line(raw: bytes) -> Any:
+    """One line of JSON, by orjson when it is installed (the ``fast`` extra), else by the standard
+    library. What orjson refuses and ``json`` reads (``NaN``, a lone surrogate, an integer past 64
+    bits) is read by ``json``, so both installs read the same lines the same way."""
+    if _FAST_LOADS is not None:
+        try:
+            return _FAST_LOADS(raw)
+        except ValueError:
+            pass
+    return json.loads(raw.decode("utf-8"))
+
+
+# A byte range of a file, [start, end), that starts at the start of a line (a reader splits a big
+# plain file between processes; a compressed file has no byte a line starts at, so it is read
+# whole: see ``_read.source.halves``); None: the whole file.
+Part = tuple[int, int] | None
+
+
+def _part_lines(f: Any, part: tuple[int, int]) -> Iterator[bytes]:
+    at, end = part
+    f.seek(at)
+    while at < end:
+        raw = f.readline()
+        if not raw:
+            return
+        at += len(raw)
+        yield raw
+
+
+@contextmanager
+def _open_part(path: Path, part: Part, warn: Warn | None, still_written: bool) -> Iterator[Iterable[bytes]]:
+    """The lines of a file (:func:`~gymtrace._model.tracefiles.open_lines`: decompressed by its
+    suffix), or of ``part`` of a plain one."""
+    if part is None:
+        with open_lines(path, warn=warn, still_written=still_written) as lines:
+            yield lines
+        return
+    if compression_of(path) is not None:
+        raise ValueError(f"{path}: a byte range of a compressed file")  # a caller's mistake
+    with open(path, "rb") as f:
+        yield _part_lines(f, part)
+
+
+def line_number(path: str | Path, part: Part, number: int) -> int:
+    """The line number in the whole file of line ``number`` of ``part`` (counted only for a
+    message: a part's first line number is not known without reading what comes before it)."""
+    if part is None or part[0] == 0:
+        return number
+    before, left = 0, part[0]
+    with open(path, "rb") as f:
+        while left > 0:
+            block = f.read(min(left, 1 << 20))
+            if not block:
+                break
+            before += block.count(b"\n")
+            left -= len(block)
+    return before + number
+
+
+def iter_requests(
+    path: str | Path, *, partial_last_line: bool = False, warn: Warn | None = None, part: Part = None
+) -> Iterator[tuple[int, Any, bool]]:
+    """Each line of one trace file, plain or compressed (or of ``part`` of a plain one) as ``(line
+    number in the part, parsed JSON, last line without its newline)``, one at a time.
+
+    A line that is not JSON raises :class:`TraceFileError` naming the file and line, except a last
+    line without its newline: the file is still being written (``partial_last_line``, for
+    ``gymtrace live``: skipped, it is whole at the next read) or its writer was killed mid-line
+    (skipped if ``warn`` is given, and told, naming the file; else the same error). A compressed
+    file's last block cut short is :func:`~gymtrace._model.tracefiles.open_lines`'s to tell."""
+    # Read as bytes and decoded line by line: a byte that is not UTF-8 is an error naming its line,
+    # not a UnicodeDecodeError out of the file iterator.
+    path = Path(path)
+    with _open_part(path, part, warn, partial_last_line) as lines:
+        for number, raw in enumerate(lines, 1):
+            unfinished = not raw.endswith(b"\n")
+            raw = raw.strip()
+            if not raw:
+                continue
+            try:
+                request = parse_json_line(raw)
+            except (ValueError, RecursionError) as exc:  # not UTF-8, not JSON, or nested too deep
+                if unfinished and _cut_short(path, part, number, partial_last_line, warn):
+                    return
+                where = f"{path}:{line_number(path, part, number)}"
+                raise TraceFileError(f"{where}: not an OTLP/JSON trace request ({exc})") from exc
+            yield number, request, unfinished
+
+
+def _cut_short(path: Path, part: Part, number: int, partial_last_line: bool, warn: Warn | None) -> bool:
+    """A last line without its newline that does not read: True to skip it (the file is still
+    being written, or the caller takes a warning: its writer was killed mid-line), False for the
+    error a caller that takes no warning gets."""
+    if partial_last_line:
+        return True
+    if warn is None:
+        return False
+    warn(line_cut_short(path, line_number(path, part, number)))
+    return True
+
+
+def iter_file_spans(
+    path: str | Path,
+    *,
+    partial_last_line: bool = False,
+    warn: Warn | None = None,
+    keep: Callable[[Mapping[str, Any]], bool] | None = None,
+    part: Part = None,
+    decode: Decode | None = None,
+) -> Iterator[SpanData]:
+    """The spans of one trace file (a file :func:`~gymtrace._model.tracefiles.trace_files` listed,
+    plain or compressed; or ``part`` of a plain one), one at a time. ``keep``, given a span's raw
+    OTLP/JSON object, says whether to decode it at all, and ``decode`` how (see
+    :func:`decode_otlp_json`)."""
+    file = Path(path)
+    lines = iter_requests(file, partial_last_line=partial_last_line, warn=warn, part=part)
+    for number, request, unfinished in lines:
+        try:
+            # Decoded whole before any is yielded: a bad span fails its line, not half of it.
+            spans = list(decode_otlp_json(request, keep, decode))
+        except BadTraceData as exc:
+            if unfinished and _cut_short(file, part, number, partial_last_line, warn):
+                return
+            where = f"{file}:{line_number(file, part, number)}"
+            raise TraceFileError(f"{where}: not a trace gymtrace can read: {exc}") from exc
+        yield from spans
+
+
+def iter_otlp_json_lines(
+    path: str | Path,
+    *,
+    partial_last_line: bool = False,
+    warn: Warn | None = None,
+    keep: Callable[[Mapping[str, Any]], bool] | None = None,
+    decode: Decode | None = None,
+) -> Iterator[SpanData]:
+    """The spans of every file that holds what was written to ``path`` (its segments, plain or
+    compressed; a directory's trace files: :func:`~gymtrace._model.tracefiles.trace_files`), one
+    at a time; ``keep`` and ``decode`` as :func:`iter_file_spans`'s."""
+    for file in trace_files(path, warn):
+        yield from iter_file_spans(
+            file, partial_last_line=partial_last_line, warn=warn, keep=keep, decode=decode
+        )
+
+
 def read_trace_files(
     files: Iterable[Path], *, partial_last_line: bool = False, warn: Warn | None = None
 ) -> list[SpanData]:
     """The spans of each of ``files`` (as :func:`read_otlp_json_lines`, each file alone: a list
     :func:`~gymtrace._model.tracefiles.trace_files` made, read once each)."""
-    spans: list[SpanData] = []
-    for file in files:
-        # Read as bytes and decoded line by line: a byte that is not UTF-8 is an error naming its
-        # line, not a UnicodeDecodeError out of the file iterator.
-        with open_lines(file, warn=warn, still_written=partial_last_line) as lines:
-            for number, raw in enumerate(lines, 1):
-                unfinished = not raw.endswith(b"\n")
-                raw = raw.strip()
-                if not raw:
-                    continue
-                try:
-                    spans.extend(decode_otlp_json(json.loads(raw.decode("utf-8"))))
-                except BadTraceData as exc:
-                    if unfinished and _cut_short(file, number, partial_last_line, warn):
-                        break
-                    raise TraceFileError(f"{file}:{number}: not a trace gymtrace can read: {exc}") from exc
-                except (ValueError, RecursionError) as exc:  # not UTF-8, not JSON, or nested too deep
-                    if unfinished and _cut_short(file, number, partial_last_line, warn):
-                        break
-                    raise TraceFileError(f"{file}:{number}: not an OTLP/JSON trace request ({exc})") from exc
-    return spans
-
-
-def _cut_short(path: Path, number: int, partial_last_line: bool, warn: Warn | None) -> bool:
-    """A last line without its newline that does not read: True to skip it (the file is still
-    being written, or the caller takes a warning: its writer was killed mid-line)."""
-    if not partial_last_line and warn is not None:
-        warn(line_cut_short(path, number))
-    return partial_last_line or warn is not None
+    return [
+        span
+        for file in files
+        for span in iter_file_spans(file, partial_last_line=partial_last_line, warn=warn)
+    ]
 
 
 def is_marker(span: SpanData) -> bool:

@@ -138,6 +138,13 @@ def trace_files(
     return sorted(found, key=_order) or [p]
 
 
+def trace_files_of(names: Iterable[str | os.PathLike[str]], warn: Warn | None = None) -> list[Path]:
+    """Every file the names given stand for (:func:`trace_files` of each), each once however many
+    names cover it (``gymtrace stats traces*`` names a file and its segments; a list this made,
+    given again, is itself)."""
+    return list(dict.fromkeys(f for name in names for f in trace_files(name, warn)))
+
+
 # -- writing --------------------------------------------------------------------------------------
 
 

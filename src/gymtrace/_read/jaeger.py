@@ -1,4 +1,9 @@
-"""A small client for Jaeger's query API, for ``gymtrace tree --jaeger``.
+"""A small client for Jaeger's query API, for ``gymtrace tree|rollouts|stats|compare|live --jaeger``.
+
+A search pages through the traces it finds (:meth:`JaegerClient.traces`): the v1 API has no
+cursor, so it asks for the traces of a time window, at most :data:`PAGE_TRACES` of them, and splits
+a window that holds that many in two until each holds fewer; a reader holds one page of whole
+traces at a time and keeps what it needs of each (issue 45).
 
 Spans come from the v1 HTTP JSON API (stable, read-only, searchable by tag). It drops span-link
 attributes, so the relation of each link (``retry``, ``restore``, ``run``, ``outcome``) is read from
@@ -17,11 +22,19 @@ import logging
 import urllib.error
 import urllib.parse
 import urllib.request
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from time import time_ns
 from typing import Any
 
 from gymtrace import _constants as c
 from gymtrace._model.spandata import EventData, LinkData, SpanData
+
+# Traces asked for in one request. A window that returns this many may hold more (Jaeger returns
+# the newest of them), so it is asked again in halves: a page is never known to be complete, so a
+# full one is read again, as two, and ~2x the traces are fetched, one page held at a time.
+PAGE_TRACES = 200
+# How far back a search looks: Jaeger's own default for its search API (two days).
+LOOKBACK_US = 2 * 24 * 3600 * 1_000_000
 
 
 class JaegerError(OSError):
@@ -226,14 +239,34 @@ class JaegerClient:
             for span in self._with_relations(trace["traceID"], spans_from_jaeger(trace))
         ]
 
-    def search(self, service: str | None, tags: Mapping[str, Any], *, limit: int = 1000) -> list[SpanData]:
-        """Every trace with a span matching all ``tags`` (in ``service``, or in any service)."""
-        seen: dict[str, list[SpanData]] = {}
+    def search(self, service: str | None, tags: Mapping[str, Any]) -> list[SpanData]:
+        """Every span of every trace with a span matching all ``tags`` (in ``service``, or in any
+        service), started in the last two days."""
+        return [span for trace in self.traces(service, tags) for span in trace]
+
+    def traces(
+        self, service: str | None, tags: Mapping[str, Any], *, page: int | None = None
+    ) -> Iterator[list[SpanData]]:
+        """The spans of each trace with a span matching all ``tags`` (in ``service``, or in any
+        service) that started in the last two days, one trace at a time, each once, read ``page``
+        traces a request (default :data:`PAGE_TRACES`; see the module docstring)."""
+        page = page or PAGE_TRACES
+        high = time_ns() // 1000
+        seen: set[str] = set()
         for name in [service] if service else self.services():
-            params = {"service": name, "limit": str(limit), "lookback": "2d"}
-            if tags:
-                params["tags"] = json.dumps(dict(tags))
-            for trace in self._get("/api/traces", params).get("data") or []:
-                if trace["traceID"] not in seen:
-                    seen[trace["traceID"]] = self._with_relations(trace["traceID"], spans_from_jaeger(trace))
-        return [span for spans in seen.values() for span in spans]
+            windows = [(high - LOOKBACK_US, high)]  # microseconds, both ends included
+            while windows:
+                start, end = windows.pop()
+                params = {"service": name, "limit": str(page), "start": str(start), "end": str(end)}
+                if tags:
+                    params["tags"] = json.dumps(dict(tags))
+                found = self._get("/api/traces", params).get("data") or []
+                if len(found) >= page and end > start:
+                    middle = (start + end) // 2
+                    windows += [(start, middle), (middle + 1, end)]  # the newer half first
+                    continue
+                for trace in found:
+                    trace_id = str(trace.get("traceID", "")).lower().rjust(32, "0")
+                    if trace_id not in seen:
+                        seen.add(trace_id)
+                        yield self._with_relations(trace["traceID"], spans_from_jaeger(trace))

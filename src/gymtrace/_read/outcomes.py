@@ -253,16 +253,19 @@ def group_rollouts(spans: Iterable[Any]) -> list[RolloutSpans]:
     its rollout.
     """
     groups: dict[tuple[str | None, str, str], RolloutSpans] = {}
+    kinds = (c.KIND_ROLLOUT, c.KIND_OUTCOME, c.KIND_EPISODE)
     for span in spans:
-        kind = span.attributes.get(c.KIND)
-        rerun = (read_int(span.attributes.get(c.RAY_TASK_ATTEMPT)) or 0) >= 1
-        if kind not in (c.KIND_ROLLOUT, c.KIND_OUTCOME, c.KIND_EPISODE) and not rerun:
+        attributes = span.attributes
+        kind = attributes.get(c.KIND)
+        if kind not in kinds:
+            attempt = attributes.get(c.RAY_TASK_ATTEMPT)  # read only where present: most spans
+            if attempt is None or (read_int(attempt) or 0) < 1:
+                continue
+        rollout_id = attributes.get(c.ROLLOUT_ID)
+        if rollout_id.__class__ is not str:
             continue
-        rollout_id = span.attributes.get(c.ROLLOUT_ID)
-        if not isinstance(rollout_id, str):
-            continue
-        run_id = span.attributes.get(c.RUN_ID)
-        run_id = run_id if isinstance(run_id, str) else None
+        run_id = attributes.get(c.RUN_ID)
+        run_id = run_id if run_id.__class__ is str else None
         key = (run_id, rollout_id, span.trace_id)
         group = groups.get(key)
         if group is None:
@@ -369,10 +372,14 @@ def outcome_of(group: RolloutSpans, ancestors: Mapping[str, str] | None = None) 
     )
 
 
-def final_outcomes(spans: Iterable[Any], *, run_id: str | None = None) -> list[RolloutOutcome]:
-    """The final outcome of every rollout in ``spans`` (of run ``run_id`` if given), in start order."""
+def final_outcomes(
+    spans: Iterable[Any], *, run_id: str | None = None, data: list[SpanData] | None = None
+) -> list[RolloutOutcome]:
+    """The final outcome of every rollout in ``spans`` (of run ``run_id`` if given), in start order.
+    ``data``: ``dedupe(spans)``, if the caller has it (a reader that reads on from it)."""
     raw = [s if isinstance(s, SpanData) else from_readable(s) for s in spans]
-    data = dedupe(raw)  # without the live markers, which only lost_rollouts reads
+    if data is None:
+        data = dedupe(raw)  # without the live markers, which only lost_rollouts reads
     ancestors = _run_span_ids(data)
     outcomes = []
     traces: dict[str, list[SpanData]] | None = None
@@ -413,9 +420,12 @@ def final_outcomes(spans: Iterable[Any], *, run_id: str | None = None) -> list[R
 def lost_rollouts(spans: list[SpanData], *, run_id: str | None = None) -> list[RolloutOutcome]:
     """The rollouts ``spans`` know only from live markers whose process is gone (``gymtrace live``
     says ``lost``: killed, so they never ended and recorded no outcome), as outcomes ``lost``."""
-    if not any(is_marker(s) for s in spans):
+    marked = {s.trace_id for s in spans if is_marker(s)}
+    if not marked:
         return []
     lost = []
+    # Only the traces with markers can hold one (live_rollouts groups whatever it is given).
+    spans = [s for s in spans if s.trace_id in marked]
     for live in live_rollouts(spans, now_ns=time_ns(), run_id=run_id):
         if live.state != c.LIVE_LOST:
             continue

@@ -213,6 +213,15 @@ class EpisodeTimes:
             self.add_span(span)
         return self
 
+    def merge(self, other: EpisodeTimes) -> None:
+        """Take in what ``other`` collected (another process's part of the input)."""
+        for key, flat in other._intervals.items():
+            found = self._intervals.get(key)
+            if found is None:
+                self._intervals[key] = flat
+            else:
+                found.extend(flat)
+
     def intervals(self, episode: SpanData) -> tuple[list[tuple[int, int, int]], int]:
         """The intervals of ``episode``'s spans, and the nanoseconds its step spans took. A step is
         env when the episode is an environment integration's (``gym.env.id``), else left out."""

@@ -28,6 +28,7 @@ from gymtrace._model.ids import read_version
 from gymtrace._model.numbers import read_int
 from gymtrace._model.spandata import SpanData
 from gymtrace._read.outcomes import RolloutOutcome
+from gymtrace._read.source import TokenTotals
 from gymtrace._read.timesplit import TimeSplit
 from gymtrace._scopes.training import staleness
 
@@ -113,9 +114,16 @@ def _seconds(outcome: RolloutOutcome) -> float:
     return max(0, root.end_ns - root.start_ns) / 1e9 if root is not None else 0.0
 
 
-def read_training(spans: Sequence[SpanData], outcomes: Sequence[RolloutOutcome]) -> Training:
-    """Join the input's consumed records to its rollouts (see the module docstring)."""
+def read_training(
+    spans: Sequence[SpanData], outcomes: Sequence[RolloutOutcome], dropped: TokenTotals | None = None
+) -> Training:
+    """Join the input's consumed records to its rollouts (see the module docstring). ``dropped``:
+    the output tokens of spans a streaming read dropped (``_read.source``), counted beside those
+    of ``spans``."""
     result = Training(outcomes=list(outcomes))
+    if dropped is not None:
+        result.tokens_by_trace.update(dropped.by_trace)
+        result.tokens_by_version.update(dropped.by_version)
     by_span: dict[tuple[str, str], RolloutOutcome] = {}
     by_trace: dict[tuple[str, str], list[RolloutOutcome]] = defaultdict(list)
     by_id: dict[tuple[str | None, str], list[RolloutOutcome]] = defaultdict(list)
@@ -146,7 +154,9 @@ def read_training(spans: Sequence[SpanData], outcomes: Sequence[RolloutOutcome])
             result.steps.append(span)
             run = span.attributes.get(c.RUN_ID)
             result.training_runs.add(run if isinstance(run, str) else None)
-        tokens = read_int(span.attributes.get(c.GEN_AI_USAGE_OUTPUT_TOKENS))
+        tokens = span.attributes.get(c.GEN_AI_USAGE_OUTPUT_TOKENS)
+        if tokens is not None:
+            tokens = read_int(tokens)
         if tokens and isinstance(span.attributes.get(c.ROLLOUT_ID), str):
             result.tokens_by_trace[span.trace_id] = result.tokens_by_trace.get(span.trace_id, 0) + tokens
             version = span.attributes.get(c.POLICY_VERSION)

@@ -13,7 +13,7 @@ from collections import defaultdict
 from collections.abc import Iterable
 from typing import Any
 
-from gymtrace._model.spandata import normalize
+from gymtrace._model.spandata import SpanData, normalize
 from gymtrace._read.check.notes import (
     awaiting_outcomes,
     lost_notes,
@@ -35,6 +35,7 @@ from gymtrace._read.check.spans import (
 )
 from gymtrace._read.check.training import check_training
 from gymtrace._read.outcomes import dedupe
+from gymtrace._read.training import Training
 
 __all__ = [
     "EXAMPLES",
@@ -53,7 +54,12 @@ EXAMPLES = 3
 def check_spans(spans: Iterable[Any], *, limit: int | None = EXAMPLES) -> list[str]:
     """The contract violations in ``spans``; at most ``limit`` examples per rule plus a count."""
     raw = normalize(spans)
-    data = dedupe(raw)
+    return _limit(problems_of(raw, dedupe(raw)), limit)
+
+
+def problems_of(raw: list[SpanData], data: list[SpanData], training: Training | None = None) -> list[Problem]:
+    """Every rule over ``raw`` (the spans, without live markers) and ``data`` (each once), in
+    order; ``training``: what :func:`.training.training_of` reads from ``data``, if at hand."""
     index = SpanIndex(data)
     problems: list[Problem] = []
     problems += check_shared_run_ids(raw, data)
@@ -64,8 +70,8 @@ def check_spans(spans: Iterable[Any], *, limit: int | None = EXAMPLES) -> list[s
     problems += check_rollouts(index)
     problems += check_episode_links(index)
     problems += check_numbering(index)
-    problems += check_training(data)
-    return _limit(problems, limit)
+    problems += check_training(data, training)
+    return problems
 
 
 def _limit(problems: list[Problem], limit: int | None) -> list[str]:

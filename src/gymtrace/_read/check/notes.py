@@ -9,49 +9,58 @@ user should read before trusting the numbers.
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 from gymtrace import _constants as c
 from gymtrace._model.spandata import SpanData, is_marker, normalize
 from gymtrace._read.check.training import is_training, training_of
-from gymtrace._read.outcomes import dedupe, final_outcomes, interrupted
+from gymtrace._read.outcomes import RolloutOutcome, dedupe, final_outcomes, interrupted
+from gymtrace._read.training import Training
 from gymtrace._read.training import training_notes as notes_of
 
+# Each note below reads the final outcomes of ``spans``; a caller that has them already (the
+# checker, which says several notes about one input) passes them as ``outcomes``.
+Outcomes = Sequence[RolloutOutcome] | None
 
-def _rollout_ids(spans: Iterable[Any], outcome: str) -> list[str]:
+
+def _rollout_ids(spans: Iterable[Any], outcome: str, outcomes: Outcomes) -> list[str]:
     """The rollouts whose final outcome (the one every reader reports) is ``outcome``."""
-    return [o.rollout_id for o in final_outcomes(spans) if o.outcome == outcome]
+    return [o.rollout_id for o in _outcomes(spans, outcomes) if o.outcome == outcome]
 
 
-def awaiting_outcomes(spans: Iterable[Any]) -> list[str]:
+def _outcomes(spans: Iterable[Any], outcomes: Outcomes) -> Sequence[RolloutOutcome]:
+    return final_outcomes(spans) if outcomes is None else outcomes
+
+
+def awaiting_outcomes(spans: Iterable[Any], outcomes: Outcomes = None) -> list[str]:
     """The rollouts whose outcome is still expected from another process (``pending``): not a
     violation of the contract, but the answer may be in a trace file not given."""
     return [
         f"rollout {rollout_id}: pending, its outcome was handed to another process; the outcome"
         " record may be in a file not given (pass every process's file, or the directory)"
-        for rollout_id in _rollout_ids(spans, c.OUTCOME_PENDING)
+        for rollout_id in _rollout_ids(spans, c.OUTCOME_PENDING, outcomes)
     ]
 
 
-def rerun_notes(spans: Iterable[Any]) -> list[str]:
+def rerun_notes(spans: Iterable[Any], outcomes: Outcomes = None) -> list[str]:
     """The rollouts in which Ray re-ran a task (``max_retries``): their attempt was not one clean
     run, which only the worker's ``ray.task`` span says otherwise."""
     return [
         f"rollout {o.rollout_id}: Ray re-ran {o.task_reruns} task(s) of attempt {max(o.attempts - 1, 0)}"
         " (max_retries or retry_exceptions: a worker died or raised); the attempt was not one clean run"
-        for o in final_outcomes(spans)
+        for o in _outcomes(spans, outcomes)
         if o.task_reruns
     ]
 
 
-def lost_notes(spans: Iterable[Any]) -> list[str]:
+def lost_notes(spans: Iterable[Any], outcomes: Outcomes = None) -> list[str]:
     """The rollouts whose process died before they ended (``lost``): no outcome, no violation, but
     a pass that did not finish (a resume pass re-runs them)."""
     return [
         f"rollout {rollout_id}: lost, its process stopped beating before it ended (killed?); a resume"
         " pass re-runs it"
-        for rollout_id in _rollout_ids(spans, c.OUTCOME_LOST)
+        for rollout_id in _rollout_ids(spans, c.OUTCOME_LOST, outcomes)
     ]
 
 
@@ -99,8 +108,11 @@ def missing_service_notes(spans: Iterable[Any]) -> list[str]:
     return notes
 
 
-def training_notes(spans: Iterable[Any]) -> list[str]:
+def training_notes(spans: Iterable[Any], training: Training | None = None) -> list[str]:
     """Rollout IDs a train step consumed that no rollout of the input has: a note, not a violation
-    (a tail sampler may have kept the step and dropped the rollout)."""
+    (a tail sampler may have kept the step and dropped the rollout). ``training``: the input's, if
+    the caller read it already."""
     data = dedupe(normalize(spans))
-    return notes_of(training_of(data)) if is_training(data) else []
+    if not is_training(data):
+        return []
+    return notes_of(training if training is not None else training_of(data))

@@ -74,8 +74,13 @@ class SpanIndex:
             stack.extend(self.children.get(child.span_id, ()))
 
 
-def check_shared_run_ids(raw: list[SpanData], data: list[SpanData]) -> list[Problem]:
+def check_shared_run_ids(
+    raw: list[SpanData], data: list[SpanData], *, duplicated: int | None = None
+) -> list[Problem]:
     """Two runs with one run ID (a re-run appended to the same file), said as exactly that.
+
+    ``duplicated``: the spans read more than once, where ``raw`` is not every span read (the
+    checker that streams holds only the rollout-level spans; it counts the copies itself).
 
     The rollout checks below tell the runs' rollouts apart by trace, so the re-run does not also
     show up as a flood of attempt violations; here it is named once, with its likely cause.
@@ -104,7 +109,8 @@ def check_shared_run_ids(raw: list[SpanData], data: list[SpanData]) -> list[Prob
                 )
             )
     # A file appended twice without a run span: every span twice, found by its IDs.
-    duplicated = len(raw) - len(data)
+    if duplicated is None:
+        duplicated = len(raw) - len(data)
     if duplicated and not any(copies[run_id] > len(spans) for run_id, spans in runs.items()):
         problems.append(
             (

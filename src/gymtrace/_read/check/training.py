@@ -12,7 +12,7 @@ from collections.abc import Sequence
 
 from gymtrace import _constants as c
 from gymtrace._model.spandata import SpanData
-from gymtrace._read.outcomes import final_outcomes
+from gymtrace._read.outcomes import RolloutOutcome, final_outcomes
 from gymtrace._read.training import Training, read_training, training_problems
 
 Problem = tuple[str, str]
@@ -26,12 +26,14 @@ def is_training(spans: Sequence[SpanData]) -> bool:
     )
 
 
-def training_of(spans: Sequence[SpanData]) -> Training:
-    return read_training(spans, final_outcomes(spans))
+def training_of(spans: Sequence[SpanData], outcomes: Sequence[RolloutOutcome] | None = None) -> Training:
+    """The training read from deduplicated ``spans`` (and their final outcomes, if at hand)."""
+    return read_training(spans, final_outcomes(spans) if outcomes is None else outcomes)
 
 
-def check_training(spans: Sequence[SpanData]) -> list[Problem]:
-    """The training violations of deduplicated ``spans`` (none without training spans)."""
+def check_training(spans: Sequence[SpanData], training: Training | None = None) -> list[Problem]:
+    """The training violations of deduplicated ``spans`` (none without training spans);
+    ``training``: theirs, if the caller read it already."""
     if not is_training(spans):
         return []
-    return training_problems(training_of(spans))
+    return training_problems(training if training is not None else training_of(spans))

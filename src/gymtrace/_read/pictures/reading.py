@@ -9,24 +9,24 @@ to :class:`~gymtrace._read.timesplit.EpisodeTimes` as ``(part, start, end)``, re
 than its identity and kind. A span that reads oddly is decoded whole, so the decoder names what is
 wrong with it. Of a live marker only its trace is noted: a rollout that only live markers know
 (``lost`` or still open: its trace has markers and no rollout span) is judged from every span of
-its trace, so those traces are read again, whole, in a second pass (a finished run has none).
+its trace, so those traces are read again, whole, in a second pass (a finished run has none). A
+picture shows no lost attempt (``lost_attempts``), so the traces that may hold one are not read
+again, as ``_read.source`` reads them for ``rollouts`` and ``stats``. The lines are read by
+``_read.source``'s streaming reader, with this module's ``keep``.
 """
 
 from __future__ import annotations
 
-import gc
-import json
-from collections.abc import Callable, Iterable, Iterator, Mapping
-from contextlib import contextmanager
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from gymtrace import _constants as c
 from gymtrace._model.numbers import read_int
-from gymtrace._model.spandata import BadTraceData, SpanData, TraceFileError, decode_otlp_json
-from gymtrace._model.tracefiles import Warn, line_cut_short, open_lines
-from gymtrace._model.tracefiles import trace_files as _trace_files
+from gymtrace._model.spandata import SpanData, decode_held, iter_file_spans
+from gymtrace._model.tracefiles import Warn, trace_files_of
+from gymtrace._read.source import gc_paused
 from gymtrace._read.timesplit import EpisodeTimes
 
 # The kinds decoded whole: what the outcome rule, the training figures and the pictures read.
@@ -59,30 +59,6 @@ class RunInput:
     marker_traces: set[str] = field(default_factory=set)
 
 
-def trace_files(paths: Iterable[str | Path]) -> list[Path]:
-    """Each path's files (its segments), or the trace files of a directory (``GYMTRACE_FILE=DIR/``),
-    by the one naming rule (``tracefiles.trace_files``)."""
-    return list(dict.fromkeys(f for path in paths for f in _trace_files(path)))
-
-
-def _requests(path: Path, warn: Warn | None) -> Iterator[tuple[int, Any]]:
-    """Each line of a file of OTLP/JSON lines (plain or compressed), parsed, with its number; a
-    last line or block a killed writer cut short is told to ``warn`` and skipped."""
-    with open_lines(path, warn=warn) as lines:
-        for number, raw in enumerate(lines, 1):
-            unfinished = not raw.endswith(b"\n")
-            raw = raw.strip()
-            if not raw:
-                continue
-            try:
-                yield number, json.loads(raw)  # bytes: json finds their encoding (UTF-8) itself
-            except (ValueError, RecursionError) as exc:  # not UTF-8, not JSON, or nested too deep
-                if unfinished and warn is not None:
-                    warn(line_cut_short(path, number))
-                    return
-                raise TraceFileError(f"{path}:{number}: not an OTLP/JSON trace request ({exc})") from exc
-
-
 def _value(value: Mapping[str, Any]) -> object:
     """An OTLP/JSON AnyValue of the kinds identity and kind take (text, int); else it is read whole."""
     if "stringValue" in value:
@@ -101,31 +77,6 @@ def _watched(span: Mapping[str, Any]) -> dict[str, object]:
             text = value.get("stringValue")  # the common case, without a call
             found[key] = text if text is not None else _value(value)
     return found
-
-
-def _decoded(resource: Any, spans: list[Any], path: Path, number: int) -> Iterator[SpanData]:
-    try:
-        yield from decode_otlp_json(
-            {"resourceSpans": [{"resource": resource, "scopeSpans": [{"spans": spans}]}]}
-        )
-    except BadTraceData as exc:
-        raise TraceFileError(f"{path}:{number}: not a trace gymtrace can read: {exc}") from exc
-
-
-def _raw_spans(request: Any, path: Path, number: int) -> Iterator[tuple[Any, Any]]:
-    """(resource, raw span) of each span of one request; a request of the wrong shape is decoded
-    whole, so the decoder's message names the field."""
-    try:
-        for resource_spans in request["resourceSpans"]:
-            for scope_spans in resource_spans.get("scopeSpans") or ():
-                for span in scope_spans.get("spans") or ():
-                    yield resource_spans.get("resource") or {}, span
-    except (TypeError, KeyError, AttributeError):
-        try:
-            list(decode_otlp_json(request))
-        except BadTraceData as exc:
-            raise TraceFileError(f"{path}:{number}: not a trace gymtrace can read: {exc}") from exc
-        raise TraceFileError(f"{path}:{number}: not a trace gymtrace can read") from None
 
 
 def picture_filter(found: RunInput, run_id: str | None) -> Callable[[Mapping[str, Any]], bool]:
@@ -164,44 +115,14 @@ def picture_filter(found: RunInput, run_id: str | None) -> Callable[[Mapping[str
     return keep
 
 
-def _kept(path: Path, keep: Callable[[Mapping[str, Any]], bool], warn: Warn | None) -> Iterator[SpanData]:
-    """The spans of a file that ``keep`` keeps, decoded a resource's at a time (its attributes
-    once, not once a span)."""
-    for number, request in _requests(path, warn):
-        resource: Any = None
-        pending: list[Any] = []
-        for found, raw in _raw_spans(request, path, number):
-            if found is not resource:
-                if pending:
-                    yield from _decoded(resource, pending, path, number)
-                resource, pending = found, []
-            if keep(raw):
-                pending.append(raw)
-        if pending:
-            yield from _decoded(resource, pending, path, number)
-
-
-@contextmanager
-def _gc_paused() -> Iterator[None]:
-    """The cyclic garbage collector off while the files are parsed: parsing makes millions of
-    objects and no cycle, and each collection walks every object held so far (with a run's spans
-    held, it made the parse nine times slower). Issue 45's reader pauses it the same way."""
-    enabled = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if enabled:
-            gc.enable()
-
-
 def read_run_input(
     paths: Iterable[str | Path], *, run_id: str | None = None, warn: Warn | None = None
 ) -> RunInput:
     """The spans a picture of run ``run_id`` (of every run when None) needs from ``paths``, and
-    the parts of its episodes' time (see the module doc). ``warn``: what a killed writer cut short
-    is skipped and told, once a file."""
-    files = trace_files(paths)
+    the parts of its episodes' time (see the module doc). ``warn`` is told what is read past (a
+    last line or block a killed writer cut short, a file in a directory that is no trace file),
+    once a file."""
+    files = trace_files_of(paths, warn)
     found = RunInput()
     keep = picture_filter(found, run_id)
     told: set[str] = set()
@@ -212,9 +133,9 @@ def read_run_input(
             warn(message)
 
     tell = once if warn is not None else None
-    with _gc_paused():
+    with gc_paused():
         for path in files:
-            for span in _kept(path, keep, tell):
+            for span in iter_file_spans(path, warn=tell, keep=keep, decode=decode_held):
                 if (
                     span.attributes.get(c.ROLLOUT_ID) is not None
                     and span.attributes.get(c.KIND) not in _WHOLE
@@ -240,5 +161,7 @@ def _read_live_traces(files: list[Path], found: RunInput, warn: Warn | None) -> 
 
     for path in files:
         found.spans.extend(
-            span for span in _kept(path, keep, warn) if (span.trace_id, span.span_id) not in have
+            span
+            for span in iter_file_spans(path, warn=warn, keep=keep, decode=decode_held)
+            if (span.trace_id, span.span_id) not in have
         )

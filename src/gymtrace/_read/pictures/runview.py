@@ -20,7 +20,7 @@ from __future__ import annotations
 import heapq
 import math
 from collections import defaultdict
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -28,6 +28,7 @@ from typing import Any
 from gymtrace import _constants as c
 from gymtrace._model.numbers import read_int
 from gymtrace._model.spandata import SpanData
+from gymtrace._model.tracefiles import Warn
 from gymtrace._read.outcomes import RolloutOutcome, final_outcomes, last_recorded
 from gymtrace._read.pictures.reading import read_run_input
 from gymtrace._read.stats import RunStats, members_of, summarise
@@ -298,15 +299,12 @@ def build_view(
 
 
 def read_view(
-    paths: Iterable[str | Path],
-    run_id: str | None,
-    *,
-    lanes_by: str = LANES_WORKER,
-    warn: Callable[[str], None] | None = None,
+    paths: Iterable[str | Path], run_id: str | None, *, lanes_by: str = LANES_WORKER, warn: Warn | None = None
 ) -> RunView:
     """Run ``run_id`` of the files (or directories) ``paths``, read and drawn; :class:`RunNotFound`
-    when the input does not hold it (or, with no run named, holds several). ``warn``: a file a
-    killed writer cut short is read up to the cut and told."""
+    when the input does not hold it (or, with no run named, holds several). ``warn``: told what the
+    reader reads past (a file a killed writer cut short is read up to the cut, a foreign file in a
+    directory)."""
     found = read_run_input(paths, run_id=run_id, warn=warn)
     chosen = select_run(found.runs, run_id)
     return build_view(found.spans, found.times, chosen, lanes_by=lanes_by)

@@ -1,0 +1,475 @@
+"""``gymtrace check`` over trace files in bounded memory.
+
+Every span is read (the tree rules judge each one), but not every span is held, and not every
+field of it: a span is decoded with the attributes some rule reads (:data:`CHECK_KEYS`), without
+events or links, unless it is one the rollout-level rules read (a rollout root, an episode, an
+outcome record, a run span, a train step...: ``_read.source.summary_span``), which is decoded
+whole.
+
+While the input fits in :data:`HELD_SPANS` spans, the checker runs over all of it at once, exactly
+as :func:`gymtrace._read.check.check_spans`. Past that, it checks trace by trace: a trace is
+checked and let go once its root span is read (a span ends after its children, and a process
+writes its spans as they end), by the rules that judge the span tree (nesting, identity below,
+rewards, outcome records, episode links, numbering); the rules that judge a rollout as a whole
+(its attempts and final outcome, runs sharing an ID, training) run at the end over the spans every
+reader of outcomes reads, held for the whole input. A trace that stays open while more than
+:data:`HELD_SPANS` spans are held (one trace per run, or a trace whose root is in a file not given)
+is spread too thin to check this way: :class:`SpreadTooThin` says which.
+
+One plain file from ``PARALLEL_BYTES`` on (a compressed one has no byte a line starts at) is checked trace by trace by two processes, a forked one
+reading its second half meanwhile (both cores), each holding at most half of :data:`HELD_SPANS`;
+the traces the cut runs through are checked again whole when the halves are joined, and where the
+halves cannot be joined exactly (a span in both: a file appended to itself), the second half is
+read again in this process. The answer is the one a single process gives.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Iterable, Iterator, Mapping
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from gymtrace import _constants as c
+from gymtrace._model.spandata import (
+    Part,
+    SpanData,
+    TraceFileError,
+    decode_held,
+    decode_lean,
+    iter_file_spans,
+    normalize,
+)
+from gymtrace._model.tracefiles import Warn, compression_of, trace_files_of
+from gymtrace._read.check import EXAMPLES, _limit, problems_of
+from gymtrace._read.check.notes import (
+    awaiting_outcomes,
+    lost_notes,
+    missing_service_notes,
+    rerun_notes,
+    training_notes,
+)
+from gymtrace._read.check.rollouts import check_rollouts
+from gymtrace._read.check.spans import (
+    Problem,
+    SpanIndex,
+    check_episode_links,
+    check_identity_below,
+    check_kinds_and_nesting,
+    check_numbering,
+    check_outcome_records,
+    check_rewards_inside_rollouts,
+    check_shared_run_ids,
+)
+from gymtrace._read.check.training import check_training, is_training, training_of
+from gymtrace._read.outcomes import SOURCE_LIVE, RolloutOutcome, dedupe, final_outcomes
+from gymtrace._read.source import PARALLEL_BYTES, fork_context, gc_paused, halves, summary_span
+from gymtrace._read.training import Training
+
+# Spans held at most (half of them by each of two processes): ~1 KB each as the checker decodes
+# them, so ~100 MB.
+HELD_SPANS = 100_000
+# The second process keeps the traces first read among its first this many spans until the halves
+# are joined: the traces the cut runs through are among them unless one of them paused that long.
+EARLY_SPANS = 20_000
+
+# The attributes a rule reads of a span the rollout-level rules do not read (a step, a model call,
+# a tool call...): its kind and identity, what nesting, numbering and the notes judge. Any other
+# attribute of such a span, and its events and links, are never decoded.
+CHECK_KEYS = frozenset(
+    {
+        c.KIND,
+        c.ROLLOUT_ID,
+        c.NEMO_GYM_ROLLOUT_ID,
+        c.EPISODE_ATTEMPT,
+        c.RAY_TASK_ATTEMPT,
+        c.HIERARCHY_VIOLATION,
+        c.REWARD,
+        c.TURN_NUMBER,
+        c.STEP_NUMBER,
+        c.GROUP_ID,
+        c.LIVE_SERVER,
+    }
+)
+
+
+def decode_for_check(raw: Mapping[str, Any], service: str, instance: str) -> SpanData:
+    """A raw span as the checker holds it: whole if a rollout-level rule reads it (held to the end,
+    so decoded from a copy: ``decode_held``), else with :data:`CHECK_KEYS` only."""
+    span = decode_lean(raw, service, instance, CHECK_KEYS)
+    if not summary_span(span):
+        return span
+    # Events only where a rule reads them: a reward event outside any rollout.
+    return decode_held(raw, service, instance, events=not isinstance(span.attributes.get(c.ROLLOUT_ID), str))
+
+
+class SpreadTooThin(TraceFileError):
+    """A trace still open (no root span read) while the checker holds its limit of spans."""
+
+
+@dataclass
+class Verdict:
+    """What ``gymtrace check`` prints."""
+
+    problems: list[str]
+    spans: int  # spans read, every line's
+    rollouts: int
+    awaiting: list[str]
+    # Gym spans that carry no rollout identity (a run's own work aside).
+    outside: int
+    notes: list[str] = field(default_factory=list)
+
+
+def _outside(span: SpanData) -> bool:
+    return span.attributes.get(c.KIND) not in (
+        None,
+        c.KIND_RUN,
+        c.KIND_TRAIN_STEP,
+        c.KIND_CONSUMED,
+    ) and not isinstance(span.attributes.get(c.ROLLOUT_ID), str)
+
+
+def _rollout_level(
+    summary: list[SpanData],
+) -> tuple[list[SpanData], list[SpanData], list[RolloutOutcome], Training | None]:
+    """What the rollout-level rules and the notes read, each once: the spans without live markers,
+    each of them once, the final outcomes (lost ones too) and the training."""
+    raw = normalize(summary)
+    data = dedupe(raw)
+    outcomes = final_outcomes(summary)
+    training = (
+        training_of(data, [o for o in outcomes if o.source != SOURCE_LIVE]) if is_training(data) else None
+    )
+    return raw, data, outcomes, training
+
+
+def _whole(spans: list[SpanData], limit: int | None) -> Verdict:
+    """The input checked at once, as :func:`check_spans`."""
+    raw, data, outcomes, training = _rollout_level(spans)
+    return Verdict(
+        problems=_limit(problems_of(raw, data, training), limit),
+        spans=len(spans),
+        rollouts=len(outcomes),
+        awaiting=awaiting_outcomes(spans, outcomes),
+        outside=sum(1 for s in spans if _outside(s)),
+        notes=[
+            *rerun_notes(spans, outcomes),
+            *lost_notes(spans, outcomes),
+            *missing_service_notes(spans),
+            *training_notes(data, training),
+        ],
+    )
+
+
+# The rules that judge one trace's span tree, in check_spans' order (check_rollouts runs between
+# the fourth and the fifth).
+_TREE_RULES = (
+    check_kinds_and_nesting,
+    check_identity_below,
+    check_rewards_inside_rollouts,
+    check_outcome_records,
+    check_episode_links,
+    check_numbering,
+)
+
+
+@dataclass
+class _Trace:
+    """One trace checked: what the tree rules found in it (None: nothing, the common case), the
+    notes about it and the spans of it the rollout-level rules read (every copy). A trace the
+    second process checked early, which may have spans before the cut, keeps its spans (all of
+    them, and those checked: not read before) until the halves are joined."""
+
+    trace_id: str
+    problems: list[list[Problem]] | None
+    missing: list[str]
+    summary: list[SpanData]
+    spans: list[SpanData] | None = None
+    fresh: list[SpanData] | None = None
+
+
+def _key(span: SpanData) -> int:
+    return hash((span.trace_id, span.span_id))
+
+
+def _judge(trace_id: str, spans: list[SpanData], fresh: list[SpanData], keep: bool) -> _Trace:
+    index = SpanIndex(fresh)
+    problems = [rule(index) for rule in _TREE_RULES]
+    return _Trace(
+        trace_id,
+        problems if any(problems) else None,
+        missing_service_notes(spans),
+        [s for s in spans if summary_span(s)],
+        spans if keep else None,
+        fresh if keep else None,
+    )
+
+
+class _ByTrace:
+    """The trace-by-trace check: what each trace checked found, in the order their roots were read."""
+
+    def __init__(self) -> None:
+        self.traces: list[_Trace] = []
+        self.seen: set[int] = set()
+        self.duplicated = 0
+
+    def check(self, trace_id: str, spans: list[SpanData], keep: bool = False) -> None:
+        fresh = []
+        seen = self.seen
+        for span in normalize(spans):
+            key = _key(span)
+            if key in seen:
+                self.duplicated += 1
+                continue
+            seen.add(key)
+            fresh.append(span)
+        self.traces.append(_judge(trace_id, spans, fresh, keep))
+
+    def verdict(self, spans: int, outside: int, limit: int | None) -> Verdict:
+        summary = [s for trace in self.traces for s in trace.summary]
+        raw, data, outcomes, training = _rollout_level(summary)
+        tree: list[list[Problem]] = [[] for _ in _TREE_RULES]
+        for trace in self.traces:
+            if trace.problems is not None:
+                for found, more in zip(tree, trace.problems, strict=True):
+                    found += more
+        kinds, identity, rewards, records, links, numbering = tree
+        problems = [
+            *check_shared_run_ids(raw, data, duplicated=self.duplicated),
+            *kinds,
+            *identity,
+            *rewards,
+            *records,
+            *check_rollouts(SpanIndex(data)),
+            *links,
+            *numbering,
+            *check_training(data, training),
+        ]
+        return Verdict(
+            problems=_limit(problems, limit),
+            spans=spans,
+            rollouts=len(outcomes),
+            awaiting=awaiting_outcomes(summary, outcomes),
+            outside=outside,
+            notes=[
+                *rerun_notes(summary, outcomes),
+                *lost_notes(summary, outcomes),
+                *(note for trace in self.traces for note in trace.missing),
+                *training_notes(data, training),
+            ],
+        )
+
+
+class _Stream:
+    """Spans read in order: held whole while they fit (``whole``), else trace by trace.
+
+    ``early``: the traces first read among the first ``early`` spans keep their spans when checked
+    (the second process: those may have spans before the cut)."""
+
+    def __init__(self, held: int, *, whole: bool = True, early: int = 0) -> None:
+        self.held = held
+        self.early = early
+        self.in_order: list[SpanData] | None = [] if whole else None
+        self.by_trace: _ByTrace | None = None if whole else _ByTrace()
+        self.open: dict[str, list[SpanData]] = {}
+        self.count = self.outside = self.holding = 0
+        self._rooted: dict[str, None] = {}
+        self._early: set[str] = set()
+
+    def read(self, spans: Iterable[SpanData]) -> None:
+        held, early, open_traces, rooted = self.held, self.early, self.open, self._rooted
+        for span in spans:
+            self.count += 1
+            self.outside += _outside(span)
+            self.holding += 1
+            trace = open_traces.get(span.trace_id)
+            if trace is None:
+                trace = open_traces[span.trace_id] = []
+                if self.count <= early:
+                    self._early.add(span.trace_id)
+            trace.append(span)
+            if span.parent_id is None:
+                rooted[span.trace_id] = None
+            if self.in_order is not None:
+                self.in_order.append(span)
+            if self.holding <= held:
+                continue
+            self.in_order = None
+            by_trace = self.by_trace = self.by_trace or _ByTrace()
+            for trace_id in rooted:
+                trace = open_traces.pop(trace_id)
+                self.holding -= len(trace)
+                by_trace.check(trace_id, trace, keep=trace_id in self._early)
+            rooted.clear()
+            if self.holding > held:
+                raise _too_thin(open_traces, self.count, held)
+
+    def verdict(self, limit: int | None) -> Verdict:
+        if self.in_order is not None:
+            return _whole(self.in_order, limit)
+        assert self.by_trace is not None
+        for trace_id, trace in self.open.items():
+            self.by_trace.check(trace_id, trace)
+        self.open.clear()
+        return self.by_trace.verdict(self.count, self.outside, limit)
+
+
+def check_files(
+    paths: Iterable[str | Path],
+    *,
+    warn: Warn | None = None,
+    held: int = HELD_SPANS,
+    limit: int | None = EXAMPLES,
+    parallel_from: int = PARALLEL_BYTES,
+) -> Verdict:
+    """Check the spans of every file (or directory) of ``paths`` in one streaming pass, holding at
+    most ``held`` spans (see the module docstring); one file of ``parallel_from`` bytes or more is
+    checked by two processes."""
+    files = trace_files_of(paths, warn)
+    # Two processes only for one plain file, cut at a line (a compressed file has no byte a line
+    # starts at; several files, a run's processes or segments, are merged by time in one).
+    one_plain = len(files) == 1 and compression_of(files[0]) is None
+    with gc_paused():
+        context = fork_context() if one_plain and files[0].stat().st_size >= parallel_from else None
+        if context is not None:
+            try:
+                return _check_halves(files[0], context, warn, held, limit)
+            except SpreadTooThin:
+                pass  # a trace that fits in ``held`` spans but not in half of them: one process
+        stream = _Stream(held)
+        stream.read(_merged(files, warn))
+        return stream.verdict(limit)
+
+
+def _spans(parts: list[tuple[Path, Part]], warn: Warn | None) -> Iterator[SpanData]:
+    for path, part in parts:
+        yield from iter_file_spans(path, warn=warn, part=part, decode=decode_for_check)
+
+
+def _merged(files: list[Path], warn: Warn | None) -> Iterator[SpanData]:
+    """The spans of ``files``, one file's after another's while one file is given; of several (the
+    processes of one run, ``GYMTRACE_FILE=DIR/``), merged by when each span ended, so that a trace
+    spread over processes reaches its root span after its children in every file."""
+    streams = [_spans([(file, None)], warn) for file in files]
+    if len(streams) == 1:
+        return streams[0]
+    return heapq.merge(*streams, key=lambda span: span.end_ns)
+
+
+# -- two processes ------------------------------------------------------------------------------------
+
+
+def _read_second(parts: list[tuple[Path, Part]], held: int) -> tuple[_Stream, list[str], Exception | None]:
+    """The second half, in the forked process: trace by trace from its first span, the traces
+    first read among its first :data:`EARLY_SPANS` kept (the cut may run through them)."""
+    stream = _Stream(held, whole=False, early=min(held, EARLY_SPANS))
+    warnings: list[str] = []
+    try:
+        with gc_paused():
+            stream.read(_spans(parts, warnings.append))
+    except (TraceFileError, OSError) as exc:
+        return stream, warnings, exc
+    return stream, warnings, None
+
+
+def _check_halves(file: Path, context: Any, warn: Warn | None, held: int, limit: int | None) -> Verdict:
+    """Two processes, each holding at most half of ``held`` spans (what the second holds when it
+    ends comes to this one); warnings are given once the halves are read (a trace spread too thin
+    for half of ``held`` is read again by one process, which gives them)."""
+    split = halves([file])
+    assert split is not None  # one plain file
+    first, second = split
+    held = max(1, held // 2)
+    stream = _Stream(held, whole=False)
+    mine: list[str] = []
+    with ProcessPoolExecutor(max_workers=1, mp_context=context) as pool:
+        later = pool.submit(_read_second, second, held)
+        try:
+            stream.read(_spans(first, mine.append))
+        except SpreadTooThin:
+            later.cancel()
+            raise
+        except BaseException:
+            later.cancel()
+            _give(mine, warn)
+            raise
+        other, warnings, error = later.result()
+    if isinstance(error, SpreadTooThin):
+        raise error
+    _give(mine + warnings, warn)
+    if error is not None:
+        raise error
+    if not _join(stream, other):
+        # The halves do not join exactly: read the second again, here, after the first (its
+        # warnings were given).
+        stream.read(_spans(second, _ignore))
+    return stream.verdict(limit)
+
+
+def _give(warnings: list[str], warn: Warn | None) -> None:
+    for message in warnings:
+        if warn is not None:
+            warn(message)
+
+
+def _ignore(message: str) -> None:
+    pass
+
+
+def _join(stream: _Stream, other: _Stream) -> bool:
+    """Join the second half's check (``other``) to the first's (``stream``), as if one process had
+    read on: the traces open at the cut whose roots the second half read are checked again with
+    their spans from both halves. False, leaving ``stream`` as it was, when that cannot be done
+    exactly: a span read in both halves (a file appended to itself: which copy is the first decides
+    what is reported), or a trace open at the cut that the second half checked without keeping it."""
+    mine, theirs = stream.by_trace, other.by_trace
+    assert mine is not None and theirs is not None
+    before = {_key(s) for spans in stream.open.values() for s in spans} | mine.seen
+    after = {_key(s) for spans in other.open.values() for s in spans} | theirs.seen
+    if not before.isdisjoint(after):
+        return False
+    crossing = [trace for trace in theirs.traces if trace.trace_id in stream.open]
+    if any(trace.spans is None for trace in crossing):
+        return False
+    for n, trace in enumerate(theirs.traces):
+        if trace.trace_id in stream.open:
+            assert trace.spans is not None and trace.fresh is not None
+            spans = stream.open.pop(trace.trace_id)
+            fresh: list[SpanData] = []
+            seen: set[int] = set()
+            for span in normalize(spans):
+                key = _key(span)
+                if key in seen:
+                    mine.duplicated += 1
+                    continue
+                seen.add(key)
+                fresh.append(span)
+            theirs.traces[n] = _judge(trace.trace_id, spans + trace.spans, fresh + trace.fresh, False)
+            stream.holding -= len(spans)
+            mine.seen |= seen
+        else:
+            trace.spans = trace.fresh = None
+    mine.traces += theirs.traces
+    mine.seen |= theirs.seen
+    mine.duplicated += theirs.duplicated
+    for trace_id, spans in other.open.items():
+        stream.open.setdefault(trace_id, []).extend(spans)
+    # What came from the second process now lives here: its copies go before the verdict's work.
+    theirs.traces, theirs.seen = [], set()
+    other.open.clear()
+    stream.count += other.count
+    stream.outside += other.outside
+    stream.holding += other.holding
+    return True
+
+
+def _too_thin(open_traces: dict[str, list[SpanData]], count: int, held: int) -> SpreadTooThin:
+    trace_id, spans = max(open_traces.items(), key=lambda item: len(item[1]))
+    return SpreadTooThin(
+        f"trace {trace_id} is spread too thin to check: {len(spans)} of its spans are read and its"
+        f" root span is not, after {count} spans ({len(open_traces)} traces open, {held} spans held"
+        " at most). Its root may be in a file not given (give every process's file, or the"
+        " directory), or the run is one trace (trace per run): check it in parts, by file"
+    )

@@ -1,0 +1,548 @@
+"""Trace files read in one streaming pass, keeping only the spans a reader needs.
+
+A training run's file holds ~18 spans per rollout; ``gymtrace rollouts``, ``stats`` and ``compare``
+answer from a few of them: the rollout roots, outcome records and episodes (the outcome rule), the
+run spans, train steps and consumed records (the training figures), Ray's re-run tasks and the live
+markers. :func:`read_summary_spans` decodes only those and drops the rest unread: its steps, turns,
+model and tool calls, of which the readers take two things, taken as the file streams by: a model
+call's output tokens, summed (:class:`TokenTotals`), and a span's part of its episode's time split
+(model, tool, env, verify: a few integers in :class:`~gymtrace._read.timesplit.EpisodeTimes`).
+Memory grows with the rollouts, not with the spans.
+
+A span is dropped only when it carries a rollout ID (so it is inside a rollout: never a run span
+or an ancestor the readers walk up through) and its kind is none the readers read. What
+``gymtrace live`` would call ``lost`` (a rollout with live markers and no end) is judged from every
+span of its trace, and so is an attempt a killed process left (``lost_attempts``: spans of the
+rollout cut off from its root, ended before it started): those traces are read whole in a second
+pass.
+"""
+
+from __future__ import annotations
+
+import gc
+import multiprocessing
+import operator
+import os
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from concurrent.futures import ProcessPoolExecutor
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from gymtrace import _constants as c
+from gymtrace._model.numbers import read_int
+from gymtrace._model.spandata import (
+    NOT_PLAIN,
+    Part,
+    SpanData,
+    TraceFileError,
+    decode_any_value,
+    decode_held,
+    is_marker,
+    iter_file_spans,
+    nemo_gym_identity,
+    plain_value,
+    raw_attributes,
+)
+from gymtrace._model.tracefiles import Warn, compression_of, trace_files_of
+from gymtrace._read.timesplit import EpisodeTimes, part_of
+
+# The kinds the summary readers read whole.
+_READ_KINDS = frozenset(
+    {
+        c.KIND_ROLLOUT,
+        c.KIND_OUTCOME,
+        c.KIND_EPISODE,
+        c.KIND_RUN,
+        c.KIND_TRAIN_STEP,
+        c.KIND_CONSUMED,
+        c.KIND_LIVE,
+    }
+)
+_KEY = operator.itemgetter("key")
+
+
+@contextmanager
+def gc_paused() -> Iterator[None]:
+    """The cyclic garbage collector off while a file is parsed: parsing makes millions of objects
+    and no cycle, and each collection would walk every object held so far (it tripled the time
+    of ``orjson.loads`` in a reader holding 10k rollouts)."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
+
+
+@dataclass
+class TokenTotals:
+    """Output tokens of the dropped spans inside rollouts: per trace, and per (run, policy version).
+
+    Counted once per span (a file appended to itself holds every span twice)."""
+
+    by_trace: dict[str, int] = field(default_factory=dict)
+    by_version: dict[tuple[str | None, str], int] = field(default_factory=dict)
+    # Each span counted, by key; with ``entries`` (a part read in another process) also what it
+    # counted, so that the parts merge without counting a span twice.
+    _seen: set[int] = field(default_factory=set)
+    entries: dict[int, tuple[str, int, object, object]] | None = None
+
+    def add(self, trace_id: str, span_id: str, tokens: int, run_id: object, version: object) -> None:
+        try:
+            key = int(trace_id, 16) << 64 | int(span_id, 16)
+        except ValueError:
+            key = hash((trace_id, span_id))
+        self.add_keyed(key, trace_id, tokens, run_id, version)
+
+    def add_keyed(self, key: int, trace_id: str, tokens: int, run_id: object, version: object) -> None:
+        if key in self._seen:
+            return
+        self._seen.add(key)
+        if self.entries is not None:
+            self.entries[key] = (trace_id, tokens, run_id, version)
+        self.by_trace[trace_id] = self.by_trace.get(trace_id, 0) + tokens
+        if version is not None:
+            run = run_id if isinstance(run_id, str) else None
+            vkey = (run, str(version))
+            self.by_version[vkey] = self.by_version.get(vkey, 0) + tokens
+
+    def forget(self, trace_id: str, span_id: str, tokens: int, run_id: object, version: object) -> None:
+        """Take back a span's tokens: it is read whole after all (a trace read again in a second
+        pass), so the readers count them from the span."""
+        try:
+            key = int(trace_id, 16) << 64 | int(span_id, 16)
+        except ValueError:
+            key = hash((trace_id, span_id))
+        if key not in self._seen:
+            return  # not counted here, or taken back already (the span's copy)
+        self._seen.discard(key)
+        self.by_trace[trace_id] -= tokens
+        if version is not None:
+            vkey = (run_id if isinstance(run_id, str) else None, str(version))
+            self.by_version[vkey] -= tokens
+
+
+def _end_key(trace_id: str, rollout_id: str) -> int:
+    """The key of :class:`Ends` (``summary_filter`` computes it inline): a hash, as small as a key
+    gets (two keys that collide only make a trace read again whole, never a different answer)."""
+    return hash((trace_id, rollout_id))
+
+
+@dataclass
+class Ends:
+    """Per (trace, rollout ID) of the spans a reader dropped, the earliest end: what tells whether
+    one of them may be an attempt a killed process left (``_read.outcomes.lost_attempts``: it ended
+    before its rollout's root started), and so whether its trace must be read whole."""
+
+    earliest: dict[int, int] = field(default_factory=dict)
+
+    def add(self, trace_id: str, rollout_id: str, end: int) -> None:
+        key = _end_key(trace_id, rollout_id)
+        found = self.earliest.get(key)
+        if found is None or end < found:
+            self.earliest[key] = end
+
+    def merge(self, other: Ends) -> None:
+        for key, end in other.earliest.items():
+            found = self.earliest.get(key)
+            if found is None or end < found:
+                self.earliest[key] = end
+
+    def cut_traces(self, kept: Iterable[SpanData]) -> set[str]:
+        """The traces in which a span of a rollout (dropped, or among ``kept``) ended at or before
+        the start of that rollout's root: read whole, so ``lost_attempts`` judges them from every
+        span, as when nothing is dropped."""
+        ends = Ends(dict(self.earliest))
+        roots: dict[tuple[str, str], int] = {}
+        for span in kept:
+            rollout_id = span.attributes.get(c.ROLLOUT_ID)
+            if rollout_id.__class__ is not str or is_marker(span):
+                continue
+            ends.add(span.trace_id, rollout_id, span.end_ns)
+            if span.attributes.get(c.KIND) == c.KIND_ROLLOUT:
+                key = (span.trace_id, rollout_id)
+                roots[key] = max(roots.get(key, span.start_ns), span.start_ns)
+        earliest = ends.earliest
+        return {
+            trace_id
+            for (trace_id, rollout_id), start in roots.items()
+            if earliest.get(_end_key(trace_id, rollout_id), start + 1) <= start
+        }
+
+
+def _rollout_id(attributes: Mapping[str, Any]) -> object:
+    if c.ROLLOUT_ID in attributes:
+        return attributes[c.ROLLOUT_ID]
+    nemo = attributes.get(c.NEMO_GYM_ROLLOUT_ID)
+    return nemo if isinstance(nemo, str) and nemo else None
+
+
+def summary_span(span: SpanData) -> bool:
+    """Whether the summary readers read ``span`` (what :func:`summary_filter` keeps, decoded)."""
+    attributes = span.attributes
+    if attributes.get(c.KIND) in _READ_KINDS or not isinstance(attributes.get(c.ROLLOUT_ID), str):
+        return True
+    return (read_int(attributes.get(c.RAY_TASK_ATTEMPT)) or 0) >= 1
+
+
+def _nanoseconds(value: object) -> int | None:
+    """A span's time as the decoder reads it when it is plain: ASCII digits (as gymtrace writes
+    int64) or a JSON integer; None for anything else (the span is decoded: read, or named)."""
+    if isinstance(value, str):
+        return int(value) if value.isdigit() and value.isascii() else None
+    return value if type(value) is int else None  # not a bool
+
+
+def summary_filter(
+    tokens: TokenTotals, times: EpisodeTimes | None = None, ends: Ends | None = None
+) -> Callable[[Mapping[str, Any]], bool]:
+    """The ``keep`` of :func:`iter_otlp_json_lines` for the summary readers: True for a span they
+    read; a dropped span's output tokens go to ``tokens``, its part of the time split (a model or
+    tool call, a seed session, a step, a verify) to ``times``, its end to ``ends``.
+
+    It runs on every span of the input, so it reads no more than it must: the attribute keys,
+    listed in C, then the values of a few of them. A value that is not
+    plain sends the span to the decoder, which reads it or names what is wrong: keeping a span is
+    always right (the readers read what they need from it), dropping one only when it is sure."""
+
+    earliest = ends.earliest if ends is not None else None
+
+    def keep(raw: Mapping[str, Any]) -> bool:
+        # Inlined: this runs on millions of spans, and each call or decoded value costs. The keys
+        # are listed in C, and a value is looked up only for the few keys present.
+        items = raw.get("attributes")
+        if items.__class__ is not list:
+            return True
+        try:
+            keys = list(map(_KEY, items))
+            if len(set(keys)) != len(keys):
+                return True  # a key twice: the decoder reads the last
+        except (TypeError, KeyError):  # an item that is no object, a key that is not text
+            return True  # decoded, so the decoder names what is wrong
+        if c.KIND in keys:
+            value = items[keys.index(c.KIND)].get("value")
+            if value.__class__ is not dict:
+                return True
+            kind = value.get("stringValue")
+            if kind.__class__ is not str or kind in _READ_KINDS:
+                return True  # read, or a kind that is not plain: the decoder reads it
+        else:
+            kind = None
+        nemo = c.ROLLOUT_ID not in keys
+        if not nemo:
+            value = items[keys.index(c.ROLLOUT_ID)].get("value")
+        elif c.NEMO_GYM_ROLLOUT_ID in keys:
+            value = items[keys.index(c.NEMO_GYM_ROLLOUT_ID)].get("value")  # NeMo Gym's own key
+            if value.__class__ is not dict or not value.get("stringValue"):
+                return True  # "" names no rollout
+        else:
+            return True
+        if value.__class__ is not dict or value.get("stringValue").__class__ is not str:
+            return True  # a rollout ID that is not plain
+        if c.RAY_TASK_ATTEMPT in keys:
+            attempt = plain_value(items[keys.index(c.RAY_TASK_ATTEMPT)].get("value"))
+            if attempt is NOT_PLAIN or (read_int(attempt) or 0) >= 1:
+                return True
+        # Dropped. Everything that may yet keep it is read before anything is counted: a span kept
+        # is counted from its decoded self.
+        trace_id, end = raw.get("traceId"), raw.get("endTimeUnixNano")
+        if end.__class__ is str and end.isdigit() and end.isascii():  # _nanoseconds, inlined
+            end = int(end)
+        elif end.__class__ is not int:
+            return True  # decoded: the decoder reads it, or names what is wrong
+        if trace_id.__class__ is not str:
+            return True
+        count: int | None = None
+        span_id: Any = None
+        if c.GEN_AI_USAGE_OUTPUT_TOKENS in keys:
+            plain = plain_value(items[keys.index(c.GEN_AI_USAGE_OUTPUT_TOKENS)].get("value"))
+            if plain is NOT_PLAIN:
+                return True
+            count = read_int(plain)
+            if count:
+                span_id = raw.get("spanId")
+                run_id, version = (
+                    plain_value(items[keys.index(key)].get("value")) if key in keys else None
+                    for key in (c.RUN_ID, c.POLICY_VERSION)
+                )
+                if span_id.__class__ is not str or NOT_PLAIN in (run_id, version):
+                    return True
+        if kind is None and c.GEN_AI_OPERATION_NAME in keys:
+            operation = plain_value(items[keys.index(c.GEN_AI_OPERATION_NAME)].get("value"))
+            if operation is NOT_PLAIN:
+                return True
+            part = part_of(None, operation)
+        else:
+            part = part_of(kind, None)
+        trace_id = trace_id.lower()
+        rollout_id = value["stringValue"]
+        attempt = None
+        if nemo:
+            rollout_id, attempt = nemo_gym_identity(rollout_id)
+        if part is not None:
+            start = _nanoseconds(raw.get("startTimeUnixNano"))
+            if start is None:
+                return True
+            if c.EPISODE_ATTEMPT in keys:
+                held = items[keys.index(c.EPISODE_ATTEMPT)].get("value")
+                number = held.get("intValue") if held.__class__ is dict and len(held) == 1 else None
+                if number.__class__ is str and number.isdigit() and number.isascii():
+                    attempt = int(number)  # the common case, as plain_value reads it
+                else:
+                    attempt = plain_value(held)
+                    if attempt is NOT_PLAIN:
+                        return True
+                    attempt = read_int(attempt)
+            if attempt is not None and times is not None:
+                times.add((trace_id, rollout_id, attempt), part, start, end)
+        if earliest is not None:  # Ends.add, inlined
+            key = hash((trace_id, rollout_id))
+            found = earliest.get(key)
+            if found is None or end < found:
+                earliest[key] = end
+        if count:
+            tokens.add(trace_id, span_id.lower(), count, run_id, version)
+        return False
+
+    return keep
+
+
+@dataclass
+class Summary:
+    """What :func:`read_summary_spans` read: the spans kept, the dropped spans' tokens, and the
+    parts of every episode's time (the kept spans' too: ``rollout_splits(..., times=)``)."""
+
+    spans: list[SpanData]
+    tokens: TokenTotals
+    times: EpisodeTimes = field(default_factory=EpisodeTimes)
+
+
+# From this many bytes on, a second process reads half of the input (below it, starting one costs
+# more than it saves).
+PARALLEL_BYTES = 48 << 20
+
+
+@dataclass
+class _Read:
+    """What one process read of its parts: the spans kept, what the filter took of the dropped
+    ones, the warnings in order, and the error that stopped it."""
+
+    spans: list[SpanData]
+    tokens: TokenTotals
+    times: EpisodeTimes
+    ends: Ends
+    warnings: list[str]
+    error: Exception | None = None
+
+
+def _read_parts(parts: list[tuple[Path, Part]], entries: bool) -> _Read:
+    found = _Read([], TokenTotals(entries={} if entries else None), EpisodeTimes(), Ends(), [])
+    keep = summary_filter(found.tokens, found.times, found.ends)
+    try:
+        with gc_paused():
+            for path, part in parts:
+                found.spans.extend(
+                    iter_file_spans(
+                        path, warn=found.warnings.append, keep=keep, part=part, decode=decode_held
+                    )
+                )
+    except (TraceFileError, OSError) as exc:
+        found.error = exc
+    return found
+
+
+def halves(files: list[Path]) -> tuple[list[tuple[Path, Part]], list[tuple[Path, Part]]] | None:
+    """The files as two lists of parts of about equal bytes, in order, each part whole lines; None
+    when there are no two such lists.
+
+    A byte range is read only of a plain file: a compressed one has no byte a line starts at. So
+    plain files are cut at the line the middle byte is in; when any file is compressed, the files
+    are split whole (a run's segments, its processes' files), at the file boundary nearest the
+    middle, if the smaller half holds a third of the bytes or more; else (one big compressed file)
+    there are no halves, and one process reads it all."""
+    sizes = [f.stat().st_size for f in files]
+    middle = sum(sizes) // 2
+    if any(compression_of(f) is not None for f in files):
+        ends = [sum(sizes[: i + 1]) for i in range(len(files) - 1)]
+        if not ends:
+            return None
+        cut = min(range(len(ends)), key=lambda i: abs(ends[i] - middle))
+        if min(ends[cut], sum(sizes) - ends[cut]) * 3 < sum(sizes):
+            return None
+        return [(f, None) for f in files[: cut + 1]], [(f, None) for f in files[cut + 1 :]]
+    first: list[tuple[Path, Part]] = []
+    second: list[tuple[Path, Part]] = []
+    offset = 0
+    for file, size in zip(files, sizes, strict=True):
+        if offset + size <= middle:
+            first.append((file, None))
+        elif offset >= middle:
+            second.append((file, None))
+        else:
+            with open(file, "rb") as f:
+                f.seek(middle - offset)
+                cut = middle - offset + len(f.readline())  # the end of the line the middle is in
+            first.append((file, (0, cut)))
+            if cut < size:
+                second.append((file, (cut, size)))
+        offset += size
+    return first, second
+
+
+def fork_context() -> Any:
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        cores = os.cpu_count() or 1
+    if cores < 2 or "fork" not in multiprocessing.get_all_start_methods():
+        return None
+    return multiprocessing.get_context("fork")
+
+
+def _read_all(files: list[Path], parallel_from: int) -> _Read:
+    """One streaming pass over ``files``; an input of ``parallel_from`` bytes or more (on disk) is
+    split in two :func:`halves`, the second read by a forked process meanwhile (both cores of a
+    small machine), the results joined in order."""
+    context = fork_context() if sum(f.stat().st_size for f in files) >= parallel_from else None
+    split = halves(files) if context is not None else None
+    if split is None:
+        return _read_parts([(f, None) for f in files], entries=False)
+    first, second = split
+    with ProcessPoolExecutor(max_workers=1, mp_context=context) as pool:
+        later = pool.submit(_read_parts, second, True)
+        found = _read_parts(first, entries=True)
+        if found.error is not None:
+            later.cancel()
+            return found
+        more = later.result()
+    for key, entry in (more.tokens.entries or {}).items():
+        found.tokens.add_keyed(key, *entry)
+    found.times.merge(more.times)
+    found.ends.merge(more.ends)
+    found.spans += more.spans
+    found.warnings += more.warnings
+    found.error = more.error
+    return found
+
+
+def read_summary_spans(
+    paths: Iterable[str | Path], warn: Warn | None = None, *, parallel_from: int | None = None
+) -> Summary:
+    """The spans the summary readers need from every file (or directory) of ``paths``; from
+    ``parallel_from`` bytes on (default :data:`PARALLEL_BYTES`), read by two processes."""
+    files = trace_files_of(paths, warn)
+    found = _read_all(files, PARALLEL_BYTES if parallel_from is None else parallel_from)
+    for message in found.warnings:
+        if warn is not None:
+            warn(message)
+    if found.error is not None:
+        raise found.error
+    spans, tokens, times = found.spans, found.tokens, found.times
+    times.add_spans(spans)  # a span kept for an odd value or a Ray re-run may be a part too
+    live = {s.trace_id for s in spans if s.attributes.get(c.KIND) == c.KIND_LIVE}
+    if live:
+        # A rollout with live markers and no end is judged ("lost"?) from all of its trace.
+        live -= {s.trace_id for s in spans if s.attributes.get(c.KIND) == c.KIND_ROLLOUT}
+    whole = live | found.ends.cut_traces(spans)
+    if whole:
+        again = summary_filter(TokenTotals())
+
+        def dropped_of_whole(raw: Mapping[str, Any]) -> bool:
+            trace_id = raw.get("traceId")
+            return isinstance(trace_id, str) and trace_id.lower() in whole and not again(raw)
+
+        with gc_paused():
+            # What the first pass read past (a cut-short tail) was told by it.
+            more = [
+                span
+                for path in files
+                for span in iter_file_spans(path, warn=lambda _: None, keep=dropped_of_whole)
+            ]
+        for span in more:  # counted from the spans now (their parts are in ``times`` already)
+            _forget_tokens(tokens, span)
+        spans += more
+    return Summary(spans, tokens, times)
+
+
+def _forget_tokens(tokens: TokenTotals, span: SpanData) -> None:
+    count = read_int(span.attributes.get(c.GEN_AI_USAGE_OUTPUT_TOKENS))
+    if count:
+        attributes = span.attributes
+        tokens.forget(
+            span.trace_id, span.span_id, count, attributes.get(c.RUN_ID), attributes.get(c.POLICY_VERSION)
+        )
+
+
+def summary_of_traces(traces: Iterable[list[SpanData]]) -> Summary:
+    """What :func:`read_summary_spans` keeps, from whole traces given one at a time (Jaeger's
+    search, page by page): the spans the summary readers read, the tokens and the time split's
+    parts of the others; every span of a trace with live markers and no rollout root, or with an
+    attempt a killed process left (each is judged from all of them)."""
+    tokens = TokenTotals()
+    times = EpisodeTimes()
+    kept: list[SpanData] = []
+    for trace in traces:
+        times.add_spans(trace)
+        kinds = {span.attributes.get(c.KIND) for span in trace}
+        if (c.KIND_LIVE in kinds and c.KIND_ROLLOUT not in kinds) or Ends().cut_traces(trace):
+            kept += trace
+            continue
+        for span in trace:
+            if summary_span(span):
+                kept.append(span)
+                continue
+            count = read_int(span.attributes.get(c.GEN_AI_USAGE_OUTPUT_TOKENS))
+            if count:
+                attributes = span.attributes
+                tokens.add(
+                    span.trace_id,
+                    span.span_id,
+                    count,
+                    attributes.get(c.RUN_ID),
+                    attributes.get(c.POLICY_VERSION),
+                )
+    return Summary(kept, tokens, times)
+
+
+def traces_matching(files: Iterable[Path], key: str, value: str, warn: Warn | None = None) -> set[str]:
+    """The trace IDs that hold a span whose ``key`` attribute is ``value`` (a first pass over trace
+    files :func:`~gymtrace._model.tracefiles.trace_files` listed)."""
+    found: set[str] = set()
+
+    def look(raw: Mapping[str, Any]) -> bool:
+        attributes = raw_attributes(raw)
+        trace_id = raw.get("traceId")
+        if attributes is None or not isinstance(trace_id, str):
+            return True  # decoded, so the decoder names what is wrong
+        try:
+            decoded = {k: decode_any_value(v) for k, v in attributes.items() if k in watched}
+        except ValueError:
+            return True
+        found_value = _rollout_id(decoded) if key == c.ROLLOUT_ID else decoded.get(key)
+        if found_value == value:
+            found.add(trace_id.lower())
+        return False
+
+    watched = frozenset({key, c.NEMO_GYM_ROLLOUT_ID} if key == c.ROLLOUT_ID else {key})
+
+    with gc_paused():
+        for path in files:
+            for _ in iter_file_spans(path, warn=warn, keep=look):
+                pass
+    return found
+
+
+def spans_of_traces(files: Iterable[Path], traces: set[str], warn: Warn | None = None) -> list[SpanData]:
+    """Every span of the given traces in trace files :func:`~gymtrace._model.tracefiles.trace_files`
+    listed (a second pass)."""
+
+    def keep(raw: Mapping[str, Any]) -> bool:
+        trace_id = raw.get("traceId")
+        return not isinstance(trace_id, str) or trace_id.lower() in traces
+
+    with gc_paused():
+        found = [span for path in files for span in iter_file_spans(path, warn=warn, keep=keep)]
+    return found

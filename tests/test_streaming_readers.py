@@ -1,0 +1,583 @@
+"""The readers stream a run: they hold what each rollout needs, read directories of per-process
+files as one run, and read past what a killed writer or a stray file leaves."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import subprocess
+import sys
+from collections.abc import Iterator
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+import gymtrace
+from built_runs import BuiltRun
+from gymtrace import _constants as c
+from gymtrace._cli import main
+from gymtrace._model.spandata import (
+    EventData,
+    SpanData,
+    TraceFileError,
+    encode_otlp_json,
+    encode_spandata_json,
+    normalize,
+    read_otlp_json_lines,
+)
+from gymtrace._read import source
+from gymtrace._read.check import stream
+from gymtrace._read.check.stream import HELD_SPANS, SpreadTooThin, check_files
+from gymtrace._read.outcomes import dedupe, final_outcomes
+from gymtrace._read.source import fork_context, halves, read_summary_spans
+from gymtrace._read.timesplit import rollout_splits, split_json
+from gymtrace._read.training import finish_rows, read_training
+from gymtrace._scopes import consumed as _consumed
+from gymtrace._scopes import training as _training
+from gymtrace.testing import CapturedSpans, capture_spans
+
+READERS = [
+    ["rollouts", "--json"],
+    ["stats", "--json"],
+    ["stats", "--by", "train_step", "--json"],
+    ["stats", "--by", "policy_version", "--json"],
+    ["stats", "--by", "group", "--json"],
+]
+
+
+@pytest.fixture(autouse=True)
+def _no_policy_version() -> Iterator[None]:
+    _training.set_policy_version(None)
+    _consumed.forget()
+    yield
+    _training.set_policy_version(None)
+    _consumed.forget()
+
+
+def _training_run(rollouts: int = 12) -> None:
+    """A run with retries, unscored rollouts, model calls with tokens, and a train step consuming
+    every rollout: what each reader's answer draws on."""
+    keys = []
+    with gymtrace.run(run_id="stream"):
+        for i in range(rollouts):
+            gymtrace.set_policy_version(i // 4)
+            with gymtrace.rollout(
+                rollout_id=f"r-{i}", task_id=f"t-{i % 3}", group_id=f"g-{i // 4}", group_size=4
+            ):
+                for attempt in gymtrace.attempts(2, reraise=False):
+                    with attempt:
+                        with gymtrace.step():
+                            with gymtrace.model_call(model="policy") as call:
+                                call.record_usage(output_tokens=7 + i)
+                            with gymtrace.tool_call(tool_name="env.step"):
+                                pass
+                        if i % 4 == 1 and attempt.number == 0:
+                            raise ConnectionError("environment lost")  # retried
+                        if i % 4 == 2:
+                            raise KeyError("harness bug")  # unscored
+                        with gymtrace.verify():
+                            gymtrace.record_reward(float(i % 2))
+                keys.append(gymtrace.current().join_keys())
+        with gymtrace.train_step(step=0, policy_version=3):
+            for n, k in enumerate(keys):
+                gymtrace.consume(k, outcome="trained" if n % 3 else "filtered")
+
+
+def _lines(captured: CapturedSpans, per_line: int = 5) -> list[str]:
+    spans = list(captured.spans)
+    return [json.dumps(encode_otlp_json(spans[i : i + per_line])) for i in range(0, len(spans), per_line)]
+
+
+@pytest.fixture
+def run_file(tmp_path: Path) -> Path:
+    with capture_spans() as captured:
+        _training_run()
+    path = tmp_path / "run.jsonl"
+    path.write_text("".join(line + "\n" for line in _lines(captured)))
+    return path
+
+
+def _out(capsys: pytest.CaptureFixture[str], argv: list[str]) -> tuple[int, str, str]:
+    code = main(argv)
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
+
+
+def _whole_rows(path: Path) -> list[str]:
+    """``rollouts --json`` as the readers computed it before they streamed: from every span."""
+    spans = read_otlp_json_lines(path)
+    outcomes = final_outcomes(spans)
+    training = read_training(dedupe(spans), outcomes)
+    finish_rows(training, outcomes)
+    splits = rollout_splits(spans, outcomes)  # the time split's parts from every span
+    return [
+        json.dumps({**o.as_json(), **training.row(o).as_json(), "time_split": split_json(splits[id(o)])})
+        for o in outcomes
+    ]
+
+
+def test_streamed_rows_equal_the_rows_read_from_every_span(
+    run_file: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code, out, _ = _out(capsys, ["rollouts", "--json", str(run_file)])
+    assert code == 0
+    assert out.splitlines() == _whole_rows(run_file)
+    rows = [json.loads(line) for line in out.splitlines()]
+    assert {r["outcome"] for r in rows} == {"scored", "unscored"} and max(r["attempts"] for r in rows) == 2
+
+
+def _split_run(path: Path) -> Path:
+    """Rollout a, in an environment integration (``gym.env.id``): attempt 0 failed (0.4 ms model,
+    0.3 ms tool past the model call, 0.3 ms other, of 1 ms), attempt 1 scored (a 0.2 ms seed
+    session, a 0.3 ms step span and 0.2 ms more of aggregated steps; another library's chat span
+    and a model call, 0.5 ms together; another process's tool span, 0.4 ms; a 0.2 ms verify; 0.2 ms
+    other, of 2 ms). Rollout b: a 1.5 ms tool call around a 0.5 ms model call (a subagent) inside
+    an agent's step, of 4 ms. Rollout c: sampled out. Rollout d: a killed pass left a model call
+    of attempt 0 whose episode never ended; the resume ran attempt 0 again (0.3 ms model of 1 ms)."""
+    run = BuiltRun("split")
+    a = run.rollout("a")
+    first = a.episode(
+        0, 1_000, outcome=c.OUTCOME_FAILED, failure=c.FAILURE_INFRASTRUCTURE, gym__env__id="Maze-v0"
+    )
+    first.child(c.KIND_MODEL_CALL, 0, 400, gen_ai__usage__output_tokens=5)
+    first.child(c.KIND_TOOL_CALL, 300, 700)
+    second = a.episode(2_000, 4_000, reward=1.0, gym__env__id="Maze-v0", gym__steps__duration__total_ms=0.5)
+    second.child(c.KIND_SEED_SESSION, 2_000, 2_200)
+    second.child(c.KIND_STEP, 2_200, 2_500)
+    second.child(None, 2_500, 2_900, operation=c.OPERATION_CHAT)
+    second.child(c.KIND_MODEL_CALL, 2_600, 3_000, gen_ai__usage__output_tokens=11)
+    second.child(None, 3_000, 3_400, operation=c.OPERATION_EXECUTE_TOOL, service="env-server")
+    second.child(c.KIND_VERIFY, 3_800, 4_000)
+    a.end(reward=1.0)
+    b = run.rollout("b", repeat=1)
+    agent = b.episode(10_000, 14_000, reward=0.0)
+    agent.child(c.KIND_STEP, 10_000, 14_000)
+    agent.child(c.KIND_TOOL_CALL, 11_000, 13_000)
+    agent.child(c.KIND_MODEL_CALL, 11_500, 12_000)
+    b.end(reward=0.0)
+    run.rollout("c", repeat=2).end(reward=0.5, detail=False, end_us=20_000)
+    d = run.rollout("d", repeat=3)
+    killed = d.episode(20_000, 21_000)
+    killed.child(c.KIND_MODEL_CALL, 20_100, 20_500, gen_ai__usage__output_tokens=3)
+    run.spans.remove(killed.span)  # its process was killed before the episode ended
+    d.episodes.clear()
+    d.episode(30_000, 31_000, reward=1.0).child(c.KIND_MODEL_CALL, 30_100, 30_400)
+    d.end(reward=1.0)
+    return run.write(path)
+
+
+def _json_lines(capsys: pytest.CaptureFixture[str], argv: list[str]) -> list[str]:
+    code, out, err = _out(capsys, argv)
+    assert code == 0 and not err, err
+    return out.splitlines()
+
+
+def _read_by_one_and_two_processes(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, path: Path, argvs: list[list[str]]
+) -> tuple[dict[tuple[str, ...], list[str]], dict[tuple[str, ...], list[str]]]:
+    """Each reader's output on ``path`` read by one process, then by two (forced: the file is
+    small)."""
+    one = {tuple(argv): _json_lines(capsys, [*argv, str(path)]) for argv in argvs}
+    cuts: list[object] = []
+    monkeypatch.setattr(source, "PARALLEL_BYTES", 0)
+    monkeypatch.setattr(source, "halves", lambda files: cuts.append(files) or halves(files))
+    two = {tuple(argv): _json_lines(capsys, [*argv, str(path)]) for argv in argvs}
+    monkeypatch.undo()
+    assert len(cuts) == len(argvs)  # each read in two halves
+    return one, two
+
+
+def _gzip_segments(plain: Path, directory: Path, count: int) -> Path:
+    """``plain``'s lines as ``count`` gzip segments of about equal lines (each line one member, as
+    the writer appends them), under the name they were configured by."""
+    directory.mkdir()
+    lines = plain.read_bytes().splitlines(keepends=True)
+    size = -(-len(lines) // count)
+    for number in range(count):
+        name = "traces.jsonl.gz" if number == 0 else f"traces.{number:06d}.jsonl.gz"
+        chunk = lines[number * size : (number + 1) * size]
+        (directory / name).write_bytes(b"".join(gzip.compress(line) for line in chunk))
+    return directory / "traces.jsonl"
+
+
+def test_compressed_input_is_split_by_whole_files_of_comparable_size_or_read_by_one_process(
+    tmp_path: Path,
+) -> None:
+    plain = _split_run(tmp_path / "run.jsonl")
+    configured = _gzip_segments(plain, tmp_path / "segments", 3)
+    files = sorted(configured.parent.iterdir(), key=lambda f: (len(f.name) > len("traces.jsonl.gz"), f.name))
+    split = halves(files)
+    assert split is not None
+    first, second = split
+    # Whole files (no byte range: a compressed file has no byte a line starts at), in order.
+    assert [part for _, part in first + second] == [None] * 3
+    assert [f for f, _ in first + second] == files and first and second
+
+    one = tmp_path / "one.jsonl.gz"
+    one.write_bytes(gzip.compress(plain.read_bytes()))
+    assert halves([one]) is None  # one compressed file: one process
+    small = tmp_path / "small.jsonl.gz"
+    small.write_bytes(gzip.compress(plain.read_bytes().splitlines(keepends=True)[0]))
+    assert halves([one, small]) is None  # not of comparable size
+
+
+def test_one_compressed_file_is_read_by_one_process_and_a_segment_named_twice_once(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    plain = _split_run(tmp_path / "run.jsonl")
+    single = tmp_path / "single.jsonl.gz"
+    single.write_bytes(gzip.compress(plain.read_bytes()))
+    monkeypatch.setattr(source, "PARALLEL_BYTES", 0)
+    assert _json_lines(capsys, ["rollouts", "--json", str(single)]) == _whole_rows(plain)
+    # check: one compressed file of any size in one process, as the plain file is checked.
+    verdict, whole = check_files([single], parallel_from=0), check_files([plain])
+    assert (verdict.spans, verdict.problems) == (whole.spans, whole.problems)
+    # A segment named beside the name that covers it is read once (the readers would dedupe its
+    # outcomes; its spans are not held twice).
+    configured = _gzip_segments(plain, tmp_path / "segments", 4)
+    named_twice = read_summary_spans([configured, configured.with_name("traces.000001.jsonl.gz")])
+    assert len(named_twice.spans) == len(read_summary_spans([configured]).spans)
+
+
+@pytest.mark.parametrize("segments", [None, 4], ids=["plain", "gzip-segments"])
+def test_the_time_split_streamed_by_one_or_two_processes_is_what_every_span_gives(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, segments: int | None
+) -> None:
+    if fork_context() is None:
+        pytest.skip("the two-process read needs two cores and fork")
+    path = _split_run(tmp_path / "run.jsonl")
+    # Rotated gzip segments are split between the processes by whole segments.
+    given = path if segments is None else _gzip_segments(path, tmp_path / "segments", segments)
+    one, two = _read_by_one_and_two_processes(capsys, monkeypatch, given, READERS[:2])
+    assert two == one
+
+    assert one[("rollouts", "--json")] == _whole_rows(path)
+    rows = {r["rollout_id"]: r for r in map(json.loads, one[("rollouts", "--json")])}
+    assert rows["a"]["time_split"] == pytest.approx(
+        {"model": 0.0009, "tool": 0.0007, "env": 0.0007, "verify": 0.0002, "other": 0.0005}
+    )
+    assert rows["b"]["time_split"] == pytest.approx(
+        {"model": 0.0005, "tool": 0.0015, "env": 0.0, "verify": 0.0, "other": 0.002}
+    )
+    assert rows["c"]["time_split"] is None
+    assert rows["d"]["time_split"] == pytest.approx(
+        {"model": 0.0003, "tool": 0.0, "env": 0.0, "verify": 0.0, "other": 0.0007}
+    )
+    assert (rows["a"]["attempts"], rows["d"]["lost_attempts"], rows["a"]["lost_attempts"]) == (2, [0], [])
+    (stats,) = map(json.loads, one[("stats", "--json")])
+    assert stats["time_split"] == pytest.approx(
+        {"model": 0.0017, "tool": 0.0022, "env": 0.0007, "verify": 0.0002, "other": 0.0032}
+    )
+    assert stats["time_share"]["tool"] == pytest.approx(0.0022 / 0.008)
+    # Rollout durations (a root is 1 us longer than its episodes each side): a 4.002 ms, b 4.002 ms,
+    # c 20 ms (its root only), d 1.002 ms (the resume's): nearest rank.
+    assert (stats["rollout_seconds_p50"], stats["rollout_seconds_p99"]) == pytest.approx((0.004002, 0.020))
+    assert stats["lost_attempts"] == 1
+    # d's trace was read again whole (for its lost attempt): its dropped call's tokens count once.
+    summary = read_summary_spans([path])
+    outcomes = final_outcomes(summary.spans)
+    streamed = read_training(dedupe(summary.spans), outcomes, summary.tokens).tokens_by_trace
+    every = read_otlp_json_lines(path)
+    assert streamed == read_training(dedupe(every), final_outcomes(every)).tokens_by_trace
+    assert streamed[rows["d"]["trace_id"]] == 3
+
+
+def test_every_reader_gives_the_same_json_read_by_one_process_or_two(
+    run_file: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    if fork_context() is None:
+        pytest.skip("the two-process read needs two cores and fork")
+    one, two = _read_by_one_and_two_processes(capsys, monkeypatch, run_file, READERS)
+    assert two == one
+    (step,) = [json.loads(line) for line in one[("stats", "--by", "train_step", "--json")][:1]]
+    assert step["time_split"]["model"] > 0 and step["time_split"]["tool"] > 0
+
+
+def test_output_tokens_of_the_dropped_model_calls_still_count_once_in_a_file_appended_to_itself(
+    run_file: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code, out, _ = _out(capsys, ["stats", "--by", "policy_version", "--json", str(run_file)])
+    assert code == 0
+    tokens = [json.loads(line)["output_tokens"] for line in out.splitlines()]
+    # Attempt 0 of every retried rollout made a model call too.
+    assert tokens == [sum(7 + i for i in range(v * 4, v * 4 + 4)) + 7 + v * 4 + 1 for v in range(3)]
+    doubled = run_file.with_name("doubled.jsonl")
+    doubled.write_text(run_file.read_text() * 2)
+    for argv in READERS:
+        assert _out(capsys, [*argv, str(doubled)])[1] == _out(capsys, [*argv, str(run_file)])[1], argv
+
+
+def test_the_summary_readers_hold_no_span_below_an_episode(run_file: Path) -> None:
+    summary = read_summary_spans([run_file])
+    kinds = {s.attributes.get(c.KIND) for s in summary.spans}
+    assert kinds == {c.KIND_RUN, c.KIND_ROLLOUT, c.KIND_EPISODE, c.KIND_TRAIN_STEP, c.KIND_CONSUMED}
+    assert len(summary.spans) < len(read_otlp_json_lines(run_file)) / 2
+
+
+def test_a_directory_of_per_process_files_reads_as_the_one_file_it_was_split_from(
+    run_file: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Each trace's spans spread over both files, as processes sharing rollouts write them.
+    directory = tmp_path / "traces"
+    directory.mkdir()
+    lines = run_file.read_text().splitlines(keepends=True)
+    (directory / "trainer.jsonl").write_text("".join(lines[0::2]))
+    (directory / "worker.pid-7.jsonl").write_text("".join(lines[1::2]))
+    for argv in READERS:
+        whole = _out(capsys, [*argv, str(run_file)])
+        split = _out(capsys, [*argv, str(directory)])
+        assert split == whole, argv
+    assert (
+        _out(capsys, ["tree", "--rollout", "r-1", str(directory)])[1]
+        == _out(capsys, ["tree", "--rollout", "r-1", str(run_file)])[1]
+    )
+
+
+def test_a_foreign_file_in_a_directory_is_named_in_a_warning(
+    run_file: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    directory = tmp_path / "traces"
+    directory.mkdir()
+    (directory / "run.jsonl").write_text(run_file.read_text())
+    (directory / "notes.txt").write_text("not a trace\n")
+    for argv in (["rollouts", "--json"], ["check"]):
+        code, out, err = _out(capsys, [*argv, str(directory)])
+        assert code == 0 and out
+        assert err.count("warning") == 1 and str(directory / "notes.txt") in err, argv
+
+
+def test_a_malformed_line_is_an_error_naming_file_and_line(
+    run_file: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    lines = run_file.read_text().splitlines(keepends=True)
+    lines[2] = lines[2][: len(lines[2]) // 2] + "\n"
+    run_file.write_text("".join(lines))
+    for argv in (["rollouts", "--json"], ["stats"], ["check"], ["tree", "--run", "stream"]):
+        code, _, err = _out(capsys, [*argv, str(run_file)])
+        assert code == 2 and f"{run_file}:3:" in err, argv
+
+
+def test_a_last_line_cut_short_by_a_killed_writer_is_one_warning(
+    run_file: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    text = run_file.read_text()
+    whole = _out(capsys, ["rollouts", "--json", str(run_file)])[1].splitlines()
+    last = text.rstrip("\n").rsplit("\n", 1)[1]
+    run_file.write_text(text[: -len(last) // 2 - 1])  # half of the last line, no newline
+    for argv in (["rollouts", "--json"], ["stats"], ["check"]):
+        code, _, err = _out(capsys, [*argv, str(run_file)])
+        assert code in (0, 1) and err.count("warning") == 1 and str(run_file) in err, argv
+        assert "Traceback" not in err
+    rows = _out(capsys, ["rollouts", "--json", str(run_file)])[1].splitlines()
+    assert 0 < len(rows) <= len(whole)
+
+
+def _plain_install(argv: list[str]) -> str:
+    """The CLI where orjson cannot be imported (the install without the ``fast`` extra)."""
+    script = "import sys; sys.modules['orjson'] = None; from gymtrace._cli import main; sys.exit(main())"
+    return subprocess.run(
+        [sys.executable, "-c", script, *argv], capture_output=True, text=True, check=True
+    ).stdout
+
+
+@pytest.mark.e2e
+def test_the_plain_install_reads_byte_for_byte_what_the_fast_parser_reads(
+    run_file: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    pytest.importorskip("orjson")
+    # What orjson refuses and json reads: a NaN reward and a lone surrogate.
+    with capture_spans() as captured:
+        with gymtrace.rollout(rollout_id="odd", task_id="t"):
+            with gymtrace.episode(attributes={"note": float("nan"), "label": "lone \ud800"}):
+                gymtrace.record_reward(1.0)
+    with run_file.open("a") as f:
+        f.write(json.dumps(encode_otlp_json(captured.spans)) + "\n")
+    for argv in READERS:
+        fast = _out(capsys, [*argv, str(run_file)])[1]
+        assert fast and _plain_install([*argv, str(run_file)]) == fast, argv
+
+
+def _summary(paths: list[Path], parallel_from: int) -> tuple[list[object], dict[str, int], list[str]]:
+    warnings: list[str] = []
+    summary = read_summary_spans(paths, warnings.append, parallel_from=parallel_from)
+    return list(summary.spans), {**summary.tokens.by_trace}, warnings
+
+
+def test_a_big_input_read_by_two_processes_gives_what_one_reads(run_file: Path, tmp_path: Path) -> None:
+    # Appended to itself, the halves are copies: each span's tokens still count once.
+    doubled = tmp_path / "doubled.jsonl"
+    doubled.write_text(run_file.read_text() * 2 + '{"resourceSpans": [')  # and cut short
+    other = tmp_path / "other.jsonl"
+    other.write_text(run_file.read_text())
+    one = _summary([doubled, other], parallel_from=1 << 60)
+    two = _summary([doubled, other], parallel_from=0)
+    assert two == one
+    assert len(one[2]) == 1 and str(doubled) in one[2][0]
+
+
+def test_a_malformed_line_read_by_the_second_process_is_named_by_its_line_in_the_file(
+    run_file: Path,
+) -> None:
+    lines = run_file.read_text().splitlines(keepends=True)
+    bad = len(lines) - 2
+    lines[bad] = "{not json\n"
+    run_file.write_text("".join(lines))
+    for parallel_from in (0, 1 << 60):
+        with pytest.raises(TraceFileError, match=f"{run_file}:{bad + 1}:"):
+            read_summary_spans([run_file], parallel_from=parallel_from)
+
+
+# -- check, trace by trace ------------------------------------------------------------------------
+
+
+def _with_violations(captured: CapturedSpans) -> list[SpanData]:
+    """The run's spans with two findings: a step that names another rollout than its own, and a
+    reward recorded outside any rollout (a trace of its own)."""
+    spans = normalize(captured.spans)
+    step = next(s for s in spans if s.attributes.get(c.KIND) == c.KIND_STEP)
+    wrong = replace(step, attributes={**step.attributes, c.ROLLOUT_ID: "someone-else"})
+    loose = replace(
+        step,
+        trace_id="f" * 32,
+        span_id="e" * 16,
+        parent_id=None,
+        attributes={c.KIND: c.KIND_STEP, c.REWARD: 1.0},
+    )
+    return [wrong if s is step else s for s in spans] + [loose]
+
+
+def _write_spans(path: Path, spans: list[SpanData], per_line: int = 5) -> Path:
+    path.write_text(
+        "".join(
+            json.dumps(encode_spandata_json(spans[i : i + per_line])) + "\n"
+            for i in range(0, len(spans), per_line)
+        )
+    )
+    return path
+
+
+def test_check_trace_by_trace_finds_what_the_whole_input_check_finds(tmp_path: Path) -> None:
+    with capture_spans() as captured:
+        _training_run()
+    path = _write_spans(tmp_path / "run.jsonl", _with_violations(captured))
+    doubled = tmp_path / "doubled.jsonl"
+    doubled.write_text(path.read_text() * 2)
+    for file in (path, doubled):
+        whole = check_files([file], limit=None)
+        by_trace = check_files([file], held=40, limit=None)
+        assert len(whole.problems) == 3 + (file == doubled)
+        assert sorted(by_trace.problems) == sorted(whole.problems)
+        assert (by_trace.spans, by_trace.rollouts, by_trace.outside) == (
+            whole.spans,
+            whole.rollouts,
+            whole.outside,
+        )
+        assert by_trace.notes == whole.notes
+
+
+def test_check_of_a_trace_spread_too_thin_names_it(tmp_path: Path) -> None:
+    with capture_spans() as captured:
+        _training_run()
+    spans = normalize(captured.spans)
+    # One rollout's root is in a file not given: its trace never closes.
+    root = next(s for s in spans if s.attributes.get(c.KIND) == c.KIND_ROLLOUT)
+    path = _write_spans(tmp_path / "run.jsonl", [s for s in spans if s is not root])
+    assert check_files([path], held=len(spans)).problems == []
+    orphans = sum(1 for s in spans if s.trace_id == root.trace_id) - 1
+    with pytest.raises(
+        SpreadTooThin, match=f"trace {root.trace_id} is spread too thin.*{orphans} of its spans"
+    ):
+        check_files([path], held=orphans - 1)
+    # With room for it beside the traces that close meanwhile, it is checked with the rest.
+    assert check_files([path], held=orphans + 20).problems == []
+
+
+def test_check_merges_a_directory_of_per_process_files_by_time(tmp_path: Path) -> None:
+    with capture_spans() as captured:
+        _training_run()
+    spans = _with_violations(captured)
+    one = _write_spans(tmp_path / "run.jsonl", spans)
+    # The rollout roots in one process's file, what ran below them in another's: read one file
+    # after the other, no trace would meet its root before its limit.
+    directory = tmp_path / "traces"
+    directory.mkdir()
+    roots = [s for s in spans if s.parent_id is None]
+    _write_spans(directory / "a-trainer.jsonl", roots)
+    _write_spans(directory / "b-worker.jsonl", [s for s in spans if s.parent_id is not None])
+    whole = check_files([one], limit=None)
+    by_trace = check_files([directory], held=40, limit=None)
+    assert sorted(by_trace.problems) == sorted(whole.problems) and len(whole.problems) == 3
+    assert (by_trace.spans, by_trace.rollouts) == (whole.spans, whole.rollouts)
+
+
+def _cut_through_a_trace(captured: CapturedSpans) -> list[SpanData]:
+    """The run's spans (with their findings), a long rollout's trace written across the middle of
+    the file, where the checker's two processes split it."""
+    with gymtrace.rollout(rollout_id="long", task_id="t-long"):
+        with gymtrace.episode():
+            for _ in range(20):
+                with gymtrace.step(), gymtrace.tool_call(tool_name="env.step"):
+                    pass
+            gymtrace.record_reward(1.0)
+    spans = _with_violations(captured)
+    long_trace = next(s.trace_id for s in spans if s.attributes.get(c.ROLLOUT_ID) == "long")
+    rest = [s for s in spans if s.trace_id != long_trace]
+    middle = len(rest) // 2
+    long = [s for s in spans if s.trace_id == long_trace]
+    # A finding in its first half, which only the first process reads.
+    long[0] = replace(long[0], attributes={**long[0].attributes, c.ROLLOUT_ID: "short"})
+    return rest[:middle] + long + rest[middle:]
+
+
+@pytest.mark.parametrize(
+    ("early", "held", "reads"),
+    [(1000, 120, 1), (0, 120, 2), (1000, 50, 2)],
+    ids=["joined", "second half read again", "a trace too long for half the spans: one process"],
+)
+def test_check_by_two_processes_finds_what_one_finds(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, early: int, held: int, reads: int
+) -> None:
+    with capture_spans() as captured:
+        _training_run(rollouts=40)
+        spans = _cut_through_a_trace(captured)
+    path = _write_spans(tmp_path / "run.jsonl", spans, per_line=1)
+    doubled = tmp_path / "doubled.jsonl"
+    doubled.write_text(path.read_text() * 2)
+    monkeypatch.setattr(stream, "EARLY_SPANS", early)
+    read: list[object] = []
+    spans_of = stream._spans
+    monkeypatch.setattr(stream, "_spans", lambda *args: read.append(args) or spans_of(*args))
+    for file in (path, doubled):
+        one = check_files([file], held=held, limit=None, parallel_from=1 << 60)
+        read.clear()
+        two = check_files([file], held=held, limit=None, parallel_from=0)
+        found = " ".join(one.problems)
+        assert two == one and "has 'someone-else'" in found and "has 'short'" in found
+        # This process read its half once; the second half again if the halves did not join (a
+        # span in both, as in a file appended to itself); the whole if a trace was too long for
+        # half the spans held.
+        assert len(read) == (reads if file == path else max(reads, 2))
+
+
+def test_check_of_a_file_reads_a_reward_event_outside_any_rollout(tmp_path: Path) -> None:
+    # The checker decodes a span's events only where a rule reads them: outside any rollout.
+    with capture_spans() as captured:
+        _training_run()
+    spans = normalize(captured.spans)
+    step = next(s for s in spans if s.attributes.get(c.KIND) == c.KIND_STEP)
+    scored = replace(
+        step,
+        trace_id="f" * 32,
+        span_id="e" * 16,
+        parent_id=None,
+        name="scorer",
+        attributes={},
+        events=(EventData(c.GEN_AI_EVALUATION_RESULT, 1, {c.GEN_AI_EVALUATION_SCORE_VALUE: 1.0}),),
+    )
+    path = _write_spans(tmp_path / "run.jsonl", [*spans, scored])
+    for held in (HELD_SPANS, 40):
+        problems = check_files([path], held=held, limit=None).problems
+        assert problems == [
+            f"scorer (span {'e' * 16}): reward recorded outside any rollout (no gym.rollout.id)"
+        ]
