@@ -252,6 +252,10 @@ def wait_drained(p: Pipeline, worker: Worker, phase_state: dict[str, Any]) -> No
     assert len(received) == finished, (len(received), phase_state)
 
 
+# How often a fault test reads the worker's counts while the Collector is down or stalled.
+LOOKS = 10
+
+
 def test_collector_not_up_at_start_gets_everything_once_it_starts(
     pipeline_ok: Pipeline, tmp_path: Path, encoder: str
 ) -> None:
@@ -261,23 +265,30 @@ def test_collector_not_up_at_start_gets_everything_once_it_starts(
     worker = Worker(
         tmp_path,
         p.otlp_grpc_endpoint,
-        phases="15,15",
+        phases="15" + ",0" * LOOKS + ",15",  # phases of no rollouts report the counts so far
         env={"OTEL_EXPORTER_OTLP_TIMEOUT": "1"},
         extra=("--pace", "0.12"),
         encoder=encoder,
     )
     early = worker.wait_phase(0)["stats"][0]
     assert early["exported"] == 0 and early["finished"] == 15 * SPANS_PER_ROLLOUT, early
+    # Down until an export has failed and waits to be retried: on a loaded machine the first
+    # attempt can come after the ~2 s of rollouts (a CI run started the Collector before it).
+    look = 0
+    while early["retries"] == 0 and look < LOOKS:
+        time.sleep(1)
+        worker.go(look)
+        look += 1
+        early = worker.wait_phase(look)["stats"][0]
+    assert early["retries"] > 0 and early["exported"] == 0, early
     p.start_collector()
-    worker.go(0)
+    for rest in range(look, LOOKS + 1):
+        worker.go(rest)
     result = worker.finish()
     stats = assert_accounted(p, worker, result)
     assert stats["dropped_queue_full"] == stats["dropped_export_failed"] == 0, stats
     assert stats["received"] == 30 * SPANS_PER_ROLLOUT + 1  # + the run span
     assert stats["retries"] > 0, stats
-
-
-LOOKS = 10  # how often a test reads the worker's counts while the Collector is down, ~1 s apart
 
 
 def test_collector_killed_mid_run_and_restarted_loses_nothing_that_fit(
@@ -314,9 +325,6 @@ def test_collector_killed_mid_run_and_restarted_loses_nothing_that_fit(
     assert stats["dropped_queue_full"] == stats["dropped_export_failed"] == 0, stats
     assert stats["received"] == 45 * SPANS_PER_ROLLOUT + 1
     assert stats["retries"] > 0, stats
-
-
-LOOKS = 10  # how often the stalled test reads the counts, 2 s apart
 
 
 def test_stalled_collector_with_a_small_queue_drops_are_counted(

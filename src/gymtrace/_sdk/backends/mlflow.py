@@ -34,6 +34,8 @@ from gymtrace._sdk.backends.client import (
 
 # Trace IDs per lookup request (a GET's URL holds them).
 _BATCH = 50
+# How long after creating its run a process looks again for an older run of the same gym run.
+_SETTLE_SECONDS = 1.0
 
 
 class MlflowClient(Client):
@@ -122,10 +124,14 @@ class MlflowClient(Client):
         mlflow_run = str(created.body["run"]["info"]["run_id"])
         # Another process of the same gym run (a worker, a scorer) may have searched and created
         # at the same moment: every process keeps the oldest run, and deletes its own if not it.
-        _, oldest = self._search_runs(run_id)
-        if oldest is not None and oldest != mlflow_run:
-            self._api("POST", "/api/2.0/mlflow/runs/delete", {"run_id": mlflow_run})
-            mlflow_run = oldest
+        # The oldest is by the start time each process sent, so a run that started first can be
+        # created just after this process looked (a CI run kept two): look once more a moment later.
+        for pause in (0.0, _SETTLE_SECONDS):
+            time.sleep(pause)
+            _, oldest = self._search_runs(run_id)
+            if oldest is not None and oldest != mlflow_run:
+                self._api("POST", "/api/2.0/mlflow/runs/delete", {"run_id": mlflow_run})
+                return oldest
         return mlflow_run
 
     def _search_runs(self, run_id: str) -> tuple[Response, str | None]:
