@@ -194,6 +194,20 @@ def _key(span: SpanData) -> int:
     return hash((span.trace_id, span.span_id))
 
 
+def _fresh(spans: list[SpanData], seen: set[int]) -> tuple[list[SpanData], int]:
+    """The spans not seen before (their keys added to ``seen``), and how many were copies."""
+    fresh: list[SpanData] = []
+    duplicated = 0
+    for span in normalize(spans):
+        key = _key(span)
+        if key in seen:
+            duplicated += 1
+            continue
+        seen.add(key)
+        fresh.append(span)
+    return fresh, duplicated
+
+
 def _judge(trace_id: str, spans: list[SpanData], fresh: list[SpanData], keep: bool) -> _Trace:
     index = SpanIndex(fresh)
     problems = [rule(index) for rule in _TREE_RULES]
@@ -216,15 +230,8 @@ class _ByTrace:
         self.duplicated = 0
 
     def check(self, trace_id: str, spans: list[SpanData], keep: bool = False) -> None:
-        fresh = []
-        seen = self.seen
-        for span in normalize(spans):
-            key = _key(span)
-            if key in seen:
-                self.duplicated += 1
-                continue
-            seen.add(key)
-            fresh.append(span)
+        fresh, duplicated = _fresh(spans, self.seen)
+        self.duplicated += duplicated
         self.traces.append(_judge(trace_id, spans, fresh, keep))
 
     def verdict(self, spans: int, outside: int, limit: int | None) -> Verdict:
@@ -437,15 +444,9 @@ def _join(stream: _Stream, other: _Stream) -> bool:
         if trace.trace_id in stream.open:
             assert trace.spans is not None and trace.fresh is not None
             spans = stream.open.pop(trace.trace_id)
-            fresh: list[SpanData] = []
             seen: set[int] = set()
-            for span in normalize(spans):
-                key = _key(span)
-                if key in seen:
-                    mine.duplicated += 1
-                    continue
-                seen.add(key)
-                fresh.append(span)
+            fresh, duplicated = _fresh(spans, seen)
+            mine.duplicated += duplicated
             theirs.traces[n] = _judge(trace.trace_id, spans + trace.spans, fresh + trace.fresh, False)
             stream.holding -= len(spans)
             mine.seen |= seen
