@@ -7,7 +7,6 @@ import gzip
 import json
 import subprocess
 import sys
-from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
 
@@ -33,9 +32,8 @@ from gymtrace._read.outcomes import dedupe, final_outcomes
 from gymtrace._read.source import fork_context, halves, read_summary_spans
 from gymtrace._read.timesplit import rollout_splits, split_json
 from gymtrace._read.training import finish_rows, read_training
-from gymtrace._scopes import consumed as _consumed
-from gymtrace._scopes import training as _training
 from gymtrace.testing import CapturedSpans, capture_spans
+from training_state import no_policy_version  # noqa: F401 - an autouse fixture
 
 READERS = [
     ["rollouts", "--json"],
@@ -44,15 +42,6 @@ READERS = [
     ["stats", "--by", "policy_version", "--json"],
     ["stats", "--by", "group", "--json"],
 ]
-
-
-@pytest.fixture(autouse=True)
-def _no_policy_version() -> Iterator[None]:
-    _training.set_policy_version(None)
-    _consumed.forget()
-    yield
-    _training.set_policy_version(None)
-    _consumed.forget()
 
 
 def _training_run(rollouts: int = 12) -> None:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -14,21 +13,10 @@ import gymtrace
 from gymtrace import _constants as c
 from gymtrace import propagation
 from gymtrace._identity import trust as _trust
-from gymtrace._scopes import consumed as _consumed
-from gymtrace._scopes import training as _training
 from gymtrace._scopes.tracing import pop_provider, push_provider
 from gymtrace.testing import CapturedSpans, capture_spans, check_trace
+from training_state import no_policy_version  # noqa: F401 - an autouse fixture
 from tree_asserts import assert_child, by_name, span_id
-
-
-@pytest.fixture(autouse=True)
-def _no_policy_version() -> Iterator[None]:
-    # The process's policy version and the rollouts remembered for consume() are process state.
-    _training.set_policy_version(None)
-    _consumed.forget()
-    yield
-    _training.set_policy_version(None)
-    _consumed.forget()
 
 
 class _Scalar:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -13,20 +12,10 @@ import gymtrace
 from gymtrace import _constants as c
 from gymtrace._cli import main
 from gymtrace._model.spandata import encode_otlp_json
-from gymtrace._scopes import consumed as _consumed
-from gymtrace._scopes import training as _training
 from gymtrace.testing import CapturedSpans, capture_spans, check_trace
+from training_state import no_policy_version  # noqa: F401 - an autouse fixture
 
 TOKENS = 10  # output tokens per model call
-
-
-@pytest.fixture(autouse=True)
-def _no_policy_version() -> Iterator[None]:
-    _training.set_policy_version(None)
-    _consumed.forget()
-    yield
-    _training.set_policy_version(None)
-    _consumed.forget()
 
 
 def _rollout(
