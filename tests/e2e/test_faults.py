@@ -38,7 +38,7 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -160,6 +160,22 @@ class Worker:
     def go(self, phase: int) -> None:
         (self.control / f"go-{phase}").write_text("")
 
+    def look_until(
+        self, phase: int, counts: dict[str, Any], done: Callable[[dict[str, Any]], bool]
+    ) -> dict[str, Any]:
+        """After ``phase`` (``counts`` its export stats), run the LOOKS phases of no rollouts that
+        follow it, ~1 s apart, until ``done(counts)``; the last counts. The looks not needed are
+        released too, so ``go(phase + LOOKS)`` starts the phase of rollouts after them."""
+        looked = 0
+        while not done(counts) and looked < LOOKS:
+            time.sleep(1)
+            self.go(phase + looked)
+            looked += 1
+            counts = self.wait_phase(phase + looked)["stats"][0]
+        for rest in range(phase + looked, phase + LOOKS):
+            self.go(rest)
+        return counts
+
     def finish(self, timeout: float = WORKER_TIMEOUT) -> dict[str, Any]:
         try:
             self.proc.wait(timeout)
@@ -274,16 +290,10 @@ def test_collector_not_up_at_start_gets_everything_once_it_starts(
     assert early["exported"] == 0 and early["finished"] == 15 * SPANS_PER_ROLLOUT, early
     # Down until an export has failed and waits to be retried: on a loaded machine the first
     # attempt can come after the ~2 s of rollouts (a CI run started the Collector before it).
-    look = 0
-    while early["retries"] == 0 and look < LOOKS:
-        time.sleep(1)
-        worker.go(look)
-        look += 1
-        early = worker.wait_phase(look)["stats"][0]
+    early = worker.look_until(0, early, lambda counts: counts["retries"] > 0)
     assert early["retries"] > 0 and early["exported"] == 0, early
     p.start_collector()
-    for rest in range(look, LOOKS + 1):
-        worker.go(rest)
+    worker.go(LOOKS)
     result = worker.finish()
     stats = assert_accounted(p, worker, result)
     assert stats["dropped_queue_full"] == stats["dropped_export_failed"] == 0, stats
@@ -310,16 +320,10 @@ def test_collector_killed_mid_run_and_restarted_loses_nothing_that_fit(
     assert during["exported"] == 15 * SPANS_PER_ROLLOUT, during  # nothing got through while it was dead
     # Dead until an export has failed and waits to be retried. A fixed 1.5 s was not always enough
     # on a loaded machine: the Collector was back before the first attempt, and nothing retried.
-    look = 0
-    while during["retries"] == 0 and look < LOOKS:
-        time.sleep(1)
-        look += 1
-        worker.go(look)
-        during = worker.wait_phase(look + 1)["stats"][0]
+    during = worker.look_until(1, during, lambda counts: counts["retries"] > 0)
     assert during["retries"] > 0, during
     p.start_collector()
-    for rest in range(look + 1, LOOKS + 2):
-        worker.go(rest)
+    worker.go(LOOKS + 1)
     result = worker.finish()
     stats = assert_accounted(p, worker, result)
     assert stats["dropped_queue_full"] == stats["dropped_export_failed"] == 0, stats
