@@ -216,6 +216,19 @@ def test_push_to_a_second_mlflow_experiment_puts_the_run_there_under_ids_derived
 # -- Phoenix ----------------------------------------------------------------------------------------
 
 
+def _phoenix_live(server: PhoenixServer, project: str, run_id: str, trace_file: Path) -> list[dict[str, Any]]:
+    """The live run's spans in ``project``, once Phoenix holds every span the run wrote to its file
+    (the same spans went to both, but for the live markers, which a backend is not sent)."""
+    written = [
+        s
+        for s in read_otlp_json_lines(trace_file)
+        if s.attributes.get(c.RUN_ID) == run_id and s.attributes.get(c.KIND) != c.KIND_LIVE
+    ]
+    spans = server.run_spans(project, run_id, len(written))
+    assert len(spans) == len(written), f"Phoenix holds {len(spans)} of the run's {len(written)} spans"
+    return spans
+
+
 def _assert_phoenix_matches(
     server: PhoenixServer, project: str, run_id: str, expected: dict[str, Any]
 ) -> None:
@@ -249,6 +262,7 @@ def test_a_live_run_lands_in_phoenix_with_each_reward_as_one_span_annotation(
     run_id = f"live-{uuid.uuid4().hex[:6]}"
     env = {"GYMTRACE_BACKEND": "phoenix", "GYMTRACE_EXPERIMENT": "rl-live"}
     trace_file = _demo(tmp_path, run_id, env, endpoint=phoenix_server.url)
+    _phoenix_live(phoenix_server, "rl-live", run_id, trace_file)
     _assert_phoenix_matches(phoenix_server, "rl-live", run_id, _expected(trace_file, run_id))
 
 
@@ -277,7 +291,7 @@ def test_push_to_a_second_phoenix_project_puts_the_run_there_under_ids_derived_f
     trace_file = _demo(tmp_path, run_id, env, endpoint=phoenix_server.url)
     expected = _expected(trace_file, run_id)
     originals = _original_trace_ids(trace_file)
-    live = [s for s in phoenix_server.spans("rl-first") if s["attributes"].get(c.RUN_ID) == run_id]
+    live = _phoenix_live(phoenix_server, "rl-first", run_id, trace_file)
     argv = ["push", "--backend", "phoenix", "--endpoint", phoenix_server.url, "--experiment", "rl-second"]
     for _ in range(2):
         done = run_gymtrace(*argv, str(trace_file), timeout=300)
@@ -430,7 +444,7 @@ def test_the_phoenix_ui_shows_a_rollout_with_its_reward_annotation(
     env = {"GYMTRACE_BACKEND": "phoenix", "GYMTRACE_EXPERIMENT": "rl-ui"}
     trace_file = _demo(tmp_path, run_id, env, endpoint=phoenix_server.url)
     expected = _expected(trace_file, run_id)
-    spans = [s for s in phoenix_server.spans("rl-ui") if s["attributes"].get(c.RUN_ID) == run_id]
+    spans = _phoenix_live(phoenix_server, "rl-ui", run_id, trace_file)
     annotated = {
         a["span_id"] for a in phoenix_server.annotations("rl-ui", [s["context"]["span_id"] for s in spans])
     }

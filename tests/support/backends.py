@@ -25,6 +25,7 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
+from gymtrace import _constants as c
 from pipeline import REPO_ROOT, free_ports
 
 MLFLOW_PYTHON = REPO_ROOT / ".venv-mlflow" / "bin" / "python"
@@ -247,6 +248,19 @@ class PhoenixServer(Server):
             cursor = page.get("next_cursor")
             if not cursor:
                 return out
+
+    def run_spans(
+        self, project: str, run_id: str, count: int, timeout: float = 120.0
+    ) -> list[dict[str, Any]]:
+        """The spans of run ``run_id`` in ``project`` once Phoenix holds ``count`` of them (or the
+        timeout passed): its OTLP receiver answers before it has written the spans to the
+        database, so a read right after a live run may see part of it (a CI run read 142 of 146)."""
+        deadline = time.monotonic() + timeout
+        while True:
+            spans = [s for s in self.spans(project) if s["attributes"].get(c.RUN_ID) == run_id]
+            if len(spans) >= count or time.monotonic() > deadline:
+                return spans
+            time.sleep(0.5)
 
     def annotations(self, project: str, span_ids: list[str]) -> list[dict[str, Any]]:
         """The span annotations of ``span_ids`` (``GET /v1/projects/{p}/span_annotations``)."""
