@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import socket
 import subprocess
 import time
 from collections.abc import Callable
@@ -19,7 +18,7 @@ from typing import Any
 import pytest
 
 from child_process import clean_env
-from pipeline import COLLECTOR_DIR, JAEGER_BIN, OTELCOL_BIN, free_ports
+from pipeline import COLLECTOR_DIR, JAEGER_BIN, OTELCOL_BIN, claim_ports, free_ports
 
 PORT_VARIABLES = (
     "GYMTRACE_OTLP_GRPC_PORT",
@@ -54,35 +53,13 @@ def collector_copy(tmp_path: Path) -> Path:
 
 
 def free_sampler_base(samplers: int) -> int:
-    """A port BASE where every port `up --scale-out` takes (BASE+10i .. +4) is free right now."""
-    for base in range(21000, 60000, 97):
-        wanted = [base + 10 * i + k for i in range(samplers) for k in range(5)]
-        socks = []
-        try:
-            for port in wanted:
-                s = socket.socket()
-                socks.append(s)
-                s.bind(("127.0.0.1", port))
-            return base
-        except OSError:
-            continue
-        finally:
-            for s in socks:
-                s.close()
-    raise RuntimeError("no free port range for the samplers")
+    """A port BASE where every port `up --scale-out` takes (BASE+10i .. +4) is free and claimed."""
+    return claim_ports(lambda base: [base + 10 * i + k for i in range(samplers) for k in range(5)])[0]
 
 
 def free_port_pair(offset: int) -> int:
-    """A port P where P and P+offset are both free (OpenSearch: HTTP and transport = HTTP+100)."""
-    for _ in range(50):
-        (port,) = free_ports(1)
-        with socket.socket() as s:
-            try:
-                s.bind(("127.0.0.1", port + offset))
-            except OSError:
-                continue
-        return port
-    raise RuntimeError("no free port pair")
+    """A port P where P and P+offset are both free and claimed (OpenSearch: HTTP and transport)."""
+    return claim_ports(lambda base: [base, base + offset])[0]
 
 
 def ports_env(**extra: str) -> dict[str, str]:

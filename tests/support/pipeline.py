@@ -37,7 +37,7 @@ import time
 import urllib.error
 import urllib.parse
 import urllib.request
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -62,8 +62,14 @@ class PipelineError(RuntimeError):
 # Ports are picked below the kernel's ephemeral range: a port the kernel handed out for port 0
 # is also what it hands the next outgoing connection of any process, and in a CI run of parallel
 # lanes one took a Collector's port between the pick and the Collector's bind ("address already
-# in use"). Below the range only another test's pick can collide, and the picks are random.
+# in use"). Below the range only another test's pick can collide, and random picks did: a CI run's
+# lanes start a dozen pipelines of 11-25 ports at once, and one sampler's health port had been
+# handed to another test too. So every pick is claimed in a file all the test processes of this
+# machine share, under a lock, and not handed out again for CLAIM_SECONDS (the window between a
+# pick and its bind, and a killed server started again on its ports, are far shorter).
 _PORT_FLOOR = 20000
+CLAIM_SECONDS = 900.0
+_CLAIMS = Path(tempfile.gettempdir()) / "gymtrace-test-ports"
 _pick = random.Random()
 
 
@@ -74,27 +80,65 @@ def _ephemeral_floor() -> int:
         return 32768  # Linux's default, and above what other systems hand out for port 0 here
 
 
-def free_ports(n: int) -> list[int]:
-    """Return ``n`` distinct free TCP ports on 127.0.0.1 (all sockets held until all are picked),
-    below the ephemeral range where the system has room for them, else any the system gives."""
+@contextlib.contextmanager
+def _claims() -> Iterator[dict[int, float]]:
+    """The ports claimed in the last CLAIM_SECONDS (port -> when), held under an exclusive lock;
+    what the body adds is written back."""
+    import fcntl
+
+    with open(f"{_CLAIMS}.lock", "a+") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            now = time.time()
+            claimed: dict[int, float] = {}
+            with contextlib.suppress(OSError, ValueError):
+                for line in _CLAIMS.read_text().splitlines():
+                    port, at = line.split()
+                    if now - float(at) < CLAIM_SECONDS:
+                        claimed[int(port)] = float(at)
+            yield claimed
+            temporary = _CLAIMS.with_name(f"{_CLAIMS.name}.{os.getpid()}")
+            temporary.write_text("".join(f"{port} {at}\n" for port, at in claimed.items()))
+            temporary.replace(_CLAIMS)
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+
+
+def _bindable(port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
+def claim_ports(fits: Callable[[int], list[int]], tries: int = 200) -> list[int]:
+    """The ports ``fits(base)`` names for the first random base where each is free and claimed by
+    no other test (``fits`` returns the ports a base stands for: ``[base]``, ``[base, base+100]``)."""
     ceiling = _ephemeral_floor()
-    socks: list[socket.socket] = []
-    try:
-        for _ in range(n):
-            s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-            socks.append(s)
-            for _attempt in range(50 if ceiling - _PORT_FLOOR > 1000 else 0):
-                try:
-                    s.bind(("127.0.0.1", _pick.randrange(_PORT_FLOOR, ceiling)))
-                    break
-                except OSError:
-                    continue
-            else:
-                s.bind(("127.0.0.1", 0))
-        return [s.getsockname()[1] for s in socks]
-    finally:
-        for s in socks:
-            s.close()
+    with _claims() as claimed:
+        for _ in range(tries if ceiling - _PORT_FLOOR > 1000 else 0):
+            wanted = fits(_pick.randrange(_PORT_FLOOR, ceiling))
+            if all(_PORT_FLOOR <= p < ceiling and p not in claimed and _bindable(p) for p in wanted):
+                now = time.time()
+                claimed.update((p, now) for p in wanted)
+                return wanted
+    if len(fits(0)) > 1:
+        raise RuntimeError(f"no free range of ports below {ceiling} for {len(fits(0))} ports")
+    # No room below the ephemeral range on this system: what the kernel gives for port 0.
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return [s.getsockname()[1]]
+
+
+def free_ports(n: int) -> list[int]:
+    """``n`` distinct free TCP ports on 127.0.0.1, each claimed so that no other test process on
+    this machine is handed it meanwhile."""
+    out: list[int] = []
+    while len(out) < n:
+        out += [p for p in claim_ports(lambda base: [base]) if p not in out]
+    return out
 
 
 def _tail(path: Path, lines: int = 40) -> str:
