@@ -224,6 +224,31 @@ def test_a_search_pages_through_every_trace_holding_one_page_at_a_time(
         assert capsys.readouterr().out == from_file and from_file, argv
 
 
+def test_a_jaeger_search_that_finds_nothing_names_the_services_it_asked_and_the_service_option(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Issue 47: on OpenSearch a service is listed a refresh after its spans are searchable, so a
+    # search right after a run asked every listed service but the run's and read "no rollouts".
+    with capture_spans() as captured, gymtrace.run(run_id="elsewhere"):
+        with gymtrace.rollout(rollout_id="r"), gymtrace.episode():
+            gymtrace.record_reward(1.0)
+    jaeger = _FakeJaeger([_v1_trace(normalize(captured.spans))])
+    monkeypatch.setattr(JaegerClient, "_get", lambda _, path, params=None: jaeger.get(path, params))
+    assert main(["rollouts", "--jaeger", "http://jaeger", "--run", "new-run"]) == 1
+    service = normalize(captured.spans)[0].service
+    err = capsys.readouterr().err.splitlines()
+    assert err[-1] == "no rollouts found"
+    assert err[0] == (
+        f"gymtrace: warning: no trace of run 'new-run' in the 1 services Jaeger lists ({service});"
+        " a service is listed seconds after its first spans are stored: name it with --service"
+    )
+    # Named, the service is asked whatever the list says, and an empty answer is just that.
+    assert main(["rollouts", "--jaeger", "http://jaeger", "--run", "new-run", "--service", "other"]) == 1
+    assert capsys.readouterr().err.splitlines() == ["no rollouts found"]
+    assert main(["rollouts", "--jaeger", "http://jaeger", "--run", "elsewhere", "--json"]) == 0
+    assert "warning" not in capsys.readouterr().err
+
+
 def test_an_error_answer_from_jaeger_names_the_stores_reason() -> None:
     # Issue 47: a store refusing an oversized search answers 500 with its reason in the body;
     # `gymtrace rollouts --jaeger` shows that reason, not only "Internal Server Error".

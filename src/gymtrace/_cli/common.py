@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import argparse
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -57,7 +57,25 @@ def read_summary(args: argparse.Namespace) -> Summary:
         if args.files:
             raise TraceFileError("give trace files or --jaeger, not both")
         client = JaegerClient(args.jaeger)
-        return summary_of_traces(client.traces(args.service, {c.RUN_ID: args.run} if args.run else {}))
+        found = 0
+
+        def counted() -> Iterator[list[SpanData]]:
+            nonlocal found
+            for trace in client.traces(args.service, {c.RUN_ID: args.run} if args.run else {}):
+                found += 1
+                yield trace
+
+        summary = summary_of_traces(counted())
+        if not found and not args.service:
+            # Jaeger lists a service once its store has indexed the service's name, which on
+            # OpenSearch comes a refresh (seconds) after the spans themselves are searchable.
+            listed = ", ".join(client.searched[:10]) + (", ..." if len(client.searched) > 10 else "")
+            warn(
+                f"no trace{f' of run {args.run!r}' if args.run else ''} in the"
+                f" {len(client.searched)} services Jaeger lists ({listed or 'none'}); a service is"
+                " listed seconds after its first spans are stored: name it with --service"
+            )
+        return summary
     return read_summary_spans(input_names(args.files), warn)
 
 

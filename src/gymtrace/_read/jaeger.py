@@ -201,6 +201,8 @@ class JaegerClient:
         self.timeout = timeout
         # Link relations per trace ID, read from v3 once (see the module docstring).
         self._relations: dict[str, dict[tuple[str, str, str], str]] = {}
+        # The services the last search asked (every one Jaeger listed, when none was named).
+        self.searched: list[str] = []
 
     def _with_relations(self, trace_id: str, spans: list[SpanData]) -> list[SpanData]:
         if not any(span.links for span in spans):
@@ -253,7 +255,8 @@ class JaegerClient:
         page = page or PAGE_TRACES
         high = time_ns() // 1000
         seen: set[str] = set()
-        for name in [service] if service else self.services():
+        self.searched = [service] if service else self.services()
+        for name in self.searched:
             windows = [(high - LOOKBACK_US, high)]  # microseconds, both ends included
             while windows:
                 start, end = windows.pop()
