@@ -64,3 +64,11 @@ def test_distributed_demo_writes_the_file_with_run_id_and_repeats_and_quiet_drop
     repeats = {s.attributes[c.ROLLOUT_REPEAT] for s in spans if s.attributes.get(c.KIND) == c.KIND_ROLLOUT}
     assert repeats == {0, 1}
     assert check_trace(spans) == []
+    # It ends with the run's report beside the file, as the local demo does: its four rollouts,
+    # from the spans of every service.
+    (line,) = [line for line in out.stdout.splitlines() if line.startswith("report: ")]
+    report = Path(line.split()[1])
+    assert report == (tmp_path / "gymtrace-report-run-file.html").resolve()
+    page = report.read_text()
+    assert 'class="gymtrace-timeline"' in page and "run-file" in page
+    assert "data-figure=\"rollouts\" data-value='4'" in page

@@ -149,6 +149,9 @@ def _print_distributed(result: DistributedResult, *, quiet: bool) -> int:
         print(render_tree(result.spans))
     services = len({s.service for s in result.spans})
     print(f"{len(result.spans)} spans from {services} services appended to {result.file}")
+    if result.file is not None and result.spans:
+        # As the local demo does: the run's report beside the file every process wrote to.
+        _write_report(result.spans, result.file, result.run_id)
     return 0
 
 
