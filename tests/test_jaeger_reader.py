@@ -159,7 +159,14 @@ def _v1_trace(spans: list[SpanData]) -> dict[str, Any]:
 
     return {
         "traceID": spans[0].trace_id,
-        "processes": {"p1": {"serviceName": spans[0].service, "tags": []}},
+        "processes": {
+            "p1": {
+                "serviceName": spans[0].service,
+                "tags": [tag(c.SERVICE_INSTANCE_ID, spans[0].service_instance)]
+                if spans[0].service_instance
+                else [],
+            }
+        },
         "spans": [
             {
                 "traceID": s.trace_id,
@@ -185,30 +192,21 @@ def _v1_trace(spans: list[SpanData]) -> dict[str, Any]:
     }
 
 
-def test_a_search_pages_through_every_trace_holding_one_page_at_a_time(
-    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]
-) -> None:
-    with capture_spans() as captured, gymtrace.run(run_id="paged"):
-        for i in range(40):
+def _served_run(
+    monkeypatch: pytest.MonkeyPatch, run_id: str, rollouts: int, tmp_path: Path
+) -> tuple[_FakeJaeger, dict[str, list[SpanData]], Path]:
+    """A run of ``rollouts`` recorded, served by the stand-in Jaeger and written to a file, both at
+    Jaeger's resolution (microseconds: the time split and the durations are read from the times,
+    so the readers can read the two alike): the Jaeger, its traces by ID and the file."""
+    with capture_spans() as captured, gymtrace.run(run_id=run_id):
+        for i in range(rollouts):
             with gymtrace.rollout(rollout_id=f"r-{i}", task_id=f"t-{i % 4}"):
                 with gymtrace.episode(), gymtrace.step(), gymtrace.tool_call(tool_name="env.step"):
                     pass
                 if i % 3:
                     with gymtrace.verify():
                         gymtrace.record_reward(float(i % 2))
-    by_trace: dict[str, list[SpanData]] = {}
-    for span in normalize(captured.spans):
-        by_trace.setdefault(span.trace_id, []).append(span)
-    jaeger = _FakeJaeger([_v1_trace(spans) for spans in by_trace.values()])
-    monkeypatch.setattr(JaegerClient, "_get", lambda _, path, params=None: jaeger.get(path, params))
-    monkeypatch.setattr(jaeger_module, "PAGE_TRACES", 6)
-    traces = list(JaegerClient("http://jaeger").traces(None, {c.RUN_ID: "paged"}))
-    assert sorted(t[0].trace_id for t in traces) == sorted(by_trace) and len(traces) == 41
-    assert max(jaeger.answered) <= 6 and len(jaeger.answered) > 41 / 6
-    # The readers read Jaeger's run as they read the file the run wrote, at Jaeger's resolution
-    # (microseconds: the time split and the durations are read from the times).
-    path = tmp_path / "run.jsonl"
-    in_us = [
+    spans = [
         replace(
             s,
             start_ns=s.start_ns // 1000 * 1000,
@@ -216,7 +214,25 @@ def test_a_search_pages_through_every_trace_holding_one_page_at_a_time(
         )
         for s in normalize(captured.spans)
     ]
-    path.write_text(json.dumps(encode_spandata_json(in_us)) + "\n")
+    by_trace: dict[str, list[SpanData]] = {}
+    for span in spans:
+        by_trace.setdefault(span.trace_id, []).append(span)
+    jaeger = _FakeJaeger([_v1_trace(trace) for trace in by_trace.values()])
+    monkeypatch.setattr(JaegerClient, "_get", lambda _, path, params=None: jaeger.get(path, params))
+    path = tmp_path / "run.jsonl"
+    path.write_text(json.dumps(encode_spandata_json(spans)) + "\n")
+    return jaeger, by_trace, path
+
+
+def test_a_search_pages_through_every_trace_holding_one_page_at_a_time(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    jaeger, by_trace, path = _served_run(monkeypatch, "paged", 40, tmp_path)
+    monkeypatch.setattr(jaeger_module, "PAGE_TRACES", 6)
+    traces = list(JaegerClient("http://jaeger").traces(None, {c.RUN_ID: "paged"}))
+    assert sorted(t[0].trace_id for t in traces) == sorted(by_trace) and len(traces) == 41
+    assert max(jaeger.answered) <= 6 and len(jaeger.answered) > 41 / 6
+    # The readers read Jaeger's run as they read the file the run wrote.
     for argv in (["rollouts", "--json"], ["stats", "--json"]):
         assert main([*argv, str(path)]) == 0
         from_file = capsys.readouterr().out
@@ -274,3 +290,47 @@ def test_an_error_answer_from_jaeger_names_the_stores_reason() -> None:
     finally:
         server.shutdown()
         server.server_close()
+
+
+def test_timeline_and_report_draw_a_run_from_jaeger_as_from_the_file_it_wrote(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    _, _, path = _served_run(monkeypatch, "drawn", 12, tmp_path)
+    monkeypatch.setattr(jaeger_module, "PAGE_TRACES", 5)
+    from_file, from_jaeger = tmp_path / "file.json", tmp_path / "jaeger.json"
+    assert main(["timeline", str(path), "--format", "chrome", "-o", str(from_file)]) == 0
+    assert (
+        main(
+            [
+                "timeline",
+                "--jaeger",
+                "http://jaeger",
+                "--run",
+                "drawn",
+                "--format",
+                "chrome",
+                "-o",
+                str(from_jaeger),
+            ]
+        )
+        == 0
+    )
+    said = capsys.readouterr().out.splitlines()
+    assert (
+        said[0].split(" -> ")[0]
+        == said[1].split(" -> ")[0]
+        == "run drawn: 12 rollouts, 12 bars in 1 lanes, 0 train steps"
+    )
+    assert json.loads(from_jaeger.read_text()) == json.loads(from_file.read_text())
+    report = tmp_path / "report.html"
+    assert main(["report", "--jaeger", "http://jaeger", "--run", "drawn", "-o", str(report)]) == 0
+    page = report.read_text()
+    assert "data-figure=\"rollouts\" data-value='12'" in page and "Jaeger at http://jaeger" in page
+    # A run Jaeger does not hold: the one-line error every picture gives, and where it looked.
+    capsys.readouterr()
+    assert (
+        main(["timeline", "--jaeger", "http://jaeger", "--run", "missing", "-o", str(tmp_path / "x.html")])
+        == 2
+    )
+    err = capsys.readouterr().err
+    assert "no trace of run 'missing'" in err and "gymtrace timeline: no run 'missing'" in err

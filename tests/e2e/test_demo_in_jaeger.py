@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import time
 import uuid
 from collections.abc import Iterator
@@ -165,3 +166,21 @@ def test_demo_reaches_jaeger_as_one_tree_per_kept_rollout(
         "tree", "--jaeger", pipeline.query_url, "--trace", unscored.trace_id, check=True
     ).stdout
     assert by_trace == one
+    # The pictures read the run from Jaeger too: the five rollouts the sampler kept, two services.
+    chrome = tmp_path / "timeline.json"
+    drawn = run_gymtrace(
+        "timeline", "--jaeger", pipeline.query_url, "--run", run_id, "--format", "chrome", "-o", str(chrome),
+        check=True,
+    ).stdout  # fmt: skip
+    assert drawn.startswith(f"run {run_id}: 5 rollouts, "), drawn
+    events = json.loads(chrome.read_text())["traceEvents"]
+    episodes = [e for e in events if e.get("cat") == "episode"]
+    assert {e["name"].split(" a")[0] for e in episodes} == {
+        s.attributes[c.ROLLOUT_ID]
+        for spans in rollouts.values()
+        for s in spans
+        if s.attributes[c.KIND] == "rollout"
+    }
+    report = tmp_path / "report.html"
+    run_gymtrace("report", "--jaeger", pipeline.query_url, "--run", run_id, "-o", str(report), check=True)
+    assert "data-figure=\"rollouts\" data-value='5'" in report.read_text()

@@ -20,6 +20,7 @@ from gymtrace._model.tracefiles import Warn, trace_files_of
 from gymtrace._sdk.children import child_files
 
 if TYPE_CHECKING:
+    from gymtrace._read.pictures.runview import RunView
     from gymtrace._read.source import Summary
 
 
@@ -52,31 +53,42 @@ def read_summary(args: argparse.Namespace) -> Summary:
     from gymtrace._read.source import read_summary_spans, summary_of_traces
 
     if args.jaeger:
-        from gymtrace._read.jaeger import JaegerClient
-
-        if args.files:
-            raise TraceFileError("give trace files or --jaeger, not both")
-        client = JaegerClient(args.jaeger)
-        found = 0
-
-        def counted() -> Iterator[list[SpanData]]:
-            nonlocal found
-            for trace in client.traces(args.service, {c.RUN_ID: args.run} if args.run else {}):
-                found += 1
-                yield trace
-
-        summary = summary_of_traces(counted())
-        if not found and not args.service:
-            # Jaeger lists a service once its store has indexed the service's name, which on
-            # OpenSearch comes a refresh (seconds) after the spans themselves are searchable.
-            listed = ", ".join(client.searched[:10]) + (", ..." if len(client.searched) > 10 else "")
-            warn(
-                f"no trace{f' of run {args.run!r}' if args.run else ''} in the"
-                f" {len(client.searched)} services Jaeger lists ({listed or 'none'}); a service is"
-                " listed seconds after its first spans are stored: name it with --service"
-            )
-        return summary
+        return summary_of_traces(jaeger_traces(args))
     return read_summary_spans(input_names(args.files), warn)
+
+
+def jaeger_traces(args: argparse.Namespace) -> Iterator[list[SpanData]]:
+    """The traces of Jaeger's search that ``args`` asks for (``--jaeger``, ``--service``, ``--run``),
+    one at a time; when it found none without a service named, a warning that names the services
+    it asked and ``--service``."""
+    from gymtrace._read.jaeger import JaegerClient
+
+    if args.files:
+        raise TraceFileError("give trace files or --jaeger, not both")
+    client = JaegerClient(args.jaeger)
+    found = 0
+    for trace in client.traces(args.service, {c.RUN_ID: args.run} if args.run else {}):
+        found += 1
+        yield trace
+    if not found and not args.service:
+        # Jaeger lists a service once its store has indexed the service's name, which on
+        # OpenSearch comes a refresh (seconds) after the spans themselves are searchable.
+        listed = ", ".join(client.searched[:10]) + (", ..." if len(client.searched) > 10 else "")
+        warn(
+            f"no trace{f' of run {args.run!r}' if args.run else ''} in the"
+            f" {len(client.searched)} services Jaeger lists ({listed or 'none'}); a service is"
+            " listed seconds after its first spans are stored: name it with --service"
+        )
+
+
+def read_picture(args: argparse.Namespace) -> RunView:
+    """The run ``timeline`` and ``report`` draw: from files in one streaming pass, or from Jaeger's
+    search a page of traces at a time (:class:`RunNotFound` when the input does not hold it)."""
+    from gymtrace._read.pictures.runview import read_view, view_of_traces
+
+    if args.jaeger:
+        return view_of_traces(jaeger_traces(args), args.run, lanes_by=args.lanes)
+    return read_view(input_names(args.files), args.run, lanes_by=args.lanes, warn=warn)
 
 
 def read_files(files: list[str]) -> list[SpanData]:

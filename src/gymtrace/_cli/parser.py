@@ -144,7 +144,7 @@ def _add_picture_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser
         "timeline",
         help="a run's episodes on one picture: a self-contained HTML page, or Chrome trace-event JSON (Perfetto)",
     )
-    timeline.add_argument("files", nargs="+", metavar="FILE|DIR", help="OTLP/JSON lines files or directories")
+    _add_picture_source(timeline)
     timeline.add_argument("--run", metavar="RUN_ID", help="the run to draw (default: the input's only run)")
     timeline.add_argument(
         "-o",
@@ -163,7 +163,7 @@ def _add_picture_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser
     report = sub.add_parser(
         "report", help="one self-contained HTML page of a run, beside a baseline run's compare verdicts"
     )
-    report.add_argument("files", nargs="+", metavar="FILE|DIR", help="OTLP/JSON lines files or directories")
+    _add_picture_source(report)
     report.add_argument("--run", metavar="RUN_ID", help="the run (default: the input's only run)")
     report.add_argument(
         "--baseline",
@@ -258,6 +258,21 @@ def _add_push_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -
         help=f"MLflow experiment (created if missing) or Phoenix project (default: {_settings.DEFAULT_EXPERIMENT})",
     )
     push.add_argument("files", nargs="+", metavar="FILE|DIR", help="OTLP/JSON lines files or directories")
+
+
+def _add_picture_source(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "files",
+        nargs="*",
+        metavar="FILE|DIR",
+        help=f"OTLP/JSON lines files or directories (default: {DEFAULT_FILE})",
+    )
+    parser.add_argument(
+        "--jaeger",
+        metavar="URL",
+        help="read the run from Jaeger's query API instead, e.g. http://127.0.0.1:16686",
+    )
+    parser.add_argument("--service", help="service to search in Jaeger (default: every service)")
 
 
 def _add_reader_arguments(parser: argparse.ArgumentParser, what: str = "OTLP/JSON lines files") -> None:

@@ -9,7 +9,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from gymtrace._cli.common import warn
+from gymtrace._cli.common import input_names, read_picture, warn
 from gymtrace._read.passk import PASS_THRESHOLD
 
 if TYPE_CHECKING:
@@ -25,7 +25,7 @@ def run(args: argparse.Namespace) -> int:
         print("gymtrace report: --baseline-run needs --baseline FILE|DIR", file=sys.stderr)
         return 2
     try:
-        view = read_view(args.files, args.run, lanes_by=args.lanes, warn=warn)
+        view = read_picture(args)
         baseline = (
             read_view(args.baseline, args.baseline_run, lanes_by=args.lanes, warn=warn)
             if args.baseline
@@ -36,7 +36,7 @@ def run(args: argparse.Namespace) -> int:
         return 2
     out = write_report(
         view,
-        args.files,
+        [f"Jaeger at {args.jaeger}"] if args.jaeger else input_names(args.files),
         Path(args.output or DEFAULT_OUTPUT),
         baseline,
         args.baseline or (),

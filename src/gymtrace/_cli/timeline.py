@@ -7,18 +7,18 @@ import argparse
 import sys
 from pathlib import Path
 
-from gymtrace._cli.common import warn
+from gymtrace._cli.common import read_picture
 
 DEFAULT_HTML = "gymtrace-timeline.html"
 DEFAULT_CHROME = "gymtrace-timeline.json"
 
 
 def run(args: argparse.Namespace) -> int:
-    from gymtrace._read.pictures.runview import RunNotFound, read_view
+    from gymtrace._read.pictures.runview import RunNotFound
     from gymtrace._read.pictures.timeline import timeline_page, write_chrome_trace
 
     try:
-        view = read_view(args.files, args.run, lanes_by=args.lanes, warn=warn)
+        view = read_picture(args)
     except RunNotFound as exc:
         print(f"gymtrace timeline: {exc}", file=sys.stderr)
         return 2

@@ -79,6 +79,31 @@ def _watched(span: Mapping[str, Any]) -> dict[str, object]:
     return found
 
 
+# What a picture does with a span (:func:`_decide`).
+_DROP, _WHOLE_SPAN, _PART, _MARKER = range(4)
+
+
+def _decide(found: RunInput, run_id: str | None, attributes: Mapping[str, object]) -> int:
+    """Of one span, by its attributes: drop it (another run), keep it whole, keep only its part of
+    the time split, or note its trace as one with live markers. Run IDs seen go to ``found.runs``."""
+    run = attributes.get(c.RUN_ID)
+    run = run if isinstance(run, str) else None
+    kind = attributes.get(c.KIND)
+    if kind in _RUN_KINDS:
+        found.runs.add(run)
+    if run_id is not None and run is not None and run != run_id:
+        return _DROP
+    if kind == c.KIND_LIVE:
+        return _MARKER
+    if (
+        kind in _WHOLE
+        or not isinstance(attributes.get(c.ROLLOUT_ID), str)
+        or (read_int(attributes.get(c.RAY_TASK_ATTEMPT)) or 0) >= 1
+    ):
+        return _WHOLE_SPAN
+    return _PART
+
+
 def picture_filter(found: RunInput, run_id: str | None) -> Callable[[Mapping[str, Any]], bool]:
     """The decision per raw span (an OTLP/JSON span object): True to decode it whole; False when
     it is of another run, or when its part of the time split went to ``found.times`` (all of it
@@ -87,32 +112,45 @@ def picture_filter(found: RunInput, run_id: str | None) -> Callable[[Mapping[str
     def keep(raw: Mapping[str, Any]) -> bool:
         try:
             attributes = _watched(raw)
-            run = attributes.get(c.RUN_ID)
-            run = run if isinstance(run, str) else None
-            kind = attributes.get(c.KIND)
-            if kind in _RUN_KINDS:
-                found.runs.add(run)
-            if run_id is not None and run is not None and run != run_id:
-                return False
-            if kind == c.KIND_LIVE:
+            decision = _decide(found, run_id, attributes)
+            if decision == _MARKER:
                 found.marker_traces.add(str(raw["traceId"]).lower())
-                return False
-            rollout = attributes.get(c.ROLLOUT_ID)
-            if (
-                kind in _WHOLE
-                or not isinstance(rollout, str)
-                or (read_int(attributes.get(c.RAY_TASK_ATTEMPT)) or 0) >= 1
-            ):
-                return True
-            trace_id = str(raw["traceId"]).lower()
-            found.times.add_attributes(
-                trace_id, attributes, int(raw["startTimeUnixNano"]), int(raw["endTimeUnixNano"])
-            )
-            return False
+            elif decision == _PART:
+                trace_id = str(raw["traceId"]).lower()
+                found.times.add_attributes(
+                    trace_id, attributes, int(raw["startTimeUnixNano"]), int(raw["endTimeUnixNano"])
+                )
+            return decision == _WHOLE_SPAN
         except (TypeError, KeyError, AttributeError, ValueError):
             return True  # the decoder says what is wrong, or reads it
 
     return keep
+
+
+def run_input_of_traces(traces: Iterable[list[SpanData]], *, run_id: str | None = None) -> RunInput:
+    """What :func:`read_run_input` reads of files, from whole traces given one at a time (Jaeger's
+    search, page by page): each trace's spans the picture keeps whole, of the others their part of
+    the time split; a trace whose rollout only live markers know, whole."""
+    found = RunInput()
+    for trace in traces:
+        kept: list[SpanData] = []
+        markers = False
+        for span in trace:
+            decision = _decide(found, run_id, span.attributes)
+            markers = markers or decision == _MARKER
+            if decision == _WHOLE_SPAN:
+                if (
+                    span.attributes.get(c.ROLLOUT_ID) is not None
+                    and span.attributes.get(c.KIND) not in _WHOLE
+                ):
+                    found.times.add_span(span)  # read whole, as the file reader reads an odd one
+                kept.append(span)
+            elif decision == _PART:
+                found.times.add_span(span)
+        if markers and not any(s.attributes.get(c.KIND) == c.KIND_ROLLOUT for s in kept):
+            kept = list(trace)
+        found.spans += kept
+    return found
 
 
 def read_run_input(

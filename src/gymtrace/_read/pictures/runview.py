@@ -30,7 +30,7 @@ from gymtrace._model.numbers import read_int
 from gymtrace._model.spandata import SpanData
 from gymtrace._model.tracefiles import Warn
 from gymtrace._read.outcomes import RolloutOutcome, final_outcomes, last_recorded
-from gymtrace._read.pictures.reading import read_run_input
+from gymtrace._read.pictures.reading import RunInput, read_run_input, run_input_of_traces
 from gymtrace._read.stats import RunStats, members_of, summarise
 from gymtrace._read.timesplit import (
     EpisodeTimes,
@@ -305,6 +305,17 @@ def read_view(
     when the input does not hold it (or, with no run named, holds several). ``warn``: told what the
     reader reads past (a file a killed writer cut short is read up to the cut, a foreign file in a
     directory)."""
-    found = read_run_input(paths, run_id=run_id, warn=warn)
+    return _view_of(read_run_input(paths, run_id=run_id, warn=warn), run_id, lanes_by)
+
+
+def view_of_traces(
+    traces: Iterable[list[SpanData]], run_id: str | None, *, lanes_by: str = LANES_WORKER
+) -> RunView:
+    """Run ``run_id`` of whole traces given one at a time (Jaeger's search), as :func:`read_view`
+    reads and draws it from files."""
+    return _view_of(run_input_of_traces(traces, run_id=run_id), run_id, lanes_by)
+
+
+def _view_of(found: RunInput, run_id: str | None, lanes_by: str) -> RunView:
     chosen = select_run(found.runs, run_id)
     return build_view(found.spans, found.times, chosen, lanes_by=lanes_by)
