@@ -3,9 +3,9 @@
 Run in the NeMo Gym venv ``scripts/test`` builds (about 10 minutes on a 2-core machine)::
 
     .venv-nemo/bin/python benchmarks/nemo_gym_cost.py [--server example_multi_step] [--limit 5]
-        [--repeats 4] [--rounds 3] [--gymtrace-src DIR]
+        [--repeats 4] [--rounds 3] [--gymtrace-src DIR] [--sides plain,sdk,contrib,full,full-ops]
 
-Four stacks run at once against one instant fake Responses API upstream
+Up to five stacks (``--sides``) run at once against one instant fake Responses API upstream
 (tests/support/fake_responses_upstream.py): ``gym env start`` plain; plain with the OpenTelemetry
 SDK's ``TracerProvider`` set in every process by a ``sitecustomize`` and nothing else (no exporter,
 no gymtrace: FastAPI's own telemetry records its spans once a provider is set, so this is the floor
@@ -13,14 +13,17 @@ under any OpenTelemetry tracing of these servers); under
 ``opentelemetry-instrument`` with gymtrace's NeMo Gym integration switched off
 (``OTEL_PYTHON_DISABLED_INSTRUMENTATIONS=gymtrace_nemo_gym``: FastAPI's own telemetry and any
 contrib instrumentation installed, their spans written to ``GYMTRACE_FILE=DIR/`` by gymtrace's
-configurator and exporter); and
-fully traced (the integration on, ``GYMTRACE_FILE=DIR/``). Each round runs ``gym eval run`` over the
+configurator and exporter);
+fully traced (the integration on, ``GYMTRACE_FILE=DIR/``); and fully traced with FastAPI's operation
+spans kept (``GYMTRACE_NEMO_GYM_OPERATION_SPANS=true``), which gymtrace's NeMo Gym setup otherwise
+turns off. Each round runs ``gym eval run`` over the
 same tasks on each (the driver as its stack: plain, or under ``opentelemetry-instrument`` with the
 same environment), in rotating order, and takes the CPU time (user + system) of the driver (its
 rusage, start-up included) and of every process of the stack (servers, Ray, ``gym env start``;
 psutil, before and after). Printed: CPU ms per rollout for each side (driver and stack, then the
 stack alone, which leaves out the driver's start-up), each side's ratio to the plain one, and the
-spans written per rollout; the median over rounds. Nothing here asserts a time: the machine is
+spans written per rollout; the median over rounds with the lowest and highest round, and each
+difference between sides with its spread over rounds (the sides of one round run back to back). Nothing here asserts a time: the machine is
 shared and absolute times drift.
 """
 
@@ -47,7 +50,11 @@ PACKAGES = Path(nemo_gym.__file__).resolve().parent.parent
 UPSTREAM = Path(__file__).resolve().parent.parent / "tests" / "support" / "fake_responses_upstream.py"
 # The sides, in the order printed: how each runs the stack and its driver.
 PLAIN, SDK, CONTRIB, FULL = "plain", "sdk only", "integration off", "gymtrace"
-SIDES = (PLAIN, SDK, CONTRIB, FULL)
+# gymtrace with FastAPI's operation spans kept (GYMTRACE_NEMO_GYM_OPERATION_SPANS=true): what
+# dropping them by default saves is this side less the gymtrace one.
+FULL_OPS = "gymtrace + ops"
+SIDES = (PLAIN, SDK, CONTRIB, FULL, FULL_OPS)
+SIDE_KEYS = {"plain": PLAIN, "sdk": SDK, "contrib": CONTRIB, "full": FULL, "full-ops": FULL_OPS}
 # The "sdk only" side: the plain stack with the OpenTelemetry SDK's TracerProvider set in every
 # process (no exporter, no gymtrace): what FastAPI's own telemetry costs once a provider records its
 # spans, the floor under any OpenTelemetry tracing of these servers.
@@ -115,6 +122,8 @@ class Side:
             site.mkdir(exist_ok=True)
             (site / "sitecustomize.py").write_text(SDK_SITE)
             self.env["PYTHONPATH"] = str(site)
+        if variant == FULL_OPS:
+            self.env["GYMTRACE_NEMO_GYM_OPERATION_SPANS"] = "true"
         if variant == CONTRIB:
             # The supported switch: opentelemetry-instrument loads no instrumentor of this name.
             self.env["OTEL_PYTHON_DISABLED_INSTRUMENTATIONS"] = "gymtrace_nemo_gym"
@@ -240,7 +249,19 @@ def main() -> None:
         help="trace with the gymtrace package in this src/ directory (say, `git archive` of an earlier"
         " commit) instead of the installed one: the before of a before/after",
     )
+    parser.add_argument(
+        "--sides",
+        default=",".join(SIDE_KEYS),
+        help="which sides to run, comma-separated keys: "
+        + ", ".join(f"{k} ({v})" for k, v in SIDE_KEYS.items())
+        + "; the ratios are to the first of plain / sdk that runs",
+    )
     args = parser.parse_args()
+    try:
+        chosen = [SIDE_KEYS[key.strip()] for key in args.sides.split(",") if key.strip()]
+    except KeyError as exc:
+        parser.error(f"--sides: unknown side {exc}; known: {', '.join(SIDE_KEYS)}")
+    variants = [variant for variant in SIDES if variant in chosen]
     agent = f"{args.server}_simple_agent"
     data = PACKAGES / "resources_servers" / args.server / "data" / "example.jsonl"
     with tempfile.TemporaryDirectory(prefix="nemo-cost-") as tmp:
@@ -255,7 +276,7 @@ def main() -> None:
             while not port_file.exists():
                 time.sleep(0.1)
             port = port_file.read_text().strip()
-            for number, variant in enumerate(SIDES):
+            for number, variant in enumerate(variants):
                 (root / str(number)).mkdir()
                 sides.append(Side(root / str(number), args.server, port, variant, args.gymtrace_src))
             for side in sides:
@@ -263,11 +284,11 @@ def main() -> None:
             for side in sides:
                 side.run("warm", agent, data, 1, 1)
             spans_before = {side.variant: _spans(side.traces) for side in sides}
-            per: dict[str, list[float]] = {variant: [] for variant in SIDES}
-            servers: dict[str, list[float]] = {variant: [] for variant in SIDES}
+            per: dict[str, list[float]] = {variant: [] for variant in variants}
+            servers: dict[str, list[float]] = {variant: [] for variant in variants}
             # Per round and side: ms CPU per rollout of each part (the driver, each server, Ray).
-            parts: dict[str, list[dict[str, float]]] = {variant: [] for variant in SIDES}
-            rollouts = dict.fromkeys(SIDES, 0)
+            parts: dict[str, list[dict[str, float]]] = {variant: [] for variant in variants}
+            rollouts = dict.fromkeys(variants, 0)
             for round_number in range(args.rounds):
                 # Each side first, middle and last in turn: a drift in the machine's load is shared.
                 shift = round_number % len(sides)
@@ -297,28 +318,36 @@ def main() -> None:
     )
     total = {variant: statistics.median(values) for variant, values in per.items()}
     alone = {variant: statistics.median(values) for variant, values in servers.items()}
-    for variant in SIDES:
-        rounds = ", ".join(f"{v:.1f}" for v in per[variant])
+    base = next(variant for variant in (PLAIN, SDK, *variants) if variant in total)
+    for variant in variants:
+        values = per[variant]
+        rounds = ", ".join(f"{v:.1f}" for v in values)
         print(
-            f"  {variant:<13} {total[variant]:6.1f} ms CPU per rollout, {total[variant] / total[PLAIN]:.2f}x"
-            f" (stack alone {alone[variant]:.1f} ms, {alone[variant] / alone[PLAIN]:.2f}x);"
+            f"  {variant:<15} {total[variant]:6.1f} ms CPU per rollout (rounds {min(values):.1f} to"
+            f" {max(values):.1f}), {total[variant] / total[base]:.2f}x {base}"
+            f" (stack alone {alone[variant]:.1f} ms, {alone[variant] / alone[base]:.2f}x);"
             f" {spans[variant]:.1f} spans per rollout; rounds: {rounds}"
         )
-    print(
-        f"  gymtrace's exporter and configurator over the SDK alone: +{total[CONTRIB] - total[SDK]:.1f} ms"
-        f" per rollout; the SDK alone over plain: +{total[SDK] - total[PLAIN]:.1f} ms"
-        f" ({total[SDK] / total[PLAIN]:.2f}x); gymtrace's whole share (full over the SDK alone):"
-        f" +{total[FULL] - total[SDK]:.1f} ms ({total[FULL] / total[SDK]:.2f}x)"
-    )
-    print(
-        f"  gymtrace's integration over the rest of opentelemetry-instrument: +{total[FULL] - total[CONTRIB]:.1f} ms"
-        f" per rollout ({total[FULL] / total[CONTRIB]:.2f}x); that rest over plain:"
-        f" +{total[CONTRIB] - total[PLAIN]:.1f} ms ({total[CONTRIB] / total[PLAIN]:.2f}x)"
-    )
-    print("  by process, ms CPU per rollout (median over rounds): " + ", ".join(SIDES))
+
+    def over(side: str, floor: str, what: str) -> None:
+        if side in total and floor in total:
+            # Per round, side less floor (the sides of a round ran back to back): its spread too.
+            paired = sorted(a - b for a, b in zip(per[side], per[floor], strict=True))
+            print(
+                f"  {what}: +{total[side] - total[floor]:.1f} ms per rollout ({total[side] / total[floor]:.2f}x);"
+                f" per round {paired[0]:+.1f} to {paired[-1]:+.1f}, median {statistics.median(paired):+.1f}"
+            )
+
+    over(SDK, PLAIN, "the SDK alone over plain")
+    over(CONTRIB, SDK, "gymtrace's exporter and configurator over the SDK alone")
+    over(FULL, CONTRIB, "gymtrace's integration over the rest of opentelemetry-instrument")
+    over(FULL, SDK, "gymtrace's whole share (full over the SDK alone)")
+    over(FULL_OPS, SDK, "gymtrace with FastAPI's operation spans kept, over the SDK alone")
+    over(FULL_OPS, FULL, "what dropping FastAPI's operation spans saves (kept over dropped)")
+    print("  by process, ms CPU per rollout (median over rounds): " + ", ".join(variants))
     names = sorted({name for rounds in parts.values() for row in rounds for name in row})
     for name in names:
-        medians = [statistics.median(row.get(name, 0.0) for row in parts[variant]) for variant in SIDES]
+        medians = [statistics.median(row.get(name, 0.0) for row in parts[variant]) for variant in variants]
         print(f"    {name:<38}" + "".join(f" {m:8.1f}" for m in medians))
 
 

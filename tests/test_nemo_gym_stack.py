@@ -181,7 +181,8 @@ def _stop(process: subprocess.Popen[Any]) -> None:
 
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
-    yield from _stack(tmp_path_factory, "example_single_tool_call", AGENT, DATA)
+    # FastAPI's operation spans kept (the switch), so both settings run: multi_step_stack has the default.
+    yield from _stack(tmp_path_factory, "example_single_tool_call", AGENT, DATA, operation_spans=True)
 
 
 @pytest.fixture(scope="module")
@@ -198,6 +199,7 @@ def _stack(
     *,
     relative: bool = False,
     root: Path | None = None,
+    operation_spans: bool = False,
 ) -> Iterator[Stack]:
     # A given root: a stack started again over what a killed one left (its traces, its outputs).
     root = root or tmp_path_factory.mktemp("nemo_gym_stack")
@@ -232,8 +234,16 @@ def _stack(
         "RAY_USAGE_STATS_ENABLED": "0",
         "OTEL_BSP_SCHEDULE_DELAY": "200",
     }
-    for name in ("OTEL_SERVICE_NAME", "OTEL_EXPORTER_OTLP_ENDPOINT", "GYMTRACE_PROPAGATE_TO", "PYTHONPATH"):
+    for name in (
+        "OTEL_SERVICE_NAME",
+        "OTEL_EXPORTER_OTLP_ENDPOINT",
+        "GYMTRACE_PROPAGATE_TO",
+        "GYMTRACE_NEMO_GYM_OPERATION_SPANS",
+        "PYTHONPATH",
+    ):
         env.pop(name, None)
+    if operation_spans:
+        env["GYMTRACE_NEMO_GYM_OPERATION_SPANS"] = "true"
     head = f"++head_server.port={free_ports(1)[0]}"  # below the ephemeral range (see free_ports)
     servers = None
     try:
@@ -462,6 +472,53 @@ def test_a_multi_step_rollout_reads_agent_invocation_turns_steps_with_tokens_nes
     assert tree.returncode == 0, tree.stderr
     ARTIFACTS.mkdir(exist_ok=True)
     (ARTIFACTS / "nemo_gym_multi_step_rollout_tree.txt").write_text(tree.stdout + tree.stderr)
+
+
+FASTAPI_OPERATION_SPANS = {"fastapi.dependencies", "fastapi.endpoint", "fastapi.serialization"}
+
+
+def _server_spans_and_operations(stack: Stack, name: str) -> tuple[list[Any], list[Any], dict[str, Any]]:
+    """One task's rollouts run on ``stack``: FastAPI's server spans of those traces, its operation
+    spans, and every span of those traces by ID."""
+    output = stack.eval_run(name, limit=1)
+    run_id = _run_of(stack, output)
+    spans = read_otlp_json_lines(stack.traces)
+    traces = {
+        s.trace_id
+        for s in spans
+        if s.attributes.get("gym.kind") == "rollout" and s.attributes.get("gym.run.id") == run_id
+    }
+    assert len(traces) == 2  # one task, two repeats
+    inside = [s for s in spans if s.trace_id in traces]
+    servers = [s for s in inside if s.name.startswith("POST /") and s.span_kind == "SERVER"]
+    operations = [s for s in inside if s.name in FASTAPI_OPERATION_SPANS]
+    return servers, operations, {s.span_id: s for s in inside}
+
+
+def test_fastapi_operation_spans_are_off_under_gymtrace_and_kept_by_the_switch(
+    stack: Stack, multi_step_stack: Stack
+) -> None:
+    # Default (multi_step_stack): every request keeps its server span, FastAPI makes none of its
+    # three operation spans, and gymtrace's spans inside a request hang from the request's spans.
+    servers, operations, by_id = _server_spans_and_operations(multi_step_stack, "no-operation-spans")
+    assert len(servers) >= 8 and operations == []
+    invocations = [s for s in by_id.values() if s.attributes.get("gym.kind") == "agent_invocation"]
+    assert len(invocations) == 2
+    for invocation in invocations:
+        assert by_id[invocation.parent_id].service == invocation.service  # no orphan
+
+    # GYMTRACE_NEMO_GYM_OPERATION_SPANS=true (stack): all three inside every request.
+    servers, operations, by_id = _server_spans_and_operations(stack, "operation-spans")
+    assert {s.name for s in operations} == FASTAPI_OPERATION_SPANS
+    endpoints = [s for s in operations if s.name == "fastapi.endpoint"]
+
+    def request_of(span: Any) -> str:
+        # gymtrace's middleware may open a phase span between the request and its endpoint.
+        while span.span_kind != "SERVER":
+            span = by_id[span.parent_id]
+        return str(span.span_id)
+
+    assert sorted(request_of(e) for e in endpoints) == sorted(s.span_id for s in servers)  # one a request
 
 
 def test_a_failure_then_a_resume_pass_reads_as_a_second_attempt_of_the_same_rollout(stack: Stack) -> None:

@@ -349,6 +349,19 @@ def _record_server_error(span: Any, status: int, body: bytes, stacktrace: str | 
     span.add_event(c.EXCEPTION_EVENT, event)
 
 
+def _without_operation_spans(app: Any) -> None:
+    """FastAPI's own telemetry (0.165 on) makes, inside every request's server span, three spans of
+    its internals: ``fastapi.dependencies``, ``fastapi.endpoint``, ``fastapi.serialization``. Over
+    a NeMo Gym rollout that is ~35 of ~80 spans, each recorded by the SDK and written by the
+    exporter, for nothing a reader of a rollout uses (docs/performance.md). FastAPI reads its
+    ``operation_spans`` setting from the app's telemetry settings on every request; NeMo Gym builds
+    its apps with the defaults, so turning it off here overrides no choice of the app's. An app
+    without that setting (an older FastAPI) is left as it is."""
+    settings = getattr(app, "_telemetry", None)
+    if isinstance(settings, dict) and settings.get("operation_spans") is True:
+        settings["operation_spans"] = False
+
+
 def _add_middleware(wrapped: Any, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     """``SimpleServer.instrument_app_for_telemetry(app)``: every NeMo Gym server calls it once its
     FastAPI app is built and before uvicorn starts it; the middleware is added there."""
@@ -359,6 +372,8 @@ def _add_middleware(wrapped: Any, instance: Any, args: tuple[Any, ...], kwargs: 
         )
 
         app = args[0] if args else kwargs["app"]
+        if not _options.operation_spans:
+            _without_operation_spans(app)
         config = getattr(instance, "config", None)
         model = getattr(config, "openai_model", None) or getattr(config, "model", None)
         app.add_middleware(

@@ -22,12 +22,13 @@ prefix); the patches read exactly that:
 
 from __future__ import annotations
 
+import os
 import sys
 from typing import Any
 
 from gymtrace import instrumentation
 from gymtrace.integrations.nemo_gym.agent import _request_with_retries, _server_client_request
-from gymtrace.integrations.nemo_gym.options import _lock, _options
+from gymtrace.integrations.nemo_gym.options import OPERATION_SPANS_ENV, _lock, _options
 from gymtrace.integrations.nemo_gym.passes import _preprocess_rows, _run_from_config
 from gymtrace.integrations.nemo_gym.server import _add_middleware, _format_exc
 
@@ -66,21 +67,29 @@ def _patch_module(module: Any) -> None:
             _stack_patched.append((owner, attribute, wrapper))
 
 
-def instrument_stack(*, tracer_provider: Any = None) -> None:
+def instrument_stack(*, tracer_provider: Any = None, operation_spans: bool | None = None) -> None:
     """Trace the NeMo Gym 0.7.0 stack as it is: the driver's run and its `/run` rollouts, every
     server's phases in the rollout's identity, identity kept inside the gym (see
     :mod:`gymtrace.integrations.nemo_gym.stack` and docs/integrations/nemo-gym.md). Patches NeMo Gym when its modules are imported (so a
     process that never imports them pays nothing); idempotent. What
-    ``opentelemetry-instrument`` runs through :class:`gymtrace.integrations.autoinstrument.NeMoGymInstrumentor`."""
+    ``opentelemetry-instrument`` runs through :class:`gymtrace.integrations.autoinstrument.NeMoGymInstrumentor`.
+
+    ``operation_spans``: keep the three spans FastAPI's own telemetry makes inside every request of
+    a server (``fastapi.dependencies``, ``fastapi.endpoint``, ``fastapi.serialization``); None
+    reads ``GYMTRACE_NEMO_GYM_OPERATION_SPANS`` (default ``false``: the request's server span
+    stays, the three are not made)."""
     global _stack_registered, _stack_on
     import wrapt
 
     from gymtrace.integrations import aiohttp as gym_aiohttp
 
+    if operation_spans is None:
+        operation_spans = _flag(OPERATION_SPANS_ENV)
     with _lock:
         register = not _stack_registered
         _stack_registered = _stack_on = True
         _options.provider = tracer_provider
+        _options.operation_spans = operation_spans
     gym_aiohttp.instrument()  # trace context and (gym destinations only) identity on every request
     module_names = sorted({hook[0] for hook in _stack_hooks})
     if register:
@@ -90,6 +99,18 @@ def instrument_stack(*, tracer_provider: Any = None) -> None:
         for module_name in module_names:
             if module_name in sys.modules:
                 _patch_module(sys.modules[module_name])
+
+
+def _flag(name: str) -> bool:
+    """A boolean variable read as the OpenTelemetry SDK reads one; any other value warns and is
+    the default, ``false``."""
+    value = os.environ.get(name, "").strip().lower()
+    if value in ("", "false", "0", "no", "off"):
+        return False
+    if value in ("true", "1", "yes", "on"):
+        return True
+    instrumentation.warn(f"{name}={value!r:.40} is not true or false; using false")
+    return False
 
 
 def uninstrument_stack() -> None:
