@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import hashlib
 from collections.abc import Iterator
 
 import pytest
@@ -200,6 +201,19 @@ def test_incoming_identity_is_believed_as_the_trust_mode_says() -> None:
     assert _trust.accept(dict(IDENTITY), sig) == {}  # a valid signature alone is not the mode
     _trust.configure_trust(allow="k1,k2")
     assert _settings.active.baggage_allow == frozenset({"k1", "k2"})
+
+
+@pytest.mark.usefixtures("trust_reset")
+def test_a_training_identity_is_signed_v2_over_its_training_keys_and_any_other_v1() -> None:
+    _trust.configure_trust(mode="signed", secret="s3cret")
+    plain = _trust.signature(IDENTITY)
+    training = _trust.signature({**IDENTITY, "gym.group.id": "g-1"})
+    assert isinstance(plain, str) and plain.startswith("v1.")
+    assert isinstance(training, str) and training.startswith("v2.")
+    assert _trust.verified(IDENTITY, plain)
+    # A signature of an unknown version is refused, whatever follows its prefix.
+    assert not _trust.verified(IDENTITY, "v9." + plain[3:])
+    assert not _trust.verified(IDENTITY, plain[3:])
 
 
 # -- identity parsing: values from another process -------------------------------------------------
@@ -989,3 +1003,40 @@ def test_rewards_by_task_skips_rollouts_without_a_task_and_takes_only_scored_rew
     pending = dataclasses.replace(_run({"t": [0.25]})[0], outcome="pending", rollout_id="t-pending")
     found = _passk.rewards_by_task([no_task, *_run({"t": [1.0, None]}), pending])
     assert found == {"t": (3, [1.0])}
+
+
+# -- identity parsing: versions and derived IDs ---------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("text", "version"),
+    [
+        (7, 7),
+        (True, None),  # a bool is not a version
+        ("7", 7),
+        ("-2", -2),
+        ("07", "07"),  # not the canonical decimal: text
+        ("-07", "-07"),
+        ("v7", "v7"),
+        ("1" * 18, int("1" * 18)),
+        ("-" + "1" * 18, -int("1" * 18)),
+        ("1" * 19, "1" * 19),  # past 18 digits a version stays text
+        ("", None),
+        ("a\nb", None),
+        (1.5, None),
+    ],
+)
+def test_a_version_read_from_text_is_an_int_only_in_canonical_decimal(text: object, version: object) -> None:
+    assert _ids.read_version(text) == version
+    assert type(_ids.read_version(text)) is type(version)
+
+
+def test_a_derived_id_takes_1_to_32_bytes_and_is_never_zero() -> None:
+    assert 0 < _ids.deterministic_id("a", size=1) < 2**8
+    assert 0 < _ids.deterministic_id("a", size=32) < 2**256
+    for size in (0, 33, True, 8.0):
+        with pytest.raises(InvalidArgumentError):
+            _ids.deterministic_id("a", size=size)  # type: ignore[arg-type]
+    # Parts whose hash starts with a zero byte: a one-byte ID of 0 would be invalid, so it is 1.
+    zero = next(f"k{i}" for i in range(100_000) if hashlib.sha256(f"k{i}".encode()).digest()[0] == 0)
+    assert _ids.deterministic_id(zero, size=1) == 1
