@@ -311,14 +311,19 @@ def _run_of(stack: Stack, output: Path) -> str:
     return passes.run_id
 
 
-def _services_per_rollout(stack: Stack, run_id: str | None) -> dict[str, set[str]]:
-    """Each rollout's services, over every span of the traces its rollout spans are in."""
-    spans = read_otlp_json_lines(stack.traces)
-    roots = [
+def _run_roots(spans: list[Any], run_id: str | None) -> list[Any]:
+    """The rollout spans of the run ``run_id`` (each the root of its trace)."""
+    return [
         s
         for s in spans
         if s.attributes.get("gym.kind") == "rollout" and s.attributes.get("gym.run.id") == run_id
     ]
+
+
+def _services_per_rollout(stack: Stack, run_id: str | None) -> dict[str, set[str]]:
+    """Each rollout's services, over every span of the traces its rollout spans are in."""
+    spans = read_otlp_json_lines(stack.traces)
+    roots = _run_roots(spans, run_id)
     traces: dict[str, set[str]] = defaultdict(set)
     for root in roots:
         traces[root.attributes["gym.rollout.id"]].add(root.trace_id)
@@ -358,11 +363,7 @@ def test_a_traced_run_is_nemo_gyms_rollouts_one_trace_each_across_services(stack
     for rollout in rollouts:
         assert (rollout["group_id"], rollout["group_size"]) == (f"{run_id}/task-{rollout['task_id']}", 2)
     spans = read_otlp_json_lines(stack.traces)
-    roots = [
-        s
-        for s in spans
-        if s.attributes.get("gym.kind") == "rollout" and s.attributes.get("gym.run.id") == run_id
-    ]
+    roots = _run_roots(spans, run_id)
     groups: dict[str, set[tuple[str, int]]] = defaultdict(set)
     for root in roots:
         groups[root.attributes["gym.task.id"]].add(
@@ -401,11 +402,7 @@ def test_a_multi_step_rollout_reads_agent_invocation_turns_steps_with_tokens_nes
     rows = _nemo_rows(output)
     assert len(rows) == 4
     spans = read_otlp_json_lines(stack.traces)
-    roots = [
-        s
-        for s in spans
-        if s.attributes.get("gym.kind") == "rollout" and s.attributes.get("gym.run.id") == run_id
-    ]
+    roots = _run_roots(spans, run_id)
     assert {r.attributes["gym.rollout.id"] for r in roots} == _keys(rows)
     for root in roots:
         trace = [s for s in spans if s.trace_id == root.trace_id]
@@ -483,11 +480,7 @@ def _server_spans_and_operations(stack: Stack, name: str) -> tuple[list[Any], li
     output = stack.eval_run(name, limit=1)
     run_id = _run_of(stack, output)
     spans = read_otlp_json_lines(stack.traces)
-    traces = {
-        s.trace_id
-        for s in spans
-        if s.attributes.get("gym.kind") == "rollout" and s.attributes.get("gym.run.id") == run_id
-    }
+    traces = {root.trace_id for root in _run_roots(spans, run_id)}
     assert len(traces) == 2  # one task, two repeats
     inside = [s for s in spans if s.trace_id in traces]
     servers = [s for s in inside if s.name.startswith("POST /") and s.span_kind == "SERVER"]
@@ -802,11 +795,7 @@ def test_a_verify_that_raises_is_a_failed_span_with_the_servers_exception_and_it
         stack.fail_flag.unlink()
     run_id = _run_of(stack, output)
     spans = read_otlp_json_lines(stack.traces)
-    traces = {
-        s.trace_id
-        for s in spans
-        if s.attributes.get("gym.kind") == "rollout" and s.attributes.get("gym.run.id") == run_id
-    }
+    traces = {root.trace_id for root in _run_roots(spans, run_id)}
     verifies = [s for s in spans if s.attributes.get("gym.kind") == "verify" and s.trace_id in traces]
     assert {s.service for s in verifies} == {f"{MULTI_STEP}_resources_server"}
     failed = [s for s in verifies if s.status == "ERROR"]
