@@ -261,6 +261,11 @@ def main() -> None:
         + "; the ratios are to the first of plain / sdk that runs",
     )
     args = parser.parse_args()
+    try:
+        chosen = [SIDE_KEYS[key.strip()] for key in args.sides.split(",") if key.strip()]
+    except KeyError as exc:
+        parser.error(f"--sides: unknown side {exc}; known: {', '.join(SIDE_KEYS)}")
+    variants = [variant for variant in SIDES if variant in chosen]
     # The gymtrace that traces, compiled as pip compiles an installed package: an editable checkout
     # run with PYTHONDONTWRITEBYTECODE=1 (CI machines set it) would otherwise compile its ~160
     # modules again in every process it starts, ~0.1 s of CPU a driver that a user's install never
@@ -269,11 +274,6 @@ def main() -> None:
         Path(args.gymtrace_src) / "gymtrace" if args.gymtrace_src else Path(gymtrace.__file__).parent
     )
     compileall.compile_dir(str(gymtrace_dir), quiet=1)
-    try:
-        chosen = [SIDE_KEYS[key.strip()] for key in args.sides.split(",") if key.strip()]
-    except KeyError as exc:
-        parser.error(f"--sides: unknown side {exc}; known: {', '.join(SIDE_KEYS)}")
-    variants = [variant for variant in SIDES if variant in chosen]
     agent = f"{args.server}_simple_agent"
     data = PACKAGES / "resources_servers" / args.server / "data" / "example.jsonl"
     with tempfile.TemporaryDirectory(prefix="nemo-cost-") as tmp:
