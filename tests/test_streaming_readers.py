@@ -9,6 +9,7 @@ import subprocess
 import sys
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -25,6 +26,7 @@ from gymtrace._model.spandata import (
     normalize,
     read_otlp_json_lines,
 )
+from gymtrace._model.tracefiles import trace_files_of
 from gymtrace._read import source
 from gymtrace._read.check import stream
 from gymtrace._read.check.stream import HELD_SPANS, SpreadTooThin, check_files
@@ -547,6 +549,44 @@ def test_check_by_two_processes_finds_what_one_finds(
         # span in both, as in a file appended to itself); the whole if a trace was too long for
         # half the spans held.
         assert len(read) == (reads if file == path else max(reads, 2))
+
+
+def _plain_segments(plain: Path, directory: Path, count: int) -> Path:
+    """``plain``'s lines as ``count`` plain segments of about equal lines, as its writer rotates."""
+    directory.mkdir()
+    lines = plain.read_bytes().splitlines(keepends=True)
+    size = -(-len(lines) // count)
+    for number in range(count):
+        name = "traces.jsonl" if number == 0 else f"traces.{number:06d}.jsonl"
+        (directory / name).write_bytes(b"".join(lines[number * size : (number + 1) * size]))
+    return directory / "traces.jsonl"
+
+
+@pytest.mark.parametrize("segments", [_plain_segments, _gzip_segments], ids=["plain", "gzip"])
+def test_check_of_a_rotated_run_is_split_between_two_processes_and_finds_what_one_finds(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, segments: Any
+) -> None:
+    # Rotation is on by default: a run past 256 MB is segments, and each is one writer's, in order.
+    with capture_spans() as captured:
+        _training_run(rollouts=40)
+        spans = _cut_through_a_trace(captured)
+    path = _write_spans(tmp_path / "run.jsonl", spans, per_line=1)
+    configured = segments(path, tmp_path / "segments", 3)
+    monkeypatch.setattr(stream, "EARLY_SPANS", 1000)
+    read: list[list[tuple[Path, object]]] = []
+    spans_of = stream._spans
+    monkeypatch.setattr(stream, "_spans", lambda parts, warn: read.append(parts) or spans_of(parts, warn))
+    one = check_files([path], held=120, limit=None)
+    assert one.problems
+    read.clear()
+    assert check_files([configured], held=120, limit=None, parallel_from=1 << 60) == one
+    assert [len(parts) for parts in read] == [3]  # one process: the segments one after another
+    read.clear()
+    assert check_files([configured], held=120, limit=None, parallel_from=0) == one
+    # This process read the first half once (whole segments, or up to a line of a plain one); the
+    # forked one the rest.
+    split = halves(trace_files_of([configured]))
+    assert split is not None and read == [split[0]]
 
 
 def test_check_of_a_file_reads_a_reward_event_outside_any_rollout(tmp_path: Path) -> None:

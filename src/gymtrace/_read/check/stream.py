@@ -16,11 +16,15 @@ reader of outcomes reads, held for the whole input. A trace that stays open whil
 :data:`HELD_SPANS` spans are held (one trace per run, or a trace whose root is in a file not given)
 is spread too thin to check this way: :class:`SpreadTooThin` says which.
 
-One plain file from ``PARALLEL_BYTES`` on (a compressed one has no byte a line starts at) is checked trace by trace by two processes, a forked one
-reading its second half meanwhile (both cores), each holding at most half of :data:`HELD_SPANS`;
-the traces the cut runs through are checked again whole when the halves are joined, and where the
-halves cannot be joined exactly (a span in both: a file appended to itself), the second half is
-read again in this process. The answer is the one a single process gives.
+The files one writer wrote (a file and its rotated segments, read in order as one stream) are,
+from ``PARALLEL_BYTES`` on, checked trace by trace by two processes, a forked one reading the
+second half meanwhile (both cores), each holding at most half of :data:`HELD_SPANS`: cut at a line
+of a plain file, or between whole compressed segments (a compressed file has no byte a line starts
+at; one big compressed file is read by one process). The traces the cut runs through are checked
+again whole when the halves are joined, and where the halves cannot be joined exactly (a span in
+both: a file appended to itself), the second half is read again in this process. The answer is the
+one a single process gives. The files of several writers (a run's processes) are merged by time in
+one process.
 """
 
 from __future__ import annotations
@@ -42,7 +46,7 @@ from gymtrace._model.spandata import (
     iter_file_spans,
     normalize,
 )
-from gymtrace._model.tracefiles import Warn, compression_of, trace_files_of
+from gymtrace._model.tracefiles import Warn, first_segment, trace_files_of
 from gymtrace._read.check import EXAMPLES, _limit, problems_of
 from gymtrace._read.check.notes import (
     awaiting_outcomes,
@@ -335,19 +339,30 @@ def check_files(
     most ``held`` spans (see the module docstring); one file of ``parallel_from`` bytes or more is
     checked by two processes."""
     files = trace_files_of(paths, warn)
-    # Two processes only for one plain file, cut at a line (a compressed file has no byte a line
-    # starts at; several files, a run's processes or segments, are merged by time in one).
-    one_plain = len(files) == 1 and compression_of(files[0]) is None
+    writers = _by_writer(files)
     with gc_paused():
-        context = fork_context() if one_plain and files[0].stat().st_size >= parallel_from else None
-        if context is not None:
+        # Two processes only for one writer's files: the files of several (a run's processes) are
+        # merged by time, which a cut cannot split.
+        big = len(writers) == 1 and sum(f.stat().st_size for f in files) >= parallel_from
+        context = fork_context() if big else None
+        split = halves(files) if context is not None else None
+        if split is not None:
             try:
-                return _check_halves(files[0], context, warn, held, limit)
+                return _check_halves(split, context, warn, held, limit)
             except SpreadTooThin:
                 pass  # a trace that fits in ``held`` spans but not in half of them: one process
         stream = _Stream(held)
-        stream.read(_merged(files, warn))
+        stream.read(_merged(writers, warn))
         return stream.verdict(limit)
+
+
+def _by_writer(files: list[Path]) -> list[list[Path]]:
+    """``files`` grouped by the file they were configured as (a file and its rotated segments, in
+    the order :func:`~gymtrace._model.tracefiles.trace_files` lists them: the order written)."""
+    writers: dict[Path, list[Path]] = {}
+    for file in files:
+        writers.setdefault(first_segment(file), []).append(file)
+    return list(writers.values())
 
 
 def _spans(parts: list[tuple[Path, Part]], warn: Warn | None) -> Iterator[SpanData]:
@@ -355,11 +370,11 @@ def _spans(parts: list[tuple[Path, Part]], warn: Warn | None) -> Iterator[SpanDa
         yield from iter_file_spans(path, warn=warn, part=part, decode=decode_for_check)
 
 
-def _merged(files: list[Path], warn: Warn | None) -> Iterator[SpanData]:
-    """The spans of ``files``, one file's after another's while one file is given; of several (the
+def _merged(writers: list[list[Path]], warn: Warn | None) -> Iterator[SpanData]:
+    """The spans of each writer's files, one segment after another; of several writers (the
     processes of one run, ``GYMTRACE_FILE=DIR/``), merged by when each span ended, so that a trace
     spread over processes reaches its root span after its children in every file."""
-    streams = [_spans([(file, None)], warn) for file in files]
+    streams = [_spans([(file, None) for file in files], warn) for files in writers]
     if len(streams) == 1:
         return streams[0]
     return heapq.merge(*streams, key=lambda span: span.end_ns)
@@ -381,12 +396,16 @@ def _read_second(parts: list[tuple[Path, Part]], held: int) -> tuple[_Stream, li
     return stream, warnings, None
 
 
-def _check_halves(file: Path, context: Any, warn: Warn | None, held: int, limit: int | None) -> Verdict:
+def _check_halves(
+    split: tuple[list[tuple[Path, Part]], list[tuple[Path, Part]]],
+    context: Any,
+    warn: Warn | None,
+    held: int,
+    limit: int | None,
+) -> Verdict:
     """Two processes, each holding at most half of ``held`` spans (what the second holds when it
     ends comes to this one); warnings are given once the halves are read (a trace spread too thin
     for half of ``held`` is read again by one process, which gives them)."""
-    split = halves([file])
-    assert split is not None  # one plain file
     first, second = split
     held = max(1, held // 2)
     stream = _Stream(held, whole=False)
