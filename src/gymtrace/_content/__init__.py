@@ -1,37 +1,16 @@
 """Content capture: prompts, messages, tool arguments and tool results, off by default.
 
-Example::
+``gymtrace.record_content`` records nothing unless capture is on (docs/content-capture.md); a value then is:
 
-    import gymtrace
+1. copied into plain JSON data through the built-in methods of ``dict``, ``list``, ``tuple``,
+   ``str``, ``int``, ``float``, ``bool`` and ``None`` only (never the user's ``__repr__`` or
+   ``__iter__``), stopping once the byte budget is spent (``copying``);
+2. redacted: secret-looking keys, then the user's hook, which sees only the copy (``redaction``);
+3. serialised and cut, visibly, to the per-value and per-span budgets (``serialising``, ``ledger``),
+   which keep an OTLP request under gRPC's 4 MiB (``batching``).
 
-    with gymtrace.model_call(model="qwen-7b"):
-        reply = client.chat(messages)
-        gymtrace.record_content(input=messages, output=[reply])   # nothing unless capture is on
-
-    with gymtrace.tool_call(tool_name="search"):
-        result = search(**arguments)
-        gymtrace.record_content(input=arguments, output=result)
-
-The trace is not the trajectory record: by default nothing is recorded
-(docs/content-capture.md). ``OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT`` (or
-``configure(capture_content=...)``) turns it on. Then every value is
-
-1. copied into plain JSON data by walking only ``dict``, ``list``, ``tuple``, ``str``, ``int``,
-   ``float``, ``bool`` and ``None`` through their built-in methods (never the user's ``__repr__``,
-   ``__iter__``, properties, ...); anything else becomes ``"<ClassName>"``; cycles, deep nesting,
-   bytes and non-finite floats become short markers; the walk stops once the byte budget is spent,
-   so a huge value costs no more than a small one (``copying``);
-2. redacted: values under keys that look like secrets become ``"[REDACTED]"``, then the user's
-   redaction hook (if any) sees the copy, never the original (``redaction``, ``policy``);
-3. serialised to JSON text and cut to the per-value and per-span byte budgets, visibly
-   (``…[truncated N bytes]``; ``serialising``, ``ledger``).
-
-The budgets are what keeps an OTLP export request under gRPC's 4 MiB limit; see
-:func:`~gymtrace._content.batching.export_batch_limit` for the arithmetic.
-
-The modules, in import order: ``policy`` (modes, budgets, the redaction hook and keys),
-``redaction``, ``copying``, ``serialising``, ``ledger`` (per-span budgets), ``batching`` (OTLP
-batch sizing) and ``recording`` (:func:`record_on`, what ``gymtrace.record_content`` calls).
+Modules in import order: ``policy`` (modes, budgets, the hook), ``redaction``, ``copying``,
+``serialising``, ``ledger``, ``batching``, ``recording`` (:func:`record_on`).
 """
 
 from gymtrace._content.batching import export_batch_limit, export_settings, otlp_batch_size

@@ -1,28 +1,16 @@
 """Which incoming gym identity a process believes, and the signature that proves it.
 
-Anyone who can reach a server can send ``baggage: gym.rollout.id=...``. The identity decides which
-searches a span turns up in, what ``gymtrace.current()`` returns to handler code that stores join
-keys, and (through ``gym.episode.attempt``) which traces the Collector keeps. So incoming identity
-is believed only as the operator says (``GYMTRACE_TRUST_IDENTITY``, resolved in ``_model.settings``):
+Anyone who can reach a server can send ``baggage: gym.rollout.id=...``, and the identity decides
+searches, ``gymtrace.current()`` and which traces the Collector keeps. So it is believed as
+``GYMTRACE_TRUST_IDENTITY`` says (resolved in ``_model.settings``): ``all`` (the default without a
+secret), ``none`` (the trace context is continued, the identity is not) or ``signed`` (believed
+with a valid ``gym.sig``; the default when ``GYMTRACE_IDENTITY_SECRET`` is set).
 
-- ``all``: every peer is trusted (a single-tenant cluster; the default without a secret);
-- ``none``: the trace context is continued, the identity is not;
-- ``signed``: the identity is believed when it comes with ``gym.sig``, an HMAC-SHA256 over the
-  identity entries keyed with ``GYMTRACE_IDENTITY_SECRET`` (the default when a secret is set).
-
-The signature (``v1.`` + 22 base64url characters, 128 bits of HMAC-SHA256) covers the identity
-entries that travel beside it, in the fixed order of ``IDENTITY_KEYS``, as ``key=value`` lines: a
-peer can neither change, add nor drop an entry without the secret. It does not cover the trace
-context: a caller that captured a signed header can replay that same identity (see docs/distributed.md).
-Senders sign whenever they have a secret, whatever they trust themselves. Several secrets,
-comma-separated, verify; the first signs (key rotation).
-
-Signature versions: ``v1.`` covers ``IDENTITY_KEYS`` only. A training run's identity also carries a
-group ID and a policy version (``TRAINING_KEYS``), which decide staleness and group statistics, so
-they are signed too: an identity with either is signed ``v2.``, over ``CARRIED_KEYS`` (the same
-lines, the training keys after the others). An identity without them is signed ``v1.`` exactly as
-before, so peers that know only v1 keep verifying evaluation runs; a ``v1.`` signature still
-verifies here, and then only the keys it covers are believed (training keys beside it are dropped).
+The signature, an HMAC-SHA256 cut to 128 bits, covers the identity entries as ``key=value`` lines
+in a fixed order: ``v1.`` over ``IDENTITY_KEYS``, ``v2.`` over ``CARRIED_KEYS`` when a training key
+is present; of a ``v1.`` signature only the keys it covers are believed. It does not cover the
+trace context: a captured header can be replayed (docs/distributed.md). Senders sign whenever they
+have a secret; of several, comma-separated, all verify and the first signs.
 """
 
 from __future__ import annotations

@@ -1,21 +1,15 @@
 """``gymtrace import atif``: ATIF trajectories (Harbor, NeMo Gym's exporter) as traces.
 
-Each trajectory, validated by the ``atif`` package's models, is one rollout of one episode: its
-agent is an agent invocation, each agent step a ``gym.step`` (numbered as in the glossary, 1, 2, 3
-among the agent's steps) with its model call (tokens from the step's metrics) and its tool calls.
-User and system steps are no steps of the glossary: they are ``gym.record.message`` events on the
-invocation. ATIF holds one timestamp per step at most, so step ends and every model and tool call's
-times are synthesised. ATIF holds no reward: a trajectory is scored when its ``extra`` says
-``reward`` (a number), or when it sits in a Harbor trial directory (``<trial>/agent/*.json``
-beside ``<trial>/result.json``) whose verifier gave ``rewards["reward"]``; the trial's
-``task_name`` is then the task ID, its ``trial_name`` the rollout ID, its phases' times the
-episode's, the agent invocation's and the verify span's, and an exception without a reward fails
-the episode. Otherwise the rollout is unscored.
-
-The rollout ID is the ``session_id`` (the file's name when several trajectories share one), the
-task ID ``extra.task_id`` or ``extra.task_name`` when given, else the rollout ID; the run ID
-defaults to :func:`~gymtrace.integrations.nemo_gym.run_id_for_output` of the directory the
-trajectories are in.
+Each trajectory (validated by the ``atif`` package's models) is one rollout of one episode: an agent
+invocation whose agent steps are ``gym.step`` spans (1, 2, 3...) with their model call (tokens from
+the step's metrics) and tool calls; user and system steps are ``gym.record.message`` events. ATIF
+holds one timestamp per step at most, so the other times are synthesised. A trajectory is scored by
+``extra.reward``, or by the verifier of the Harbor trial it sits in (``<trial>/agent/*.json`` beside
+``<trial>/result.json``, which also gives the task, rollout ID and phase times, and fails the
+episode on an exception without a reward); otherwise it is unscored. The rollout ID is the
+``session_id`` (the file's name when several share one), the task ID ``extra.task_id`` or
+``extra.task_name`` (else the rollout ID), the run ID by default
+:func:`~gymtrace.integrations.nemo_gym.run_id_for_output` of the trajectories' directory.
 """
 
 from __future__ import annotations

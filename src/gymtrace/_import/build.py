@@ -1,17 +1,15 @@
 """Traces built after the fact from a record: deterministic IDs, laid-out times, the live shape.
 
-An importer describes what a record holds as a tree of :class:`Node` objects (a run, its rollouts,
-their episodes and everything below) with the times the record holds, and :func:`finish` turns
-them into :class:`~gymtrace._model.spandata.SpanData` records, the same records every reader works on:
+An importer describes a record as a tree of :class:`Node` objects (run, rollouts, episodes and
+below) with the times it holds; :func:`finish` turns them into
+:class:`~gymtrace._model.spandata.SpanData`, the records every reader works on:
 
-- **IDs.** A rollout's trace ID is :func:`gymtrace.integrations.nemo_gym.trace_id_for` of run and
-  rollout ID, so the same record imported twice, or traced live and imported, lands in the same
-  trace. A span ID is a digest of the trace ID and the span's path of keys in the record
-  (``episode:1/step:3/tool:call_7``): the same span gets the same ID on every import.
-- **Identity.** Every span carries the gym identity of the levels above it, as a live span does.
-- **Times.** A span the record gives a start and an end keeps them. Any other span's times are
-  synthesised and the span says so (``gym.timing=synthetic``): it spans the recorded times of the
-  spans below it, else it is laid out after its previous sibling, 1 ms long.
+- a rollout's trace ID is :func:`gymtrace.integrations.nemo_gym.trace_id_for` of run and rollout
+  ID, and a span ID a digest of the trace ID and the span's path of keys (``episode:1/step:3``), so
+  a record imported twice, or traced live and imported, lands on the same IDs;
+- every span carries the gym identity of the levels above it, as a live span does;
+- a span without recorded times gets synthetic ones and says so (``gym.timing=synthetic``): it
+  spans the spans below it, else follows its previous sibling, 1 ms long.
 """
 
 from __future__ import annotations

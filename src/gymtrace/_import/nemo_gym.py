@@ -1,20 +1,16 @@
 """``gymtrace import nemo-gym``: the output of ``gym eval run`` (NeMo Gym 0.7) as traces.
 
-What NeMo Gym writes, read from its source (``nemo_gym/rollout_collection.py``):
+What NeMo Gym writes (``nemo_gym/rollout_collection.py``):
 
-- ``<out>.jsonl`` holds one row per rollout that produced a result: its ``_ng_*`` identity fields,
-  ``reward`` (absent: the rollout is unscored, never a zero) and, when observability is on,
-  ``ng_trajectory`` (invocations, turns, model calls and tool calls with their times and tokens).
-- ``<out>_failures.jsonl`` beside it holds one row per failed attempt (``_ng_failure_class``,
-  ``_ng_failure_type``, ``_ng_failure_message``, ``_ng_failure_terminal``). A resume pass
-  (``+resume_from_cache=true``) re-runs the keys whose failures are neither terminal nor out of
-  attempts, stamping ``_ng_attempt_index`` = the number of earlier failures, and appends to both.
+- ``<out>.jsonl``: a row per rollout with a result: its ``_ng_*`` identity, ``reward`` (absent:
+  unscored, never a zero) and, with observability on, ``ng_trajectory`` (invocations, turns, model
+  and tool calls with their times and tokens);
+- ``<out>_failures.jsonl``: a row per failed attempt (``_ng_failure_*``); a resume pass re-runs the
+  keys whose failures are neither terminal nor out of attempts, with ``_ng_attempt_index`` = the
+  number of earlier failures, and appends to both.
 
-Each rollout is named as the NeMo Gym integration names it
-(:func:`gymtrace.integrations.nemo_gym.rollout_identity`), a task's repeats one group
-(:func:`~gymtrace.integrations.nemo_gym.group_id_for`, its size the rollouts of that task the file
-holds); the run ID defaults to :func:`~gymtrace.integrations.nemo_gym.run_id_for_output` of the
-rollouts file, so a run traced live and imported afterwards lands in the same traces.
+Rollouts, groups and the run ID are named as ``gymtrace.integrations.nemo_gym`` names them, so a run
+traced live and imported afterwards lands in the same traces.
 """
 
 from __future__ import annotations

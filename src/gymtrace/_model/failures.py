@@ -1,24 +1,16 @@
 """What failed, and whether trying again can help: the one retry classification.
 
-Used wherever gymtrace decides a failure's kind and whether it is retryable: an exception escaping an
-episode, :func:`gymtrace.record_failure` without ``retryable=``, and the default of
-:func:`gymtrace.attempts` (``retry_on=None``). Retries are for infrastructure: a lost connection, a
-timeout, an overloaded server. A bug in harness code (``KeyError``, ``TypeError``, ...) fails the same
-way every time; retrying it only hides it, so it ends the rollout at once, unscored, with failure kind
-``error`` and ``gym.failure.retryable=false``.
+Used for an exception escaping an episode, :func:`gymtrace.record_failure` without ``retryable=``
+and the default of :func:`gymtrace.attempts` (``retry_on=None``). Retries are for infrastructure; a
+bug in harness code (``KeyError``, ``TypeError``, ...) fails the same way every time, so it ends the
+rollout at once, unscored, kind ``error``, ``gym.failure.retryable=false``. Infrastructure:
 
-Infrastructure, by default:
+- ``TimeoutError`` → kind ``timeout``; any other ``OSError`` → ``infrastructure``;
+- httpx's ``TransportError`` (its ``TimeoutException`` → ``timeout``) and ``HTTPStatusError`` for a
+  5xx or 429; aiohttp's ``ClientConnectionError``, and ``ClientResponseError`` for a 5xx or 429.
 
-- ``TimeoutError`` (``asyncio.TimeoutError`` is the same class) → kind ``timeout``;
-- any other ``OSError`` (``ConnectionError`` and its subclasses, ``socket.gaierror``, ...) →
-  ``infrastructure``;
-- when httpx is imported: ``httpx.TransportError`` (connect, read, write, pool, protocol errors;
-  its ``TimeoutException`` → ``timeout``) and ``httpx.HTTPStatusError`` for a 5xx or 429 response;
-- when aiohttp is imported: ``aiohttp.ClientConnectionError`` and ``aiohttp.ClientResponseError``
-  for a 5xx or 429 response.
-
-httpx and aiohttp are looked up in ``sys.modules``: an exception of a library that was never imported
-cannot have been raised, so gymtrace never imports them.
+httpx and aiohttp are looked up in ``sys.modules``, never imported: an exception of a library that
+was never imported cannot have been raised.
 """
 
 from __future__ import annotations

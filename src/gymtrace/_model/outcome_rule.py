@@ -1,35 +1,16 @@
 """The outcome rule: one pure function from what was recorded about a rollout to its outcome.
 
-Example::
+Everything that states an outcome calls :func:`decide`: the writer (``_scopes.levels``,
+``_scopes.frame``), the readers (``_read.outcomes``), the checker (``_read.check``). The rule with
+its examples is docs/outcomes.md; as decided here:
 
-    facts = Facts(attempts=(Attempt(0, FAILED), Attempt(1, COMPLETED, 0.5)))
-    decide(facts)   # Decision(outcome="scored", reward=0.5, attempt=1, attempts=2, discarded=())
-
-Everything that states a rollout's outcome calls :func:`decide`: the rollout span's finish and the
-outcome records (``_scopes.levels``, ``_scopes.frame``), the readers (``_read.outcomes``: ``rollouts``, ``stats``,
-``tree``) and the checker (``_read.check``). Before it existed the rule lived in four places that
-disagreed, so gymtrace could write a trace its own checker rejected, and pass one whose reward it had
-already lost (issue 25). The seed's rule, as it decides it:
-
-- A rollout has at most one reward: its **final attempt's** (the highest attempt number; among facts
-  about the same attempt, the one with the highest ``order``, and among equal orders the one given
-  last: an attempt number reused by a second episode is recorded again, and the last record wins).
-- The final attempt **completed with a reward**: ``scored`` with that reward. It **failed** or was
-  **cancelled**: ``unscored``, never an invented 0. It completed **without a reward** after **it**
-  was **handed to another process** (a carrier or continuation headers taken inside that episode, or
-  on the rollout outside every episode): ``pending``, its outcome is expected from there. A hand-off
-  made inside an earlier attempt is that attempt's only. Otherwise ``unscored``.
-- A rollout without any episode is one implicit attempt 0: what is recorded on the rollout itself
-  (its reward, an exception escaping it) is that attempt's, so ``attempts`` is 1 and a failure after
-  a reward leaves it unscored.
-- A reward recorded on the rollout after its final episode (a ``verify()`` between the last episode
-  and the rollout's end) scores that episode when it completed (the writer records it on that
-  episode); one recorded on the rollout outside every episode otherwise scores the final attempt
-  only when that attempt has no reward of its own.
-
-What the rule has to throw away (a reward of an attempt that failed or was superseded by a later
-attempt, a rollout-level reward after a failed final attempt) is listed in
-:attr:`Decision.discarded`, so the writer can say so when it is recorded, once per rollout.
+- A rollout has at most one reward: its **final attempt's** (the highest number; among facts about
+  one attempt, the highest ``order``, then the last given). Completed with a reward: ``scored``;
+  failed or cancelled: ``unscored``, never an invented 0; completed without one after that attempt
+  (or the rollout outside every episode) was handed to another process: ``pending``; else ``unscored``.
+- No episode: one implicit attempt 0, which owns what is recorded on the rollout.
+- A reward on the rollout outside every episode scores a completed final attempt without its own.
+- What the rule throws away is listed in :attr:`Decision.discarded`, for the writer to say once.
 """
 
 from __future__ import annotations

@@ -1,25 +1,16 @@
 """Every setting gymtrace reads from the environment, resolved once into one frozen object.
 
-Example (inside gymtrace)::
-
-    from gymtrace._model import settings as _settings
-
-    if _settings.active.trace_per_run:    # one attribute read on the hot path, no parsing
-        ...
+Inside gymtrace a setting is one attribute read (``_settings.active.trace_per_run``), no parsing.
 
 Precedence for every field: an argument to ``configure()`` (or a code override such as
 ``configure_content(capture=...)``), then the ``GYMTRACE_*`` variable, then the standard ``OTEL_*``
-variable, then the default. The environment is read when gymtrace is imported, again at each
-``configure()``, and at :func:`reload` (``gymtrace.testing.reset()``), never on a hot path.
+variable, then the default. The environment is read at import, at each ``configure()`` and at
+:func:`reload` (``gymtrace.testing.reset()``), never on a hot path. A bad environment value is a
+WARNING naming it, and the default is used (strict mode raises :class:`~gymtrace.InvalidArgumentError`);
+a bad argument always raises; resolving at import never raises.
 
-One failure policy for a bad environment value: a WARNING on the ``gymtrace`` logger naming the
-variable and the value, and the default is used; in strict mode (``GYMTRACE_STRICT=true`` or
-``configure(strict=True)``) it raises :class:`~gymtrace.InvalidArgumentError` instead. A bad
-*argument* always raises. Resolving at import never raises: an import is no place to fail.
-
-This module sits at the bottom of gymtrace's import graph: it imports only the standard library,
-``_model.environment``, ``_constants``, ``_model.exceptions`` and ``_model/env_reading.py`` (how one variable is
-read and parsed, with the failure policy above).
+The bottom of the import graph: it imports only the standard library, ``_model.environment``,
+``_constants``, ``_model.exceptions`` and ``_model/env_reading.py`` (how one variable is read).
 """
 
 from __future__ import annotations

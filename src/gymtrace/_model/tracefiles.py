@@ -1,20 +1,15 @@
 """Trace files on disk: one naming rule for the writer and every reader, segments written one
 whole compressed block at a time, and read back as lines whatever their compression.
 
-A process configured to write ``traces.jsonl`` with ``GYMTRACE_FILE_COMPRESS=gzip`` writes
-``traces.jsonl.gz`` until it holds ``GYMTRACE_FILE_ROTATE_MB``, then ``traces.000001.jsonl.gz``,
-``traces.000002.jsonl.gz``, ...; a child process it starts writes ``traces.pid-4242.jsonl.gz`` and
-``traces.pid-4242.000001.jsonl.gz``, ... (:func:`child_path`). :func:`trace_files` finds them all
-from the name configured, and every file of a ``GYMTRACE_FILE=DIR/`` directory, by that one rule.
+``traces.jsonl`` with ``GYMTRACE_FILE_COMPRESS=gzip`` is written as ``traces.jsonl.gz`` until it
+holds ``GYMTRACE_FILE_ROTATE_MB``, then ``traces.000001.jsonl.gz``, ...; a child process writes
+``traces.pid-4242.jsonl.gz``, ... (:func:`child_path`). :func:`trace_files` finds them all.
 
-Every export is appended as one gzip member (one zstd frame) in one write: decompressors read
-concatenated members as one stream, so the segment being written is readable at every moment
-(``gymtrace live`` follows it), and a process killed mid-write leaves at most that last member cut
-short, which :func:`open_lines` skips with one warning naming the file.
-
-No segment is ever renamed. The writers of one file (the export thread and the encoder process
-it moves to, a forked child still holding its parent's file) each move on when the segment they
-write is full, so they agree on the next one without talking to each other.
+Every export is one gzip member (zstd frame) appended in one write, so the segment being written is
+readable at every moment, and a process killed mid-write leaves at most its last member cut short
+(:func:`open_lines` skips it with a warning). No segment is ever renamed: the writers of one file
+(the export thread, the encoder process, a forked child) each move on when the segment is full, and
+agree on the next one without talking to each other.
 """
 
 from __future__ import annotations

@@ -1,25 +1,15 @@
 """Two runs side by side (``gymtrace compare A B``): per-task reward deltas, a paired bootstrap
 interval, flips, and a refusal when the runs lost different shares of rollouts.
 
-Everything is read from the final outcomes every reader uses (``_read.outcomes.final_outcomes``):
+Read from the final outcomes every reader uses (``_read.outcomes.final_outcomes``). The rules, and
+why there is no verdict below :data:`MIN_PAIRED_TASKS` tasks scored in both, are docs/records.md:
 
-- tasks are joined on ``gym.task.id``, never on position; a task only one run has is listed with no
-  delta and left out of the totals;
-- a task's mean is over its scored repeats (an unscored repeat has no reward, never a 0); every
-  delta is B minus A; the run's delta is the mean of the per-task deltas;
-- the 95 % interval is a two-level bootstrap: each resample draws the tasks with replacement
-  (paired: a task keeps its A and B together), then, within each drawn task, its A repeats and its
-  B repeats with replacement, so the interval carries both the spread between tasks and the noise
-  of a task's few repeats; a fixed seed makes the same inputs always give the same interval;
-- below :data:`MIN_PAIRED_TASKS` tasks scored in both runs there is no verdict
-  (``too_few_tasks``) and no interval: with n paired tasks, no test that assumes nothing about
-  the rewards' distribution can reach 95 % confidence before n = 6 (the sign test's smallest
-  two-sided p-value is 2 x 0.5^n: 0.0625 at 5 tasks, 0.031 at 6), and a bootstrap over fewer
-  tasks only restates them (one task, one repeat a side gave an "interval" of one point);
-- a flip is a task whose mean passes the threshold in one run and not in the other, by pass@k's
-  one rule (:func:`gymtrace._read.passk.passes`: at least the threshold passes);
-- when the runs' unscored shares differ by more than the gap, the verdict is refused: a run that
-  lost more rollouts to infrastructure is not comparable on the rollouts it kept.
+- tasks are joined on ``gym.task.id``, never on position; a task's mean is over its scored repeats;
+  every delta is B minus A, the run's the mean of the per-task deltas;
+- the 95 % interval is a two-level paired bootstrap (the tasks, then each task's A and B repeats)
+  with a fixed seed, so the same inputs always give the same interval;
+- a flip follows pass@k's one rule (:func:`gymtrace._read.passk.passes`);
+- the verdict is refused when the runs' unscored shares differ by more than the gap.
 """
 
 from __future__ import annotations

@@ -6,15 +6,11 @@ Example::
     run      task  rollout  attempt  state    age     idle    step  service
     run-1    t3    t3-r0    1        stalled  312.4s  301.9s  7     env-worker (5b1c…)
 
-A rollout is open while its trace holds ``gym.live`` markers (``_scopes/live.py``), and neither its
-rollout span nor its ``end`` marker. What the markers and the rollout's other spans say, read at ``now``:
-
-- ``lost``: nothing of it (no marker, no span) for three heartbeat intervals: its process is gone;
-- ``stalled``: its process is alive, but no progress for ``--stalled-after`` seconds (no span of
-  it ended, no new step started), or its episode ran past its ``timeout=`` (``gym.live.overdue``);
-- ``running``: otherwise.
-
-``step`` is the number of the last step started: the one a hung rollout is stuck in.
+A rollout is open while its trace holds ``gym.live`` markers (``_scopes/live.py``) and neither its
+rollout span nor its ``end`` marker. Read at ``now``, it is ``lost`` after three heartbeat intervals
+with nothing of it (its process is gone), ``stalled`` when alive but without progress for
+``--stalled-after`` seconds (no span ended, no step started) or past its episode's ``timeout=``
+(``gym.live.overdue``), else ``running``. ``step`` is the last step started: where it hangs.
 """
 
 from __future__ import annotations

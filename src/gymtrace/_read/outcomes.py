@@ -1,23 +1,16 @@
 """One final outcome per rollout, from finished spans.
 
-Every reader of a finished trace (``gymtrace tree``, ``check``, ``rollouts``, ``stats``, the demo's
-summary) answers "what was this rollout's outcome?" through :func:`final_outcomes`, so they can
-never disagree. Spans are immutable once ended: when a rollout's outcome is decided outside its
-rollout span (a reward recorded in another process, after the rollout span ended, or by an episode
-continued from a carrier elsewhere), gymtrace writes a short ``gym.outcome`` record span. Each
-candidate is one fact for the outcome rule (``_model.outcome_rule.decide``, the same function the writer
-used):
+Every reader of a finished trace (``tree``, ``check``, ``rollouts``, ``stats``, the demo) asks
+:func:`final_outcomes`, so they never disagree. Ended spans are immutable: an outcome decided
+outside the rollout span is a ``gym.outcome`` record span. Each candidate is one fact for
+``_model.outcome_rule.decide``, the function the writer used:
 
-- the candidates of a rollout are its root span (it concludes attempt ``gym.rollout.attempts - 1``)
-  and every outcome record (it concludes ``gym.episode.attempt``);
-- the final outcome is the candidate concluding the highest attempt; on a tie a record beats the
-  root, and among records the one that ended last wins; a root saying ``pending`` that no record
-  concludes stays ``pending`` (its record may be in a file not given);
-- the rollout's attempts are the highest ``gym.rollout.attempts`` of all candidates.
-
-A rollout is keyed by run ID and rollout ID, and, so that a re-run appended to the same file with
-the same IDs is not mixed into the first run, by the trace its root is in (an outcome record is
-always in its rollout's trace).
+- the candidates are the rollout's root (concluding attempt ``gym.rollout.attempts - 1``) and its
+  outcome records (concluding ``gym.episode.attempt``); the highest attempt wins, a record beats the
+  root on a tie, and among records the last ended; a ``pending`` root no record concludes stays
+  ``pending``; the attempts are the highest ``gym.rollout.attempts`` of all;
+- a rollout is keyed by run ID, rollout ID and the trace of its root, so a re-run appended to the
+  same file with the same IDs is not mixed into the first.
 """
 
 from __future__ import annotations

@@ -1,20 +1,15 @@
 """Trace files read in one streaming pass, keeping only the spans a reader needs.
 
-A training run's file holds ~18 spans per rollout; ``gymtrace rollouts``, ``stats`` and ``compare``
-answer from a few of them: the rollout roots, outcome records and episodes (the outcome rule), the
-run spans, train steps and consumed records (the training figures), Ray's re-run tasks and the live
-markers. :func:`read_summary_spans` decodes only those and drops the rest unread: its steps, turns,
-model and tool calls, of which the readers take two things, taken as the file streams by: a model
-call's output tokens, summed (:class:`TokenTotals`), and a span's part of its episode's time split
-(model, tool, env, verify: a few integers in :class:`~gymtrace._read.timesplit.EpisodeTimes`).
-Memory grows with the rollouts, not with the spans.
+``gymtrace rollouts``, ``stats`` and ``compare`` answer from a few of a rollout's spans: roots,
+outcome records and episodes, run spans, train steps, consumed records, Ray's re-runs and live
+markers. :func:`read_summary_spans` decodes only those; of the rest it takes, as the file streams
+by, a model call's output tokens (:class:`TokenTotals`) and a span's part of its episode's time split
+(:class:`~gymtrace._read.timesplit.EpisodeTimes`). Memory grows with the rollouts, not the spans.
 
-A span is dropped only when it carries a rollout ID (so it is inside a rollout: never a run span
-or an ancestor the readers walk up through) and its kind is none the readers read. What
-``gymtrace live`` would call ``lost`` (a rollout with live markers and no end) is judged from every
-span of its trace, and so is an attempt a killed process left (``lost_attempts``: spans of the
-rollout cut off from its root, ended before it started): those traces are read whole in a second
-pass.
+A span is dropped only when it carries a rollout ID (never a run span or an ancestor the readers
+walk up through) and its kind is none the readers read. A rollout only live markers know, and one
+with an attempt a killed process left (``lost_attempts``), are judged from every span of its trace,
+read whole in a second pass.
 """
 
 from __future__ import annotations

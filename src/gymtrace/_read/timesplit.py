@@ -1,35 +1,15 @@
 """Where an episode's time went: its wall time cut into ``model``, ``tool``, ``env``, ``verify``
-and ``other``.
-
-Example::
+and ``other`` (``time_split`` in docs/report.md).
 
     >>> episode_split(0, 10_000, [(MODEL, 2_000, 5_000), (MODEL, 3_000, 6_000), (TOOL, 4_000, 8_000)])
     TimeSplit(model=4000, tool=2000, env=0, verify=0, other=4000)
 
-The rules (``time_split`` in docs/report.md):
-
-- each part is a **union of intervals**: eight concurrent model calls in one second count one
-  second, and a model call nested in a tool call (a subagent) is not counted twice;
-- where parts overlap, the first of model > tool > env > verify takes the time;
-- every interval is clipped to the episode: spans from other processes (another clock) may start
-  before it or end after it;
-- ``other`` is what no part covers (the harness's own work, queueing), so the parts sum to the
-  episode's duration exactly: everything is integer nanoseconds.
-
-Which span is which part (:func:`part_of`): a ``model_call`` or a GenAI inference span (``chat``,
-``text_completion``, ``generate_content``) is model; a ``tool_call`` or ``execute_tool`` span is
-tool; ``seed_session`` is env, and so are the steps of an environment integration's episode
-(Gymnasium's ``TraceEnv``: its episode carries ``gym.env.id``); ``verify`` is verify. ``TraceEnv``
-aggregates steps by default: only its first step is a span, the others are counted on the episode
-(``gym.steps.duration.total_ms``). Those have no times, so no interval can be placed; their total,
-less the steps that are spans, is moved from ``other`` to ``env`` (never more than ``other``
-holds: a step of a Gymnasium episode is the caller waiting for the environment, which no other
-part covers). The total is exact; where in the episode it fell is not.
-
-The spans of an episode are found by its identity (trace, ``gym.rollout.id``,
-``gym.episode.attempt``), which every span below it carries, other libraries' and other processes'
-spans too. :class:`EpisodeTimes` collects them one span at a time, so a reader that streams a file
-can feed it as the spans go by and keep only a few integers per span.
+Each part is a union of intervals (concurrent or nested calls count once); where parts overlap, the
+first of model > tool > env > verify takes the time; every interval is clipped to the episode
+(other processes' clocks); ``other`` is what no part covers, so the parts sum to the episode's
+duration exactly (integer nanoseconds). Which span is which part: :func:`part_of`. Steps an
+aggregating episode only counted have no times: their total, less the steps that are spans, moves
+from ``other`` to ``env``. :class:`EpisodeTimes` takes an episode's spans one at a time, by identity.
 """
 
 from __future__ import annotations

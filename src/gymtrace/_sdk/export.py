@@ -1,49 +1,16 @@
 """The export queue: bounded, off the caller's thread, and honest about what it drops.
 
-``configure()`` puts every exporter behind a :class:`BatchExporter` instead of the SDK's
-``BatchSpanProcessor`` because gymtrace promises more than the SDK does:
+``configure()`` puts every exporter behind a :class:`BatchExporter` (not the SDK's), whose rules are:
 
-- a span is *counted* whenever it is not delivered (queue full, exporter gave up, flush timed out
-  at shutdown), readable at any time with ``gymtrace.export_stats()`` and logged at shutdown;
-- a batch the exporter could not deliver (the Collector is restarting) goes back into the queue and
-  is tried again after a backoff, so a short outage loses nothing that fits in the queue;
-- the caller pays for a lock and a deque append; encoding and network I/O happen on the worker.
-- a full queue holds the caller while the exporter delivers, so a burst arrives whole in bounded
-  memory; a failing or stalled exporter drops the oldest instead, counted (:class:`RoomWait`, the
-  one rule the encoder process's pipe follows too).
+- the caller pays a lock and a deque append; encoding and I/O run on the worker, which hands an
+  exporter that splits its own output (``max_drain``) its whole backlog in one call;
+- a batch the exporter could not deliver goes back into the queue and is tried again after a backoff;
+- a full queue holds the caller while the exporter delivers; a failing or stalled exporter drops the
+  oldest instead (:class:`RoomWait`, the encoder process's pipe's rule too); once the queue is a
+  quarter full, every 64th ``on_end`` yields the GIL to the worker;
+- every span not delivered is counted (``gymtrace.export_stats()``, logged at shutdown).
 
-**Keeping up at env-step rate.** At CartPole rate (~30k spans/s) the queue used to
-overflow even with the file exporter. Instrumenting the worker showed why: its own CPU is small
-(~13 µs per span to encode, ~0.3 ms per write), but every export call costs it 8-20 ms *off* the
-CPU, waiting for the GIL back after each I/O and after being woken, while the application thread
-is CPU-bound (``sys.getswitchinterval()`` is 5 ms); batches of 512 spans therefore capped it near
-the application's own span rate, and on a loaded machine single waits of 100-500 ms were
-measured, long enough to fill 8,192 spans. What was measured and chosen:
-
-- *larger batches when the queue is deep* (chosen): the worker hands an exporter that splits its
-  own output (``max_drain``: gymtrace's OTLP exporters split requests at 4 MiB, the file
-  exporter writes a line per 512 spans, all in one ``write``) everything queued in one call, so
-  the fixed handoffs are paid per backlog instead of per 512 spans and the worker's throughput
-  grows with the backlog; taking it is a deque swap, not thousands of pops under the lock.
-- *the application thread yields when the worker lags*: with the queue a quarter full, every
-  64th ``on_end`` calls ``time.sleep(0)``, which hands the waiting worker the GIL. Measured in a
-  CartPole loop on the loaded machine, the deepest backlog was 613-8,046 spans before (one run
-  within 150 of the bound) and 697-2,491 after, and ``benchmarks/perf.py``'s every-step CartPole
-  rows went from up to 3,057 dropped to none (draining alone still dropped 440-2,690). The yield
-  costs no CPU, nothing until the queue is that deep, and returns at once when the worker is in
-  network I/O rather than waiting for the GIL.
-- *encoding on the application thread when a batch fills* (not chosen): the same CPU, still on
-  the same GIL, a pause of several milliseconds in the caller every 512 spans, and retries
-  would have to keep encoded bytes per exporter; it removes one handoff per batch, which
-  draining already amortises.
-- *an encoder process fed through a pipe* (built: ``GYMTRACE_ENCODER=process``,
-  ``_sdk/export_process.py``, where the default ``auto`` moves a fast loop, ``_sdk/export_auto.py``): the
-  only candidate that takes the encoding CPU off the application's process and GIL. A queue of
-  records feeding this worker thread had not paid: making them cost the application thread more
-  than the collector work they saved, and with an exporter that does nothing queueing alone cost
-  it 6-10 µs a step. What does pay is no export thread in the application's process at all:
-  records marshalled and written to a pipe by the thread that ends the spans cost ~2 µs a span in
-  the loop, against ~13 µs for this queue.
+What was measured and tried: docs/performance.md, "Keeping up at env-step rate".
 """
 
 from __future__ import annotations

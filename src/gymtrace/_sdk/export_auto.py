@@ -1,20 +1,15 @@
 """``GYMTRACE_ENCODER=auto`` (the default): the thread queue, until spans come too fast for it.
 
-An LLM agent loop ends tens of spans a second; a simulator with every step a span, tens of
-thousands. For the first the thread queue (``_sdk/export.py``) costs nothing worth a process; for the
-second it costs the application's process ~13 µs a span (``benchmarks/perf.py``, the CartPole
-rows), and the encoder process (``_sdk/export_process.py``) ~2 µs. So the export starts on the thread
-queue, whose worker watches the rate before each batch it takes (off the application's threads),
-and moves to an encoder process when :data:`UPGRADE_SPANS` spans ended within
-:data:`UPGRADE_WINDOW` seconds (started from a thread of its own, so that the worker keeps
-draining meanwhile): from then on, spans end into the encoder process's pipe. The thread queue delivers what it already holds
-and stays as it is (a span ended on another thread while the switch happened still gets there), so
-nothing is lost or sent twice; the file exporter's writes are whole ``O_APPEND`` writes, so the two
-writers of one file never split each other's lines.
+The export starts on the thread queue (``_sdk/export.py``), whose worker watches the span rate
+before each batch it takes; once :data:`UPGRADE_SPANS` spans ended within :data:`UPGRADE_WINDOW`
+seconds, it starts an encoder process (``_sdk/export_process.py``) from a thread of its own, and
+spans end into its pipe from then on. The thread queue delivers what it already holds and stays, so
+nothing is lost or sent twice; the file exporter's whole ``O_APPEND`` writes keep the two writers of
+one file from splitting each other's lines.
 
 It never moves where a second process would compete with the application for a single CPU, where
 there are no POSIX pipes, or once the encoder process could not start (a warning, then the thread
-queue for good).
+queue for good). What each costs: docs/performance.md, the encoder process.
 """
 
 from __future__ import annotations

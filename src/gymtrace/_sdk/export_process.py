@@ -1,32 +1,16 @@
 """The export queue in an encoder process: the application's process only hands over records.
 
-``GYMTRACE_ENCODER=process`` (or ``configure(encoder="process")``) puts gymtrace's OTLP and file
-exporters in a child process; the default, ``auto`` (``_sdk/export_auto.py``), moves there when spans
-come fast. Why (``benchmarks/perf.py``, the CartPole rows): with the export queue on a thread of
-the application's process, a span cost the process ~13 µs more than with no exporter at all, of
-which encoding was only ~4 µs; the rest was the export thread itself (it takes the GIL from the
-application, and reading and freeing spans on another core drags their memory between the cores'
-caches) and the cyclic collector, which ran ten times as often and promoted the queued spans to
-the oldest generation (three full collections per 50,000 steps).
+Used for ``GYMTRACE_ENCODER=process``, and by ``auto`` once spans come fast (``_sdk/export_auto.py``).
+A span becomes a tuple of plain values when it ends; every ``_BLOCK`` of them are marshalled and
+written to a pipe without blocking, and the application never touches the span again. The encoder
+process (``_sdk.export_child.child_main``) rebuilds ``ReadableSpan`` objects and runs the same
+:class:`BatchExporter` and exporters, so the queue's promises hold there; its counts come back on a
+second pipe, and ``export_stats()`` adds what the application's side dropped (``export.RoomWait``).
 
-Here the span becomes a tuple of plain values when it ends (its trace and span IDs, name, kind,
-times, attributes, events, links, status); every ``_BLOCK`` of them are serialised with
-``marshal`` and written to a pipe without blocking. The span itself is freed at once, and no
-thread of the application's process touches it again. The encoder process (:func:`child_main`)
-turns the records back into SDK ``ReadableSpan`` objects and runs the same :class:`BatchExporter`
-and exporters the thread mode runs, so every promise of the queue holds there: bounded memory,
-counted drops, retries with backoff, the 4 MiB request bound, a flush bounded by
-``GYMTRACE_FLUSH_TIMEOUT``. It reports its counts back on a second pipe after every change;
-``export_stats()`` adds what the application's side dropped (frames past the queue bound while
-the pipe took nothing for the whole wait a full queue allows, ``export.RoomWait``) and counts what
-is in the pipe as queued.
-
-Endings: ``force_flush`` (and so the exit hooks and SIGTERM) sends what is pending and waits for
-the encoder process to deliver it; ``shutdown`` then stops it. If the application's process dies
-without either (SIGKILL, ``os.abort``), the encoder process reads the end of its pipe and still
-delivers every record it was sent. If the encoder process dies, what it had not confirmed is
-counted as dropped and the queue continues in the application's process, as in thread mode. A
-forked child never writes to its parent's encoder: it starts its own at its first span.
+Endings: ``force_flush`` sends what is pending and waits for delivery, ``shutdown`` then stops the
+encoder. If the application dies, the encoder still delivers every record it was sent; if the
+encoder dies, what it had not confirmed is counted as dropped and the queue continues in the
+application's process. A forked child never writes to its parent's encoder: it starts its own.
 """
 
 from __future__ import annotations

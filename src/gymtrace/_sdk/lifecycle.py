@@ -1,29 +1,16 @@
 """Process endings: finished spans are exported, open spans are ended as interrupted.
 
-Installed by ``configure()`` when gymtrace owns the TracerProvider:
+Installed by ``configure()`` when gymtrace owns the provider; flushes bounded by ``GYMTRACE_FLUSH_TIMEOUT``:
 
-- **normal exit, ``sys.exit``, an unhandled exception, SIGINT** (``KeyboardInterrupt`` unwinds
-  the scopes): an ``atexit`` hook ends the scopes still open (a run, rollouts in other threads) with
-  ``gym.interrupted=true``; then the SDK's own exit hook flushes the queue, bounded by
-  ``GYMTRACE_FLUSH_TIMEOUT``;
-- **SIGTERM** (what cluster schedulers send), whose default action skips ``atexit``: with no
-  handler of the application's, gymtrace ends the open scopes as interrupted, flushes, and dies of
-  SIGTERM as the default would; with one installed before ``configure()``, it flushes what has
-  finished and runs that handler, which decides (a stop flag keeps the spans open; ``sys.exit``
-  unwinds them, and exit ends the rest as interrupted);
-- **a ``multiprocessing`` child leaving through ``os._exit``** (children started by ``fork`` or
-  ``forkserver`` always do, which skips ``atexit``): ``Process._bootstrap`` runs
-  ``multiprocessing.util._exit_function`` first, which runs the finalizers registered with
-  ``multiprocessing.util.Finalize``. A child forked after ``configure()`` registers one through
-  ``multiprocessing.util.register_after_fork``; a child that calls ``configure()`` itself registers
-  it then. It ends the child's open scopes as interrupted and flushes, bounded by
-  ``GYMTRACE_FLUSH_TIMEOUT``.
+- exit, ``sys.exit``, an unhandled exception, SIGINT: an ``atexit`` hook ends the open scopes with
+  ``gym.interrupted=true``, then the SDK's exit hook flushes;
+- SIGTERM (which skips ``atexit``): with no handler of the application's, end the open scopes, flush
+  and die of SIGTERM; with one set before ``configure()``, flush what finished and run it: it decides;
+- a ``multiprocessing`` child leaving through ``os._exit``: a ``multiprocessing.util.Finalize``
+  (registered after fork, or by the child's own ``configure()``) ends its scopes and flushes.
 
-Nothing of the standard library is replaced: ``os._exit`` keeps its meaning everywhere (leave now,
-as a crash would). The one ending that cannot be covered is a process that calls ``os._exit``
-itself, outside ``multiprocessing`` (a bare ``os.fork()`` child, say): there, each rollout's spans
-are exported as the rollout ends (``_sdk.stage.ExportStage.flush_each_rollout``), so only a rollout
-still open at ``os._exit`` is lost; ``gymtrace.force_flush()`` before it covers that too.
+Nothing of the standard library is replaced; a bare ``os._exit`` outside ``multiprocessing`` loses
+only a rollout still open (``_sdk.stage.ExportStage.flush_each_rollout``).
 """
 
 from __future__ import annotations

@@ -1,19 +1,14 @@
 """The OTLP exporters that send the lean encoder's bytes.
 
-The SDK's OTLP exporters build a protobuf message object per span, per attribute and per value,
-then serialise the tree: ~60 µs per span of pure Python on the export thread, which holds the GIL
-the application needs. gymtrace writes the protobuf wire format of ``ExportTraceServiceRequest``
-straight from the SDK span's fields into bytes instead (``otlp_proto``: the wire primitives;
-``otlp_encode``: spans, resources and requests; ``otlp_json``: the file exporter's JSON lines), so
-the export thread holds the GIL for a fraction of that time. ``benchmarks/perf.py`` prints both
-costs side by side.
-
-The exporters (built inside the fence, ``_otel_private.otlp_seams``, because they set the SDK
-exporters' private transport fields; re-exported here) are the SDK's own OTLP exporters with only
-the encoding replaced: TLS, headers, compression, timeouts, the ``OTEL_EXPORTER_OTLP_*`` variables
-and the SDK's transport retries stay exactly theirs. The result decodes with the official ``opentelemetry-proto`` classes to the
-same message the SDK encoder builds (``tests/test_otlp_encoder.py``). The encoders are re-exported
-here: this module is what the rest of gymtrace imports.
+gymtrace writes the protobuf wire format of ``ExportTraceServiceRequest`` straight from the SDK
+span's fields (``otlp_proto``: wire primitives; ``otlp_encode``: spans, resources and requests;
+``otlp_json``: the file exporter's lines) instead of building the SDK's message objects, so the
+export thread holds the GIL for a fraction of the time (docs/performance.md, "Encoding off the
+critical path"). The exporters (built inside the fence, ``_otel_private.otlp_seams``) are the SDK's
+own with only the encoding replaced: TLS, headers, compression, timeouts, the
+``OTEL_EXPORTER_OTLP_*`` variables and transport retries stay theirs. The result decodes with
+``opentelemetry-proto`` to the message the SDK builds (``tests/test_otlp_encoder.py``). This module
+is what the rest of gymtrace imports.
 """
 
 from __future__ import annotations

@@ -1,30 +1,16 @@
 """``gymtrace check`` over trace files in bounded memory.
 
-Every span is read (the tree rules judge each one), but not every span is held, and not every
-field of it: a span is decoded with the attributes some rule reads (:data:`CHECK_KEYS`), without
-events or links, unless it is one the rollout-level rules read (a rollout root, an episode, an
-outcome record, a run span, a train step...: ``_read.source.summary_span``), which is decoded
-whole.
+Every span is read; a span is held with only the attributes some rule reads (:data:`CHECK_KEYS`),
+without events or links, unless a rollout-level rule reads it (``_read.source.summary_span``). Up to
+:data:`HELD_SPANS` spans the checker runs over all at once (``check_spans``); past that, each trace
+is checked by the tree rules (``_TREE_RULES``) and let go once its root is read (a span ends after
+its children), and the rollout-level rules run at the end over the spans held for them. A trace
+open while more than :data:`HELD_SPANS` spans are held is :class:`SpreadTooThin`.
 
-While the input fits in :data:`HELD_SPANS` spans, the checker runs over all of it at once, exactly
-as :func:`gymtrace._read.check.check_spans`. Past that, it checks trace by trace: a trace is
-checked and let go once its root span is read (a span ends after its children, and a process
-writes its spans as they end), by the rules that judge the span tree (nesting, identity below,
-rewards, outcome records, episode links, numbering); the rules that judge a rollout as a whole
-(its attempts and final outcome, runs sharing an ID, training) run at the end over the spans every
-reader of outcomes reads, held for the whole input. A trace that stays open while more than
-:data:`HELD_SPANS` spans are held (one trace per run, or a trace whose root is in a file not given)
-is spread too thin to check this way: :class:`SpreadTooThin` says which.
-
-The files one writer wrote (a file and its rotated segments, read in order as one stream) are,
-from ``PARALLEL_BYTES`` on, checked trace by trace by two processes, a forked one reading the
-second half meanwhile (both cores), each holding at most half of :data:`HELD_SPANS`: cut at a line
-of a plain file, or between whole compressed segments (a compressed file has no byte a line starts
-at; one big compressed file is read by one process). The traces the cut runs through are checked
-again whole when the halves are joined, and where the halves cannot be joined exactly (a span in
-both: a file appended to itself), the second half is read again in this process. The answer is the
-one a single process gives. The files of several writers (a run's processes) are merged by time in
-one process.
+From ``PARALLEL_BYTES`` on, one writer's files (a file and its rotated segments, one stream) are
+split with a forked process, at a line of a plain file or between whole compressed segments; the
+traces the cut runs through are checked again whole, and where the halves cannot be joined exactly
+the second half is read again here. Several writers' files are merged by time in one process.
 """
 
 from __future__ import annotations

@@ -1,18 +1,13 @@
 """A run's files read in one pass for a picture: the spans the outcome readers need, whole, and of
 every other span inside a rollout only its part of the time split (a few integers).
 
-A picture of 100,000 rollouts must not hold their two million spans: :func:`read_run_input`
-decodes only the run, train step, consumed, rollout, episode and outcome spans (what
-``_read.outcomes`` and ``_read.training`` read, a few per rollout) and hands each of the others
-that is a part of an episode's time (a model call, a tool call, a seed session, a step, a verify)
-to :class:`~gymtrace._read.timesplit.EpisodeTimes` as ``(part, start, end)``, reading no more of it
-than its identity and kind. A span that reads oddly is decoded whole, so the decoder names what is
-wrong with it. Of a live marker only its trace is noted: a rollout that only live markers know
-(``lost`` or still open: its trace has markers and no rollout span) is judged from every span of
-its trace, so those traces are read again, whole, in a second pass (a finished run has none). A
-picture shows no lost attempt (``lost_attempts``), so the traces that may hold one are not read
-again, as ``_read.source`` reads them for ``rollouts`` and ``stats``. The lines are read by
-``_read.source``'s streaming reader, with this module's ``keep``.
+:func:`read_run_input` decodes the run, train step, consumed, rollout, episode and outcome spans
+whole, and hands each other span that is a part of an episode's time to
+:class:`~gymtrace._read.timesplit.EpisodeTimes` as ``(part, start, end)``, reading only its
+identity and kind; a span that reads oddly is decoded whole, so the decoder names what is wrong. Of
+a live marker only its trace is noted: a rollout only markers know is judged from its whole trace,
+read again in a second pass. No lost attempt is looked for (a picture shows none). The lines come
+from ``_read.source``'s streaming reader, with :func:`picture_filter` as its ``keep``.
 """
 
 from __future__ import annotations

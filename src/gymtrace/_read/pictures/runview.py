@@ -1,18 +1,13 @@
 """One run as the pictures draw it: a bar per episode in a lane, train steps as bands, the slowest
 1 % of rollouts marked, and the figures ``gymtrace stats`` prints.
 
-Lanes (``--lanes``):
+Lanes (``--lanes``): ``worker`` (the default) packs each process's episodes (``service.name`` and
+``service.instance.id``) into as few lanes as keep them from overlapping (in start order, each takes
+the lane that freed first, else a new one); an episode spread over processes sits in the lane of
+the one that opened it. ``rollout``: a lane per rollout, its attempts one after another.
 
-- ``worker`` (the default): the processes that opened the episodes (``service.name`` and
-  ``service.instance.id``). Spans carry no thread or task, so a process's episodes are packed into
-  as few lanes as keep them from overlapping (the greedy interval partition: each episode, in start
-  order, takes the lane that freed first, or a new one; that is the fewest possible). An episode
-  spread over several processes sits in the lane of the process that opened it.
-- ``rollout``: a lane per rollout, in start order, its attempts one after another.
-
-A rollout that only live markers know (``lost``: its process died) is a bar from its start to
-the last sign of life of its process; a sampled-out rollout (``gym.rollout.detail = false``) is its
-rollout span, without a split.
+A rollout only live markers know (``lost``) is a bar to its process's last sign of life; a
+sampled-out rollout (``gym.rollout.detail = false``) is its rollout span, without a split.
 """
 
 from __future__ import annotations
