@@ -591,3 +591,42 @@ def test_a_pickled_scope_description_opens_its_own_activation(captured: Captured
     root = captured.one("rollout")
     assert (root.attributes or {})[c.ROLLOUT_ID] == "r-described"
     assert (root.attributes or {})[c.REWARD] == 0.5
+
+
+# -- a level is its declaration: the engine names none ----------------------------------------------
+
+
+def test_a_level_added_by_its_declaration_alone_nests_times_out_and_passes_check(
+    captured: CapturedSpans, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from gymtrace._scopes.level_spans import prepare_phase
+    from gymtrace._scopes.levels import LEVELS, Level, _a_duration
+    from gymtrace._scopes.scope import Scope
+
+    # A phase of an episode, with its own deadline argument: nothing else is told about it.
+    toy = Level(
+        "toy", rank=3, prepare=prepare_phase("gym.toy"), arguments={"limit": _a_duration}, deadline="limit"
+    )
+    monkeypatch.setitem(LEVELS, "toy", toy)
+
+    async def body() -> None:
+        with gymtrace.rollout(rollout_id="r-0", task_id="t"), gymtrace.episode():
+            async with Scope("toy", {}):
+                with gymtrace.step():
+                    pass
+            with pytest.raises(TimeoutError):
+                async with Scope("toy", {"limit": 0.01}):
+                    await asyncio.sleep(5)
+            gymtrace.record_reward(1.0)
+
+    asyncio.run(body())
+    toys = [s for s in captured.spans if s.name == "gym.toy"]
+    episode, step = by_name(captured.spans, c.SPAN_EPISODE), by_name(captured.spans, c.SPAN_STEP)
+    assert len(toys) == 2
+    for span in toys:
+        assert_child(span, episode)
+        assert span.attributes[c.KIND] == "toy" and span.attributes[c.ROLLOUT_ID] == "r-0"
+    assert_child(step, toys[0])
+    # The deadline the declaration named: the body cancelled, the span failed as a timeout.
+    assert toys[1].status.status_code.name == "ERROR"
+    assert gymtrace.testing.check_trace(captured) == []

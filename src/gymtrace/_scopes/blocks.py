@@ -34,7 +34,7 @@ class ScopeLike(Protocol):
     :class:`~gymtrace._scopes.scope.Scope`: typed by this, they sit below it in the import graph."""
 
     kind: str
-    _timeout: float | None
+    _deadline: float | None
     _timers: dict[object, list[_live.deadline]] | None
 
     def start(
@@ -197,8 +197,8 @@ def exit_elsewhere(self: ScopeLike, exc: BaseException | None) -> None:
 # alone costs what the whole disabled `async with` may (benchmarks/perf.py, forms), so the
 # disabled path hands back futures that finished at import, which `await` reads at once.
 def aenter(self: ScopeLike) -> Awaitable[ActiveScope]:
-    if self._timeout is not None:
-        return timed_aenter(self, self._timeout)
+    if self._deadline is not None:
+        return timed_aenter(self, self._deadline)
     if active_tracer() is None and not OPEN:
         return _ENTERED_DISABLED
     return aenter_recording(self)
@@ -210,7 +210,7 @@ def aexit(
     exc: BaseException | None,
     tb: TracebackType | None,
 ) -> Awaitable[None]:
-    if self._timeout is not None:
+    if self._deadline is not None:
         return timed_aexit(self, exc_type, exc, tb)
     if not OPEN and not _steps.aggregating:
         return _EXITED

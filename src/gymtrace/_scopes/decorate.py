@@ -14,9 +14,9 @@ import inspect
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-from gymtrace import _constants as c
 from gymtrace._scopes import live as _live
 from gymtrace._scopes.blocks import ScopeLike
+from gymtrace._scopes.levels import LEVELS
 from gymtrace._scopes.tracing import active_tracer, attach, current_context, detach
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -28,12 +28,13 @@ def decorate(scope: ScopeLike, func: F) -> F:
         return type(func)(decorate(scope, func.__func__))
     if not callable(func):
         raise TypeError(f"gymtrace.{scope.kind} decorates callables, got {type(func).__name__}")
-    if scope.kind == c.KIND_TOOL_CALL:
+    named = LEVELS[scope.kind].named_after_function
+    if named is not None:
         # A decorated tool is named after its function unless told otherwise.
-        scope = scope.with_default("tool_name", getattr(func, "__name__", None))
-    if scope._timeout is not None and inspect.iscoroutinefunction(func):
+        scope = scope.with_default(named, getattr(func, "__name__", None))
+    if scope._deadline is not None and inspect.iscoroutinefunction(func):
         # The timer inside the span: a body cancelled by it ends the span failed, kind `timeout`.
-        wrapper: Callable[..., Any] = _coroutine_wrapper(scope, _timed(func, scope._timeout))
+        wrapper: Callable[..., Any] = _coroutine_wrapper(scope, _timed(func, scope._deadline))
     elif inspect.isasyncgenfunction(func):
         wrapper = _async_generator_wrapper(scope, func)
     elif inspect.isgeneratorfunction(func):

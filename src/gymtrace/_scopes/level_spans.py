@@ -28,6 +28,7 @@ from gymtrace._model.ids import episode_id
 from gymtrace._model.outcome_rule import Decision, warning_text
 from gymtrace._scopes import live as _live
 from gymtrace._scopes import metrics as _metrics
+from gymtrace._scopes import steps as _steps
 from gymtrace._scopes import training as _training
 from gymtrace._scopes.consumed import remember as _consumed_remember
 from gymtrace._scopes.consumed import write_consumed
@@ -46,6 +47,10 @@ from gymtrace._scopes.state import EpisodeState, RolloutState
 Prepared = tuple[str, dict[str, Any], "list[Link] | None", otel_context.Context]
 # prepare(frame, validated argument values, parent context, the scope's source) -> Prepared
 Prepare = Callable[[ActiveScope, dict[str, Any], otel_context.Context, Any], Prepared]
+# What a level's sample() returns: the activation without a span (None: it gets one), the values to
+# prepare it with, and what its finish records of the sample (the owner's stats and its number).
+Sampled = tuple["ActiveScope | None", dict[str, Any], "tuple[Any, int] | None"]
+Sample = Callable[[Any, ActiveScope, dict[str, Any], otel_context.Context], Sampled]
 
 
 def _base(frame: ActiveScope, values: dict[str, Any]) -> dict[str, Any]:
@@ -459,6 +464,30 @@ def _training_ended(frame: ActiveScope, state: RolloutState[ActiveScope]) -> Non
 def finish_verify(frame: ActiveScope) -> None:
     if frame.reward is not None:
         frame.span.set_attribute(c.REWARD, frame.reward)
+
+
+def sample_step(
+    scope: Any, parent: ActiveScope, values: dict[str, Any], parent_context: otel_context.Context
+) -> Sampled:
+    """Under a step policy that aggregates: a step gets its number from its owner, and a span only
+    if the owner's sample wants one; one that does not is an activation without a level, in its
+    parent's context, timed and counted on the owner."""
+    owner = parent.nearest(*NUMBERING_OWNERS)
+    if owner is None:
+        return None, values, None
+    counter = owner.counter
+    stats = (counter.stats if counter is not None else None) or _steps.stats_for(owner)
+    number = owner.take_number(scope.kind, values.get("number"))
+    if not stats.wants_span():
+        frame = ActiveScope(scope.kind, parent, scope, None)
+        frame.context = parent_context
+        frame.step_timing = (stats, number, time_ns(), False)
+        return frame, values, None
+    values = {**values, "number": number}
+    if not stats.everything:
+        # Why this step is a span: the first of its owner's sample (the finish may say slowest).
+        values["attributes"] = {c.STEP_KEPT: c.STEP_KEPT_FIRST, **(values.get("attributes") or {})}
+    return None, values, (stats, number)
 
 
 def finish_step(frame: ActiveScope) -> None:

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from opentelemetry.trace import SpanKind
@@ -33,6 +33,7 @@ from gymtrace._scopes.frame import ActiveScope
 from gymtrace._scopes.level_spans import NUMBERING_OWNERS as NUMBERING_OWNERS
 from gymtrace._scopes.level_spans import (
     Prepare,
+    Sample,
     episode_failed,
     finish_episode,
     finish_rollout,
@@ -47,6 +48,7 @@ from gymtrace._scopes.level_spans import (
     prepare_run,
     prepare_train_step,
     rollout_failed,
+    sample_step,
 )
 from gymtrace._scopes.level_spans import genai_span_name as genai_span_name
 
@@ -109,6 +111,12 @@ class Level:
     content: tuple[str, str, str] | None = None
     # Attributes ``gymtrace tree`` shows on its line, with their short labels.
     shown: tuple[tuple[str, str], ...] = field(default=())
+    # The argument (seconds) after which an async body is cancelled and fails with TimeoutError.
+    deadline: str | None = None
+    # While a step policy aggregates: whether an activation gets a span (``Sample``).
+    sample: Sample | None = None
+    # The argument a decorated function's name gives unless it is given.
+    named_after_function: str | None = None
 
     def validate(self, values: Mapping[str, Any]) -> dict[str, Any]:
         """The valid ones of ``values`` (invalid ones are reported and left out)."""
@@ -212,6 +220,7 @@ LEVELS: Mapping[str, Level] = {
             rank=2,
             prepare=prepare_episode,
             arguments={"attempt": _an_index, "timeout": _a_duration, **_ATTRIBUTES},
+            deadline="timeout",
             finish=finish_episode,
             failed=episode_failed,
             shown=(
@@ -247,7 +256,10 @@ LEVELS: Mapping[str, Level] = {
         ),
         _numbered(c.KIND_TURN, 5, c.SPAN_TURN, c.TURN_NUMBER),
         # A step kept as a sample says why (first, slowest, raised).
-        _numbered(c.KIND_STEP, 6, c.SPAN_STEP, c.STEP_NUMBER, ((c.STEP_KEPT, "kept"),)),
+        replace(
+            _numbered(c.KIND_STEP, 6, c.SPAN_STEP, c.STEP_NUMBER, ((c.STEP_KEPT, "kept"),)),
+            sample=sample_step,
+        ),
         Level(
             c.KIND_MODEL_CALL,
             rank=7,
@@ -269,6 +281,7 @@ LEVELS: Mapping[str, Level] = {
                 ("call_id", c.GEN_AI_TOOL_CALL_ID),
             ),
             arguments={"tool_name": _an_id, "call_id": _an_id, **_ATTRIBUTES},
+            named_after_function="tool_name",
             # A tool call can spawn a subagent, call a model (an LLM tool) or another tool.
             may_contain=frozenset({c.KIND_AGENT_INVOCATION, c.KIND_MODEL_CALL, c.KIND_TOOL_CALL}),
             content=(c.GEN_AI_TOOL_CALL_ARGUMENTS, c.GEN_AI_TOOL_CALL_RESULT, c.CONTENT_EVENT),

@@ -32,7 +32,7 @@ from gymtrace._scopes import live as _live
 from gymtrace._scopes import steps as _steps
 from gymtrace._scopes.decorate import decorate as decorate
 from gymtrace._scopes.frame import FRAME_KEY, ActiveScope
-from gymtrace._scopes.levels import LEVELS, NUMBERING_OWNERS, allowed
+from gymtrace._scopes.levels import LEVELS, allowed
 from gymtrace._scopes.open_scopes import ENDING, OPEN, STARTING, report_violation
 from gymtrace._scopes.open_scopes import end_open_scopes as end_open_scopes
 from gymtrace._scopes.open_scopes import forget_open_scopes as forget_open_scopes
@@ -56,13 +56,13 @@ class Scope:
 
     __slots__ = (
         "_arguments",
+        "_deadline",
         "_dynamic",
         "_level",
         "_reward_from",
         "_source",
         "_span_kind",
         "_static",
-        "_timeout",
         "_timers",
         "kind",
     )
@@ -80,16 +80,20 @@ class Scope:
         self._arguments = arguments
         self._span_kind = span_kind
         self._reward_from = reward_from
-        # For episodes: (relation, previous episode or carrier); relation is retry or restore.
+        # Where an activation comes from: (relation, earlier activation or carrier), as a retried
+        # or restored episode's.
         self._source = source
         self._static: dict[str, Any] | None = None
-        # An episode's timeout= (validated by gymtrace.episode()): an async body is cancelled after
-        # it, whether or not anything records; the timers of open `async with` blocks, per task.
-        timeout = arguments.get("timeout") if kind == c.KIND_EPISODE else None
-        self._timeout: float | None = None
+        # The level's deadline argument (an episode's timeout=, validated by its public function):
+        # an async body is cancelled after it, whether or not anything records; the timers of open
+        # `async with` blocks, per task.
+        level = LEVELS.get(kind)
+        deadline = level.deadline if level is not None else None
+        timeout = arguments.get(deadline) if deadline is not None else None
+        self._deadline: float | None = None
         self._timers: dict[object, list[_live.deadline]] | None = None
         if isinstance(timeout, (int, float)):
-            self._timeout, self._timers = float(timeout), {}
+            self._deadline, self._timers = float(timeout), {}
         # Free when off: while nothing records, the arguments are kept as given and
         # checked at the first activation that records; building a scope cost ~0.9 µs a `with`.
         if active_tracer() is not None:
@@ -170,21 +174,12 @@ class Scope:
             # Most scopes have no identity callables; skip the call for them.
             values = self._values(args, kwargs or {}) if self._dynamic else static
             kept = None
-            if _steps.aggregating and self.kind == c.KIND_STEP and parent is not None:
-                owner = parent.nearest(*NUMBERING_OWNERS)
-                if owner is not None:
-                    # The aggregate step policy: a step that is not sampled gets no span, only
-                    # its timing, and runs in its parent's context.
-                    counter = owner.counter
-                    stats = (counter.stats if counter is not None else None) or _steps.stats_for(owner)
-                    number = owner.take_number(c.KIND_STEP, values.get("number"))
-                    if not stats.wants_span():
-                        frame = ActiveScope(self.kind, parent, self, None)
-                        frame.context = parent_context
-                        frame.step_timing = (stats, number, time_ns(), False)
-                        return frame
-                    values = {**values, "number": number}
-                    kept = (stats, number)
+            if _steps.aggregating and level.sample is not None and parent is not None:
+                # A step policy that aggregates: the level decides whether this activation gets a
+                # span; one that does not runs in its parent's context, timed and counted.
+                unsampled, values, kept = level.sample(self, parent, values, parent_context)
+                if unsampled is not None:
+                    return unsampled
             frame = ActiveScope(self.kind, parent, self, level)
             name, attributes, links, start_context = level.prepare(
                 frame, values, parent_context, self._source
@@ -204,8 +199,6 @@ class Scope:
             OPEN[id(frame)] = frame
             if kept is not None:
                 frame.step_timing = (kept[0], kept[1], time_ns(), True)
-                if not kept[0].everything:
-                    span.set_attribute(c.STEP_KEPT, c.STEP_KEPT_FIRST)
             if SPAN_CONTEXT_KEY is not None:
                 # Same context as the two calls below, with one copy of the parent instead of four.
                 frame.context = otel_context.Context(
