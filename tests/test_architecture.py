@@ -39,7 +39,7 @@ LAYERS: list[tuple[str, list[str]]] = [
             "attributes",
         ],
     ),
-    ("settings and errors", ["_model.env_reading", "_model.settings", "_model.errors"]),
+    ("settings and errors", ["_model.env_reading", "_model.settings", "_model.errors", "_model.forks"]),
     (
         "values",
         [
@@ -198,6 +198,19 @@ def test_imports_point_down_the_layers() -> None:
                     f" ({LAYERS[_layer(name)][0]} -> {LAYERS[_layer(imported)][0]})"
                 )
     assert wrong == []
+
+
+def test_only_the_fork_registry_registers_with_the_os() -> None:
+    # One place says what a forked child redoes, in one order; an integration is written as a user
+    # would write it (no private module), so it registers its own.
+    calls = [
+        f"gymtrace.{name}:{node.lineno}"
+        for name, tree in _modules().items()
+        if name != "_model.forks" and not name.startswith("integrations")
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Attribute) and node.attr == "register_at_fork"
+    ]
+    assert calls == [], "register with gymtrace._model.forks.in_child instead"
 
 
 def test_there_is_no_import_cycle() -> None:

@@ -195,3 +195,27 @@ def test_a_bare_fork_child_that_leaves_through_os_exit_keeps_the_rollouts_it_fin
     lines = result.stdout.splitlines()
     assert "multiprocessing child flushes per rollout False" in lines
     assert "parent flushes per rollout False" in lines
+
+
+def test_a_fork_hook_that_fails_is_logged_and_the_hooks_after_it_still_run() -> None:
+    out = run_python(
+        code="""
+import logging, os
+from gymtrace._model import forks
+ran = []
+def fails():
+    raise RuntimeError("a hook that fails")
+forks.in_child(fails)
+forks.in_child(lambda: ran.append("after"))
+logging.basicConfig(level=logging.WARNING, format="%(name)s: %(message)s")
+pid = os.fork()
+if pid == 0:
+    print("child ran", ran, flush=True)
+    os._exit(0)
+os.waitpid(pid, 0)
+print("parent ran", ran, flush=True)
+"""
+    )
+    assert out.returncode == 0, out.stderr
+    assert "child ran ['after']" in out.stdout and "parent ran []" in out.stdout
+    assert "a hook that fails" in out.stderr

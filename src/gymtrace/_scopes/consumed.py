@@ -23,7 +23,6 @@ readers, which resolve it the same way over the trace.
 from __future__ import annotations
 
 import collections
-import os
 import threading
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
@@ -32,6 +31,7 @@ from opentelemetry import trace
 from opentelemetry.trace import Link, SpanContext, TraceFlags
 
 from gymtrace import _constants as c
+from gymtrace._model import forks as _forks
 from gymtrace._model.errors import GymTraceError, contain, contract_problem, guard
 from gymtrace._model.ids import id_problem, read_version, report
 from gymtrace._scopes import metrics as _metrics
@@ -298,7 +298,7 @@ def _after_fork_in_child() -> None:
     _writer = _Writer()
 
 
-os.register_at_fork(after_in_child=_after_fork_in_child)
+_forks.in_child(_after_fork_in_child)
 
 
 def _write(tracer: Any, step: ActiveScope, state: _training.TrainState, entries: list[Any]) -> None:

@@ -46,6 +46,7 @@ from opentelemetry import context as otel_context
 from opentelemetry import trace
 
 from gymtrace import _constants as c
+from gymtrace._model import forks as _forks
 from gymtrace._model import settings as _settings
 from gymtrace._model.errors import guard
 from gymtrace._model.ids import ROLLOUT_IDENTITY
@@ -126,7 +127,7 @@ def _after_fork_in_child() -> None:
     _state = _State()
 
 
-os.register_at_fork(after_in_child=_after_fork_in_child)
+_forks.in_child(_after_fork_in_child)
 
 
 # -- what the levels call (cheap: a dictionary entry, no span) -------------------------------------------

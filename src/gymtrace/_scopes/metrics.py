@@ -35,7 +35,6 @@ from __future__ import annotations
 import bisect
 import collections
 import inspect
-import os
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
@@ -45,6 +44,7 @@ from opentelemetry import context as otel_context
 from opentelemetry import metrics, trace
 
 from gymtrace import _constants as c
+from gymtrace._model import forks as _forks
 from gymtrace._model.errors import guard
 from gymtrace._model.outcome_rule import CANCELLED, FAILED, Attempt, Decision
 
@@ -431,7 +431,7 @@ def _after_fork_in_child() -> None:
     _pending = _Pending()
 
 
-os.register_at_fork(after_in_child=_after_fork_in_child)
+_forks.in_child(_after_fork_in_child)
 
 
 def step_ended(seconds: float) -> None:

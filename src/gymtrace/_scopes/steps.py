@@ -30,6 +30,7 @@ from typing import Any
 from opentelemetry import trace
 
 from gymtrace import _constants as c
+from gymtrace._model import forks as _forks
 from gymtrace._model import settings as _settings
 from gymtrace._model.errors import InvalidArgumentError
 from gymtrace._model.failures import record_error
@@ -156,7 +157,7 @@ reset_policy()  # at import: what the environment says
 
 # A private RNG for the episode share: RL code seeds the global one in every worker.
 _random = random.Random(os.urandom(16))
-os.register_at_fork(after_in_child=lambda: _random.seed(os.urandom(16)))
+_forks.in_child(lambda: _random.seed(os.urandom(16)))
 
 
 class StepStats:

@@ -26,6 +26,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from gymtrace._model import forks as _forks
 from gymtrace._model import settings as _settings
 
 logger = logging.getLogger("gymtrace")
@@ -122,7 +123,7 @@ def _after_fork_in_child() -> None:
         exporter._after_fork()
 
 
-os.register_at_fork(after_in_child=_after_fork_in_child)
+_forks.in_child(_after_fork_in_child)
 
 
 @dataclass(frozen=True)

@@ -24,6 +24,7 @@ import weakref
 from collections.abc import Callable
 from typing import Any
 
+from gymtrace._model import forks as _forks
 from gymtrace._sdk.export import BatchExporter, ExportStats, log_totals, remaining_millis
 from gymtrace._sdk.export_process import ProcessExporter, build_exporter, pipes_available
 
@@ -48,7 +49,7 @@ def _after_fork_in_child() -> None:
         exporter._starting = False  # a start under way in the parent is the parent's
 
 
-os.register_at_fork(after_in_child=_after_fork_in_child)
+_forks.in_child(_after_fork_in_child)
 
 
 def _cpus() -> int:

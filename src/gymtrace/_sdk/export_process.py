@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import collections
 import logging
-import os
 import subprocess
 import threading
 import time
@@ -25,6 +24,7 @@ import weakref
 from collections.abc import Callable
 from typing import Any
 
+from gymtrace._model import forks as _forks
 from gymtrace._otel_private.records import _BLOCK, LeanSpanRecords, _record, learn_lean_span
 from gymtrace._sdk.export import BatchExporter, ExportStats, RoomWait, log_totals, remaining_millis
 from gymtrace._sdk.export_child import _FLUSH, _SHUTDOWN, _STAT_FIELDS, _frame, build_exporter, child_main
@@ -43,7 +43,7 @@ def _after_fork_in_child() -> None:
         exporter._after_fork()
 
 
-os.register_at_fork(after_in_child=_after_fork_in_child)
+_forks.in_child(_after_fork_in_child)
 
 
 class ProcessExporter(LeanSpanRecords, EncoderPipe):

@@ -26,6 +26,7 @@ from collections.abc import Callable
 from types import FrameType
 from typing import Any
 
+from gymtrace._model import forks as _forks
 from gymtrace._scopes.scope import end_open_scopes, forget_open_scopes
 
 logger = logging.getLogger("gymtrace")
@@ -52,7 +53,7 @@ def install(flush: Callable[[], None], in_multiprocessing_child: Callable[[], No
     _installed = True
     atexit.register(_at_exit)
     # Resets gymtrace's own state only (the scopes open at the fork are the parent's).
-    os.register_at_fork(after_in_child=forget_open_scopes)
+    _forks.in_child(forget_open_scopes)
     # Runs in a multiprocessing child after Process._bootstrap cleared the finalizers it inherited.
     multiprocessing.util.register_after_fork(_after_fork_owner, _in_multiprocessing_child)
     if multiprocessing.parent_process() is not None:

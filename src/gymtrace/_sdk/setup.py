@@ -35,6 +35,7 @@ from gymtrace._content import (
 )
 from gymtrace._identity.trust import trust_overrides
 from gymtrace._model import errors as _errors
+from gymtrace._model import forks as _forks
 from gymtrace._model import settings as _settings
 from gymtrace._model.errors import InvalidArgumentError, reset_seen
 from gymtrace._otel_private import fastpaths as _fastpaths
@@ -94,7 +95,7 @@ def _after_fork_in_child() -> None:
         generator.reseed()
 
 
-os.register_at_fork(after_in_child=_after_fork_in_child)
+_forks.in_child(_after_fork_in_child)
 
 
 def make_id_generator() -> Any:
