@@ -13,7 +13,7 @@ import threading
 
 import pytest
 
-from gymtrace import _constants as c
+from gymtrace import attributes as c
 from gymtrace._model.spandata import SpanData
 from gymtrace._sdk.backends import BackendError, NotYet, ScoreSender, decided, mapped_attributes
 

@@ -22,7 +22,7 @@ from opentelemetry import trace
 import gymtrace
 from _distributed import RELAY, read_services, services
 from child_process import run_python
-from gymtrace import _constants as c
+from gymtrace import attributes as c
 from gymtrace import instrumentation, propagation
 from gymtrace._model.spandata import SpanData
 from gymtrace.demo.distributed import official_instrumentation_available

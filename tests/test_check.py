@@ -11,7 +11,7 @@ import pytest
 
 import gymtrace
 from child_process import run_gymtrace, run_python
-from gymtrace import _constants as c
+from gymtrace import attributes as c
 from gymtrace._model.spandata import EventData, LinkData, SpanData
 from gymtrace.testing import CapturedSpans, check_trace
 

@@ -20,8 +20,8 @@ import pytest
 
 import gymtrace
 from child_process import clean_env
-from gymtrace import _constants as c
 from gymtrace import _content
+from gymtrace import attributes as c
 from gymtrace._model import settings as _settings
 from gymtrace.testing import CapturedSpans, capture_spans
 

@@ -10,7 +10,7 @@ import pytest
 
 from _distributed import SERVICES_OF_THE_DEMO, assert_one_tree, by_trace
 from child_process import run_gymtrace, wrote
-from gymtrace import _constants as c
+from gymtrace import attributes as c
 from gymtrace._model.spandata import read_otlp_json_lines
 from gymtrace.testing import check_trace
 from otlp_receiver import grpc_receiver, http_receiver

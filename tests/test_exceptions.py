@@ -16,7 +16,7 @@ from opentelemetry.trace import StatusCode
 
 import gymtrace
 from child_process import clean_env, run_python
-from gymtrace import _constants as c
+from gymtrace import attributes as c
 from gymtrace.testing import CapturedSpans
 
 

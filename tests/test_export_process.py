@@ -20,7 +20,7 @@ import pytest
 
 import gymtrace
 from child_process import clean_env, run_python, spans_in
-from gymtrace import _constants as c
+from gymtrace import attributes as c
 
 # An application: `rollouts` rollouts of one episode and `steps` steps, then what argv[3] says.
 APP = """

@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 import gymtrace
-from gymtrace import _constants as c
+from gymtrace import attributes as c
 from gymtrace.testing import capture_spans
 
 

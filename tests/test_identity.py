@@ -9,7 +9,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import gymtrace
-from gymtrace import _constants as c
+from gymtrace import attributes as c
 from gymtrace.testing import CapturedSpans
 from tree_asserts import assert_child
 

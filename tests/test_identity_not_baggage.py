@@ -19,7 +19,7 @@ from opentelemetry import context as otel_context
 
 import gymtrace
 from _distributed import RELAY, read_services, services
-from gymtrace import _constants as c
+from gymtrace import attributes as c
 from gymtrace import instrumentation, propagation
 from gymtrace.testing import CapturedSpans
 

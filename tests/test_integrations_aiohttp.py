@@ -19,7 +19,7 @@ from _distributed import (
     read_services,
     services,
 )
-from gymtrace import _constants as c
+from gymtrace import attributes as c
 from gymtrace.integrations.aiohttp import aiohttp_trace_config
 
 

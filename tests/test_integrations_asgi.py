@@ -25,7 +25,7 @@ from _distributed import (
     read_services,
     services,
 )
-from gymtrace import _constants as c
+from gymtrace import attributes as c
 from gymtrace._model.spandata import SpanData
 from gymtrace.integrations.asgi import GymTraceMiddleware
 from gymtrace.integrations.httpx import HttpxTransport

@@ -12,7 +12,7 @@ from opentelemetry import trace
 
 import _pool_workers
 import gymtrace
-from gymtrace import _constants as c
+from gymtrace import attributes as c
 from gymtrace import propagation
 from gymtrace._model.spandata import read_otlp_json_lines
 from gymtrace.integrations import concurrent

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 import gymtrace
-from gymtrace import _constants as c
+from gymtrace import attributes as c
 from gymtrace._read.outcomes import final_outcomes
 from gymtrace._scopes import steps as _steps
 from gymtrace.testing import CapturedSpans, capture_spans, check_trace

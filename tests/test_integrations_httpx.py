@@ -10,7 +10,7 @@ from opentelemetry import context as otel_context
 
 import gymtrace
 from _distributed import RELAY, services
-from gymtrace import _constants as c
+from gymtrace import attributes as c
 from gymtrace.integrations.httpx import HttpxTransport
 
 

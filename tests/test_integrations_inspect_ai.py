@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from gymtrace import _constants as c
+from gymtrace import attributes as c
 from gymtrace._read.outcomes import final_outcomes
 from gymtrace.testing import CapturedSpans, check_trace
 

@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from gymtrace import _constants as c
+from gymtrace import attributes as c
 from gymtrace._model.spandata import SpanData, read_trace_files
 from gymtrace._model.tracefiles import trace_files
 from gymtrace.testing import check_trace

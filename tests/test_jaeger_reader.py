@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 
 import gymtrace
-from gymtrace import _constants as c
+from gymtrace import attributes as c
 from gymtrace._cli import main
 from gymtrace._model.spandata import SpanData, encode_spandata_json, normalize
 from gymtrace._read import jaeger as jaeger_module

@@ -21,7 +21,7 @@ import pytest
 
 import gymtrace
 from child_process import clean_env, run_gymtrace
-from gymtrace import _constants as c
+from gymtrace import attributes as c
 from gymtrace._model import settings as _settings
 from gymtrace._model.spandata import from_readable
 from gymtrace._read.liveview import live_rollouts

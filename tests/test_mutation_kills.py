@@ -269,7 +269,7 @@ def test_kept_step_spans_have_their_measured_times_and_come_in_the_order_they_ra
     import time
 
     import gymtrace
-    from gymtrace import _constants as c
+    from gymtrace import attributes as c
     from gymtrace.testing import capture_spans
 
     saved = _steps.current_policy()

@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 import gymtrace
 import gymtrace.integrations.nemo_gym as nemo_gym
 from _distributed import read_services, services
-from gymtrace import _constants as c
+from gymtrace import attributes as c
 from gymtrace.testing import check_trace
 
 NEMO_SERVER = [("nemo-env", "app", ["--app", "_nemo_gym_server:make_app", "--no-gymtrace"])]

@@ -17,7 +17,7 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-from gymtrace import _constants as c
+from gymtrace import attributes as c
 from gymtrace._model.spandata import SpanData
 from gymtrace._read.outcomes import final_outcomes
 from gymtrace._read.stats import summarise

@@ -15,7 +15,7 @@ from opentelemetry.trace import SpanKind
 import gymtrace
 import gymtrace.integrations.openai as gym_openai
 from _distributed import services
-from gymtrace import _constants as c
+from gymtrace import attributes as c
 from gymtrace.testing import check_trace
 
 TOOLS = [

@@ -16,7 +16,7 @@ from opentelemetry import trace
 
 import gymtrace
 from child_process import run_python
-from gymtrace import _constants as c
+from gymtrace import attributes as c
 from gymtrace import propagation
 from gymtrace._model.spandata import read_otlp_json_lines
 from gymtrace.testing import CapturedSpans, capture_spans, check_trace

@@ -16,7 +16,7 @@ from opentelemetry import trace
 
 import gymtrace
 from child_process import run_gymtrace, run_python
-from gymtrace import _constants as c
+from gymtrace import attributes as c
 from gymtrace._read.outcomes import final_outcomes
 from gymtrace._read.stats import summarise
 from gymtrace.testing import CapturedSpans, capture_spans, check_trace

@@ -16,7 +16,7 @@ from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapProp
 
 import gymtrace
 from child_process import clean_env
-from gymtrace import _constants as c
+from gymtrace import attributes as c
 from gymtrace import propagation
 from gymtrace._identity import trust as _trust
 from gymtrace._model.spandata import read_otlp_json_lines

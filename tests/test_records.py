@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from gymtrace import _constants as c
+from gymtrace import attributes as c
 from gymtrace._cli import main
 from gymtrace._import import nemo_gym as nemo_import
 from gymtrace._model.spandata import SpanData, read_otlp_json_lines

@@ -10,7 +10,7 @@ import pytest
 from opentelemetry.trace import NoOpTracerProvider, StatusCode
 
 import gymtrace
-from gymtrace import _constants as c
+from gymtrace import attributes as c
 from gymtrace._scopes.tracing import pop_provider, push_provider
 from gymtrace.testing import CapturedSpans, capture_spans, check_trace
 from tree_asserts import assert_child

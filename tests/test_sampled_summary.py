@@ -17,7 +17,7 @@ import pytest
 
 import gymtrace
 from child_process import run_gymtrace, run_python
-from gymtrace import _constants as c
+from gymtrace import attributes as c
 from gymtrace._read.outcomes import final_outcomes
 from gymtrace._scopes.tracing import pop_provider, push_provider
 from gymtrace._sdk.setup import make_id_generator

@@ -11,7 +11,7 @@ import pytest
 from opentelemetry.trace import SpanKind
 
 import gymtrace
-from gymtrace import _constants as c
+from gymtrace import attributes as c
 from gymtrace.testing import CapturedSpans
 from tree_asserts import assert_child, by_name
 

@@ -14,7 +14,7 @@ import gymnasium as gym
 import pytest
 
 import gymtrace
-from gymtrace import _constants as c
+from gymtrace import attributes as c
 from gymtrace.integrations.gymnasium import TraceEnv
 from gymtrace.testing import capture_spans, check_trace
 

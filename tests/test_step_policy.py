@@ -11,7 +11,7 @@ import pytest
 
 import gymtrace
 from child_process import run_gymtrace, run_python, trace_lines
-from gymtrace import _constants as c
+from gymtrace import attributes as c
 from gymtrace._scopes import steps as _steps
 from gymtrace.testing import CapturedSpans, capture_spans, check_trace
 

@@ -15,7 +15,7 @@ import pytest
 
 import gymtrace
 from built_runs import BuiltRun
-from gymtrace import _constants as c
+from gymtrace import attributes as c
 from gymtrace._cli import main
 from gymtrace._model.spandata import (
     EventData,

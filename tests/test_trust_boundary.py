@@ -15,7 +15,7 @@ from opentelemetry import baggage
 
 import gymtrace
 from _distributed import RELAY, read_services, services
-from gymtrace import _constants as c
+from gymtrace import attributes as c
 from gymtrace import propagation
 from gymtrace._identity import trust as _trust
 from gymtrace._model import settings as _settings
