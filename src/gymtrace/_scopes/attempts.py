@@ -7,16 +7,10 @@ Example::
             with attempt:
                 reward = run_episode(row)     # an exception here fails this attempt
 
-Each attempt is an episode with the next attempt number (0, 1, 2, ...), linked to the previous one.
-Only infrastructure is retried: by default a ``TimeoutError`` (failure kind ``timeout``), any other
-``OSError`` such as a ``ConnectionError``, and httpx/aiohttp transport errors and 5xx/429 responses
-(kind ``infrastructure``). Anything else is a bug that would fail the same way again: it fails the
-attempt with kind ``error`` (``gym.failure.retryable=false``), ends the loop at once, and the
-rollout is unscored. ``retry_on=`` replaces the default: what matches it is retried as
-``infrastructure`` (``timeout`` for a ``TimeoutError``). The last attempt failing also ends the loop;
-the exception is re-raised unless ``reraise=False``. The loop's
-decisions never depend on whether tracing is on: to fail an attempt without raising, call
-``attempt.fail(...)``.
+Each attempt is an episode with the next attempt number, linked to the previous one. Only
+infrastructure is retried (``TimeoutError``, other ``OSError``, httpx/aiohttp transport errors and
+5xx/429, or what ``retry_on=`` matches); anything else fails the attempt with kind ``error`` and
+ends the loop, the rollout unscored. The loop's decisions never depend on whether tracing is on.
 """
 
 from __future__ import annotations

@@ -1,23 +1,13 @@
 """What a train step consumed: ``gymtrace.consume()`` and the ``gym.consumed`` records it writes.
 
-A step of a training run may consume thousands of rollouts (512 prompts x 16 samples = 8,192), and
-the SDK keeps at most 128 links and 128 events per span by default (a user's provider may keep
-fewer, and gymtrace may not raise it). So a ``consume()`` call only appends a tuple to its step's
-list (a span per call would cost several times the budget of 5 µs); every
+A ``consume()`` call appends a tuple to its step's list; every
 :data:`~gymtrace._constants.CONSUMED_BATCH` entries, and at the step's end, the list becomes one
-``gym.consumed`` span, a child of the step: one link to each rollout span it names (Jaeger goes
-from the step to its rollouts) and the facts of every entry in parallel arrays (rollout ID, its
-rollout span, training outcome, start policy version, reason), which is what the readers read, so no
-entry depends on a link being kept. The spans are built by one writer thread per process (the SDK's
-work per link and per array element is most of the cost), and the step's end waits for its
-records; the metrics are handed over at the next collection (``_scopes/metrics.py``).
-
-A rollout is named by its join keys (``gymtrace.current().join_keys()``, which travelled with its
-data to the trainer: run, rollout, trace, the rollout span's ID, its policy version) or by a bare
-rollout ID. Rollout IDs repeat in training (NeMo Gym's restart with every collection), so a bare ID
-is resolved here, among the rollouts of the run that ended in this process, to the most recent one
-not yet consumed (a warning when several match); one this process did not run is left to the
-readers, which resolve it the same way over the trace.
+``gym.consumed`` span, a child of the step, with a link to each rollout span it names and every
+entry's facts in parallel arrays (which is what the readers read: no entry depends on a link the
+SDK's limits may drop). One writer thread per process builds the records; the step's end waits
+for them. A rollout is named by its join keys, or by a bare rollout ID, resolved among the rollouts
+of the run that ended in this process to the most recent one not yet consumed (the readers resolve
+the others the same way over the trace).
 """
 
 from __future__ import annotations

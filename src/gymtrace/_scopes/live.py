@@ -1,33 +1,16 @@
 """Live rollouts: markers and heartbeats while a rollout is open, and the sync episode watchdog.
 
-A trace appears when its rollout ends; a rollout that never ends (a tool call that never returns, a
-dead sandbox) would show nothing. So while a rollout is open, its process writes ``gym.live``
-marker spans into the rollout's trace (``gym.kind=live``), from one daemon thread per process:
+While a rollout is open, one daemon thread per process writes ``gym.live`` marker spans into its
+trace (``gym.kind=live``): a marker for a rollout (and each later episode) still open at the next
+mark, a heartbeat every ``GYMTRACE_HEARTBEAT`` seconds without other activity (never two skipped in
+a row: behind a tail sampler the other spans arrive late), and an ``end`` marker when a rollout
+with markers ends, so markers alone tell an ended rollout from a lost one. Each carries the
+identity, the attempt, the last step started, the interval, the start and the process.
 
-- a marker for the rollout, and for each later episode, still open at the next mark (every
-  ``min(GYMTRACE_HEARTBEAT, 1)`` seconds; the rollout's marker carries the attempt open then): a
-  rollout that ends sooner needs none, its spans are the record, so short rollouts cost a
-  dictionary entry and no span;
-- a heartbeat every ``GYMTRACE_HEARTBEAT`` seconds (default 10) while the rollout shows no other
-  activity. A span of the rollout that ended since the last beat is activity: that beat is skipped,
-  but never two in a row, because a reader behind a tail sampler (Jaeger through ``collector/``)
-  sees the rollout's other spans only once the trace is decided, and would read a busy rollout
-  lost;
-- an ``end`` marker when a rollout that has markers ends: behind a tail sampler that drops the
-  rollout's spans, the markers alone must tell an ended rollout from a lost one;
-- every marker carries the identity, the attempt, the number of the last step started (read from
-  the frames when the beat fires: nothing is done per step), the interval, when the rollout started
-  and the process (``service.instance.id``).
-
-The same thread hands the episodes' metrics to the MeterProvider each second (``_scopes.metrics.settle``;
-a collection takes everything at once, see ``_scopes.metrics``), and is the watchdog of sync episodes
-opened with ``timeout=``: one cannot be interrupted safely (threads are never killed), so past its
-deadline it gets a ``gym.episode.overdue`` event and its heartbeats say ``gym.live.overdue``, which
-``gymtrace live`` reads as ``stalled``. Async episodes are cancelled instead (:func:`deadline`).
-
-``GYMTRACE_HEARTBEAT=0`` turns markers and heartbeats off (the watchdog still runs for episodes
-with a timeout). Readers of finished traces (``tree``, ``check``, ``rollouts``, ``stats``) fold the
-markers away.
+The same thread settles the episodes' metrics each second (``_scopes.metrics``) and watches sync
+episodes opened with ``timeout=``: past the deadline they get ``gym.episode.overdue`` (threads are
+never killed); async episodes are cancelled (:class:`deadline`). ``GYMTRACE_HEARTBEAT=0`` turns
+markers off. See docs/live-and-metrics.md.
 """
 
 from __future__ import annotations

@@ -6,28 +6,12 @@ Example (what a dashboard reads; ``configure()`` exports them over OTLP next to 
     gym.rollout.completed{outcome=scored}   each rollout once, with the outcome `gymtrace rollouts` gives
     gym.rollout.reward                      rewards of scored rollouts (an unscored one is never a 0)
 
-Instrumentation depends on the OpenTelemetry metrics API only: the instruments come from
-``metrics.get_meter("gymtrace")``, which is a no-op until the application (or ``configure()``)
-sets a MeterProvider, and follows the provider once it is set. Every measurement is taken in the
-context of the span it describes, so an SDK exemplar carries that span's trace ID. Attributes stay
-low-cardinality: outcomes and failure kinds, never rollout or task IDs.
-
-**Which process counts a rollout, and with what.** The process that ran the rollout span (its
-owner), once: a remote scorer, a NeMo Gym server's ``/verify`` or an episode continued from a
-carrier writes an outcome record and counts nothing. The owner counts the decision the readers
-(``_read.outcomes.decide_candidates``, the function ``gymtrace rollouts`` uses, handed down here by
-:func:`decide_by`) give for what this process recorded about the rollout: its root, the outcome
-records written here for it (remote, continued, late) and its episodes. It counts at the first
-collection after the rollout span ended (a reader's ``collect()``, a Prometheus scrape, the periodic
-export, ``gymtrace.force_flush()``, exit), so a record written here until then is part of the
-decision; one written later, or in another process, changes the trace and ``gymtrace stats``, never
-the metric (a counter is never taken back). See docs/live-and-metrics.md.
-
-**Cheap per rollout.** An SDK instrument call costs 3-7 µs alone, about 10 µs between a rollout's
-other work: a rollout's end appends a small tuple here, and ``gym.rollout.active``, an observable
-instrument, hands everything gathered to the instruments from its callback, which the SDK runs
-before it reads the synchronous instruments in the same ``collect()``. Nobody collecting (no SDK
-MeterProvider), the heartbeat thread counts the oldest past :data:`MAX_WAITING`.
+The instruments come from ``metrics.get_meter("gymtrace")`` (a no-op until a MeterProvider is set);
+each measurement is taken in its span's context (exemplars carry the trace ID); attributes stay
+low-cardinality. The process that ran a rollout span counts it once, at the first collection after
+it ended, with the decision the readers give (:func:`decide_by`) for what this process recorded; a
+rollout's end only appends a tuple here, handed to the instruments from the observable callback.
+See docs/live-and-metrics.md.
 """
 
 from __future__ import annotations

@@ -1,19 +1,11 @@
 """The step policy: what a ``gymtrace.step`` records when steps are too fast to trace one by one.
 
-A span costs several times a Gymnasium CartPole step (docs/performance.md, "Fast loops: the step
-policy"). ``all`` (the default) makes every step a span, which fits an LLM agent loop whose steps
-take milliseconds. ``aggregate`` fits a simulator: the step owner's span (the agent invocation, else the episode) carries the step count and
-duration statistics, and only a bounded sample of steps become spans, each with its true number and
-true start and end time:
-
-- the first ``first`` steps of each owner (live spans: their children nest under them);
-- the ``slowest`` slowest of the rest, written when the owner ends (no children: those ran inside
-  the owner's span while the step was timed);
-- every step of a sampled share ``episode_share`` of owners;
-- always a step that raised (with its exception, written when it ends).
-
-The owner's span says which policy applied (``gym.steps.policy``), so a reader, the contract
-checker and ``gymtrace tree`` know the step spans are a sample.
+``all`` (the default) makes every step a span. ``aggregate`` puts the step count and duration
+statistics on the step owner's span (the agent invocation, else the episode) and keeps a bounded
+sample of steps as spans, each with its true number and times: the first ``first`` of each owner,
+the ``slowest`` slowest of the rest (written when the owner ends), every step of a share
+``episode_share`` of owners, and always a step that raised. The owner's ``gym.steps.policy`` says
+which applied, so readers, the checker and ``gymtrace tree`` know the step spans are a sample.
 """
 
 from __future__ import annotations
