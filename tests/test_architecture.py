@@ -64,10 +64,8 @@ LAYERS: list[tuple[str, list[str]]] = [
     (
         "levels",
         [
-            "_scopes.activation",
             "_scopes.outcome_spans",
-            "_scopes.recording",
-            "_scopes.frame",
+            "_scopes.active_scope",
             "_scopes.live",
             "_scopes.level_spans",
             "_scopes.levels",

@@ -344,7 +344,7 @@ def test_a_part_that_outgrows_its_step_range_is_reported(
 ) -> None:
     # The range is a million steps; a smaller one here shows what happens past it without a
     # million spans. The caller handed off step 2, so its own step 100 could be continuation 1's.
-    from gymtrace._scopes import frame as _frame
+    from gymtrace._scopes import active_scope as _frame
 
     monkeypatch.setattr(_frame, "STEP_RANGE", 100)
     with capture_spans(strict=False), caplog.at_level(logging.WARNING, logger="gymtrace"):

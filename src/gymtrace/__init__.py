@@ -24,6 +24,7 @@ from gymtrace import propagation, testing
 from gymtrace._content import configure_content
 from gymtrace._identity.processor import IdentitySpanProcessor
 from gymtrace._model.errors import GymTraceError, HierarchyViolationError, InvalidArgumentError
+from gymtrace._scopes.active_scope import ActiveScope
 from gymtrace._scopes.api import (
     agent_invocation,
     episode,
@@ -38,7 +39,6 @@ from gymtrace._scopes.api import (
     verify,
 )
 from gymtrace._scopes.attempts import Attempt, Attempts, attempts
-from gymtrace._scopes.frame import ActiveScope
 from gymtrace._scopes.record import (
     Current,
     consume,

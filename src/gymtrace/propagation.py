@@ -66,7 +66,7 @@ from gymtrace._identity.carriers import (
 from gymtrace._model.errors import GymTraceError, contract_problem, guard, internal_error
 from gymtrace._scopes import tracing as _tracing
 from gymtrace._scopes import training as _training
-from gymtrace._scopes.frame import (
+from gymtrace._scopes.active_scope import (
     CARRIER_FORMAT,
     DISABLED_KIND,
     FRAME_KEY,

@@ -24,7 +24,7 @@ from gymtrace import _constants as c
 from gymtrace._identity import trust as _trust
 from gymtrace._model.errors import logger
 from gymtrace._model.ids import clean_identity, clean_step_number, episode_id
-from gymtrace._scopes.frame import CALLER_KEY, DISABLED_KIND, FRAME_KEY, REMOTE_KIND, ActiveScope
+from gymtrace._scopes.active_scope import CALLER_KEY, DISABLED_KIND, FRAME_KEY, REMOTE_KIND, ActiveScope
 from gymtrace._scopes.scope_carrier import read_carrier
 
 

@@ -12,7 +12,7 @@ from gymtrace._identity.carriers import identity_from_context
 from gymtrace._model.errors import guard
 from gymtrace._otel_private.spanfields import SkipsOwnSpans, attribute_dict
 from gymtrace._scopes import training as _training
-from gymtrace._scopes.frame import FRAME_KEY, ActiveScope
+from gymtrace._scopes.active_scope import FRAME_KEY, ActiveScope
 
 _ON_START_GUARD = guard("IdentitySpanProcessor.on_start")
 

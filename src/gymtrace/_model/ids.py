@@ -91,7 +91,7 @@ def check_reward(argument: str, value: object) -> float | None:
 
 def clean_step_number(raw: object) -> int | None:
     """A step number from another process (a continuation's reserved first step: up to int64, see
-    ``_scopes.frame.STEP_RANGE``), or ``None`` if it is not one (never reported)."""
+    ``_scopes.active_scope.STEP_RANGE``), or ``None`` if it is not one (never reported)."""
     text = str(raw) if isinstance(raw, int) and not isinstance(raw, bool) else raw
     if not isinstance(text, str) or not text.isascii() or not text.isdigit() or len(text) > 19:
         return None

@@ -1,7 +1,7 @@
 """The outcome rule: one pure function from what was recorded about a rollout to its outcome.
 
 Everything that states an outcome calls :func:`decide`: the writer (``_scopes.levels``,
-``_scopes.frame``), the readers (``_read.outcomes``), the checker (``_read.check``). The rule with
+``_scopes.active_scope``), the readers (``_read.outcomes``), the checker (``_read.check``). The rule with
 its examples is docs/outcomes.md; as decided here:
 
 - A rollout has at most one reward: its **final attempt's** (the highest number; among facts about

@@ -16,7 +16,7 @@ from opentelemetry.trace import SpanKind
 
 from gymtrace import _constants as c
 from gymtrace._model.ids import check_timeout
-from gymtrace._scopes.frame import ActiveScope
+from gymtrace._scopes.active_scope import ActiveScope
 from gymtrace._scopes.scope import Scope, decorate
 
 P = ParamSpec("P")

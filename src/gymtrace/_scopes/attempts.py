@@ -23,7 +23,7 @@ from gymtrace import _constants as c
 from gymtrace._model.errors import InvalidArgumentError
 from gymtrace._model.failures import classify, classify_as_told, retryable_by_default
 from gymtrace._model.ids import check_timeout
-from gymtrace._scopes.frame import ActiveScope
+from gymtrace._scopes.active_scope import ActiveScope
 from gymtrace._scopes.live import deadline
 from gymtrace._scopes.scope import CANCELLATION, Scope
 

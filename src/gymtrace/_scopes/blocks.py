@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from gymtrace._model.errors import GymTraceError, contract_problem
 from gymtrace._scopes import live as _live
 from gymtrace._scopes import steps as _steps
-from gymtrace._scopes.frame import DISABLED_FRAME, FRAME_KEY, ActiveScope
+from gymtrace._scopes.active_scope import DISABLED_FRAME, FRAME_KEY, ActiveScope
 from gymtrace._scopes.open_scopes import OPEN
 from gymtrace._scopes.tracing import active_tracer, attach, current_context, detach, reset
 

@@ -26,11 +26,11 @@ from gymtrace._model.errors import GymTraceError, contain, contract_problem, gua
 from gymtrace._model.ids import id_problem, read_version, report
 from gymtrace._scopes import metrics as _metrics
 from gymtrace._scopes import training as _training
-from gymtrace._scopes.frame import current_frame
+from gymtrace._scopes.active_scope import current_frame
 from gymtrace._scopes.tracing import active_tracer
 
 if TYPE_CHECKING:
-    from gymtrace._scopes.frame import ActiveScope
+    from gymtrace._scopes.active_scope import ActiveScope
 
 _OUTCOMES = frozenset(c.TRAINING_OUTCOMES)
 # Rollouts of training runs that ended in this process, for bare-ID consume(): at most this many.

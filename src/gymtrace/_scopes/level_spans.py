@@ -30,9 +30,7 @@ from gymtrace._scopes import live as _live
 from gymtrace._scopes import metrics as _metrics
 from gymtrace._scopes import steps as _steps
 from gymtrace._scopes import training as _training
-from gymtrace._scopes.consumed import remember as _consumed_remember
-from gymtrace._scopes.consumed import write_consumed
-from gymtrace._scopes.frame import (
+from gymtrace._scopes.active_scope import (
     CALLER_KEY,
     REMOTE_KIND,
     ActiveScope,
@@ -41,6 +39,8 @@ from gymtrace._scopes.frame import (
     emit_summary,
     read_carrier,
 )
+from gymtrace._scopes.consumed import remember as _consumed_remember
+from gymtrace._scopes.consumed import write_consumed
 from gymtrace._scopes.state import EpisodeState, RolloutState
 
 # What a level's prepare() returns: span name, start attributes, links, the context to start it in.

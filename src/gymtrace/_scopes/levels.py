@@ -29,7 +29,7 @@ from gymtrace._model.ids import check_id, check_index, report
 from gymtrace._scopes import metrics as _metrics
 from gymtrace._scopes import steps as _steps
 from gymtrace._scopes import training as _training
-from gymtrace._scopes.frame import ActiveScope
+from gymtrace._scopes.active_scope import ActiveScope
 from gymtrace._scopes.level_spans import NUMBERING_OWNERS as NUMBERING_OWNERS
 from gymtrace._scopes.level_spans import (
     Prepare,

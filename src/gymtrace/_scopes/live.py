@@ -34,7 +34,7 @@ from gymtrace._model import settings as _settings
 from gymtrace._model.errors import guard
 from gymtrace._model.ids import ROLLOUT_IDENTITY
 from gymtrace._scopes import metrics as _metrics
-from gymtrace._scopes.frame import ActiveScope
+from gymtrace._scopes.active_scope import ActiveScope
 from gymtrace._scopes.tracing import active_tracer
 
 # Start markers are written at most this long after a rollout or episode starts (or the interval,

@@ -270,7 +270,7 @@ def outcome_recorded(
     record: trace.Span,
     episode: EpisodeFact | None = None,
 ) -> None:
-    """An outcome record was written here (``_scopes.outcome_spans.emit_outcome``): a fact for its rollout's count
+    """An outcome record was written here (``_scopes.active_scope.emit_outcome``): a fact for its rollout's count
     when this process owns the rollout and has not counted it yet, else for nobody (the owner, in
     another process, counts it)."""
     end_ns = getattr(record, "end_time", None)

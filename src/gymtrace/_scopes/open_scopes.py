@@ -16,7 +16,7 @@ from gymtrace import _constants as c
 from gymtrace._model.errors import HierarchyViolationError, contract_problem, guard
 from gymtrace._scopes import live as _live
 from gymtrace._scopes import steps as _steps
-from gymtrace._scopes.frame import ActiveScope
+from gymtrace._scopes.active_scope import ActiveScope
 from gymtrace._scopes.levels import LEVELS
 
 # Every activation whose span has started and not ended, so that a process being stopped can end

@@ -1,7 +1,7 @@
 """The module-level recording functions and reading the current identity.
 
 ``gymtrace.record_reward(0.8)`` acts on the innermost gym scope of the current context; each
-function here finds that scope and hands the work to its :class:`~gymtrace._scopes.frame.ActiveScope`,
+function here finds that scope and hands the work to its :class:`~gymtrace._scopes.active_scope.ActiveScope`,
 which owns the rules (a rollout gets at most one reward, from its final episode; a failed episode is
 never scored; an unscored rollout has no reward at all, never an invented 0).
 """
@@ -20,8 +20,8 @@ from gymtrace._model.errors import guard
 from gymtrace._model.ids import check_reward
 from gymtrace._model.numbers import read_int
 from gymtrace._scopes import training as _training
+from gymtrace._scopes.active_scope import DISABLED_KIND, ActiveScope, current_frame, frame_for
 from gymtrace._scopes.consumed import consume as _consume
-from gymtrace._scopes.frame import DISABLED_KIND, ActiveScope, current_frame, frame_for
 from gymtrace._scopes.levels import LEVELS
 
 _REWARD_TARGETS = (c.KIND_EPISODE, c.KIND_ROLLOUT)

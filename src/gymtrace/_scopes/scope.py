@@ -1,7 +1,7 @@
 """The scope engine: one object that is a context manager and a decorator, for every gym level.
 
 A :class:`Scope` is a level (see ``_scopes.levels.LEVELS``) with its arguments. Each activation (a ``with``
-block or one call of a decorated function) creates an :class:`~gymtrace._scopes.frame.ActiveScope` holding
+block or one call of a decorated function) creates an :class:`~gymtrace._scopes.active_scope.ActiveScope` holding
 the span, the identity and the level's state, and puts it in the OpenTelemetry context. The engine
 knows nothing of any particular level: it validates arguments, asks the level to prepare the span,
 starts it, attaches it, and at the end hands the outcome to the level and ends the span, exactly like
@@ -30,8 +30,8 @@ from gymtrace._model.failures import qualified_name, record_error
 from gymtrace._scopes import blocks as _blocks
 from gymtrace._scopes import live as _live
 from gymtrace._scopes import steps as _steps
+from gymtrace._scopes.active_scope import FRAME_KEY, ActiveScope
 from gymtrace._scopes.decorate import decorate as decorate
-from gymtrace._scopes.frame import FRAME_KEY, ActiveScope
 from gymtrace._scopes.levels import LEVELS, allowed
 from gymtrace._scopes.open_scopes import ENDING, OPEN, STARTING, report_violation
 from gymtrace._scopes.open_scopes import end_open_scopes as end_open_scopes

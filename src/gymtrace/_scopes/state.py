@@ -1,6 +1,6 @@
 """The state each gym level owns, one small slotted holder per concern, apart from the activation.
 
-An :class:`~gymtrace._scopes.frame.ActiveScope` exists for every span (a step, a model call), but
+An :class:`~gymtrace._scopes.active_scope.ActiveScope` exists for every span (a step, a model call), but
 most of what a scope can know belongs to a few levels only: a rollout's attempts, an episode's
 restore and remote-rollout link, the turn and step counters of whatever numbers them, the step
 ranges a continuation in another process shares, the aggregate step policy's statistics. Each is a

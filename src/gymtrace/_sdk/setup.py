@@ -39,7 +39,7 @@ from gymtrace._model import forks as _forks
 from gymtrace._model import settings as _settings
 from gymtrace._model.errors import InvalidArgumentError, reset_seen
 from gymtrace._otel_private import fastpaths as _fastpaths
-from gymtrace._scopes import frame as _frame
+from gymtrace._scopes import active_scope as _frame
 from gymtrace._scopes import levels as _levels
 from gymtrace._scopes import tracing as _tracing
 from gymtrace._scopes.steps import StepPolicy

@@ -17,7 +17,7 @@ from gymtrace import _constants as c
 from gymtrace._model.ids import episode_id
 from gymtrace._model.spandata import SpanData
 from gymtrace._read.outcomes import is_outcome_record
-from gymtrace._scopes.frame import STEP_RANGE
+from gymtrace._scopes.active_scope import STEP_RANGE
 from gymtrace._scopes.levels import LEVELS, NUMBERING_OWNERS, allowed
 
 # A problem is (rule, message); the rule groups messages for the examples-and-count limit.
