@@ -2,13 +2,18 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager, contextmanager
 from pathlib import Path
+from typing import Any
 
 import pytest
 
+import gymtrace
 from gymtrace._identity import trust as _trust
 from gymtrace._model import errors as _errors
+from gymtrace._scopes.tracing import pop_provider, push_provider
+from gymtrace._sdk.setup import make_id_generator
 from gymtrace.testing import CapturedSpans, capture_spans, strict
 
 
@@ -36,6 +41,64 @@ def _strict_gymtrace() -> Iterator[None]:
 def captured() -> Iterator[CapturedSpans]:
     with capture_spans() as spans:
         yield spans
+
+
+@pytest.fixture
+def forget_configure() -> Iterator[None]:
+    """For a test that calls ``gymtrace.configure()`` or ``gymtrace.testing.reset()`` in this
+    process: everything they set is forgotten after it (``reset()``), and after monkeypatch's
+    variables are gone when the test names this fixture before ``monkeypatch``."""
+    yield
+    gymtrace.testing.reset()
+
+
+# -- providers of a test's own ------------------------------------------------------------------------
+#
+# Test infrastructure, as capture_spans() is: gymtrace's scopes record under a provider given for a
+# block instead of the global one, which OpenTelemetry lets a process set once. For what
+# capture_spans() does not give: tracing off whatever global provider an earlier test left, or a
+# sampler. The tests assert what gymtrace records under it through the public API.
+
+
+@contextmanager
+def _under(provider: Any) -> Iterator[None]:
+    push_provider(provider)
+    try:
+        yield
+    finally:
+        pop_provider(provider)
+
+
+@pytest.fixture
+def use_provider() -> Callable[[Any], AbstractContextManager[None]]:
+    """``with use_provider(provider):`` gymtrace's scopes record under ``provider`` in the block
+    (a ``NoOpTracerProvider``: tracing off)."""
+    return _under
+
+
+@contextmanager
+def _sampled(sampler: Any) -> Iterator[CapturedSpans]:
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider(sampler=sampler, id_generator=make_id_generator())
+    provider.add_span_processor(gymtrace.IdentitySpanProcessor())
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    try:
+        with _under(provider):
+            yield CapturedSpans(provider, exporter)
+    finally:
+        provider.shutdown()
+
+
+@pytest.fixture
+def capture_sampled() -> Callable[[Any], AbstractContextManager[CapturedSpans]]:
+    """``with capture_sampled(sampler) as captured:`` what ``capture_spans()`` captures (the same
+    ``CapturedSpans``), under a provider with ``sampler`` and the ID generator
+    ``gymtrace.configure()`` installs (a dropped rollout's summary takes its IDs from it)."""
+    return _sampled
 
 
 E2E_DIR = Path(__file__).resolve().parent / "e2e"

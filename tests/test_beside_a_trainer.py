@@ -24,7 +24,6 @@ from _distributed import RELAY, read_services, services
 from child_process import run_python
 from gymtrace import attributes as c
 from gymtrace import instrumentation, propagation
-from gymtrace._model.spandata import SpanData
 from gymtrace.demo.distributed import official_instrumentation_available
 from gymtrace.testing import CapturedSpans
 
@@ -92,7 +91,7 @@ def test_a_trainers_request_gets_a_rollout_of_its_own_trace_linked_to_the_traine
 
     # The trainer's trace holds its own spans (and the gym's HTTP server spans of its requests,
     # children of the batch span), never a gym span.
-    in_trainer_trace: list[SpanData] = [s for s in gym_spans if s.trace_id == trainer_trace]
+    in_trainer_trace = [s for s in gym_spans if s.trace_id == trainer_trace]
     assert not [s for s in in_trainer_trace if c.KIND in s.attributes], in_trainer_trace
     if official:
         assert len(in_trainer_trace) == PROMPTS * SAMPLES
@@ -218,21 +217,16 @@ def test_a_train_step_opened_inside_the_trainers_own_step_span_is_its_own_trace_
 
 
 def test_with_one_trace_per_run_a_rollout_under_a_trainers_span_stays_in_the_runs_trace_linked_to_it(
-    captured: CapturedSpans,
+    captured: CapturedSpans, forget_configure: None
 ) -> None:
-    from gymtrace._scopes.levels import set_trace_per
-
-    set_trace_per("run")
-    try:
-        foreign = captured.tracer_provider.get_tracer("nemo_rl.telemetry")
-        with gymtrace.run(run_id="R") as run:
-            with foreign.start_as_current_span(
-                "rl.grpo.collect_rollouts", context=otel_context.Context()
-            ) as batch:
-                with gymtrace.rollout(rollout_id="0-0"):
-                    pass
-    finally:
-        set_trace_per("rollout")
+    gymtrace.configure(trace_per="run", file=False)
+    foreign = captured.tracer_provider.get_tracer("nemo_rl.telemetry")
+    with gymtrace.run(run_id="R") as run:
+        with foreign.start_as_current_span(
+            "rl.grpo.collect_rollouts", context=otel_context.Context()
+        ) as batch:
+            with gymtrace.rollout(rollout_id="0-0"):
+                pass
     rollout = captured.one(c.KIND_ROLLOUT)
     assert rollout.parent is not None and rollout.parent.span_id == run.span.get_span_context().span_id
     assert rollout.context.trace_id == run.span.get_span_context().trace_id

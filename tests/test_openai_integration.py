@@ -219,26 +219,16 @@ def test_a_stream_abandoned_after_one_chunk_ends_its_span_marked_interrupted(mod
     assert check_trace(captured.spans) == []
 
 
-def test_in_a_rollout_head_sampling_dropped_the_calls_tokens_reach_its_summary(model_server, instrumented):
-    from opentelemetry.sdk.trace import TracerProvider
-    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
-    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
-
-    from gymtrace._scopes.tracing import pop_provider, push_provider
-    from gymtrace._sdk.setup import make_id_generator
+def test_in_a_rollout_head_sampling_dropped_the_calls_tokens_reach_its_summary(
+    model_server, instrumented, capture_sampled
+):
     from gymtrace.sampling import RolloutSampler
 
-    exporter = InMemorySpanExporter()
-    provider = TracerProvider(sampler=RolloutSampler(0.0), id_generator=make_id_generator())
-    provider.add_span_processor(SimpleSpanProcessor(exporter))
-    push_provider(provider)
-    try:
+    with capture_sampled(RolloutSampler(0.0)) as captured:
         with gymtrace.rollout(rollout_id="r-oa-dropped"), gymtrace.episode(), gymtrace.step():
             for _ in range(2):
                 _client(model_server).chat.completions.create(model="qwen", messages=MESSAGES, tools=TOOLS)
-    finally:
-        pop_provider(provider)
-    (summary,) = exporter.get_finished_spans()  # no chat span: only the rollout's summary
+    (summary,) = captured.spans  # no chat span: only the rollout's summary
     assert summary.attributes[c.ROLLOUT_DETAIL] is False
     assert (
         summary.attributes[c.GEN_AI_USAGE_INPUT_TOKENS],

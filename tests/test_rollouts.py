@@ -11,7 +11,6 @@ from opentelemetry.trace import NoOpTracerProvider, StatusCode
 
 import gymtrace
 from gymtrace import attributes as c
-from gymtrace._scopes.tracing import pop_provider, push_provider
 from gymtrace.testing import CapturedSpans, capture_spans, check_trace
 from tree_asserts import assert_child
 
@@ -157,7 +156,7 @@ def test_attempts_with_restore_open_restored_episodes(captured: CapturedSpans) -
     assert check_trace(captured) == []
 
 
-def test_retry_loop_behaves_the_same_with_tracing_off() -> None:
+def test_retry_loop_behaves_the_same_with_tracing_off(use_provider: Any) -> None:
     # No capture and no provider: the loop must still retry on attempt.fail() and exceptions.
     # Tracing is off for the loop even where an earlier test in this worker left a global provider
     # (test_settings.py's configure() calls do): traced, this loop outside any rollout opens three
@@ -165,20 +164,15 @@ def test_retry_loop_behaves_the_same_with_tracing_off() -> None:
     # pytest-xdist's --dist loadfile put test_settings.py before this file on one worker.
     # Production policy (not strict), as before.
     seen = []
-    off = NoOpTracerProvider()
-    push_provider(off)
-    try:
-        with gymtrace.testing.strict(False):
-            loop = gymtrace.attempts(3)
-            for attempt in loop:
-                with attempt:
-                    seen.append(attempt.number)
-                    if attempt.index == 0:
-                        attempt.fail("infrastructure")
-                    elif attempt.index == 1:
-                        raise OSError("flaky")
-    finally:
-        pop_provider(off)
+    with use_provider(NoOpTracerProvider()), gymtrace.testing.strict(False):
+        loop = gymtrace.attempts(3)
+        for attempt in loop:
+            with attempt:
+                seen.append(attempt.number)
+                if attempt.index == 0:
+                    attempt.fail("infrastructure")
+                elif attempt.index == 1:
+                    raise OSError("flaky")
     assert seen == [0, 1, 2]
     assert loop.succeeded
 
@@ -263,20 +257,18 @@ def test_malformed_carrier_is_a_clear_error_in_strict_mode(captured: CapturedSpa
         pass
 
 
-def test_rollout_sampler_keeps_or_drops_whole_rollouts_by_task() -> None:
+def test_rollout_sampler_keeps_or_drops_whole_rollouts_by_task(use_provider: Any) -> None:
     from opentelemetry.sdk.trace import TracerProvider
     from opentelemetry.sdk.trace.export import SimpleSpanProcessor
     from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-    from gymtrace._scopes.tracing import pop_provider, push_provider
     from gymtrace.sampling import RolloutSampler, keep_rollout
 
     exporter = InMemorySpanExporter()
     provider = TracerProvider(sampler=RolloutSampler(0.5, by="task"))
     provider.add_span_processor(gymtrace.IdentitySpanProcessor())
     provider.add_span_processor(SimpleSpanProcessor(exporter))
-    push_provider(provider)
-    try:
+    with use_provider(provider):
         with gymtrace.run(run_id="run-s"):
             for task in range(20):
                 for repeat in range(2):
@@ -285,8 +277,6 @@ def test_rollout_sampler_keeps_or_drops_whole_rollouts_by_task() -> None:
                             with attempt, gymtrace.step():
                                 if attempt.index == 0:
                                     attempt.fail()
-    finally:
-        pop_provider(provider)
     spans = exporter.get_finished_spans()
     # A dropped rollout leaves only its summary (gym.rollout.detail=false): no episode, no step.
     summaries = [s for s in spans if s.attributes.get(c.ROLLOUT_DETAIL) is False]

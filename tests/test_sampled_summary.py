@@ -18,11 +18,8 @@ import pytest
 import gymtrace
 from child_process import run_gymtrace, run_python
 from gymtrace import attributes as c
-from gymtrace._read.outcomes import final_outcomes
-from gymtrace._scopes.tracing import pop_provider, push_provider
-from gymtrace._sdk.setup import make_id_generator
 from gymtrace.sampling import keep_rollout
-from gymtrace.testing import check_trace
+from gymtrace.testing import CapturedSpans, check_trace
 
 SAMPLED_RUN = Path(__file__).parent / "support" / "sampled_run.py"
 SEED, STEPS, TASKS, REPEATS = 7, 2, 10, 4
@@ -143,29 +140,24 @@ def test_a_sampled_run_passes_check_and_keeps_only_the_kept_rollouts_detail(runs
 
 
 @pytest.fixture
-def sampled_out() -> Iterator[Any]:
+def sampled_out(capture_sampled: Any) -> Iterator[CapturedSpans]:
     """A provider whose rollout sampler keeps no rollout (ratio 0), gymtrace's ID generator, and
-    an in-memory exporter: every rollout here is a dropped one."""
-    from opentelemetry.sdk.trace import TracerProvider
-    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
-    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
-
+    an in-memory capture: every rollout here is a dropped one."""
     from gymtrace.sampling import RolloutSampler
 
-    exporter = InMemorySpanExporter()
-    provider = TracerProvider(sampler=RolloutSampler(0.0), id_generator=make_id_generator())
-    provider.add_span_processor(gymtrace.IdentitySpanProcessor())
-    provider.add_span_processor(SimpleSpanProcessor(exporter))
-    push_provider(provider)
-    try:
-        yield exporter
-    finally:
-        pop_provider(provider)
-        provider.shutdown()
+    with capture_sampled(RolloutSampler(0.0)) as captured:
+        yield captured
+
+
+def _final(captured: CapturedSpans, rollout_id: str) -> str:
+    """A rollout's line in `gymtrace tree` (``captured.tree()``): its own outcome, and after
+    ``=> final:`` the final outcome, where an outcome record decided it."""
+    (line,) = [line for line in captured.tree().splitlines() if f" rollout={rollout_id} " in line]
+    return line
 
 
 def test_a_dropped_rollout_leaves_one_summary_span_with_its_figures_in_its_own_place(
-    sampled_out: Any,
+    sampled_out: CapturedSpans,
 ) -> None:
     gymtrace.set_policy_version(3)
     before = time.time_ns()
@@ -186,7 +178,7 @@ def test_a_dropped_rollout_leaves_one_summary_span_with_its_figures_in_its_own_p
     finally:
         gymtrace.set_policy_version(None)
     after = time.time_ns()
-    spans = sampled_out.get_finished_spans()
+    spans = sampled_out.spans
     summary = next(s for s in spans if s.attributes.get(c.KIND) == c.KIND_ROLLOUT)
     assert sorted(s.attributes[c.KIND] for s in spans) == ["rollout", "run"]  # its detail dropped
     assert dict(summary.attributes) == {
@@ -213,17 +205,21 @@ def test_a_dropped_rollout_leaves_one_summary_span_with_its_figures_in_its_own_p
     assert [link.context.span_id for link in summary.links] == [int(run.span_id, 16)]
     # Its duration is the rollout's: from its start to its end, inside the block around it.
     assert before <= summary.start_time < summary.end_time <= after
-    (outcome,) = final_outcomes(spans)
-    assert (outcome.outcome, outcome.reward, outcome.attempts, outcome.detail) == ("scored", 0.75, 2, False)
+    # Read back as `gymtrace tree` reads it: the summary's own outcome is final.
+    line = _final(sampled_out, "r-1")
+    assert "outcome=scored attempts=2 reward=0.75 " in line and " detail=False " in line
+    assert "=> final:" not in line
     assert check_trace(spans) == []
 
 
-def test_an_outcome_handed_off_from_a_dropped_rollout_concludes_its_summary(sampled_out: Any) -> None:
+def test_an_outcome_handed_off_from_a_dropped_rollout_concludes_its_summary(
+    sampled_out: CapturedSpans,
+) -> None:
     with gymtrace.rollout(rollout_id="r-handed", task_id="t") as rollout, gymtrace.episode() as episode:
         carrier = episode.carrier()  # the episode goes on elsewhere: this rollout ends pending
     with gymtrace.episode(continue_from=carrier):
         gymtrace.record_reward(1.0)
-    spans = sampled_out.get_finished_spans()
+    spans = sampled_out.spans
     summary = next(s for s in spans if s.attributes.get(c.KIND) == c.KIND_ROLLOUT)
     assert summary.attributes[c.ROLLOUT_OUTCOME] == c.OUTCOME_PENDING
     records = [s for s in spans if s.attributes.get(c.KIND) == c.KIND_OUTCOME]
@@ -231,22 +227,19 @@ def test_an_outcome_handed_off_from_a_dropped_rollout_concludes_its_summary(samp
     # The record was written under the dropped rollout span, which the summary stands in for.
     assert records[0].parent is not None and records[0].parent.span_id == summary.context.span_id
     assert format(summary.context.span_id, "016x") == rollout.span_id
-    (outcome,) = final_outcomes(spans)
-    assert (outcome.outcome, outcome.reward, outcome.detail) == ("scored", 1.0, False)
+    line = _final(sampled_out, "r-handed")  # the record concludes it
+    assert " detail=False " in line and "=> final: outcome=scored reward=1 " in line
     assert check_trace(spans) == []
 
 
-def test_a_summary_under_one_trace_per_run_sits_below_the_run(sampled_out: Any) -> None:
-    from gymtrace._scopes.levels import set_trace_per
-
-    set_trace_per("run")
-    try:
-        with gymtrace.run(run_id="run-one-trace") as run, gymtrace.rollout(rollout_id="r-in-run"):
-            with gymtrace.episode():
-                gymtrace.record_reward(0.5)
-    finally:
-        set_trace_per("rollout")
-    spans = sampled_out.get_finished_spans()
+def test_a_summary_under_one_trace_per_run_sits_below_the_run(
+    sampled_out: CapturedSpans, forget_configure: None
+) -> None:
+    gymtrace.configure(trace_per="run", file=False)
+    with gymtrace.run(run_id="run-one-trace") as run, gymtrace.rollout(rollout_id="r-in-run"):
+        with gymtrace.episode():
+            gymtrace.record_reward(0.5)
+    spans = sampled_out.spans
     summary = next(s for s in spans if s.attributes.get(c.KIND) == c.KIND_ROLLOUT)
     assert format(summary.context.trace_id, "032x") == run.trace_id
     assert summary.parent is not None and format(summary.parent.span_id, "016x") == run.span_id

@@ -292,3 +292,10 @@ def test_a_backend_sends_otlp_http_protobuf_to_the_base_url_whatever_the_protoco
         _settings.resolve(backend="jaeger")
     with pytest.raises(gymtrace.InvalidArgumentError, match="'experiment' must be a non-empty string"):
         _settings.resolve(experiment=" ")
+
+
+def test_the_secret_never_appears_in_the_settings_repr(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("GYMTRACE_IDENTITY_SECRET", "test-secret-7f1c")
+    _settings.reload()
+    assert _settings.active.trust_identity == "signed"  # a secret alone switches signing on
+    assert "test-secret-7f1c" not in repr(_settings.active)

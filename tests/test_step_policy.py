@@ -12,19 +12,18 @@ import pytest
 import gymtrace
 from child_process import run_gymtrace, run_python, trace_lines
 from gymtrace import attributes as c
-from gymtrace._scopes import steps as _steps
 from gymtrace.testing import CapturedSpans, capture_spans, check_trace
 
 
 @pytest.fixture
-def policy() -> Iterator[type[gymtrace.StepPolicy]]:
-    saved = _steps.current_policy()
+def policy(forget_configure: None) -> Iterator[type[gymtrace.StepPolicy]]:
+    # The policy a test configures is forgotten after it (gymtrace.testing.reset()).
     yield gymtrace.StepPolicy
-    _steps.set_policy(saved)
 
 
 def aggregate(**parameters: object) -> None:
-    _steps.set_policy(gymtrace.StepPolicy("aggregate", **parameters))  # type: ignore[arg-type]
+    step_policy = gymtrace.StepPolicy("aggregate", **parameters)  # type: ignore[arg-type]
+    gymtrace.configure(step_policy=step_policy, file=False)
 
 
 def steps_of(captured: CapturedSpans) -> list[tuple[int, str | None]]:
@@ -124,7 +123,7 @@ def test_a_sampled_share_of_episodes_keeps_every_step(policy) -> None:
 
 
 def test_the_default_policy_makes_every_step_a_span_and_adds_nothing(policy) -> None:
-    _steps.set_policy(gymtrace.StepPolicy())
+    gymtrace.configure(step_policy=gymtrace.StepPolicy(), file=False)
     with capture_spans() as captured:
         run_episode(3, raises=2)
     assert steps_of(captured) == [(1, None), (2, None), (3, None)]
@@ -154,7 +153,8 @@ def test_explicit_step_numbers_stay_true_when_sampled(policy) -> None:
 )
 def test_a_bad_step_policy_is_an_error_naming_it(value: object, problem: str) -> None:
     with pytest.raises(gymtrace.InvalidArgumentError, match="step_policy") as info:
-        _steps.policy_from(value)  # type: ignore[arg-type]
+        gymtrace.configure(step_policy=value, file=False)  # type: ignore[arg-type]
+    assert not gymtrace.is_configured()  # refused before anything changed
     assert problem in str(info.value)
     with pytest.raises(gymtrace.InvalidArgumentError, match="'first' must be an int >= 0"):
         gymtrace.StepPolicy("aggregate", first=-1)
@@ -167,16 +167,22 @@ def test_a_bad_variable_warns_and_keeps_every_step_and_never_breaks_the_import(t
     # application (not even at `import gymtrace`); strict mode raises at configure() instead.
     code = """
     import json, gymtrace
-    from gymtrace._scopes import steps as _steps
+    from gymtrace.testing import capture_spans
     gymtrace.configure(service_name="steps", file=False)
-    policy = _steps.current_policy()
-    print(json.dumps({"policy": policy.policy, "first": policy.first}))
+    with capture_spans() as captured:
+        with gymtrace.rollout(rollout_id="r", task_id="t", repeat=0), gymtrace.episode():
+            for _ in range(3):
+                with gymtrace.step():
+                    pass
+    # The default policy: every step a span, no step statistics on the episode.
+    statistics = [k for k in captured.one("episode").attributes if k.startswith("gym.steps.")]
+    print(json.dumps({"steps": len(captured.by_kind("step")), "statistics": statistics}))
     """
     out = run_python(
         code=code, cwd=tmp_path, env={"GYMTRACE_STEP_POLICY": "aggregated", "GYMTRACE_STEP_FIRST": "-3"}
     )
     assert out.returncode == 0, out.stderr
-    assert json.loads(out.stdout.strip().splitlines()[-1]) == {"policy": "all", "first": 1}
+    assert json.loads(out.stdout.strip().splitlines()[-1]) == {"steps": 3, "statistics": []}
     assert "GYMTRACE_STEP_POLICY='aggregated' is not one of ('all', 'aggregate'); using 'all'" in out.stderr
     assert "GYMTRACE_STEP_FIRST='-3' is not an integer >= 0; using 1" in out.stderr
     strict = run_python(

@@ -17,8 +17,6 @@ import gymtrace
 from _distributed import RELAY, read_services, services
 from gymtrace import attributes as c
 from gymtrace import propagation
-from gymtrace._identity import trust as _trust
-from gymtrace._model import settings as _settings
 from gymtrace.integrations.httpx import HttpxTransport
 
 SECRET = "test-secret-7f1c"
@@ -69,11 +67,11 @@ def test_spoofed_identity_is_never_stamped_returned_or_forwarded(tmp_path, monke
 @pytest.mark.e2e
 @pytest.mark.parametrize("official", OFFICIAL)
 def test_identity_signed_with_the_shared_secret_is_believed_and_forwarded_signed(
-    tmp_path, monkeypatch, official
+    tmp_path, forget_configure, monkeypatch, official
 ):
     monkeypatch.setenv("GYMTRACE_TRUST_IDENTITY", "signed")
     monkeypatch.setenv("GYMTRACE_IDENTITY_SECRET", SECRET)
-    _trust.reset_trust()
+    gymtrace.testing.reset()  # this process signs too: the environment read again
     with _chain(tmp_path, official) as (a, b):
         with gymtrace.testing.capture_spans(), httpx.Client(transport=HttpxTransport()) as http:
             with gymtrace.rollout(rollout_id="r-signed", task_id="t-1"), gymtrace.episode():
@@ -229,13 +227,13 @@ def test_one_extraction_per_request_with_the_official_middleware(tmp_path):
     assert len(warnings) == 1, warnings
 
 
-def test_signature_and_allow_list_settings_come_from_configure():
-    _trust.configure_trust(mode="signed", secret=SECRET, allow="tenant")
+def test_signature_and_allow_list_settings_come_from_configure(forget_configure):
+    gymtrace.configure(trust_identity="signed", identity_secret=SECRET, baggage_allow="tenant", file=False)
     with gymtrace.testing.capture_spans(), propagation.attach({"baggage": SPOOF + ",tenant=acme"}):
         assert gymtrace.current().rollout_id is None
         assert baggage.get_baggage("tenant") == "acme"
     with pytest.raises(gymtrace.InvalidArgumentError, match="trust_identity"):
-        _trust.configure_trust(mode="some")
+        gymtrace.configure(trust_identity="some", file=False)
 
 
 @pytest.mark.e2e
@@ -263,20 +261,16 @@ def test_a_bad_trust_argument_raises_naming_it_and_changes_nothing():
         gymtrace.configure(trust_identity="everyone", file=False)
     with pytest.raises(gymtrace.InvalidArgumentError, match="baggage_allow"):
         gymtrace.configure(baggage_allow=42, file=False)  # type: ignore[arg-type]
-    assert _settings.active.trust_identity == "all"
+    assert not gymtrace.is_configured()
+    # Trust is still the default, "all": every peer's identity is believed.
+    with gymtrace.testing.capture_spans(), propagation.attach({"baggage": SPOOF}):
+        assert gymtrace.current().rollout_id == "victim-rollout"
 
 
-def test_an_unknown_trust_setting_in_the_environment_trusts_nobody(monkeypatch, caplog):
+def test_an_unknown_trust_setting_in_the_environment_trusts_nobody(forget_configure, monkeypatch, caplog):
     monkeypatch.setenv("GYMTRACE_TRUST_IDENTITY", "yes-please")
-    _trust.reset_trust()
-    assert _settings.active.trust_identity == "none"
-    assert "GYMTRACE_TRUST_IDENTITY" in caplog.text
+    gymtrace.testing.reset()  # the environment read again
+    assert "GYMTRACE_TRUST_IDENTITY='yes-please' is not one of" in caplog.text
+    assert "using 'none'" in caplog.text
     with gymtrace.testing.capture_spans(), propagation.attach({"baggage": SPOOF}):
         assert gymtrace.current().rollout_id is None
-
-
-def test_the_secret_never_appears_in_the_settings_repr(monkeypatch):
-    monkeypatch.setenv("GYMTRACE_IDENTITY_SECRET", SECRET)
-    _trust.reset_trust()
-    assert _settings.active.trust_identity == "signed"  # a secret alone switches signing on
-    assert SECRET not in repr(_settings.active)
