@@ -11,8 +11,8 @@ import pytest
 from _distributed import SERVICES_OF_THE_DEMO, assert_one_tree, by_trace
 from child_process import run_gymtrace, wrote
 from gymtrace import attributes as c
-from gymtrace._model.spandata import read_otlp_json_lines
 from gymtrace.testing import check_trace
+from otlp_lines import as_readable, read_otlp_json_lines
 from otlp_receiver import grpc_receiver, http_receiver
 
 # The distributed demo starts its services as real servers: left out of `scripts/test --quick`.
@@ -63,7 +63,7 @@ def test_distributed_demo_writes_the_file_with_run_id_and_repeats_and_quiet_drop
     assert {s.service for s in spans} == SERVICES_OF_THE_DEMO
     repeats = {s.attributes[c.ROLLOUT_REPEAT] for s in spans if s.attributes.get(c.KIND) == c.KIND_ROLLOUT}
     assert repeats == {0, 1}
-    assert check_trace(spans) == []
+    assert check_trace(as_readable(spans)) == []
     # It ends with the run's report beside the file, as the local demo does: its four rollouts,
     # from the spans of every service.
     (line,) = [line for line in out.stdout.splitlines() if line.startswith("report: ")]

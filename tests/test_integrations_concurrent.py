@@ -14,8 +14,8 @@ import _pool_workers
 import gymtrace
 from gymtrace import attributes as c
 from gymtrace import propagation
-from gymtrace._model.spandata import read_otlp_json_lines
 from gymtrace.integrations import concurrent
+from otlp_lines import read_otlp_json_lines
 
 
 def _id(span) -> str:

@@ -9,10 +9,11 @@ from typing import Any
 
 import pytest
 
-from child_process import run_python
+from child_process import run_gymtrace, run_python
+from otlp_lines import read_otlp_json_lines
 
-# Sets an in-memory reader on the global MeterProvider, runs BODY, and prints every data point with
-# the stats gymtrace reads back from the trace file.
+# Sets an in-memory reader on the global MeterProvider, runs BODY, and prints every data point (the
+# stats gymtrace reads back from the trace file are `gymtrace stats`'s: _stats).
 PROGRAM = """
 import asyncio, json, sys
 from opentelemetry import metrics
@@ -20,8 +21,6 @@ from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 import gymtrace
 from gymtrace import propagation
-from gymtrace._read.stats import summarise
-from gymtrace._model.spandata import read_otlp_json_lines
 
 reader = InMemoryMetricReader()
 metrics.set_meter_provider(MeterProvider(metric_readers=[reader]))
@@ -44,9 +43,8 @@ for rm in data.resource_metrics if data is not None else ():
                     "sum": getattr(p, "sum", None),
                     "exemplar_traces": sorted({format(e.trace_id, "032x") for e in p.exemplars if e.trace_id}),
                 })
-gymtrace.force_flush()  # the spans, for the stats below (the metrics were read above)
-stats = [s.as_json() for s in summarise(read_otlp_json_lines(sys.argv[1]))]
-print(json.dumps({"points": points, "stats": stats}))
+gymtrace.force_flush()  # the spans, for the stats read from the file (the metrics were read above)
+print(json.dumps({"points": points}))
 """
 
 RUN = """
@@ -90,13 +88,20 @@ def _run(
     return result
 
 
+def _stats(*files: Path) -> list[dict[str, Any]]:
+    """What `gymtrace stats --json` reads from the trace files: one object per run."""
+    out = run_gymtrace("stats", "--json", *map(str, files))
+    assert out.returncode in (0, 1), out.stderr  # 1: no rollouts found
+    return [json.loads(line) for line in out.stdout.splitlines()]
+
+
 def _points(result: dict[str, Any], name: str) -> list[dict[str, Any]]:
     return [p for p in result["points"] if p["name"] == name]
 
 
 def test_rollout_counters_equal_the_outcomes_stats_reads_and_active_returns_to_zero(tmp_path: Path) -> None:
     result = _run(tmp_path, RUN)
-    [stats] = result["stats"]
+    [stats] = _stats(tmp_path / "traces.jsonl")
     completed = {
         p["attributes"]["gym.rollout.outcome"]: p["value"] for p in _points(result, "gym.rollout.completed")
     }
@@ -236,7 +241,7 @@ with propagation.attach(carrier), gymtrace.verify():
     gymtrace.record_reward(0.9)
 """
     result = _run(tmp_path, body)
-    [stats] = result["stats"]
+    [stats] = _stats(tmp_path / "traces.jsonl")
     assert _completed(result) == {"scored": 1} and stats["scored"] == 1
     # The readers take the record (it concludes the same attempt, written later): so do the metrics.
     assert _rewards(result) == (1, 0.9) == (stats["inputs"], stats["mean_reward"])
@@ -258,7 +263,7 @@ with gymtrace.run(run_id="m"), gymtrace.rollout(rollout_id="lost", task_id="t"):
         pass
 """
     result = _run(tmp_path, body)
-    [stats] = result["stats"]
+    [stats] = _stats(tmp_path / "traces.jsonl")
     assert (stats["scored"], stats["unscored"]) == (0, 1)
     assert _completed(result) == {"unscored": 1}
     assert _rewards(result) == (0, 0.0)
@@ -319,8 +324,6 @@ def test_the_nemo_gym_shape_verify_record_plus_driver_reward_counts_once_over_bo
     import httpx
 
     from child_process import clean_env
-    from gymtrace._model.spandata import read_otlp_json_lines
-    from gymtrace._read.stats import summarise
     from pipeline import free_ports
 
     (port,) = free_ports(1)
@@ -370,7 +373,7 @@ with gymtrace.run(run_id="m"), gymtrace.rollout(rollout_id="ng", task_id="t"), g
     assert [
         s.attributes.get("gym.outcome.source") for s in spans if s.attributes.get("gym.kind") == "outcome"
     ]
-    [stats] = [s.as_json() for s in summarise(spans)]
+    [stats] = _stats(tmp_path / "traces.jsonl", tmp_path / "server.jsonl")
     assert (stats["scored"], stats["unscored"], stats["pending"]) == (1, 0, 0)
     total = {k: driver.get(k, 0) + served.get(k, 0) for k in {*driver, *served}}
     assert total == {"scored": 1}, (driver, served)
@@ -433,7 +436,7 @@ with gymtrace.run(run_id="m"), gymtrace.rollout(rollout_id="reused", task_id="t"
         gymtrace.record_reward(0.5)
 """
     result = _run(tmp_path, body)
-    [stats] = result["stats"]
+    [stats] = _stats(tmp_path / "traces.jsonl")
     assert (stats["scored"], stats["unscored"]) == (1, 0)
     assert _completed(result) == {"scored": 1}
     assert _rewards(result) == (1, 0.5)

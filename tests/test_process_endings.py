@@ -3,7 +3,7 @@
 Each scenario runs a small child process that calls ``gymtrace.configure(file=...)`` (the
 embedded-default OTLP/JSON-lines exporter) and records the ID of every span that ends (a
 processor appending to a second file with ``os.write``, so it survives any ending). The test reads
-the trace file back with :func:`gymtrace._model.spandata.read_otlp_json_lines` and checks:
+the trace file back (with the tests' own OTLP/JSON reader, tests/support/otlp_lines.py) and checks:
 
 - every span that ended is in the file, once;
 - the spans that were still open when the process stopped are in the file, marked
@@ -25,7 +25,7 @@ from pathlib import Path
 import pytest
 
 from child_process import clean_env, wrote
-from gymtrace._model.spandata import SpanData, read_otlp_json_lines
+from otlp_lines import SpanData, read_otlp_json_lines
 
 TIMEOUT = 60
 

@@ -18,8 +18,7 @@ import gymtrace
 from child_process import clean_env
 from gymtrace import attributes as c
 from gymtrace import propagation
-from gymtrace._identity import trust as _trust
-from gymtrace._model.spandata import read_otlp_json_lines
+from otlp_lines import read_otlp_json_lines
 
 REMOTE_TRACE = "0af7651916cd43dd8448eb211c80319c"
 REMOTE_SPAN = "b7ad6b7169203331"
@@ -179,7 +178,7 @@ def test_baggage_property_is_stripped_and_plus_is_kept():
     assert baggage.get_baggage("tenant", ctx) == "acme"
 
 
-def test_application_baggage_stays_in_the_context_but_is_forwarded_only_when_allowed(monkeypatch):
+def test_application_baggage_stays_in_the_context_but_is_forwarded_only_when_allowed(forget_configure):
     incoming = {"baggage": "gym.rollout.id=r-1,tenant=acme,user.email=a%40b.c,flag=on"}
     handoff = {"destination": propagation.GYM_INTERNAL, "continuation": True}
     with gymtrace.testing.capture_spans(), propagation.attach(incoming):
@@ -187,16 +186,16 @@ def test_application_baggage_stays_in_the_context_but_is_forwarded_only_when_all
         assert baggage.get_all() == {"tenant": "acme", "user.email": "a@b.c", "flag": "on"}
         assert gymtrace.current().rollout_id == "r-1"
         default = _sent(propagation.inject({}, **handoff))
-        _trust.configure_trust(allow="tenant, flag")
+        gymtrace.configure(baggage_allow="tenant, flag", file=False)
         allowed = _sent(propagation.inject({}, **handoff))
     # Each hand-off from the continued scope reserves a step number of its own (issue 25).
     assert default == {c.ROLLOUT_ID: "r-1", c.STEP_BASE: "1"}
     assert allowed == {c.ROLLOUT_ID: "r-1", "tenant": "acme", "flag": "on", c.STEP_BASE: "2"}
 
 
-def test_allow_list_comes_from_the_environment_and_never_lets_gym_keys_through(monkeypatch):
+def test_allow_list_comes_from_the_environment_and_never_lets_gym_keys_through(forget_configure, monkeypatch):
     monkeypatch.setenv("GYMTRACE_BAGGAGE_ALLOW", "tenant,gym.episode.attempt")
-    _trust.reset_trust()
+    gymtrace.testing.reset()  # the environment read again (strict mode forgotten with the rest)
     token = otel_context.attach(baggage.set_baggage("tenant", "acme", baggage.set_baggage("other", "x")))
     try:
         sent = _sent(propagation.inject({}, destination=propagation.GYM_INTERNAL))

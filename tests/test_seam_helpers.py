@@ -6,11 +6,16 @@ were computed by the code each helper replaced."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
+from child_process import run_gymtrace
 from gymtrace import instrumentation
-from gymtrace._import.build import run_trace_id
 from gymtrace.integrations import nemo_gym
+from otlp_lines import read_otlp_json_lines
+
+RECORD = Path(__file__).parent / "data" / "records" / "atif" / "openhands-hello-world.trajectory.json"
 
 
 def test_nemo_gym_trace_and_span_ids_keep_their_known_values() -> None:
@@ -20,8 +25,12 @@ def test_nemo_gym_trace_and_span_ids_keep_their_known_values() -> None:
     assert nemo_gym.span_id_for("run-a", "t/é-1", "episode-1/pass-2") == 0xF4A617355094E02B
 
 
-def test_imported_run_and_span_ids_keep_their_known_values() -> None:
-    assert run_trace_id("run-a") == 0x3BF3ED89558757A764B46FFB0359718F
+def test_imported_run_and_span_ids_keep_their_known_values(tmp_path: Path) -> None:
+    # The trace of an imported run's own span, as `gymtrace import` writes it.
+    out = tmp_path / "imported.jsonl"
+    run_gymtrace("import", "atif", str(RECORD), "-o", str(out), "--run", "run-a", check=True)
+    (run,) = [s for s in read_otlp_json_lines(out) if s.attributes.get("gym.kind") == "run"]
+    assert int(run.trace_id, 16) == 0x3BF3ED89558757A764B46FFB0359718F
     assert (
         instrumentation.deterministic_id("gymtrace/span", "0123", "rollout/episode-0", size=8)
         == 0x5887D8358BDC4A1F

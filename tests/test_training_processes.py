@@ -14,8 +14,12 @@ from typing import Any
 import pytest
 
 from child_process import run_gymtrace, run_python
-from gymtrace import _constants as c
-from gymtrace._model.spandata import read_otlp_json_lines
+from gymtrace import attributes as c
+from otlp_lines import read_otlp_json_lines
+
+# A consumed record's rollout IDs, one of its parallel array attributes (docs/training.md): part of
+# the file's format, not a name gymtrace.attributes exports.
+CONSUMED_ROLLOUT_IDS = "gym.consumed.rollout_ids"
 
 PROGRAM = """
 import json, sys
@@ -29,7 +33,7 @@ print(json.dumps({"steps": [asdict(s) for s in result.steps], "problems": result
 BIG_STEP = """
 import sys
 import gymtrace
-from gymtrace import _constants as c
+from gymtrace import attributes as c
 
 gymtrace.configure(service_name="trainer", file=sys.argv[1])
 with gymtrace.run(run_id="big"), gymtrace.train_step(step=0, policy_version=1):
@@ -133,7 +137,7 @@ def test_a_step_consuming_8192_rollouts_keeps_every_one_in_the_file(tmp_path: Pa
     spans = read_otlp_json_lines(path)
     records = [s for s in spans if s.attributes.get(c.KIND) == c.KIND_CONSUMED]
     assert len(records) == 64 and all(len(r.links) == 128 for r in records)
-    ids = [rid for r in records for rid in r.attributes[c.CONSUMED_ROLLOUT_IDS]]
+    ids = [rid for r in records for rid in r.attributes[CONSUMED_ROLLOUT_IDS]]
     assert sorted(ids) == sorted(f"{n // 16}-{n % 16}" for n in range(8192))
     stats = run_gymtrace("stats", "--by", "train_step", "--json", str(path), check=True)
     step = json.loads(stats.stdout.splitlines()[0])

@@ -8,7 +8,7 @@ import json
 from pathlib import Path
 
 from child_process import run_gymtrace, run_python
-from gymtrace._sdk.children import child_files
+from otlp_lines import child_files
 
 _DRIVER = """
 import multiprocessing as mp, subprocess, sys
