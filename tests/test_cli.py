@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
+import gymtrace
 from child_process import clean_env, run_gymtrace, run_python
-from gymtrace._version import __version__
 
 
 @pytest.fixture(scope="module")
@@ -36,7 +36,7 @@ def many_rollouts(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def test_version_prints_the_package_version() -> None:
     result = run_gymtrace("--version", check=True)
-    assert result.stdout.strip() == f"gymtrace {__version__}"
+    assert result.stdout.strip() == f"gymtrace {gymtrace.__version__}"
 
 
 def test_piping_rollouts_into_head_prints_no_error(many_rollouts: Path) -> None:

@@ -8,7 +8,6 @@ from child_process import run_python
 
 CODE = """
 import asyncio, os, gymtrace
-from gymtrace._scopes.tracing import active_tracer
 if os.environ.get("WITH_SDK"):
     from opentelemetry import trace
     from opentelemetry.sdk.trace import TracerProvider
@@ -30,7 +29,8 @@ async def agen(n):
 @gymtrace.rollout(rollout_id=lambda: "never-called")
 def boom(): raise Oops("x")
 
-assert active_tracer() is None
+with gymtrace.episode():
+    assert gymtrace.current_scope() is None  # tracing is off: gymtrace opens no scope
 value = [1]
 assert f(value) == [[1]] and f(value)[0] is value
 assert asyncio.run(g(2)) == {"x": 2}

@@ -102,7 +102,6 @@ def test_a_rerun_after_a_lost_run_numbers_its_episode_after_a_failed_attempt(cap
     # A scheduler re-ran work continued from the rollout (its first run's process died and left
     # nothing): the episode it opens is attempt 1, retrying a recorded failed attempt 0.
     from gymtrace import propagation
-    from gymtrace._read.outcomes import final_outcomes
 
     with gymtrace.rollout(rollout_id="r-rerun", task_id="t", repeat=0):
         headers = propagation.inject({}, destination=propagation.GYM_INTERNAL, continuation=True)
@@ -116,8 +115,9 @@ def test_a_rerun_after_a_lost_run_numbers_its_episode_after_a_failed_attempt(cap
     (retry,) = captured.by_kind("episode")
     assert retry.attributes[attributes.EPISODE_ATTEMPT] == 1
     assert [link.context.span_id for link in retry.links] == [lost.context.span_id]
-    (outcome,) = final_outcomes(captured.spans)
-    assert (outcome.outcome, outcome.reward, outcome.attempts) == ("scored", 1.0, 2)
+    # Read back as `gymtrace tree` reads it: the rollout's final outcome, decided by the last record.
+    (rollout_line,) = [line for line in captured.tree().splitlines() if "rollout=r-rerun" in line]
+    assert "=> final: outcome=scored reward=1 attempts=2 " in rollout_line
     assert check_trace(captured.spans) == []
 
 

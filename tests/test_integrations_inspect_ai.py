@@ -8,7 +8,6 @@ from typing import Any
 import pytest
 
 from gymtrace import attributes as c
-from gymtrace._read.outcomes import final_outcomes
 from gymtrace.testing import CapturedSpans, check_trace
 
 pytest.importorskip("inspect_ai")
@@ -78,8 +77,19 @@ def test_each_sample_epoch_is_a_rollout_scored_from_its_score(
     # Scoring is the verify phase, after the solver, inside the still-open episode.
     for verify in captured.by_kind("verify"):
         assert verify.parent is not None and verify.parent.span_id in episode_ids
-    # Read back as `gymtrace rollouts` reads it: each rollout's final outcome.
-    finals = {o.rollout_id: (o.outcome, o.reward, o.attempts) for o in final_outcomes(captured.data)}
+    # Read back as `gymtrace rollouts` reads it: each rollout's final outcome. Each is its root's
+    # (`gymtrace tree` marks "=> final:" a root whose outcome an outcome record decided instead),
+    # and no other rollout has a record of its own.
+    assert "=> final:" not in captured.tree()
+    assert {attrs(s)[c.ROLLOUT_ID] for s in captured.by_kind("outcome")} <= expected
+    finals = {
+        rollout_id: (
+            attrs(root)[c.ROLLOUT_OUTCOME],
+            attrs(root).get(c.REWARD),
+            attrs(root)[c.ROLLOUT_ATTEMPTS],
+        )
+        for rollout_id, root in roots.items()
+    }
     assert finals == {
         rollout_id: (
             "scored",
