@@ -1,4 +1,6 @@
-"""The names ``gymtrace.attributes`` exports are exactly this list: a constant added to
+"""Private on purpose: the public attribute names, held against ``_constants``, the module they come from.
+
+The names ``gymtrace.attributes`` exports are exactly this list: a constant added to
 ``_constants`` for gymtrace's own use does not become public API by accident (issue 33). Adding a
 public name means adding it to ``attributes.py`` (the import and ``__all__``) and here."""
 

@@ -1,4 +1,6 @@
-"""The score sender and the mapping of GYMTRACE_BACKEND=mlflow|phoenix, without a server.
+"""The backends' score sender (``_sdk.backends``, private: no public handle), without a server.
+
+The sender and the mapping of GYMTRACE_BACKEND=mlflow|phoenix, driven directly.
 
 The servers themselves are in tests/e2e/test_backends.py; here, what decides what is sent: each
 score retried until it lands, a newer outcome replacing a waiting one (never two scores), every

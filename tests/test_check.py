@@ -1,4 +1,6 @@
-"""The contract checker: for each rule a trace it must flag and one it must pass."""
+"""The contract checker, on span records built field by field (``_model.spandata``: no public builder).
+
+For each rule a trace it must flag and one it must pass."""
 
 from __future__ import annotations
 

@@ -1,4 +1,6 @@
-"""configure(): precedence, the embedded default, politeness toward an existing provider, IDs.
+"""configure(); private where only the internals show it (the resolved settings, the exporters built).
+
+Precedence, the embedded default, politeness toward an existing provider, IDs.
 
 The global TracerProvider can be set once per process, so each case runs in a fresh interpreter.
 """

@@ -1,5 +1,7 @@
-"""Content capture: off by default, the capture modes, budgets that keep every OTLP
-export request under gRPC's 4 MiB limit, redaction, and values that never hurt the caller."""
+"""Content capture; private where no span shows it: the capture mode, the export budgets (``_content``).
+
+Off by default, the capture modes, budgets that keep every OTLP export request under gRPC's 4 MiB
+limit, redaction, and values that never hurt the caller."""
 
 from __future__ import annotations
 

@@ -1,4 +1,6 @@
-"""``GYMTRACE_ENCODER=auto`` (the default): the thread queue until spans come fast, then the encoder
+"""The encoder's move from thread to process (``_sdk.export_auto``, private: it has no public handle).
+
+``GYMTRACE_ENCODER=auto`` (the default): the thread queue until spans come fast, then the encoder
 process, with every span delivered exactly once across the move.
 
 Each test runs an application in its own subprocess (configure() sets the global provider) that

@@ -1,4 +1,6 @@
-"""``GYMTRACE_ENCODER=process``: the export queue in an encoder process, fed records over a pipe.
+"""The encoder process (``_sdk.export_process``, private): its pipe and its failures, driven directly.
+
+``GYMTRACE_ENCODER=process``: the export queue in an encoder process, fed records over a pipe.
 
 Each test runs an application in its own subprocess (configure() sets the global provider) that
 writes OTLP/JSON lines through the real encoder process, then reads the file: every span that

@@ -1,4 +1,6 @@
-"""The export queue (``gymtrace._sdk.export.BatchExporter``) against real exporter stand-ins.
+"""The export queue (``_sdk.export.BatchExporter``, private), driven directly to check its books.
+
+It runs against real exporter stand-ins.
 
 The stand-ins are real :class:`~opentelemetry.sdk.trace.export.SpanExporter` objects (one that
 fails N times then succeeds, one that blocks until released, one that raises), fed real SDK spans

@@ -1,4 +1,6 @@
-"""The public surface is small and deliberate: every public name a module defines or takes from
+"""Private on purpose: each module's public surface, held against the private modules it takes from.
+
+The public surface is small and deliberate: every public name a module defines or takes from
 gymtrace is in its ``__all__`` and nothing else is (like httpx's ``test_all_imports_are_exported``),
 and the top-level list is pinned, so changing the surface must change this test."""
 

@@ -1,4 +1,6 @@
-"""Every use of a private OpenTelemetry name is active on the versions gymtrace is tested with.
+"""The fast paths (``_otel_private``, private): each use of a private OpenTelemetry name is active.
+
+Active, that is, on the versions gymtrace is tested with.
 
 A release that removes what one uses does not break gymtrace (each falls back to the public path),
 but it must not make gymtrace slower silently either: this test fails, naming the fast path, what

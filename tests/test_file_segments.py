@@ -1,4 +1,6 @@
-"""The trace file small on disk: compressed (GYMTRACE_FILE_COMPRESS), in segments
+"""The file writer and readers (``_model.tracefiles``, ``_sdk.export_targets``, private), driven directly.
+
+The trace file small on disk: compressed (GYMTRACE_FILE_COMPRESS), in segments
 (GYMTRACE_FILE_ROTATE_MB), and read alike by every reader whatever its compression (issue 45).
 
 The same spans go through the real file exporter each way, so any difference in what the readers

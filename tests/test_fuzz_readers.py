@@ -1,4 +1,6 @@
-"""The readers against malformed trace files: a clear one-line error and exit code 2, never a
+"""The readers' decoder (``_model.spandata``, private) and main(argv) in process, for hundreds of cases.
+
+The readers against malformed trace files: a clear one-line error and exit code 2, never a
 traceback (issue 31: a ``spanId`` that was a number made tree, check, rollouts, stats and live exit
 with an ``AttributeError``).
 

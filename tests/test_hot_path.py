@@ -1,4 +1,6 @@
-"""The shortcuts on the per-call path (see benchmarks/overhead.py) keep OpenTelemetry's semantics."""
+"""The shortcuts on the per-call path (``_scopes.tracing``, private) keep OpenTelemetry's semantics.
+
+See benchmarks/overhead.py for what they save."""
 
 from __future__ import annotations
 

@@ -1,4 +1,6 @@
-"""TraceEnv against the real gymnasium package: CartPole and FrozenLake, scalar and vector."""
+"""TraceEnv on real gymnasium; private where it sets a step policy or a provider, or reads outcomes.
+
+CartPole and FrozenLake, scalar and vector."""
 
 from __future__ import annotations
 

@@ -1,5 +1,7 @@
-"""instrument() against the real ray package: a local cluster (``ray.init(num_cpus=2)``) with tasks,
-an actor, a worker that dies (``os._exit``) and a task Ray retries.
+"""instrument() on real ray; private where the readers run in process on the files Ray's processes wrote.
+
+A local cluster (``ray.init(num_cpus=2)``) with tasks, an actor, a worker that dies (``os._exit``)
+and a task Ray retries.
 
 Ray starts in a child process of its own (one ``ray.init`` for the whole scenario, ~20 s on this
 machine), which writes the trace files the test then reads, as a user's driver and workers would.

@@ -1,4 +1,6 @@
-"""Reading Jaeger's JSON into span records: link relations from v3 (OTLP JSON) where Jaeger keeps
+"""The Jaeger reader (``_read.jaeger``, private) against Jaeger's two JSON shapes, with no Jaeger running.
+
+Reading Jaeger's JSON into span records: link relations from v3 (OTLP JSON) where Jaeger keeps
 them, inferred from the linking span where it cannot (the v1 API drops link attributes).
 
 The round trip through a real Jaeger is in tests/e2e (test_keep_rules_and_delay.py,

@@ -1,4 +1,6 @@
-"""The lean recording path under the provider ``configure()`` creates (``gymtrace._otel_private.leanspan``).
+"""The lean span (``_otel_private.leanspan``, a private part with no public surface), against the SDK's.
+
+It is the recording path under the provider ``configure()`` creates.
 
 Each test runs a child process (the global provider can be set once per process): the same scenario
 under gymtrace's own provider (lean path) and under ``capture_spans()`` (the stock SDK path) must

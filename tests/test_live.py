@@ -1,4 +1,6 @@
-"""Live rollouts: markers and heartbeats while a rollout is open, `gymtrace live`, the timeouts.
+"""Live rollouts; private where the markers' writer and the live view (``_scopes.live``, ``_read``) run.
+
+Markers and heartbeats while a rollout is open, `gymtrace live`, the timeouts.
 
 Heartbeats are short here (0.2-0.5 s) so the tests run in seconds; every wait is bounded.
 """

@@ -1,4 +1,6 @@
-"""The metrics equal the readers: over generated programs, ``gym.rollout.completed`` and
+"""The metrics against the readers' own decision (``_read.outcomes``, private), called in process.
+
+The metrics equal the readers: over generated programs, ``gym.rollout.completed`` and
 ``gym.rollout.reward`` hold exactly what ``gymtrace rollouts`` (``_outcomes.final_outcomes``) decides
 from the same spans, each rollout once, read by a reader's own ``collect()`` with no
 ``gymtrace.force_flush()`` first.

@@ -1,4 +1,6 @@
-"""Tests written to kill mutants scripts/mutation found surviving in the decision modules
+"""Private on purpose: tests that kill mutants of the private decision modules, each called directly.
+
+Tests written to kill mutants scripts/mutation found surviving in the decision modules
 (docs/testing.md): each pins a boundary or a branch no other fast test reached."""
 
 from __future__ import annotations

@@ -1,4 +1,6 @@
-"""The NeMo Gym pieces that need no NeMo Gym: destinations identity may go to, IDs pinned for a
+"""NeMo Gym pieces without NeMo Gym; private where traces are encoded by hand and read in process.
+
+The NeMo Gym pieces that need no NeMo Gym: destinations identity may go to, IDs pinned for a
 resume pass, a trace directory and NeMo Gym's own rollout key in the readers, process names.
 The stack itself is tests/test_nemo_gym_stack.py."""
 

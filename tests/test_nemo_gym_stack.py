@@ -1,4 +1,6 @@
-"""The real NeMo Gym 0.7.0 stack, traced with no code: only ``opentelemetry-instrument``.
+"""The real NeMo Gym stack; it reads the trace directory with the CLI's own reader (private), as the CLI does.
+
+The real NeMo Gym 0.7.0 stack, traced with no code: only ``opentelemetry-instrument``.
 
 One stack per module (``gym env start``: a head server, a resources server, ``simple_agent``, a
 ``legacy_agent`` environment server and an OpenAI model server, plus Ray) against a fake Responses

@@ -1,4 +1,6 @@
-"""What the NeMo Gym integration reads off the wire and keeps between passes, without a stack.
+"""What the NeMo Gym integration reads; private where the readers run in process on spans built here.
+
+What it reads off the wire and keeps between passes, without a stack.
 
 The real stack (tests/test_nemo_gym_stack.py) proves the whole; these pin each reading: GenAI
 attributes from Responses API and chat completions bodies, the exception NeMo Gym answers a 500

@@ -1,4 +1,6 @@
-"""The lean OTLP encoder (``gymtrace._sdk.otlp``) against the SDK's encoder, span for span.
+"""The lean OTLP encoder (``_sdk.otlp``, a private part with no public surface) against the SDK's.
+
+Span for span.
 
 Every test builds real SDK spans, encodes them both ways and decodes the lean bytes with the
 official ``opentelemetry-proto`` class: the two ``ExportTraceServiceRequest`` messages must be

@@ -1,4 +1,6 @@
-"""A model-based test of the outcome rule: Hypothesis writes harness programs, gymtrace records them,
+"""The outcome rule, model-based; private where Hypothesis's traces are encoded and checked in process.
+
+A model-based test of the outcome rule: Hypothesis writes harness programs, gymtrace records them,
 and what every reader reports (``gymtrace rollouts --json``, ``stats --json``, ``check``, the
 rollout span itself) must equal a small reference model, or a warning must have said, when the
 program recorded it, what was thrown away.

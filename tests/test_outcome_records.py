@@ -1,4 +1,6 @@
-"""Outcomes decided outside the rollout span: in another process, in a later phase, in an attempt
+"""Outcome records; private where the failure classifier and the step range are reached directly.
+
+Outcomes decided outside the rollout span: in another process, in a later phase, in an attempt
 continued elsewhere. Each becomes a ``gym.outcome`` record in the rollout's trace."""
 
 from __future__ import annotations

@@ -1,4 +1,6 @@
-"""Readers of finished traces agree on each rollout's final outcome (root or outcome record).
+"""The readers (``_read.outcomes``, ``_read.stats``, private), called in process on real traces.
+
+Readers of finished traces agree on each rollout's final outcome (root or outcome record).
 
 Traces are real: produced by gymtrace under ``capture_spans()`` or by a child process with the
 file exporter; outcome records are real spans written through the OpenTelemetry API

@@ -1,4 +1,6 @@
-"""``gymtrace timeline`` and ``gymtrace report`` on runs built at chosen times: what the pages carry
+"""timeline and report; private: main(argv) in process, runs built at chosen times, the marks' names.
+
+``gymtrace timeline`` and ``gymtrace report`` on runs built at chosen times: what the pages carry
 (bars, lanes, marks, figures), the Chrome trace-event JSON, and bad input. What the browser draws
 from them is tests/e2e/test_pictures_in_browser.py."""
 

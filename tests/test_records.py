@@ -1,4 +1,6 @@
-"""``gymtrace import`` and ``gymtrace compare`` against real records: NeMo Gym's own rollouts,
+"""import and compare; private where the importers and the readers (pass@k, compare) run in process.
+
+``gymtrace import`` and ``gymtrace compare`` against real records: NeMo Gym's own rollouts,
 Harbor's ATIF trajectories, eval logs written here by the real Inspect AI."""
 
 from __future__ import annotations

@@ -1,5 +1,7 @@
-"""The settings object: precedence, one failure policy for bad values, an atomic configure(),
-is_configured() and gymtrace.testing.reset(), and one fork hook for every ID generator."""
+"""The settings object (``_model.settings``, private: its public side is configure() and reset()).
+
+Precedence, one failure policy for bad values, an atomic configure(), is_configured() and
+gymtrace.testing.reset(), and one fork hook for every ID generator."""
 
 from __future__ import annotations
 

@@ -1,4 +1,6 @@
-"""The time split: an episode's wall time cut into model, tool, env, verify and other, as unions of
+"""The time split (``_read.timesplit``, private) at exact figures, on traces built at chosen times.
+
+An episode's wall time cut into model, tool, env, verify and other, as unions of
 intervals with model > tool > env > verify taking overlapped time, clipped to the episode, summing
 to its duration in integer nanoseconds. Figures are exact: the traces are built at chosen times."""
 

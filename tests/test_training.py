@@ -1,4 +1,6 @@
-"""Training runs: the policy version and group every rollout span carries, train steps, consume()."""
+"""Training runs; private where signing, a provider of its own, the stats and consumed keys are reached.
+
+The policy version and group every rollout span carries, train steps, consume()."""
 
 from __future__ import annotations
 

@@ -1,4 +1,6 @@
-"""Training runs read back: `rollouts --json` training keys, `stats --by ...`, and `check`'s rules."""
+"""Training runs read back; private: main(argv) in process, the consumed records' keys (``_constants``).
+
+`rollouts --json` training keys, `stats --by ...`, and `check`'s rules."""
 
 from __future__ import annotations
 
