@@ -159,7 +159,11 @@ def _down_leaves_nothing(copy: Path, env: dict[str, str]) -> None:
     assert not pids(copy)
 
 
-def _run_restart_read(tmp_path: Path, storage: str, env: dict[str, str], kept: str) -> Path:
+def _run_restart_read(
+    tmp_path: Path, storage: str, env: dict[str, str], kept: str, also: Callable[[], None] | None = None
+) -> Path:
+    """The run written, read back, read again after ``down`` and ``up`` (``also``: a check of the
+    store while the run is in it)."""
     copy = collector_copy(tmp_path)
     try:
         assert kept in _up(copy, storage, env)
@@ -177,6 +181,8 @@ def _run_restart_read(tmp_path: Path, storage: str, env: dict[str, str], kept: s
 
         before = _until(complete, timeout=90, what=f"the run's rollouts in Jaeger on {storage}")
         _expect(before)
+        if also is not None:
+            also()
         _down_leaves_nothing(copy, env)
         _up(copy, storage, env)
         assert _read_back(query, run_id, service) == before
@@ -202,8 +208,24 @@ def test_badger_keeps_rollouts_across_down_up_and_a_killed_jaeger(tmp_path: Path
 def test_opensearch_keeps_rollouts_across_down_up(tmp_path: Path) -> None:
     port = free_port_pair(100)
     env = _store_env(tmp_path, GYMTRACE_OPENSEARCH_PORT=str(port))
+
+    def references_are_fields() -> None:
+        # collector/up's template: a span's references are fields of its document, not nested
+        # documents (one Lucene document a span, not two); the rollouts above were found by their
+        # tags all the same, and their traces whole.
+        with urllib.request.urlopen(
+            f"http://127.0.0.1:{port}/gymtrace-jaeger-span-*/_mapping", timeout=30
+        ) as r:
+            for index in json.load(r).values():
+                references = index["mappings"]["properties"]["references"]
+                assert references.get("type", "object") == "object", references
+
     copy = _run_restart_read(
-        tmp_path, "opensearch", env, kept=f"opensearch store: kept 168h in http://127.0.0.1:{port}"
+        tmp_path,
+        "opensearch",
+        env,
+        kept=f"opensearch store: kept 168h in http://127.0.0.1:{port}",
+        also=references_are_fields,
     )
     assert "opensearch" not in pids(copy)  # collector/down stopped the node it started
     assert (tmp_path / "data" / "opensearch" / "data" / "nodes").is_dir()
