@@ -86,7 +86,7 @@ from gymtrace._scopes import steps as _steps
 from gymtrace._scopes import tracing as _which
 from gymtrace._scopes.active_scope import CARRIER_FORMAT as _CARRIER_FORMAT
 from gymtrace._scopes.active_scope import DISABLED_KIND as _DISABLED_KIND
-from gymtrace._scopes.active_scope import FRAME_KEY as _FRAME_KEY
+from gymtrace._scopes.active_scope import SCOPE_KEY as _FRAME_KEY
 from gymtrace._scopes.active_scope import ActiveScope as _ActiveScope
 from gymtrace._scopes.scope import Scope as _Scope
 

@@ -69,7 +69,7 @@ from gymtrace._scopes import training as _training
 from gymtrace._scopes.active_scope import (
     CARRIER_FORMAT,
     DISABLED_KIND,
-    FRAME_KEY,
+    SCOPE_KEY,
     ActiveScope,
 )
 from gymtrace._scopes.levels import NUMBERING_OWNERS
@@ -106,7 +106,7 @@ such carriers, never for a request whose URL you do not control."""
 
 
 def _identity_of(ctx: otel_context.Context) -> dict[str, str | int]:
-    frame = ctx.get(FRAME_KEY)
+    frame = ctx.get(SCOPE_KEY)
     if isinstance(frame, ActiveScope) and frame.kind != DISABLED_KIND:
         return frame.identity
     return identity_from_context(ctx)
@@ -163,7 +163,7 @@ def _reserve_step(ctx: otel_context.Context) -> int | None:
     and the steps here number after it; its further steps number in a range of their own
     (``ActiveScope.continue_steps_from``), so one episode's step numbers are unique across
     processes."""
-    frame = ctx.get(FRAME_KEY)
+    frame = ctx.get(SCOPE_KEY)
     owner = frame.nearest(*NUMBERING_OWNERS) if isinstance(frame, ActiveScope) else None
     # Inside a step too (a Ray task called from a step), and from a continuation handing on (a task
     # calling a task): whatever the other process numbers must not repeat a number here (issue 25).
@@ -211,7 +211,7 @@ def inject(
             )
         ctx = with_identity(context, reserve_step=continued, destination=destination)
         if continued:
-            frame = (context if context is not None else otel_context.get_current()).get(FRAME_KEY)
+            frame = (context if context is not None else otel_context.get_current()).get(SCOPE_KEY)
             if isinstance(frame, ActiveScope):
                 frame.hand_off()  # the rollout's outcome may now be recorded where this goes
         propagate.inject(carrier, context=ctx)

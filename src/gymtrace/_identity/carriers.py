@@ -24,7 +24,7 @@ from gymtrace import _constants as c
 from gymtrace._identity import trust as _trust
 from gymtrace._model.errors import logger
 from gymtrace._model.ids import clean_identity, clean_step_number, episode_id
-from gymtrace._scopes.active_scope import CALLER_KEY, DISABLED_KIND, FRAME_KEY, REMOTE_KIND, ActiveScope
+from gymtrace._scopes.active_scope import CALLER_KEY, DISABLED_KIND, REMOTE_KIND, SCOPE_KEY, ActiveScope
 from gymtrace._scopes.scope_carrier import read_carrier
 
 
@@ -209,7 +209,7 @@ def remote_context(
         frame.attempt = attempt
     if isinstance(base_number, int) and base_number > 0:
         frame.continue_steps_from(base_number)
-    return otel_context.set_value(FRAME_KEY, frame, ctx)
+    return otel_context.set_value(SCOPE_KEY, frame, ctx)
 
 
 def caller_context(ctx: otel_context.Context, carrier: Any) -> otel_context.Context:
@@ -258,7 +258,7 @@ def identity_from_context(ctx: otel_context.Context | None = None) -> dict[str, 
     """
     if ctx is None:
         ctx = otel_context.get_current()
-    frame = ctx.get(FRAME_KEY)
+    frame = ctx.get(SCOPE_KEY)
     if isinstance(frame, ActiveScope):
         return frame.identity if frame.kind != DISABLED_KIND else {}
     entries = baggage.get_all(ctx)

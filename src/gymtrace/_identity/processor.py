@@ -12,7 +12,7 @@ from gymtrace._identity.carriers import identity_from_context
 from gymtrace._model.errors import guard
 from gymtrace._otel_private.spanfields import SkipsOwnSpans, attribute_dict
 from gymtrace._scopes import training as _training
-from gymtrace._scopes.active_scope import FRAME_KEY, ActiveScope
+from gymtrace._scopes.active_scope import SCOPE_KEY, ActiveScope
 
 _ON_START_GUARD = guard("IdentitySpanProcessor.on_start")
 
@@ -47,7 +47,7 @@ class IdentitySpanProcessor(SkipsOwnSpans):
         # on_start (SkipsOwnSpans) has returned already for gymtrace's own spans.
         with _ON_START_GUARD:
             ctx = parent_context if parent_context is not None else otel_context.get_current()
-            frame = ctx.get(FRAME_KEY)
+            frame = ctx.get(SCOPE_KEY)
             # No gym scope in this process yet: an HTTP server span that the official ASGI
             # instrumentation starts from the extracted headers, before gymtrace's middleware runs,
             # has only the propagated baggage, believed per the trust setting.

@@ -9,8 +9,8 @@ numbers, unique across processes by ranges; attempt numbers, 0-based and never r
 one lock) and what user code records on it (a reward goes to the nearest episode or rollout, a
 failure to the episode, usage to the model call; anything recorded after the span ended, or on a
 scope of another process, becomes an outcome record). The disabled path hands out one shared
-instance, :data:`DISABLED_FRAME`. An ``ActiveScope`` lives in the OpenTelemetry context under
-:data:`FRAME_KEY`, so whatever carries the context (asyncio tasks, ``copy_context()``) carries it.
+instance, :data:`DISABLED_SCOPE`. An ``ActiveScope`` lives in the OpenTelemetry context under
+:data:`SCOPE_KEY`, so whatever carries the context (asyncio tasks, ``copy_context()``) carries it.
 """
 
 from __future__ import annotations
@@ -41,7 +41,7 @@ from gymtrace._scopes.state import EpisodeState, RolloutState, StepCounter
 from gymtrace._scopes.tracing import active_tracer, current_context
 from gymtrace._scopes.training import TrainState
 
-FRAME_KEY = otel_context.create_key("gymtrace.frame")
+SCOPE_KEY = otel_context.create_key("gymtrace.active_scope")
 # The span of a caller outside the gym (a trainer) whose request this context serves, when that
 # request's trace context came without a gym identity this process believes: a rollout opened for
 # it starts a trace of its own and links to that span (issue 44), whatever local span (an HTTP
@@ -846,26 +846,26 @@ class ActiveScope:
 
 # A stand-in handed to `with ... as s` while tracing is off, so user code that calls
 # s.record_reward() or reads s.identity keeps working at no cost.
-DISABLED_FRAME = ActiveScope(DISABLED_KIND, None)
+DISABLED_SCOPE = ActiveScope(DISABLED_KIND, None)
 
 
-def current_frame() -> ActiveScope | None:
-    value = current_context().get(FRAME_KEY)
+def current_active_scope() -> ActiveScope | None:
+    value = current_context().get(SCOPE_KEY)
     return value if isinstance(value, ActiveScope) else None
 
 
-def frame_for(scope: ActiveScope | None, caller: str, kinds: tuple[str, ...]) -> ActiveScope | None:
+def active_scope_for(scope: ActiveScope | None, caller: str, kinds: tuple[str, ...]) -> ActiveScope | None:
     """The frame a module-level ``record_*(…, scope=None)`` call acts on: ``scope`` or the current
     one; ``None`` when there is nothing to record (tracing off and no scope given). Outside every gym
     scope the problem is reported as the caller's."""
     if scope is not None:
         return scope
     if active_tracer() is None:
-        frame = current_frame()
+        frame = current_active_scope()
         if frame is not None and frame.remote:
             untraced_worker(caller)
         return None
-    frame = current_frame()
+    frame = current_active_scope()
     if frame is None:
         data_lost(GymTraceError(outside(caller, kinds, None)))
     return frame

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from gymtrace._model.errors import GymTraceError, contract_problem
 from gymtrace._scopes import live as _live
 from gymtrace._scopes import steps as _steps
-from gymtrace._scopes.active_scope import DISABLED_FRAME, FRAME_KEY, ActiveScope
+from gymtrace._scopes.active_scope import DISABLED_SCOPE, SCOPE_KEY, ActiveScope
 from gymtrace._scopes.open_scopes import OPEN
 from gymtrace._scopes.tracing import active_tracer, attach, current_context, detach, reset
 
@@ -51,7 +51,7 @@ class ScopeLike(Protocol):
 
 
 # A `with` block finds its own activation at exit in the OpenTelemetry context it attached: the
-# current frame (FRAME_KEY) is its own in the normal, nested case, which costs one lookup instead of
+# current frame (SCOPE_KEY) is its own in the normal, nested case, which costs one lookup instead of
 # a with-stack kept beside the context (a context variable set per block made `with` ~10 % dearer
 # than the decorator). One case needs more: a block entered while nothing records, nested in a
 # recording block of the same shared Scope (`with step():` inside `with step():`, tracing switched
@@ -78,7 +78,7 @@ def _finished(value: Any) -> asyncio.Future[Any]:
         loop.close()
 
 
-_ENTERED_DISABLED: asyncio.Future[ActiveScope] = _finished(DISABLED_FRAME)
+_ENTERED_DISABLED: asyncio.Future[ActiveScope] = _finished(DISABLED_SCOPE)
 _EXITED: asyncio.Future[None] = _finished(None)
 
 
@@ -87,11 +87,11 @@ def enter(self: ScopeLike) -> ActiveScope:
     if tracer is None:
         if OPEN:  # something records somewhere: this block may need to shadow it
             shadow(self)
-        return DISABLED_FRAME
+        return DISABLED_SCOPE
     frame = self.start(tracer)
     if frame is None:  # gymtrace itself failed; the block runs untraced
         shadow(self)
-        return DISABLED_FRAME
+        return DISABLED_SCOPE
     if frame.level is None:
         # A step the aggregate policy does not sample runs in its parent's context: no attach.
         parent = frame.parent
@@ -105,7 +105,7 @@ def enter(self: ScopeLike) -> ActiveScope:
 
 def shadow(self: ScopeLike) -> None:
     """Entered without recording: shadow the current frame if it is this Scope's own."""
-    frame = current_context().get(FRAME_KEY)
+    frame = current_context().get(SCOPE_KEY)
     if isinstance(frame, ActiveScope) and frame.owner is self and frame.token is not None:
         global _shadowed
         _shadowed = True
@@ -121,7 +121,7 @@ def exit_block(
     if not OPEN and not _steps.aggregating:
         return  # nothing records anywhere (no span, no unsampled step): this block entered nothing
     # An ActiveScope or None, as in start().
-    frame: ActiveScope | None = current_context().get(FRAME_KEY)  # type: ignore[assignment]
+    frame: ActiveScope | None = current_context().get(SCOPE_KEY)  # type: ignore[assignment]
     if frame is not None:
         token = frame.token
         if frame.owner is self and token is not None and frame.unsampled is None and not _shadowed:

@@ -26,7 +26,7 @@ from gymtrace._model.errors import GymTraceError, contain, contract_problem, gua
 from gymtrace._model.ids import id_problem, read_version, report
 from gymtrace._scopes import metrics as _metrics
 from gymtrace._scopes import training as _training
-from gymtrace._scopes.active_scope import current_frame
+from gymtrace._scopes.active_scope import current_active_scope
 from gymtrace._scopes.tracing import active_tracer
 
 if TYPE_CHECKING:
@@ -114,7 +114,7 @@ def _outside() -> None:
 def consume(rollout: str | Mapping[str, Any], outcome: str = c.TRAINED, reason: str | None = None) -> None:
     """Record that the current train step consumed ``rollout``, with ``outcome``."""
     try:
-        frame = current_frame()
+        frame = current_active_scope()
         while frame is not None and frame.kind != c.KIND_TRAIN_STEP:
             frame = frame.parent
         state = frame.train_state if frame is not None else None

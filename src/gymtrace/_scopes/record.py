@@ -20,7 +20,7 @@ from gymtrace._model.errors import guard
 from gymtrace._model.ids import check_reward
 from gymtrace._model.numbers import read_int
 from gymtrace._scopes import training as _training
-from gymtrace._scopes.active_scope import DISABLED_KIND, ActiveScope, current_frame, frame_for
+from gymtrace._scopes.active_scope import DISABLED_KIND, ActiveScope, active_scope_for, current_active_scope
 from gymtrace._scopes.consumed import consume as _consume
 from gymtrace._scopes.levels import LEVELS
 
@@ -38,7 +38,7 @@ def record_reward(value: float, *, scope: ActiveScope | None = None) -> None:
     """
     if check_reward("value", value) is None:
         return
-    frame = frame_for(scope, "record_reward", _REWARD_TARGETS)
+    frame = active_scope_for(scope, "record_reward", _REWARD_TARGETS)
     if frame is not None:
         frame.record_reward(value)
 
@@ -58,7 +58,7 @@ def record_failure(
     ``terminal``. ``retryable`` defaults to true for infrastructure failures and timeouts.
     ``exception`` is recorded on the episode span, with ``error.type`` its fully qualified name.
     """
-    frame = frame_for(scope, "record_failure", (c.KIND_EPISODE,))
+    frame = active_scope_for(scope, "record_failure", (c.KIND_EPISODE,))
     if frame is not None:
         frame.record_failure(kind, retryable=retryable, exception=exception, message=message)
 
@@ -82,7 +82,7 @@ def record_usage(
     request to first streamed chunk) are what tell server queueing from prefix-cache misses from the
     agent itself.
     """
-    frame = frame_for(scope, "record_usage", (c.KIND_MODEL_CALL,))
+    frame = active_scope_for(scope, "record_usage", (c.KIND_MODEL_CALL,))
     if frame is not None:
         frame.record_usage(
             input_tokens=input_tokens,
@@ -111,7 +111,7 @@ def record_content(input: object = None, output: object = None, *, scope: Active
     if not _content.capturing() or (input is None and output is None):
         return  # capture off: no work, no complaint
     with guard("record_content"):
-        frame = frame_for(scope, "record_content", _CONTENT_TARGETS)
+        frame = active_scope_for(scope, "record_content", _CONTENT_TARGETS)
         if frame is not None:
             frame.record_content(input, output)
 
@@ -195,7 +195,7 @@ def identity_of(frame: ActiveScope | None) -> Current:
 
 def current() -> Current:
     """Identity and trace/span IDs of the innermost gym scope (all ``None`` outside one)."""
-    return identity_of(current_frame())
+    return identity_of(current_active_scope())
 
 
 def set_policy_version(version: int | str | None) -> None:
@@ -230,4 +230,4 @@ def consume(rollout: str | Mapping[str, Any], outcome: str = c.TRAINED, reason: 
 
 def current_scope() -> ActiveScope | None:
     """The innermost active gym scope, or ``None``: a decorated function's handle on its own span."""
-    return current_frame()
+    return current_active_scope()

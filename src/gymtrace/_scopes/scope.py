@@ -30,7 +30,7 @@ from gymtrace._model.failures import qualified_name, record_error
 from gymtrace._scopes import blocks as _blocks
 from gymtrace._scopes import live as _live
 from gymtrace._scopes import steps as _steps
-from gymtrace._scopes.active_scope import FRAME_KEY, ActiveScope
+from gymtrace._scopes.active_scope import SCOPE_KEY, ActiveScope
 from gymtrace._scopes.decorate import decorate as decorate
 from gymtrace._scopes.levels import LEVELS, allowed
 from gymtrace._scopes.open_scopes import ENDING, OPEN, STARTING, report_violation
@@ -166,9 +166,9 @@ class Scope:
         """Start the span and build its context. ``None`` if gymtrace itself failed."""
         try:
             parent_context = current_context()
-            # Only gymtrace stores under FRAME_KEY (a key with a random suffix), and only frames:
+            # Only gymtrace stores under SCOPE_KEY (a key with a random suffix), and only frames:
             # no isinstance check (with the one in __exit__, ~560 of ~70,000 instructions a span).
-            parent: ActiveScope | None = parent_context.get(FRAME_KEY)  # type: ignore[assignment]
+            parent: ActiveScope | None = parent_context.get(SCOPE_KEY)  # type: ignore[assignment]
             static = self._static if self._static is not None else self._resolve()
             level = self._level
             # Most scopes have no identity callables; skip the call for them.
@@ -202,11 +202,11 @@ class Scope:
             if SPAN_CONTEXT_KEY is not None:
                 # Same context as the two calls below, with one copy of the parent instead of four.
                 frame.context = otel_context.Context(
-                    parent_context, **{SPAN_CONTEXT_KEY: span, FRAME_KEY: frame}
+                    parent_context, **{SPAN_CONTEXT_KEY: span, SCOPE_KEY: frame}
                 )
             else:
                 frame.context = otel_context.set_value(
-                    FRAME_KEY, frame, trace.set_span_in_context(span, parent_context)
+                    SCOPE_KEY, frame, trace.set_span_in_context(span, parent_context)
                 )
             return frame
         except Exception as error:  # noqa: BLE001 - gymtrace's own failure: errors.contain decides
