@@ -9,7 +9,6 @@ import subprocess
 import sys
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -179,17 +178,25 @@ def _read_by_one_and_two_processes(
     return one, two
 
 
-def _gzip_segments(plain: Path, directory: Path, count: int) -> Path:
-    """``plain``'s lines as ``count`` gzip segments of about equal lines (each line one member, as
-    the writer appends them), under the name they were configured by."""
+def _segments(plain: Path, directory: Path, count: int, compressed: bool = False) -> Path:
+    """``plain``'s lines as ``count`` segments of about equal lines, as its writer rotates them
+    (gzip: each line one member, as the writer appends them), under the name they were configured
+    by."""
     directory.mkdir()
     lines = plain.read_bytes().splitlines(keepends=True)
     size = -(-len(lines) // count)
+    suffix = ".jsonl.gz" if compressed else ".jsonl"
     for number in range(count):
-        name = "traces.jsonl.gz" if number == 0 else f"traces.{number:06d}.jsonl.gz"
+        name = f"traces{suffix}" if number == 0 else f"traces.{number:06d}{suffix}"
         chunk = lines[number * size : (number + 1) * size]
-        (directory / name).write_bytes(b"".join(gzip.compress(line) for line in chunk))
+        (directory / name).write_bytes(
+            b"".join(gzip.compress(line) if compressed else line for line in chunk)
+        )
     return directory / "traces.jsonl"
+
+
+def _gzip_segments(plain: Path, directory: Path, count: int) -> Path:
+    return _segments(plain, directory, count, compressed=True)
 
 
 def test_compressed_input_is_split_by_whole_files_of_comparable_size_or_read_by_one_process(
@@ -551,27 +558,16 @@ def test_check_by_two_processes_finds_what_one_finds(
         assert len(read) == (reads if file == path else max(reads, 2))
 
 
-def _plain_segments(plain: Path, directory: Path, count: int) -> Path:
-    """``plain``'s lines as ``count`` plain segments of about equal lines, as its writer rotates."""
-    directory.mkdir()
-    lines = plain.read_bytes().splitlines(keepends=True)
-    size = -(-len(lines) // count)
-    for number in range(count):
-        name = "traces.jsonl" if number == 0 else f"traces.{number:06d}.jsonl"
-        (directory / name).write_bytes(b"".join(lines[number * size : (number + 1) * size]))
-    return directory / "traces.jsonl"
-
-
-@pytest.mark.parametrize("segments", [_plain_segments, _gzip_segments], ids=["plain", "gzip"])
+@pytest.mark.parametrize("compressed", [False, True], ids=["plain", "gzip"])
 def test_check_of_a_rotated_run_is_split_between_two_processes_and_finds_what_one_finds(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, segments: Any
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, compressed: bool
 ) -> None:
     # Rotation is on by default: a run past 256 MB is segments, and each is one writer's, in order.
     with capture_spans() as captured:
         _training_run(rollouts=40)
         spans = _cut_through_a_trace(captured)
     path = _write_spans(tmp_path / "run.jsonl", spans, per_line=1)
-    configured = segments(path, tmp_path / "segments", 3)
+    configured = _segments(path, tmp_path / "segments", 3, compressed)
     monkeypatch.setattr(stream, "EARLY_SPANS", 1000)
     read: list[list[tuple[Path, object]]] = []
     spans_of = stream._spans

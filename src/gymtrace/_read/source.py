@@ -397,15 +397,26 @@ def fork_context() -> Any:
     return multiprocessing.get_context("fork")
 
 
+def split_for_two(
+    files: list[Path], parallel_from: int
+) -> tuple[Any, tuple[list[tuple[Path, Part]], list[tuple[Path, Part]]]] | None:
+    """The fork context and the two :func:`halves` of ``files`` when they hold ``parallel_from``
+    bytes or more (on disk) and a second process can read one half meanwhile; else None."""
+    if sum(f.stat().st_size for f in files) < parallel_from:
+        return None
+    context = fork_context()
+    split = halves(files) if context is not None else None
+    return None if split is None else (context, split)
+
+
 def _read_all(files: list[Path], parallel_from: int) -> _Read:
     """One streaming pass over ``files``; an input of ``parallel_from`` bytes or more (on disk) is
     split in two :func:`halves`, the second read by a forked process meanwhile (both cores of a
     small machine), the results joined in order."""
-    context = fork_context() if sum(f.stat().st_size for f in files) >= parallel_from else None
-    split = halves(files) if context is not None else None
-    if split is None:
+    two = split_for_two(files, parallel_from)
+    if two is None:
         return _read_parts([(f, None) for f in files], entries=False)
-    first, second = split
+    context, (first, second) = two
     with ProcessPoolExecutor(max_workers=1, mp_context=context) as pool:
         later = pool.submit(_read_parts, second, True)
         found = _read_parts(first, entries=True)

@@ -55,7 +55,7 @@ from gymtrace._read.check.spans import (
 )
 from gymtrace._read.check.training import check_training, is_training, training_of
 from gymtrace._read.outcomes import SOURCE_LIVE, RolloutOutcome, dedupe, final_outcomes
-from gymtrace._read.source import PARALLEL_BYTES, fork_context, gc_paused, halves, summary_span
+from gymtrace._read.source import PARALLEL_BYTES, gc_paused, split_for_two, summary_span
 from gymtrace._read.training import Training
 
 # Spans held at most (half of them by each of two processes): ~1 KB each as the checker decodes
@@ -322,17 +322,16 @@ def check_files(
     parallel_from: int = PARALLEL_BYTES,
 ) -> Verdict:
     """Check the spans of every file (or directory) of ``paths`` in one streaming pass, holding at
-    most ``held`` spans (see the module docstring); one file of ``parallel_from`` bytes or more is
-    checked by two processes."""
+    most ``held`` spans (see the module docstring); one writer's files of ``parallel_from`` bytes or
+    more are checked by two processes."""
     files = trace_files_of(paths, warn)
     writers = _by_writer(files)
     with gc_paused():
         # Two processes only for one writer's files: the files of several (a run's processes) are
         # merged by time, which a cut cannot split.
-        big = len(writers) == 1 and sum(f.stat().st_size for f in files) >= parallel_from
-        context = fork_context() if big else None
-        split = halves(files) if context is not None else None
-        if split is not None:
+        two = split_for_two(files, parallel_from) if len(writers) == 1 else None
+        if two is not None:
+            context, split = two
             try:
                 return _check_halves(split, context, warn, held, limit)
             except SpreadTooThin:
