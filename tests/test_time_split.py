@@ -7,6 +7,7 @@ to its duration in integer nanoseconds. Figures are exact: the traces are built 
 from __future__ import annotations
 
 import json
+import random
 from pathlib import Path
 
 import gymnasium
@@ -143,6 +144,22 @@ def test_the_parts_sum_to_the_duration_to_the_nanosecond_on_odd_times() -> None:
 def test_segments_give_each_instant_to_one_part_in_order() -> None:
     cut = segments(0, 10, [(TOOL, 2, 8), (MODEL, 3, 5), (MODEL, 5, 6)])
     assert cut == [(OTHER, 0, 2), (TOOL, 2, 3), (MODEL, 3, 6), (TOOL, 6, 8), (OTHER, 8, 10)]
+
+
+def test_calls_in_sequence_split_as_the_sweep_splits_them_whatever_their_order_and_overlap() -> None:
+    # episode_split takes a shortcut when no two intervals overlap: it must give what the sweep
+    # (segments) gives, on episodes with and without overlaps, gaps, touching ends and clipping.
+    rng = random.Random(7)
+    for _ in range(5000):
+        start, end = rng.randint(0, 50), rng.randint(51, 110)
+        intervals = []
+        for _ in range(rng.randint(0, 7)):
+            at = rng.randint(-10, 115)
+            intervals.append((rng.choice((MODEL, TOOL, ENV, VERIFY)), at, at + rng.randint(-2, 20)))
+        swept = [0, 0, 0, 0, 0]
+        for part, s, e in segments(start, end, intervals):
+            swept[part] += e - s
+        assert list(episode_split(start, end, intervals).parts()) == swept, (start, end, intervals)
 
 
 def test_an_episode_that_ends_before_it_starts_splits_into_zeros() -> None:

@@ -191,6 +191,43 @@ def _nanoseconds(value: object) -> int | None:
     return value if type(value) is int else None  # not a bool
 
 
+# The most span shapes (lists of attribute keys) the filter remembers where to look in.
+_PLANS = 4096
+_UNSEEN: Any = object()
+
+
+def _plan(keys: tuple[Any, ...]) -> tuple[int, ...] | None:
+    """Where :func:`summary_filter` finds what it reads in a span whose attribute keys are
+    ``keys``: the index of each key (-1: absent), and whether the rollout ID is NeMo Gym's own key;
+    None for a span it keeps without looking (a key twice: the decoder reads the last; no rollout
+    ID)."""
+    if len(set(keys)) != len(keys):
+        return None
+    if c.ROLLOUT_ID in keys:
+        rollout, nemo = keys.index(c.ROLLOUT_ID), 0
+    elif c.NEMO_GYM_ROLLOUT_ID in keys:
+        rollout, nemo = keys.index(c.NEMO_GYM_ROLLOUT_ID), 1
+    else:
+        return None
+    at = {key: index for index, key in enumerate(keys)}
+    return (
+        at.get(c.KIND, -1),
+        rollout,
+        nemo,
+        *(
+            at.get(key, -1)
+            for key in (
+                c.RAY_TASK_ATTEMPT,
+                c.GEN_AI_USAGE_OUTPUT_TOKENS,
+                c.RUN_ID,
+                c.POLICY_VERSION,
+                c.GEN_AI_OPERATION_NAME,
+                c.EPISODE_ATTEMPT,
+            )
+        ),
+    )
+
+
 def summary_filter(
     tokens: TokenTotals, times: EpisodeTimes | None = None, ends: Ends | None = None
 ) -> Callable[[Mapping[str, Any]], bool]:
@@ -204,21 +241,30 @@ def summary_filter(
     always right (the readers read what they need from it), dropping one only when it is sure."""
 
     earliest = ends.earliest if ends is not None else None
+    # Where the few attributes the filter reads sit, per list of keys: a run's spans come in a
+    # handful of shapes, so each span's keys are looked up once (a dict lookup of their tuple)
+    # instead of searched for one by one. Bounded: input of many shapes is read, only slower.
+    plans: dict[tuple[Any, ...], tuple[int, ...] | None] = {}
 
     def keep(raw: Mapping[str, Any]) -> bool:
-        # Inlined: this runs on millions of spans, and each call or decoded value costs. The keys
-        # are listed in C, and a value is looked up only for the few keys present.
+        # Inlined: this runs on millions of spans, and each call or decoded value costs.
         items = raw.get("attributes")
         if items.__class__ is not list:
             return True
         try:
-            keys = list(map(_KEY, items))
-            if len(set(keys)) != len(keys):
-                return True  # a key twice: the decoder reads the last
-        except (TypeError, KeyError):  # an item that is no object, a key that is not text
+            keys = tuple(map(_KEY, items))
+            plan = plans.get(keys, _UNSEEN)
+        except (TypeError, KeyError):  # an item that is no object or has no key; a key not text
             return True  # decoded, so the decoder names what is wrong
-        if c.KIND in keys:
-            value = items[keys.index(c.KIND)].get("value")
+        if plan is _UNSEEN:
+            plan = _plan(keys)
+            if len(plans) < _PLANS:
+                plans[keys] = plan
+        if plan is None:
+            return True  # read whole (a key twice, or no rollout ID)
+        at_kind, at_rollout, nemo, at_ray, at_tokens, at_run, at_version, at_operation, at_attempt = plan
+        if at_kind >= 0:
+            value = items[at_kind].get("value")
             if value.__class__ is not dict:
                 return True
             kind = value.get("stringValue")
@@ -226,19 +272,14 @@ def summary_filter(
                 return True  # read, or a kind that is not plain: the decoder reads it
         else:
             kind = None
-        nemo = c.ROLLOUT_ID not in keys
-        if not nemo:
-            value = items[keys.index(c.ROLLOUT_ID)].get("value")
-        elif c.NEMO_GYM_ROLLOUT_ID in keys:
-            value = items[keys.index(c.NEMO_GYM_ROLLOUT_ID)].get("value")  # NeMo Gym's own key
-            if value.__class__ is not dict or not value.get("stringValue"):
-                return True  # "" names no rollout
-        else:
+        value = items[at_rollout].get("value")
+        if value.__class__ is not dict:
             return True
-        if value.__class__ is not dict or value.get("stringValue").__class__ is not str:
-            return True  # a rollout ID that is not plain
-        if c.RAY_TASK_ATTEMPT in keys:
-            attempt = plain_value(items[keys.index(c.RAY_TASK_ATTEMPT)].get("value"))
+        rollout_id = value.get("stringValue")
+        if rollout_id.__class__ is not str or (nemo and not rollout_id):
+            return True  # a rollout ID that is not plain; "" names no NeMo Gym rollout
+        if at_ray >= 0:
+            attempt = plain_value(items[at_ray].get("value"))
             if attempt is NOT_PLAIN or (read_int(attempt) or 0) >= 1:
                 return True
         # Dropped. Everything that may yet keep it is read before anything is counted: a span kept
@@ -252,28 +293,25 @@ def summary_filter(
             return True
         count: int | None = None
         span_id: Any = None
-        if c.GEN_AI_USAGE_OUTPUT_TOKENS in keys:
-            plain = plain_value(items[keys.index(c.GEN_AI_USAGE_OUTPUT_TOKENS)].get("value"))
+        if at_tokens >= 0:
+            plain = plain_value(items[at_tokens].get("value"))
             if plain is NOT_PLAIN:
                 return True
             count = read_int(plain)
             if count:
                 span_id = raw.get("spanId")
-                run_id, version = (
-                    plain_value(items[keys.index(key)].get("value")) if key in keys else None
-                    for key in (c.RUN_ID, c.POLICY_VERSION)
-                )
-                if span_id.__class__ is not str or NOT_PLAIN in (run_id, version):
+                run_id = plain_value(items[at_run].get("value")) if at_run >= 0 else None
+                version = plain_value(items[at_version].get("value")) if at_version >= 0 else None
+                if span_id.__class__ is not str or run_id is NOT_PLAIN or version is NOT_PLAIN:
                     return True
-        if kind is None and c.GEN_AI_OPERATION_NAME in keys:
-            operation = plain_value(items[keys.index(c.GEN_AI_OPERATION_NAME)].get("value"))
+        if kind is None and at_operation >= 0:
+            operation = plain_value(items[at_operation].get("value"))
             if operation is NOT_PLAIN:
                 return True
             part = part_of(None, operation)
         else:
             part = part_of(kind, None)
         trace_id = trace_id.lower()
-        rollout_id = value["stringValue"]
         attempt = None
         if nemo:
             rollout_id, attempt = nemo_gym_identity(rollout_id)
@@ -281,8 +319,8 @@ def summary_filter(
             start = _nanoseconds(raw.get("startTimeUnixNano"))
             if start is None:
                 return True
-            if c.EPISODE_ATTEMPT in keys:
-                held = items[keys.index(c.EPISODE_ATTEMPT)].get("value")
+            if at_attempt >= 0:
+                held = items[at_attempt].get("value")
                 number = held.get("intValue") if held.__class__ is dict and len(held) == 1 else None
                 if number.__class__ is str and number.isdigit() and number.isascii():
                     attempt = int(number)  # the common case, as plain_value reads it

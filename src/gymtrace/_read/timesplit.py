@@ -123,8 +123,22 @@ def episode_split(
     steps, see the module doc), moved from ``other`` to ``env`` up to what ``other`` holds. An
     episode that ends before it starts (a broken clock) has a split of zeros."""
     totals = [0, 0, 0, 0, 0]
-    for part, s, e in segments(start, end, intervals):
-        totals[part] += e - s
+    if end > start:
+        # Most episodes' calls follow one another: then each interval's time is its part's and the
+        # rest is other's, with no sweep (the sweep below gives the same, several times slower).
+        at = start
+        for s, e, part in sorted((max(s, start), min(e, end), part) for part, s, e in intervals):
+            if s >= e:
+                continue  # outside the episode, or empty
+            if s < at:
+                totals = [0, 0, 0, 0, 0]  # two overlap: precedence decides, in the sweep
+                for part, s, e in segments(start, end, intervals):
+                    totals[part] += e - s
+                break
+            totals[part] += e - s
+            at = e
+        else:
+            totals[OTHER] = end - start - sum(totals)
     moved = min(max(0, env_untimed), totals[OTHER])
     totals[ENV] += moved
     totals[OTHER] -= moved
