@@ -38,7 +38,7 @@ COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
 # The subcommands that read a run: they hold the spans a run's answer needs (10^5-10^6 objects),
 # make no reference cycles worth collecting, and run the cyclic garbage collector's full passes
 # over all they hold if it stays on (issue 45).
-READERS = frozenset({"tree", "check", "rollouts", "stats", "compare"})
+READERS = frozenset({"tree", "check", "rollouts", "stats", "compare", "timeline", "report"})
 
 
 # Exit codes (docs/cli.md): 0 success; 1 the answer is "no" (contract violations, nothing found);
