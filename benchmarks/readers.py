@@ -14,7 +14,8 @@ call and a tool call, verify), a tenth of them retried, a tenth unscored, with p
 train step per 256 rollouts consuming them (``gym.consumed`` records). Then, each in a child of its
 own so its peak RSS is its own (``resource.getrusage(RUSAGE_CHILDREN)``, by child):
 
-* the floor: ``cat FILE > /dev/null`` (the bytes), and parsing every line with the fastest parser
+* the floor: ``cat FILES > /dev/null`` (the bytes of the run's files: its segments past
+  ``GYMTRACE_FILE_ROTATE_MB``), and parsing every line with the fastest parser
   installed (orjson) and with the standard library's ``json`` alone, holding nothing;
 * ``gymtrace rollouts --json``, ``stats``, ``stats --by train_step`` and ``check``, with orjson
   (the ``fast`` extra) and as the plain install reads (the child's ``sys.modules`` says orjson is
@@ -41,6 +42,8 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+
+from gymtrace._model.tracefiles import trace_files
 
 PRODUCER = r"""
 import sys
@@ -84,15 +87,17 @@ with gymtrace.run(run_id="bench"):
 gymtrace.shutdown()
 """
 
+# Every line of every file given (a run's segments), parsed and dropped.
 PARSE = r"""
 import sys
-if sys.argv[2] == "json":
+if sys.argv[1] == "json":
     from json import loads
 else:
     from orjson import loads
-with open(sys.argv[1], "rb") as f:
-    for line in f:
-        loads(line)
+for path in sys.argv[2:]:
+    with open(path, "rb") as f:
+        for line in f:
+            loads(line)
 """
 
 # The plain install: the readers must not find orjson.
@@ -156,9 +161,17 @@ def main() -> None:
             if not path.exists():
                 made = generate(path, n)
                 print(f"(generated {n:,} rollouts in {made:.0f} s)", file=sys.stderr)
-            with open(path, "rb") as f:
-                spans = sum(line.count(b'"startTimeUnixNano"') for line in f)
-            size = f"{n:,} ({spans / 1e6:.2f}M spans, {path.stat().st_size / 1e6:,.0f} MB)"
+            # The run's files: past GYMTRACE_FILE_ROTATE_MB (256 by default) the file the run was
+            # configured with is its first segment of several, and the floors read them all, as
+            # the commands do.
+            files = [str(f) for f in trace_files(path)]
+            spans = 0
+            for file in files:
+                with open(file, "rb") as f:
+                    spans += sum(line.count(b'"startTimeUnixNano"') for line in f)
+            megabytes = sum(os.path.getsize(f) for f in files) / 1e6
+            plural = "s" if len(files) > 1 else ""
+            size = f"{n:,} ({spans / 1e6:.2f}M spans, {megabytes:,.0f} MB in {len(files)} file{plural})"
 
             def cell(
                 argv: list[str], floor: tuple[float, float] | None = None, src: Path | None = None
@@ -169,13 +182,13 @@ def main() -> None:
                     text += f"; {seconds / floor[0]:.1f}x parse ({cpu / floor[1]:.1f}x CPU)"
                 return text, (seconds, cpu)
 
-            cat, _ = cell(["cat", str(path)])
+            cat, _ = cell(["cat", *files])
             same = f" {cat} |" if args.before else ""
             print(f"| {size} | floor: read the bytes (`cat`) | {cat} | {cat} |{same}")
             fast_parse, fast_floor = (
-                cell([sys.executable, "-c", PARSE, str(path), "orjson"]) if fast else ("-", None)
+                cell([sys.executable, "-c", PARSE, "orjson", *files]) if fast else ("-", None)
             )
-            plain_parse, plain_floor = cell([sys.executable, "-c", PARSE, str(path), "json"])
+            plain_parse, plain_floor = cell([sys.executable, "-c", PARSE, "json", *files])
             same = f" {fast_parse} |" if args.before else ""
             print(f"| | floor: parse only | {fast_parse} | {plain_parse} |{same}")
             for name, argv in commands.items():
