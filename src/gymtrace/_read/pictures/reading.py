@@ -109,15 +109,10 @@ def read_run_input(
     summary = read_summary_spans(paths, warn)
     found = RunInput(times=summary.times)
     for span in summary.spans:
-        attributes = span.attributes
-        run = attributes.get(c.RUN_ID)
-        run = run if isinstance(run, str) else None
-        kind = attributes.get(c.KIND)
-        if kind in _RUN_KINDS:
-            found.runs.add(run)
-        if run_id is not None and run is not None and run != run_id:
-            continue
-        if kind == c.KIND_LIVE:
+        decision = _decide(found, run_id, span.attributes)
+        if decision == _DROP:
+            continue  # a whole span of another run
+        if decision == _MARKER:
             found.marker_traces.add(span.trace_id)
-        found.spans.append(span)
+        found.spans.append(span)  # its part of the split, if any, is in the summary's times
     return found
