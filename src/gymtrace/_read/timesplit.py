@@ -185,22 +185,18 @@ class EpisodeTimes:
             found = self._intervals[key] = array("q")
         found.extend((part, start, end))
 
-    def add_attributes(self, trace_id: str, attributes: Mapping[str, Any], start: int, end: int) -> None:
-        """Count a span for its episode when it is one of the parts (or a step), from its trace ID
-        (lowercase hex), its attributes (only ``gym.kind``, ``gen_ai.operation.name``,
-        ``gym.rollout.id`` and ``gym.episode.attempt`` are read) and its times: all a streaming
-        reader needs to decode of a span it otherwise drops."""
+    def add_span(self, span: SpanData) -> None:
+        """Count ``span`` for its episode when it is one of the parts (or a step), by its
+        ``gym.kind`` (else ``gen_ai.operation.name``), ``gym.rollout.id`` and
+        ``gym.episode.attempt``. (A reader that drops a span unread adds its part with :meth:`add`.)"""
+        attributes = span.attributes
         part = part_of(attributes.get(c.KIND), attributes.get(c.GEN_AI_OPERATION_NAME))
         if part is None:
             return
         rollout_id = attributes.get(c.ROLLOUT_ID)
         attempt = read_int(attributes.get(c.EPISODE_ATTEMPT))
         if isinstance(rollout_id, str) and attempt is not None:
-            self.add((trace_id, rollout_id, attempt), part, start, end)
-
-    def add_span(self, span: SpanData) -> None:
-        """Count ``span`` for its episode when it is one of the parts (or a step)."""
-        self.add_attributes(span.trace_id, span.attributes, span.start_ns, span.end_ns)
+            self.add((span.trace_id, rollout_id, attempt), part, span.start_ns, span.end_ns)
 
     def add_spans(self, spans: Iterable[SpanData]) -> EpisodeTimes:
         for span in spans:
