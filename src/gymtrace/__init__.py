@@ -20,7 +20,10 @@ Every span carries ``gym.kind`` and the gym identity (``gym.rollout.id``,
 ``gym.episode.attempt``, ...); docs/concepts.md describes the vocabulary and its rules.
 """
 
-from gymtrace import propagation, testing
+import importlib
+from typing import TYPE_CHECKING
+
+from gymtrace import propagation
 from gymtrace._content import configure_content
 from gymtrace._identity.processor import IdentitySpanProcessor
 from gymtrace._model.errors import GymTraceError, HierarchyViolationError, InvalidArgumentError
@@ -57,6 +60,9 @@ from gymtrace._sdk.flush import export_stats, force_flush, shutdown
 from gymtrace._sdk.setup import configure, get_configuration, is_configured
 from gymtrace._sdk.state import Configuration
 from gymtrace._version import __version__
+
+if TYPE_CHECKING:
+    from gymtrace import testing
 
 __all__ = [
     "ActiveScope",
@@ -102,3 +108,12 @@ __all__ = [
     "turn",
     "verify",
 ]
+
+
+def __getattr__(name: str) -> object:
+    # gymtrace.testing (span capture, the checker, the tree renderer) is imported on first use: a
+    # traced process never needs it, and it was ~45 ms of imports at the start of every process
+    # that opentelemetry-instrument starts (every server and worker of a NeMo Gym stack).
+    if name == "testing":
+        return importlib.import_module("gymtrace.testing")  # binds gymtrace.testing: called once
+    raise AttributeError(f"module 'gymtrace' has no attribute {name!r}")
