@@ -112,8 +112,8 @@ __all__ = [
 
 def __getattr__(name: str) -> object:
     # gymtrace.testing (span capture, the checker, the tree renderer) is imported on first use: a
-    # traced process never needs it, and it was ~45 ms of imports at the start of every process
-    # that opentelemetry-instrument starts (every server and worker of a NeMo Gym stack).
+    # traced process never needs it, and every process that opentelemetry-instrument starts (each
+    # server and worker of a NeMo Gym stack) imports gymtrace (measured: 13 ms of CPU, 1.2 MiB).
     if name == "testing":
         return importlib.import_module("gymtrace.testing")  # binds gymtrace.testing: called once
     raise AttributeError(f"module 'gymtrace' has no attribute {name!r}")
