@@ -226,6 +226,16 @@ def _missing_at(counts: dict[str, int]) -> str | None:
     return None
 
 
+def _stored(
+    copy: Path, env: dict[str, str], store: str, os_url: str, service: str, written_before: int
+) -> int:
+    """Spans of ``service`` the store holds: OpenSearch's ``_count``; for Badger and memory, what
+    Jaeger's storage exporter wrote since ``written_before`` (searchable once written)."""
+    if store == "opensearch":
+        return _opensearch_count(os_url, service)
+    return _jaeger_written(copy, env) - written_before
+
+
 def _produce(endpoint: str, run_id: str, rollouts: int, service: str) -> dict[str, Any]:
     out = subprocess.run(
         [sys.executable, "-c", PRODUCER, endpoint, run_id, str(rollouts), str(STEPS), str(TASKS), service],
@@ -247,11 +257,7 @@ def _warm_up(copy: Path, env: dict[str, str], store: str, endpoint: str, os_url:
     deadline = time.time() + 600
     while time.time() < deadline:
         try:
-            stored = (
-                _opensearch_count(os_url, WARM_UP_SERVICE)
-                if store == "opensearch"
-                else _jaeger_written(copy, env) - written_before
-            )
+            stored = _stored(copy, env, store, os_url, WARM_UP_SERVICE, written_before)
         except OSError:
             stored = 0
         if stored >= exported:
@@ -317,11 +323,7 @@ def bench(
                 # The Collector's sending queue: spans decided and waiting for Jaeger to take them.
                 peak_queue = max(peak_queue, int(_status(copy, env)["spans"]["queued"]))
                 whole = sum(len(t["spans"]) for t in _search(query, last, 1, 30)) >= SPANS_PER_ROLLOUT
-                stored = (
-                    _opensearch_count(os_url)
-                    if store == "opensearch"
-                    else _jaeger_written(copy, env) - written_before
-                )
+                stored = _stored(copy, env, store, os_url, SERVICE, written_before)
             except OSError:
                 whole, stored = False, 0
             if whole and stored >= exported:
