@@ -174,7 +174,7 @@ def _run_restart_read(
             try:
                 seen.append(_read_back(query, run_id, service))
             except subprocess.CalledProcessError:
-                return None  # nothing searchable yet ("no rollouts found"): OpenSearch refreshes every 5 s
+                return None  # nothing searchable yet ("no rollouts found"): OpenSearch refreshes every 2 s
             # r-lost reads lost three heartbeat intervals after its process died: wait for that.
             done = len(seen[-1]["rollouts"]) == len(_ROLLOUTS) and seen[-1]["live"] == {"r-lost": c.LIVE_LOST}
             return seen[-1] if done else None
@@ -209,7 +209,7 @@ def test_opensearch_keeps_rollouts_across_down_up(tmp_path: Path) -> None:
     port = free_port_pair(100)
     env = _store_env(tmp_path, GYMTRACE_OPENSEARCH_PORT=str(port))
 
-    def references_are_fields() -> None:
+    def tuned_as_documented() -> None:
         # collector/up's template: a span's references are fields of its document, not nested
         # documents (one Lucene document a span, not two); the rollouts above were found by their
         # tags all the same, and their traces whole.
@@ -219,13 +219,24 @@ def test_opensearch_keeps_rollouts_across_down_up(tmp_path: Path) -> None:
             for index in json.load(r).values():
                 references = index["mappings"]["properties"]["references"]
                 assert references.get("type", "object") == "object", references
+        # And its settings, on every span index: the refresh and the translog that
+        # collector/README.md's tuning table measured (the local node: fsync every 5 s).
+        with urllib.request.urlopen(
+            f"http://127.0.0.1:{port}/gymtrace-jaeger-span-*/_settings", timeout=30
+        ) as r:
+            found = json.load(r)
+        assert found
+        for name, index in found.items():
+            settings = index["settings"]["index"]
+            assert settings.get("refresh_interval") == "2s", (name, settings)
+            assert settings.get("translog", {}).get("durability") == "async", (name, settings)
 
     copy = _run_restart_read(
         tmp_path,
         "opensearch",
         env,
         kept=f"opensearch store: kept 168h in http://127.0.0.1:{port}",
-        also=references_are_fields,
+        also=tuned_as_documented,
     )
     assert "opensearch" not in pids(copy)  # collector/down stopped the node it started
     assert (tmp_path / "data" / "opensearch" / "data" / "nodes").is_dir()
