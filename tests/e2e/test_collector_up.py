@@ -7,6 +7,9 @@ The scripts run from a copy of ``collector/`` (tests/support/collector_scripts.p
 from __future__ import annotations
 
 import json
+import shutil
+import signal
+import subprocess
 import urllib.parse
 import urllib.request
 from pathlib import Path
@@ -70,3 +73,29 @@ def test_up_names_the_hop_that_loses_the_probe_and_leaves_nothing_running(tmp_pa
         assert not _pids(copy)  # what it started, it stopped
     finally:
         _script(copy, "down", env=env)
+
+
+def test_down_sees_a_process_whose_name_holds_a_space_end_on_sigterm(tmp_path: Path) -> None:
+    # /proc/PID/stat gives the command name in parentheses before the state, and a name may hold a
+    # space: split on whitespace, "(a b) Z" read "b)" as the state, so a process that had ended on
+    # SIGTERM (a zombie until its parent reaps it) looked alive, and down killed it 20 s later as
+    # one that "ignored SIGTERM".
+    copy = _collector_copy(tmp_path)
+    spaced = tmp_path / "a b"
+    spaced.symlink_to(shutil.which("sleep") or "/bin/sleep")
+    process = subprocess.Popen([str(spaced), "300"])  # reaped below, after down has looked
+    try:
+        run = copy / ".run"
+        run.mkdir(exist_ok=True)
+        (run / "collector.pid").write_text(str(process.pid))
+        (run / "collector.cmd").write_text(
+            Path(f"/proc/{process.pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+        )
+        down = _script(copy, "down", env=_ports_env())
+        assert down.returncode == 0, down.stdout + down.stderr
+        assert f"stopped collector (pid {process.pid})" in down.stdout, down.stdout
+        assert "ignored SIGTERM" not in down.stderr, down.stderr
+        assert process.wait(timeout=10) == -signal.SIGTERM  # ended by down's TERM, never its KILL
+    finally:
+        process.kill()
+        process.wait()

@@ -89,7 +89,8 @@ def alive(pid: int) -> bool:
     except ProcessLookupError:
         return False
     try:
-        state = Path(f"/proc/{pid}/stat").read_text().split()[2]
+        # The state follows the command name's closing parenthesis (a name may hold spaces).
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
     except OSError:
         return False
     return state != "Z"
