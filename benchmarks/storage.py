@@ -32,9 +32,10 @@ names the first hop where spans went missing. Then:
   took a 512 MB OpenSearch node down at 10,000 rollouts);
 * **search**: median and p90 of 20 searches by ``gym.rollout.id`` and of the
   ``gym.rollout.outcome=unscored`` search (limit 20), through Jaeger's query API;
-* **disk**: bytes on disk per span (Badger: the blocks its directory allocates, as ``du`` counts
-  them; OpenSearch: the span and service indices' primary store size after a flush), none for
-  memory;
+* **disk**: bytes on disk per span of the timed run, less what the store held after the warm-up
+  (Badger: the blocks its directory allocates, as ``du`` counts them; OpenSearch: the span and
+  service indices' live segments after a flush, not the files of segments a merge replaced, which
+  the node deletes seconds later), none for memory;
 * ``collector/down`` then ``collector/up`` over the data just written (**warm**).
 
 Before the timed run, ``--warm-up N`` (default 2,000; 0 for none) sends N rollouts of another
@@ -136,6 +137,20 @@ def _timed(fn: Any) -> float:
 def _dir_bytes(path: Path) -> int:
     """Bytes allocated on disk (like ``du``): Badger's value log is a sparse, preallocated file."""
     return sum(f.stat().st_blocks * 512 for f in path.rglob("*") if f.is_file())
+
+
+def _disk_bytes(store: str, copy: Path, os_url: str) -> int | None:
+    """What the store holds on disk: Badger's directory as ``du`` counts it; OpenSearch's span and
+    service indices' live segments after a flush (the store's own size counts, until the node lets
+    them go some seconds later, the files of segments a merge has just replaced: twice the bytes
+    right after a run that merged); None for memory."""
+    if store == "badger":
+        return _dir_bytes(copy.parent / "data" / "badger")
+    if store == "opensearch":
+        urllib.request.urlopen(urllib.request.Request(f"{os_url}/_flush", method="POST"), timeout=120).read()
+        segments = _get(f"{os_url}/_cat/segments/gymtrace-jaeger-*?bytes=b&h=size&format=json")
+        return sum(int(segment["size"]) for segment in segments)
+    return None
 
 
 def _script(copy: Path, name: str, *args: str, env: dict[str, str]) -> float:
@@ -296,8 +311,11 @@ def bench(
     endpoint = f"http://127.0.0.1:{env['GYMTRACE_OTLP_GRPC_PORT']}"
     try:
         result["up_cold_s"] = _script(copy, "up", "--storage", store, env=env)
+        disk_before = 0
         if warm_up:
             result["warm_up_s"] = _warm_up(copy, env, store, endpoint, os_url, warm_up)
+            if not counts_only:  # what the warm-up stored is not the timed run's
+                disk_before = _disk_bytes(store, copy, os_url) or 0
         node_before = _node_stats(os_url) if store == "opensearch" else None
         status_before = _status(copy, env)
         before = status_before["spans"]
@@ -403,15 +421,9 @@ def bench(
             statistics.median(unscored) * 1000,
             statistics.quantiles(unscored, n=10)[-1] * 1000,
         )
-        if store == "badger":
-            result["disk_bytes"] = _dir_bytes(copy.parent / "data" / "badger")
-        elif store == "opensearch":
-            urllib.request.urlopen(
-                urllib.request.Request(f"{os_url}/_flush", method="POST"), timeout=120
-            ).read()
-            stats = _get(f"{os_url}/gymtrace-jaeger-*/_stats/store")
-            result["disk_bytes"] = stats["_all"]["primaries"]["store"]["size_in_bytes"]
-        if "disk_bytes" in result:
+        disk = _disk_bytes(store, copy, os_url)
+        if disk is not None:
+            result["disk_bytes"] = disk - disk_before
             result["disk_bytes_per_span"] = result["disk_bytes"] / spans
         _script(copy, "down", env=env)
         result["up_warm_s"] = _script(copy, "up", "--storage", store, env=env)
