@@ -10,6 +10,7 @@ import json
 import shutil
 import signal
 import subprocess
+import time
 import urllib.parse
 import urllib.request
 from pathlib import Path
@@ -88,9 +89,16 @@ def test_down_sees_a_process_whose_name_holds_a_space_end_on_sigterm(tmp_path: P
         run = copy / ".run"
         run.mkdir(exist_ok=True)
         (run / "collector.pid").write_text(str(process.pid))
-        (run / "collector.cmd").write_text(
-            Path(f"/proc/{process.pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
-        )
+        # As collector/up records it. Popen returns once exec has begun, and the command line reads
+        # empty until the new program's arguments are in place: wait for them.
+        cmdline = b""
+        for _ in range(3000):
+            cmdline = Path(f"/proc/{process.pid}/cmdline").read_bytes()
+            if cmdline:
+                break
+            time.sleep(0.01)
+        assert cmdline, "sleep never showed its command line"
+        (run / "collector.cmd").write_text(cmdline.replace(b"\0", b" ").decode())
         down = _script(copy, "down", env=_ports_env())
         assert down.returncode == 0, down.stdout + down.stderr
         assert f"stopped collector (pid {process.pid})" in down.stdout, down.stdout
