@@ -374,6 +374,29 @@ def test_a_last_line_cut_short_by_a_killed_writer_is_one_warning(
     assert 0 < len(rows) <= len(whole)
 
 
+def test_a_write_cut_short_then_another_writers_line_is_one_warning_and_the_line_reads(
+    run_file: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # A writer killed mid-line (an encoder process, a forked child) leaves its bytes without a
+    # newline, and the file's next writer appends a whole line after them: one line, two writes.
+    lines = run_file.read_text().splitlines(keepends=True)
+    without = tmp_path / "without.jsonl"
+    without.write_text("".join([lines[0], *lines[2:]]))
+    run_file.write_text("".join([lines[0], lines[1][: len(lines[1]) // 2], *lines[2:]]))
+    for argv in (["rollouts", "--json"], ["stats", "--json"], ["check"]):
+        code, out, err = _out(capsys, [*argv, str(run_file)])
+        assert err.count("warning") == 1 and f"{run_file}:2: a write cut short" in err, (argv, err)
+        assert "Traceback" not in err
+        # The cut write's spans are gone, the line after it reads whole: as if it had its own line.
+        assert (code, out) == _out(capsys, [*argv, str(without)])[:2], argv
+    # Only a whole request after the cut is taken: a line that ends cut short too is an error.
+    run_file.write_text(
+        "".join([lines[0], lines[1][:-40], lines[2][: len(lines[2]) // 2] + "\n", *lines[3:]])
+    )
+    code, _, err = _out(capsys, ["rollouts", "--json", str(run_file)])
+    assert code == 2 and f"{run_file}:2:" in err
+
+
 def _plain_install(argv: list[str]) -> str:
     """The CLI where orjson cannot be imported (the install without the ``fast`` extra)."""
     script = "import sys; sys.modules['orjson'] = None; from gymtrace._cli import main; sys.exit(main())"

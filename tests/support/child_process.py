@@ -82,7 +82,13 @@ def spans_in(path: Path) -> list[dict[str, object]]:
             continue
         with open_lines(file) as lines:
             for line in lines:
-                for resource_spans in json.loads(line)["resourceSpans"]:
+                try:
+                    request = json.loads(line)
+                except json.JSONDecodeError:
+                    # A write a killed writer cut short, then another writer's whole line: the
+                    # last place a request starts is where the whole one does.
+                    request = json.loads(line[line.rfind(b'{"resourceSpans":') :])
+                for resource_spans in request["resourceSpans"]:
                     for scope_spans in resource_spans["scopeSpans"]:
                         spans.extend(scope_spans["spans"])
     return spans

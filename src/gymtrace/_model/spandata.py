@@ -876,8 +876,38 @@ def iter_requests(
                 if unfinished and _cut_short(path, part, number, partial_last_line, warn):
                     return
                 where = f"{path}:{line_number(path, part, number)}"
-                raise TraceFileError(f"{where}: not an OTLP/JSON trace request ({exc})") from exc
+                request = _after_a_cut_write(raw) if warn is not None else None
+                if warn is None or request is None:
+                    raise TraceFileError(f"{where}: not an OTLP/JSON trace request ({exc})") from exc
+                warn(write_cut_short(where))
             yield number, request, unfinished
+
+
+# How every request gymtrace (and the Collector's file exporter) writes begins. JSON text holds it
+# only there: inside a string its quotes would be escaped.
+_REQUEST_START = b'{"resourceSpans":'
+
+
+def write_cut_short(where: str) -> str:
+    """What a reader says of a line that begins with a write cut short and ends with a whole one."""
+    return (
+        f"{where}: a write cut short (its writer was killed mid-line) runs into the next writer's"
+        " line: the cut part is skipped"
+    )
+
+
+def _after_a_cut_write(raw: bytes) -> Any:
+    """The request a line ends with when it begins with a write cut short: a writer killed
+    mid-line (an encoder process, a forked child) leaves its bytes without a newline, and the next
+    writer of the file appends a whole line after them. None unless the line's last request start
+    comes after its first byte and reads whole from there."""
+    start = raw.rfind(_REQUEST_START)
+    if start <= 0:
+        return None
+    try:
+        return parse_json_line(raw[start:])
+    except (ValueError, RecursionError):
+        return None
 
 
 def _cut_short(path: Path, part: Part, number: int, partial_last_line: bool, warn: Warn | None) -> bool:
