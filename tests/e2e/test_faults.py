@@ -414,8 +414,10 @@ def test_dead_collector_at_exit_leaves_within_flush_timeout_and_logs_drops(
     )
     result = worker.finish()
     exit_seconds = time.time() - result["main_returned_at"]
-    # flush timeout + the exporter's shutdown + interpreter teardown
-    assert exit_seconds < flush_timeout + 2.5, (exit_seconds, worker.logs())
+    # A bound, not a speed: the flush timeout, the exporter's shutdown and the interpreter's
+    # teardown, with room for a loaded 2-core machine (CI measured 4.5 s for this 2 s timeout).
+    # Unbounded, the exporter's retries against the dead Collector keep the process ~60 s.
+    assert exit_seconds < flush_timeout + 8.0, (exit_seconds, worker.logs())
     finished = 10 * SPANS_PER_ROLLOUT + 1
     match = re.search(r"exported (\d+) of (\d+) spans; dropped (\d+)", worker.stderr.read_text())
     assert match, worker.logs()
