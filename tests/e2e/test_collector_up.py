@@ -10,7 +10,6 @@ import json
 import shutil
 import signal
 import subprocess
-import time
 import urllib.parse
 import urllib.request
 from pathlib import Path
@@ -22,6 +21,7 @@ from collector_scripts import collector_copy as _collector_copy
 from collector_scripts import pids as _pids
 from collector_scripts import ports_env as _ports_env
 from collector_scripts import script as _script
+from collector_scripts import until as _until
 
 pytestmark = pytest.mark.e2e
 
@@ -91,13 +91,9 @@ def test_down_sees_a_process_whose_name_holds_a_space_end_on_sigterm(tmp_path: P
         (run / "collector.pid").write_text(str(process.pid))
         # As collector/up records it. Popen returns once exec has begun, and the command line reads
         # empty until the new program's arguments are in place: wait for them.
-        cmdline = b""
-        for _ in range(3000):
-            cmdline = Path(f"/proc/{process.pid}/cmdline").read_bytes()
-            if cmdline:
-                break
-            time.sleep(0.01)
-        assert cmdline, "sleep never showed its command line"
+        cmdline = _until(
+            lambda: Path(f"/proc/{process.pid}/cmdline").read_bytes(), 30, "sleep's command line"
+        )
         (run / "collector.cmd").write_text(cmdline.replace(b"\0", b" ").decode())
         down = _script(copy, "down", env=_ports_env())
         assert down.returncode == 0, down.stdout + down.stderr

@@ -87,7 +87,10 @@ def spans_in(path: Path) -> list[dict[str, object]]:
                 except json.JSONDecodeError:
                     # A write a killed writer cut short, then another writer's whole line: the
                     # last place a request starts is where the whole one does.
-                    request = json.loads(line[line.rfind(b'{"resourceSpans":') :])
+                    start = line.rfind(b'{"resourceSpans":')
+                    if start <= 0:
+                        raise
+                    request = json.loads(line[start:])
                 for resource_spans in request["resourceSpans"]:
                     for scope_spans in resource_spans["scopeSpans"]:
                         spans.extend(scope_spans["spans"])

@@ -876,10 +876,9 @@ def iter_requests(
                 if unfinished and _cut_short(path, part, number, partial_last_line, warn):
                     return
                 where = f"{path}:{line_number(path, part, number)}"
-                request = _after_a_cut_write(raw) if warn is not None else None
-                if warn is None or request is None:
+                if warn is None or (request := _after_a_cut_write(raw)) is None:
                     raise TraceFileError(f"{where}: not an OTLP/JSON trace request ({exc})") from exc
-                warn(write_cut_short(where))
+                warn(_write_cut_short(where))
             yield number, request, unfinished
 
 
@@ -888,7 +887,7 @@ def iter_requests(
 _REQUEST_START = b'{"resourceSpans":'
 
 
-def write_cut_short(where: str) -> str:
+def _write_cut_short(where: str) -> str:
     """What a reader says of a line that begins with a write cut short and ends with a whole one."""
     return (
         f"{where}: a write cut short (its writer was killed mid-line) runs into the next writer's"
