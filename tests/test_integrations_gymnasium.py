@@ -1,4 +1,5 @@
-"""TraceEnv on real gymnasium; private where it sets a step policy or a provider, or reads outcomes.
+"""TraceEnv on real gymnasium; private where it sets a step policy or a provider, reads outcomes, or
+feeds the episode clock's offset reads.
 
 CartPole and FrozenLake, scalar and vector."""
 
@@ -22,6 +23,7 @@ from gymtrace.testing import CapturedSpans, capture_spans, check_trace
 gym = pytest.importorskip("gymnasium")
 
 from gymtrace.integrations.gymnasium import TraceEnv  # noqa: E402 - after the importorskip
+from gymtrace.integrations.gymnasium import episodes as _episodes  # noqa: E402
 
 
 def attrs(span: Any) -> dict[str, Any]:
@@ -619,6 +621,21 @@ def test_a_vector_env_keeps_each_sub_episodes_slowest_steps(captured: CapturedSp
         assert ep[c.STEPS_SAMPLED] == len(kept) == 1 + min(2, ep[c.STEPS_COUNT] - 1)
         assert kept[1] == "first"
         assert sorted(why for why in kept.values()) == ["first"] + ["slowest"] * (len(kept) - 1)
+
+
+def test_kept_steps_map_to_epoch_time_through_the_tightest_clock_read(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Kept steps are timed with perf_counter_ns and written after the fact through an offset to
+    # time_ns. A thread paused between the two clock reads shifted them by the pause: on a busy CI
+    # machine a kept step 2 landed before the live step 1 (check: "step numbers ... [2, 1]"). Here
+    # the first of the reads is paused 5 us after the perf_counter read; the others are not.
+    true_offset = 1_000_000_000
+    perf = iter([100, 5_110, 5_200, 5_220, 5_300, 5_330])
+    epoch = iter([true_offset + 5_100, true_offset + 5_210, true_offset + 5_315])
+    monkeypatch.setattr(_episodes, "_perf_counter_ns", lambda: next(perf))
+    monkeypatch.setattr(_episodes, "_time_ns", lambda: next(epoch))
+    assert _episodes._epoch_offset() == true_offset
 
 
 COPIES = {
