@@ -3,9 +3,11 @@ files as one run, and read past what a killed writer or a stray file leaves."""
 
 from __future__ import annotations
 
+import fractions
 import gc
 import gzip
 import json
+import math
 import subprocess
 import sys
 from dataclasses import replace
@@ -21,12 +23,15 @@ from gymtrace import attributes as c
 from gymtrace._cli import main
 from gymtrace._model.spandata import (
     EventData,
+    LinkData,
     SpanData,
     TraceFileError,
     encode_otlp_json,
     encode_spandata_json,
     normalize,
+    pack_spans,
     read_otlp_json_lines,
+    unpack_spans,
 )
 from gymtrace._model.tracefiles import trace_files_of
 from gymtrace._read import source
@@ -174,7 +179,7 @@ def _read_by_one_and_two_processes(
     one = {tuple(argv): _json_lines(capsys, [*argv, str(path)]) for argv in argvs}
     cuts: list[object] = []
     monkeypatch.setattr(source, "PARALLEL_BYTES", 0)
-    monkeypatch.setattr(source, "halves", lambda files: cuts.append(files) or halves(files))
+    monkeypatch.setattr(source, "halves", lambda files, share=0.5: cuts.append(files) or halves(files, share))
     two = {tuple(argv): _json_lines(capsys, [*argv, str(path)]) for argv in argvs}
     monkeypatch.undo()
     assert len(cuts) == len(argvs)  # each read in two halves
@@ -438,6 +443,46 @@ def test_a_big_input_read_by_two_processes_gives_what_one_reads(run_file: Path, 
     two = _summary([doubled, other], parallel_from=0)
     assert two == one
     assert len(one[2]) == 1 and str(doubled) in one[2][0]
+
+
+def test_spans_the_second_process_hands_back_are_the_spans_it_read(run_file: Path) -> None:
+    read = read_summary_spans([run_file]).spans
+    odd = SpanData(
+        "0" * 31 + "1",
+        "0" * 15 + "2",
+        None,
+        "odd",
+        1,
+        2,
+        {"nan": math.nan, "big": 2**70, "seq": (1, "a", True), "map": {"k": [1.5]}},
+        events=(EventData("exception", 3, {"exception.type": "ValueError"}),),
+        links=(LinkData("0" * 31 + "3", "0" * 15 + "4", {c.LINK_RELATION: "run"}),),
+        status="ERROR",
+        status_message="boom",
+    )
+    spans = [*read, odd]
+    back = unpack_spans(pack_spans(spans))
+    assert repr(back) == repr(spans)  # NaN is not equal to itself: compared as text
+    assert back[:-1] == read and back[-1].links == odd.links and back[-1].events == odd.events
+    # Text interned where it was read is interned again: a run's keys and IDs held once.
+    key = next(iter(back[0].attributes))
+    assert sys.intern(key) is key
+    # A value marshal does not carry (no decoder makes one) travels pickled.
+    unusual = replace(odd, attributes={"ratio": fractions.Fraction(1, 3)})
+    assert unpack_spans(pack_spans([unusual])) == [unusual]
+
+
+def test_the_second_process_reads_its_share_of_a_plain_input_cut_at_a_line(tmp_path: Path) -> None:
+    path = tmp_path / "lines.jsonl"
+    path.write_bytes(b"".join(b'{"n": %d}\n' % n for n in range(1000)))
+    size = path.stat().st_size
+    for share in (0.5, source.SECOND_SHARE):
+        split = halves([path], share)
+        assert split is not None
+        [(_, (start, cut))], [(_, (cut_too, end))] = split
+        assert (start, cut, end) == (0, cut_too, size)
+        assert path.read_bytes()[cut - 1 : cut] == b"\n"  # whole lines on either side
+        assert abs((end - cut) / size - share) < 0.01
 
 
 def test_a_malformed_line_read_by_the_second_process_is_named_by_its_line_in_the_file(

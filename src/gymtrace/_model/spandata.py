@@ -11,11 +11,12 @@ import base64
 import json
 import marshal
 import operator
+import pickle
 import re
 import sys
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -987,3 +988,51 @@ def normalize(spans: Iterable[Any]) -> list[SpanData]:
     finished rollout reads the same to tree, check, rollouts and stats with or without them."""
     data = (s if isinstance(s, SpanData) else from_readable(s) for s in spans)
     return [s for s in data if s.attributes.get(c.KIND) != c.KIND_LIVE]
+
+
+# -- spans handed from one process to another ---------------------------------------------------------
+
+_FIELDS = tuple(f.name for f in fields(SpanData))
+_EVENTS = _FIELDS.index("events")
+_LINKS = _FIELDS.index("links")
+_ROW = operator.attrgetter(*_FIELDS)
+
+
+def _span_row(span: SpanData) -> list[Any]:
+    row = list(_ROW(span))
+    if row[_EVENTS]:
+        row[_EVENTS] = tuple((e.name, e.time_ns, dict(e.attributes)) for e in row[_EVENTS])
+    if row[_LINKS]:
+        row[_LINKS] = tuple((k.trace_id, k.span_id, dict(k.attributes)) for k in row[_LINKS])
+    return row
+
+
+def pack_spans(spans: list[SpanData]) -> bytes:
+    """``spans`` as bytes for :func:`unpack_spans` in another process: ``marshal`` of their fields
+    (built-in values, so written and read in C), a third faster both ways than pickling the
+    dataclasses; a reader's second process hands back ~10^5 spans this way. Text marshal wrote
+    interned comes back interned. Pickled when a value is none marshal carries."""
+    try:
+        return b"m" + marshal.dumps([_span_row(span) for span in spans])
+    except ValueError:  # a value of a type marshal does not know (not one a decoder makes)
+        return b"p" + pickle.dumps(spans, pickle.HIGHEST_PROTOCOL)
+
+
+def unpack_spans(packed: bytes) -> list[SpanData]:
+    """The spans :func:`pack_spans` packed, equal to what it was given."""
+    body = memoryview(packed)[1:]  # after the tag (no copy of the rest)
+    if packed[:1] == b"p":
+        spans: list[SpanData] = pickle.loads(body)
+        return spans
+    spans = []
+    append = spans.append
+    names = _FIELDS
+    for row in marshal.loads(body):
+        if row[_EVENTS]:
+            row[_EVENTS] = tuple(EventData(*e) for e in row[_EVENTS])
+        if row[_LINKS]:
+            row[_LINKS] = tuple(LinkData(*k) for k in row[_LINKS])
+        span = _new(SpanData)
+        _set(span, "__dict__", dict(zip(names, row, strict=True)))
+        append(span)
+    return spans

@@ -212,6 +212,19 @@ class EpisodeTimes:
             else:
                 found.extend(flat)
 
+    def packed(self) -> dict[EpisodeKey, bytes]:
+        """What :meth:`unpacked` takes back, of built-in values (``marshal`` carries it to another
+        process in C)."""
+        return {key: flat.tobytes() for key, flat in self._intervals.items()}
+
+    @classmethod
+    def unpacked(cls, packed: Mapping[EpisodeKey, bytes]) -> EpisodeTimes:
+        times = cls()
+        for key, raw in packed.items():
+            flat = times._intervals[key] = array("q")
+            flat.frombytes(raw)
+        return times
+
     def intervals(self, episode: SpanData) -> tuple[list[tuple[int, int, int]], int]:
         """The intervals of ``episode``'s spans, and the nanoseconds its step spans took. A step is
         env when the episode is an environment integration's (``gym.env.id``), else left out."""
