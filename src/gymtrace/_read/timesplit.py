@@ -15,6 +15,7 @@ from ``other`` to ``env``. :class:`EpisodeTimes` takes an episode's spans one at
 from __future__ import annotations
 
 import math
+import operator
 from array import array
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -31,6 +32,7 @@ MODEL, TOOL, ENV, VERIFY, OTHER = range(5)
 STEP = 5
 PARTS = c.SPLIT_PARTS
 _CLAIMING = (MODEL, TOOL, ENV, VERIFY)
+_START = operator.itemgetter(1)  # of a (part, start, end) interval
 
 _BY_KIND: dict[str, int] = {
     c.KIND_MODEL_CALL: MODEL,
@@ -73,7 +75,22 @@ class TimeSplit:
         return (self.model, self.tool, self.env, self.verify, self.other)
 
     def __add__(self, other: TimeSplit) -> TimeSplit:
-        return TimeSplit(*(a + b for a, b in zip(self.parts(), other.parts(), strict=True)))
+        # Spelled out: a reader adds one per episode of a run (a generator over the parts took
+        # twice as long).
+        return TimeSplit(
+            self.model + other.model,
+            self.tool + other.tool,
+            self.env + other.env,
+            self.verify + other.verify,
+            self.other + other.other,
+        )
+
+    @classmethod
+    def total_of(cls, splits: Sequence[TimeSplit]) -> TimeSplit:
+        """The sum of ``splits`` (zeros for none); a rollout's one episode is its own sum."""
+        if len(splits) == 1:
+            return splits[0]
+        return sum(splits, cls())
 
     def seconds(self) -> dict[str, float]:
         """``{part: seconds}``: what ``time_split`` holds in the readers' JSON."""
@@ -127,7 +144,12 @@ def episode_split(
         # Most episodes' calls follow one another: then each interval's time is its part's and the
         # rest is other's, with no sweep (the sweep below gives the same, several times slower).
         at = start
-        for s, e, part in sorted((max(s, start), min(e, end), part) for part, s, e in intervals):
+        # In order of start (clipped to the episode, starts keep their order).
+        for part, s, e in sorted(intervals, key=_START):
+            if s < start:
+                s = start
+            if e > end:
+                e = end
             if s >= e:
                 continue  # outside the episode, or empty
             if s < at:
@@ -230,18 +252,22 @@ class EpisodeTimes:
         env when the episode is an environment integration's (``gym.env.id``), else left out."""
         key = episode_key(episode)
         flat = self._intervals.get(key, _NONE) if key is not None else _NONE
+        # (part, start, end) triples cut from the flat array by slices, in C.
+        parts = flat[0::3]
+        found = list(zip(parts, flat[1::3], flat[2::3], strict=True))
+        if STEP not in parts:
+            return found, 0
         steps_are_env = c.ENV_ID in episode.attributes
-        found = []
+        kept = []
         steps: set[tuple[int, int]] = set()
-        for i in range(0, len(flat), 3):
-            part, start, end = flat[i], flat[i + 1], flat[i + 2]
+        for part, start, end in found:
             if part == STEP:
                 if not steps_are_env:
                     continue
                 part = ENV
                 steps.add((start, end))  # once: a file appended to itself holds it twice
-            found.append((part, start, end))
-        return found, sum(end - start for start, end in steps)
+            kept.append((part, start, end))
+        return kept, sum(end - start for start, end in steps)
 
     def split(self, episode: SpanData) -> TimeSplit:
         """The time split of ``episode`` (an episode span) from the spans fed so far."""
@@ -295,7 +321,7 @@ def rollout_split(
     """A rollout's time split: the sum of its episodes' (every attempt); None as
     :func:`episode_splits` says."""
     splits = episode_splits(root, episodes, times)
-    return None if splits is None else sum(splits, TimeSplit())
+    return None if splits is None else TimeSplit.total_of(splits)
 
 
 def split_json(split: TimeSplit | None) -> dict[str, float] | None:

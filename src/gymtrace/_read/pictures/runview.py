@@ -261,7 +261,7 @@ def build_view(
         own = episodes.get((o.trace_id, o.rollout_id), [])
         splits = episode_splits(o.root, own, times)
         index = len(view.rollouts)
-        row = RolloutRow(o, 0, 0, None if splits is None else sum(splits, TimeSplit()), _failure(o, own))
+        row = RolloutRow(o, 0, 0, None if splits is None else TimeSplit.total_of(splits), _failure(o, own))
         if o.root is not None and (not own or not has_detail(o.root)):
             bars = [
                 Bar(
