@@ -629,6 +629,28 @@ def test_check_by_two_processes_finds_what_one_finds(
         assert len(read) == (reads if file == path else max(reads, 2))
 
 
+def test_check_halves_join_only_when_no_span_was_read_by_both() -> None:
+    # Whatever holds a span twice (checked in both halves, open in both, checked in one and open
+    # in the other) sends the second half to be read again here, not joined.
+    def half(checked: list[SpanData], open_: list[SpanData]) -> Any:
+        part = stream._Stream(10, whole=False)
+        assert part.by_trace is not None
+        part.by_trace.seen = {stream._key(s) for s in checked}
+        for span in open_:
+            part.open.setdefault(span.trace_id, []).append(span)
+        return part
+
+    a, b, c_, d = (SpanData(f"{n:032x}", f"{n:016x}", None, "s", 0, 1, {}) for n in range(1, 5))
+    assert stream._read_once(half([a], [b]), half([c_], [d]))
+    for first, second in (
+        (half([a], []), half([a], [])),
+        (half([], [a]), half([], [a])),
+        (half([a], []), half([], [a])),
+        (half([], [a]), half([a], [])),
+    ):
+        assert not stream._read_once(first, second)
+
+
 @pytest.mark.parametrize("compressed", [False, True], ids=["plain", "gzip"])
 def test_check_of_a_rotated_run_is_split_between_two_processes_and_finds_what_one_finds(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, compressed: bool

@@ -310,6 +310,9 @@ class _Stream:
         for trace_id, trace in self.open.items():
             self.by_trace.check(trace_id, trace)
         self.open.clear()
+        # Every span is checked: its key (one per span read) goes before the rollout-level rules
+        # allocate theirs (~120 MB at 100,000 rollouts, where the verdict was the peak).
+        self.by_trace.seen = set()
         return self.by_trace.verdict(self.count, self.outside, limit)
 
 
@@ -437,9 +440,7 @@ def _join(stream: _Stream, other: _Stream) -> bool:
     what is reported), or a trace open at the cut that the second half checked without keeping it."""
     mine, theirs = stream.by_trace, other.by_trace
     assert mine is not None and theirs is not None
-    before = {_key(s) for spans in stream.open.values() for s in spans} | mine.seen
-    after = {_key(s) for spans in other.open.values() for s in spans} | theirs.seen
-    if not before.isdisjoint(after):
+    if not _read_once(stream, other):
         return False
     crossing = [trace for trace in theirs.traces if trace.trace_id in stream.open]
     if any(trace.spans is None for trace in crossing):
@@ -468,6 +469,22 @@ def _join(stream: _Stream, other: _Stream) -> bool:
     stream.outside += other.outside
     stream.holding += other.holding
     return True
+
+
+def _read_once(stream: _Stream, other: _Stream) -> bool:
+    """No span read by both halves: their spans checked (``seen``) and open, compared without a
+    union of either (each ``seen`` holds a key per span of its half: copies of them were the
+    reader's peak memory at 100,000 rollouts)."""
+    mine, theirs = stream.by_trace, other.by_trace
+    assert mine is not None and theirs is not None
+    open_before = {_key(s) for spans in stream.open.values() for s in spans}
+    open_after = {_key(s) for spans in other.open.values() for s in spans}
+    return (
+        open_before.isdisjoint(open_after)
+        and open_before.isdisjoint(theirs.seen)
+        and mine.seen.isdisjoint(open_after)
+        and mine.seen.isdisjoint(theirs.seen)
+    )
 
 
 def _too_thin(open_traces: dict[str, list[SpanData]], count: int, held: int) -> SpreadTooThin:
