@@ -1007,27 +1007,43 @@ def _span_row(span: SpanData) -> list[Any]:
     return row
 
 
-def pack_spans(spans: list[SpanData]) -> bytes:
-    """``spans`` as bytes for :func:`unpack_spans` in another process: ``marshal`` of their fields
-    (built-in values, so written and read in C), a third faster both ways than pickling the
-    dataclasses; a reader's second process hands back ~10^5 spans this way. Text marshal wrote
-    interned comes back interned. Pickled when a value is none marshal carries."""
+def pack_values(value: Any, fallback: Any = None) -> bytes:
+    """``value`` (built-in values) as bytes for :func:`unpack_values` in another process: by
+    ``marshal``, written and read in C (text that was interned comes back interned); when a value is
+    of a type marshal does not know, ``fallback`` (default: ``value``) pickled."""
     try:
-        return b"m" + marshal.dumps([_span_row(span) for span in spans])
-    except ValueError:  # a value of a type marshal does not know (not one a decoder makes)
-        return b"p" + pickle.dumps(spans, pickle.HIGHEST_PROTOCOL)
+        return b"m" + marshal.dumps(value)
+    except ValueError:
+        return b"p" + pickle.dumps(value if fallback is None else fallback, pickle.HIGHEST_PROTOCOL)
+
+
+def unpack_values(packed: bytes) -> tuple[bool, Any]:
+    """What :func:`pack_values` packed: (True, the value) if marshal carried it, else (False, the
+    fallback)."""
+    body = memoryview(packed)[1:]  # after the tag (no copy of the rest)
+    if packed[:1] == b"m":
+        return True, marshal.loads(body)
+    return False, pickle.loads(body)
+
+
+def pack_spans(spans: list[SpanData]) -> bytes:
+    """``spans`` as bytes for :func:`unpack_spans` in another process: their fields as built-in
+    values (:func:`pack_values`), a third faster both ways than pickling the dataclasses; a
+    reader's second process hands back ~10^5 spans this way. Pickled when a value is of a type
+    marshal does not know (none a decoder makes)."""
+    return pack_values([_span_row(span) for span in spans], spans)
 
 
 def unpack_spans(packed: bytes) -> list[SpanData]:
     """The spans :func:`pack_spans` packed, equal to what it was given."""
-    body = memoryview(packed)[1:]  # after the tag (no copy of the rest)
-    if packed[:1] == b"p":
-        spans: list[SpanData] = pickle.loads(body)
+    marshalled, rows = unpack_values(packed)
+    if not marshalled:
+        spans: list[SpanData] = rows
         return spans
     spans = []
     append = spans.append
     names = _FIELDS
-    for row in marshal.loads(body):
+    for row in rows:
         if row[_EVENTS]:
             row[_EVENTS] = tuple(EventData(*e) for e in row[_EVENTS])
         if row[_LINKS]:

@@ -15,11 +15,9 @@ read whole in a second pass.
 from __future__ import annotations
 
 import gc
-import marshal
 import multiprocessing
 import operator
 import os
-import pickle
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from concurrent.futures import ProcessPoolExecutor
 from contextlib import contextmanager
@@ -40,9 +38,11 @@ from gymtrace._model.spandata import (
     iter_file_spans,
     nemo_gym_identity,
     pack_spans,
+    pack_values,
     plain_value,
     raw_attributes,
     unpack_spans,
+    unpack_values,
 )
 from gymtrace._model.tracefiles import Warn, compression_of, trace_files_of
 from gymtrace._read.timesplit import EpisodeTimes, part_of
@@ -465,18 +465,13 @@ def _read_second(parts: list[tuple[Path, Part]]) -> tuple[bytes, bytes, list[str
     ``marshal``'s C (spans: :func:`~gymtrace._model.spandata.pack_spans`), not pickled object by
     object: the tokens it took as entries, the time split's intervals, the earliest ends."""
     found = _read_parts(parts, entries=True)
-    rest = (found.tokens.entries, found.times.packed(), found.ends.earliest)
-    try:
-        packed = b"m" + marshal.dumps(rest)
-    except ValueError:  # a run or policy version of a type marshal does not know
-        packed = b"p" + pickle.dumps(rest, pickle.HIGHEST_PROTOCOL)
-    return pack_spans(found.spans), packed, found.warnings, found.error
+    rest = pack_values((found.tokens.entries, found.times.packed(), found.ends.earliest))
+    return pack_spans(found.spans), rest, found.warnings, found.error
 
 
 def _unpack_second(result: tuple[bytes, bytes, list[str], Exception | None]) -> _Read:
-    spans, packed, warnings, error = result
-    load = marshal.loads if packed[:1] == b"m" else pickle.loads
-    entries, intervals, earliest = load(memoryview(packed)[1:])
+    spans, rest, warnings, error = result
+    _, (entries, intervals, earliest) = unpack_values(rest)
     tokens = TokenTotals(entries=entries)
     return _Read(
         unpack_spans(spans), tokens, EpisodeTimes.unpacked(intervals), Ends(earliest), warnings, error
