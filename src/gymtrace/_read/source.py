@@ -398,17 +398,17 @@ def halves(
     ``second_share`` of the bytes (a half by default); None when there are no two such lists.
 
     A byte range is read only of a plain file: a compressed one has no byte a line starts at. So
-    plain files are cut at the line the middle byte is in; when any file is compressed, the files
-    are split whole (a run's segments, its processes' files), at the file boundary nearest the
-    middle, if the smaller half holds a third of the bytes or more; else (one big compressed file)
-    there are no halves, and one process reads it all."""
+    plain files are cut at the line the target byte is in (where the second part's share begins);
+    when any file is compressed, the files are split whole (a run's segments, its processes'
+    files), at the file boundary nearest the target, if the smaller part holds a third of the bytes
+    or more; else (one big compressed file) there are no halves, and one process reads it all."""
     sizes = [f.stat().st_size for f in files]
-    middle = sum(sizes) - int(sum(sizes) * second_share)
+    target = sum(sizes) - int(sum(sizes) * second_share)
     if any(compression_of(f) is not None for f in files):
         ends = [sum(sizes[: i + 1]) for i in range(len(files) - 1)]
         if not ends:
             return None
-        cut = min(range(len(ends)), key=lambda i: abs(ends[i] - middle))
+        cut = min(range(len(ends)), key=lambda i: abs(ends[i] - target))
         if min(ends[cut], sum(sizes) - ends[cut]) * 3 < sum(sizes):
             return None
         return [(f, None) for f in files[: cut + 1]], [(f, None) for f in files[cut + 1 :]]
@@ -416,14 +416,14 @@ def halves(
     second: list[tuple[Path, Part]] = []
     offset = 0
     for file, size in zip(files, sizes, strict=True):
-        if offset + size <= middle:
+        if offset + size <= target:
             first.append((file, None))
-        elif offset >= middle:
+        elif offset >= target:
             second.append((file, None))
         else:
             with open(file, "rb") as f:
-                f.seek(middle - offset)
-                cut = middle - offset + len(f.readline())  # the end of the line the middle is in
+                f.seek(target - offset)
+                cut = target - offset + len(f.readline())  # the end of the line the target is in
             first.append((file, (0, cut)))
             if cut < size:
                 second.append((file, (cut, size)))
