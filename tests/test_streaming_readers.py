@@ -364,6 +364,20 @@ def test_a_malformed_line_is_an_error_naming_file_and_line(
         assert code == 2 and f"{run_file}:3:" in err, argv
 
 
+def test_a_span_that_ends_past_2_to_the_64_is_an_error_naming_its_line(
+    run_file: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # A model call the summary readers drop unread: its end went into the time split's arrays of
+    # 64-bit integers and raised OverflowError, a traceback.
+    request = json.loads(run_file.read_text().splitlines()[0])
+    for span in request["resourceSpans"][0]["scopeSpans"][0]["spans"]:
+        span["endTimeUnixNano"] = str(2**64)
+    run_file.write_text(json.dumps(request) + "\n" + run_file.read_text())
+    for argv in (["rollouts", "--json"], ["stats"], ["stats", "--by", "train_step"]):
+        code, _, err = _out(capsys, [*argv, str(run_file)])
+        assert code == 2 and f"{run_file}:1:" in err and "2^64" in err, (argv, err)
+
+
 def test_a_last_line_cut_short_by_a_killed_writer_is_one_warning(
     run_file: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

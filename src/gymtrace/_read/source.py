@@ -187,12 +187,20 @@ def summary_span(span: SpanData) -> bool:
     return (read_int(attributes.get(c.RAY_TASK_ATTEMPT)) or 0) >= 1
 
 
+# A span's times are nanoseconds below 2^64 (the decoder names any other; the time split holds them
+# in arrays of unsigned 64-bit integers).
+_TIME_END = 1 << 64
+
+
 def _nanoseconds(value: object) -> int | None:
     """A span's time as the decoder reads it when it is plain: ASCII digits (as gymtrace writes
-    int64) or a JSON integer; None for anything else (the span is decoded: read, or named)."""
+    int64) or a JSON integer, below 2^64; None for anything else (the span is decoded: read, or
+    named)."""
     if isinstance(value, str):
-        return int(value) if value.isdigit() and value.isascii() else None
-    return value if type(value) is int else None  # not a bool
+        number = int(value) if value.isdigit() and value.isascii() else None
+    else:
+        number = value if type(value) is int else None  # not a bool
+    return number if number is not None and 0 <= number < _TIME_END else None
 
 
 # The most span shapes (lists of attribute keys) the filter remembers where to look in.
@@ -293,6 +301,8 @@ def summary_filter(
             end = int(end)
         elif end.__class__ is not int:
             return True  # decoded: the decoder reads it, or names what is wrong
+        if not 0 <= end < _TIME_END:
+            return True
         if trace_id.__class__ is not str:
             return True
         count: int | None = None

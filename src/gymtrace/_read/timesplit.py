@@ -170,7 +170,7 @@ def episode_split(
 # -- the spans of every episode, collected one at a time ---------------------------------------------
 
 EpisodeKey = tuple[str, str, int]  # trace ID, rollout ID, attempt
-_NONE: array[int] = array("q")
+_NONE: array[int] = array("Q")
 
 
 def episode_key(span: SpanData) -> EpisodeKey | None:
@@ -204,7 +204,7 @@ class EpisodeTimes:
     def add(self, key: EpisodeKey, part: int, start: int, end: int) -> None:
         found = self._intervals.get(key)
         if found is None:
-            found = self._intervals[key] = array("q")
+            found = self._intervals[key] = array("Q")
         found.extend((part, start, end))
 
     def add_span(self, span: SpanData) -> None:
@@ -243,7 +243,7 @@ class EpisodeTimes:
     def unpacked(cls, packed: Mapping[EpisodeKey, bytes]) -> EpisodeTimes:
         times = cls()
         for key, raw in packed.items():
-            flat = times._intervals[key] = array("q")
+            flat = times._intervals[key] = array("Q")
             flat.frombytes(raw)
         return times
 
