@@ -17,9 +17,11 @@ own so its peak RSS is its own (``resource.getrusage(RUSAGE_CHILDREN)``, by chil
 * the floor: ``cat FILES > /dev/null`` (the bytes of the run's files: its segments past
   ``GYMTRACE_FILE_ROTATE_MB``), and parsing every line with the fastest parser
   installed (orjson) and with the standard library's ``json`` alone, holding nothing;
-* ``gymtrace rollouts --json``, ``stats``, ``stats --by train_step`` and ``check``, with orjson
-  (the ``fast`` extra) and as the plain install reads (the child's ``sys.modules`` says orjson is
-  absent, so the readers parse with the standard library's ``json``).
+* ``gymtrace rollouts --json``, ``stats``, ``stats --by train_step`` and ``check``: with the native
+  reader (``gymtrace_native``, built from ``native/`` by ``scripts/native``) and orjson, when it is
+  installed; with orjson alone (the ``fast`` extra; ``GYMTRACE_NATIVE_READER=off``); and as the
+  plain install reads (the child's ``sys.modules`` says orjson and the native reader are absent, so
+  the readers parse with the standard library's ``json``).
 
 With ``--before SRC`` (the ``src`` directory of another checkout, e.g. made by ``git worktree add``),
 each command also runs with that code first on ``sys.path`` (same interpreter and orjson), in a
@@ -35,6 +37,7 @@ wall time: other work stretches the wall time, less so the CPU time.
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import os
 import shutil
 import subprocess
@@ -100,15 +103,21 @@ for path in sys.argv[2:]:
             loads(line)
 """
 
-# The plain install: the readers must not find orjson.
-PLAIN = "import sys; sys.modules['orjson'] = None; from gymtrace._cli import main; sys.exit(main())"
+# The plain install: the readers must find neither orjson nor the native reader.
+PLAIN = (
+    "import sys; sys.modules['orjson'] = None; sys.modules['gymtrace_native'] = None;"
+    " from gymtrace._cli import main; sys.exit(main())"
+)
 FAST = "import sys; from gymtrace._cli import main; sys.exit(main())"
+NATIVE_OFF = {"GYMTRACE_NATIVE_READER": "off"}
 
 
-def timed(argv: list[str], src: Path | None = None) -> tuple[float, float, float]:
+def timed(
+    argv: list[str], src: Path | None = None, env: dict[str, str] | None = None
+) -> tuple[float, float, float]:
     """Seconds, CPU seconds (user and system, every process of it) and peak RSS (MB, its largest
-    process) of one child process (with ``src`` first on its path, if given); its output is thrown
-    away."""
+    process) of one child process (with ``src`` first on its path and ``env`` in its environment,
+    if given); its output is thrown away."""
     script = (
         "import resource, subprocess, sys, time\n"
         "t = time.perf_counter()\n"
@@ -116,9 +125,9 @@ def timed(argv: list[str], src: Path | None = None) -> tuple[float, float, float
         "u = resource.getrusage(resource.RUSAGE_CHILDREN)\n"
         "print(time.perf_counter() - t, u.ru_utime + u.ru_stime, u.ru_maxrss)\n"
     )
-    env = {**os.environ, "PYTHONPATH": str(src)} if src is not None else None
+    environ = {**os.environ, **(env or {}), **({"PYTHONPATH": str(src)} if src is not None else {})}
     out = subprocess.run(
-        [sys.executable, "-c", script, *argv], capture_output=True, text=True, check=True, env=env
+        [sys.executable, "-c", script, *argv], capture_output=True, text=True, check=True, env=environ
     )
     seconds, cpu, rss_kb = out.stdout.split()
     return float(seconds), float(cpu), int(rss_kb) / 1024
@@ -143,6 +152,9 @@ def main() -> None:
     except ImportError:
         fast = False
         print("orjson is not installed (the `fast` extra): the fast-parser rows are left out")
+    native = fast and importlib.util.find_spec("gymtrace_native") is not None
+    if not native:
+        print("the native reader is not installed (scripts/native): its column is left out")
     where = args.keep or Path(tempfile.mkdtemp(prefix="gymtrace-readers-"))
     where.mkdir(parents=True, exist_ok=True)
     commands = {
@@ -154,8 +166,11 @@ def main() -> None:
     try:
         print("Each cell: wall time (CPU time of all its processes), peak RSS; times the parse floor's")
         before = " before: `--before` code (orjson) |" if args.before else ""
-        print(f"| rollouts (spans, file) | what | fast parser (orjson) | plain install (json) |{before}")
-        print("| --- | --- | --- | --- |" + (" --- |" if args.before else ""))
+        print(
+            "| rollouts (spans, file) | what | native reader (orjson) | fast parser (orjson) |"
+            f" plain install (json) |{before}"
+        )
+        print("| --- | --- | --- | --- | --- |" + (" --- |" if args.before else ""))
         for n in args.rollouts:
             path = where / f"run-{n}.jsonl"
             if not path.exists():
@@ -174,9 +189,12 @@ def main() -> None:
             size = f"{n:,} ({spans / 1e6:.2f}M spans, {megabytes:,.0f} MB in {len(files)} file{plural})"
 
             def cell(
-                argv: list[str], floor: tuple[float, float] | None = None, src: Path | None = None
+                argv: list[str],
+                floor: tuple[float, float] | None = None,
+                src: Path | None = None,
+                env: dict[str, str] | None = None,
             ) -> tuple[str, tuple[float, float]]:
-                seconds, cpu, rss = timed(argv, src)
+                seconds, cpu, rss = timed(argv, src, env)
                 text = f"{seconds:.{2 if seconds < 1 else 1}f} s ({cpu:.{2 if cpu < 1 else 1}f} s CPU), {rss:,.0f} MB"
                 if floor:
                     text += f"; {seconds / floor[0]:.1f}x parse ({cpu / floor[1]:.1f}x CPU)"
@@ -184,16 +202,21 @@ def main() -> None:
 
             cat, _ = cell(["cat", *files])
             same = f" {cat} |" if args.before else ""
-            print(f"| {size} | floor: read the bytes (`cat`) | {cat} | {cat} |{same}")
+            print(f"| {size} | floor: read the bytes (`cat`) | {cat} | {cat} | {cat} |{same}")
             fast_parse, fast_floor = (
                 cell([sys.executable, "-c", PARSE, "orjson", *files]) if fast else ("-", None)
             )
             plain_parse, plain_floor = cell([sys.executable, "-c", PARSE, "json", *files])
             same = f" {fast_parse} |" if args.before else ""
-            print(f"| | floor: parse only | {fast_parse} | {plain_parse} |{same}")
+            print(f"| | floor: parse only | {fast_parse} | {fast_parse} | {plain_parse} |{same}")
             for name, argv in commands.items():
+                native_cell = (
+                    cell([sys.executable, "-c", FAST, *argv, str(path)], fast_floor)[0] if native else "-"
+                )
                 fast_cell = (
-                    cell([sys.executable, "-c", FAST, *argv, str(path)], fast_floor)[0] if fast else "-"
+                    cell([sys.executable, "-c", FAST, *argv, str(path)], fast_floor, env=NATIVE_OFF)[0]
+                    if fast
+                    else "-"
                 )
                 plain_cell = cell([sys.executable, "-c", PLAIN, *argv, str(path)], plain_floor)[0]
                 before_cell = ""
@@ -203,7 +226,10 @@ def main() -> None:
                         + cell([sys.executable, "-c", FAST, *argv, str(path)], fast_floor, args.before)[0]
                         + " |"
                     )
-                print(f"| | `gymtrace {name}` | {fast_cell} | {plain_cell} |{before_cell}", flush=True)
+                print(
+                    f"| | `gymtrace {name}` | {native_cell} | {fast_cell} | {plain_cell} |{before_cell}",
+                    flush=True,
+                )
     finally:
         if args.keep is None:
             shutil.rmtree(where, ignore_errors=True)

@@ -1,4 +1,5 @@
-"""The readers' decoder (``_model.spandata``, private) and main(argv) in process, for hundreds of cases.
+"""The readers' decoder (``_model.spandata``, private) and main(argv) in process, for hundreds of cases;
+the native reader against the Python reader (``_read.source``, private) on the same cases.
 
 The readers against malformed trace files: a clear one-line error and exit code 2, never a
 traceback (issue 31: a ``spanId`` that was a number made tree, check, rollouts, stats and live exit
@@ -315,3 +316,20 @@ def test_the_fast_decoder_gives_way_to_the_checked_one_on_what_it_does_not_read_
     assert _decoded(spandata.decode_span, span) == _decoded(spandata._checked_span, span)
     lean = functools.partial(spandata._checked_span, keys=CHECK_KEYS)
     assert _decoded(functools.partial(spandata.decode_lean, keys=CHECK_KEYS), span) == _decoded(lean, span)
+
+
+@settings(max_examples=300, deadline=None, derandomize=True)
+@given(request=broken_requests())
+def test_the_native_reader_reads_each_broken_request_as_the_python_reader_reads_it(
+    request: dict[str, Any],
+) -> None:
+    # What it does not read exactly as gymtrace writes it, it leaves to the Python filter, or gives
+    # the line back as it came for the Python reader to name.
+    from native_reader import native_or_skip, read_parts
+
+    native_or_skip()
+    with tempfile.TemporaryDirectory() as tmp, pytest.MonkeyPatch.context() as monkeypatch:
+        path = Path(tmp) / "broken.jsonl"
+        path.write_text(json.dumps(_request()) + "\n" + json.dumps(request) + "\n")
+        native = read_parts([path], monkeypatch, native=True)
+        assert native == read_parts([path], monkeypatch, native=False)

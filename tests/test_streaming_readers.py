@@ -42,6 +42,7 @@ from gymtrace._read.source import fork_context, halves, read_summary_spans
 from gymtrace._read.timesplit import rollout_splits, split_json
 from gymtrace._read.training import finish_rows, read_training
 from gymtrace.testing import CapturedSpans, capture_spans
+from training_run import training_run
 from training_state import no_policy_version  # noqa: F401 - an autouse fixture
 
 READERS = [
@@ -53,35 +54,6 @@ READERS = [
 ]
 
 
-def _training_run(rollouts: int = 12) -> None:
-    """A run with retries, unscored rollouts, model calls with tokens, and a train step consuming
-    every rollout: what each reader's answer draws on."""
-    keys = []
-    with gymtrace.run(run_id="stream"):
-        for i in range(rollouts):
-            gymtrace.set_policy_version(i // 4)
-            with gymtrace.rollout(
-                rollout_id=f"r-{i}", task_id=f"t-{i % 3}", group_id=f"g-{i // 4}", group_size=4
-            ):
-                for attempt in gymtrace.attempts(2, reraise=False):
-                    with attempt:
-                        with gymtrace.step():
-                            with gymtrace.model_call(model="policy") as call:
-                                call.record_usage(output_tokens=7 + i)
-                            with gymtrace.tool_call(tool_name="env.step"):
-                                pass
-                        if i % 4 == 1 and attempt.number == 0:
-                            raise ConnectionError("environment lost")  # retried
-                        if i % 4 == 2:
-                            raise KeyError("harness bug")  # unscored
-                        with gymtrace.verify():
-                            gymtrace.record_reward(float(i % 2))
-                keys.append(gymtrace.current().join_keys())
-        with gymtrace.train_step(step=0, policy_version=3):
-            for n, k in enumerate(keys):
-                gymtrace.consume(k, outcome="trained" if n % 3 else "filtered")
-
-
 def _lines(captured: CapturedSpans, per_line: int = 5) -> list[str]:
     spans = list(captured.spans)
     return [json.dumps(encode_otlp_json(spans[i : i + per_line])) for i in range(0, len(spans), per_line)]
@@ -90,7 +62,7 @@ def _lines(captured: CapturedSpans, per_line: int = 5) -> list[str]:
 @pytest.fixture
 def run_file(tmp_path: Path) -> Path:
     with capture_spans() as captured:
-        _training_run()
+        training_run()
     path = tmp_path / "run.jsonl"
     path.write_text("".join(line + "\n" for line in _lines(captured)))
     return path
@@ -542,7 +514,7 @@ def _write_spans(path: Path, spans: list[SpanData], per_line: int = 5) -> Path:
 
 def test_check_trace_by_trace_finds_what_the_whole_input_check_finds(tmp_path: Path) -> None:
     with capture_spans() as captured:
-        _training_run()
+        training_run()
     path = _write_spans(tmp_path / "run.jsonl", _with_violations(captured))
     doubled = tmp_path / "doubled.jsonl"
     doubled.write_text(path.read_text() * 2)
@@ -561,7 +533,7 @@ def test_check_trace_by_trace_finds_what_the_whole_input_check_finds(tmp_path: P
 
 def test_check_of_a_trace_spread_too_thin_names_it(tmp_path: Path) -> None:
     with capture_spans() as captured:
-        _training_run()
+        training_run()
     spans = normalize(captured.spans)
     # One rollout's root is in a file not given: its trace never closes.
     root = next(s for s in spans if s.attributes.get(c.KIND) == c.KIND_ROLLOUT)
@@ -578,7 +550,7 @@ def test_check_of_a_trace_spread_too_thin_names_it(tmp_path: Path) -> None:
 
 def test_check_merges_a_directory_of_per_process_files_by_time(tmp_path: Path) -> None:
     with capture_spans() as captured:
-        _training_run()
+        training_run()
     spans = _with_violations(captured)
     one = _write_spans(tmp_path / "run.jsonl", spans)
     # The rollout roots in one process's file, what ran below them in another's: read one file
@@ -622,7 +594,7 @@ def test_check_by_two_processes_finds_what_one_finds(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, early: int, held: int, reads: int
 ) -> None:
     with capture_spans() as captured:
-        _training_run(rollouts=40)
+        training_run(rollouts=40)
         spans = _cut_through_a_trace(captured)
     path = _write_spans(tmp_path / "run.jsonl", spans, per_line=1)
     doubled = tmp_path / "doubled.jsonl"
@@ -671,7 +643,7 @@ def test_check_of_a_rotated_run_is_split_between_two_processes_and_finds_what_on
 ) -> None:
     # Rotation is on by default: a run past 256 MB is segments, and each is one writer's, in order.
     with capture_spans() as captured:
-        _training_run(rollouts=40)
+        training_run(rollouts=40)
         spans = _cut_through_a_trace(captured)
     path = _write_spans(tmp_path / "run.jsonl", spans, per_line=1)
     configured = _segments(path, tmp_path / "segments", 3, compressed)
@@ -695,7 +667,7 @@ def test_check_of_a_rotated_run_is_split_between_two_processes_and_finds_what_on
 def test_check_of_a_file_reads_a_reward_event_outside_any_rollout(tmp_path: Path) -> None:
     # The checker decodes a span's events only where a rule reads them: outside any rollout.
     with capture_spans() as captured:
-        _training_run()
+        training_run()
     spans = normalize(captured.spans)
     step = next(s for s in spans if s.attributes.get(c.KIND) == c.KIND_STEP)
     scored = replace(

@@ -140,6 +140,12 @@ GYMTRACE_EXPERIMENT: Final = "GYMTRACE_EXPERIMENT"
 ``GYMTRACE_BACKEND`` set to ``mlflow`` or ``phoenix``. Default ``gymtrace``. Argument:
 ``configure(experiment=...)``."""
 
+GYMTRACE_NATIVE_READER: Final = "GYMTRACE_NATIVE_READER"
+"""``off`` reads trace files with Python alone where the native reader (``gymtrace-native``, built
+from ``native/`` in gymtrace's repository; docs/cli.md) is installed: the summary readers
+(``rollouts``, ``stats``, ``compare``, ``timeline``, ``report``) then give the same answer, slower.
+Default ``on``: the native reader is used when it can be imported."""
+
 GYMTRACE_ENCODER_CONFIG: Final = "_GYMTRACE_ENCODER_CONFIG"
 """Not a setting: how gymtrace hands its encoder process the exporter to build (JSON, headers
 included). An environment variable and not an argument: a process's arguments are readable by

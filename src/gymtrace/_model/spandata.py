@@ -18,7 +18,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from gymtrace import _constants as c
 from gymtrace._model.numbers import read_int
@@ -452,6 +452,20 @@ def encode_spandata_json(
 Decode = Callable[[Mapping[str, Any], str, str], "SpanData"]
 
 
+class LineReducer(Protocol):
+    """What the native reader makes of each line before it is parsed (see :func:`iter_requests`)."""
+
+    def reduce(self, line: bytes) -> bytes: ...
+
+    def read(self, fd: int, start: int, stop: int | None = None) -> Iterator[tuple[bytes, bool]]:
+        """The lines of the plain file open as ``fd``, from ``start`` to the line ``stop`` is in,
+        each reduced as it is read, with whether it ends without a newline."""
+        ...
+
+    def discard(self) -> None:
+        """Take back what was taken of the line reduced last: the reader skipped it."""
+
+
 def decode_otlp_json(
     request: Any, keep: Callable[[Mapping[str, Any]], bool] | None = None, decode: Decode | None = None
 ) -> Iterator[SpanData]:
@@ -792,6 +806,13 @@ def decode_held(s: Mapping[str, Any], service: str, instance: str, *, events: bo
     return span if span is not None else _checked_span(copied, service, instance, read_events=events)
 
 
+def decode_reduced(s: Mapping[str, Any], service: str, instance: str) -> SpanData:
+    """:func:`decode_held` of a span from a line the native reader reduced to the spans a reader
+    keeps, without the copy: nearly all of such a line is held, there is no line to free."""
+    span = _plain_span(s, service, instance, events=False)
+    return span if span is not None else _checked_span(s, service, instance, read_events=False)
+
+
 def parse_json_line(raw: bytes) -> Any:
     """One line of JSON, by orjson when it is installed (the ``fast`` extra), else by the standard
     library. What orjson refuses and ``json`` reads (``NaN``, a lone surrogate, an integer past 64
@@ -835,6 +856,25 @@ def _open_part(path: Path, part: Part, warn: Warn | None, still_written: bool) -
         yield _part_lines(f, part)
 
 
+@contextmanager
+def _read_lines(
+    path: Path, part: Part, warn: Warn | None, still_written: bool, reducer: LineReducer | None
+) -> Iterator[Iterable[tuple[bytes, bool]]]:
+    """The lines of a file or part (:func:`_open_part`), each with whether it ends without its
+    newline; through ``reducer`` when given: a plain file read by it (a line of ~0.5 MB is not made
+    a Python object first), a compressed one line by line."""
+    if reducer is not None and compression_of(path) is None:
+        with open(path, "rb") as f:
+            start, stop = part if part is not None else (0, None)
+            yield reducer.read(f.fileno(), start, stop)
+        return
+    with _open_part(path, part, warn, still_written) as lines:
+        if reducer is None:
+            yield ((raw, not raw.endswith(b"\n")) for raw in lines)
+        else:
+            yield ((reducer.reduce(raw), not raw.endswith(b"\n")) for raw in lines)
+
+
 def line_number(path: str | Path, part: Part, number: int) -> int:
     """The line number in the whole file of line ``number`` of ``part`` (counted only for a
     message: a part's first line number is not known without reading what comes before it)."""
@@ -852,7 +892,12 @@ def line_number(path: str | Path, part: Part, number: int) -> int:
 
 
 def iter_requests(
-    path: str | Path, *, partial_last_line: bool = False, warn: Warn | None = None, part: Part = None
+    path: str | Path,
+    *,
+    partial_last_line: bool = False,
+    warn: Warn | None = None,
+    part: Part = None,
+    reducer: LineReducer | None = None,
 ) -> Iterator[tuple[int, Any, bool]]:
     """Each line of one trace file, plain or compressed (or of ``part`` of a plain one) as ``(line
     number in the part, parsed JSON, last line without its newline)``, one at a time.
@@ -861,13 +906,17 @@ def iter_requests(
     line without its newline: the file is still being written (``partial_last_line``, for
     ``gymtrace live``: skipped, it is whole at the next read) or its writer was killed mid-line
     (skipped if ``warn`` is given, and told, naming the file; else the same error). A compressed
-    file's last block cut short is :func:`~gymtrace._model.tracefiles.open_lines`'s to tell."""
+    file's last block cut short is :func:`~gymtrace._model.tracefiles.open_lines`'s to tell.
+
+    ``reducer`` takes each line before it is parsed and gives back the line to parse: the native
+    reader's (``_read.native``), which drops the spans it can read in compiled code and gives back
+    a line it cannot read as it came, so that what is said of such a line is said here; it is told
+    of a line skipped."""
     # Read as bytes and decoded line by line: a byte that is not UTF-8 is an error naming its line,
     # not a UnicodeDecodeError out of the file iterator.
     path = Path(path)
-    with _open_part(path, part, warn, partial_last_line) as lines:
-        for number, raw in enumerate(lines, 1):
-            unfinished = not raw.endswith(b"\n")
+    with _read_lines(path, part, warn, partial_last_line, reducer) as lines:
+        for number, (raw, unfinished) in enumerate(lines, 1):
             raw = raw.strip()
             if not raw:
                 continue
@@ -930,19 +979,22 @@ def iter_file_spans(
     keep: Callable[[Mapping[str, Any]], bool] | None = None,
     part: Part = None,
     decode: Decode | None = None,
+    reducer: LineReducer | None = None,
 ) -> Iterator[SpanData]:
     """The spans of one trace file (a file :func:`~gymtrace._model.tracefiles.trace_files` listed,
     plain or compressed; or ``part`` of a plain one), one at a time. ``keep``, given a span's raw
     OTLP/JSON object, says whether to decode it at all, and ``decode`` how (see
-    :func:`decode_otlp_json`)."""
+    :func:`decode_otlp_json`); ``reducer`` as :func:`iter_requests`'s."""
     file = Path(path)
-    lines = iter_requests(file, partial_last_line=partial_last_line, warn=warn, part=part)
+    lines = iter_requests(file, partial_last_line=partial_last_line, warn=warn, part=part, reducer=reducer)
     for number, request, unfinished in lines:
         try:
             # Decoded whole before any is yielded: a bad span fails its line, not half of it.
             spans = list(decode_otlp_json(request, keep, decode))
         except BadTraceData as exc:
             if unfinished and _cut_short(file, part, number, partial_last_line, warn):
+                if reducer is not None:
+                    reducer.discard()
                 return
             where = f"{file}:{line_number(file, part, number)}"
             raise TraceFileError(f"{where}: not a trace gymtrace can read: {exc}") from exc

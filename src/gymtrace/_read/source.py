@@ -34,6 +34,7 @@ from gymtrace._model.spandata import (
     TraceFileError,
     decode_any_value,
     decode_held,
+    decode_reduced,
     is_marker,
     iter_file_spans,
     nemo_gym_identity,
@@ -45,7 +46,8 @@ from gymtrace._model.spandata import (
     unpack_values,
 )
 from gymtrace._model.tracefiles import Warn, compression_of, trace_files_of
-from gymtrace._read.timesplit import EpisodeTimes, part_of
+from gymtrace._read.native import native_module
+from gymtrace._read.timesplit import EpisodeTimes, part_of, part_tables
 
 # The kinds the summary readers read whole.
 _READ_KINDS = frozenset(
@@ -203,6 +205,15 @@ def _nanoseconds(value: object) -> int | None:
     return number if number is not None and 0 <= number < _TIME_END else None
 
 
+# The attributes whose values the filter reads besides the kind and the rollout ID, in its order.
+_VALUE_KEYS = (
+    c.RAY_TASK_ATTEMPT,
+    c.GEN_AI_USAGE_OUTPUT_TOKENS,
+    c.RUN_ID,
+    c.POLICY_VERSION,
+    c.GEN_AI_OPERATION_NAME,
+    c.EPISODE_ATTEMPT,
+)
 # The most span shapes (lists of attribute keys) the filter remembers where to look in.
 _PLANS = 4096
 _UNSEEN: Any = object()
@@ -226,17 +237,7 @@ def _plan(keys: tuple[Any, ...]) -> tuple[int, ...] | None:
         at.get(c.KIND, -1),
         rollout,
         nemo,
-        *(
-            at.get(key, -1)
-            for key in (
-                c.RAY_TASK_ATTEMPT,
-                c.GEN_AI_USAGE_OUTPUT_TOKENS,
-                c.RUN_ID,
-                c.POLICY_VERSION,
-                c.GEN_AI_OPERATION_NAME,
-                c.EPISODE_ATTEMPT,
-            )
-        ),
+        *(at.get(key, -1) for key in _VALUE_KEYS),
     )
 
 
@@ -385,20 +386,48 @@ class _Read:
     error: Exception | None = None
 
 
+def summary_reducer() -> Any:
+    """The native reader's ``Reducer`` of :func:`summary_filter` (its keys, kinds and parts given
+    from here), or None without it (:func:`~gymtrace._read.native.native_module`)."""
+    native = native_module()
+    if native is None:
+        return None
+    keys = (c.ROLLOUT_ID, c.NEMO_GYM_ROLLOUT_ID, c.KIND, *_VALUE_KEYS)
+    by_kind, by_operation = part_tables()
+    return native.Reducer(keys, set(_READ_KINDS), by_kind, by_operation)
+
+
 def _read_parts(parts: list[tuple[Path, Part]], entries: bool) -> _Read:
     found = _Read([], TokenTotals(entries={} if entries else None), EpisodeTimes(), Ends(), [])
     keep = summary_filter(found.tokens, found.times, found.ends)
+    reducer = summary_reducer()
     try:
         with gc_paused():
             for path, part in parts:
                 found.spans.extend(
                     iter_file_spans(
-                        path, warn=found.warnings.append, keep=keep, part=part, decode=decode_held
+                        path,
+                        warn=found.warnings.append,
+                        keep=keep,
+                        part=part,
+                        decode=decode_held if reducer is None else decode_reduced,
+                        reducer=reducer,
                     )
                 )
+                if reducer is not None:  # file by file: what it holds meanwhile stays small
+                    _take_reduced(reducer, found)
     except (TraceFileError, OSError) as exc:
         found.error = exc
     return found
+
+
+def _take_reduced(reducer: Any, found: _Read) -> None:
+    """What the native reader took of the spans it dropped, into what the Python filter took."""
+    found.times.merge(EpisodeTimes.unpacked(reducer.times()))
+    for (trace_id, rollout_id), end in reducer.ends().items():
+        found.ends.add(trace_id, rollout_id, end)
+    for entry in reducer.tokens():
+        found.tokens.add(*entry)
 
 
 def halves(

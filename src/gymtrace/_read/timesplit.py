@@ -49,6 +49,12 @@ _BY_OPERATION: dict[str, int] = {
 }
 
 
+def part_tables() -> tuple[dict[str, int], dict[str, int]]:
+    """The part of each ``gym.kind`` and of each ``gen_ai.operation.name`` (:func:`part_of`'s), for
+    the native reader."""
+    return dict(_BY_KIND), dict(_BY_OPERATION)
+
+
 def part_of(kind: object, operation: object) -> int | None:
     """The part a span's time belongs to, from its ``gym.kind`` (else its
     ``gen_ai.operation.name``, for another library's model or tool span); None for none."""

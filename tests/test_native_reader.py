@@ -1,0 +1,206 @@
+"""The native reader (``gymtrace_native``, Rust, built from native/ by scripts/native) gives every
+summary reader the answer the Python reader gives, byte for byte, on what gymtrace writes and on
+spans it does not read exactly (which it leaves to the Python filter); a line it cannot read is
+named as the Python reader names it. ``_read.source`` (private) is compared whole per process."""
+
+from __future__ import annotations
+
+import copy
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from gymtrace import attributes as c
+from gymtrace._cli import main
+from gymtrace._model import environment as env
+from gymtrace._model.spandata import encode_otlp_json
+from gymtrace._read import source
+from gymtrace.testing import capture_spans
+from native_reader import native_or_skip, read_parts
+from training_run import training_run
+from training_state import no_policy_version  # noqa: F401 - an autouse fixture
+
+READERS = [
+    ["rollouts", "--json"],
+    ["stats", "--json"],
+    ["stats", "--by", "train_step", "--json"],
+    ["stats", "--by", "policy_version", "--json"],
+    ["stats", "--by", "group", "--json"],
+    ["stats"],
+]
+
+
+@pytest.fixture(autouse=True)
+def _native() -> None:
+    native_or_skip()
+
+
+def _training_run() -> list[dict[str, Any]]:
+    """:func:`training_run`'s spans as the requests gymtrace writes (five spans a line)."""
+    with capture_spans() as captured:
+        training_run(rollouts=8, run_id="native")
+    spans = list(captured.spans)
+    return [encode_otlp_json(spans[i : i + 5]) for i in range(0, len(spans), 5)]
+
+
+def _spans(request: dict[str, Any]) -> list[dict[str, Any]]:
+    return [s for r in request["resourceSpans"] for scope in r["scopeSpans"] for s in scope["spans"]]
+
+
+def _value(span: dict[str, Any], key: str) -> dict[str, Any]:
+    return next(item for item in span["attributes"] if item["key"] == key)["value"]
+
+
+def _set(span: dict[str, Any], key: str, value: dict[str, Any]) -> None:
+    next(item for item in span["attributes"] if item["key"] == key)["value"] = value
+
+
+def _model_call(requests: list[dict[str, Any]]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """A request holding a model call, and that span (of rollout r-0)."""
+    for request in requests:
+        for span in _spans(request):
+            kind = next(
+                (i["value"].get("stringValue") for i in span["attributes"] if i["key"] == c.KIND), None
+            )
+            if kind == "model_call" and _value(span, c.ROLLOUT_ID) == {"stringValue": "r-0"}:
+                return request, span
+    raise AssertionError("no model call of r-0")
+
+
+# Each edits one model call of rollout r-0, a copy in a trace of its own: what gymtrace does not
+# write, which the native reader must leave to the Python filter (or drop exactly as it does).
+EDITS: dict[str, Any] = {
+    "tokens as a JSON number": lambda s: _value(s, c.GEN_AI_USAGE_OUTPUT_TOKENS).update(intValue=7),
+    "tokens as text": lambda s: s["attributes"].__setitem__(
+        -1, {"key": c.GEN_AI_USAGE_OUTPUT_TOKENS, "value": {"stringValue": "7"}}
+    ),
+    "tokens past 64 bits": lambda s: _value(s, c.GEN_AI_USAGE_OUTPUT_TOKENS).update(intValue=str(2**70)),
+    "end as a JSON number": lambda s: s.update(endTimeUnixNano=int(s["endTimeUnixNano"])),
+    "start with a sign": lambda s: s.update(startTimeUnixNano="+" + s["startTimeUnixNano"]),
+    "a key twice": lambda s: s["attributes"].append({"key": c.ROLLOUT_ID, "value": {"stringValue": "r-x"}}),
+    "a rollout ID beyond ASCII": lambda s: _value(s, c.ROLLOUT_ID).update(stringValue="r-caf\u00e9"),
+    "a trace ID in capitals": lambda s: s.update(traceId=s["traceId"].upper()),
+    "NeMo Gym's rollout ID": lambda s: s["attributes"].__setitem__(
+        next(i for i, a in enumerate(s["attributes"]) if a["key"] == c.ROLLOUT_ID),
+        {"key": c.NEMO_GYM_ROLLOUT_ID, "value": {"stringValue": "r-0-a1"}},
+    ),
+    "a Ray re-run": lambda s: s["attributes"].append({"key": "ray.task.attempt", "value": {"intValue": "1"}}),
+    "an attempt as text": lambda s: _set(s, c.EPISODE_ATTEMPT, {"stringValue": "0"}),
+    "a run ID as a number": lambda s: s["attributes"].__setitem__(
+        0, {"key": c.RUN_ID, "value": {"intValue": "5"}}
+    ),
+    "a policy version as text": lambda s: _set(s, c.POLICY_VERSION, {"stringValue": "v1"}),
+    "a policy version as a double": lambda s: _set(s, c.POLICY_VERSION, {"doubleValue": 1.0}),
+    "a kind with a second member": lambda s: _value(s, c.KIND).update(intValue="1"),
+    "a kind the readers read": lambda s: _value(s, c.KIND).update(stringValue="episode"),
+    "no kind, a chat operation": lambda s: s["attributes"].remove(
+        next(a for a in s["attributes"] if a["key"] == c.KIND)
+    ),
+    "an attribute without a value": lambda s: s["attributes"].append({"key": "note"}),
+    "attributes null": lambda s: s.update(attributes=None),
+}
+
+
+@pytest.fixture
+def run_file(tmp_path: Path) -> Path:
+    requests = _training_run()
+    request, model_call = _model_call(requests)
+    for n, edit in enumerate(EDITS.values()):
+        span = copy.deepcopy(model_call)
+        span["traceId"] = f"{n + 1:032x}"
+        edit(span)
+        requests.append(
+            {**request, "resourceSpans": [{**request["resourceSpans"][0], "scopeSpans": [{"spans": [span]}]}]}
+        )
+    path = tmp_path / "run.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in requests))
+    return path
+
+
+def test_the_native_reader_drops_spans_and_takes_what_the_python_filter_takes(
+    run_file: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    reducer = source.summary_reducer()
+    lines = run_file.read_bytes().splitlines()
+    reduced = [reducer.reduce(line) for line in lines]
+    kept = sum(len(_spans(json.loads(line))) for line in reduced)
+    assert kept < sum(len(_spans(json.loads(line))) for line in lines) / 2  # most dropped in Rust
+    assert reducer.ends() and reducer.tokens() and reducer.times()
+    assert read_parts([run_file], monkeypatch, native=True) == read_parts(
+        [run_file], monkeypatch, native=False
+    )
+
+
+@pytest.mark.parametrize("argv", READERS, ids=" ".join)
+def test_every_summary_reader_answers_byte_for_byte_as_without_the_native_reader(
+    run_file: Path, argv: list[str], monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    answers = []
+    for setting in ("on", "off"):
+        monkeypatch.setenv(env.GYMTRACE_NATIVE_READER, setting)
+        code = main([*argv, str(run_file)])
+        answers.append((code, *capsys.readouterr()))
+    assert answers[0][0] == 0 and answers[0][1], answers[0][2]
+    assert answers[0] == answers[1]
+
+
+@pytest.mark.parametrize(
+    "tail",
+    [
+        b'{"resourceSpans": [',  # a last line cut short: one warning
+        b"not json\n",  # an error naming the line
+        b'{"resourceSpans": [{"scopeSpans": [{"spans": [1]}]}]}\n',  # a span that is no object
+        b'{"resourceSpans": [{"resource": {"attributes": 5}, "scopeSpans": []}]}\n',
+        b'{"resourceSpans": [], "x": "\xff"}\n',  # not UTF-8
+        # A model call that ends past 2^64 ns: named by the decoder (it was an OverflowError).
+        b'{"resourceSpans":[{"scopeSpans":[{"spans":[{"traceId":"0af7651916cd43dd8448eb211c80319c",'
+        b'"spanId":"00000000000000a1","name":"m","startTimeUnixNano":"1","endTimeUnixNano":'
+        b'"99999999999999999999","attributes":[{"key":"gym.rollout.id","value":{"stringValue":"r"}},'
+        b'{"key":"gym.kind","value":{"stringValue":"model_call"}}]}]}]}]}\n',
+    ],
+    ids=[
+        "cut short",
+        "not JSON",
+        "a span of another type",
+        "a bad resource",
+        "not UTF-8",
+        "a time past 2^64",
+    ],
+)
+def test_a_line_the_native_reader_cannot_read_is_named_as_the_python_reader_names_it(
+    run_file: Path, tail: bytes, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    with run_file.open("ab") as f:
+        f.write(tail)
+    native = read_parts([run_file], monkeypatch, native=True)
+    assert native == read_parts([run_file], monkeypatch, native=False)
+    assert native["warnings"] or native["error"]
+
+
+def test_gymtrace_native_reader_off_reads_with_python_alone_and_a_bad_value_is_named(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    monkeypatch.setenv(env.GYMTRACE_NATIVE_READER, "off")
+    assert source.summary_reducer() is None
+    monkeypatch.setenv(env.GYMTRACE_NATIVE_READER, "maybe")
+    assert source.summary_reducer() is not None
+    assert "GYMTRACE_NATIVE_READER='maybe' is not one of ('on', 'off')" in caplog.text
+
+
+def test_what_it_took_of_a_last_line_the_reader_skips_is_taken_back(
+    run_file: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A killed writer's last line, whole JSON but without its newline, with a span that is no
+    # object before spans the native reader drops: skipped with a warning, none of it counted. (A
+    # bad span after them: the Python filter has counted the spans before it, the native reader
+    # counts none.)
+    lines = run_file.read_text().splitlines()
+    request = json.loads(lines[1])
+    request["resourceSpans"][0]["scopeSpans"][0]["spans"].insert(0, 1)
+    with run_file.open("a") as f:
+        f.write(json.dumps(request))
+    native = read_parts([run_file], monkeypatch, native=True)
+    assert native == read_parts([run_file], monkeypatch, native=False)
+    assert len(native["warnings"]) == 1 and native["error"] is None
