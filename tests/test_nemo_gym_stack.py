@@ -638,11 +638,12 @@ def test_a_killed_pass_leaves_lost_rollouts_and_its_resume_never_lands_in_the_de
         # Hung: `gymtrace live` names the step and the server the rollout waits on. The agent's
         # marker of the request going out reaches the file with its exporter's next batch, which a
         # quiet spell in the files does not wait for (CI saw the driver named): read until it has.
+        # Bounded at 90 s: a CI run with four lanes on two cores still read the driver after 30.
         def read_live() -> dict[str, Any]:
             return {r["rollout_id"]: r for r in stack.json_lines("live", str(stack.traces), "--run", run_id)}
 
         live = read_live()
-        until = time.monotonic() + 30
+        until = time.monotonic() + 90
         while time.monotonic() < until and not all(
             live.get(key, {}).get("service") == "policy_model" for key in ("3-0", "3-1")
         ):
