@@ -103,6 +103,63 @@ EDITS: dict[str, Any] = {
 }
 
 
+def _rollout_root(requests: list[dict[str, Any]]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """A request holding a rollout root, and that span (a kind the readers read: the native reader
+    makes it itself when it reads it plainly)."""
+    for request in requests:
+        for span in _spans(request):
+            if any(
+                i["key"] == c.KIND and i["value"] == {"stringValue": "rollout"} for i in span["attributes"]
+            ):
+                return request, span
+    raise AssertionError("no rollout root")
+
+
+# Each edits a rollout root (with its link to the run), a copy in a trace of its own: what the
+# native reader must make exactly as the Python decoder makes it, or leave to it.
+ROOT_EDITS: dict[str, Any] = {
+    "as written": lambda s: None,
+    "a reward as a double": lambda s: _set(s, c.REWARD, {"doubleValue": 0.1}),
+    "a reward as an integer": lambda s: _set(s, c.REWARD, {"intValue": "1"}),
+    "an attribute that is an array": lambda s: s["attributes"].append(
+        {"key": "note", "value": {"arrayValue": {"values": [{"stringValue": "a"}]}}}
+    ),
+    "an attribute given twice": lambda s: s["attributes"].append(
+        {"key": c.TASK_ID, "value": {"stringValue": "t-9"}}
+    ),
+    "a value of two members": lambda s: _set(s, c.TASK_ID, {"stringValue": "t", "intValue": "1"}),
+    "text beyond ASCII": lambda s: _set(s, c.TASK_ID, {"stringValue": "t-caf\u00e9"}),
+    "a span ID in capitals": lambda s: s.update(spanId=s["spanId"].upper()),
+    "no parent": lambda s: s.pop("parentSpanId", None),
+    "a parent of null": lambda s: s.update(parentSpanId=None),
+    "a kind of 2": lambda s: s.update(kind=2),
+    "a kind of null": lambda s: s.update(kind=None),
+    "no kind": lambda s: s.pop("kind", None),
+    "an error status with a message": lambda s: s.update(status={"code": 2, "message": "boom"}),
+    "a status message beyond ASCII": lambda s: s.update(status={"code": 2, "message": "caf\u00e9"}),
+    "a status of null": lambda s: s.update(status=None),
+    "a status code of 7": lambda s: s.update(status={"code": 7}),
+    "a link in capitals": lambda s: [link.update(traceId=link["traceId"].upper()) for link in s["links"]],
+    "a link attribute as an integer": lambda s: [
+        link["attributes"].append({"key": "n", "value": {"intValue": "3"}}) for link in s["links"]
+    ],
+    "links of null": lambda s: s.update(links=None),
+    "an event": lambda s: s.update(events=[{"timeUnixNano": "1", "name": "e", "attributes": []}]),
+    "NeMo Gym's rollout ID": lambda s: s["attributes"].append(
+        {"key": c.NEMO_GYM_ROLLOUT_ID, "value": {"stringValue": "r-0-a1"}}
+    ),
+}
+# What the decoder names as an error (exit 2): the native reader leaves it to it.
+BAD_ROOT_EDITS: dict[str, Any] = {
+    "a reward as text": lambda s: _set(s, c.REWARD, {"stringValue": "1"}),
+    "attempts as a boolean": lambda s: _set(s, c.ROLLOUT_ATTEMPTS, {"boolValue": True}),
+    "a kind of 2.0": lambda s: s.update(kind=2.0),
+    "a link attribute of the wrong type": lambda s: [
+        link["attributes"].append({"key": c.LINK_RELATION, "value": {"intValue": "3"}}) for link in s["links"]
+    ],
+}
+
+
 @pytest.fixture
 def run_file(tmp_path: Path) -> Path:
     requests = _training_run()
@@ -110,6 +167,14 @@ def run_file(tmp_path: Path) -> Path:
     for n, edit in enumerate(EDITS.values()):
         span = copy.deepcopy(model_call)
         span["traceId"] = f"{n + 1:032x}"
+        edit(span)
+        requests.append(
+            {**request, "resourceSpans": [{**request["resourceSpans"][0], "scopeSpans": [{"spans": [span]}]}]}
+        )
+    request, root = _rollout_root(requests)
+    for n, edit in enumerate(ROOT_EDITS.values()):
+        span = copy.deepcopy(root)
+        span["traceId"] = f"{n + 1:016x}{0:016x}"
         edit(span)
         requests.append(
             {**request, "resourceSpans": [{**request["resourceSpans"][0], "scopeSpans": [{"spans": [span]}]}]}
@@ -125,8 +190,17 @@ def test_the_native_reader_drops_spans_and_takes_what_the_python_filter_takes(
     reducer = source.summary_reducer()
     lines = run_file.read_bytes().splitlines()
     reduced = [reducer.reduce(line) for line in lines]
-    kept = sum(len(_spans(json.loads(line))) for line in reduced)
-    assert kept < sum(len(_spans(json.loads(line))) for line in lines) / 2  # most dropped in Rust
+    # A line comes back with the spans Python reads, or as those spans made (a list): no tool
+    # call or step of the run is among them (the edited copies are all model calls and roots).
+    kinds = [span.attributes.get(c.KIND) for line in reduced if isinstance(line, list) for span in line] + [
+        next((i["value"].get("stringValue") for i in span["attributes"] or [] if i["key"] == c.KIND), None)
+        for line in reduced
+        if not isinstance(line, list)
+        for span in _spans(json.loads(line))
+    ]
+    assert "rollout" in kinds and "episode" in kinds
+    assert "tool_call" not in kinds and "step" not in kinds
+    assert any(isinstance(line, list) for line in reduced)  # made in Rust
     assert reducer.ends() and reducer.tokens() and reducer.times()
     assert read_parts([run_file], monkeypatch, native=True) == read_parts(
         [run_file], monkeypatch, native=False
@@ -204,3 +278,25 @@ def test_what_it_took_of_a_last_line_the_reader_skips_is_taken_back(
     native = read_parts([run_file], monkeypatch, native=True)
     assert native == read_parts([run_file], monkeypatch, native=False)
     assert len(native["warnings"]) == 1 and native["error"] is None
+
+
+@pytest.mark.parametrize("edit", BAD_ROOT_EDITS.values(), ids=BAD_ROOT_EDITS.keys())
+def test_a_root_the_decoder_names_as_wrong_is_named_with_the_native_reader_too(
+    run_file: Path, edit: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    request, root = _rollout_root([json.loads(line) for line in run_file.read_text().splitlines()])
+    span = copy.deepcopy(root)
+    edit(span)
+    with run_file.open("a") as f:
+        f.write(
+            json.dumps(
+                {
+                    **request,
+                    "resourceSpans": [{**request["resourceSpans"][0], "scopeSpans": [{"spans": [span]}]}],
+                }
+            )
+            + "\n"
+        )
+    native = read_parts([run_file], monkeypatch, native=True)
+    assert native == read_parts([run_file], monkeypatch, native=False)
+    assert native["error"] and "must be" in native["error"]

@@ -23,6 +23,9 @@ use std::os::fd::FromRawFd;
 
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict, PyList, PyString};
+
+mod build;
+use build::Builder;
 use serde::de::{Deserializer, IgnoredAny, MapAccess, Visitor};
 use serde::Deserialize;
 use serde_json::value::RawValue;
@@ -327,6 +330,34 @@ struct Dropped {
     tokens: Option<(String, i64, Option<Owned>, Option<Owned>)>, // span ID, count, run, version
 }
 
+/// What becomes of a span here.
+enum Verdict {
+    /// Dropped: what the Python filter takes of it.
+    Drop(Dropped),
+    /// Of a kind the Python filter keeps whatever else it holds.
+    Read,
+    /// Left to the Python filter.
+    Unsure,
+}
+
+fn verdict(names: &Names, span: Span<'_>) -> Verdict {
+    let Some(attributes) = span.attributes.as_deref() else {
+        return Verdict::Unsure;
+    };
+    let at = Attributes(attributes);
+    if let Some(value) = at.get(names.kind.as_str()) {
+        if let Some(kind) = string_member(value) {
+            if names.read_kinds.contains(kind.as_ref()) {
+                return Verdict::Read;
+            }
+        }
+    }
+    match dropped(names, span) {
+        Some(found) => Verdict::Drop(found),
+        None => Verdict::Unsure,
+    }
+}
+
 /// What the Python filter takes of a span it drops, or None when it would keep the span or this
 /// filter is not sure (the span stays in the line, for the Python filter).
 fn dropped(names: &Names, span: Span<'_>) -> Option<Dropped> {
@@ -402,6 +433,7 @@ fn dropped(names: &Names, span: Span<'_>) -> Option<Dropped> {
 #[pyclass(module = "gymtrace_native")]
 struct Reducer {
     names: Names,
+    builder: Option<Builder>,
     // What was taken of the last line, counted when the next line is reduced or the takings are
     // asked for: a line the Python reader then skips (a last line cut short) is taken back.
     staged: Vec<Dropped>,
@@ -410,15 +442,53 @@ struct Reducer {
     tokens: Vec<(String, String, i64, Option<Owned>, Option<Owned>)>,
 }
 
+/// A line reduced: the spans Python reads, as a line to parse, or made here.
+enum Reduced<'py> {
+    Line(String),
+    Spans(Bound<'py, PyList>),
+}
+
+impl<'py> Reduced<'py> {
+    fn into_py(self, py: Python<'py>) -> Bound<'py, PyAny> {
+        match self {
+            Reduced::Line(out) => PyBytes::new(py, out.as_bytes()).into_any(),
+            Reduced::Spans(spans) => spans.into_any(),
+        }
+    }
+}
+
+/// Every span kept of a line, made here, in the line's order; None when one of them (or its
+/// resource) is not what `decode_reduced`'s plain path reads.
+fn made<'py>(
+    py: Python<'py>,
+    builder: &Builder,
+    whole: &[(Option<&str>, Vec<&str>)],
+) -> Option<Bound<'py, PyList>> {
+    let spans = PyList::empty(py);
+    for (resource, kept) in whole {
+        let (service, instance) = builder.service(py, *resource)?;
+        for raw in kept {
+            spans
+                .append(builder.span(py, raw, &service, &instance)?)
+                .ok()?;
+        }
+    }
+    Some(spans)
+}
+
 impl Reducer {
     /// The line with only the spans this filter does not drop, or None when it is not a request as
     /// gymtrace writes it (then the Python reader reads it as it is, or names what is wrong).
-    fn reduced(&mut self, line: &str) -> Option<String> {
+    fn reduced<'py>(&mut self, py: Python<'py>, line: &str) -> Option<Reduced<'py>> {
         self.commit();
         // What Python's bytes.strip() strips: the line is handed over as read, newline and all.
         let line = line.trim_matches(|c| matches!(c, ' ' | '\t' | '\n' | '\r' | '\x0b' | '\x0c'));
         let names = &self.names;
         let mut taken = Vec::new();
+        // The spans kept, by resource, while every one is of a kind the readers read (then they
+        // may be made here, with no line for Python to parse).
+        let mut whole: Option<Vec<(Option<&str>, Vec<&str>)>> =
+            self.builder.as_ref().map(|_| Vec::new());
         let mut out = String::with_capacity(line.len() / 4);
         out.push_str("{\"resourceSpans\":[");
         let mut cursor = Cursor { text: line, at: 0 };
@@ -430,6 +500,7 @@ impl Reducer {
             cursor.elements(|cursor| {
                 // {"resource": ..., "scopeSpans": [{"spans": [...]}, ...]}, in either order.
                 let (mut resource, mut scopes) = (None, String::new());
+                let mut kept: Vec<&str> = Vec::new();
                 cursor.members(|cursor, key| match key {
                     "resource" => {
                         resource = Some(cursor.raw()?);
@@ -451,20 +522,26 @@ impl Reducer {
                                 }
                                 let start = cursor.at;
                                 let found = match cursor.value::<Span>() {
-                                    Some(span) => dropped(names, span),
+                                    Some(span) => verdict(names, span),
                                     None => {
                                         cursor.value::<IgnoredAny>()?; // an odd span: kept
-                                        None
+                                        Verdict::Unsure
                                     }
                                 };
+                                let raw = &cursor.text[start..cursor.at];
                                 match found {
-                                    Some(found) => taken.push(found),
-                                    None => {
+                                    Verdict::Drop(found) => taken.push(found),
+                                    Verdict::Read | Verdict::Unsure => {
                                         if !first {
                                             scopes.push(',');
                                         }
                                         first = false;
-                                        scopes.push_str(&cursor.text[start..cursor.at]);
+                                        scopes.push_str(raw);
+                                        if matches!(found, Verdict::Read) {
+                                            kept.push(raw);
+                                        } else {
+                                            whole = None;
+                                        }
                                     }
                                 }
                                 Some(())
@@ -475,6 +552,9 @@ impl Reducer {
                     }),
                     _ => cursor.value::<IgnoredAny>().map(drop),
                 })?;
+                if let Some(whole) = whole.as_mut() {
+                    whole.push((resource, kept));
+                }
                 if resources > 0 {
                     out.push(',');
                 }
@@ -495,9 +575,16 @@ impl Reducer {
             return None; // more after the request
         }
         out.push_str("]}");
+        let made = match (whole, self.builder.as_ref()) {
+            (Some(whole), Some(builder)) => made(py, builder, &whole),
+            _ => None,
+        };
         // Staged only once the whole line has read: a line that does not is the Python reader's.
         self.staged = taken;
-        Some(out)
+        Some(match made {
+            Some(spans) => Reduced::Spans(spans),
+            None => Reduced::Line(out),
+        })
     }
 
     fn commit(&mut self) {
@@ -551,7 +638,7 @@ impl Lines {
         slf
     }
 
-    fn __next__<'py>(&mut self, py: Python<'py>) -> PyResult<Option<(Bound<'py, PyBytes>, bool)>> {
+    fn __next__<'py>(&mut self, py: Python<'py>) -> PyResult<Option<(Bound<'py, PyAny>, bool)>> {
         if self.stop.is_some_and(|stop| self.at >= stop) {
             return Ok(None);
         }
@@ -565,12 +652,12 @@ impl Lines {
         let mut reducer = self.reducer.borrow_mut(py);
         let reduced = std::str::from_utf8(&self.line)
             .ok()
-            .and_then(|text| reducer.reduced(text));
-        let bytes = match reduced {
-            Some(out) => PyBytes::new(py, out.as_bytes()),
-            None => PyBytes::new(py, &self.line),
+            .and_then(|text| reducer.reduced(py, text));
+        let found = match reduced {
+            Some(reduced) => reduced.into_py(py),
+            None => PyBytes::new(py, &self.line).into_any(),
         };
-        Ok(Some((bytes, unfinished)))
+        Ok(Some((found, unfinished)))
     }
 }
 
@@ -597,7 +684,9 @@ impl Reducer {
     /// ``read_kinds``: the kinds the Python reader reads whole; the time split's part of a kind and
     /// of a GenAI operation.
     #[new]
+    #[pyo3(signature = (keys, read_kinds, part_by_kind, part_by_operation, build=None))]
     fn new(
+        py: Python<'_>,
         keys: (
             String,
             String,
@@ -612,6 +701,13 @@ impl Reducer {
         read_kinds: HashSet<String>,
         part_by_kind: HashMap<String, i64>,
         part_by_operation: HashMap<String, i64>,
+        build: Option<(
+            Py<PyAny>,
+            Py<PyAny>,
+            HashMap<String, u8>,
+            Vec<String>,
+            Vec<String>,
+        )>,
     ) -> Self {
         let (
             rollout,
@@ -624,7 +720,9 @@ impl Reducer {
             operation,
             attempt,
         ) = keys;
+        let builder = build.map(|build| Builder::new(py, build, &nemo_rollout));
         Reducer {
+            builder,
             names: Names {
                 rollout,
                 nemo_rollout,
@@ -648,14 +746,14 @@ impl Reducer {
 
     /// One line (bytes) with only the spans the Python reader must read; the line itself when it
     /// is not a request as gymtrace writes it.
-    fn reduce<'py>(&mut self, py: Python<'py>, line: Bound<'py, PyBytes>) -> Bound<'py, PyBytes> {
+    fn reduce<'py>(&mut self, py: Python<'py>, line: Bound<'py, PyBytes>) -> Bound<'py, PyAny> {
         let reduced = match std::str::from_utf8(line.as_bytes()) {
-            Ok(text) => self.reduced(text),
+            Ok(text) => self.reduced(py, text),
             Err(_) => None,
         };
         match reduced {
-            Some(out) => PyBytes::new(py, out.as_bytes()),
-            None => line,
+            Some(reduced) => reduced.into_py(py),
+            None => line.into_any(),
         }
     }
 

@@ -452,14 +452,22 @@ def encode_spandata_json(
 Decode = Callable[[Mapping[str, Any], str, str], "SpanData"]
 
 
+class MadeSpans(list[SpanData]):
+    """The spans the native reader made of a line itself (each as :func:`decode_reduced` makes it),
+    in the line's order: all a reader keeps of the line, with nothing left to parse."""
+
+
 class LineReducer(Protocol):
     """What the native reader makes of each line before it is parsed (see :func:`iter_requests`)."""
 
-    def reduce(self, line: bytes) -> bytes: ...
+    def reduce(self, line: bytes) -> bytes | list[SpanData]: ...
 
-    def read(self, fd: int, start: int, stop: int | None = None) -> Iterator[tuple[bytes, bool]]:
+    def read(
+        self, fd: int, start: int, stop: int | None = None
+    ) -> Iterator[tuple[bytes | list[SpanData], bool]]:
         """The lines of the plain file open as ``fd``, from ``start`` to the line ``stop`` is in,
-        each reduced as it is read, with whether it ends without a newline."""
+        each reduced as it is read (or made into the spans kept), with whether it ends without a
+        newline."""
         ...
 
     def discard(self) -> None:
@@ -806,6 +814,23 @@ def decode_held(s: Mapping[str, Any], service: str, instance: str, *, events: bo
     return span if span is not None else _checked_span(copied, service, instance, read_events=events)
 
 
+def span_from_fields(fields: dict[str, Any]) -> SpanData:
+    """A :class:`SpanData` of fields already read (the native reader's, as ``_plain_span`` makes
+    one: without ``__init__``, whose frozen-dataclass checks it does not need)."""
+    span = _new(SpanData)
+    _set(span, "__dict__", fields)
+    return span
+
+
+def native_span_builder() -> tuple[Any, ...]:
+    """What the native reader makes spans with (``_read.native``): :func:`span_from_fields`,
+    :class:`LinkData`, the types each gym attribute may hold (bits: text 1, integer 2, float 4,
+    boolean 8), and the span kinds' and statuses' names by number."""
+    bits = {str: 1, int: 2, float: 4, bool: 8}
+    types = {key: sum(bits[t] for t in wanted) for key, wanted in _GYM_TYPES.items()}
+    return span_from_fields, LinkData, types, list(_OTLP_KINDS), list(_OTLP_STATUS)
+
+
 def decode_reduced(s: Mapping[str, Any], service: str, instance: str) -> SpanData:
     """:func:`decode_held` of a span from a line the native reader reduced to the spans a reader
     keeps, without the copy: nearly all of such a line is held, there is no line to free."""
@@ -859,10 +884,11 @@ def _open_part(path: Path, part: Part, warn: Warn | None, still_written: bool) -
 @contextmanager
 def _read_lines(
     path: Path, part: Part, warn: Warn | None, still_written: bool, reducer: LineReducer | None
-) -> Iterator[Iterable[tuple[bytes, bool]]]:
+) -> Iterator[Iterable[tuple[bytes | list[SpanData], bool]]]:
     """The lines of a file or part (:func:`_open_part`), each with whether it ends without its
     newline; through ``reducer`` when given: a plain file read by it (a line of ~0.5 MB is not made
-    a Python object first), a compressed one line by line."""
+    a Python object first), a compressed one line by line; a line reduced to spans it made itself
+    comes as their list (:class:`MadeSpans`)."""
     if reducer is not None and compression_of(path) is None:
         with open(path, "rb") as f:
             start, stop = part if part is not None else (0, None)
@@ -916,8 +942,11 @@ def iter_requests(
     # not a UnicodeDecodeError out of the file iterator.
     path = Path(path)
     with _read_lines(path, part, warn, partial_last_line, reducer) as lines:
-        for number, (raw, unfinished) in enumerate(lines, 1):
-            raw = raw.strip()
+        for number, (read, unfinished) in enumerate(lines, 1):
+            if isinstance(read, list):  # the spans the native reader made (a line read is bytes)
+                yield number, MadeSpans(read), unfinished
+                continue
+            raw = read.strip()
             if not raw:
                 continue
             try:
@@ -988,6 +1017,9 @@ def iter_file_spans(
     file = Path(path)
     lines = iter_requests(file, partial_last_line=partial_last_line, warn=warn, part=part, reducer=reducer)
     for number, request, unfinished in lines:
+        if request.__class__ is MadeSpans:
+            yield from request
+            continue
         try:
             # Decoded whole before any is yielded: a bad span fails its line, not half of it.
             spans = list(decode_otlp_json(request, keep, decode))

@@ -37,6 +37,7 @@ from gymtrace._model.spandata import (
     decode_reduced,
     is_marker,
     iter_file_spans,
+    native_span_builder,
     nemo_gym_identity,
     pack_spans,
     pack_values,
@@ -394,7 +395,7 @@ def summary_reducer() -> Any:
         return None
     keys = (c.ROLLOUT_ID, c.NEMO_GYM_ROLLOUT_ID, c.KIND, *_VALUE_KEYS)
     by_kind, by_operation = part_tables()
-    return native.Reducer(keys, set(_READ_KINDS), by_kind, by_operation)
+    return native.Reducer(keys, set(_READ_KINDS), by_kind, by_operation, native_span_builder())
 
 
 def _read_parts(parts: list[tuple[Path, Part]], entries: bool) -> _Read:

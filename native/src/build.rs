@@ -1,0 +1,463 @@
+//! The spans a summary reader keeps whole (of the kinds it reads: rollout roots, episodes, runs,
+//! train steps, consumed records, live markers), made here into the same `SpanData` that
+//! `gymtrace._model.spandata.decode_reduced` makes of them: what its plain path (`_plain_span`,
+//! without events) reads, read the same way. A span that path would not read (a value that is not
+//! plain, an ID in capitals, a NeMo Gym rollout ID, a link whose attribute is not plain) is None
+//! here, and its line goes to Python as before.
+
+use std::collections::HashMap;
+
+use pyo3::prelude::*;
+use pyo3::types::{PyDict, PyList, PyString, PyTuple};
+use serde::{Deserialize, Deserializer};
+use serde_json::value::RawValue;
+
+use crate::{any_value, text, Attribute};
+
+// Which Python classes `_GYM_TYPES` allows a gym attribute's value to be, as bits.
+pub const TEXT: u8 = 1;
+pub const INT: u8 = 2;
+pub const FLOAT: u8 = 4;
+pub const BOOL: u8 = 8;
+
+/// A field as it is given, `null` too: the Python reader tells a field that is null from one that
+/// is missing (serde's `Option` does not).
+fn present<'de, D: Deserializer<'de>>(d: D) -> Result<Option<&'de RawValue>, D::Error> {
+    <&RawValue>::deserialize(d).map(Some)
+}
+
+#[derive(Deserialize)]
+struct Whole<'a> {
+    #[serde(rename = "traceId", borrow, default, deserialize_with = "present")]
+    trace_id: Option<&'a RawValue>,
+    #[serde(rename = "spanId", borrow, default, deserialize_with = "present")]
+    span_id: Option<&'a RawValue>,
+    #[serde(rename = "parentSpanId", borrow, default, deserialize_with = "present")]
+    parent: Option<&'a RawValue>,
+    #[serde(borrow, default, deserialize_with = "present")]
+    name: Option<&'a RawValue>,
+    #[serde(borrow, default, deserialize_with = "present")]
+    kind: Option<&'a RawValue>,
+    #[serde(
+        rename = "startTimeUnixNano",
+        borrow,
+        default,
+        deserialize_with = "present"
+    )]
+    start: Option<&'a RawValue>,
+    #[serde(
+        rename = "endTimeUnixNano",
+        borrow,
+        default,
+        deserialize_with = "present"
+    )]
+    end: Option<&'a RawValue>,
+    #[serde(borrow, default, deserialize_with = "present")]
+    attributes: Option<&'a RawValue>,
+    #[serde(borrow, default, deserialize_with = "present")]
+    links: Option<&'a RawValue>,
+    #[serde(borrow, default, deserialize_with = "present")]
+    status: Option<&'a RawValue>,
+}
+
+#[derive(Deserialize)]
+struct Status<'a> {
+    #[serde(borrow, default, deserialize_with = "present")]
+    code: Option<&'a RawValue>,
+    #[serde(borrow, default, deserialize_with = "present")]
+    message: Option<&'a RawValue>,
+}
+
+#[derive(Deserialize)]
+struct Link<'a> {
+    #[serde(rename = "traceId", borrow, default, deserialize_with = "present")]
+    trace_id: Option<&'a RawValue>,
+    #[serde(rename = "spanId", borrow, default, deserialize_with = "present")]
+    span_id: Option<&'a RawValue>,
+    #[serde(borrow, default, deserialize_with = "present")]
+    attributes: Option<&'a RawValue>,
+}
+
+#[derive(Deserialize)]
+struct Resource<'a> {
+    #[serde(borrow, default, deserialize_with = "present")]
+    attributes: Option<&'a RawValue>,
+}
+
+/// How a span is made: given by the caller (`_model/spandata.py`).
+pub struct Builder {
+    make_span: Py<PyAny>,
+    make_link: Py<PyAny>,
+    gym_types: HashMap<String, u8>,
+    kinds: Vec<Py<PyString>>,
+    statuses: Vec<Py<PyString>>,
+    fields: Vec<Py<PyString>>,
+    no_events: Py<PyTuple>,
+    nemo_rollout: String,
+}
+
+// The SpanData fields, in the order `_plain_span` gives them.
+const FIELDS: [&str; 14] = [
+    "trace_id",
+    "span_id",
+    "parent_id",
+    "name",
+    "start_ns",
+    "end_ns",
+    "attributes",
+    "events",
+    "links",
+    "status",
+    "status_message",
+    "service",
+    "span_kind",
+    "service_instance",
+];
+
+fn is_object(raw: &RawValue) -> bool {
+    raw.get().starts_with('{')
+}
+
+fn is_null(raw: &RawValue) -> bool {
+    raw.get() == "null"
+}
+
+/// A JSON integer (not a float, a bool or a string), as Python's parsers read one.
+fn integer(raw: &RawValue) -> Option<i64> {
+    let text = raw.get();
+    let digits = text.strip_prefix('-').unwrap_or(text);
+    if digits.is_empty() || !digits.bytes().all(|b| b.is_ascii_digit()) || digits.len() > 18 {
+        return None;
+    }
+    text.parse().ok()
+}
+
+fn lower_hex(text: &str, width: usize) -> bool {
+    text.len() == width && text.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'))
+}
+
+/// A string of 1 to 19 ASCII digits, as `_plain_span` reads a time.
+fn time(raw: Option<&RawValue>) -> Option<u64> {
+    let found = text(raw?)?;
+    if found.is_empty() || found.len() > 19 || !found.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    found.parse().ok()
+}
+
+impl Builder {
+    pub fn new(
+        py: Python<'_>,
+        build: (
+            Py<PyAny>,
+            Py<PyAny>,
+            HashMap<String, u8>,
+            Vec<String>,
+            Vec<String>,
+        ),
+        nemo_rollout: &str,
+    ) -> Builder {
+        let (make_span, make_link, gym_types, kinds, statuses) = build;
+        let intern = |names: &[String]| {
+            names
+                .iter()
+                .map(|n| PyString::intern(py, n).unbind())
+                .collect()
+        };
+        Builder {
+            make_span,
+            make_link,
+            gym_types,
+            kinds: intern(&kinds),
+            statuses: intern(&statuses),
+            fields: FIELDS
+                .iter()
+                .map(|n| PyString::intern(py, n).unbind())
+                .collect(),
+            no_events: PyTuple::empty(py).unbind(),
+            nemo_rollout: nemo_rollout.to_owned(),
+        }
+    }
+
+    /// `service.name` and `service.instance.id` of a resource whose attributes the Python reader
+    /// reads on its fast path, both given as text (or absent); None otherwise.
+    pub fn service<'py>(
+        &self,
+        py: Python<'py>,
+        resource: Option<&str>,
+    ) -> Option<(Bound<'py, PyString>, Bound<'py, PyString>)> {
+        let (mut service, mut instance) = (String::new(), String::new());
+        // `resource_spans.get("resource") or {}`: a falsy value is no resource.
+        let raw = resource.filter(|r| !matches!(*r, "null" | "{}" | "[]" | "\"\"" | "0" | "false"));
+        if let Some(raw) = raw {
+            if !raw.starts_with('{') {
+                return None;
+            }
+            let found: Resource = serde_json::from_str(raw).ok()?;
+            if let Some(items) = found.attributes.filter(|a| !is_null(a)) {
+                let items: Vec<Attribute> = serde_json::from_str(items.get()).ok()?;
+                for item in &items {
+                    let value = item.value?;
+                    let plain = self.fast_plain(py, &item.key, value)?;
+                    if item.key == "service.name" || item.key == "service.instance.id" {
+                        let text = plain.cast::<PyString>().ok()?.to_str().ok()?.to_owned();
+                        if item.key == "service.name" {
+                            service = text;
+                        } else {
+                            instance = text;
+                        }
+                    }
+                }
+            }
+        }
+        Some((
+            PyString::intern(py, &service),
+            PyString::intern(py, &instance),
+        ))
+    }
+
+    /// A value as `_from_key_values`' fast path reads it (`_plain_value`: `stringValue`, then
+    /// `boolValue`, `intValue`, `doubleValue`, whatever else the object holds), of the type
+    /// `_GYM_TYPES` wants for its key; None for what that path would not read.
+    fn fast_plain<'py>(
+        &self,
+        py: Python<'py>,
+        key: &str,
+        value: &RawValue,
+    ) -> Option<Bound<'py, PyAny>> {
+        if !key.is_ascii() || !is_object(value) {
+            return None;
+        }
+        let members: HashMap<String, &RawValue> = serde_json::from_str(value.get()).ok()?;
+        let (plain, class) = if let Some(raw) = members.get("stringValue") {
+            let found = text(raw).filter(|t| t.is_ascii())?;
+            (PyString::new(py, &found).into_any(), TEXT)
+        } else if let Some(raw) = members.get("boolValue") {
+            let flag: bool = serde_json::from_str(raw.get()).ok()?;
+            (
+                pyo3::types::PyBool::new(py, flag).to_owned().into_any(),
+                BOOL,
+            )
+        } else if let Some(raw) = members.get("intValue") {
+            let number = match text(raw) {
+                Some(t)
+                    if !t.is_empty() && t.len() <= 18 && t.bytes().all(|b| b.is_ascii_digit()) =>
+                {
+                    t.parse().ok()?
+                }
+                Some(_) => return None,
+                None => integer(raw)?,
+            };
+            (number.into_pyobject(py).ok()?.into_any(), INT)
+        } else if let Some(raw) = members.get("doubleValue") {
+            let number = raw.get().parse::<f64>().ok().filter(|n| n.is_finite())?;
+            if !raw
+                .get()
+                .bytes()
+                .all(|b| b.is_ascii_digit() || matches!(b, b'-' | b'+' | b'.' | b'e' | b'E'))
+            {
+                return None;
+            }
+            (number.into_pyobject(py).ok()?.into_any(), FLOAT)
+        } else {
+            return None;
+        };
+        self.wanted(key, class).then_some(plain)
+    }
+
+    fn wanted(&self, key: &str, class: u8) -> bool {
+        self.gym_types
+            .get(key)
+            .is_none_or(|allowed| allowed & class != 0)
+    }
+
+    /// A span attribute's value as `_plain_attributes` reads it: an object of one member, ASCII
+    /// text (interned), an integer as digits or a JSON integer, a double, a boolean.
+    fn plain<'py>(
+        &self,
+        py: Python<'py>,
+        key: &str,
+        value: &RawValue,
+    ) -> Option<Bound<'py, PyAny>> {
+        if !key.is_ascii() || !is_object(value) {
+            return None;
+        }
+        let found = any_value(Some(value))?;
+        if found.0.len() != 1 {
+            return None;
+        }
+        let (member, raw) = &found.0[0];
+        let (plain, class) =
+            match member.as_ref() {
+                "stringValue" => {
+                    let t = text(raw).filter(|t| t.is_ascii())?;
+                    (PyString::intern(py, &t).into_any(), TEXT)
+                }
+                "intValue" => {
+                    let number: i64 = match text(raw) {
+                        Some(t)
+                            if !t.is_empty()
+                                && t.len() <= 18
+                                && t.bytes().all(|b| b.is_ascii_digit()) =>
+                        {
+                            t.parse().ok()?
+                        }
+                        Some(_) => return None,
+                        None => integer(raw)?,
+                    };
+                    (number.into_pyobject(py).ok()?.into_any(), INT)
+                }
+                "doubleValue" => {
+                    if !raw.get().bytes().all(|b| {
+                        b.is_ascii_digit() || matches!(b, b'-' | b'+' | b'.' | b'e' | b'E')
+                    }) {
+                        return None;
+                    }
+                    let number = raw.get().parse::<f64>().ok().filter(|n| n.is_finite())?;
+                    (number.into_pyobject(py).ok()?.into_any(), FLOAT)
+                }
+                "boolValue" => {
+                    let flag: bool = serde_json::from_str(raw.get()).ok()?;
+                    (
+                        pyo3::types::PyBool::new(py, flag).to_owned().into_any(),
+                        BOOL,
+                    )
+                }
+                _ => return None,
+            };
+        self.wanted(key, class).then_some(plain)
+    }
+
+    /// The span's `SpanData`, or None where `_plain_span` (without events) would not read it.
+    pub fn span<'py>(
+        &self,
+        py: Python<'py>,
+        raw: &str,
+        service: &Bound<'py, PyString>,
+        instance: &Bound<'py, PyString>,
+    ) -> Option<Bound<'py, PyAny>> {
+        let s: Whole = serde_json::from_str(raw).ok()?;
+        let trace_id = text(s.trace_id?)?;
+        let span_id = text(s.span_id?)?;
+        let name = text(s.name?)?;
+        if !name.is_ascii() || !lower_hex(&span_id, 16) || !lower_hex(&trace_id, 32) {
+            return None;
+        }
+        let parent = match s.parent {
+            None => None,
+            Some(raw) if is_null(raw) => None,
+            Some(raw) => {
+                let parent = text(raw)?;
+                if parent.is_empty() {
+                    None
+                } else if lower_hex(&parent, 16) {
+                    Some(parent)
+                } else {
+                    return None;
+                }
+            }
+        };
+        let (start, end) = (time(s.start)?, time(s.end)?);
+        let kind = match s.kind {
+            None => 1,
+            Some(raw) => integer(raw)?,
+        };
+        let kind = self.kinds.get(usize::try_from(kind).ok()?)?;
+        let (status, message) = match s.status {
+            None => (0, None),
+            Some(raw) if is_null(raw) => (0, None),
+            Some(raw) if is_object(raw) => {
+                let found: Status = serde_json::from_str(raw.get()).ok()?;
+                let code = match found.code {
+                    None => 0,
+                    Some(raw) => integer(raw)?,
+                };
+                let message = match found.message {
+                    None => None,
+                    Some(raw) => Some(text(raw).filter(|m| m.is_ascii())?),
+                };
+                (code, message)
+            }
+            Some(_) => return None,
+        };
+        let status = self.statuses.get(usize::try_from(status).ok()?)?;
+        let attributes = PyDict::new(py);
+        if let Some(items) = s.attributes.filter(|a| !is_null(a)) {
+            if !items.get().starts_with('[') {
+                return None;
+            }
+            let items: Vec<Attribute> = serde_json::from_str(items.get()).ok()?;
+            for item in &items {
+                if item.key == self.nemo_rollout {
+                    return None; // its attempt suffix is read by the Python reader
+                }
+                let value = self.plain(py, &item.key, item.value?)?;
+                attributes
+                    .set_item(PyString::intern(py, &item.key), value)
+                    .ok()?;
+            }
+        }
+        let links = PyList::empty(py);
+        if let Some(raw) = s.links.filter(|l| !is_null(l)) {
+            if !raw.get().starts_with('[') {
+                return None;
+            }
+            let found: Vec<&RawValue> = serde_json::from_str(raw.get()).ok()?;
+            for link in found {
+                if !is_object(link) {
+                    return None;
+                }
+                let link: Link = serde_json::from_str(link.get()).ok()?;
+                let (trace, span) = (text(link.trace_id?)?, text(link.span_id?)?);
+                let hex =
+                    |t: &str, w: usize| t.len() == w && t.bytes().all(|b| b.is_ascii_hexdigit());
+                if !hex(&trace, 32) || !hex(&span, 16) {
+                    return None;
+                }
+                let found = PyDict::new(py);
+                if let Some(items) = link.attributes.filter(|a| !is_null(a)) {
+                    if !items.get().starts_with('[') {
+                        return None;
+                    }
+                    let items: Vec<Attribute> = serde_json::from_str(items.get()).ok()?;
+                    for item in &items {
+                        let value = self.fast_plain(py, &item.key, item.value?)?;
+                        found
+                            .set_item(PyString::intern(py, &item.key), value)
+                            .ok()?;
+                    }
+                }
+                let made = self
+                    .make_link
+                    .bind(py)
+                    .call1((trace.to_ascii_lowercase(), span.to_ascii_lowercase(), found))
+                    .ok()?;
+                links.append(made).ok()?;
+            }
+        }
+        let fields = PyDict::new(py);
+        let values: [Bound<'py, PyAny>; 14] = [
+            PyString::new(py, &trace_id).into_any(),
+            PyString::new(py, &span_id).into_any(),
+            match parent {
+                Some(p) => PyString::new(py, &p).into_any(),
+                None => py.None().into_bound(py),
+            },
+            PyString::new(py, &name).into_any(),
+            start.into_pyobject(py).ok()?.into_any(),
+            end.into_pyobject(py).ok()?.into_any(),
+            attributes.into_any(),
+            self.no_events.bind(py).clone().into_any(),
+            PyTuple::new(py, links.iter()).ok()?.into_any(),
+            status.bind(py).clone().into_any(),
+            PyString::new(py, message.as_deref().unwrap_or("")).into_any(),
+            service.clone().into_any(),
+            kind.bind(py).clone().into_any(),
+            instance.clone().into_any(),
+        ];
+        for (field, value) in self.fields.iter().zip(values) {
+            fields.set_item(field.bind(py), value).ok()?;
+        }
+        self.make_span.bind(py).call1((fields,)).ok()
+    }
+}
