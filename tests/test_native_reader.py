@@ -19,17 +19,11 @@ from gymtrace._model.spandata import encode_otlp_json
 from gymtrace._read import source
 from gymtrace.testing import capture_spans
 from native_reader import native_or_skip, read_parts
+from training_run import READERS as JSON_READERS
 from training_run import training_run
 from training_state import no_policy_version  # noqa: F401 - an autouse fixture
 
-READERS = [
-    ["rollouts", "--json"],
-    ["stats", "--json"],
-    ["stats", "--by", "train_step", "--json"],
-    ["stats", "--by", "policy_version", "--json"],
-    ["stats", "--by", "group", "--json"],
-    ["stats"],
-]
+READERS = [*JSON_READERS, ["stats"]]
 
 
 @pytest.fixture(autouse=True)
@@ -160,25 +154,27 @@ BAD_ROOT_EDITS: dict[str, Any] = {
 }
 
 
+def _alone(request: dict[str, Any], span: dict[str, Any]) -> dict[str, Any]:
+    """``request`` (its resource) holding only ``span``."""
+    return {**request, "resourceSpans": [{**request["resourceSpans"][0], "scopeSpans": [{"spans": [span]}]}]}
+
+
+def _edited(request: dict[str, Any], span: dict[str, Any], edits: Any, trace_id: Any) -> list[dict[str, Any]]:
+    """A request per edit, each holding a copy of ``span`` so edited, in a trace of its own."""
+    made = []
+    for n, edit in enumerate(edits):
+        copied = copy.deepcopy(span)
+        copied["traceId"] = trace_id(n)
+        edit(copied)
+        made.append(_alone(request, copied))
+    return made
+
+
 @pytest.fixture
 def run_file(tmp_path: Path) -> Path:
     requests = _training_run()
-    request, model_call = _model_call(requests)
-    for n, edit in enumerate(EDITS.values()):
-        span = copy.deepcopy(model_call)
-        span["traceId"] = f"{n + 1:032x}"
-        edit(span)
-        requests.append(
-            {**request, "resourceSpans": [{**request["resourceSpans"][0], "scopeSpans": [{"spans": [span]}]}]}
-        )
-    request, root = _rollout_root(requests)
-    for n, edit in enumerate(ROOT_EDITS.values()):
-        span = copy.deepcopy(root)
-        span["traceId"] = f"{n + 1:016x}{0:016x}"
-        edit(span)
-        requests.append(
-            {**request, "resourceSpans": [{**request["resourceSpans"][0], "scopeSpans": [{"spans": [span]}]}]}
-        )
+    requests += _edited(*_model_call(requests), EDITS.values(), lambda n: f"{n + 1:032x}")
+    requests += _edited(*_rollout_root(requests), ROOT_EDITS.values(), lambda n: f"{n + 1:016x}{0:016x}")
     path = tmp_path / "run.jsonl"
     path.write_text("".join(json.dumps(r) + "\n" for r in requests))
     return path
@@ -288,15 +284,7 @@ def test_a_root_the_decoder_names_as_wrong_is_named_with_the_native_reader_too(
     span = copy.deepcopy(root)
     edit(span)
     with run_file.open("a") as f:
-        f.write(
-            json.dumps(
-                {
-                    **request,
-                    "resourceSpans": [{**request["resourceSpans"][0], "scopeSpans": [{"spans": [span]}]}],
-                }
-            )
-            + "\n"
-        )
+        f.write(json.dumps(_alone(request, span)) + "\n")
     native = read_parts([run_file], monkeypatch, native=True)
     assert native == read_parts([run_file], monkeypatch, native=False)
     assert native["error"] and "must be" in native["error"]

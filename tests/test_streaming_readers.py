@@ -42,16 +42,8 @@ from gymtrace._read.source import fork_context, halves, read_summary_spans
 from gymtrace._read.timesplit import rollout_splits, split_json
 from gymtrace._read.training import finish_rows, read_training
 from gymtrace.testing import CapturedSpans, capture_spans
-from training_run import training_run
+from training_run import READERS, training_run
 from training_state import no_policy_version  # noqa: F401 - an autouse fixture
-
-READERS = [
-    ["rollouts", "--json"],
-    ["stats", "--json"],
-    ["stats", "--by", "train_step", "--json"],
-    ["stats", "--by", "policy_version", "--json"],
-    ["stats", "--by", "group", "--json"],
-]
 
 
 def _lines(captured: CapturedSpans, per_line: int = 5) -> list[str]:

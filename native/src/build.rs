@@ -132,6 +132,60 @@ fn integer(raw: &RawValue) -> Option<i64> {
     text.parse().ok()
 }
 
+/// An `intValue`: a string of ASCII digits (as gymtrace writes an int64) or a JSON integer.
+fn int_value(raw: &RawValue) -> Option<i64> {
+    match text(raw) {
+        Some(t) if !t.is_empty() && t.len() <= 18 && t.bytes().all(|b| b.is_ascii_digit()) => {
+            t.parse().ok()
+        }
+        Some(_) => None,
+        None => integer(raw),
+    }
+}
+
+/// A `doubleValue`: a JSON number, as Python's `float()` reads it.
+fn double_value(raw: &RawValue) -> Option<f64> {
+    let text = raw.get();
+    if !text
+        .bytes()
+        .all(|b| b.is_ascii_digit() || matches!(b, b'-' | b'+' | b'.' | b'e' | b'E'))
+    {
+        return None;
+    }
+    text.parse::<f64>().ok().filter(|n| n.is_finite())
+}
+
+/// The Python value of a plain `AnyValue` member, and its class's bit: ASCII text (interned if
+/// asked), a boolean, an integer, a double; None for any other member or value.
+fn value_of<'py>(
+    py: Python<'py>,
+    member: &str,
+    raw: &RawValue,
+    intern: bool,
+) -> Option<(Bound<'py, PyAny>, u8)> {
+    Some(match member {
+        "stringValue" => {
+            let t = text(raw).filter(|t| t.is_ascii())?;
+            let made = if intern {
+                PyString::intern(py, &t)
+            } else {
+                PyString::new(py, &t)
+            };
+            (made.into_any(), TEXT)
+        }
+        "boolValue" => {
+            let flag: bool = serde_json::from_str(raw.get()).ok()?;
+            (
+                pyo3::types::PyBool::new(py, flag).to_owned().into_any(),
+                BOOL,
+            )
+        }
+        "intValue" => (int_value(raw)?.into_pyobject(py).ok()?.into_any(), INT),
+        "doubleValue" => (double_value(raw)?.into_pyobject(py).ok()?.into_any(), FLOAT),
+        _ => return None,
+    })
+}
+
 fn lower_hex(text: &str, width: usize) -> bool {
     text.len() == width && text.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'))
 }
@@ -228,40 +282,12 @@ impl Builder {
         if !key.is_ascii() || !is_object(value) {
             return None;
         }
+        // A map keeps the last of a member given twice, as Python's parsers do.
         let members: HashMap<String, &RawValue> = serde_json::from_str(value.get()).ok()?;
-        let (plain, class) = if let Some(raw) = members.get("stringValue") {
-            let found = text(raw).filter(|t| t.is_ascii())?;
-            (PyString::new(py, &found).into_any(), TEXT)
-        } else if let Some(raw) = members.get("boolValue") {
-            let flag: bool = serde_json::from_str(raw.get()).ok()?;
-            (
-                pyo3::types::PyBool::new(py, flag).to_owned().into_any(),
-                BOOL,
-            )
-        } else if let Some(raw) = members.get("intValue") {
-            let number = match text(raw) {
-                Some(t)
-                    if !t.is_empty() && t.len() <= 18 && t.bytes().all(|b| b.is_ascii_digit()) =>
-                {
-                    t.parse().ok()?
-                }
-                Some(_) => return None,
-                None => integer(raw)?,
-            };
-            (number.into_pyobject(py).ok()?.into_any(), INT)
-        } else if let Some(raw) = members.get("doubleValue") {
-            let number = raw.get().parse::<f64>().ok().filter(|n| n.is_finite())?;
-            if !raw
-                .get()
-                .bytes()
-                .all(|b| b.is_ascii_digit() || matches!(b, b'-' | b'+' | b'.' | b'e' | b'E'))
-            {
-                return None;
-            }
-            (number.into_pyobject(py).ok()?.into_any(), FLOAT)
-        } else {
-            return None;
-        };
+        let (member, raw) = ["stringValue", "boolValue", "intValue", "doubleValue"]
+            .into_iter()
+            .find_map(|member| members.get(member).map(|raw| (member, *raw)))?;
+        let (plain, class) = value_of(py, member, raw, false)?;
         self.wanted(key, class).then_some(plain)
     }
 
@@ -287,44 +313,7 @@ impl Builder {
             return None;
         }
         let (member, raw) = &found.0[0];
-        let (plain, class) =
-            match member.as_ref() {
-                "stringValue" => {
-                    let t = text(raw).filter(|t| t.is_ascii())?;
-                    (PyString::intern(py, &t).into_any(), TEXT)
-                }
-                "intValue" => {
-                    let number: i64 = match text(raw) {
-                        Some(t)
-                            if !t.is_empty()
-                                && t.len() <= 18
-                                && t.bytes().all(|b| b.is_ascii_digit()) =>
-                        {
-                            t.parse().ok()?
-                        }
-                        Some(_) => return None,
-                        None => integer(raw)?,
-                    };
-                    (number.into_pyobject(py).ok()?.into_any(), INT)
-                }
-                "doubleValue" => {
-                    if !raw.get().bytes().all(|b| {
-                        b.is_ascii_digit() || matches!(b, b'-' | b'+' | b'.' | b'e' | b'E')
-                    }) {
-                        return None;
-                    }
-                    let number = raw.get().parse::<f64>().ok().filter(|n| n.is_finite())?;
-                    (number.into_pyobject(py).ok()?.into_any(), FLOAT)
-                }
-                "boolValue" => {
-                    let flag: bool = serde_json::from_str(raw.get()).ok()?;
-                    (
-                        pyo3::types::PyBool::new(py, flag).to_owned().into_any(),
-                        BOOL,
-                    )
-                }
-                _ => return None,
-            };
+        let (plain, class) = value_of(py, member, raw, true)?;
         self.wanted(key, class).then_some(plain)
     }
 

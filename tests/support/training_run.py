@@ -4,6 +4,15 @@ from __future__ import annotations
 
 import gymtrace
 
+# The summary readers' commands whose output the streaming tests compare (the JSON views).
+READERS = [
+    ["rollouts", "--json"],
+    ["stats", "--json"],
+    ["stats", "--by", "train_step", "--json"],
+    ["stats", "--by", "policy_version", "--json"],
+    ["stats", "--by", "group", "--json"],
+]
+
 
 def training_run(rollouts: int = 12, run_id: str = "stream") -> None:
     """A run with retries, unscored rollouts, model calls with tokens, and a train step consuming
