@@ -8,11 +8,11 @@
 use std::collections::HashMap;
 
 use pyo3::prelude::*;
-use pyo3::types::{PyDict, PyList, PyString, PyTuple};
+use pyo3::types::{PyDict, PyString, PyTuple};
 use serde::{Deserialize, Deserializer};
 use serde_json::value::RawValue;
 
-use crate::{any_value, text, Attribute};
+use crate::{any_value, ascii_digits, text, Attribute};
 
 // Which Python classes `_GYM_TYPES` allows a gym attribute's value to be, as bits.
 pub const TEXT: u8 = 1;
@@ -26,8 +26,11 @@ fn present<'de, D: Deserializer<'de>>(d: D) -> Result<Option<&'de RawValue>, D::
     <&RawValue>::deserialize(d).map(Some)
 }
 
+/// The members read of a span, and of a link or a resource, which hold some of the same (a link's
+/// IDs and attributes, a resource's attributes): one struct for the three, the others' members
+/// absent.
 #[derive(Deserialize)]
-struct Whole<'a> {
+struct Object<'a> {
     #[serde(rename = "traceId", borrow, default, deserialize_with = "present")]
     trace_id: Option<&'a RawValue>,
     #[serde(rename = "spanId", borrow, default, deserialize_with = "present")]
@@ -66,22 +69,6 @@ struct Status<'a> {
     code: Option<&'a RawValue>,
     #[serde(borrow, default, deserialize_with = "present")]
     message: Option<&'a RawValue>,
-}
-
-#[derive(Deserialize)]
-struct Link<'a> {
-    #[serde(rename = "traceId", borrow, default, deserialize_with = "present")]
-    trace_id: Option<&'a RawValue>,
-    #[serde(rename = "spanId", borrow, default, deserialize_with = "present")]
-    span_id: Option<&'a RawValue>,
-    #[serde(borrow, default, deserialize_with = "present")]
-    attributes: Option<&'a RawValue>,
-}
-
-#[derive(Deserialize)]
-struct Resource<'a> {
-    #[serde(borrow, default, deserialize_with = "present")]
-    attributes: Option<&'a RawValue>,
 }
 
 /// How a span is made: given by the caller (`_model/spandata.py`).
@@ -135,10 +122,7 @@ fn integer(raw: &RawValue) -> Option<i64> {
 /// An `intValue`: a string of ASCII digits (as gymtrace writes an int64) or a JSON integer.
 fn int_value(raw: &RawValue) -> Option<i64> {
     match text(raw) {
-        Some(t) if !t.is_empty() && t.len() <= 18 && t.bytes().all(|b| b.is_ascii_digit()) => {
-            t.parse().ok()
-        }
-        Some(_) => None,
+        Some(t) => ascii_digits(&t),
         None => integer(raw),
     }
 }
@@ -186,17 +170,22 @@ fn value_of<'py>(
     })
 }
 
+/// A list of `{key, value}` attributes; none for a member missing or null (`_array(None)`), None
+/// for anything but an array of such objects.
+fn attribute_list<'a>(raw: Option<&'a RawValue>) -> Option<Vec<Attribute<'a>>> {
+    match raw.filter(|raw| !is_null(raw)) {
+        None => Some(Vec::new()),
+        Some(raw) => serde_json::from_str(raw.get()).ok(),
+    }
+}
+
 fn lower_hex(text: &str, width: usize) -> bool {
     text.len() == width && text.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'))
 }
 
 /// A string of 1 to 19 ASCII digits, as `_plain_span` reads a time.
 fn time(raw: Option<&RawValue>) -> Option<u64> {
-    let found = text(raw?)?;
-    if found.is_empty() || found.len() > 19 || !found.bytes().all(|b| b.is_ascii_digit()) {
-        return None;
-    }
-    found.parse().ok()
+    ascii_digits(&text(raw?)?)
 }
 
 impl Builder {
@@ -247,19 +236,15 @@ impl Builder {
             if !raw.starts_with('{') {
                 return None;
             }
-            let found: Resource = serde_json::from_str(raw).ok()?;
-            if let Some(items) = found.attributes.filter(|a| !is_null(a)) {
-                let items: Vec<Attribute> = serde_json::from_str(items.get()).ok()?;
-                for item in &items {
-                    let value = item.value?;
-                    let plain = self.fast_plain(py, &item.key, value)?;
-                    if item.key == "service.name" || item.key == "service.instance.id" {
-                        let text = plain.cast::<PyString>().ok()?.to_str().ok()?.to_owned();
-                        if item.key == "service.name" {
-                            service = text;
-                        } else {
-                            instance = text;
-                        }
+            let found: Object = serde_json::from_str(raw).ok()?;
+            for item in &attribute_list(found.attributes)? {
+                let plain = self.fast_plain(py, &item.key, item.value?)?;
+                if item.key == "service.name" || item.key == "service.instance.id" {
+                    let text = plain.cast::<PyString>().ok()?.to_str().ok()?.to_owned();
+                    if item.key == "service.name" {
+                        service = text;
+                    } else {
+                        instance = text;
                     }
                 }
             }
@@ -325,7 +310,7 @@ impl Builder {
         service: &Bound<'py, PyString>,
         instance: &Bound<'py, PyString>,
     ) -> Option<Bound<'py, PyAny>> {
-        let s: Whole = serde_json::from_str(raw).ok()?;
+        let s: Object = serde_json::from_str(raw).ok()?;
         let trace_id = text(s.trace_id?)?;
         let span_id = text(s.span_id?)?;
         let name = text(s.name?)?;
@@ -371,32 +356,23 @@ impl Builder {
         };
         let status = self.statuses.get(usize::try_from(status).ok()?)?;
         let attributes = PyDict::new(py);
-        if let Some(items) = s.attributes.filter(|a| !is_null(a)) {
-            if !items.get().starts_with('[') {
-                return None;
+        for item in &attribute_list(s.attributes)? {
+            if item.key == self.nemo_rollout {
+                return None; // its attempt suffix is read by the Python reader
             }
-            let items: Vec<Attribute> = serde_json::from_str(items.get()).ok()?;
-            for item in &items {
-                if item.key == self.nemo_rollout {
-                    return None; // its attempt suffix is read by the Python reader
-                }
-                let value = self.plain(py, &item.key, item.value?)?;
-                attributes
-                    .set_item(PyString::intern(py, &item.key), value)
-                    .ok()?;
-            }
+            let value = self.plain(py, &item.key, item.value?)?;
+            attributes
+                .set_item(PyString::intern(py, &item.key), value)
+                .ok()?;
         }
-        let links = PyList::empty(py);
+        let mut links = Vec::new();
         if let Some(raw) = s.links.filter(|l| !is_null(l)) {
-            if !raw.get().starts_with('[') {
-                return None;
-            }
             let found: Vec<&RawValue> = serde_json::from_str(raw.get()).ok()?;
             for link in found {
                 if !is_object(link) {
                     return None;
                 }
-                let link: Link = serde_json::from_str(link.get()).ok()?;
+                let link: Object = serde_json::from_str(link.get()).ok()?;
                 let (trace, span) = (text(link.trace_id?)?, text(link.span_id?)?);
                 let hex =
                     |t: &str, w: usize| t.len() == w && t.bytes().all(|b| b.is_ascii_hexdigit());
@@ -404,24 +380,18 @@ impl Builder {
                     return None;
                 }
                 let found = PyDict::new(py);
-                if let Some(items) = link.attributes.filter(|a| !is_null(a)) {
-                    if !items.get().starts_with('[') {
-                        return None;
-                    }
-                    let items: Vec<Attribute> = serde_json::from_str(items.get()).ok()?;
-                    for item in &items {
-                        let value = self.fast_plain(py, &item.key, item.value?)?;
-                        found
-                            .set_item(PyString::intern(py, &item.key), value)
-                            .ok()?;
-                    }
+                for item in &attribute_list(link.attributes)? {
+                    let value = self.fast_plain(py, &item.key, item.value?)?;
+                    found
+                        .set_item(PyString::intern(py, &item.key), value)
+                        .ok()?;
                 }
                 let made = self
                     .make_link
                     .bind(py)
                     .call1((trace.to_ascii_lowercase(), span.to_ascii_lowercase(), found))
                     .ok()?;
-                links.append(made).ok()?;
+                links.push(made);
             }
         }
         let fields = PyDict::new(py);
@@ -437,7 +407,7 @@ impl Builder {
             end.into_pyobject(py).ok()?.into_any(),
             attributes.into_any(),
             self.no_events.bind(py).clone().into_any(),
-            PyTuple::new(py, links.iter()).ok()?.into_any(),
+            PyTuple::new(py, links).ok()?.into_any(),
             status.bind(py).clone().into_any(),
             PyString::new(py, message.as_deref().unwrap_or("")).into_any(),
             service.clone().into_any(),

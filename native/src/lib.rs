@@ -214,14 +214,19 @@ fn text(raw: &RawValue) -> Option<Cow<'_, str>> {
     serde_json::from_str(raw.get()).ok()
 }
 
+/// 1 to 19 ASCII digits (as gymtrace writes an int64 or a time) as a `T` they fit in; None for
+/// anything else, a number too large for `T` too (the Python reader reads those).
+fn ascii_digits<T: std::str::FromStr>(text: &str) -> Option<T> {
+    if text.is_empty() || text.len() > 19 || !text.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    text.parse().ok()
+}
+
 /// A string of ASCII digits as gymtrace writes an int64: small enough for a signed 64-bit integer
 /// (the time split's arrays), else None.
 fn digits(raw: &RawValue) -> Option<i64> {
-    let found = text(raw)?;
-    if found.is_empty() || found.len() > 19 || !found.bytes().all(|b| b.is_ascii_digit()) {
-        return None;
-    }
-    found.parse().ok()
+    ascii_digits(&text(raw)?)
 }
 
 /// What `stringValue` holds when it is text, whatever else the value holds (the Python filter reads
@@ -340,50 +345,43 @@ enum Verdict {
     Unsure,
 }
 
-fn verdict(names: &Names, span: Span<'_>) -> Verdict {
+fn verdict(names: &Names, span: &Span<'_>) -> Verdict {
     let Some(attributes) = span.attributes.as_deref() else {
         return Verdict::Unsure;
     };
+    // A span has a dozen attributes or so: a look along them beats hashing each key.
     let at = Attributes(attributes);
-    if let Some(value) = at.get(names.kind.as_str()) {
-        if let Some(kind) = string_member(value) {
-            if names.read_kinds.contains(kind.as_ref()) {
-                return Verdict::Read;
-            }
-        }
-    }
-    match dropped(names, span) {
-        Some(found) => Verdict::Drop(found),
-        None => Verdict::Unsure,
+    let kind = at.get(names.kind.as_str()).map(string_member);
+    match kind {
+        Some(Some(kind)) if names.read_kinds.contains(kind.as_ref()) => Verdict::Read,
+        // A kind that is not text: the Python filter keeps the span, or its decoder names it.
+        Some(None) => Verdict::Unsure,
+        _ => match dropped(names, span, &at, kind.flatten()) {
+            Some(found) => Verdict::Drop(found),
+            None => Verdict::Unsure,
+        },
     }
 }
 
-/// What the Python filter takes of a span it drops, or None when it would keep the span or this
-/// filter is not sure (the span stays in the line, for the Python filter).
-fn dropped(names: &Names, span: Span<'_>) -> Option<Dropped> {
-    let attributes = span.attributes?;
-    for (i, item) in attributes.iter().enumerate() {
-        if attributes[..i].iter().any(|other| other.key == item.key) {
+/// What the Python filter takes of a span it drops, given its attributes and its kind (none the
+/// readers read), or None when it would keep the span or this filter is not sure (the span stays
+/// in the line, for the Python filter).
+fn dropped(
+    names: &Names,
+    span: &Span<'_>,
+    at: &Attributes<'_, '_>,
+    kind: Option<Cow<'_, str>>,
+) -> Option<Dropped> {
+    for (i, item) in at.0.iter().enumerate() {
+        if at.0[..i].iter().any(|other| other.key == item.key) {
             return None; // a key twice: the Python reader reads the last
         }
     }
-    // A span has a dozen attributes or so: a look along them beats hashing each key.
-    let at = Attributes(&attributes);
     // A NeMo Gym rollout ID (an attempt suffix to read), a Ray re-run: the Python filter's.
     if at.contains_key(names.nemo_rollout.as_str()) || at.contains_key(names.ray_attempt.as_str()) {
         return None;
     }
     let rollout_id = string_member(at.get(names.rollout.as_str())?)?.into_owned();
-    let kind = match at.get(names.kind.as_str()) {
-        Some(value) => {
-            let kind = string_member(value)?;
-            if names.read_kinds.contains(kind.as_ref()) {
-                return None;
-            }
-            Some(kind)
-        }
-        None => None,
-    };
     let end = digits(span.end?)?;
     let trace_id = ascii_lower(span.trace_id)?;
     let mut tokens = None;
@@ -477,6 +475,13 @@ fn made<'py>(
 }
 
 impl Reducer {
+    /// :meth:`reduced` of a line as read (bytes), as the Python object handed back; None when it
+    /// is not UTF-8 or not a request as gymtrace writes it.
+    fn reduced_bytes<'py>(&mut self, py: Python<'py>, line: &[u8]) -> Option<Bound<'py, PyAny>> {
+        let text = std::str::from_utf8(line).ok()?;
+        Some(self.reduced(py, text)?.into_py(py))
+    }
+
     /// The line with only the spans this filter does not drop, or None when it is not a request as
     /// gymtrace writes it (then the Python reader reads it as it is, or names what is wrong).
     fn reduced<'py>(&mut self, py: Python<'py>, line: &str) -> Option<Reduced<'py>> {
@@ -522,7 +527,7 @@ impl Reducer {
                                 }
                                 let start = cursor.at;
                                 let found = match cursor.value::<Span>() {
-                                    Some(span) => verdict(names, span),
+                                    Some(span) => verdict(names, &span),
                                     None => {
                                         cursor.value::<IgnoredAny>()?; // an odd span: kept
                                         Verdict::Unsure
@@ -649,14 +654,8 @@ impl Lines {
         }
         self.at += read as u64;
         let unfinished = !self.line.ends_with(b"\n");
-        let mut reducer = self.reducer.borrow_mut(py);
-        let reduced = std::str::from_utf8(&self.line)
-            .ok()
-            .and_then(|text| reducer.reduced(py, text));
-        let found = match reduced {
-            Some(reduced) => reduced.into_py(py),
-            None => PyBytes::new(py, &self.line).into_any(),
-        };
+        let found = self.reducer.borrow_mut(py).reduced_bytes(py, &self.line);
+        let found = found.unwrap_or_else(|| PyBytes::new(py, &self.line).into_any());
         Ok(Some((found, unfinished)))
     }
 }
@@ -747,14 +746,8 @@ impl Reducer {
     /// One line (bytes) with only the spans the Python reader must read; the line itself when it
     /// is not a request as gymtrace writes it.
     fn reduce<'py>(&mut self, py: Python<'py>, line: Bound<'py, PyBytes>) -> Bound<'py, PyAny> {
-        let reduced = match std::str::from_utf8(line.as_bytes()) {
-            Ok(text) => self.reduced(py, text),
-            Err(_) => None,
-        };
-        match reduced {
-            Some(reduced) => reduced.into_py(py),
-            None => line.into_any(),
-        }
+        let found = self.reduced_bytes(py, line.as_bytes());
+        found.unwrap_or_else(|| line.into_any())
     }
 
     /// Takes back what was taken of the line reduced last (the Python reader skipped it).
