@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+from array import array
 from pathlib import Path
 from typing import Any
 
@@ -51,8 +52,6 @@ def read_parts(paths: list[Path], monkeypatch: pytest.MonkeyPatch, native: bool)
 
 
 def _triples(raw: bytes) -> list[tuple[int, ...]]:
-    from array import array
-
-    flat = array("q")
+    flat = array("Q")  # as EpisodeTimes holds them: a time is below 2^64, not 2^63
     flat.frombytes(raw)
     return [tuple(flat[i : i + 3]) for i in range(0, len(flat), 3)]
