@@ -524,6 +524,14 @@ _new = object.__new__
 _set = object.__setattr__
 
 
+def span_from_fields(fields: dict[str, Any]) -> SpanData:
+    """A :class:`SpanData` of fields already read and checked (the fast decoder's, a packed span's,
+    the native reader's): without ``__init__``, whose frozen-dataclass checks they do not need."""
+    span = _new(SpanData)
+    _set(span, "__dict__", fields)
+    return span
+
+
 def raw_attributes(raw: Mapping[str, Any]) -> dict[str, Any] | None:
     """A raw span's attributes as ``{key: raw AnyValue object}`` (the last of a key that repeats),
     read in C (``dict(zip(map(...)))``: a reader that looks at a few keys of every span pays for
@@ -688,10 +696,7 @@ def _plain_span(
             span_events, links = _events_and_links(s, events)
         except BadTraceData:
             return None
-    span = _new(SpanData)
-    _set(
-        span,
-        "__dict__",
+    return span_from_fields(
         {
             "trace_id": trace_id,
             "span_id": span_id,
@@ -707,9 +712,8 @@ def _plain_span(
             "service": service,
             "span_kind": kind,
             "service_instance": instance,
-        },
+        }
     )
-    return span
 
 
 def decode_lean(s: Mapping[str, Any], service: str, instance: str, keys: frozenset[str]) -> SpanData:
@@ -812,14 +816,6 @@ def decode_held(s: Mapping[str, Any], service: str, instance: str, *, events: bo
     copied = marshal.loads(marshal.dumps(s))  # type: ignore[arg-type]  # parsed JSON: a dict
     span = _plain_span(copied, service, instance, events=events)
     return span if span is not None else _checked_span(copied, service, instance, read_events=events)
-
-
-def span_from_fields(fields: dict[str, Any]) -> SpanData:
-    """A :class:`SpanData` of fields already read (the native reader's, as ``_plain_span`` makes
-    one: without ``__init__``, whose frozen-dataclass checks it does not need)."""
-    span = _new(SpanData)
-    _set(span, "__dict__", fields)
-    return span
 
 
 def native_span_builder() -> tuple[Any, ...]:
@@ -1132,7 +1128,5 @@ def unpack_spans(packed: bytes) -> list[SpanData]:
             row[_EVENTS] = tuple(EventData(*e) for e in row[_EVENTS])
         if row[_LINKS]:
             row[_LINKS] = tuple(LinkData(*k) for k in row[_LINKS])
-        span = _new(SpanData)
-        _set(span, "__dict__", dict(zip(names, row, strict=True)))
-        append(span)
+        append(span_from_fields(dict(zip(names, row, strict=True))))
     return spans
