@@ -11,6 +11,9 @@
 //! the line (or the line returned as it came), so the Python reader decides, reads or names it: a
 //! span is dropped here only where the Python filter would drop it and take the same fields.
 //!
+//! When every span a line keeps is a plain one of the kinds the readers read, they are made Python
+//! `SpanData` here instead (`build.rs`), and Python parses nothing of the line.
+//!
 //! Every attribute name and kind comes from the caller (gymtrace's constants module).
 
 use std::borrow::Cow;
