@@ -86,7 +86,10 @@ elif then == "fork":
     print(json.dumps({"flushed": gymtrace.force_flush(), "stats": [s.__dict__ for s in gymtrace.export_stats()]}))
 elif then == "hang":
     print("hanging", flush=True)
-    time.sleep(60)
+    # Short sleeps: CPython runs a signal's handler between bytecodes, so a SIGTERM that arrives
+    # after the print and before one long sleep starts would wait for that sleep to end.
+    while True:
+        time.sleep(0.05)
 """
 SPANS_PER_ROLLOUT = 8  # rollout, episode, 5 steps, the failed tool call
 

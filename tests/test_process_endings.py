@@ -82,7 +82,10 @@ PRELUDE = textwrap.dedent(
             with gymtrace.rollout(rollout_id=f"{run_id}-open", task_id="t", repeat=0):
                 with gymtrace.episode():
                     READY.write_text("ready")
-                    time.sleep(600)
+                    # Short sleeps: the signal's handler runs between bytecodes, so one long
+                    # sleep entered just after the signal arrived would hold it back.
+                    while True:
+                        time.sleep(0.05)
     """
 )
 

@@ -162,7 +162,10 @@ def main(argv: list[str] | None = None) -> int:
                     with gymtrace.agent_invocation(agent_name="worker"):
                         with gymtrace.step():
                             (control / "hanging").write_text(str(os.getpid()))
-                            time.sleep(120)
+                            # Short sleeps: a signal's handler runs between bytecodes, not
+                            # within one long sleep entered just after the signal arrived.
+                            for _ in range(2400):
+                                time.sleep(0.05)
             return 4  # not reached when the test stops it
 
     flushed = gymtrace.force_flush(int(args.final_flush * 1000)) if args.final_flush else None
