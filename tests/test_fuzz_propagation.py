@@ -9,9 +9,10 @@ undecodable bytes) or megabytes of text; carrier keys in any case and values of 
 Properties:
 
 - ``extract`` and ``attach`` never raise, whatever the carrier;
-- every identity value that comes out is short printable text (or a small non-negative int for
-  ``gym.rollout.repeat`` / ``gym.episode.attempt``) that encodes as UTF-8, so it can never break
-  an OTLP export or spoof what Jaeger displays;
+- every identity value that comes out (the identity keys, and a training run's group and policy
+  version) is short printable text (or a small non-negative int for ``gym.rollout.repeat`` /
+  ``gym.episode.attempt``, an int for a decimal ``gym.policy.version``) that encodes as UTF-8, so
+  it can never break an OTLP export or spoof what Jaeger displays;
 - ``attach`` always detaches: the current context after the block is the one before it, also when
   the block raises;
 - what ``inject`` writes from an extracted context extracts to the same identity.
@@ -40,6 +41,9 @@ IDENTITY_KEYS = (
     "gym.episode.attempt",
     "gym.episode.id",
 )
+# A training run's keys travel with the identity (docs/distributed.md); the version in baggage reads
+# back as an int when it is a canonical decimal (up to 18 digits, signed), else as text.
+TRAINING_KEYS = ("gym.group.id", "gym.policy.version")
 INT_KEYS = {"gym.rollout.repeat", "gym.episode.attempt"}
 MAX_ID_LENGTH = 256  # "short": the bound propagation documents for incoming IDs
 
@@ -109,7 +113,11 @@ def baggage_values(draw: st.DrawFn) -> str:
 def baggage_headers(draw: st.DrawFn) -> str:
     entries = []
     for _ in range(draw(st.integers(0, 12))):
-        key = draw(st.sampled_from(IDENTITY_KEYS)) if draw(st.booleans()) else draw(hostile_text)
+        key = (
+            draw(st.sampled_from(IDENTITY_KEYS + TRAINING_KEYS))
+            if draw(st.booleans())
+            else draw(hostile_text)
+        )
         value = draw(baggage_values())
         sep = draw(st.sampled_from(["=", "=", "=", "", "==", " = "]))
         props = draw(st.sampled_from(["", ";prop=1", ";", ";;=;"]))
@@ -163,16 +171,19 @@ def is_short_printable(value: str) -> bool:
 
 
 def assert_identity_is_safe(identity: dict[str, Any], text_ok: Any = is_safe_text) -> None:
-    assert set(identity) <= set(IDENTITY_KEYS), identity
+    assert set(identity) <= {*IDENTITY_KEYS, *TRAINING_KEYS}, identity
     for key, value in identity.items():
         if key in INT_KEYS:
             assert type(value) is int and 0 <= value <= 10**9, (key, value)
+        elif key == "gym.policy.version" and type(value) is int:
+            assert abs(value) < 10**18, value
         else:
             assert isinstance(value, str) and text_ok(value), (key, value[:80])
 
 
 @FUZZ
 @given(carrier=carriers())
+@example(carrier={"baggage": "gym.policy.version=gym.policy.version=,gym.group.id=g,gym.rollout.id=r"})
 def test_extract_never_raises_and_yields_only_safe_identity(carrier: dict[Any, Any]) -> None:
     ctx = propagation.extract(carrier)
     assert isinstance(ctx, otel_context.Context)
