@@ -265,11 +265,17 @@ def test_live_shows_the_step_a_rollout_is_in_and_the_server_its_request_waits_on
     )  # fmt: skip
     # The model server's HTTP plumbing ended after the request went out; its chat span did not.
     plumbing = SpanData(trace, "3" * 16, None, "fastapi.dependencies", now - 4 * 10**8, now - 4 * 10**8, {})
-    (live,) = live_rollouts([driver, request, plumbing], now_ns=now)
+    # The resources server's seed span began before the request went out and ended after it: the
+    # server answered first and closed its span later (a loaded machine). Not a step further on.
+    seed = SpanData(
+        trace, "6" * 16, None, "seed_session", now - 6 * 10**8, now - 4 * 10**8,
+        {c.KIND: c.KIND_SEED_SESSION, c.ROLLOUT_ID: "3-0"}, service="resources",
+    )  # fmt: skip
+    (live,) = live_rollouts([driver, request, plumbing, seed], now_ns=now)
     assert (live.state, live.step, live.service) == ("running", 2, "policy_model")
     answered = SpanData(
         trace, "5" * 16, None, "chat m", now - 4 * 10**8, now - 3 * 10**8,
         {c.KIND: c.KIND_MODEL_CALL, c.ROLLOUT_ID: "3-0"}, service="policy_model",
     )  # fmt: skip
-    (live,) = live_rollouts([driver, request, plumbing, answered], now_ns=now)
+    (live,) = live_rollouts([driver, request, plumbing, seed, answered], now_ns=now)
     assert (live.step, live.service) == (2, "gym-eval-run")

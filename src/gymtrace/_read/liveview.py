@@ -122,10 +122,15 @@ def _read(
         if (
             isinstance(server, str)
             and server
-            and not any(s.end_ns > newest.end_ns and c.KIND in s.attributes for s in rest)
+            and not any(
+                s.start_ns >= newest.end_ns and s.end_ns > newest.end_ns and c.KIND in s.attributes
+                for s in rest
+            )
         ):
-            # No gym span of the rollout ended since that request went out (the server's own HTTP
-            # plumbing may have): it hangs there.
+            # No gym span of the rollout that began since that request went out has ended (the
+            # server's own HTTP plumbing may have): it hangs there. Earlier work does not count: a
+            # server ends its span of the previous request after sending the answer, which on a
+            # loaded machine can be after the client sent the next one.
             service, instance = server, ""
     seen = max(last.end_ns, progress)
     attempt = max(read_int(s.attributes.get(c.EPISODE_ATTEMPT), 0) for s in [*markers, *rest])
