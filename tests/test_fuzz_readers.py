@@ -325,7 +325,7 @@ def test_the_native_reader_reads_each_broken_request_as_the_python_reader_reads_
 ) -> None:
     # What it does not read exactly as gymtrace writes it, it leaves to the Python filter, or gives
     # the line back as it came for the Python reader to name.
-    from native_reader import native_or_skip, read_parts
+    from native_reader import check_read, native_or_skip, read_parts
 
     native_or_skip()
     with tempfile.TemporaryDirectory() as tmp, pytest.MonkeyPatch.context() as monkeypatch:
@@ -333,3 +333,4 @@ def test_the_native_reader_reads_each_broken_request_as_the_python_reader_reads_
         path.write_text(json.dumps(_request()) + "\n" + json.dumps(request) + "\n")
         native = read_parts([path], monkeypatch, native=True)
         assert native == read_parts([path], monkeypatch, native=False)
+        assert check_read([path], monkeypatch, native=True) == check_read([path], monkeypatch, native=False)

@@ -1,7 +1,8 @@
 """The native reader (``gymtrace_native``, Rust, built from native/ by scripts/native) gives every
-summary reader the answer the Python reader gives, byte for byte, on what gymtrace writes and on
-spans it does not read exactly (which it leaves to the Python filter); a line it cannot read is
-named as the Python reader names it. ``_read.source`` (private) is compared whole per process."""
+summary reader and ``check`` the answer the Python reader gives, byte for byte, on what gymtrace
+writes and on spans it does not read exactly (which it leaves to the Python filter and decoder); a
+line it cannot read is named as the Python reader names it. ``_read.source`` and
+``_read.check.stream`` (private) are compared whole per process."""
 
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ from gymtrace._model import environment as env
 from gymtrace._model.spandata import encode_otlp_json
 from gymtrace._read import source
 from gymtrace.testing import capture_spans
-from native_reader import native_or_skip, read_parts
+from native_reader import check_read, native_or_skip, read_parts
 from training_run import READERS as JSON_READERS
 from training_run import training_run
 from training_state import no_policy_version  # noqa: F401 - an autouse fixture
@@ -217,6 +218,61 @@ def test_every_summary_reader_answers_byte_for_byte_as_without_the_native_reader
 
 
 @pytest.mark.parametrize(
+    "edit",
+    [("model call", name) for name in EDITS] + [("root", name) for name in {**ROOT_EDITS, **BAD_ROOT_EDITS}],
+    ids=" ".join,
+)
+def test_check_holds_every_span_as_it_holds_it_without_the_native_reader(
+    tmp_path: Path, edit: tuple[str, str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Each edit alone after a training run: check stops at the first line its decoder names.
+    requests = _training_run()
+    if edit[0] == "model call":
+        requests += _edited(*_model_call(requests), [EDITS[edit[1]]], lambda n: f"{n + 1:032x}")
+    else:
+        edits = {**ROOT_EDITS, **BAD_ROOT_EDITS}
+        requests += _edited(*_rollout_root(requests), [edits[edit[1]]], lambda n: f"{n + 1:016x}{0:016x}")
+    path = tmp_path / "run.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in requests))
+    native = check_read([path], monkeypatch, native=True)
+    assert native == check_read([path], monkeypatch, native=False)
+    if native["error"] is None:
+        assert len(native["spans"]) == sum(len(_spans(r)) for r in requests)
+
+
+def test_check_answers_byte_for_byte_as_without_the_native_reader(
+    run_file: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    answers = []
+    for path in (run_file, run_file.with_name("clean.jsonl")):
+        if path.name == "clean.jsonl":
+            path.write_text("".join(json.dumps(r) + "\n" for r in _training_run()))
+        for setting in ("on", "off"):
+            monkeypatch.setenv(env.GYMTRACE_NATIVE_READER, setting)
+            code = main(["check", str(path)])
+            answers.append((code, *capsys.readouterr()))
+    assert answers[0] == answers[1] and answers[2] == answers[3]
+    assert answers[0][0] == 2 and answers[2][0] == 0, answers  # a line it names; a clean run
+
+
+def test_check_reads_each_line_of_a_training_run_in_rust_consumed_records_too(tmp_path: Path) -> None:
+    from gymtrace._read.check.stream import CHECK_KEYS
+
+    requests = _training_run()
+    kinds = {next((i["value"]["stringValue"] for i in s["attributes"] if i["key"] == c.KIND), None)
+             for r in requests for s in _spans(r)}  # fmt: skip
+    assert {c.KIND_CONSUMED, c.KIND_TRAIN_STEP, c.KIND_ROLLOUT, c.KIND_STEP} <= kinds
+    reducer = source.summary_reducer(check=CHECK_KEYS)
+    made = [reducer.reduce(json.dumps(r).encode()) for r in requests]
+    assert all(isinstance(line, list) for line in made)  # no line left for Python to parse
+    held = {span.span_id: span for line in made for span in line}
+    consumed = next(s for s in held.values() if s.attributes.get(c.KIND) == c.KIND_CONSUMED)
+    assert isinstance(consumed.attributes["gym.consumed.rollout_ids"], tuple)  # an array, whole
+    step = next(s for s in held.values() if s.attributes.get(c.KIND) == c.KIND_STEP)
+    assert set(step.attributes) <= CHECK_KEYS and not step.links  # lean: what a rule reads
+
+
+@pytest.mark.parametrize(
     "tail",
     [
         b'{"resourceSpans": [',  # a last line cut short: one warning
@@ -247,6 +303,9 @@ def test_a_line_the_native_reader_cannot_read_is_named_as_the_python_reader_name
     native = read_parts([run_file], monkeypatch, native=True)
     assert native == read_parts([run_file], monkeypatch, native=False)
     assert native["warnings"] or native["error"]
+    checked = check_read([run_file], monkeypatch, native=True)
+    assert checked == check_read([run_file], monkeypatch, native=False)
+    assert checked["warnings"] or checked["error"]
 
 
 def test_gymtrace_native_reader_off_reads_with_python_alone_and_a_bad_value_is_named(

@@ -5,7 +5,7 @@
 //! plain, an ID in capitals, a NeMo Gym rollout ID, a link whose attribute is not plain) is None
 //! here, and its line goes to Python as before.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyString, PyTuple};
@@ -60,6 +60,8 @@ struct Object<'a> {
     #[serde(borrow, default, deserialize_with = "present")]
     links: Option<&'a RawValue>,
     #[serde(borrow, default, deserialize_with = "present")]
+    events: Option<&'a RawValue>,
+    #[serde(borrow, default, deserialize_with = "present")]
     status: Option<&'a RawValue>,
 }
 
@@ -100,6 +102,24 @@ const FIELDS: [&str; 14] = [
     "span_kind",
     "service_instance",
 ];
+
+/// What of a span is made: every field but its events (which no summary reader reads); every field
+/// with its events, which must then be none (a span with events is left to Python); or only the
+/// attributes of some keys, and no links.
+enum Read<'k> {
+    Whole,
+    WholeWithEvents,
+    Keys(&'k HashSet<String>),
+}
+
+/// What `gymtrace check` reads of a span no summary reader reads (see `Builder::checked`).
+pub struct Lean {
+    pub keys: HashSet<String>,
+    pub read_kinds: HashSet<String>,
+    pub kind: Py<PyString>,
+    pub rollout: Py<PyString>,
+    pub ray_attempt: Py<PyString>,
+}
 
 fn is_object(raw: &RawValue) -> bool {
     raw.get().starts_with('{')
@@ -168,6 +188,27 @@ fn value_of<'py>(
         "doubleValue" => (double_value(raw)?.into_pyobject(py).ok()?.into_any(), FLOAT),
         _ => return None,
     })
+}
+
+/// An `arrayValue` of ASCII text and integers (a consumed record's rollout IDs and outcomes) as
+/// the checked decoder reads it, a tuple; None for any other array, which Python reads.
+fn array<'py>(py: Python<'py>, raw: &RawValue) -> Option<Bound<'py, PyAny>> {
+    let members: HashMap<String, &RawValue> = serde_json::from_str(raw.get()).ok()?;
+    let values = members.get("values").filter(|_| members.len() == 1)?;
+    let values: Vec<&RawValue> = serde_json::from_str(values.get()).ok()?;
+    let mut items = Vec::with_capacity(values.len());
+    for value in values {
+        let found = any_value(Some(value))?;
+        let [(member, raw)] = found.0.as_slice() else {
+            return None;
+        };
+        items.push(match member.as_ref() {
+            "stringValue" => PyString::new(py, &text(raw).filter(|t| t.is_ascii())?).into_any(),
+            "intValue" => int_value(raw)?.into_pyobject(py).ok()?.into_any(),
+            _ => return None,
+        });
+    }
+    PyTuple::new(py, items).ok().map(Bound::into_any)
 }
 
 /// A list of `{key, value}` attributes; none for a member missing or null (`_array(None)`), None
@@ -298,6 +339,9 @@ impl Builder {
             return None;
         }
         let (member, raw) = &found.0[0];
+        if member == "arrayValue" && !self.gym_types.contains_key(key) {
+            return array(py, raw);
+        }
         let (plain, class) = value_of(py, member, raw, true)?;
         self.wanted(key, class).then_some(plain)
     }
@@ -310,7 +354,58 @@ impl Builder {
         service: &Bound<'py, PyString>,
         instance: &Bound<'py, PyString>,
     ) -> Option<Bound<'py, PyAny>> {
+        Some(self.made(py, raw, service, instance, &Read::Whole)?.0)
+    }
+
+    /// The span as `gymtrace check` holds it (`_read.check.stream.decode_for_check`): with only the
+    /// attributes in `lean.keys` and no links, unless the summary readers read it
+    /// (`_read.source.summary_span`: a kind of `lean.read_kinds`, or no rollout ID as text); then
+    /// whole, and None if it has events and no rollout ID (the Python decoder reads those events).
+    /// A span with Ray's task attempt is left to Python too (its re-runs are read there).
+    pub fn checked<'py>(
+        &self,
+        py: Python<'py>,
+        raw: &str,
+        service: &Bound<'py, PyString>,
+        instance: &Bound<'py, PyString>,
+        lean: &Lean,
+    ) -> Option<Bound<'py, PyAny>> {
+        let (span, attributes) = self.made(py, raw, service, instance, &Read::Keys(&lean.keys))?;
+        if attributes.contains(&lean.ray_attempt).ok()? {
+            return None;
+        }
+        let kind = attributes.get_item(&lean.kind).ok()?;
+        let read_kind = match kind.as_ref().map(|k| k.cast::<PyString>()) {
+            Some(Ok(kind)) => lean.read_kinds.contains(kind.to_str().ok()?),
+            _ => false,
+        };
+        let rollout = attributes.get_item(&lean.rollout).ok()?;
+        let has_rollout = rollout.is_some_and(|r| r.is_instance_of::<PyString>());
+        if !read_kind && has_rollout {
+            return Some(span);
+        }
+        let read = if has_rollout {
+            Read::Whole
+        } else {
+            Read::WholeWithEvents
+        };
+        Some(self.made(py, raw, service, instance, &read)?.0)
+    }
+
+    fn made<'py>(
+        &self,
+        py: Python<'py>,
+        raw: &str,
+        service: &Bound<'py, PyString>,
+        instance: &Bound<'py, PyString>,
+        read: &Read<'_>,
+    ) -> Option<(Bound<'py, PyAny>, Bound<'py, PyDict>)> {
         let s: Object = serde_json::from_str(raw).ok()?;
+        if matches!(read, Read::WholeWithEvents)
+            && s.events.is_some_and(|e| !matches!(e.get(), "null" | "[]"))
+        {
+            return None; // events a rule reads: the Python decoder's
+        }
         let trace_id = text(s.trace_id?)?;
         let span_id = text(s.span_id?)?;
         let name = text(s.name?)?;
@@ -357,6 +452,11 @@ impl Builder {
         let status = self.statuses.get(usize::try_from(status).ok()?)?;
         let attributes = PyDict::new(py);
         for item in &attribute_list(s.attributes)? {
+            if let Read::Keys(keys) = read {
+                if !keys.contains(item.key.as_ref()) {
+                    continue;
+                }
+            }
             if item.key == self.nemo_rollout {
                 return None; // its attempt suffix is read by the Python reader
             }
@@ -366,7 +466,8 @@ impl Builder {
                 .ok()?;
         }
         let mut links = Vec::new();
-        if let Some(raw) = s.links.filter(|l| !is_null(l)) {
+        let read_links = !matches!(read, Read::Keys(_));
+        if let Some(raw) = s.links.filter(|l| read_links && !is_null(l)) {
             let found: Vec<&RawValue> = serde_json::from_str(raw.get()).ok()?;
             for link in found {
                 if !is_object(link) {
@@ -405,7 +506,7 @@ impl Builder {
             PyString::new(py, &name).into_any(),
             start.into_pyobject(py).ok()?.into_any(),
             end.into_pyobject(py).ok()?.into_any(),
-            attributes.into_any(),
+            attributes.clone().into_any(),
             self.no_events.bind(py).clone().into_any(),
             PyTuple::new(py, links).ok()?.into_any(),
             status.bind(py).clone().into_any(),
@@ -417,6 +518,7 @@ impl Builder {
         for (field, value) in self.fields.iter().zip(values) {
             fields.set_item(field.bind(py), value).ok()?;
         }
-        self.make_span.bind(py).call1((fields,)).ok()
+        let span = self.make_span.bind(py).call1((fields,)).ok()?;
+        Some((span, attributes))
     }
 }

@@ -14,6 +14,10 @@
 //! When every span a line keeps is a plain one of the kinds the readers read, they are made Python
 //! `SpanData` here instead (`build.rs`), and Python parses nothing of the line.
 //!
+//! `gymtrace check` reads every span: given `check` (the attribute keys its rules read), a
+//! `Reducer` drops nothing and makes each span of a line as the checker holds it, those keys only
+//! unless a summary reader reads the span, or gives the line back as it came.
+//!
 //! Every attribute name and kind comes from the caller (gymtrace's constants module).
 
 use std::borrow::Cow;
@@ -28,7 +32,7 @@ use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict, PyList, PyString};
 
 mod build;
-use build::Builder;
+use build::{Builder, Lean};
 use serde::de::{Deserializer, IgnoredAny, MapAccess, Visitor};
 use serde::Deserialize;
 use serde_json::value::RawValue;
@@ -435,6 +439,8 @@ fn dropped(
 struct Reducer {
     names: Names,
     builder: Option<Builder>,
+    // `gymtrace check`'s reading: no span dropped, each made as the checker holds it.
+    lean: Option<Lean>,
     // What was taken of the last line, counted when the next line is reduced or the takings are
     // asked for: a line the Python reader then skips (a last line cut short) is taken back.
     staged: Vec<Dropped>,
@@ -463,15 +469,18 @@ impl<'py> Reduced<'py> {
 fn made<'py>(
     py: Python<'py>,
     builder: &Builder,
+    lean: Option<&Lean>,
     whole: &[(Option<&str>, Vec<&str>)],
 ) -> Option<Bound<'py, PyList>> {
     let spans = PyList::empty(py);
     for (resource, kept) in whole {
         let (service, instance) = builder.service(py, *resource)?;
         for raw in kept {
-            spans
-                .append(builder.span(py, raw, &service, &instance)?)
-                .ok()?;
+            let span = match lean {
+                Some(lean) => builder.checked(py, raw, &service, &instance, lean)?,
+                None => builder.span(py, raw, &service, &instance)?,
+            };
+            spans.append(span).ok()?;
         }
     }
     Some(spans)
@@ -492,6 +501,7 @@ impl Reducer {
         // What Python's bytes.strip() strips: the line is handed over as read, newline and all.
         let line = line.trim_matches(|c| matches!(c, ' ' | '\t' | '\n' | '\r' | '\x0b' | '\x0c'));
         let names = &self.names;
+        let checking = self.lean.is_some();
         let mut taken = Vec::new();
         // The spans kept, by resource, while every one is of a kind the readers read (then they
         // may be made here, with no line for Python to parse).
@@ -529,11 +539,17 @@ impl Reducer {
                                     return None; // the Python reader names it
                                 }
                                 let start = cursor.at;
-                                let found = match cursor.value::<Span>() {
-                                    Some(span) => verdict(names, &span),
-                                    None => {
-                                        cursor.value::<IgnoredAny>()?; // an odd span: kept
-                                        Verdict::Unsure
+                                let found = if checking {
+                                    // Every span kept: read once, by the builder.
+                                    cursor.value::<IgnoredAny>()?;
+                                    Verdict::Read
+                                } else {
+                                    match cursor.value::<Span>() {
+                                        Some(span) => verdict(names, &span),
+                                        None => {
+                                            cursor.value::<IgnoredAny>()?; // an odd span: kept
+                                            Verdict::Unsure
+                                        }
                                     }
                                 };
                                 let raw = &cursor.text[start..cursor.at];
@@ -584,15 +600,16 @@ impl Reducer {
         }
         out.push_str("]}");
         let made = match (whole, self.builder.as_ref()) {
-            (Some(whole), Some(builder)) => made(py, builder, &whole),
+            (Some(whole), Some(builder)) => made(py, builder, self.lean.as_ref(), &whole),
             _ => None,
         };
         // Staged only once the whole line has read: a line that does not is the Python reader's.
         self.staged = taken;
-        Some(match made {
-            Some(spans) => Reduced::Spans(spans),
-            None => Reduced::Line(out),
-        })
+        match made {
+            Some(spans) => Some(Reduced::Spans(spans)),
+            None if checking => None, // nothing dropped: Python reads the line as it came
+            None => Some(Reduced::Line(out)),
+        }
     }
 
     fn commit(&mut self) {
@@ -684,9 +701,11 @@ impl Reducer {
     /// ``keys``: the rollout ID, NeMo Gym's rollout ID, the kind, Ray's task attempt, the output
     /// tokens, the run ID, the policy version, the GenAI operation and the episode attempt;
     /// ``read_kinds``: the kinds the Python reader reads whole; the time split's part of a kind and
-    /// of a GenAI operation.
+    /// of a GenAI operation. ``check``: the attribute keys ``gymtrace check`` reads of a span no
+    /// summary reader reads; then no span is dropped and every span of a line is made here as the
+    /// checker holds it (``build`` is needed), or the line is handed back as it came.
     #[new]
-    #[pyo3(signature = (keys, read_kinds, part_by_kind, part_by_operation, build=None))]
+    #[pyo3(signature = (keys, read_kinds, part_by_kind, part_by_operation, build=None, check=None))]
     fn new(
         py: Python<'_>,
         keys: (
@@ -710,7 +729,8 @@ impl Reducer {
             Vec<String>,
             Vec<String>,
         )>,
-    ) -> Self {
+        check: Option<HashSet<String>>,
+    ) -> PyResult<Self> {
         let (
             rollout,
             nemo_rollout,
@@ -723,8 +743,21 @@ impl Reducer {
             attempt,
         ) = keys;
         let builder = build.map(|build| Builder::new(py, build, &nemo_rollout));
-        Reducer {
+        if check.is_some() && builder.is_none() {
+            return Err(pyo3::exceptions::PyValueError::new_err(
+                "check= needs build=: the checker's spans are made here",
+            ));
+        }
+        let lean = check.map(|keys| Lean {
+            keys,
+            read_kinds: read_kinds.clone(),
+            kind: PyString::intern(py, &kind).unbind(),
+            rollout: PyString::intern(py, &rollout).unbind(),
+            ray_attempt: PyString::intern(py, &ray_attempt).unbind(),
+        });
+        Ok(Reducer {
             builder,
+            lean,
             names: Names {
                 rollout,
                 nemo_rollout,
@@ -743,7 +776,7 @@ impl Reducer {
             times: HashMap::new(),
             ends: HashMap::new(),
             tokens: Vec::new(),
-        }
+        })
     }
 
     /// One line (bytes) with only the spans the Python reader must read; the line itself when it

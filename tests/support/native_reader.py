@@ -1,5 +1,6 @@
 """The native reader in tests: required where scripts/test built it, and one input read with it and
-without it (``_read.source``, private: what one process reads of its parts, compared whole)."""
+without it (``_read.source`` and ``_read.check.stream``, private: what one process reads of its
+parts, compared whole)."""
 
 from __future__ import annotations
 
@@ -12,7 +13,9 @@ from typing import Any
 import pytest
 
 from gymtrace._model import environment as env
+from gymtrace._model.spandata import TraceFileError
 from gymtrace._read import source
+from gymtrace._read.check import stream
 
 REQUIRE_NATIVE = "GYMTRACE_REQUIRE_NATIVE"
 
@@ -55,3 +58,17 @@ def _triples(raw: bytes) -> list[tuple[int, ...]]:
     flat = array("Q")  # as EpisodeTimes holds them: a time is below 2^64, not 2^63
     flat.frombytes(raw)
     return [tuple(flat[i : i + 3]) for i in range(0, len(flat), 3)]
+
+
+def check_read(paths: list[Path], monkeypatch: pytest.MonkeyPatch, native: bool) -> dict[str, Any]:
+    """What ``gymtrace check`` holds of each span of ``paths`` in one process (every span, as it
+    decodes it), the warnings, and the error that stopped the read."""
+    monkeypatch.setenv(env.GYMTRACE_NATIVE_READER, "on" if native else "off")
+    assert (source.summary_reducer(check=stream.CHECK_KEYS) is not None) is native
+    spans: list[Any] = []
+    warnings: list[str] = []
+    try:
+        spans.extend(stream._spans([(path, None) for path in paths], warnings.append))
+    except TraceFileError as exc:
+        return {"spans": spans, "warnings": warnings, "error": str(exc)}
+    return {"spans": spans, "warnings": warnings, "error": None}

@@ -6,7 +6,9 @@ line of a trace file before Python parses it, and gives back the line with only 
 filter would keep, and what it took of the others when asked. Parsing every span into Python
 objects only to drop ~88 % of them was most of a reader's time. What it cannot read exactly as the
 Python filter would, it leaves in the line for the Python filter; a line it cannot read at all it
-gives back as it came. Without it, the same files are read the same way in Python, slower.
+gives back as it came. For ``gymtrace check`` it drops nothing and makes each span of a line as the
+checker decodes it (``_read.check.stream.decode_for_check``), or gives the line back. Without it,
+the same files are read the same way in Python, slower.
 """
 
 from __future__ import annotations

@@ -387,15 +387,25 @@ class _Read:
     error: Exception | None = None
 
 
-def summary_reducer() -> Any:
+def summary_reducer(check: frozenset[str] | None = None) -> Any:
     """The native reader's ``Reducer`` of :func:`summary_filter` (its keys, kinds and parts given
-    from here), or None without it (:func:`~gymtrace._read.native.native_module`)."""
+    from here), or None without it (:func:`~gymtrace._read.native.native_module`). With ``check``
+    (the attribute keys ``gymtrace check`` reads of a span :func:`summary_span` does not take),
+    ``gymtrace check``'s: it drops no span and makes each as the checker decodes it, those of the
+    summary readers' kinds whole."""
     native = native_module()
     if native is None:
         return None
     keys = (c.ROLLOUT_ID, c.NEMO_GYM_ROLLOUT_ID, c.KIND, *_VALUE_KEYS)
     by_kind, by_operation = part_tables()
-    return native.Reducer(keys, set(_READ_KINDS), by_kind, by_operation, native_span_builder())
+    return native.Reducer(
+        keys,
+        set(_READ_KINDS),
+        by_kind,
+        by_operation,
+        native_span_builder(),
+        check=None if check is None else set(check),
+    )
 
 
 def _read_parts(parts: list[tuple[Path, Part]], entries: bool) -> _Read:

@@ -55,7 +55,7 @@ from gymtrace._read.check.spans import (
 )
 from gymtrace._read.check.training import check_training, is_training, training_of
 from gymtrace._read.outcomes import SOURCE_LIVE, RolloutOutcome, dedupe, final_outcomes
-from gymtrace._read.source import PARALLEL_BYTES, gc_paused, split_for_two, summary_span
+from gymtrace._read.source import PARALLEL_BYTES, gc_paused, split_for_two, summary_reducer, summary_span
 from gymtrace._read.training import Training
 
 # Spans held at most (half of them by each of two processes): ~1 KB each as the checker decodes
@@ -354,8 +354,10 @@ def _by_writer(files: list[Path]) -> list[list[Path]]:
 
 
 def _spans(parts: list[tuple[Path, Part]], warn: Warn | None) -> Iterator[SpanData]:
+    # The native reader, when installed, makes each line's spans as decode_for_check does.
+    reducer = summary_reducer(check=CHECK_KEYS)
     for path, part in parts:
-        yield from iter_file_spans(path, warn=warn, part=part, decode=decode_for_check)
+        yield from iter_file_spans(path, warn=warn, part=part, decode=decode_for_check, reducer=reducer)
 
 
 def _merged(writers: list[list[Path]], warn: Warn | None) -> Iterator[SpanData]:
