@@ -346,30 +346,23 @@ impl Builder {
         self.wanted(key, class).then_some(plain)
     }
 
-    /// The span's `SpanData`, or None where `_plain_span` (without events) would not read it.
+    /// The span's `SpanData`, or None where `_plain_span` (without events) would not read it. With
+    /// `lean`, the span as `gymtrace check` holds it (`_read.check.stream.decode_for_check`): with
+    /// only the attributes in `lean.keys` and no links, unless the summary readers read it
+    /// (`_read.source.summary_span`: a kind of `lean.read_kinds`, or no rollout ID as text); then
+    /// whole, and None if it has events and no rollout ID (the Python decoder reads those events).
+    /// A span with Ray's task attempt is left to Python too (its re-runs are read there).
     pub fn span<'py>(
         &self,
         py: Python<'py>,
         raw: &str,
         service: &Bound<'py, PyString>,
         instance: &Bound<'py, PyString>,
+        lean: Option<&Lean>,
     ) -> Option<Bound<'py, PyAny>> {
-        Some(self.made(py, raw, service, instance, &Read::Whole)?.0)
-    }
-
-    /// The span as `gymtrace check` holds it (`_read.check.stream.decode_for_check`): with only the
-    /// attributes in `lean.keys` and no links, unless the summary readers read it
-    /// (`_read.source.summary_span`: a kind of `lean.read_kinds`, or no rollout ID as text); then
-    /// whole, and None if it has events and no rollout ID (the Python decoder reads those events).
-    /// A span with Ray's task attempt is left to Python too (its re-runs are read there).
-    pub fn checked<'py>(
-        &self,
-        py: Python<'py>,
-        raw: &str,
-        service: &Bound<'py, PyString>,
-        instance: &Bound<'py, PyString>,
-        lean: &Lean,
-    ) -> Option<Bound<'py, PyAny>> {
+        let Some(lean) = lean else {
+            return Some(self.made(py, raw, service, instance, &Read::Whole)?.0);
+        };
         let (span, attributes) = self.made(py, raw, service, instance, &Read::Keys(&lean.keys))?;
         if attributes.contains(&lean.ray_attempt).ok()? {
             return None;

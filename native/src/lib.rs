@@ -476,11 +476,9 @@ fn made<'py>(
     for (resource, kept) in whole {
         let (service, instance) = builder.service(py, *resource)?;
         for raw in kept {
-            let span = match lean {
-                Some(lean) => builder.checked(py, raw, &service, &instance, lean)?,
-                None => builder.span(py, raw, &service, &instance)?,
-            };
-            spans.append(span).ok()?;
+            spans
+                .append(builder.span(py, raw, &service, &instance, lean)?)
+                .ok()?;
         }
     }
     Some(spans)
