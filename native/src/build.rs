@@ -3,7 +3,10 @@
 //! `gymtrace._model.spandata.decode_reduced` makes of them: what its plain path (`_plain_span`,
 //! without events) reads, read the same way. A span that path would not read (a value that is not
 //! plain, an ID in capitals, a NeMo Gym rollout ID, a link whose attribute is not plain) is None
-//! here, and its line goes to Python as before.
+//! here, and its line goes to Python as before. An array of ASCII text and integers (a consumed
+//! record's) is made as the checked decoder makes it, a tuple.
+//!
+//! For `gymtrace check` every span of a line is made, as `decode_for_check` makes it (`Lean`).
 
 use std::collections::{HashMap, HashSet};
 
@@ -112,7 +115,7 @@ enum Read<'k> {
     Keys(&'k HashSet<String>),
 }
 
-/// What `gymtrace check` reads of a span no summary reader reads (see `Builder::checked`).
+/// What `gymtrace check` reads of a span no summary reader reads (see `Builder::span`).
 pub struct Lean {
     pub keys: HashSet<String>,
     pub read_kinds: HashSet<String>,
