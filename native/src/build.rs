@@ -363,10 +363,12 @@ impl Builder {
         instance: &Bound<'py, PyString>,
         lean: Option<&Lean>,
     ) -> Option<Bound<'py, PyAny>> {
+        // Read once: a summary reader's span is made again from it, whole, after its lean reading.
+        let s: Object = serde_json::from_str(raw).ok()?;
         let Some(lean) = lean else {
-            return Some(self.made(py, raw, service, instance, &Read::Whole)?.0);
+            return Some(self.made(py, &s, service, instance, &Read::Whole)?.0);
         };
-        let (span, attributes) = self.made(py, raw, service, instance, &Read::Keys(&lean.keys))?;
+        let (span, attributes) = self.made(py, &s, service, instance, &Read::Keys(&lean.keys))?;
         if attributes.contains(&lean.ray_attempt).ok()? {
             return None;
         }
@@ -385,18 +387,17 @@ impl Builder {
         } else {
             Read::WholeWithEvents
         };
-        Some(self.made(py, raw, service, instance, &read)?.0)
+        Some(self.made(py, &s, service, instance, &read)?.0)
     }
 
     fn made<'py>(
         &self,
         py: Python<'py>,
-        raw: &str,
+        s: &Object<'_>,
         service: &Bound<'py, PyString>,
         instance: &Bound<'py, PyString>,
         read: &Read<'_>,
     ) -> Option<(Bound<'py, PyAny>, Bound<'py, PyDict>)> {
-        let s: Object = serde_json::from_str(raw).ok()?;
         if matches!(read, Read::WholeWithEvents)
             && s.events.is_some_and(|e| !matches!(e.get(), "null" | "[]"))
         {
