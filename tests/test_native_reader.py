@@ -243,10 +243,10 @@ def test_check_holds_every_span_as_it_holds_it_without_the_native_reader(
 def test_check_answers_byte_for_byte_as_without_the_native_reader(
     run_file: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
+    clean = run_file.with_name("clean.jsonl")
+    clean.write_text("".join(json.dumps(r) + "\n" for r in _training_run()))
     answers = []
-    for path in (run_file, run_file.with_name("clean.jsonl")):
-        if path.name == "clean.jsonl":
-            path.write_text("".join(json.dumps(r) + "\n" for r in _training_run()))
+    for path in (run_file, clean):
         for setting in ("on", "off"):
             monkeypatch.setenv(env.GYMTRACE_NATIVE_READER, setting)
             code = main(["check", str(path)])
