@@ -20,7 +20,7 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import pytest
-from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
+from opentelemetry.sdk.trace import ReadableSpan, SpanProcessor, TracerProvider
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 from opentelemetry.sdk.trace.sampling import ALWAYS_OFF
 
@@ -521,3 +521,84 @@ def test_a_backlog_sent_as_several_requests_resends_only_what_a_failed_request_h
     # The first request's spans were delivered once; the refused one's and the rest went again.
     assert sorted(received) == sorted(names)
     assert (stats.exported, stats.dropped, stats.retries) == (40, 0, 1) and balanced(stats)
+
+
+def _file_queue(
+    processors: list[BatchExporter], path: Path, *, encode_on_end: bool = True
+) -> tuple[BatchExporter, TracerProvider]:
+    """The file's queue as configure() builds it, with a worker that waits a minute between
+    batches: what it holds is what the spans left behind as they ended."""
+    from gymtrace._sdk.export_targets import file_exporter
+
+    bex = BatchExporter(
+        file_exporter(str(path)),
+        name="file",
+        schedule_delay=60.0,
+        shutdown_timeout=5.0,
+        encode_on_end=encode_on_end,
+    )
+    processors.append(bex)
+    provider = TracerProvider(shutdown_on_exit=False)
+    provider.add_span_processor(bex)  # type: ignore[arg-type]
+    return bex, provider
+
+
+@pytest.mark.parametrize("encode_on_end", [True, False], ids=["file queue", "encoder process's queue"])
+def test_the_file_queue_frees_each_span_as_it_ends_and_writes_it_as_it_was(
+    processors: list[BatchExporter], tmp_path: Path, encode_on_end: bool
+) -> None:
+    import gc
+    import weakref
+
+    bex, provider = _file_queue(processors, tmp_path / "t.jsonl", encode_on_end=encode_on_end)
+    ended: list[weakref.ref[ReadableSpan]] = []
+
+    class Watch(SpanProcessor):  # beside the queue: the SDK hands it the same ended span
+        def on_end(self, span: ReadableSpan) -> None:
+            ended.append(weakref.ref(span))
+
+    provider.add_span_processor(Watch())
+    tracer = provider.get_tracer("test")
+    gc.disable()  # freed by its last reference going, not by a collection that happened to run
+    try:
+        for n in range(5):
+            span = tracer.start_span(f"s{n}", attributes={"gym.kind": "step", "n": n, "x": 0.5})
+            span.add_event("e", {"k": "v"})
+            span.end()
+            del span
+        alive = sum(ref() is not None for ref in ended)
+    finally:
+        gc.enable()
+    assert len(ended) == 5
+    assert bex.stats().queued == 5  # none written yet: the worker sleeps
+    # The file's queue holds text, which the cyclic collector does not track; the encoder
+    # process's queue (fed rebuilt spans, in its own small heap) holds the spans.
+    assert alive == (0 if encode_on_end else 5)
+    assert bex.force_flush(10_000)
+    spans = read_otlp_json_lines(tmp_path / "t.jsonl")
+    assert [(s.name, s.attributes["n"], s.attributes["x"]) for s in spans] == [
+        (f"s{n}", n, 0.5) for n in range(5)
+    ]
+    assert all([(e.name, e.attributes) for e in s.events] == [("e", {"k": "v"})] for s in spans)
+    assert balanced(bex.stats()) and bex.stats().exported == 5
+
+
+def test_a_span_that_failed_to_encode_as_it_ended_is_written_by_the_worker_in_its_place(
+    processors: list[BatchExporter], tmp_path: Path
+) -> None:
+    bex, provider = _file_queue(processors, tmp_path / "t.jsonl")
+    encode = bex._encode
+    assert encode is not None
+
+    def encode_all_but_b(span: ReadableSpan) -> object:
+        if span.name == "b":
+            raise RuntimeError("an attribute the encoder did not expect")
+        return encode(span)
+
+    bex._encode = encode_all_but_b
+    end_spans(provider, ["a", "b", "c"])
+    assert bex.force_flush(10_000)
+    # In order, in one line: a queue may hold text and spans side by side.
+    assert [s.name for s in read_otlp_json_lines(tmp_path / "t.jsonl")] == ["a", "b", "c"]
+    assert len(trace_lines(tmp_path / "t.jsonl")) == 1
+    assert balanced(bex.stats()) and bex.stats().exported == 3 and bex.stats().dropped == 0

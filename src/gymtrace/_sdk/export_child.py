@@ -47,7 +47,7 @@ def child_main() -> None:
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     logging.basicConfig(format="%(message)s", level=logging.WARNING)
     config = json.loads(os.environ.pop(env.GYMTRACE_ENCODER_CONFIG))
-    queue = BatchExporter(build_exporter(config["target"]), **config["queue"])
+    queue = BatchExporter(build_exporter(config["target"]), **config["queue"], encode_on_end=False)
     rebuild = _Rebuilder()
     stdin, out = sys.stdin.fileno(), sys.stdout.buffer
     parent = os.getppid()

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 from gymtrace._model import environment as env
 from gymtrace._model import settings as _settings
 from gymtrace._model.tracefiles import SegmentWriter, compression_of, compressor
-from gymtrace._sdk.otlp import encode_json_line, grpc_exporter, http_exporter
+from gymtrace._sdk.otlp import encode_span_json, grpc_exporter, http_exporter, join_json_line
 
 if TYPE_CHECKING:
     from opentelemetry.sdk.trace import ReadableSpan
@@ -48,9 +48,15 @@ def file_exporter(
             self._pack = compressor(compression_of(file_path) or compress)
             self._segments = SegmentWriter(file_path, compress, rotate_bytes)
 
-        def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
+        # The queue encodes each span as it ends, with this (a string holds nothing the cyclic
+        # garbage collector tracks; a queued span holds a dozen containers): see _sdk/export.py.
+        encode = staticmethod(encode_span_json)
+
+        def export(self, spans: Sequence[ReadableSpan | tuple[Any, Any, str]]) -> SpanExportResult:
             step = self.spans_per_line
-            text = "".join(encode_json_line(spans[i : i + step]) + "\n" for i in range(0, len(spans), step))
+            text = "".join(
+                join_json_line(map(_encoded, spans[i : i + step])) + "\n" for i in range(0, len(spans), step)
+            )
             data = text.encode("utf-8")
             if self._pack is not None:
                 data = self._pack(data)  # outside the lock: the other writer of the file goes on
@@ -72,6 +78,12 @@ def file_exporter(
             self._lock = threading.Lock()
 
     return OtlpJsonLinesExporter(path, line_spans)
+
+
+def _encoded(item: Any) -> tuple[Any, Any, str]:
+    """A queued item as the file writes it: encoded already (``encode``), or a span (a queue that
+    does not encode as spans end: the encoder process's, or after an encoding error)."""
+    return item if type(item) is tuple else encode_span_json(item)
 
 
 def otlp_exporter(protocol: str, endpoint: str | None, headers: Mapping[str, str] | None) -> SpanExporter:

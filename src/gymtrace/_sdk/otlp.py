@@ -26,7 +26,7 @@ from gymtrace._sdk.otlp_encode import (
     encode_requests,
     encode_span,
 )
-from gymtrace._sdk.otlp_json import encode_json_line
+from gymtrace._sdk.otlp_json import encode_json_line, encode_span_json, join_json_line
 
 __all__ = [
     "MAX_REQUEST_BYTES",
@@ -35,8 +35,10 @@ __all__ = [
     "encode_request_spans",
     "encode_requests",
     "encode_span",
+    "encode_span_json",
     "grpc_exporter",
     "http_exporter",
+    "join_json_line",
     "last_object_cache",
     "register_fast_paths",
 ]
