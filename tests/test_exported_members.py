@@ -164,6 +164,7 @@ def test_the_integration_seam_is_pinned() -> None:
         "hand_off",
         "identity_fallback",
         "incoming_identity",
+        "inject_context",
         "innermost_scope",
         "may_carry_identity",
         "misuse",

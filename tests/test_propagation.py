@@ -17,7 +17,7 @@ from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapProp
 import gymtrace
 from child_process import clean_env
 from gymtrace import attributes as c
-from gymtrace import propagation
+from gymtrace import instrumentation, propagation
 from otlp_lines import read_otlp_json_lines
 
 REMOTE_TRACE = "0af7651916cd43dd8448eb211c80319c"
@@ -288,6 +288,26 @@ def test_without_the_baggage_propagator_identity_stays_behind():
         assert set(headers) == {"traceparent"}
     finally:
         propagate.set_global_textmap(previous)
+
+
+def test_a_hook_writes_the_context_with_identity_made_as_inject_writes_it(forget_configure):
+    # The aiohttp and httpx hooks make the request's context once (with_identity, to attach it
+    # around the request) and write that one: the same headers, the identity decided once.
+    gymtrace.configure(baggage_allow="tenant", file=False)
+    url = "http://127.0.0.1:8000/run"
+    token = otel_context.attach(baggage.set_baggage("tenant", "a b+c", baggage.set_baggage("secret", "x")))
+    try:
+        with gymtrace.testing.capture_spans(), gymtrace.rollout(rollout_id="r 1", task_id="t-1"):
+            ctx = propagation.with_identity(destination=url)
+            written: dict[str, str] = {}
+            instrumentation.inject_context(written, ctx)
+            injected = propagation.inject({}, destination=url)
+    finally:
+        otel_context.detach(token)
+    assert written == injected
+    # A space percent-encoded (OpenTelemetry would write "+", which W3C Baggage keeps as "+").
+    assert "gym.rollout.id=r%201" in written["baggage"] and "tenant=a%20b+c" in written["baggage"]
+    assert "secret" not in written["baggage"]
 
 
 CHILD = textwrap.dedent(

@@ -28,7 +28,8 @@ What is here, by concern (everything else in gymtrace whose name starts with ``_
 any release; this module changes only by addition):
 
 - **Identity.** :func:`current_identity`, :func:`innermost_scope` (read); :func:`stamp_identity`,
-  :func:`continue_scope` (write); :func:`note_caller` (a request from a caller outside the gym: its
+  :func:`continue_scope` (write); :func:`inject_context` (a context ``propagation.with_identity``
+  made, into a request's headers); :func:`note_caller` (a request from a caller outside the gym: its
   rollouts link to the caller's span rather than join its trace); :func:`incoming_identity` and :func:`accept_identity` (what this
   process believes of an identity that arrived, per ``GYMTRACE_TRUST_IDENTITY``);
   :func:`set_identity_fallback` (where a request without gym baggage gets its identity, read by
@@ -65,7 +66,7 @@ from __future__ import annotations
 
 import contextvars
 import sys
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, MutableMapping
 from contextlib import contextmanager
 from typing import Any
 
@@ -78,6 +79,7 @@ from gymtrace._identity import trust as _trust
 from gymtrace._identity.carriers import caller_context as _caller_context
 from gymtrace._identity.carriers import incoming_identity as _incoming_identity
 from gymtrace._identity.carriers import remote_context as _remote_context
+from gymtrace._identity.carriers import write_carrier as _write_carrier
 from gymtrace._model import errors as _errors
 from gymtrace._model.errors import InvalidArgumentError, guard
 from gymtrace._model.ids import deterministic_id, episode_id
@@ -110,6 +112,7 @@ __all__ = [
     "hand_off",
     "identity_fallback",
     "incoming_identity",
+    "inject_context",
     "innermost_scope",
     "may_carry_identity",
     "misuse",
@@ -456,3 +459,16 @@ def may_carry_identity(url: object) -> bool:
     """Whether gym identity may go with a request to ``url`` (see :func:`gym_destination`);
     ``None`` (not known): no; :data:`gymtrace.propagation.GYM_INTERNAL`: yes."""
     return _trust.may_carry_identity(url)
+
+
+def inject_context(carrier: MutableMapping[str, str], context: otel_context.Context) -> None:
+    """Write ``context`` into ``carrier`` with the global propagators, as ``opentelemetry.propagate.inject``
+    does, with its baggage percent-encoded as :func:`gymtrace.propagation.inject` writes it.
+
+    For a hook that already made the request's context with
+    ``gymtrace.propagation.with_identity(destination=url)`` (to attach it around the request):
+    writing that context decides the identity once, where ``propagation.inject(carrier, context,
+    destination=url)`` would decide it again. Every baggage entry of ``context`` goes: pass only a
+    context ``with_identity`` made for this carrier's destination.
+    """
+    _write_carrier(carrier, context)

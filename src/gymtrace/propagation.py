@@ -58,10 +58,10 @@ from gymtrace._identity import trust as _trust
 from gymtrace._identity.carriers import (
     GETTER,
     carrier_index,
-    format_baggage,
     from_scope_carrier,
     incoming_identity,
     remote_context,
+    write_carrier,
 )
 from gymtrace._model.errors import GymTraceError, contract_problem, guard, internal_error
 from gymtrace._scopes import tracing as _tracing
@@ -214,11 +214,7 @@ def inject(
             frame = (context if context is not None else otel_context.get_current()).get(SCOPE_KEY)
             if isinstance(frame, ActiveScope):
                 frame.hand_off()  # the rollout's outcome may now be recorded where this goes
-        propagate.inject(carrier, context=ctx)
-        if "baggage" in carrier:
-            # OpenTelemetry Python writes a space as "+", which W3C Baggage gives no meaning (and
-            # which receivers must keep as "+"): gymtrace writes the same entries percent-encoded.
-            carrier["baggage"] = format_baggage(baggage.get_all(ctx))
+        write_carrier(carrier, ctx)
     return carrier
 
 

@@ -1,4 +1,5 @@
-"""Reading carriers at a process boundary: headers and environments in, a continued gym context out.
+"""Carriers at a process boundary: headers and environments in, a continued gym context out (and a
+context written into one).
 
 What ``gymtrace.propagation`` and the instrumentations share to continue a caller's trace and gym
 scope: a case- and separator-insensitive view of any carrier (HTTP headers, ASGI header pairs,
@@ -12,7 +13,7 @@ from __future__ import annotations
 
 import re
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, MutableMapping
 from typing import Any, NamedTuple
 from urllib.parse import quote, unquote
 
@@ -109,6 +110,22 @@ _SAFE = "!#$&'()*+-./:<=>?@[]^_`{|}~"
 
 def format_baggage(entries: Mapping[str, object]) -> str:
     return ",".join(f"{quote(str(k), safe=_SAFE)}={quote(str(v), safe=_SAFE)}" for k, v in entries.items())
+
+
+def write_carrier(carrier: MutableMapping[str, str], ctx: otel_context.Context) -> None:
+    """Write ``ctx`` (a context ``propagation.with_identity`` made: its baggage is what may go)
+    into ``carrier`` with the global propagators, the ``baggage`` header percent-encoded.
+
+    OpenTelemetry Python writes a space as "+", which W3C Baggage gives no meaning (and which
+    receivers must keep as "+"), so gymtrace writes the entries itself, where the propagators
+    write baggage at all; they are handed the context without it, rather than encoding it to be
+    overwritten (half of a request's cost in the aiohttp and httpx hooks).
+    """
+    entries = baggage.get_all(ctx)
+    ours = bool(entries) and "baggage" in propagate.get_global_textmap().fields
+    propagate.inject(carrier, context=baggage.clear(ctx) if ours else ctx)
+    if ours or "baggage" in carrier:
+        carrier["baggage"] = format_baggage(entries)
 
 
 def _split_baggage(header: str | None) -> Baggage:

@@ -42,7 +42,7 @@ import wrapt
 from multidict import CIMultiDict
 from opentelemetry import context as otel_context
 
-from gymtrace.instrumentation import report_error
+from gymtrace.instrumentation import inject_context, report_error
 from gymtrace.propagation import inject, with_identity
 
 __all__ = ["aiohttp_trace_config", "instrument", "uninstrument"]
@@ -95,7 +95,7 @@ async def _request_with_identity(
         destination = _destination(instance, args[1] if len(args) > 1 else kwargs.get("str_or_url"))
         ctx = otel_context.set_value(_OUTGOING_KEY, True, with_identity(destination=destination))
         headers: CIMultiDict[str] = CIMultiDict(kwargs.get("headers") or {})
-        inject(headers, ctx, continuation=False, destination=destination)
+        inject_context(headers, ctx)
         kwargs["headers"] = headers
         # Attached for the whole request, so the official instrumentor's attach nests inside.
         token = otel_context.attach(ctx)

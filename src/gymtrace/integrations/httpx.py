@@ -29,8 +29,8 @@ except ImportError as exc:  # pragma: no cover - depends on the installed extras
 
 from opentelemetry import context as otel_context
 
-from gymtrace.instrumentation import report_error
-from gymtrace.propagation import inject, with_identity
+from gymtrace.instrumentation import inject_context, report_error
+from gymtrace.propagation import with_identity
 
 __all__ = ["AsyncHttpxTransport", "HttpxTransport"]
 
@@ -39,7 +39,7 @@ def _enter(request: httpx.Request) -> object:
     """Inject headers and attach the identity context; the token, or None if gymtrace failed."""
     try:
         ctx = with_identity(destination=request.url)  # identity only to gym destinations
-        inject(request.headers, ctx, continuation=False, destination=request.url)
+        inject_context(request.headers, ctx)
         return otel_context.attach(ctx)
     except Exception as exc:  # noqa: BLE001 - telemetry must not break the request
         report_error("gymtrace.integrations.httpx transport", exc)
