@@ -3,7 +3,7 @@
 Run in the NeMo Gym venv ``scripts/test`` builds (about 10 minutes on a 2-core machine)::
 
     .venv-nemo/bin/python benchmarks/nemo_gym_cost.py [--server example_multi_step] [--limit 5]
-        [--repeats 4] [--rounds 3] [--gymtrace-src DIR] [--sides plain,sdk,contrib,full,full-ops]
+        [--repeats 4] [--rounds 3] [--gymtrace-src DIR] [--sides plain,sdk,contrib,before,full,full-ops]
 
 Up to five stacks (``--sides``) run at once against one instant fake Responses API upstream
 (tests/support/fake_responses_upstream.py): ``gym env start`` plain; plain with the OpenTelemetry
@@ -16,7 +16,8 @@ contrib instrumentation installed, their spans written to ``GYMTRACE_FILE=DIR/``
 configurator and exporter);
 fully traced (the integration on, ``GYMTRACE_FILE=DIR/``); and fully traced with FastAPI's operation
 spans kept (``GYMTRACE_NEMO_GYM_OPERATION_SPANS=true``), which gymtrace's NeMo Gym setup otherwise
-turns off. Each round runs ``gym eval run`` over the
+turns off; and ``before``, fully traced by the gymtrace of ``--gymtrace-src`` (an earlier commit's
+``src/``), so a change is measured against its before in the same rounds. Each round runs ``gym eval run`` over the
 same tasks on each (the driver as its stack: plain, or under ``opentelemetry-instrument`` with the
 same environment), in rotating order, and takes the CPU time (user + system) of the driver (its
 rusage, start-up included) and of every process of the stack (servers, Ray, ``gym env start``;
@@ -55,8 +56,18 @@ PLAIN, SDK, CONTRIB, FULL = "plain", "sdk only", "integration off", "gymtrace"
 # gymtrace with FastAPI's operation spans kept (GYMTRACE_NEMO_GYM_OPERATION_SPANS=true): what
 # dropping them by default saves is this side less the gymtrace one.
 FULL_OPS = "gymtrace + ops"
-SIDES = (PLAIN, SDK, CONTRIB, FULL, FULL_OPS)
-SIDE_KEYS = {"plain": PLAIN, "sdk": SDK, "contrib": CONTRIB, "full": FULL, "full-ops": FULL_OPS}
+# Fully traced by the gymtrace of --gymtrace-src (an earlier commit's src/) while the other sides
+# trace with the installed one: a before/after in the same rounds, each round's pair back to back.
+BEFORE = "gymtrace before"
+SIDES = (PLAIN, SDK, CONTRIB, BEFORE, FULL, FULL_OPS)
+SIDE_KEYS = {
+    "plain": PLAIN,
+    "sdk": SDK,
+    "contrib": CONTRIB,
+    "before": BEFORE,
+    "full": FULL,
+    "full-ops": FULL_OPS,
+}
 # The "sdk only" side: the plain stack with the OpenTelemetry SDK's TracerProvider set in every
 # process (no exporter, no gymtrace): what FastAPI's own telemetry costs once a provider records its
 # spans, the floor under any OpenTelemetry tracing of these servers.
@@ -251,7 +262,8 @@ def main() -> None:
     parser.add_argument(
         "--gymtrace-src",
         help="trace with the gymtrace package in this src/ directory (say, `git archive` of an earlier"
-        " commit) instead of the installed one: the before of a before/after",
+        " commit) instead of the installed one: the before of a before/after; with the `before` side,"
+        " that side alone does",
     )
     parser.add_argument(
         "--sides",
@@ -266,14 +278,22 @@ def main() -> None:
     except KeyError as exc:
         parser.error(f"--sides: unknown side {exc}; known: {', '.join(SIDE_KEYS)}")
     variants = [variant for variant in SIDES if variant in chosen]
+    if BEFORE in variants and not args.gymtrace_src:
+        parser.error("--sides before needs --gymtrace-src: the gymtrace it traces with")
     # The gymtrace that traces, compiled as pip compiles an installed package: an editable checkout
     # run with PYTHONDONTWRITEBYTECODE=1 (CI machines set it) would otherwise compile its ~160
     # modules again in every process it starts, ~0.1 s of CPU a driver that a user's install never
     # pays.
-    gymtrace_dir = (
-        Path(args.gymtrace_src) / "gymtrace" if args.gymtrace_src else Path(gymtrace.__file__).parent
-    )
-    compileall.compile_dir(str(gymtrace_dir), quiet=1)
+    for gymtrace_dir in {
+        Path(gymtrace.__file__).parent,
+        *([Path(args.gymtrace_src) / "gymtrace"] if args.gymtrace_src else []),
+    }:
+        compileall.compile_dir(str(gymtrace_dir), quiet=1)
+
+    # Which sides the gymtrace of --gymtrace-src traces: the `before` side, or else every traced one.
+    def source_of(variant: str) -> str | None:
+        return args.gymtrace_src if variant == BEFORE or BEFORE not in variants else None
+
     agent = f"{args.server}_simple_agent"
     data = PACKAGES / "resources_servers" / args.server / "data" / "example.jsonl"
     with tempfile.TemporaryDirectory(prefix="nemo-cost-") as tmp:
@@ -290,7 +310,7 @@ def main() -> None:
             port = port_file.read_text().strip()
             for number, variant in enumerate(variants):
                 (root / str(number)).mkdir()
-                sides.append(Side(root / str(number), args.server, port, variant, args.gymtrace_src))
+                sides.append(Side(root / str(number), args.server, port, variant, source_of(variant)))
             for side in sides:
                 side.wait_ready()
             for side in sides:
@@ -346,14 +366,16 @@ def main() -> None:
             # Per round, side less floor (the sides of a round ran back to back): its spread too.
             paired = sorted(a - b for a, b in zip(per[side], per[floor], strict=True))
             print(
-                f"  {what}: +{total[side] - total[floor]:.1f} ms per rollout ({total[side] / total[floor]:.2f}x);"
+                f"  {what}: {total[side] - total[floor]:+.1f} ms per rollout ({total[side] / total[floor]:.2f}x);"
                 f" per round {paired[0]:+.1f} to {paired[-1]:+.1f}, median {statistics.median(paired):+.1f}"
             )
 
     over(SDK, PLAIN, "the SDK alone over plain")
     over(CONTRIB, SDK, "gymtrace's exporter and configurator over the SDK alone")
     over(FULL, CONTRIB, "gymtrace's integration over the rest of opentelemetry-instrument")
+    over(BEFORE, SDK, "the gymtrace of --gymtrace-src over the SDK alone")
     over(FULL, SDK, "gymtrace's whole share (full over the SDK alone)")
+    over(FULL, BEFORE, "this gymtrace over the one of --gymtrace-src (after less before)")
     over(FULL_OPS, SDK, "gymtrace with FastAPI's operation spans kept, over the SDK alone")
     over(FULL_OPS, FULL, "what dropping FastAPI's operation spans saves (kept over dropped)")
     print("  by process, ms CPU per rollout (median over rounds): " + ", ".join(variants))

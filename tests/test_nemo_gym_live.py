@@ -7,16 +7,18 @@ The stack itself is tests/test_nemo_gym_stack.py."""
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
-from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 import gymtrace
-from gymtrace import instrumentation, propagation
+from gymtrace import attributes, instrumentation, propagation
 from gymtrace._model.spandata import encode_otlp_json, read_otlp_json_lines
 from gymtrace.integrations import nemo_gym
 from gymtrace.integrations.autoinstrument import is_helper_process
@@ -140,3 +142,75 @@ def test_nemo_gym_capture_keys_name_the_rollout_and_attempt() -> None:
     assert nemo_gym.identity_from_key("4-1-a2") == nemo_gym.RolloutIdentity("4-1", "4", 1, 2)
     assert nemo_gym.identity_from_key("my-id") == nemo_gym.RolloutIdentity("my-id", "", None, 0)
     assert nemo_gym.identity_from_key("../x") is None
+
+
+class _Answer:
+    """What the agent's request gets back, as aiohttp's response reads: a status and a body."""
+
+    status = 200
+
+    async def read(self) -> bytes:
+        return b'{"output": []}'
+
+
+def test_a_request_waited_on_gets_a_live_marker_dated_when_it_went_out_and_one_answered_sooner_none(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import asyncio
+
+    from gymtrace.integrations.nemo_gym import agent
+
+    def model_call(wrapped: Any) -> list[ReadableSpan]:
+        """One model request of an agent's invocation, its answer from ``wrapped``: the step
+        markers written."""
+
+        async def call() -> None:
+            invocation = agent._Invocation("my_agent", instrumentation.get_tracer())
+            conversation = agent._Conversation(invocation, True, "my_agent")
+            try:
+                await agent._agent_request(
+                    wrapped,
+                    (),
+                    {},
+                    conversation,
+                    "responses_api_models",
+                    False,
+                    "/v1/responses",
+                    "policy_model",
+                )
+            finally:
+                invocation.close()
+
+        with gymtrace.rollout(rollout_id="0-0", task_id="0"), gymtrace.episode():
+            asyncio.run(call())
+        return step_markers()
+
+    def step_markers() -> list[ReadableSpan]:
+        # Not the live thread's rollout markers, which a rollout open at its next mark gets.
+        return [m for m in captured.markers if (m.attributes or {}).get(attributes.LIVE_EVENT) == "step"]
+
+    async def answered(*args: Any, **kwargs: Any) -> _Answer:
+        return _Answer()
+
+    sent: list[int] = []
+
+    async def waited_on(*args: Any, **kwargs: Any) -> _Answer:
+        sent.append(time.time_ns())
+        while not step_markers():  # answered once its marker is written: no timing assumed
+            await asyncio.sleep(0.01)
+        return _Answer()
+
+    with gymtrace.testing.capture_spans() as captured:
+        # Answered before its marker is due (a minute here): nothing for `gymtrace live` to name.
+        monkeypatch.setattr(agent, "MARK_AFTER", 60.0)
+        assert model_call(answered) == []
+        # Still waited on when it is due: one marker, dated when the request went out.
+        monkeypatch.setattr(agent, "MARK_AFTER", 0.01)
+        before = time.time_ns()
+        (marker,) = model_call(waited_on)
+    marker_attributes = dict(marker.attributes or {})
+    assert marker_attributes[attributes.LIVE_SERVER] == "policy_model"
+    assert marker_attributes[attributes.LIVE_STEP] == 1
+    assert marker_attributes[attributes.ROLLOUT_ID] == "0-0"
+    assert marker.start_time is not None and before <= marker.start_time <= sent[0]
+    assert marker.end_time == marker.start_time
