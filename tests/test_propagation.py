@@ -245,6 +245,9 @@ def test_inject_failure_never_reaches_the_caller(monkeypatch):
 
     with gymtrace.testing.capture_spans(strict=False), gymtrace.rollout(rollout_id="r-1"):
         assert isinstance(propagation.inject(Broken()), Broken)
+        instrumentation.inject_context(
+            Broken(), propagation.with_identity(destination=propagation.GYM_INTERNAL)
+        )
 
 
 class _EchoPropagator(TextMapPropagator):

@@ -469,6 +469,8 @@ def inject_context(carrier: MutableMapping[str, str], context: otel_context.Cont
     ``gymtrace.propagation.with_identity(destination=url)`` (to attach it around the request):
     writing that context decides the identity once, where ``propagation.inject(carrier, context,
     destination=url)`` would decide it again. Every baggage entry of ``context`` goes: pass only a
-    context ``with_identity`` made for this carrier's destination.
+    context ``with_identity`` made for this carrier's destination. A failure (a read-only carrier)
+    goes to gymtrace's error policy, as :func:`gymtrace.propagation.inject`'s does.
     """
-    _write_carrier(carrier, context)
+    with guard("gymtrace.instrumentation.inject_context"):
+        _write_carrier(carrier, context)

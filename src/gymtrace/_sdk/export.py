@@ -4,8 +4,8 @@
 
 - the caller pays a lock and a deque append; encoding and I/O run on the worker, which hands an
   exporter that splits its own output (``max_drain``) its whole backlog in one call;
-- except that an exporter with an ``encode(span)`` (the file's) has each span encoded as it ends
-  and the text queued instead of the span: a queued span keeps a dozen containers alive across
+- except that an exporter with a ``queued_form(span)`` (the file's: its encoding of the span) has
+  each span encoded as it ends and that queued instead of the span: a queued span keeps a dozen containers alive across
   the cyclic collector's young collections, which fall due per 700 containers allocated and not
   freed, so a queue of spans makes a process collect more often, and in a server whose heap is
   large every tenth-or-so of those collections is followed by a full one of hundreds of
@@ -193,7 +193,7 @@ class BatchExporter:
         # ``encode_on_end=False`` queues spans (the encoder process's queue: its own small heap
         # collects cheaply, and encoding a batch at once on its worker costs it less).
         self._encode: Callable[[Any], Any] | None = (
-            getattr(exporter, "encode", None) if encode_on_end else None
+            getattr(exporter, "queued_form", None) if encode_on_end else None
         )
         self.name = name
         self.max_queue_size = max_queue_size

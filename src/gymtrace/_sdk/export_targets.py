@@ -50,7 +50,7 @@ def file_exporter(
 
         # The queue encodes each span as it ends, with this (a string holds nothing the cyclic
         # garbage collector tracks; a queued span holds a dozen containers): see _sdk/export.py.
-        encode = staticmethod(encode_span_json)
+        queued_form = staticmethod(encode_span_json)
 
         def export(self, spans: Sequence[ReadableSpan | tuple[Any, Any, str]]) -> SpanExportResult:
             step = self.spans_per_line
@@ -81,7 +81,7 @@ def file_exporter(
 
 
 def _encoded(item: Any) -> tuple[Any, Any, str]:
-    """A queued item as the file writes it: encoded already (``encode``), or a span (a queue that
+    """A queued item as the file writes it: encoded already (``queued_form``), or a span (a queue that
     does not encode as spans end: the encoder process's, or after an encoding error)."""
     return item if type(item) is tuple else encode_span_json(item)
 
