@@ -448,6 +448,10 @@ def test_a_multi_step_rollout_reads_agent_invocation_turns_steps_with_tokens_nes
             )
             for tool in tools:
                 assert tool.service == f"{MULTI_STEP}_resources_server"
+            # Where the step's requests went, in the order first sent (what check's missing-server
+            # note reads when no request waited long enough for a live marker).
+            servers = ["policy_model", *([f"{MULTI_STEP}_resources_server"] if tools else [])]
+            assert list(step.attributes["gym.step.servers"]) == servers, label
         assert tools_per_step == [1, 2, 1, 0], label
 
         # Nesting follows the calls: above every server's span (and its own HTTP server span) is

@@ -244,6 +244,23 @@ def test_check_names_a_server_that_took_part_in_a_rollout_but_left_no_span_in_it
     ]
     model = SpanData(trace, "e" * 16, "c" * 16, "chat m", 3, 4, {c.ROLLOUT_ID: "0-0"}, service="policy_model")
     assert missing_service_notes([rollout, marker, model]) == []
+    # No request waited long enough for a marker: the agent's step names where its requests went.
+    step = SpanData(
+        trace,
+        "f" * 16,
+        "c" * 16,
+        "gym.step",
+        2,
+        8,
+        {c.ROLLOUT_ID: "0-0", c.KIND: c.KIND_STEP, c.STEP_SERVERS: ("policy_model", "tools")},
+        service="my_agent",
+    )
+    assert missing_service_notes([rollout, step, model]) == [
+        "rollout 0-0: no span of tools, which took part in it: did that process write its trace"
+        " elsewhere (a relative GYMTRACE_FILE)?"
+    ]
+    tool = SpanData(trace, "9" * 16, "f" * 16, "execute_tool t", 5, 6, {c.ROLLOUT_ID: "0-0"}, service="tools")
+    assert missing_service_notes([rollout, step, model, tool]) == []
 
 
 def test_live_shows_the_step_a_rollout_is_in_and_the_server_its_request_waits_on() -> None:

@@ -201,10 +201,15 @@ LIVE_EVENT_HEARTBEAT: Final = "heartbeat"
 # Written when a rollout that has markers ends: behind a tail sampler that drops the rollout's own
 # spans, it is what tells `gymtrace live --jaeger` the rollout ended rather than was lost.
 LIVE_EVENT_END: Final = "end"
-# Written by a NeMo Gym agent server as each request of a step goes out (a model call, a tool call):
-# the step a rollout is in, and the server it waits on (``gym.live.server``), for `gymtrace live`.
+# Written by a NeMo Gym agent server for a request of a step (a model call, a tool call) still
+# unanswered a second after it went out: the step a rollout is in, and the server it waits on
+# (``gym.live.server``), for `gymtrace live`.
 LIVE_EVENT_STEP: Final = "step"
 LIVE_SERVER: Final = "gym.live.server"
+# On a step: the servers (their service names) its requests went to, in the order first sent, where
+# an integration knows them (NeMo Gym's agent). `gymtrace check` notes a server named here that has
+# no span in the trace (a process that wrote its trace elsewhere).
+STEP_SERVERS: Final = "gym.step.servers"
 # When the rollout started (Unix ns), the heartbeat interval its process uses (s), the number of the
 # last step started in it (0: none yet), and whether its episode ran past its timeout.
 LIVE_STARTED: Final = "gym.live.started_ns"

@@ -65,8 +65,9 @@ def lost_notes(spans: Iterable[Any], outcomes: Outcomes = None) -> list[str]:
 
 
 def missing_service_notes(spans: Iterable[Any]) -> list[str]:
-    """The rollout traces missing a service that took part: a request a NeMo Gym agent sent to a
-    server (its ``step`` marker) with no span of that server in the trace, or a span whose parent,
+    """The rollout traces missing a service that took part: a server a NeMo Gym agent's step sent a
+    request to (``gym.step.servers``, or a ``step`` marker's ``gym.live.server``) with no span of
+    that server in the trace, or a span whose parent,
     in the process that called it, is not there. The usual cause: that process wrote its trace
     elsewhere (a relative ``GYMTRACE_FILE`` resolved in another working directory)."""
     by_trace: dict[str, list[SpanData]] = defaultdict(list)
@@ -91,6 +92,10 @@ def missing_service_notes(spans: Iterable[Any]) -> list[str]:
             for s in trace_spans
             if is_marker(s) and isinstance(s.attributes.get(c.LIVE_SERVER), str)
         }
+        for s in trace_spans:
+            named = s.attributes.get(c.STEP_SERVERS)
+            if isinstance(named, (list, tuple)):
+                servers.update(name for name in named if isinstance(name, str))
         missing = sorted(servers - present)
         orphans = interrupted(trace_spans)
         if missing:

@@ -81,6 +81,7 @@ CHECK_KEYS = frozenset(
         c.STEP_NUMBER,
         c.GROUP_ID,
         c.LIVE_SERVER,
+        c.STEP_SERVERS,
     }
 )
 

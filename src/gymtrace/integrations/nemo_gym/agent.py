@@ -45,7 +45,7 @@ from gymtrace.integrations.nemo_gym.wire import (
 class _Invocation:
     """One agent invocation in an agent server: its span, and its turn and step in progress."""
 
-    __slots__ = ("agent", "calls", "frame", "scope", "step", "trace_id", "tracer", "turn", "turns")
+    __slots__ = ("agent", "calls", "frame", "scope", "servers", "step", "trace_id", "tracer", "turn", "turns")
 
     def __init__(self, agent: str | None, tracer: Any) -> None:
         self.agent = agent
@@ -54,6 +54,7 @@ class _Invocation:
         self.frame: Any = None
         self.trace_id = 0
         self.turns = 0
+        self.servers: tuple[str, ...] = ()  # where the step in progress sent its requests
         self.turn: tuple[Any, Any] | None = None
         self.step: tuple[Any, Any] | None = None
         # The function calls the last model response asked for, (name, call ID), not yet sent.
@@ -113,6 +114,15 @@ class _Invocation:
     def step_context(self) -> otel_context.Context | None:
         return self.step[1].context if self.step is not None else None
 
+    def sent_to(self, server: str) -> None:
+        """A request of the step in progress goes to ``server``: named on the step
+        (``gym.step.servers``), so a trace that lacks that server's spans reads as missing it
+        even where no request waited long enough for a live marker."""
+        span = self.step[1].span if self.step is not None else None
+        if span is not None and server and server not in self.servers:
+            self.servers = (*self.servers, server)
+            span.set_attribute(c.STEP_SERVERS, self.servers)
+
     def take_call(self, tool: str) -> str | None:
         """The call ID of the first pending function call named ``tool`` (removed)."""
         for index, (name, call_id) in enumerate(self.calls):
@@ -129,6 +139,7 @@ class _Invocation:
                 instrumentation.end_scope(pair[0], pair[1])
         self.step = self.turn = None
         self.calls = []
+        self.servers = ()
 
     def close(self, failed: int | None = None) -> None:
         self.end_step(failed)
@@ -262,6 +273,7 @@ async def _agent_request(
                 given = kwargs.get("headers")
                 kwargs["headers"] = {**(dict(given) if given else {}), c.NEMO_GYM_TOOL_CALL_HEADER: call_id}
         if context is not None and (model or invocation.step is not None):
+            invocation.sent_to(server)
             marker = _mark_request(invocation, context, server)
     except Exception as exc:  # noqa: BLE001 - telemetry must not break the request
         instrumentation.report_error("gymtrace.integrations.nemo_gym agent request", exc)
