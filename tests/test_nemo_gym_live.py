@@ -184,7 +184,7 @@ def test_a_request_waited_on_gets_a_live_marker_dated_when_it_went_out_and_one_a
         with gymtrace.rollout(rollout_id="0-0", task_id="0"), gymtrace.episode():
             asyncio.run(call())
         # Either way the step names the server its request went to.
-        (step,) = [s for s in captured.spans if (s.attributes or {}).get(attributes.KIND) == "step"][-1:]
+        step = [s for s in captured.spans if (s.attributes or {}).get(attributes.KIND) == "step"][-1]
         assert tuple((step.attributes or {})[attributes.STEP_SERVERS]) == ("policy_model",)
         return step_markers()
 

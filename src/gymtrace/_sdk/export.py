@@ -5,11 +5,11 @@
 - the caller pays a lock and a deque append; encoding and I/O run on the worker, which hands an
   exporter that splits its own output (``max_drain``) its whole backlog in one call;
 - except that an exporter with a ``queued_form(span)`` (the file's: its encoding of the span) has
-  each span encoded as it ends and that queued instead of the span: a queued span keeps a dozen containers alive across
-  the cyclic collector's young collections, which fall due per 700 containers allocated and not
-  freed, so a queue of spans makes a process collect more often, and in a server whose heap is
-  large every tenth-or-so of those collections is followed by a full one of hundreds of
-  milliseconds (docs/performance.md, NeMo Gym); the text holds none (its tuple one);
+  each span encoded as it ends and that queued instead of the span: a queued span keeps a dozen
+  containers alive across the cyclic collector's young collections, which fall due per 700
+  containers allocated and not freed, so a queue of spans makes a process collect more often, and
+  in a server whose heap is large every tenth-or-so of those collections is followed by a full one
+  of hundreds of milliseconds (docs/performance.md, NeMo Gym); the text holds none (its tuple one);
 - a batch the exporter could not deliver goes back into the queue and is tried again after a backoff;
 - a full queue holds the caller while the exporter delivers; a failing or stalled exporter drops the
   oldest instead (:class:`RoomWait`, the encoder process's pipe's rule too); once the queue is a
