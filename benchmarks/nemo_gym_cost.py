@@ -5,7 +5,7 @@ Run in the NeMo Gym venv ``scripts/test`` builds (about 10 minutes on a 2-core m
     .venv-nemo/bin/python benchmarks/nemo_gym_cost.py [--server example_multi_step] [--limit 5]
         [--repeats 4] [--rounds 3] [--gymtrace-src DIR] [--sides plain,sdk,contrib,before,full,full-ops]
 
-Up to five stacks (``--sides``) run at once against one instant fake Responses API upstream
+Up to six stacks (``--sides``) run at once against one instant fake Responses API upstream
 (tests/support/fake_responses_upstream.py): ``gym env start`` plain; plain with the OpenTelemetry
 SDK's ``TracerProvider`` set in every process by a ``sitecustomize`` and nothing else (no exporter,
 no gymtrace: FastAPI's own telemetry records its spans once a provider is set, so this is the floor
@@ -17,9 +17,9 @@ configurator and exporter);
 fully traced (the integration on, ``GYMTRACE_FILE=DIR/``); and fully traced with FastAPI's operation
 spans kept (``GYMTRACE_NEMO_GYM_OPERATION_SPANS=true``), which gymtrace's NeMo Gym setup otherwise
 turns off; and ``before``, fully traced by the gymtrace of ``--gymtrace-src`` (an earlier commit's
-``src/``), so a change is measured against its before in the same rounds. Each round runs ``gym eval run`` over the
-same tasks on each (the driver as its stack: plain, or under ``opentelemetry-instrument`` with the
-same environment), in rotating order, and takes the CPU time (user + system) of the driver (its
+``src/``), so a change is measured against its before in the same rounds. Each round runs
+``gym eval run`` over the same tasks on each (the driver as its stack: plain, or under
+``opentelemetry-instrument`` with the same environment), in rotating order, and takes the CPU time (user + system) of the driver (its
 rusage, start-up included) and of every process of the stack (servers, Ray, ``gym env start``;
 psutil, before and after). Printed: CPU ms per rollout for each side (driver and stack, then the
 stack alone, which leaves out the driver's start-up), each side's ratio to the plain one, and the
