@@ -8,8 +8,12 @@ import gc
 import gzip
 import json
 import math
+import multiprocessing
+import os
+import signal
 import subprocess
 import sys
+import time
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -423,6 +427,49 @@ def test_a_big_input_read_by_two_processes_gives_what_one_reads(run_file: Path, 
     assert len(one[2]) == 1 and str(doubled) in one[2][0]
 
 
+needs_two_cores = pytest.mark.skipif(fork_context() is None, reason="one core, or no fork: no process aside")
+
+
+@needs_two_cores
+def test_work_set_aside_runs_in_a_forked_process_and_what_it_returns_comes_back() -> None:
+    here = os.getpid()
+    with source.aside(lambda: (os.getpid(), [("rule", "message")]), fork=True) as later:
+        there, problems = later()
+    assert there != here and problems == [("rule", "message")]
+    with source.aside(os.getpid, fork=False) as later:
+        assert later() == here
+
+
+@needs_two_cores
+def test_work_set_aside_whose_process_fails_is_done_here_and_raises_here() -> None:
+    here = os.getpid()
+    done: list[int] = []
+
+    def dies_there() -> str:
+        done.append(os.getpid())
+        if os.getpid() != here:
+            os._exit(3)  # killed, as by the OOM killer: no answer
+        return "done here"
+
+    with source.aside(dies_there, fork=True) as later:
+        assert later() == "done here"
+    assert done == [here]  # the forked process's list is its own
+
+    def raises() -> None:
+        raise ValueError("a rule that fails on this input")
+
+    with pytest.raises(ValueError, match="a rule that fails"), source.aside(raises, fork=True) as later:
+        later()
+
+
+@needs_two_cores
+def test_leaving_the_block_without_the_result_ends_the_process_set_aside() -> None:
+    with source.aside(lambda: time.sleep(30), fork=True):
+        (process,) = multiprocessing.active_children()
+    # Ended, not waited for (it would have slept its 30 s out and exited 0).
+    assert process.exitcode == -signal.SIGTERM and multiprocessing.active_children() == []
+
+
 def test_spans_the_second_process_hands_back_are_the_spans_it_read(run_file: Path) -> None:
     read = read_summary_spans([run_file]).spans
     odd = SpanData(
@@ -607,6 +654,39 @@ def test_check_by_two_processes_finds_what_one_finds(
         assert len(read) == (reads if file == path else max(reads, 2))
 
 
+def test_check_by_two_processes_with_the_rollout_rules_forked_finds_what_the_whole_input_check_finds(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # An input big enough for two processes has its rules over whole rollouts run by a forked
+    # process beside the outcomes: what they find comes back (an episode ID a rollout rule finds, the
+    # spans a file appended to itself holds twice), with the findings of the tree rules and the notes.
+    with capture_spans() as captured:
+        training_run(rollouts=40)
+    spans = _with_violations(captured)
+    episode = next(s for s in spans if s.attributes.get(c.KIND) == c.KIND_EPISODE)
+    wrong = replace(episode, attributes={**episode.attributes, c.EPISODE_ID: "not-its-id"})
+    path = _write_spans(tmp_path / "run.jsonl", [wrong if s is episode else s for s in spans], per_line=1)
+    doubled = tmp_path / "doubled.jsonl"
+    doubled.write_text(path.read_text() * 2)
+    forked: list[bool] = []
+    aside = stream.aside
+    monkeypatch.setattr(stream, "aside", lambda work, fork: forked.append(fork) or aside(work, fork))
+    for file in (path, doubled):
+        whole = check_files([file], limit=None)
+        two = check_files([file], held=1000, limit=None, parallel_from=0)
+        assert "has gym.episode.id='not-its-id'" in " ".join(whole.problems)
+        assert any("appears 2 times" in p for p in whole.problems) == (file == doubled)
+        assert sorted(two.problems) == sorted(whole.problems)
+        assert (two.spans, two.rollouts, two.outside, two.awaiting, two.notes) == (
+            whole.spans,
+            whole.rollouts,
+            whole.outside,
+            whole.awaiting,
+            whole.notes,
+        )
+    assert forked == [True, True] if fork_context() is not None else [False, False]
+
+
 def test_check_halves_join_only_when_no_span_was_read_by_both() -> None:
     # Whatever holds a span twice (checked in both halves, open in both, checked in one and open
     # in the other) sends the second half to be read again here, not joined.
@@ -652,7 +732,7 @@ def test_check_of_a_rotated_run_is_split_between_two_processes_and_finds_what_on
     assert check_files([configured], held=120, limit=None, parallel_from=0) == one
     # This process read the first half once (whole segments, or up to a line of a plain one); the
     # forked one the rest.
-    split = halves(trace_files_of([configured]))
+    split = halves(trace_files_of([configured]), source.SECOND_SHARE)
     assert split is not None and read == [split[0]]
 
 

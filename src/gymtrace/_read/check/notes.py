@@ -116,7 +116,9 @@ def missing_service_notes(spans: Iterable[Any]) -> list[str]:
 def training_notes(spans: Iterable[Any], training: Training | None = None) -> list[str]:
     """Rollout IDs a train step consumed that no rollout of the input has: a note, not a violation
     (a tail sampler may have kept the step and dropped the rollout). ``training``: the input's, if
-    the caller read it already."""
+    the caller read it already (then ``spans`` are not read again)."""
+    if training is not None:
+        return notes_of(training)
     data = dedupe(normalize(spans))
     if not is_training(data):
         return []

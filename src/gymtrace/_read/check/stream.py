@@ -11,6 +11,8 @@ From ``PARALLEL_BYTES`` on, one writer's files (a file and its rotated segments,
 split with a forked process, at a line of a plain file or between whole compressed segments; the
 traces the cut runs through are checked again whole, and where the halves cannot be joined exactly
 the second half is read again here. Several writers' files are merged by time in one process.
+After two processes, the rules over whole rollouts are run by a forked process while this one
+decides the outcomes and the training (at 100,000 rollouts, ~3 s each that ran one after the other).
 """
 
 from __future__ import annotations
@@ -55,7 +57,15 @@ from gymtrace._read.check.spans import (
 )
 from gymtrace._read.check.training import check_training, is_training, training_of
 from gymtrace._read.outcomes import SOURCE_LIVE, RolloutOutcome, dedupe, final_outcomes
-from gymtrace._read.source import PARALLEL_BYTES, gc_paused, split_for_two, summary_reducer, summary_span
+from gymtrace._read.source import (
+    PARALLEL_BYTES,
+    SECOND_SHARE,
+    aside,
+    gc_paused,
+    split_for_two,
+    summary_reducer,
+    summary_span,
+)
 from gymtrace._read.training import Training
 
 # Spans held at most (half of them by each of two processes): ~1 KB each as the checker decodes
@@ -122,23 +132,27 @@ def _outside(span: SpanData) -> bool:
     ) and not isinstance(span.attributes.get(c.ROLLOUT_ID), str)
 
 
-def _rollout_level(
-    summary: list[SpanData],
-) -> tuple[list[SpanData], list[SpanData], list[RolloutOutcome], Training | None]:
-    """What the rollout-level rules and the notes read, each once: the spans without live markers,
-    each of them once, the final outcomes (lost ones too) and the training."""
+def _rollout_level(summary: list[SpanData]) -> tuple[list[SpanData], list[SpanData]]:
+    """What the rollout-level rules and the notes read: the spans without live markers, and each of
+    them once."""
     raw = normalize(summary)
-    data = dedupe(raw)
-    outcomes = final_outcomes(summary)
+    return raw, dedupe(raw)
+
+
+def _outcomes(summary: list[SpanData], data: list[SpanData]) -> tuple[list[RolloutOutcome], Training | None]:
+    """The final outcomes (lost ones too) and the training of the spans ``summary``, ``data`` being
+    :func:`_rollout_level`'s."""
+    outcomes = final_outcomes(summary, data=data)
     training = (
         training_of(data, [o for o in outcomes if o.source != SOURCE_LIVE]) if is_training(data) else None
     )
-    return raw, data, outcomes, training
+    return outcomes, training
 
 
 def _whole(spans: list[SpanData], limit: int | None) -> Verdict:
     """The input checked at once, as :func:`check_spans`."""
-    raw, data, outcomes, training = _rollout_level(spans)
+    raw, data = _rollout_level(spans)
+    outcomes, training = _outcomes(spans, data)
     return Verdict(
         problems=_limit(problems_of(raw, data, training), limit),
         spans=len(spans),
@@ -225,38 +239,51 @@ class _ByTrace:
         self.duplicated += duplicated
         self.traces.append(_judge(trace_id, spans, fresh, keep))
 
-    def verdict(self, spans: int, outside: int, limit: int | None) -> Verdict:
+    def verdict(self, spans: int, outside: int, limit: int | None, *, fork: bool = False) -> Verdict:
+        """The verdict on every trace checked; ``fork``: the rules over whole rollouts are run by a
+        forked process (``source.aside``) while this one decides the outcomes and the training."""
         summary = [s for trace in self.traces for s in trace.summary]
-        raw, data, outcomes, training = _rollout_level(summary)
+        raw, data = _rollout_level(summary)
         tree: list[list[Problem]] = [[] for _ in _TREE_RULES]
         for trace in self.traces:
             if trace.problems is not None:
                 for found, more in zip(tree, trace.problems, strict=True):
                     found += more
         kinds, identity, rewards, records, links, numbering = tree
+        duplicated = self.duplicated
+
+        def by_rollout() -> tuple[list[Problem], list[Problem]]:
+            return check_shared_run_ids(raw, data, duplicated=duplicated), check_rollouts(SpanIndex(data))
+
+        with aside(by_rollout, fork) as later:
+            outcomes, training = _outcomes(summary, data)
+            training_problems = check_training(data, training)
+            notes = [
+                *rerun_notes(summary, outcomes),
+                *lost_notes(summary, outcomes),
+                *(note for trace in self.traces for note in trace.missing),
+                *training_notes(data, training),
+            ]
+            awaiting = awaiting_outcomes(summary, outcomes)
+            shared, rollouts = later()
         problems = [
-            *check_shared_run_ids(raw, data, duplicated=self.duplicated),
+            *shared,
             *kinds,
             *identity,
             *rewards,
             *records,
-            *check_rollouts(SpanIndex(data)),
+            *rollouts,
             *links,
             *numbering,
-            *check_training(data, training),
+            *training_problems,
         ]
         return Verdict(
             problems=_limit(problems, limit),
             spans=spans,
             rollouts=len(outcomes),
-            awaiting=awaiting_outcomes(summary, outcomes),
+            awaiting=awaiting,
             outside=outside,
-            notes=[
-                *rerun_notes(summary, outcomes),
-                *lost_notes(summary, outcomes),
-                *(note for trace in self.traces for note in trace.missing),
-                *training_notes(data, training),
-            ],
+            notes=notes,
         )
 
 
@@ -304,7 +331,8 @@ class _Stream:
             if self.holding > held:
                 raise _too_thin(open_traces, self.count, held)
 
-    def verdict(self, limit: int | None) -> Verdict:
+    def verdict(self, limit: int | None, *, fork: bool = False) -> Verdict:
+        """The verdict on every span read (``fork``: as :meth:`_ByTrace.verdict`)."""
         if self.in_order is not None:
             return _whole(self.in_order, limit)
         assert self.by_trace is not None
@@ -314,7 +342,7 @@ class _Stream:
         # Every span is checked: its key (one per span read) goes before the rollout-level rules
         # allocate theirs (~120 MB at 100,000 rollouts, where the verdict was the peak).
         self.by_trace.seen = set()
-        return self.by_trace.verdict(self.count, self.outside, limit)
+        return self.by_trace.verdict(self.count, self.outside, limit, fork=fork)
 
 
 def check_files(
@@ -333,7 +361,7 @@ def check_files(
     with gc_paused():
         # Two processes only for one writer's files: the files of several (a run's processes) are
         # merged by time, which a cut cannot split.
-        two = split_for_two(files, parallel_from) if len(writers) == 1 else None
+        two = split_for_two(files, parallel_from, SECOND_SHARE) if len(writers) == 1 else None
         if two is not None:
             context, split = two
             try:
@@ -422,7 +450,8 @@ def _check_halves(
         # The halves do not join exactly: read the second again, here, after the first (its
         # warnings were given).
         stream.read(_spans(second, _ignore))
-    return stream.verdict(limit)
+    # An input this big has rollout-level rules worth a second core too.
+    return stream.verdict(limit, fork=True)
 
 
 def _give(warnings: list[str], warn: Warn | None) -> None:
