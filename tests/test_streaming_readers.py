@@ -143,14 +143,20 @@ def _read_by_one_and_two_processes(
     capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, path: Path, argvs: list[list[str]]
 ) -> tuple[dict[tuple[str, ...], list[str]], dict[tuple[str, ...], list[str]]]:
     """Each reader's output on ``path`` read by one process, then by two (forced: the file is
-    small)."""
+    small), the time splits worked out by a third beside the outcomes."""
     one = {tuple(argv): _json_lines(capsys, [*argv, str(path)]) for argv in argvs}
     cuts: list[object] = []
+    forks: list[bool] = []
     monkeypatch.setattr(source, "PARALLEL_BYTES", 0)
+    monkeypatch.setattr(source, "ASIDE_SPANS", 0)
     monkeypatch.setattr(source, "halves", lambda files, share=0.5: cuts.append(files) or halves(files, share))
+    aside = source.aside
+    monkeypatch.setattr(source, "aside", lambda work, fork: forks.append(fork) or aside(work, fork))
     two = {tuple(argv): _json_lines(capsys, [*argv, str(path)]) for argv in argvs}
     monkeypatch.undo()
     assert len(cuts) == len(argvs)  # each read in two halves
+    # Every reader here but stats --by policy_version and group reads the time split.
+    assert forks == [argv[1:3] not in (["--by", "policy_version"], ["--by", "group"]) for argv in argvs]
     return one, two
 
 

@@ -11,24 +11,27 @@ from gymtrace._cli.common import print_table, read_summary
 
 def run(args: argparse.Namespace) -> int:
     from gymtrace._read.outcomes import dedupe, final_outcomes
-    from gymtrace._read.timesplit import rollout_splits, split_json
+    from gymtrace._read.source import time_splits
+    from gymtrace._read.timesplit import split_json
     from gymtrace._read.training import finish_rows, read_training
 
     summary = read_summary(args)
     spans = summary.spans
-    data = dedupe(spans)
-    outcomes = final_outcomes(spans, run_id=args.run, data=data)
-    if not outcomes:
-        print("no rollouts found", file=sys.stderr)
-        return 1
-    if args.json:
-        training = read_training(data, outcomes, summary.tokens)
-        finish_rows(training, outcomes)
-        splits = rollout_splits(spans, outcomes, summary.times)
-        for o in outcomes:
-            time_split = split_json(splits[id(o)])
-            print(json.dumps({**o.as_json(), **training.row(o).as_json(), "time_split": time_split}))
-        return 0
+    # The JSON lines' time splits, worked out beside the outcomes (a big input: another process).
+    with time_splits(summary, wanted=args.json) as splits_of:
+        data = dedupe(spans)
+        outcomes = final_outcomes(spans, run_id=args.run, data=data)
+        if not outcomes:
+            print("no rollouts found", file=sys.stderr)
+            return 1
+        if args.json:
+            training = read_training(data, outcomes, summary.tokens)
+            finish_rows(training, outcomes)
+            splits = splits_of(outcomes)
+            for o in outcomes:
+                time_split = split_json(splits[id(o)])
+                print(json.dumps({**o.as_json(), **training.row(o).as_json(), "time_split": time_split}))
+            return 0
     rows = [
         (
             o.run_id or "-",

@@ -14,34 +14,41 @@ from gymtrace import _constants as c
 from gymtrace._cli.common import read_summary
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from gymtrace._model.spandata import SpanData
     from gymtrace._read.outcomes import RolloutOutcome
     from gymtrace._read.passk import PassK
     from gymtrace._read.source import Summary
     from gymtrace._read.stats import RunStats
+    from gymtrace._read.timesplit import TimeSplit
 
 
 def run(args: argparse.Namespace) -> int:
     from gymtrace._read.outcomes import dedupe, final_outcomes
     from gymtrace._read.passk import per_task
+    from gymtrace._read.source import time_splits
     from gymtrace._read.stats import members_of, summarise
-    from gymtrace._read.timesplit import rollout_seconds, rollout_splits, run_times, times_text
+    from gymtrace._read.timesplit import rollout_seconds, run_times, times_text
 
     if args.pass_k is not None and args.pass_k < 1:
         print("gymtrace stats: --pass-k must be at least 1", file=sys.stderr)
         return 2
     summary = read_summary(args)
-    data = dedupe(summary.spans)
-    outcomes = final_outcomes(summary.spans, run_id=args.run, data=data)
-    if args.by is not None:
-        return _by(args, summary, data, outcomes)
-    stats = summarise(
-        outcomes=outcomes, failed_as_zero=args.failed_as_zero, pass_threshold=args.pass_threshold
-    )
-    if not stats:
-        print("no rollouts found", file=sys.stderr)
-        return 1
-    splits = rollout_splits(summary.spans, outcomes, summary.times)
+    # The time splits (every view but --by policy_version and group), worked out beside the
+    # outcomes (a big input: another process).
+    with time_splits(summary, wanted=args.by in (None, "train_step")) as splits_of:
+        data = dedupe(summary.spans)
+        outcomes = final_outcomes(summary.spans, run_id=args.run, data=data)
+        if args.by is not None:
+            return _by(args, summary, data, outcomes, splits_of)
+        stats = summarise(
+            outcomes=outcomes, failed_as_zero=args.failed_as_zero, pass_threshold=args.pass_threshold
+        )
+        if not stats:
+            print("no rollouts found", file=sys.stderr)
+            return 1
+        splits = splits_of(outcomes)
     for run in stats:
         body = run.as_json()
         members = members_of(run, outcomes)
@@ -63,7 +70,11 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _by(
-    args: argparse.Namespace, summary: Summary, data: list[SpanData], outcomes: list[RolloutOutcome]
+    args: argparse.Namespace,
+    summary: Summary,
+    data: list[SpanData],
+    outcomes: list[RolloutOutcome],
+    splits_of: Callable[[list[RolloutOutcome]], dict[int, TimeSplit | None]],
 ) -> int:
     """``--by train_step|policy_version|group``: one object (or line) per step, version or group."""
     from gymtrace._read.training import (
@@ -82,9 +93,7 @@ def _by(
         training.steps = [s for s in training.steps if s.attributes.get(c.RUN_ID) == args.run]
         training.training_runs = {r for r in training.training_runs if r == args.run}
     if args.by == "train_step":
-        from gymtrace._read.timesplit import rollout_splits
-
-        objects = step_stats(training, rollout_splits(summary.spans, outcomes, summary.times))
+        objects = step_stats(training, splits_of(outcomes))
         runs = run_stats(training, outcomes)
     elif args.by == "policy_version":
         objects, runs = version_stats(training, outcomes), []
