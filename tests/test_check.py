@@ -353,6 +353,26 @@ def test_steps_numbered_by_other_processes_are_not_duplicates() -> None:
     assert any("step numbers within" in p and "recorded by w-1 are [1, 1]" in p for p in problems)
 
 
+def test_continuations_numbered_from_their_reserved_steps_may_run_in_any_order() -> None:
+    from gymtrace._scopes.active_scope import STEP_RANGE
+
+    agent = span("agent_invocation")
+
+    def step(number: int, process: str | None = None) -> SpanData:
+        made = span("step", agent, **{c.STEP_NUMBER: number})
+        return made if process is None else SpanData(**{**made.__dict__, "service_instance": process})
+
+    # The owner's own steps 1 and 4; it reserved 2 and 3 for two hand-offs, which ran in its own
+    # process in the reverse order: 3 (and its further step), then 2. Each part increases.
+    own = [step(n) for n in (1, 3, 3 * STEP_RANGE + 1, 2, 2 * STEP_RANGE + 1, 4)]
+    assert check_trace([agent, *own]) == []
+    # Two one-step continuations in another process, in the reverse order of their numbers.
+    assert check_trace([agent, step(1), step(3, "w-1"), step(2, "w-1")]) == []
+    # Within one continuation's part the numbers still increase.
+    backwards = [step(3), step(3 * STEP_RANGE + 2), step(3 * STEP_RANGE + 1)]
+    assert any("(the continuation given step 3)" in p for p in check_trace([agent, *backwards]))
+
+
 def test_each_rule_shows_three_examples_and_a_count() -> None:
     agent = span("agent_invocation")
     spans = [agent]

@@ -13,7 +13,7 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 from gymtrace import _constants as c
-from gymtrace._model.spandata import SpanData, is_marker, normalize
+from gymtrace._model.spandata import SpanData, normalize
 from gymtrace._read.check.training import is_training, training_of
 from gymtrace._read.outcomes import RolloutOutcome, dedupe, final_outcomes, interrupted
 from gymtrace._read.training import Training
@@ -76,28 +76,32 @@ def missing_service_notes(spans: Iterable[Any]) -> list[str]:
             by_trace[span.trace_id].append(span)
     notes = []
     for trace_spans in by_trace.values():
-        rollout = next(
-            (
-                s.attributes[c.ROLLOUT_ID]
-                for s in trace_spans
-                if isinstance(s.attributes.get(c.ROLLOUT_ID), str)
-            ),
-            None,
-        )
-        if rollout is None:
-            continue
-        present = {s.service for s in trace_spans if not is_marker(s)}
-        servers = {
-            str(s.attributes[c.LIVE_SERVER])
-            for s in trace_spans
-            if is_marker(s) and isinstance(s.attributes.get(c.LIVE_SERVER), str)
-        }
+        # One pass (the checker says this of every trace): the rollout, the services present, the
+        # servers named, and whether any span's parent is not in the trace.
+        rollout = None
+        present: set[str] = set()
+        servers: set[str] = set()
+        ids = {s.span_id for s in trace_spans}
+        cut = False
         for s in trace_spans:
-            named = s.attributes.get(c.STEP_SERVERS)
+            attributes = s.attributes
+            if rollout is None and isinstance(attributes.get(c.ROLLOUT_ID), str):
+                rollout = attributes[c.ROLLOUT_ID]
+            if attributes.get(c.KIND) == c.KIND_LIVE:
+                server = attributes.get(c.LIVE_SERVER)
+                if isinstance(server, str):
+                    servers.add(server)
+            else:
+                present.add(s.service)
+            named = attributes.get(c.STEP_SERVERS)
             if isinstance(named, (list, tuple)):
                 servers.update(name for name in named if isinstance(name, str))
+            cut = cut or (s.parent_id is not None and s.parent_id not in ids)
+        if rollout is None:
+            continue
         missing = sorted(servers - present)
-        orphans = interrupted(trace_spans)
+        # A span is interrupted only below a parent not in the trace.
+        orphans = interrupted(trace_spans) if cut else []
         if missing:
             notes.append(
                 f"rollout {rollout}: no span of {', '.join(missing)}, which took part in it: did that"

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import itertools
 from collections import defaultdict
-from collections.abc import Iterable
+from collections.abc import Collection, Iterable
 
 from gymtrace import _constants as c
 from gymtrace._model.ids import episode_id
@@ -40,17 +40,18 @@ class SpanIndex:
             if s.parent_id is not None:
                 self.children[s.parent_id].append(s)
 
-    def gym_ancestor(self, span: SpanData, kinds: Iterable[str] | None = None) -> SpanData | None:
+    def gym_ancestor(self, span: SpanData, kinds: Collection[str] | None = None) -> SpanData | None:
         """The nearest ancestor with a gym kind (in ``kinds`` if given), through foreign spans."""
-        wanted = set(kinds) if kinds is not None else None
-        seen = set()
-        current = self.by_id.get(span.parent_id) if span.parent_id else None
-        while current is not None and current.span_id not in seen:
-            seen.add(current.span_id)
+        by_id = self.by_id
+        current = by_id.get(span.parent_id) if span.parent_id else None
+        # At most one step per span: a parent cycle (not this index's to judge) ends the walk.
+        for _ in range(len(by_id)):
+            if current is None:
+                return None
             kind = current.attributes.get(c.KIND)
-            if kind is not None and (wanted is None or kind in wanted):
+            if kind is not None and (kinds is None or kind in kinds):
                 return current
-            current = self.by_id.get(current.parent_id) if current.parent_id else None
+            current = by_id.get(current.parent_id) if current.parent_id else None
         return None
 
     def missing_ancestor(self, span: SpanData) -> str | None:
@@ -123,32 +124,46 @@ def check_shared_run_ids(
 
 def check_kinds_and_nesting(index: SpanIndex) -> list[Problem]:
     problems: list[Problem] = []
+    # Run on every trace the checker reads: the names it looks up for each span are local, and
+    # the level table is asked once per pair of kinds.
+    kind_key, outcome, known, levels = c.KIND, c.KIND_OUTCOME, c.ALL_KINDS, LEVELS
+    by_id, ancestor = index.by_id, index.gym_ancestor
+    may: dict[tuple[str, str], bool] = {}
     for span in index.spans:
-        kind = span.attributes.get(c.KIND)
+        attributes = span.attributes
+        kind = attributes.get(kind_key)
         if kind is None:
             continue
-        if kind not in c.ALL_KINDS and kind not in LEVELS:  # a level declared since: known too
+        if kind not in known and kind not in levels:  # a level declared since: known too
             problems.append(("unknown gym.kind", f"{label(span)}: unknown gym.kind {kind!r}"))
             continue
-        parent = index.gym_ancestor(span)
-        if parent is not None and kind != c.KIND_OUTCOME:
-            parent_kind = parent.attributes.get(c.KIND)
-            if parent_kind == c.KIND_OUTCOME:
+        # The parent itself, most often; else the nearest gym span above it.
+        parent = by_id.get(span.parent_id) if span.parent_id else None
+        if parent is not None and parent.attributes.get(kind_key) is None:
+            parent = ancestor(parent)
+        if parent is not None and kind != outcome:
+            parent_kind = parent.attributes.get(kind_key)
+            if parent_kind == outcome:
                 problems.append(
                     ("inverted nesting", f"{label(span)}: {kind} inside an outcome record {label(parent)}")
                 )
-            elif parent_kind in LEVELS and kind in LEVELS and not allowed(str(parent_kind), str(kind)):
-                problems.append(
-                    (
-                        "inverted nesting",
-                        f"{label(span)}: inverted nesting, {kind} inside {parent_kind} {label(parent)}",
+            elif parent_kind in levels and kind in levels:
+                pair = (str(parent_kind), str(kind))
+                fits = may.get(pair)
+                if fits is None:
+                    fits = may[pair] = allowed(*pair)
+                if not fits:
+                    problems.append(
+                        (
+                            "inverted nesting",
+                            f"{label(span)}: inverted nesting, {kind} inside {parent_kind} {label(parent)}",
+                        )
                     )
-                )
-        if c.HIERARCHY_VIOLATION in span.attributes:
+        if c.HIERARCHY_VIOLATION in attributes:
             problems.append(
                 (
                     "hierarchy violation",
-                    f"{label(span)}: marked gym.hierarchy.violation={span.attributes[c.HIERARCHY_VIOLATION]!r}",
+                    f"{label(span)}: marked gym.hierarchy.violation={attributes[c.HIERARCHY_VIOLATION]!r}",
                 )
             )
     return problems
@@ -156,18 +171,20 @@ def check_kinds_and_nesting(index: SpanIndex) -> list[Problem]:
 
 def check_identity_below(index: SpanIndex) -> list[Problem]:
     problems: list[Problem] = []
+    children, kind_key = index.children, c.KIND
     for top_kind, key in ((c.KIND_ROLLOUT, c.ROLLOUT_ID), (c.KIND_EPISODE, c.EPISODE_ATTEMPT)):
         for top in index.spans:
-            if top.attributes.get(c.KIND) != top_kind:
+            if top.attributes.get(kind_key) != top_kind:
                 continue
             if key not in top.attributes:
                 problems.append(("missing identity", f"{label(top)}: {top_kind} span without {key}"))
                 continue
             expected = top.attributes[key]
-            for below in index.descendants(top):
-                # An outcome record under its rollout names the attempt it concludes, not "none".
-                if is_outcome_record(below) and top_kind == c.KIND_ROLLOUT and key == c.EPISODE_ATTEMPT:
-                    continue
+            # Every span below it, depth first (``SpanIndex.descendants``, spelled out: the
+            # checker walks every rollout and episode of every trace it reads).
+            below_it = list(children.get(top.span_id, ()))
+            while below_it:
+                below = below_it.pop()
                 if below.attributes.get(key) != expected:
                     got = below.attributes.get(key, "<missing>")
                     problems.append(
@@ -176,6 +193,9 @@ def check_identity_below(index: SpanIndex) -> list[Problem]:
                             f"{label(below)}: below {top_kind} {label(top)} it needs {key}={expected!r}, has {got!r}",
                         )
                     )
+                more = children.get(below.span_id)
+                if more:
+                    below_it.extend(more)
     return problems
 
 
@@ -328,11 +348,16 @@ def check_numbering(index: SpanIndex) -> list[Problem]:
     """
     problems: list[Problem] = []
     owners = NUMBERING_OWNERS
+    # A span's owner depends on its parent only, and a turn's steps share one.
+    owner_below: dict[str | None, SpanData | None] = {}
     for kind, key in ((c.KIND_TURN, c.TURN_NUMBER), (c.KIND_STEP, c.STEP_NUMBER)):
         by_process: dict[tuple[str, str], list[SpanData]] = defaultdict(list)
         for span in index.spans:
             if span.attributes.get(c.KIND) == kind:
-                owner = index.gym_ancestor(span, owners)
+                if span.parent_id in owner_below:
+                    owner = owner_below[span.parent_id]
+                else:
+                    owner = owner_below[span.parent_id] = index.gym_ancestor(span, owners)
                 if owner is not None:
                     owned_by = owner.span_id
                 else:
@@ -348,11 +373,14 @@ def check_numbering(index: SpanIndex) -> list[Problem]:
             numbers = [s.attributes.get(key) for s in spans]
             base_numbers = {n // STEP_RANGE for n in numbers if isinstance(n, int) and n >= STEP_RANGE}
             parts: dict[int, list[SpanData]] = defaultdict(list)
-            for span, number in zip(spans, numbers, strict=True):
-                if kind == c.KIND_STEP and isinstance(number, int):
-                    parts[_step_part(number, base_numbers, foreign)].append(span)
-                else:
-                    parts[0].append(span)
+            if not base_numbers and (kind != c.KIND_STEP or not foreign):
+                parts[0] = spans  # the common case: one part, the owner's own (_step_part says 0)
+            else:
+                for span, number in zip(spans, numbers, strict=True):
+                    if kind == c.KIND_STEP and isinstance(number, int):
+                        parts[_step_part(number, base_numbers, foreign)].append(span)
+                    else:
+                        parts[0].append(span)
             for part, group in sorted(parts.items()):
                 shown_numbers = [
                     s.attributes.get(key) for s in sorted(group, key=lambda s: (s.start_ns, s.span_id))
