@@ -398,8 +398,9 @@ def splits_by_rollout(spans: Sequence[SpanData], times: EpisodeTimes) -> dict[tu
     """The time split of every rollout with an episode among ``spans``, by (trace ID, rollout ID):
     what :func:`rollout_splits` gives a rollout that has detail, worked out without its outcome."""
     return {
-        key: TimeSplit.total_of([times.split(episode) for episode in episodes])
+        key: split
         for key, episodes in episodes_by_rollout(spans).items()
+        if (split := rollout_split(None, episodes, times)) is not None
     }
 
 

@@ -124,46 +124,32 @@ def check_shared_run_ids(
 
 def check_kinds_and_nesting(index: SpanIndex) -> list[Problem]:
     problems: list[Problem] = []
-    # Run on every trace the checker reads: the names it looks up for each span are local, and
-    # the level table is asked once per pair of kinds.
-    kind_key, outcome, known, levels = c.KIND, c.KIND_OUTCOME, c.ALL_KINDS, LEVELS
-    by_id, ancestor = index.by_id, index.gym_ancestor
-    may: dict[tuple[str, str], bool] = {}
     for span in index.spans:
-        attributes = span.attributes
-        kind = attributes.get(kind_key)
+        kind = span.attributes.get(c.KIND)
         if kind is None:
             continue
-        if kind not in known and kind not in levels:  # a level declared since: known too
+        if kind not in c.ALL_KINDS and kind not in LEVELS:  # a level declared since: known too
             problems.append(("unknown gym.kind", f"{label(span)}: unknown gym.kind {kind!r}"))
             continue
-        # The parent itself, most often; else the nearest gym span above it.
-        parent = by_id.get(span.parent_id) if span.parent_id else None
-        if parent is not None and parent.attributes.get(kind_key) is None:
-            parent = ancestor(parent)
-        if parent is not None and kind != outcome:
-            parent_kind = parent.attributes.get(kind_key)
-            if parent_kind == outcome:
+        parent = index.gym_ancestor(span)
+        if parent is not None and kind != c.KIND_OUTCOME:
+            parent_kind = parent.attributes.get(c.KIND)
+            if parent_kind == c.KIND_OUTCOME:
                 problems.append(
                     ("inverted nesting", f"{label(span)}: {kind} inside an outcome record {label(parent)}")
                 )
-            elif parent_kind in levels and kind in levels:
-                pair = (str(parent_kind), str(kind))
-                fits = may.get(pair)
-                if fits is None:
-                    fits = may[pair] = allowed(*pair)
-                if not fits:
-                    problems.append(
-                        (
-                            "inverted nesting",
-                            f"{label(span)}: inverted nesting, {kind} inside {parent_kind} {label(parent)}",
-                        )
+            elif parent_kind in LEVELS and kind in LEVELS and not allowed(str(parent_kind), str(kind)):
+                problems.append(
+                    (
+                        "inverted nesting",
+                        f"{label(span)}: inverted nesting, {kind} inside {parent_kind} {label(parent)}",
                     )
-        if c.HIERARCHY_VIOLATION in attributes:
+                )
+        if c.HIERARCHY_VIOLATION in span.attributes:
             problems.append(
                 (
                     "hierarchy violation",
-                    f"{label(span)}: marked gym.hierarchy.violation={attributes[c.HIERARCHY_VIOLATION]!r}",
+                    f"{label(span)}: marked gym.hierarchy.violation={span.attributes[c.HIERARCHY_VIOLATION]!r}",
                 )
             )
     return problems
@@ -171,20 +157,15 @@ def check_kinds_and_nesting(index: SpanIndex) -> list[Problem]:
 
 def check_identity_below(index: SpanIndex) -> list[Problem]:
     problems: list[Problem] = []
-    children, kind_key = index.children, c.KIND
     for top_kind, key in ((c.KIND_ROLLOUT, c.ROLLOUT_ID), (c.KIND_EPISODE, c.EPISODE_ATTEMPT)):
         for top in index.spans:
-            if top.attributes.get(kind_key) != top_kind:
+            if top.attributes.get(c.KIND) != top_kind:
                 continue
             if key not in top.attributes:
                 problems.append(("missing identity", f"{label(top)}: {top_kind} span without {key}"))
                 continue
             expected = top.attributes[key]
-            # Every span below it, depth first (``SpanIndex.descendants``, spelled out: the
-            # checker walks every rollout and episode of every trace it reads).
-            below_it = list(children.get(top.span_id, ()))
-            while below_it:
-                below = below_it.pop()
+            for below in index.descendants(top):
                 if below.attributes.get(key) != expected:
                     got = below.attributes.get(key, "<missing>")
                     problems.append(
@@ -193,9 +174,6 @@ def check_identity_below(index: SpanIndex) -> list[Problem]:
                             f"{label(below)}: below {top_kind} {label(top)} it needs {key}={expected!r}, has {got!r}",
                         )
                     )
-                more = children.get(below.span_id)
-                if more:
-                    below_it.extend(more)
     return problems
 
 

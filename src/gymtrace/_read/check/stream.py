@@ -123,14 +123,13 @@ class Verdict:
     notes: list[str] = field(default_factory=list)
 
 
-# The kinds a span may have and carry no rollout identity: none (not gymtrace's), a run's own work.
-_OWN_KINDS = frozenset({None, c.KIND_RUN, c.KIND_TRAIN_STEP, c.KIND_CONSUMED})
-
-
 def _outside(span: SpanData) -> bool:
-    return span.attributes.get(c.KIND) not in _OWN_KINDS and not isinstance(
-        span.attributes.get(c.ROLLOUT_ID), str
-    )
+    return span.attributes.get(c.KIND) not in (
+        None,
+        c.KIND_RUN,
+        c.KIND_TRAIN_STEP,
+        c.KIND_CONSUMED,
+    ) and not isinstance(span.attributes.get(c.ROLLOUT_ID), str)
 
 
 def _rollout_level(summary: list[SpanData]) -> tuple[list[SpanData], list[SpanData]]:
@@ -306,41 +305,31 @@ class _Stream:
 
     def read(self, spans: Iterable[SpanData]) -> None:
         held, early, open_traces, rooted = self.held, self.early, self.open, self._rooted
-        # Counted in locals, written back however the read ends: this loop runs once per span.
-        count, outside, holding, in_order = self.count, self.outside, self.holding, self.in_order
-        kind_key, rollout_key, own_kinds = c.KIND, c.ROLLOUT_ID, _OWN_KINDS
-        try:
-            for span in spans:
-                count += 1
-                attributes = span.attributes
-                kind = attributes.get(kind_key)
-                if kind not in own_kinds and not isinstance(attributes.get(rollout_key), str):
-                    outside += 1  # _outside(span), spelled out
-                holding += 1
-                trace_id = span.trace_id
-                trace = open_traces.get(trace_id)
-                if trace is None:
-                    trace = open_traces[trace_id] = []
-                    if count <= early:
-                        self._early.add(trace_id)
-                trace.append(span)
-                if span.parent_id is None:
-                    rooted[trace_id] = None
-                if in_order is not None:
-                    in_order.append(span)
-                if holding <= held:
-                    continue
-                in_order = self.in_order = None
-                by_trace = self.by_trace = self.by_trace or _ByTrace()
-                for rooted_id in rooted:
-                    trace = open_traces.pop(rooted_id)
-                    holding -= len(trace)
-                    by_trace.check(rooted_id, trace, keep=rooted_id in self._early)
-                rooted.clear()
-                if holding > held:
-                    raise _too_thin(open_traces, count, held)
-        finally:
-            self.count, self.outside, self.holding = count, outside, holding
+        for span in spans:
+            self.count += 1
+            self.outside += _outside(span)
+            self.holding += 1
+            trace = open_traces.get(span.trace_id)
+            if trace is None:
+                trace = open_traces[span.trace_id] = []
+                if self.count <= early:
+                    self._early.add(span.trace_id)
+            trace.append(span)
+            if span.parent_id is None:
+                rooted[span.trace_id] = None
+            if self.in_order is not None:
+                self.in_order.append(span)
+            if self.holding <= held:
+                continue
+            self.in_order = None
+            by_trace = self.by_trace = self.by_trace or _ByTrace()
+            for trace_id in rooted:
+                trace = open_traces.pop(trace_id)
+                self.holding -= len(trace)
+                by_trace.check(trace_id, trace, keep=trace_id in self._early)
+            rooted.clear()
+            if self.holding > held:
+                raise _too_thin(open_traces, self.count, held)
 
     def verdict(self, limit: int | None, *, fork: bool = False) -> Verdict:
         """The verdict on every span read (``fork``: as :meth:`_ByTrace.verdict`)."""
