@@ -139,6 +139,7 @@ ROOT_EDITS: dict[str, Any] = {
         link["attributes"].append({"key": "n", "value": {"intValue": "3"}}) for link in s["links"]
     ],
     "links of null": lambda s: s.update(links=None),
+    "a link's attributes of null": lambda s: [link.update(attributes=None) for link in s["links"]],
     "an event": lambda s: s.update(events=[{"timeUnixNano": "1", "name": "e", "attributes": []}]),
     "NeMo Gym's rollout ID": lambda s: s["attributes"].append(
         {"key": c.NEMO_GYM_ROLLOUT_ID, "value": {"stringValue": "r-0-a1"}}
@@ -149,6 +150,7 @@ BAD_ROOT_EDITS: dict[str, Any] = {
     "a reward as text": lambda s: _set(s, c.REWARD, {"stringValue": "1"}),
     "attempts as a boolean": lambda s: _set(s, c.ROLLOUT_ATTEMPTS, {"boolValue": True}),
     "a kind of 2.0": lambda s: s.update(kind=2.0),
+    "attributes as an object": lambda s: s.update(attributes={"key": c.KIND, "value": {"stringValue": "rollout"}}),
     "a link attribute of the wrong type": lambda s: [
         link["attributes"].append({"key": c.LINK_RELATION, "value": {"intValue": "3"}}) for link in s["links"]
     ],

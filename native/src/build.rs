@@ -33,7 +33,7 @@ fn present<'de, D: Deserializer<'de>>(d: D) -> Result<Option<&'de RawValue>, D::
 /// IDs and attributes, a resource's attributes): one struct for the three, the others' members
 /// absent.
 #[derive(Deserialize)]
-struct Object<'a> {
+pub struct Object<'a> {
     #[serde(rename = "traceId", borrow, default, deserialize_with = "present")]
     trace_id: Option<&'a RawValue>,
     #[serde(rename = "spanId", borrow, default, deserialize_with = "present")]
@@ -58,8 +58,9 @@ struct Object<'a> {
         deserialize_with = "present"
     )]
     end: Option<&'a RawValue>,
-    #[serde(borrow, default, deserialize_with = "present")]
-    attributes: Option<&'a RawValue>,
+    // Read as the walk goes, not kept as text to be read again: a span's longest member.
+    #[serde(borrow, default, deserialize_with = "attribute_list")]
+    attributes: Vec<Attribute<'a>>,
     #[serde(borrow, default, deserialize_with = "present")]
     links: Option<&'a RawValue>,
     #[serde(borrow, default, deserialize_with = "present")]
@@ -74,6 +75,13 @@ struct Status<'a> {
     code: Option<&'a RawValue>,
     #[serde(borrow, default, deserialize_with = "present")]
     message: Option<&'a RawValue>,
+}
+
+/// A span kept of a line: its text, or its members as the walk along the line read them
+/// (`gymtrace check`, which keeps every span: each is read once, by the walk).
+pub enum Kept<'a> {
+    Text(&'a str),
+    Read(Object<'a>),
 }
 
 /// How a span is made: given by the caller (`_model/spandata.py`).
@@ -214,13 +222,11 @@ fn array<'py>(py: Python<'py>, raw: &RawValue) -> Option<Bound<'py, PyAny>> {
     PyTuple::new(py, items).ok().map(Bound::into_any)
 }
 
-/// A list of `{key, value}` attributes; none for a member missing or null (`_array(None)`), None
-/// for anything but an array of such objects.
-fn attribute_list<'a>(raw: Option<&'a RawValue>) -> Option<Vec<Attribute<'a>>> {
-    match raw.filter(|raw| !is_null(raw)) {
-        None => Some(Vec::new()),
-        Some(raw) => serde_json::from_str(raw.get()).ok(),
-    }
+/// A list of `{key, value}` attributes; none for a member null (`_array(None)`, as for a member
+/// missing), an error for anything but an array of such objects (then the span, or the line, is
+/// Python's to read).
+fn attribute_list<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<Attribute<'de>>, D::Error> {
+    Ok(Option::<Vec<Attribute<'de>>>::deserialize(d)?.unwrap_or_default())
 }
 
 fn lower_hex(text: &str, width: usize) -> bool {
@@ -281,7 +287,7 @@ impl Builder {
                 return None;
             }
             let found: Object = serde_json::from_str(raw).ok()?;
-            for item in &attribute_list(found.attributes)? {
+            for item in &found.attributes {
                 let plain = self.fast_plain(py, &item.key, item.value?)?;
                 if item.key == "service.name" || item.key == "service.instance.id" {
                     let text = plain.cast::<PyString>().ok()?.to_str().ok()?.to_owned();
@@ -358,17 +364,24 @@ impl Builder {
     pub fn span<'py>(
         &self,
         py: Python<'py>,
-        raw: &str,
+        kept: &Kept<'_>,
         service: &Bound<'py, PyString>,
         instance: &Bound<'py, PyString>,
         lean: Option<&Lean>,
     ) -> Option<Bound<'py, PyAny>> {
         // Read once: a summary reader's span is made again from it, whole, after its lean reading.
-        let s: Object = serde_json::from_str(raw).ok()?;
-        let Some(lean) = lean else {
-            return Some(self.made(py, &s, service, instance, &Read::Whole)?.0);
+        let parsed;
+        let s = match kept {
+            Kept::Read(s) => s,
+            Kept::Text(raw) => {
+                parsed = serde_json::from_str::<Object>(raw).ok()?;
+                &parsed
+            }
         };
-        let (span, attributes) = self.made(py, &s, service, instance, &Read::Keys(&lean.keys))?;
+        let Some(lean) = lean else {
+            return Some(self.made(py, s, service, instance, &Read::Whole)?.0);
+        };
+        let (span, attributes) = self.made(py, s, service, instance, &Read::Keys(&lean.keys))?;
         if attributes.contains(&lean.ray_attempt).ok()? {
             return None;
         }
@@ -387,7 +400,7 @@ impl Builder {
         } else {
             Read::WholeWithEvents
         };
-        Some(self.made(py, &s, service, instance, &read)?.0)
+        Some(self.made(py, s, service, instance, &read)?.0)
     }
 
     fn made<'py>(
@@ -448,7 +461,7 @@ impl Builder {
         };
         let status = self.statuses.get(usize::try_from(status).ok()?)?;
         let attributes = PyDict::new(py);
-        for item in &attribute_list(s.attributes)? {
+        for item in &s.attributes {
             if let Read::Keys(keys) = read {
                 if !keys.contains(item.key.as_ref()) {
                     continue;
@@ -478,7 +491,7 @@ impl Builder {
                     return None;
                 }
                 let found = PyDict::new(py);
-                for item in &attribute_list(link.attributes)? {
+                for item in &link.attributes {
                     let value = self.fast_plain(py, &item.key, item.value?)?;
                     found
                         .set_item(PyString::intern(py, &item.key), value)

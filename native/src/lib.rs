@@ -32,7 +32,7 @@ use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict, PyList, PyString};
 
 mod build;
-use build::{Builder, Lean};
+use build::{Builder, Kept, Lean, Object};
 use serde::de::{Deserializer, IgnoredAny, MapAccess, Visitor};
 use serde::Deserialize;
 use serde_json::value::RawValue;
@@ -470,14 +470,14 @@ fn made<'py>(
     py: Python<'py>,
     builder: &Builder,
     lean: Option<&Lean>,
-    whole: &[(Option<&str>, Vec<&str>)],
+    whole: &[(Option<&str>, Vec<Kept<'_>>)],
 ) -> Option<Bound<'py, PyList>> {
     let spans = PyList::empty(py);
     for (resource, kept) in whole {
         let (service, instance) = builder.service(py, *resource)?;
-        for raw in kept {
+        for span in kept {
             spans
-                .append(builder.span(py, raw, &service, &instance, lean)?)
+                .append(builder.span(py, span, &service, &instance, lean)?)
                 .ok()?;
         }
     }
@@ -503,9 +503,11 @@ impl Reducer {
         let mut taken = Vec::new();
         // The spans kept, by resource, while every one is of a kind the readers read (then they
         // may be made here, with no line for Python to parse).
-        let mut whole: Option<Vec<(Option<&str>, Vec<&str>)>> =
+        let mut whole: Option<Vec<(Option<&str>, Vec<Kept>)>> =
             self.builder.as_ref().map(|_| Vec::new());
-        let mut out = String::with_capacity(line.len() / 4);
+        // The line reduced. Check never reads it (it keeps every span: made here, or the line as it
+        // came), so no span's text is copied into it then.
+        let mut out = String::with_capacity(if checking { 0 } else { line.len() / 4 });
         out.push_str("{\"resourceSpans\":[");
         let mut cursor = Cursor { text: line, at: 0 };
         let mut resources = 0;
@@ -516,7 +518,7 @@ impl Reducer {
             cursor.elements(|cursor| {
                 // {"resource": ..., "scopeSpans": [{"spans": [...]}, ...]}, in either order.
                 let (mut resource, mut scopes) = (None, String::new());
-                let mut kept: Vec<&str> = Vec::new();
+                let mut kept: Vec<Kept> = Vec::new();
                 cursor.members(|cursor, key| match key {
                     "resource" => {
                         resource = Some(cursor.raw()?);
@@ -536,12 +538,13 @@ impl Reducer {
                                 if cursor.peek()? != b'{' {
                                     return None; // the Python reader names it
                                 }
+                                if checking {
+                                    // Every span kept, its members read here once, as it is walked.
+                                    kept.push(Kept::Read(cursor.value::<Object>()?));
+                                    return Some(());
+                                }
                                 let start = cursor.at;
-                                let found = if checking {
-                                    // Every span kept: read once, by the builder.
-                                    cursor.value::<IgnoredAny>()?;
-                                    Verdict::Read
-                                } else {
+                                let found = {
                                     match cursor.value::<Span>() {
                                         Some(span) => verdict(names, &span),
                                         None => {
@@ -560,7 +563,7 @@ impl Reducer {
                                         first = false;
                                         scopes.push_str(raw);
                                         if matches!(found, Verdict::Read) {
-                                            kept.push(raw);
+                                            kept.push(Kept::Text(raw));
                                         } else {
                                             whole = None;
                                         }
