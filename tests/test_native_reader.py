@@ -150,7 +150,9 @@ BAD_ROOT_EDITS: dict[str, Any] = {
     "a reward as text": lambda s: _set(s, c.REWARD, {"stringValue": "1"}),
     "attempts as a boolean": lambda s: _set(s, c.ROLLOUT_ATTEMPTS, {"boolValue": True}),
     "a kind of 2.0": lambda s: s.update(kind=2.0),
-    "attributes as an object": lambda s: s.update(attributes={"key": c.KIND, "value": {"stringValue": "rollout"}}),
+    "attributes as an object": lambda s: s.update(
+        attributes={"key": c.KIND, "value": {"stringValue": "rollout"}}
+    ),
     "a link attribute of the wrong type": lambda s: [
         link["attributes"].append({"key": c.LINK_RELATION, "value": {"intValue": "3"}}) for link in s["links"]
     ],
