@@ -94,6 +94,9 @@ pub struct Builder {
     fields: Vec<Py<PyString>>,
     no_events: Py<PyTuple>,
     nemo_rollout: String,
+    // The trace ID made last: a line's spans are mostly of one trace, which then share one text
+    // (less memory; its hash, which the checker's maps take of every span, worked out once).
+    last_trace: std::sync::Mutex<Option<(String, Py<PyString>)>>,
 }
 
 // The SpanData fields, in the order `_plain_span` gives them.
@@ -269,6 +272,7 @@ impl Builder {
                 .collect(),
             no_events: PyTuple::empty(py).unbind(),
             nemo_rollout: nemo_rollout.to_owned(),
+            last_trace: std::sync::Mutex::new(None),
         }
     }
 
@@ -324,6 +328,20 @@ impl Builder {
             .find_map(|member| members.get(member).map(|raw| (member, *raw)))?;
         let (plain, class) = value_of(py, member, raw, false)?;
         self.wanted(key, class).then_some(plain)
+    }
+
+    fn trace_text<'py>(&self, py: Python<'py>, trace_id: &str) -> Bound<'py, PyString> {
+        let Ok(mut last) = self.last_trace.lock() else {
+            return PyString::new(py, trace_id);
+        };
+        if let Some((text, made)) = last.as_ref() {
+            if text == trace_id {
+                return made.bind(py).clone();
+            }
+        }
+        let made = PyString::new(py, trace_id);
+        *last = Some((trace_id.to_owned(), made.clone().unbind()));
+        made
     }
 
     fn wanted(&self, key: &str, class: u8) -> bool {
@@ -507,13 +525,13 @@ impl Builder {
         }
         let fields = PyDict::new(py);
         let values: [Bound<'py, PyAny>; 14] = [
-            PyString::new(py, &trace_id).into_any(),
+            self.trace_text(py, &trace_id).into_any(),
             PyString::new(py, &span_id).into_any(),
             match parent {
                 Some(p) => PyString::new(py, &p).into_any(),
                 None => py.None().into_bound(py),
             },
-            PyString::new(py, &name).into_any(),
+            PyString::intern(py, &name).into_any(),
             start.into_pyobject(py).ok()?.into_any(),
             end.into_pyobject(py).ok()?.into_any(),
             attributes.clone().into_any(),
