@@ -84,6 +84,17 @@ pub enum Kept<'a> {
     Read(Object<'a>),
 }
 
+/// What a `Builder` is made of, from `gymtrace._model.spandata.native_span_builder`: the function
+/// that makes a `SpanData` of its fields, `LinkData`, the types each gym attribute may hold (bits),
+/// the span kinds' and the statuses' names by number.
+pub type BuildWith = (
+    Py<PyAny>,
+    Py<PyAny>,
+    HashMap<String, u8>,
+    Vec<String>,
+    Vec<String>,
+);
+
 /// How a span is made: given by the caller (`_model/spandata.py`).
 pub struct Builder {
     make_span: Py<PyAny>,
@@ -242,17 +253,7 @@ fn time(raw: Option<&RawValue>) -> Option<u64> {
 }
 
 impl Builder {
-    pub fn new(
-        py: Python<'_>,
-        build: (
-            Py<PyAny>,
-            Py<PyAny>,
-            HashMap<String, u8>,
-            Vec<String>,
-            Vec<String>,
-        ),
-        nemo_rollout: &str,
-    ) -> Builder {
+    pub fn new(py: Python<'_>, build: BuildWith, nemo_rollout: &str) -> Builder {
         let (make_span, make_link, gym_types, kinds, statuses) = build;
         let intern = |names: &[String]| {
             names

@@ -32,7 +32,7 @@ use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict, PyList, PyString};
 
 mod build;
-use build::{Builder, Kept, Lean, Object};
+use build::{BuildWith, Builder, Kept, Lean, Object};
 use serde::de::{Deserializer, IgnoredAny, MapAccess, Visitor};
 use serde::Deserialize;
 use serde_json::value::RawValue;
@@ -435,6 +435,9 @@ fn dropped(
 
 /// Reduces the lines of a trace file to the spans the Python reader reads, and keeps what it takes
 /// of the others until asked (:meth:`times`, :meth:`ends`, :meth:`tokens`).
+/// A dropped span's output tokens: its trace ID, span ID, count, run ID and policy version.
+type Tokens = (String, String, i64, Option<Owned>, Option<Owned>);
+
 #[pyclass(module = "gymtrace_native")]
 struct Reducer {
     names: Names,
@@ -446,7 +449,7 @@ struct Reducer {
     staged: Vec<Dropped>,
     times: HashMap<(String, String, i64), Vec<i64>>,
     ends: HashMap<(String, String), i64>,
-    tokens: Vec<(String, String, i64, Option<Owned>, Option<Owned>)>,
+    tokens: Vec<Tokens>,
 }
 
 /// A line reduced: the spans Python reads, as a line to parse, or made here.
@@ -723,13 +726,7 @@ impl Reducer {
         read_kinds: HashSet<String>,
         part_by_kind: HashMap<String, i64>,
         part_by_operation: HashMap<String, i64>,
-        build: Option<(
-            Py<PyAny>,
-            Py<PyAny>,
-            HashMap<String, u8>,
-            Vec<String>,
-            Vec<String>,
-        )>,
+        build: Option<BuildWith>,
         check: Option<HashSet<String>>,
     ) -> PyResult<Self> {
         let (
