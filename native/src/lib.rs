@@ -433,11 +433,11 @@ fn dropped(
     })
 }
 
-/// Reduces the lines of a trace file to the spans the Python reader reads, and keeps what it takes
-/// of the others until asked (:meth:`times`, :meth:`ends`, :meth:`tokens`).
 /// A dropped span's output tokens: its trace ID, span ID, count, run ID and policy version.
 type Tokens = (String, String, i64, Option<Owned>, Option<Owned>);
 
+/// Reduces the lines of a trace file to the spans the Python reader reads, and keeps what it takes
+/// of the others until asked (:meth:`times`, :meth:`ends`, :meth:`tokens`).
 #[pyclass(module = "gymtrace_native")]
 struct Reducer {
     names: Names,
@@ -547,13 +547,11 @@ impl Reducer {
                                     return Some(());
                                 }
                                 let start = cursor.at;
-                                let found = {
-                                    match cursor.value::<Span>() {
-                                        Some(span) => verdict(names, &span),
-                                        None => {
-                                            cursor.value::<IgnoredAny>()?; // an odd span: kept
-                                            Verdict::Unsure
-                                        }
+                                let found = match cursor.value::<Span>() {
+                                    Some(span) => verdict(names, &span),
+                                    None => {
+                                        cursor.value::<IgnoredAny>()?; // an odd span: kept
+                                        Verdict::Unsure
                                     }
                                 };
                                 let raw = &cursor.text[start..cursor.at];
