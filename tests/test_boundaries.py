@@ -56,22 +56,6 @@ def test_a_traced_process_does_not_load_the_testing_helpers_or_the_checker(tmp_p
     assert [m for m in _modules_after(statement, "gymtrace") if m.startswith(_TEST_ONLY)] == []
 
 
-def test_a_process_tracing_to_a_file_does_not_load_the_backends_or_the_readers(tmp_path) -> None:
-    # MLflow's and Phoenix's exporters decide each rollout's score with the readers' outcome rule:
-    # loaded where one is configured, never in a process whose spans go to a file or a Collector.
-    statement = (
-        "import gymtrace\n"
-        f"gymtrace.configure(service_name='t', file={str(tmp_path / 'spans.jsonl')!r})\n"
-        "with gymtrace.rollout(rollout_id='r'), gymtrace.episode():\n"
-        "    gymtrace.record_reward(1.0)\n"
-        "assert gymtrace.force_flush() and gymtrace.export_stats()\n"
-        "gymtrace.shutdown()\n"
-    )
-    loaded = _modules_after(statement, "gymtrace")
-    assert "gymtrace._sdk.setup" in loaded
-    assert [m for m in loaded if m.startswith(("gymtrace._sdk.backends", "gymtrace._read"))] == []
-
-
 def test_gymtrace_testing_is_an_attribute_of_the_package_on_first_use() -> None:
     statement = "import gymtrace\nassert callable(gymtrace.testing.capture_spans)"
     assert _modules_after(statement, "gymtrace.testing") == ["gymtrace.testing"]

@@ -9,8 +9,6 @@ was built with; what is still queued then is counted and said in one line.
 from __future__ import annotations
 
 import logging
-import sys
-from types import ModuleType
 from typing import Any
 
 from gymtrace._model import errors as _errors
@@ -19,19 +17,11 @@ from gymtrace._scopes import consumed as _consumed
 from gymtrace._scopes import live as _live
 from gymtrace._scopes import tracing as _tracing
 from gymtrace._scopes.tracing import current_provider
+from gymtrace._sdk.backends import flush_scores, score_stats
 from gymtrace._sdk.children import forget_exported_settings
 from gymtrace._sdk.state import _state
 
 logger = logging.getLogger("gymtrace")
-
-_BACKENDS = "gymtrace._sdk.backends"
-
-
-def _backends() -> ModuleType | None:
-    """The MLflow and Phoenix backends, if this process imported them: ``_sdk.processors`` does when
-    it builds a backend's exporter, the only processor with scores to flush and count. Else None:
-    they are not imported for that (see ``build_processors``)."""
-    return sys.modules.get(_BACKENDS)
 
 
 def force_flush(timeout_millis: int = 30000) -> bool:
@@ -74,10 +64,9 @@ def flush_at_exit() -> None:
     stage = _state.stage
     if stage is not None:
         late = []
-        backends = _backends()
         for processor in stage.processors():
-            if not processor.force_flush(int(processor.shutdown_timeout * 1000)) or (
-                backends is not None and not backends.flush_scores(processor, processor.shutdown_timeout)
+            if not processor.force_flush(int(processor.shutdown_timeout * 1000)) or not flush_scores(
+                processor, processor.shutdown_timeout
             ):
                 late.append(
                     f"{getattr(processor, 'name', type(processor).__name__)} ({processor.shutdown_timeout:g} s)"
@@ -111,11 +100,8 @@ def export_stats() -> list[Any]:
     if stage is None:
         return []
     stats = [p.stats() for p in stage.processors()]
-    backends = _backends()
-    if backends is None:
-        return stats
     # A backend's scores (GYMTRACE_BACKEND=mlflow|phoenix) are counted beside its spans.
-    return stats + [s for s in map(backends.score_stats, stage.processors()) if s is not None]
+    return stats + [s for s in map(score_stats, stage.processors()) if s is not None]
 
 
 def shutdown() -> None:

@@ -15,6 +15,7 @@ from typing import Any
 
 from gymtrace._content import otlp_batch_size
 from gymtrace._model import settings as _settings
+from gymtrace._sdk.backends import BackendExporter
 from gymtrace._sdk.export import BatchExporter
 from gymtrace._sdk.export_auto import AutoExporter
 from gymtrace._sdk.export_process import ProcessExporter
@@ -31,10 +32,6 @@ def build_processors(settings: _settings.Settings, headers: Mapping[str, str] | 
     for name in settings.exporters:
         if name == "otlp" and settings.backend != _settings.BACKEND_OTLP:
             # MLflow or Phoenix: mapped and scored on the queue's thread; no encoder process.
-            # Imported only here: a process that exports elsewhere does not load the backends and
-            # the readers their scores are decided with (~35 ms of each traced process's start).
-            from gymtrace._sdk.backends import BackendExporter
-
             exporter: Any = BackendExporter(settings.backend, settings.endpoint, settings.experiment)
             target: dict[str, Any] = {}
         elif name == "otlp":
