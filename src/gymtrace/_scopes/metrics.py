@@ -157,7 +157,8 @@ EpisodeFact = tuple[object, object]
 Rule = Callable[[Iterable[Candidate], Iterable[EpisodeFact]], "Decision | None"]
 
 # The readers' decision (``_read.outcomes.decide_candidates``), handed down when ``_read.outcomes`` is imported
-# (``import gymtrace`` imports it): the metrics decide by the very function ``gymtrace rollouts`` runs.
+# (``gymtrace/__init__.py`` imports it for that): the metrics decide by the very function
+# ``gymtrace rollouts`` runs.
 _reader_rule: Rule | None = None
 
 
