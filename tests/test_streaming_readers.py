@@ -693,7 +693,7 @@ def test_check_by_two_processes_with_the_rollout_rules_forked_finds_what_the_who
             whole.awaiting,
             whole.notes,
         )
-    assert forked == [True, True] if fork_context() is not None else [False, False]
+    assert forked == ([True, True] if fork_context() is not None else [False, False])
 
 
 def test_check_halves_join_only_when_no_span_was_read_by_both() -> None:
