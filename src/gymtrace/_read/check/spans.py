@@ -381,3 +381,129 @@ def check_numbering(index: SpanIndex) -> list[Problem]:
                     )
                 )
     return problems
+
+
+# The kinds a tree rule may say something of just because they are there: an outcome record (its
+# own rule) and a live marker (folded away before the rules, so not expected here).
+_ALWAYS_JUDGED = frozenset({c.KIND_OUTCOME, c.KIND_LIVE})
+
+
+class _Unclear(Exception):
+    """What :func:`plainly_clean` leaves to the rules: a parent cycle."""
+
+
+def plainly_clean(spans: list[SpanData]) -> bool:
+    """True only if none of the tree rules (nesting, identity, rewards, outcome records, episode
+    links, numbering) can find a problem in ``spans``, one trace each span once; checked in one
+    pass over the trace, for the checker that judges 10^5 traces. False says nothing: the rules
+    themselves judge the trace.
+
+    Each test is a sufficient condition of one rule, never its statement: the identity below a
+    rollout (an episode) holds when every span whose parent has a rollout ID (an attempt) has the
+    same; numbering holds when the turns and the steps of each owner recorded by one process
+    increase in start order. Anything rarer (an outcome record, a missing owner, a parent cycle, a
+    value of an unexpected type) is left to the rules."""
+    try:
+        return _plainly_clean(spans)
+    except _Unclear:
+        return False
+
+
+def _plainly_clean(spans: list[SpanData]) -> bool:
+    # Read once per span: local names.
+    KIND, ROLLOUT_ID, ATTEMPT = c.KIND, c.ROLLOUT_ID, c.EPISODE_ATTEMPT
+    by_id = {s.span_id: s for s in spans}
+    # The nearest span with a gym kind at or above a span ID (None: none), shared by its children.
+    gym_at: dict[str | None, SpanData | None] = {None: None}
+    numbered: dict[tuple[str, str, str], list[tuple[int, str, int]]] = {}
+    for span in spans:
+        attributes = span.attributes
+        kind = attributes.get(KIND)
+        if c.HIERARCHY_VIOLATION in attributes:
+            return False
+        rollout_id = attributes.get(ROLLOUT_ID)
+        if type(rollout_id) is not str and (kind == c.KIND_VERIFY or _has_reward(span)):
+            return False
+        parent = by_id.get(span.parent_id)  # type: ignore[arg-type]
+        if parent is not None:
+            above = parent.attributes
+            if above.get(ROLLOUT_ID) is not None and rollout_id != above[ROLLOUT_ID]:
+                return False
+            if above.get(ATTEMPT) is not None and attributes.get(ATTEMPT) != above[ATTEMPT]:
+                return False
+        if kind is None:
+            continue
+        if (
+            type(kind) is not str
+            or kind in _ALWAYS_JUDGED
+            or (kind not in c.ALL_KINDS and kind not in LEVELS)
+        ):
+            return False
+        if kind == c.KIND_ROLLOUT and rollout_id is None:
+            return False
+        if kind == c.KIND_EPISODE:
+            attempt = attributes.get(ATTEMPT)
+            if type(attempt) is not int:
+                return False
+            restored = attributes.get(c.EPISODE_RESTORED) is True
+            if restored or attempt > 0:
+                relations = {link.attributes.get(c.LINK_RELATION) for link in span.links}
+                if (c.RELATION_RESTORE if restored else c.RELATION_RETRY) not in relations:
+                    return False
+        up = parent if parent is not None and parent.attributes.get(KIND) is not None else None
+        if up is None and parent is not None:
+            up = _gym_at(span.parent_id, by_id, gym_at)
+        if up is not None:
+            parent_kind = up.attributes[KIND]
+            if type(parent_kind) is not str or parent_kind in _ALWAYS_JUDGED:
+                return False
+            if parent_kind in LEVELS and kind in LEVELS and not allowed(parent_kind, kind):
+                return False
+        if kind == c.KIND_STEP or kind == c.KIND_TURN:
+            number = attributes.get(c.STEP_NUMBER if kind == c.KIND_STEP else c.TURN_NUMBER)
+            if type(number) is not int:
+                return False
+            owner = up
+            for _ in by_id:  # at most one step per span: a cycle ends the walk
+                if owner is None or owner.attributes[KIND] in NUMBERING_OWNERS:
+                    break
+                owner = _gym_at(owner.parent_id, by_id, gym_at)
+            if owner is None or owner.attributes[KIND] not in NUMBERING_OWNERS:
+                return False
+            # The rule parts a group (the continuations another process recorded, each numbering
+            # from its reserved step) and asks each part to increase: so it does if the whole does.
+            group = (kind, owner.span_id, span.service_instance or span.service)
+            numbered.setdefault(group, []).append((span.start_ns, span.span_id, number))
+    for group_numbers in numbered.values():
+        group_numbers.sort()
+        for (_, _, a), (_, _, b) in itertools.pairwise(group_numbers):
+            if not a < b:
+                return False
+    return True
+
+
+def _gym_at(
+    span_id: str | None, by_id: dict[str, SpanData], gym_at: dict[str | None, SpanData | None]
+) -> SpanData | None:
+    """The nearest span with a gym kind at or above ``span_id`` (None: none); remembered in
+    ``gym_at`` for every span walked through."""
+    walked = []
+    current = span_id
+    for _ in range(len(by_id) + 1):
+        if current in gym_at:
+            found = gym_at[current]
+            break
+        span = by_id.get(current) if current is not None else None
+        if span is None:
+            found = None
+            break
+        walked.append(current)
+        if span.attributes.get(c.KIND) is not None:
+            found = span
+            break
+        current = span.parent_id
+    else:
+        raise _Unclear
+    for walked_id in walked:
+        gym_at[walked_id] = found
+    return found

@@ -54,6 +54,7 @@ from gymtrace._read.check.spans import (
     check_outcome_records,
     check_rewards_inside_rollouts,
     check_shared_run_ids,
+    plainly_clean,
 )
 from gymtrace._read.check.training import check_training, is_training, training_of
 from gymtrace._read.outcomes import SOURCE_LIVE, RolloutOutcome, dedupe, final_outcomes
@@ -214,11 +215,15 @@ def _fresh(spans: list[SpanData], seen: set[int]) -> tuple[list[SpanData], int]:
 
 
 def _judge(trace_id: str, spans: list[SpanData], fresh: list[SpanData], keep: bool) -> _Trace:
-    index = SpanIndex(fresh)
-    problems = [rule(index) for rule in _TREE_RULES]
+    problems = None
+    # Most traces break no rule, which one pass shows (a third of the rules' time, at 100,000
+    # rollouts 2-3 s of CPU less); the rules judge any other.
+    if not plainly_clean(fresh):
+        index = SpanIndex(fresh)
+        problems = [rule(index) for rule in _TREE_RULES]
     return _Trace(
         trace_id,
-        problems if any(problems) else None,
+        problems if problems is not None and any(problems) else None,
         missing_service_notes(spans),
         [s for s in spans if summary_span(s)],
         spans if keep else None,
