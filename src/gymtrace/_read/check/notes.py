@@ -65,56 +65,62 @@ def lost_notes(spans: Iterable[Any], outcomes: Outcomes = None) -> list[str]:
 
 
 def missing_service_notes(spans: Iterable[Any]) -> list[str]:
-    """The rollout traces missing a service that took part: a server a NeMo Gym agent's step sent a
-    request to (``gym.step.servers``, or a ``step`` marker's ``gym.live.server``) with no span of
-    that server in the trace, or a span whose parent,
-    in the process that called it, is not there. The usual cause: that process wrote its trace
-    elsewhere (a relative ``GYMTRACE_FILE`` resolved in another working directory)."""
+    """The rollout traces missing a service that took part (:func:`missing_service_note` of each
+    trace of ``spans``)."""
     by_trace: dict[str, list[SpanData]] = defaultdict(list)
     for span in spans:
         if isinstance(span, SpanData):
             by_trace[span.trace_id].append(span)
-    notes = []
-    for trace_spans in by_trace.values():
-        # One pass (the checker says this of every trace): the rollout, the services present, the
-        # servers named, and whether any span's parent is not in the trace.
-        rollout = None
-        present: set[str] = set()
-        servers: set[str] = set()
-        ids = {s.span_id for s in trace_spans}
-        cut = False
-        for s in trace_spans:
-            attributes = s.attributes
-            if rollout is None and isinstance(attributes.get(c.ROLLOUT_ID), str):
-                rollout = attributes[c.ROLLOUT_ID]
-            if attributes.get(c.KIND) == c.KIND_LIVE:
-                server = attributes.get(c.LIVE_SERVER)
-                if isinstance(server, str):
-                    servers.add(server)
-            else:
-                present.add(s.service)
-            named = attributes.get(c.STEP_SERVERS)
+    return [note for trace_spans in by_trace.values() if (note := missing_service_note(trace_spans))]
+
+
+def missing_service_note(trace_spans: list[SpanData]) -> str | None:
+    """Of a rollout trace (``trace_spans``, one trace's) missing a service that took part: a
+    server a NeMo Gym agent's step sent a request to (``gym.step.servers``, or a ``step`` marker's
+    ``gym.live.server``) with no span of that server in the trace, or a span whose parent, in the
+    process that called it, is not there. The usual cause: that process wrote its trace elsewhere
+    (a relative ``GYMTRACE_FILE`` resolved in another working directory)."""
+    # One pass (the checker says this of each of 10^5 traces): the rollout, the services present,
+    # the servers named, and whether any span's parent is not in the trace.
+    rollout = None
+    present: set[str] = set()
+    servers: set[str] = set()
+    ids = {s.span_id for s in trace_spans}
+    cut = False
+    for s in trace_spans:
+        attributes = s.attributes
+        if rollout is None and isinstance(attributes.get(c.ROLLOUT_ID), str):
+            rollout = attributes[c.ROLLOUT_ID]
+        if attributes.get(c.KIND) == c.KIND_LIVE:
+            server = attributes.get(c.LIVE_SERVER)
+            if isinstance(server, str):
+                servers.add(server)
+        else:
+            present.add(s.service)
+        if c.STEP_SERVERS in attributes:
+            named = attributes[c.STEP_SERVERS]
             if isinstance(named, (list, tuple)):
                 servers.update(name for name in named if isinstance(name, str))
-            cut = cut or (s.parent_id is not None and s.parent_id not in ids)
-        if rollout is None:
-            continue
-        missing = sorted(servers - present)
-        # A span is interrupted only below a parent not in the trace.
-        orphans = interrupted(trace_spans) if cut else []
-        if missing:
-            notes.append(
-                f"rollout {rollout}: no span of {', '.join(missing)}, which took part in it: did that"
-                " process write its trace elsewhere (a relative GYMTRACE_FILE)?"
-            )
-        elif orphans:
-            services = ", ".join(sorted({s.service for s in orphans if s.service})) or "an unnamed service"
-            notes.append(
-                f"rollout {rollout}: {len(orphans)} interrupted span(s) ({services}) whose parents never"
-                " arrived: their process was killed before those parents ended (a resume pass re-runs"
-                " the rollout), or wrote them elsewhere"
-            )
-    return notes
+        if not cut and s.parent_id is not None and s.parent_id not in ids:
+            cut = True
+    if rollout is None:
+        return None
+    missing = sorted(servers - present)
+    if missing:
+        return (
+            f"rollout {rollout}: no span of {', '.join(missing)}, which took part in it: did that"
+            " process write its trace elsewhere (a relative GYMTRACE_FILE)?"
+        )
+    # A span is interrupted only below a parent not in the trace.
+    orphans = interrupted(trace_spans) if cut else []
+    if orphans:
+        services = ", ".join(sorted({s.service for s in orphans if s.service})) or "an unnamed service"
+        return (
+            f"rollout {rollout}: {len(orphans)} interrupted span(s) ({services}) whose parents never"
+            " arrived: their process was killed before those parents ended (a resume pass re-runs"
+            " the rollout), or wrote them elsewhere"
+        )
+    return None
 
 
 def training_notes(spans: Iterable[Any], training: Training | None = None) -> list[str]:
