@@ -15,6 +15,7 @@ declared size, an ID consumed that no rollout of the input has) all come from :f
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import statistics
@@ -106,7 +107,19 @@ class Training:
 
 
 def _version(value: object) -> int | str | None:
-    return read_version(value)
+    if value is None:
+        return None
+    try:
+        return _version_of((value.__class__, value))
+    except TypeError:  # unhashable: read, not remembered
+        return read_version(value)
+
+
+# A run has a few policy versions and 10^5 rollouts and consumptions, each naming one as text: each
+# value read once (keyed by its type too, since True == 1).
+@functools.lru_cache(maxsize=4096)
+def _version_of(typed: tuple[type, object]) -> int | str | None:
+    return read_version(typed[1])
 
 
 def _seconds(outcome: RolloutOutcome) -> float:
@@ -143,7 +156,8 @@ def read_training(
         by_trace[(o.trace_id, o.rollout_id)].append(o)
         by_id[(o.run_id, o.rollout_id)].append(o)
     for ids in by_id.values():
-        ids.sort(key=lambda o: o.root.start_ns if o.root is not None else 0)
+        if len(ids) > 1:
+            ids.sort(key=lambda o: o.root.start_ns if o.root is not None else 0)
 
     records = []
     for span in spans:
