@@ -185,14 +185,16 @@ _TREE_RULES = (
 @dataclass
 class _Trace:
     """One trace checked: what the tree rules found in it (None: nothing, the common case), the
-    notes about it and the spans of it the rollout-level rules read (every copy). A trace the
-    second process checked early, which may have spans before the cut, keeps its spans (all of
-    them, and those checked: not read before) until the halves are joined."""
+    notes about it and the spans of it the rollout-level rules read: every copy (``summary``), and
+    those read for the first time, without live markers (``data``: most often the same list). A
+    trace the second process checked early, which may have spans before the cut, keeps its spans
+    (all of them, and those checked: not read before) until the halves are joined."""
 
     trace_id: str
     problems: list[list[Problem]] | None
     missing: str | None
     summary: list[SpanData]
+    data: list[SpanData]
     spans: list[SpanData] | None = None
     fresh: list[SpanData] | None = None
 
@@ -225,11 +227,14 @@ def _judge(trace_id: str, spans: list[SpanData], fresh: list[SpanData], keep: bo
     if not plainly_clean(fresh):
         index = SpanIndex(fresh)
         problems = [rule(index) for rule in _TREE_RULES]
+    summary = [s for s in spans if summary_span(s)]
     return _Trace(
         trace_id,
         problems if problems is not None and any(problems) else None,
         missing_service_note(spans),
-        [s for s in spans if summary_span(s)],
+        summary,
+        # As many fresh as read: no copy and no marker, so each span of the summary is new.
+        summary if len(fresh) == len(spans) else [s for s in fresh if summary_span(s)],
         spans if keep else None,
         fresh if keep else None,
     )
@@ -252,7 +257,11 @@ class _ByTrace:
         """The verdict on every trace checked; ``fork``: the rules over whole rollouts are run by a
         forked process (``source.aside``) while this one decides the outcomes and the training."""
         summary = [s for trace in self.traces for s in trace.summary]
-        raw, data = _rollout_level(summary)
+        # What _rollout_level gives, from what each trace's check read once (no dedupe of 10^5
+        # rollouts' spans again: the traces are checked in the order read, each span's first copy
+        # in the first of them).
+        raw = normalize(summary)
+        data = [s for trace in self.traces for s in trace.data]
         tree: list[list[Problem]] = [[] for _ in _TREE_RULES]
         for trace in self.traces:
             if trace.problems is not None:
