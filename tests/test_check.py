@@ -4,6 +4,7 @@ For each rule a trace it must flag and one it must pass."""
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import json
 from pathlib import Path
@@ -14,7 +15,7 @@ import pytest
 import gymtrace
 from child_process import run_gymtrace, run_python
 from gymtrace import attributes as c
-from gymtrace._model.spandata import EventData, LinkData, SpanData
+from gymtrace._model.spandata import EventData, LinkData, SpanData, encode_spandata_json
 from gymtrace.testing import CapturedSpans, check_trace
 
 _ids = itertools.count(1)
@@ -213,6 +214,18 @@ with gymtrace.step():
     assert out.returncode == 1
     assert "contract violation(s)" in out.stdout
     assert "episode inside step" in out.stdout
+
+
+def test_a_parent_cycle_through_a_rollout_is_reported_not_walked_for_ever(tmp_path: Path) -> None:
+    # A malformed file: the rollout's parent is a span whose parent is the rollout.
+    rollout = span("rollout", trace="c1", **{c.ROLLOUT_ID: "r-1", c.ROLLOUT_ATTEMPTS: 1})
+    below = span(None, rollout, trace="c1", **{c.ROLLOUT_ID: "r-1"})
+    cycle = [dataclasses.replace(rollout, parent_id=below.span_id), below]
+    path = tmp_path / "cycle.jsonl"
+    path.write_text(json.dumps(encode_spandata_json(cycle)) + "\n")
+    out = run_gymtrace("check", str(path), timeout=60)
+    assert out.returncode == 1, out.stderr
+    assert "rollout inside rollout" in out.stdout
 
 
 def test_check_command_names_a_malformed_file_and_line(tmp_path: Path) -> None:

@@ -68,9 +68,15 @@ class SpanIndex:
         return None
 
     def descendants(self, span: SpanData) -> Iterable[SpanData]:
+        """The spans below ``span``, each once: a parent cycle through it (a malformed file) ends
+        the walk instead of going round it for ever."""
+        seen = {span.span_id}
         stack = list(self.children.get(span.span_id, ()))
         while stack:
             child = stack.pop()
+            if child.span_id in seen:
+                continue
+            seen.add(child.span_id)
             yield child
             stack.extend(self.children.get(child.span_id, ()))
 
