@@ -324,6 +324,10 @@ def _run_span_of(root: SpanData | None, ancestors: Mapping[str, str]) -> str | N
 
 
 def _services(episodes: list[SpanData], attempts: int) -> tuple[str, ...]:
+    if attempts == 1 and len(episodes) == 1:  # the common case: one attempt, its episode
+        attempt = read_int(episodes[0].attributes.get(c.EPISODE_ATTEMPT))
+        if attempt == 0:
+            return (episodes[0].service,)
     by_attempt: dict[int, str] = {}
     for episode in sorted(episodes, key=lambda s: s.start_ns):
         attempt = read_int(episode.attributes.get(c.EPISODE_ATTEMPT))
@@ -405,11 +409,8 @@ def final_outcomes(
     outcomes.extend(lost_rollouts(raw, run_id=run_id))
 
     def started(o: RolloutOutcome) -> tuple[int, str, int, str]:
-        first = min(
-            (s.start_ns for s in ([o.root] if o.root is not None else [o.decided_by]) if s is not None),
-            default=0,
-        )
-        return (first, o.task_id or "", o.repeat or 0, o.rollout_id)
+        first = o.root if o.root is not None else o.decided_by
+        return (first.start_ns if first is not None else 0, o.task_id or "", o.repeat or 0, o.rollout_id)
 
     return sorted(outcomes, key=started)
 
