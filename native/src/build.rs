@@ -8,7 +8,10 @@
 //!
 //! For `gymtrace check` every span of a line is made, as `decode_for_check` makes it (`Lean`).
 
-use std::collections::{HashMap, HashSet};
+// Maps keyed by short attribute names and IDs, looked up several times a span: FxHash, not the
+// standard SipHash (whose resistance to chosen collisions a reader of local trace files does
+// not need), reads the 10,000-rollout run in 0.88x the time (`farm-bench -n 8`).
+use rustc_hash::{FxHashMap as HashMap, FxHashSet as HashSet};
 
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyString, PyTuple};

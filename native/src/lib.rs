@@ -20,8 +20,11 @@
 //!
 //! Every attribute name and kind comes from the caller (gymtrace's constants module).
 
+// Maps keyed by short attribute names and IDs, looked up several times a span: FxHash, not the
+// standard SipHash (whose resistance to chosen collisions a reader of local trace files does
+// not need), reads the 10,000-rollout run in 0.88x the time (`farm-bench -n 8`).
+use rustc_hash::{FxHashMap as HashMap, FxHashSet as HashSet};
 use std::borrow::Cow;
-use std::collections::{HashMap, HashSet};
 use std::fmt;
 use std::fs::File;
 use std::io::{BufRead, BufReader, Read, Seek, SeekFrom};
@@ -769,8 +772,8 @@ impl Reducer {
                 part_by_operation,
             },
             staged: Vec::new(),
-            times: HashMap::new(),
-            ends: HashMap::new(),
+            times: HashMap::default(),
+            ends: HashMap::default(),
             tokens: Vec::new(),
         })
     }
