@@ -399,7 +399,7 @@ def final_outcomes(
                     trace_spans = traces[found.trace_id]
                     evidence[found.trace_id] = (
                         interrupted(trace_spans),
-                        [s for s in trace_spans if s.attributes.get(c.KIND) == c.KIND_LIVE],  # is_marker's
+                        [s for s in trace_spans if is_marker(s)],
                     )
                 cut, markers = evidence[found.trace_id]
                 lost = lost_attempts(cut, markers, found.rollout_id, found.root) if cut or markers else ()
@@ -418,7 +418,7 @@ def final_outcomes(
 def lost_rollouts(spans: list[SpanData], *, run_id: str | None = None) -> list[RolloutOutcome]:
     """The rollouts ``spans`` know only from live markers whose process is gone (``gymtrace live``
     says ``lost``: killed, so they never ended and recorded no outcome), as outcomes ``lost``."""
-    marked = {s.trace_id for s in spans if s.attributes.get(c.KIND) == c.KIND_LIVE}  # is_marker's
+    marked = {s.trace_id for s in spans if is_marker(s)}
     if not marked:
         return []
     lost = []

@@ -456,9 +456,9 @@ def _plainly_clean(spans: list[SpanData]) -> bool:
                 relations = {link.attributes.get(c.LINK_RELATION) for link in span.links}
                 if (c.RELATION_RESTORE if restored else c.RELATION_RETRY) not in relations:
                     return False
-        up = parent if parent is not None and parent.attributes.get(KIND) is not None else None
-        if up is None and parent is not None:
-            up = _gym_at(span.parent_id, by_id, gym_at)
+        up = None
+        if parent is not None:
+            up = parent if parent.attributes.get(KIND) is not None else _gym_at(span.parent_id, by_id, gym_at)
         if up is not None:
             parent_kind = up.attributes[KIND]
             if type(parent_kind) is not str or parent_kind in _ALWAYS_JUDGED:
@@ -478,7 +478,7 @@ def _plainly_clean(spans: list[SpanData]) -> bool:
                 return False
             # The rule parts a group (the continuations another process recorded, each numbering
             # from its reserved step) and asks each part to increase: so it does if the whole does.
-            group = (kind, owner.span_id, span.service_instance or span.service)
+            group = (kind, owner.span_id, _process(span))
             numbered.setdefault(group, []).append((span.start_ns, span.span_id, number))
     for group_numbers in numbered.values():
         group_numbers.sort()

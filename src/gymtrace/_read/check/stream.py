@@ -31,6 +31,7 @@ from gymtrace._model.spandata import (
     TraceFileError,
     decode_held,
     decode_lean,
+    is_marker,
     iter_file_spans,
     normalize,
 )
@@ -207,11 +208,10 @@ def _fresh(spans: list[SpanData], seen: set[int]) -> tuple[list[SpanData], int]:
     """The spans not seen before (their keys added to ``seen``), and how many were copies."""
     fresh: list[SpanData] = []
     duplicated = 0
-    live = c.KIND_LIVE
-    for span in spans:  # normalize()'s, inline: ~10^6 spans
-        if span.attributes.get(c.KIND) == live:
+    for span in spans:
+        if is_marker(span):  # as normalize() folds them away, without a copy of the list
             continue
-        key = hash((span.trace_id, span.span_id))  # _key's
+        key = _key(span)
         if key in seen:
             duplicated += 1
             continue
@@ -323,19 +323,12 @@ class _Stream:
 
     def read(self, spans: Iterable[SpanData]) -> None:
         held, early, open_traces, rooted = self.held, self.early, self.open, self._rooted
-        kind_key, rollout_key, never_outside = c.KIND, c.ROLLOUT_ID, _NEVER_OUTSIDE
         # The counts in local names while the loop runs (~10^6 spans), written back when it stops.
         count, outside, holding = self.count, self.outside, self.holding
         try:
             for span in spans:
                 count += 1
-                attributes = span.attributes
-                # _outside's, inline.
-                if (
-                    attributes.get(kind_key) not in never_outside
-                    and attributes.get(rollout_key).__class__ is not str
-                ):
-                    outside += 1
+                outside += _outside(span)
                 holding += 1
                 trace_id = span.trace_id
                 trace = open_traces.get(trace_id)
