@@ -8,7 +8,9 @@ Heartbeats are short here (0.2-0.5 s) so the tests run in seconds; every wait is
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
+import itertools
 import json
 import signal
 import subprocess
@@ -183,41 +185,97 @@ def test_heartbeat_zero_writes_no_marker() -> None:
     assert captured.markers == []
 
 
-def test_a_busy_rollout_beats_every_other_interval_an_idle_one_every_interval(heartbeat: float) -> None:
-    def beats(captured: CapturedSpans, rollout_id: str) -> int:
-        return sum(
-            1
-            for m in captured.markers
-            if m.attributes[c.ROLLOUT_ID] == rollout_id
-            and m.attributes[c.LIVE_EVENT] == c.LIVE_EVENT_HEARTBEAT
-        )
+def test_a_busy_rollout_beats_every_other_interval_an_idle_one_every_interval(
+    heartbeat: float, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Each mark waits until both busy rollouts have done their work since the mark before, so what
+    # a mark sees does not depend on how the threads get the CPU (a loaded CI run caught the busy
+    # one between two steps at most marks, and it beat at each). One busy rollout holds a step open
+    # across each mark, a new one each time; the other runs two whole steps between marks and is in
+    # none at the mark: only the step number says it was busy.
+    lock = threading.Condition()
+    marks: list[tuple[int, int]] = []  # (first, last) wall-clock ns of each mark the busy ones waited for
+    acted: dict[str, int] = {}  # busy rollout -> the number of marks made when it last acted
+    stopped = False
+    real_mark = live._mark
 
+    def waited_for(state: Any, beat: bool, interval: float) -> None:
+        with lock:
+            lock.wait_for(lambda: stopped or all(n == len(marks) for n in acted.values()), timeout=30)
+            if stopped:
+                return
+            first = time.time_ns()
+            real_mark(state, beat, interval)
+            marks.append((first, time.time_ns()))
+            lock.notify_all()
+
+    def busy(rollout_id: str, hold_open: bool) -> None:
+        with gymtrace.rollout(rollout_id=rollout_id), gymtrace.episode(), contextlib.ExitStack() as held:
+            with lock:
+                acted[rollout_id] = len(marks)
+            while True:
+                with lock:
+                    lock.wait_for(lambda: stopped or len(marks) > acted[rollout_id])
+                    if stopped:
+                        return
+                if hold_open:
+                    held.close()
+                    held.enter_context(gymtrace.step())
+                else:
+                    for _ in range(2):
+                        with gymtrace.step():
+                            pass
+                with lock:
+                    acted[rollout_id] = len(marks)
+                    lock.notify_all()
+
+    def idle(enough: threading.Event) -> None:
+        with gymtrace.rollout(rollout_id="idle"), gymtrace.episode():
+            enough.wait(120)
+
+    monkeypatch.setattr(live, "_mark", waited_for)
     enough = threading.Event()
-
-    def work(rollout_id: str, busy: bool) -> None:
-        with gymtrace.rollout(rollout_id=rollout_id), gymtrace.episode():
-            while not enough.wait(0.01 if not busy else 0):
-                if busy:
-                    with gymtrace.step():
-                        time.sleep(0.01)
-
+    threads = [
+        threading.Thread(target=busy, args=("busy-in-a-step", True)),
+        threading.Thread(target=busy, args=("busy-between-steps", False)),
+        threading.Thread(target=idle, args=(enough,)),
+    ]
     with capture_spans() as captured:
-        # Side by side, so both see the same beats of the one thread; until the idle one has beaten
-        # four times, however long the beats take to come on a loaded machine (a CI run fit three
-        # into a fixed 2.4 s).
-        other = threading.Thread(target=work, args=("busy", True))
-        other.start()
+        for thread in threads:
+            thread.start()
         try:
-            idle_thread = threading.Thread(target=work, args=("idle", False))
-            idle_thread.start()
-            assert _wait_for(lambda: beats(captured, "idle") >= 4, timeout=60)
+
+            def idle_beats() -> int:
+                with lock:  # each marker written so far then belongs to a mark in the list
+                    return len(_beats_per_mark(captured, marks).get("idle", []))
+
+            assert _wait_for(lambda: idle_beats() >= 6, timeout=60)
         finally:
+            with lock:
+                stopped = True
+                lock.notify_all()
             enough.set()
-            other.join()
-            idle_thread.join()
-    idle, busy = beats(captured, "idle"), beats(captured, "busy")
-    assert idle >= 4
-    assert 1 <= busy <= (idle + 1) // 2 + 1
+            for thread in threads:
+                thread.join()
+    beaten = _beats_per_mark(captured, marks)
+    idle_marks = beaten["idle"]
+    assert idle_marks == list(range(idle_marks[0], idle_marks[0] + len(idle_marks)))  # at every mark
+    for rollout_id in ("busy-in-a-step", "busy-between-steps"):
+        # Skipped once after each beat, and never twice in a row.
+        busy_marks = [n for n in beaten[rollout_id] if n <= idle_marks[-1]]
+        assert len(busy_marks) >= 2, (rollout_id, beaten)
+        assert all(b - a == 2 for a, b in itertools.pairwise(busy_marks)), (rollout_id, beaten)
+
+
+def _beats_per_mark(captured: CapturedSpans, marks: list[tuple[int, int]]) -> dict[str, list[int]]:
+    """For each rollout, the numbers of the marks at which it beat (by the heartbeat's start time)."""
+    beaten: dict[str, list[int]] = {}
+    for marker in captured.markers:
+        if marker.attributes[c.LIVE_EVENT] != c.LIVE_EVENT_HEARTBEAT:
+            continue
+        at = next(n for n, (first, last) in enumerate(marks) if first <= marker.start_time <= last)
+        beaten.setdefault(marker.attributes[c.ROLLOUT_ID], []).append(at)
+    return {rollout_id: sorted(numbers) for rollout_id, numbers in beaten.items()}
 
 
 def _overdue_beats(captured: CapturedSpans) -> bool:

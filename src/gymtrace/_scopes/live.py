@@ -58,7 +58,7 @@ _metrics.open_rollouts = open_rollouts
 class _Watched:
     """One open rollout of this process, as the heartbeat thread last saw it."""
 
-    __slots__ = ("episode", "frame", "marked", "open", "skipped", "started_ns")
+    __slots__ = ("episode", "frame", "marked", "open", "skipped", "started_ns", "step")
 
     def __init__(self, frame: ActiveScope, started_ns: int) -> None:
         self.frame = frame
@@ -66,6 +66,7 @@ class _Watched:
         self.marked = False
         self.episode: ActiveScope | None = None  # the last episode a marker was written for
         self.open: frozenset[int] = frozenset()  # span IDs of its activations open at the last mark
+        self.step = 0  # the number of the last step started, at the last mark
         self.skipped = False
 
 
@@ -260,7 +261,9 @@ def _mark(state: _State, beat: bool, interval: float) -> None:
         elif episode is not None and episode is not watched.episode and not episode.ended:
             _emit(tracer, state, watched, c.LIVE_EVENT_EPISODE, episode.span, step, interval)
         elif beat:
-            ended_since = bool(watched.open - now_open)
+            # A span open at the last mark and closed now; or a step started and ended in between,
+            # which no open set shows (the rollout was between steps at the mark, in a step now).
+            ended_since = bool(watched.open - now_open) or step > watched.step + 1
             if ended_since and not watched.skipped:
                 watched.skipped = True  # the span that ended said it; every other beat all the same
             else:
@@ -268,6 +271,7 @@ def _mark(state: _State, beat: bool, interval: float) -> None:
         if episode is not None:
             watched.episode = episode
         watched.open = now_open
+        watched.step = step
 
 
 def _beat(
