@@ -343,7 +343,7 @@ def test_an_async_attempt_over_its_timeout_is_cancelled_and_retried_as_attempt_1
     started: list[int] = []
     began = time.monotonic()
     asyncio.run(_scored_after_a_timeout(started))
-    assert time.monotonic() - began < 10
+    assert time.monotonic() - began < 25  # attempt 0 was cancelled, not slept out (30 s)
     first, second = sorted(captured.by_kind(c.KIND_EPISODE), key=lambda s: s.attributes[c.EPISODE_ATTEMPT])
     assert started == [0, 1]
     assert first.attributes[c.EPISODE_OUTCOME] == c.OUTCOME_FAILED
