@@ -522,3 +522,28 @@ def test_a_killed_then_resumed_rollout_counts_its_lost_attempt_in_rollouts_and_s
     assert len(marked) == 1 and "rollout=4-0" in marked[0], (
         tree
     )  # 4-1's evidence is a marker, which tree folds away
+
+
+def test_a_killed_attempt_is_found_though_its_missing_parents_id_is_a_span_of_another_trace(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # The killed process's spans hang from a span that never arrived; a span of another trace that
+    # happens to have that span ID must not make them read as whole.
+    from gymtrace._cli import main
+
+    killed = _at(_killed_agent("4-0", "a1"), 1_000)
+    missing = killed[0].parent_id
+    resumed = _at(_resumed("4-0", "a1"), 50_000)
+    other_root, other_episode = _at(_resumed("6-0", "b1"), 60_000)
+    other_root = dataclasses.replace(other_root, span_id=missing)
+    other_episode = dataclasses.replace(other_episode, parent_id=missing)
+    path = tmp_path / "traces.jsonl"
+    spans = [*killed, *resumed, other_root, other_episode]
+    path.write_text(json.dumps(encode_spandata_json(spans)) + "\n")
+
+    assert main(["rollouts", str(path), "--json"]) == 0
+    rows = {r["rollout_id"]: r for r in map(json.loads, capsys.readouterr().out.splitlines())}
+    assert {k: (r["outcome"], r["lost_attempts"]) for k, r in rows.items()} == {
+        "4-0": ("scored", [0]),
+        "6-0": ("scored", []),
+    }

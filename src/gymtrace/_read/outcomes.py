@@ -382,27 +382,15 @@ def final_outcomes(
         data = dedupe(raw)  # without the live markers, which only lost_rollouts reads
     ancestors = _run_span_ids(data)
     outcomes = []
-    traces: dict[str, list[SpanData]] | None = None
-    # Per trace: its interrupted spans and its live markers (a trace of a run holds many rollouts).
-    evidence: dict[str, tuple[list[SpanData], list[SpanData]]] = {}
+    evidence = _lost_evidence(raw)
     for group in group_rollouts(data):
         if run_id is not None and group.run_id != run_id:
             continue
         found = outcome_of(group, ancestors)
         if found is not None:
-            if found.root is not None:
-                if traces is None:
-                    traces = defaultdict(list)
-                    for span in raw:
-                        traces[span.trace_id].append(span)
-                if found.trace_id not in evidence:
-                    trace_spans = traces[found.trace_id]
-                    evidence[found.trace_id] = (
-                        interrupted(trace_spans),
-                        [s for s in trace_spans if is_marker(s)],
-                    )
+            if found.root is not None and found.trace_id in evidence:
                 cut, markers = evidence[found.trace_id]
-                lost = lost_attempts(cut, markers, found.rollout_id, found.root) if cut or markers else ()
+                lost = lost_attempts(cut, markers, found.rollout_id, found.root)
                 if lost:
                     found = replace(found, lost_attempts=lost)
             outcomes.append(found)
@@ -413,6 +401,30 @@ def final_outcomes(
         return (first.start_ns if first is not None else 0, o.task_id or "", o.repeat or 0, o.rollout_id)
 
     return sorted(outcomes, key=started)
+
+
+def _lost_evidence(raw: list[SpanData]) -> dict[str, tuple[list[SpanData], list[SpanData]]]:
+    """For each trace with spans cut off from its root or with live markers, those spans and those
+    markers (what :func:`lost_attempts` reads). Most traces have neither, and are found so in one
+    pass over every span rather than a map per trace."""
+    # A span ID in two traces keeps one of them here: its children in the other are looked at
+    # again below (interrupted() decides), never taken for whole.
+    trace_of = {s.span_id: s.trace_id for s in raw}
+    wanted = {
+        s.trace_id
+        for s in raw
+        if (s.parent_id is not None and trace_of.get(s.parent_id) != s.trace_id) or is_marker(s)
+    }
+    if not wanted:
+        return {}
+    traces: dict[str, list[SpanData]] = defaultdict(list)
+    for span in raw:
+        if span.trace_id in wanted:
+            traces[span.trace_id].append(span)
+    return {
+        trace_id: (interrupted(spans), [s for s in spans if is_marker(s)])
+        for trace_id, spans in traces.items()
+    }
 
 
 def lost_rollouts(spans: list[SpanData], *, run_id: str | None = None) -> list[RolloutOutcome]:
