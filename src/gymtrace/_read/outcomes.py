@@ -394,7 +394,10 @@ def final_outcomes(
                 if lost:
                     found = replace(found, lost_attempts=lost)
             outcomes.append(found)
-    outcomes.extend(lost_rollouts(raw, run_id=run_id))
+    # Only a trace with live markers can hold a rollout known from them alone.
+    marked = {trace_id for trace_id, (_, markers) in evidence.items() if markers}
+    if marked:
+        outcomes.extend(lost_rollouts([s for s in raw if s.trace_id in marked], run_id=run_id))
 
     def started(o: RolloutOutcome) -> tuple[int, str, int, str]:
         first = o.root if o.root is not None else o.decided_by
