@@ -10,6 +10,7 @@ import json
 import math
 import multiprocessing
 import os
+import pickle
 import signal
 import subprocess
 import sys
@@ -694,6 +695,22 @@ def test_check_by_two_processes_with_the_rollout_rules_forked_finds_what_the_who
             whole.notes,
         )
     assert forked == ([True, True] if fork_context() is not None else [False, False])
+
+
+def test_the_second_process_checks_each_trace_whose_root_it_read_and_hands_back_its_findings(
+    run_file: Path,
+) -> None:
+    # What it hands back is pickled and waited for: a trace read to its root is checked there,
+    # beside the first half's read, and only a trace still open at its end comes back as spans.
+    whole, _, error = stream._read_second([(run_file, None)], HELD_SPANS)
+    assert error is None and whole.open == {} and whole.holding == 0
+    assert whole.by_trace is not None
+    traces = {span.trace_id for span in read_summary_spans([run_file]).spans}
+    assert {trace.trace_id for trace in whole.by_trace.traces} == traces
+    # The keys of the spans checked travel packed, and come back as they were.
+    back = pickle.loads(pickle.dumps(whole.by_trace))
+    assert back.seen == whole.by_trace.seen and len(back.seen) == whole.count
+    assert [t.trace_id for t in back.traces] == [t.trace_id for t in whole.by_trace.traces]
 
 
 def test_check_halves_join_only_when_no_span_was_read_by_both() -> None:
