@@ -615,9 +615,10 @@ def test_check_merges_a_directory_of_per_process_files_by_time(tmp_path: Path) -
     assert (by_trace.spans, by_trace.rollouts) == (whole.spans, whole.rollouts)
 
 
-def _cut_through_a_trace(captured: CapturedSpans) -> list[SpanData]:
+def _cut_through_a_trace(captured: CapturedSpans, *, straggler: bool = False) -> list[SpanData]:
     """The run's spans (with their findings), a long rollout's trace written across the middle of
-    the file, where the checker's two processes split it."""
+    the file, where the checker's two processes split it (``straggler``: the rest of it written
+    last)."""
     with gymtrace.rollout(rollout_id="long", task_id="t-long"):
         with gymtrace.episode():
             for _ in range(20):
@@ -631,6 +632,13 @@ def _cut_through_a_trace(captured: CapturedSpans) -> list[SpanData]:
     long = [s for s in spans if s.trace_id == long_trace]
     # A finding in its first half, which only the first process reads.
     long[0] = replace(long[0], attributes={**long[0].attributes, c.ROLLOUT_ID: "short"})
+    if straggler:
+        # It began with the run and ended last, its first spans before the cut: the second process
+        # reads its root only at the end, long after it read any of its spans.
+        root = next(n for n, s in enumerate(long) if s.parent_id is None)
+        long[root] = replace(long[root], start_ns=min(s.start_ns for s in spans))
+        half = len(long) // 2
+        return rest[:middle] + long[:half] + rest[middle:] + long[half:]
     return rest[:middle] + long + rest[middle:]
 
 
@@ -662,6 +670,38 @@ def test_check_by_two_processes_finds_what_one_finds(
         # span in both, as in a file appended to itself); the whole if a trace was too long for
         # half the spans held.
         assert len(read) == (reads if file == path else max(reads, 2))
+
+
+@pytest.mark.parametrize(
+    ("margin", "reads"), [(stream.CUT_MARGIN_NS, 1), (-(10**30), 2)], ids=["kept", "not kept"]
+)
+def test_a_trace_cut_that_the_second_process_reads_to_its_root_last_is_joined_as_begun_before_its_half(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, margin: int, reads: int
+) -> None:
+    # A straggler: a rollout begun before the cut whose first spans the second process does not read
+    # early, and whose root it reads after its last check over the limit (here: none). Kept because
+    # it began before the second half did, it is joined with its spans from the first half, as when
+    # such a trace was handed back open; not kept, the second half is read again here. The verdict
+    # is the same either way.
+    with capture_spans() as captured:
+        training_run(rollouts=40)
+        spans = _cut_through_a_trace(captured, straggler=True)
+    path = _write_spans(tmp_path / "run.jsonl", spans, per_line=1)
+    monkeypatch.setattr(stream, "EARLY_SPANS", 0)
+    monkeypatch.setattr(stream, "CUT_MARGIN_NS", margin)
+    read: list[object] = []
+    spans_of = stream._spans
+    monkeypatch.setattr(stream, "_spans", lambda *args: read.append(args) or spans_of(*args))
+    one = check_files([path], held=10_000, limit=None, parallel_from=1 << 60)
+    read.clear()
+    two = check_files([path], held=10_000, limit=None, parallel_from=0)
+    found = " ".join(one.problems)
+    assert "has 'someone-else'" in found and "has 'short'" in found
+    # One process held it all and judged it at once; two judged it trace by trace, in another order.
+    assert sorted(two.problems) == sorted(one.problems) and replace(two, problems=[]) == replace(
+        one, problems=[]
+    )
+    assert len(read) == reads
 
 
 def test_check_by_two_processes_with_the_rollout_rules_forked_finds_what_the_whole_input_check_finds(

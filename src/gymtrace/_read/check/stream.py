@@ -18,6 +18,7 @@ decides the outcomes and the training (at 100,000 rollouts, ~3 s each that ran o
 from __future__ import annotations
 
 import heapq
+import itertools
 from array import array
 from collections.abc import Iterable, Iterator, Mapping
 from concurrent.futures import ProcessPoolExecutor
@@ -78,6 +79,13 @@ HELD_SPANS = 100_000
 # The second process keeps the traces first read among its first this many spans until the halves
 # are joined: the traces the cut runs through are among them unless one of them paused that long.
 EARLY_SPANS = 20_000
+# Of the traces it reads to their roots after its last check over the limit, it keeps too those
+# whose root started before its first span ended: one writer's file is written in the order its
+# spans end, so a trace with a span before the cut started before then. Give or take this: a thread
+# that took a span's end time may queue it after another thread's later one (a switch of the
+# interpreter lock is 5 ms). A trace cut and missed costs the second half's read again, never a
+# wrong verdict.
+CUT_MARGIN_NS = 100_000_000
 
 # The attributes a rule reads of a span the rollout-level rules do not read (a step, a model call,
 # a tool call...): its kind and identity, what nesting, numbering and the notes judge. Any other
@@ -331,7 +339,8 @@ class _Stream:
         self.by_trace: _ByTrace | None = None if whole else _ByTrace()
         self.open: dict[str, list[SpanData]] = {}
         self.count = self.outside = self.holding = 0
-        self._rooted: dict[str, None] = {}
+        # The traces whose root is read, each with when its first root read started.
+        self._rooted: dict[str, int] = {}
         self._early: set[str] = set()
 
     def read(self, spans: Iterable[SpanData]) -> None:
@@ -350,8 +359,8 @@ class _Stream:
                     if count <= early:
                         self._early.add(trace_id)
                 trace.append(span)
-                if span.parent_id is None:
-                    rooted[trace_id] = None
+                if span.parent_id is None and trace_id not in rooted:
+                    rooted[trace_id] = span.start_ns
                 if self.in_order is not None:
                     self.in_order.append(span)
                 if holding <= held:
@@ -365,13 +374,14 @@ class _Stream:
         finally:
             self.count, self.outside, self.holding = count, outside, holding
 
-    def check_rooted(self) -> None:
-        """Check every trace whose root is read, and let go of its spans."""
+    def check_rooted(self, started_by: int = -1) -> None:
+        """Check every trace whose root is read, and let go of its spans; those of a trace first
+        read early, or whose root started by ``started_by`` (ns), are kept."""
         by_trace = self.by_trace = self.by_trace or _ByTrace()
-        for rooted_id in self._rooted:
+        for rooted_id, started in self._rooted.items():
             trace = self.open.pop(rooted_id)
             self.holding -= len(trace)
-            by_trace.check(rooted_id, trace, keep=rooted_id in self._early)
+            by_trace.check(rooted_id, trace, keep=started <= started_by or rooted_id in self._early)
         self._rooted.clear()
 
     def verdict(self, limit: int | None, *, fork: bool = False) -> Verdict:
@@ -452,9 +462,13 @@ def _read_second(parts: list[tuple[Path, Part]], held: int) -> tuple[_Stream, li
     warnings: list[str] = []
     try:
         with gc_paused():
-            stream.read(_spans(parts, warnings.append))
-            # Checked here, beside the first half's read, rather than sent back to be checked there.
-            stream.check_rooted()
+            spans = _spans(parts, warnings.append)
+            first = next(spans, None)
+            stream.read(itertools.chain(() if first is None else (first,), spans))
+            # What is left is checked here, beside the first half's read, rather than sent back to
+            # be checked there; kept, as if left open, a trace that began before this half's first
+            # span ended (:data:`CUT_MARGIN_NS`): it may have spans before the cut.
+            stream.check_rooted(started_by=-1 if first is None else first.end_ns + CUT_MARGIN_NS)
     except (TraceFileError, OSError) as exc:
         return stream, warnings, exc
     return stream, warnings, None
