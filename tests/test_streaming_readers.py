@@ -480,6 +480,71 @@ def test_leaving_the_block_without_the_result_ends_the_process_set_aside() -> No
     assert process.exitcode == -signal.SIGTERM and process not in multiprocessing.active_children()
 
 
+class _Freed:
+    """Writes to ``path`` when it is freed."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+
+    def __del__(self) -> None:
+        self.path.write_text("freed")
+
+
+@needs_two_cores
+def test_work_apart_answers_from_a_process_that_leaves_without_freeing_what_it_made(tmp_path: Path) -> None:
+    here = os.getpid()
+    given: list[str] = []
+    freed = tmp_path / "freed"
+
+    def work(warn: Any) -> tuple[int, object]:
+        warn("first")
+        warn("second")
+        return os.getpid(), _Freed(freed)
+
+    assert source.apart(work, fork_context(), given.append) not in (None, here)
+    assert given == ["first", "second"]  # given here, in order
+    assert not freed.exists()  # its process left with it
+    assert not multiprocessing.active_children()  # and is gone
+
+
+@needs_two_cores
+def test_work_apart_that_fails_with_a_bad_file_raises_it_here_after_its_warnings() -> None:
+    given: list[str] = []
+
+    def work(warn: Any) -> tuple[int, object]:
+        warn("a foreign file")
+        raise TraceFileError("run.jsonl:3: not a trace gymtrace can read")
+
+    with pytest.raises(TraceFileError, match=r"run\.jsonl:3"):
+        source.apart(work, fork_context(), given.append)
+    assert given == ["a foreign file"]
+
+
+@needs_two_cores
+def test_work_apart_whose_process_fails_otherwise_is_done_here_and_raises_here() -> None:
+    here = os.getpid()
+    done: list[int] = []
+
+    def dies_there(warn: Any) -> tuple[str, object]:
+        done.append(os.getpid())
+        if os.getpid() != here:
+            os._exit(3)  # killed, as by the OOM killer: no answer
+        warn("once")
+        return "done here", None
+
+    given: list[str] = []
+    assert source.apart(dies_there, fork_context(), given.append) == "done here"
+    assert done == [here] and given == ["once"]  # the forked process's list is its own
+
+    def raises(warn: Any) -> tuple[None, object]:
+        raise ValueError("a rule that fails on this input")
+
+    with pytest.raises(ValueError, match="a rule that fails") as raised:
+        source.apart(raises, fork_context(), None)
+    # Raised here, by the work done here: its traceback is this process's.
+    assert raised.traceback[-1].name == "raises"
+
+
 def test_spans_the_second_process_hands_back_are_the_spans_it_read(run_file: Path) -> None:
     read = read_summary_spans([run_file]).spans
     odd = SpanData(
@@ -615,6 +680,12 @@ def test_check_merges_a_directory_of_per_process_files_by_time(tmp_path: Path) -
     assert (by_trace.spans, by_trace.rollouts) == (whole.spans, whole.rollouts)
 
 
+def _here(work: Any, context: Any, warn: Any) -> Any:
+    """``source.apart`` done in this process: what a test watches of this process's work (what it
+    reads, what it forks) happens here."""
+    return work(warn or source.ignore_warning)[0]
+
+
 def _cut_through_a_trace(captured: CapturedSpans, *, straggler: bool = False) -> list[SpanData]:
     """The run's spans (with their findings), a long rollout's trace written across the middle of
     the file, where the checker's two processes split it (``straggler``: the rest of it written
@@ -657,6 +728,7 @@ def test_check_by_two_processes_finds_what_one_finds(
     doubled = tmp_path / "doubled.jsonl"
     doubled.write_text(path.read_text() * 2)
     monkeypatch.setattr(stream, "EARLY_SPANS", early)
+    monkeypatch.setattr(stream, "apart", _here)
     read: list[object] = []
     spans_of = stream._spans
     monkeypatch.setattr(stream, "_spans", lambda *args: read.append(args) or spans_of(*args))
@@ -689,6 +761,7 @@ def test_a_trace_cut_that_the_second_process_reads_to_its_root_last_is_joined_as
     path = _write_spans(tmp_path / "run.jsonl", spans, per_line=1)
     monkeypatch.setattr(stream, "EARLY_SPANS", 0)
     monkeypatch.setattr(stream, "CUT_MARGIN_NS", margin)
+    monkeypatch.setattr(stream, "apart", _here)
     read: list[object] = []
     spans_of = stream._spans
     monkeypatch.setattr(stream, "_spans", lambda *args: read.append(args) or spans_of(*args))
@@ -719,6 +792,7 @@ def test_check_by_two_processes_with_the_rollout_rules_forked_finds_what_the_who
     doubled = tmp_path / "doubled.jsonl"
     doubled.write_text(path.read_text() * 2)
     forked: list[bool] = []
+    monkeypatch.setattr(stream, "apart", _here)
     aside = stream.aside
     monkeypatch.setattr(stream, "aside", lambda work, fork: forked.append(fork) or aside(work, fork))
     for file in (path, doubled):
@@ -787,6 +861,7 @@ def test_check_of_a_rotated_run_is_split_between_two_processes_and_finds_what_on
     configured = _segments(path, tmp_path / "segments", 3, compressed)
     monkeypatch.setattr(stream, "EARLY_SPANS", 1000)
     read: list[list[tuple[Path, object]]] = []
+    monkeypatch.setattr(stream, "apart", _here)
     spans_of = stream._spans
     monkeypatch.setattr(stream, "_spans", lambda parts, warn: read.append(parts) or spans_of(parts, warn))
     one = check_files([path], held=120, limit=None)

@@ -18,9 +18,10 @@ import gc
 import multiprocessing
 import operator
 import os
+import sys
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from concurrent.futures import ProcessPoolExecutor
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
@@ -553,6 +554,79 @@ def _work_aside(work: Callable[[], Any], send: Any) -> None:
     except Exception:  # noqa: BLE001 - not picklable: nothing was written (send pickles first)
         send.send((False, None))
     send.close()
+
+
+def apart(work: Callable[[Warn], tuple[_T, object]], context: Any, warn: Warn | None) -> _T:
+    """What ``work`` answers (the first of the two it returns), worked out by a process forked from
+    ``context``, which then leaves without freeing what the answer was made from (the second): the
+    system takes back a process's memory at once, where freeing 10^6 objects one by one takes ~0.45 s
+    at the end of a check of 100,000 rollouts. ``work`` gives its warnings to the function it is
+    passed; they are given to ``warn`` here, before the answer is returned or its error raised (a
+    :class:`TraceFileError` or an ``OSError`` comes back). When the process cannot hand back an
+    answer (another error, or it was killed), the work is done here, so any error is raised where it
+    would have been."""
+    receive, send = context.Pipe(duplex=False)
+    # Not a daemon: the work forks processes of its own.
+    process = context.Process(target=_work_apart, args=(work, send))
+    try:
+        process.start()
+    except OSError:  # no process to be had (a limit): here, then
+        receive.close()
+        send.close()
+        return work(warn or ignore_warning)[0]
+    send.close()
+    done: bool = False
+    answer: Any = None
+    warnings: list[str] = []
+    try:
+        with suppress(EOFError, OSError):  # gone without an answer
+            done, answer, warnings = receive.recv()
+    finally:
+        receive.close()
+        if process.is_alive() and not done:  # interrupted: it goes too
+            process.terminate()
+        process.join()
+    if not done and answer is None:
+        return work(warn or ignore_warning)[0]
+    give(warnings, warn)
+    if not done:
+        raise answer
+    return answer  # type: ignore[no-any-return]
+
+
+def give(warnings: Iterable[str], warn: Warn | None) -> None:
+    """Each of ``warnings`` to ``warn``, if given."""
+    if warn is not None:
+        for message in warnings:
+            warn(message)
+
+
+def ignore_warning(message: str) -> None:
+    """A warning nobody is told of."""
+
+
+def _work_apart(work: Callable[[Warn], tuple[Any, object]], send: Any) -> None:
+    """In the forked process: (True, the answer, the warnings) sent back, or (False, the error, the
+    warnings) for a :class:`TraceFileError` or ``OSError``, or (False, None, []) for any other error
+    or an answer that cannot be pickled (the process that forked does the work again, and raises);
+    then the process leaves at once, without freeing what ``work`` held."""
+    warnings: list[str] = []
+    try:
+        # What the answer was made from stays referenced until the process leaves, freeing nothing.
+        answer, _held = work(warnings.append)
+        message: tuple[bool, Any, list[str]] = (True, answer, warnings)
+    except (TraceFileError, OSError) as exc:
+        message = (False, exc, warnings)
+    except BaseException:  # noqa: BLE001 - the process that forked does it again, and raises it
+        message = (False, None, [])
+    try:
+        send.send(message)
+    except Exception:  # noqa: BLE001 - not picklable: nothing was written (send pickles first)
+        send.send((False, None, []))
+    send.close()
+    for stream in (sys.stdout, sys.stderr):
+        stream.flush()
+    os._exit(0)
 
 
 # From this many spans kept by a summary reader on (~25,000 rollouts, where working out the time

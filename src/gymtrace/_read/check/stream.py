@@ -65,8 +65,11 @@ from gymtrace._read.outcomes import SOURCE_LIVE, RolloutOutcome, dedupe, final_o
 from gymtrace._read.source import (
     PARALLEL_BYTES,
     SECOND_SHARE,
+    apart,
     aside,
     gc_paused,
+    give,
+    ignore_warning,
     split_for_two,
     summary_reducer,
     summary_span,
@@ -418,7 +421,8 @@ def check_files(
         if two is not None:
             context, split = two
             try:
-                return _check_halves(split, context, warn, held, limit)
+                # Checked by a process of its own, which leaves without freeing what it read.
+                return apart(lambda give: _check_halves(split, context, give, held, limit), context, warn)
             except SpreadTooThin:
                 pass  # a trace that fits in ``held`` spans but not in half of them: one process
         stream = _Stream(held)
@@ -480,10 +484,11 @@ def _check_halves(
     warn: Warn | None,
     held: int,
     limit: int | None,
-) -> Verdict:
+) -> tuple[Verdict, _Stream]:
     """Two processes, each holding at most half of ``held`` spans (what the second holds when it
     ends comes to this one); warnings are given once the halves are read (a trace spread too thin
-    for half of ``held`` is read again by one process, which gives them)."""
+    for half of ``held`` is read again by one process, which gives them). The verdict, and what it
+    was made from."""
     first, second = split
     held = max(1, held // 2)
     stream = _Stream(held, whole=False)
@@ -497,30 +502,20 @@ def _check_halves(
             raise
         except BaseException:
             later.cancel()
-            _give(mine, warn)
+            give(mine, warn)
             raise
         other, warnings, error = later.result()
     if isinstance(error, SpreadTooThin):
         raise error
-    _give(mine + warnings, warn)
+    give(mine + warnings, warn)
     if error is not None:
         raise error
     if not _join(stream, other):
         # The halves do not join exactly: read the second again, here, after the first (its
         # warnings were given).
-        stream.read(_spans(second, _ignore))
+        stream.read(_spans(second, ignore_warning))
     # An input this big has rollout-level rules worth a second core too.
-    return stream.verdict(limit, fork=True)
-
-
-def _give(warnings: list[str], warn: Warn | None) -> None:
-    for message in warnings:
-        if warn is not None:
-            warn(message)
-
-
-def _ignore(message: str) -> None:
-    pass
+    return stream.verdict(limit, fork=True), stream
 
 
 def _join(stream: _Stream, other: _Stream) -> bool:
