@@ -718,9 +718,7 @@ def read_summary_spans(
     ``parallel_from`` bytes on (default :data:`PARALLEL_BYTES`), read by two processes."""
     files = trace_files_of(paths, warn)
     found = _read_all(files, PARALLEL_BYTES if parallel_from is None else parallel_from)
-    for message in found.warnings:
-        if warn is not None:
-            warn(message)
+    give(found.warnings, warn)
     if found.error is not None:
         raise found.error
     spans, tokens, times = found.spans, found.tokens, found.times
