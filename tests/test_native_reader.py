@@ -276,6 +276,43 @@ def test_check_reads_each_line_of_a_training_run_in_rust_consumed_records_too(tm
     assert set(step.attributes) <= CHECK_KEYS and not step.links  # lean: what a rule reads
 
 
+def _escaped(line: str) -> str:
+    """``line`` with member names, attribute keys and text values written with JSON escapes (as
+    another writer may write them): the same JSON."""
+    for text in ('"traceId"', '"stringValue"', f'"{c.ROLLOUT_ID}"', f'"{c.KIND}"', '"key"', '"rollout"'):
+        line = line.replace(text, f"{text[:2]}\\u{ord(text[2]):04x}{text[3:]}")
+    return line
+
+
+def test_text_written_with_escapes_reads_as_the_same_text_with_the_native_reader(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # The native reader borrows text from the line where it holds no escape and makes it where it
+    # does: both must read as the Python reader reads them.
+    lines = [json.dumps(r) for r in _training_run()]
+    escaped = [_escaped(line) for line in lines]
+    assert escaped != lines and [json.loads(e) for e in escaped] == [json.loads(line) for line in lines]
+    plain, written = tmp_path / "plain.jsonl", tmp_path / "escaped.jsonl"
+    plain.write_text("".join(line + "\n" for line in lines))
+    written.write_text("".join(line + "\n" for line in escaped))
+    from gymtrace._read.check.stream import CHECK_KEYS
+
+    reducer = source.summary_reducer(check=CHECK_KEYS)
+    made = [reducer.reduce(line.encode()) for line in escaped]
+    assert all(isinstance(spans, list) for spans in made)  # read in Rust, no line left to Python
+    assert made == [reducer.reduce(line.encode()) for line in lines]
+    native = check_read([written], monkeypatch, native=True)
+    assert native["error"] is None and native["spans"]
+    assert native == check_read([written], monkeypatch, native=False)
+    assert native["spans"] == check_read([plain], monkeypatch, native=True)["spans"]
+    answers = []
+    for argv in (["check"], ["stats"], ["rollouts", "--json"]):
+        for path in (plain, written):
+            code = main([*argv, str(path)])
+            answers.append((code, *capsys.readouterr()))
+    assert answers[0][0] == 0 and all(a == b for a, b in zip(answers[::2], answers[1::2], strict=True))
+
+
 @pytest.mark.parametrize(
     "tail",
     [

@@ -106,6 +106,11 @@ pub struct Builder {
     kinds: Vec<Py<PyString>>,
     statuses: Vec<Py<PyString>>,
     fields: Vec<Py<PyString>>,
+    // A span's fields as a dict of every field's key (values None), copied for each span: the copy
+    // is made at its final size, where 14 insertions into a new dict resize it twice.
+    template: Py<PyDict>,
+    // The span names made so far (a run has a few dozen), each text made once.
+    span_names: std::sync::Mutex<HashMap<String, Py<PyString>>>,
     no_events: Py<PyTuple>,
     nemo_rollout: String,
     // The trace ID made last: a line's spans are mostly of one trace, which then share one text
@@ -137,12 +142,13 @@ const FIELDS: [&str; 14] = [
 enum Read<'k> {
     Whole,
     WholeWithEvents,
-    Keys(&'k HashSet<String>),
+    Keys(&'k HashMap<String, Py<PyString>>),
 }
 
 /// What `gymtrace check` reads of a span no summary reader reads (see `Builder::span`).
 pub struct Lean {
-    pub keys: HashSet<String>,
+    // The attribute keys it reads, each with its Python text (interned once, not per span).
+    pub keys: HashMap<String, Py<PyString>>,
     pub read_kinds: HashSet<String>,
     pub kind: Py<PyString>,
     pub rollout: Py<PyString>,
@@ -227,10 +233,8 @@ fn array<'py>(py: Python<'py>, raw: &RawValue) -> Option<Bound<'py, PyAny>> {
     let mut items = Vec::with_capacity(values.len());
     for value in values {
         let found = any_value(Some(value))?;
-        let [(member, raw)] = found.0.as_slice() else {
-            return None;
-        };
-        items.push(match member.as_ref() {
+        let (member, raw) = found.single()?;
+        items.push(match member {
             "stringValue" => PyString::new(py, &text(raw).filter(|t| t.is_ascii())?).into_any(),
             "intValue" => int_value(raw)?.into_pyobject(py).ok()?.into_any(),
             _ => return None,
@@ -264,16 +268,25 @@ impl Builder {
                 .map(|n| PyString::intern(py, n).unbind())
                 .collect()
         };
+        let fields: Vec<Py<PyString>> = FIELDS
+            .iter()
+            .map(|n| PyString::intern(py, n).unbind())
+            .collect();
+        let template = PyDict::new(py);
+        for field in &fields {
+            template
+                .set_item(field.bind(py), py.None())
+                .expect("a dict of text keys");
+        }
         Builder {
             make_span,
             make_link,
             gym_types,
             kinds: intern(&kinds),
             statuses: intern(&statuses),
-            fields: FIELDS
-                .iter()
-                .map(|n| PyString::intern(py, n).unbind())
-                .collect(),
+            fields,
+            template: template.unbind(),
+            span_names: std::sync::Mutex::new(HashMap::default()),
             no_events: PyTuple::empty(py).unbind(),
             nemo_rollout: nemo_rollout.to_owned(),
             last_trace: std::sync::Mutex::new(None),
@@ -348,6 +361,23 @@ impl Builder {
         made
     }
 
+    /// The span name's text, made once per name (up to a bound: names without end would only cost
+    /// the cache).
+    fn span_name<'py>(&self, py: Python<'py>, name: &str) -> Bound<'py, PyString> {
+        let Ok(mut names) = self.span_names.lock() else {
+            return PyString::intern(py, name);
+        };
+        if let Some(made) = names.get(name) {
+            return made.bind(py).clone();
+        }
+        let made = PyString::intern(py, name);
+        if names.len() >= 4096 {
+            names.clear();
+        }
+        names.insert(name.to_owned(), made.clone().unbind());
+        made
+    }
+
     fn wanted(&self, key: &str, class: u8) -> bool {
         self.gym_types
             .get(key)
@@ -366,10 +396,7 @@ impl Builder {
             return None;
         }
         let found = any_value(Some(value))?;
-        if found.0.len() != 1 {
-            return None;
-        }
-        let (member, raw) = &found.0[0];
+        let (member, raw) = found.single()?;
         if member == "arrayValue" && !self.gym_types.contains_key(key) {
             return array(py, raw);
         }
@@ -484,18 +511,18 @@ impl Builder {
         let status = self.statuses.get(usize::try_from(status).ok()?)?;
         let attributes = PyDict::new(py);
         for item in &s.attributes {
-            if let Read::Keys(keys) = read {
-                if !keys.contains(item.key.as_ref()) {
-                    continue;
-                }
-            }
+            let key = match read {
+                Read::Keys(keys) => match keys.get(item.key.as_ref()) {
+                    Some(key) => key.bind(py).clone(),
+                    None => continue,
+                },
+                _ => PyString::intern(py, &item.key),
+            };
             if item.key == self.nemo_rollout {
                 return None; // its attempt suffix is read by the Python reader
             }
             let value = self.plain(py, &item.key, item.value?)?;
-            attributes
-                .set_item(PyString::intern(py, &item.key), value)
-                .ok()?;
+            attributes.set_item(key, value).ok()?;
         }
         let mut links = Vec::new();
         let read_links = !matches!(read, Read::Keys(_));
@@ -527,7 +554,7 @@ impl Builder {
                 links.push(made);
             }
         }
-        let fields = PyDict::new(py);
+        let fields = self.template.bind(py).copy().ok()?;
         let values: [Bound<'py, PyAny>; 14] = [
             self.trace_text(py, &trace_id).into_any(),
             PyString::new(py, &span_id).into_any(),
@@ -535,7 +562,7 @@ impl Builder {
                 Some(p) => PyString::new(py, &p).into_any(),
                 None => py.None().into_bound(py),
             },
-            PyString::intern(py, &name).into_any(),
+            self.span_name(py, &name).into_any(),
             start.into_pyobject(py).ok()?.into_any(),
             end.into_pyobject(py).ok()?.into_any(),
             attributes.clone().into_any(),

@@ -87,7 +87,7 @@ impl<'a> Cursor<'a> {
             return Some(());
         }
         loop {
-            let key: Cow<'a, str> = self.value()?;
+            let key = self.value::<Str<'a>>()?.0;
             if keys.contains(&key) {
                 return None; // a key twice: Python's parsers keep the last
             }
@@ -129,6 +129,33 @@ impl<'a> Cursor<'a> {
     }
 }
 
+/// JSON text as serde_json reads it from a line in memory: borrowed from the line when it holds no
+/// escape, made only when it does. (Serde reads a `Cow<str>` outside a derived struct's borrowed
+/// field as a new `String` every time: two dozen allocations a span.)
+struct Str<'a>(Cow<'a, str>);
+
+impl<'de: 'a, 'a> Deserialize<'de> for Str<'a> {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct StrVisitor<'a>(std::marker::PhantomData<&'a ()>);
+        impl<'de: 'a, 'a> Visitor<'de> for StrVisitor<'a> {
+            type Value = Str<'a>;
+            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+                f.write_str("a string")
+            }
+            fn visit_borrowed_str<E: serde::de::Error>(self, text: &'de str) -> Result<Str<'a>, E> {
+                Ok(Str(Cow::Borrowed(text)))
+            }
+            fn visit_str<E: serde::de::Error>(self, text: &str) -> Result<Str<'a>, E> {
+                Ok(Str(Cow::Owned(text.to_owned())))
+            }
+            fn visit_string<E: serde::de::Error>(self, text: String) -> Result<Str<'a>, E> {
+                Ok(Str(Cow::Owned(text)))
+            }
+        }
+        deserializer.deserialize_str(StrVisitor(std::marker::PhantomData))
+    }
+}
+
 #[derive(Deserialize)]
 struct Span<'a> {
     #[serde(rename = "traceId", borrow, default)]
@@ -160,11 +187,11 @@ impl<'de: 'a, 'a> Deserialize<'de> for Attribute<'a> {
             }
             fn visit_map<M: MapAccess<'de>>(self, mut map: M) -> Result<Attribute<'a>, M::Error> {
                 let (mut key, mut value, mut keys, mut values) = (None, None, 0, 0);
-                while let Some(name) = map.next_key::<Cow<'a, str>>()? {
+                while let Some(Str(name)) = map.next_key::<Str<'a>>()? {
                     match name.as_ref() {
                         "key" => {
                             keys += 1;
-                            key = Some(map.next_value::<Cow<'a, str>>()?);
+                            key = Some(map.next_value::<Str<'a>>()?.0);
                         }
                         "value" => {
                             values += 1;
@@ -193,8 +220,27 @@ impl<'de: 'a, 'a> Deserialize<'de> for Attribute<'a> {
 }
 
 /// An `AnyValue` object's members, in order, duplicates included (JSON allows them; Python's
-/// parsers keep the last, so a value with one is left to the Python reader).
-struct Members<'a>(Vec<(Cow<'a, str>, &'a RawValue)>);
+/// parsers keep the last, so a value with one is left to the Python reader). Nearly every value has
+/// one member, kept here without a heap allocation (one per attribute was most of the reader's
+/// calls to `malloc`).
+struct Members<'a> {
+    first: Option<(Cow<'a, str>, &'a RawValue)>,
+    rest: Vec<(Cow<'a, str>, &'a RawValue)>,
+}
+
+impl<'a> Members<'a> {
+    /// The one member, when there is exactly one.
+    fn single(&self) -> Option<(&str, &'a RawValue)> {
+        match (&self.first, self.rest.is_empty()) {
+            (Some((key, raw)), true) => Some((key.as_ref(), *raw)),
+            _ => None,
+        }
+    }
+
+    fn iter(&self) -> impl Iterator<Item = &(Cow<'a, str>, &'a RawValue)> {
+        self.first.iter().chain(self.rest.iter())
+    }
+}
 
 impl<'de: 'a, 'a> Deserialize<'de> for Members<'a> {
     fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
@@ -205,11 +251,19 @@ impl<'de: 'a, 'a> Deserialize<'de> for Members<'a> {
                 f.write_str("an object")
             }
             fn visit_map<M: MapAccess<'de>>(self, mut map: M) -> Result<Members<'a>, M::Error> {
-                let mut found = Vec::with_capacity(1);
-                while let Some(entry) = map.next_entry::<Cow<'a, str>, &'a RawValue>()? {
-                    found.push(entry);
+                let mut found = Members {
+                    first: None,
+                    rest: Vec::new(),
+                };
+                while let Some((Str(name), raw)) = map.next_entry::<Str<'a>, &'a RawValue>()? {
+                    let entry = (name, raw);
+                    if found.first.is_none() {
+                        found.first = Some(entry);
+                    } else {
+                        found.rest.push(entry);
+                    }
                 }
-                Ok(Members(found))
+                Ok(found)
             }
         }
         deserializer.deserialize_map(MembersVisitor(std::marker::PhantomData))
@@ -221,7 +275,9 @@ fn any_value(value: Option<&RawValue>) -> Option<Members<'_>> {
 }
 
 fn text(raw: &RawValue) -> Option<Cow<'_, str>> {
-    serde_json::from_str(raw.get()).ok()
+    serde_json::from_str::<Str>(raw.get())
+        .ok()
+        .map(|found| found.0)
 }
 
 /// 1 to 19 ASCII digits (as gymtrace writes an int64 or a time) as a `T` they fit in; None for
@@ -243,10 +299,10 @@ fn digits(raw: &RawValue) -> Option<i64> {
 /// a kind and a rollout ID so).
 fn string_member<'a>(value: Option<&'a RawValue>) -> Option<Cow<'a, str>> {
     let found = any_value(value)?;
-    if found.0.iter().filter(|(k, _)| k == "stringValue").count() != 1 {
+    if found.iter().filter(|(k, _)| k == "stringValue").count() != 1 {
         return None;
     }
-    let (_, raw) = found.0.iter().find(|(k, _)| k == "stringValue")?;
+    let (_, raw) = found.iter().find(|(k, _)| k == "stringValue")?;
     text(raw)
 }
 
@@ -276,11 +332,8 @@ enum Plain<'a> {
 /// filter drops a span for (any other is left to the Python filter).
 fn plain(value: Option<&RawValue>) -> Option<Plain<'_>> {
     let found = any_value(value)?;
-    if found.0.len() != 1 {
-        return None;
-    }
-    let (kind, raw) = &found.0[0];
-    match kind.as_ref() {
+    let (kind, raw) = found.single()?;
+    match kind {
         "stringValue" => text(raw).filter(|t| t.is_ascii()).map(Plain::Text),
         "intValue" => digits(raw).map(Plain::Int),
         _ => None,
@@ -748,7 +801,13 @@ impl Reducer {
             ));
         }
         let lean = check.map(|keys| Lean {
-            keys,
+            keys: keys
+                .into_iter()
+                .map(|key| {
+                    let text = PyString::intern(py, &key).unbind();
+                    (key, text)
+                })
+                .collect(),
             read_kinds: read_kinds.clone(),
             kind: PyString::intern(py, &kind).unbind(),
             rollout: PyString::intern(py, &rollout).unbind(),
