@@ -147,6 +147,10 @@ ROOT_EDITS: dict[str, Any] = {
 }
 # What the decoder names as an error (exit 2): the native reader leaves it to it.
 BAD_ROOT_EDITS: dict[str, Any] = {
+    # Values are read as they are walked: one that is not an object is read past whole and left
+    # to the decoder, which names it.
+    "a value that is an array": lambda s: s["attributes"].append({"key": "note", "value": [1, {"a": [2]}]}),
+    "a value that is a number": lambda s: s["attributes"].append({"key": "note", "value": 5}),
     "a reward as text": lambda s: _set(s, c.REWARD, {"stringValue": "1"}),
     "attempts as a boolean": lambda s: _set(s, c.ROLLOUT_ATTEMPTS, {"boolValue": True}),
     "a kind of 2.0": lambda s: s.update(kind=2.0),

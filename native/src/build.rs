@@ -18,7 +18,7 @@ use pyo3::types::{PyDict, PyString, PyTuple};
 use serde::{Deserialize, Deserializer};
 use serde_json::value::RawValue;
 
-use crate::{any_value, ascii_digits, text, Attribute};
+use crate::{any_value, ascii_digits, text, Attribute, AttributeList, Members};
 
 // Which Python classes `_GYM_TYPES` allows a gym attribute's value to be, as bits.
 pub const TEXT: u8 = 1;
@@ -247,7 +247,9 @@ fn array<'py>(py: Python<'py>, raw: &RawValue) -> Option<Bound<'py, PyAny>> {
 /// missing), an error for anything but an array of such objects (then the span, or the line, is
 /// Python's to read).
 fn attribute_list<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<Attribute<'de>>, D::Error> {
-    Ok(Option::<Vec<Attribute<'de>>>::deserialize(d)?.unwrap_or_default())
+    Ok(Option::<AttributeList<'de>>::deserialize(d)?
+        .map(|list| list.0)
+        .unwrap_or_default())
 }
 
 fn lower_hex(text: &str, width: usize) -> bool {
@@ -309,7 +311,7 @@ impl Builder {
             }
             let found: Object = serde_json::from_str(raw).ok()?;
             for item in &found.attributes {
-                let plain = self.fast_plain(py, &item.key, item.value?)?;
+                let plain = self.fast_plain(py, &item.key, item.value.as_ref()?)?;
                 if item.key == "service.name" || item.key == "service.instance.id" {
                     let text = plain.cast::<PyString>().ok()?.to_str().ok()?.to_owned();
                     if item.key == "service.name" {
@@ -333,16 +335,21 @@ impl Builder {
         &self,
         py: Python<'py>,
         key: &str,
-        value: &RawValue,
+        value: &Members<'_>,
     ) -> Option<Bound<'py, PyAny>> {
-        if !key.is_ascii() || !is_object(value) {
+        if !key.is_ascii() {
             return None;
         }
-        // A map keeps the last of a member given twice, as Python's parsers do.
-        let members: HashMap<String, &RawValue> = serde_json::from_str(value.get()).ok()?;
+        // The last of a member given twice, as Python's parsers keep it.
         let (member, raw) = ["stringValue", "boolValue", "intValue", "doubleValue"]
             .into_iter()
-            .find_map(|member| members.get(member).map(|raw| (member, *raw)))?;
+            .find_map(|member| {
+                value
+                    .iter()
+                    .filter(|(name, _)| name == member)
+                    .last()
+                    .map(|(_, raw)| (member, *raw))
+            })?;
         let (plain, class) = value_of(py, member, raw, false)?;
         self.wanted(key, class).then_some(plain)
     }
@@ -390,13 +397,12 @@ impl Builder {
         &self,
         py: Python<'py>,
         key: &str,
-        value: &RawValue,
+        value: &Members<'_>,
     ) -> Option<Bound<'py, PyAny>> {
-        if !key.is_ascii() || !is_object(value) {
+        if !key.is_ascii() {
             return None;
         }
-        let found = any_value(Some(value))?;
-        let (member, raw) = found.single()?;
+        let (member, raw) = value.single()?;
         if member == "arrayValue" && !self.gym_types.contains_key(key) {
             return array(py, raw);
         }
@@ -521,7 +527,7 @@ impl Builder {
             if item.key == self.nemo_rollout {
                 return None; // its attempt suffix is read by the Python reader
             }
-            let value = self.plain(py, &item.key, item.value?)?;
+            let value = self.plain(py, &item.key, item.value.as_ref()?)?;
             attributes.set_item(key, value).ok()?;
         }
         let mut links = Vec::new();
@@ -541,7 +547,7 @@ impl Builder {
                 }
                 let found = PyDict::new(py);
                 for item in &link.attributes {
-                    let value = self.fast_plain(py, &item.key, item.value?)?;
+                    let value = self.fast_plain(py, &item.key, item.value.as_ref()?)?;
                     found
                         .set_item(PyString::intern(py, &item.key), value)
                         .ok()?;

@@ -36,7 +36,7 @@ use pyo3::types::{PyBytes, PyDict, PyList, PyString};
 
 mod build;
 use build::{BuildWith, Builder, Kept, Lean, Object};
-use serde::de::{Deserializer, IgnoredAny, MapAccess, Visitor};
+use serde::de::{Deserializer, IgnoredAny, MapAccess, SeqAccess, Visitor};
 use serde::Deserialize;
 use serde_json::value::RawValue;
 
@@ -167,14 +167,42 @@ struct Span<'a> {
     #[serde(rename = "endTimeUnixNano", borrow, default)]
     end: Option<&'a RawValue>,
     #[serde(borrow, default)]
-    attributes: Option<Vec<Attribute<'a>>>,
+    attributes: Option<AttributeList<'a>>,
+}
+
+/// A span's attributes, room made at once for as many as gymtrace writes on most spans (grown one
+/// by one from none, the list was reallocated four times a span).
+struct AttributeList<'a>(Vec<Attribute<'a>>);
+
+impl<'de: 'a, 'a> Deserialize<'de> for AttributeList<'a> {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct ListVisitor<'a>(std::marker::PhantomData<&'a ()>);
+        impl<'de: 'a, 'a> Visitor<'de> for ListVisitor<'a> {
+            type Value = AttributeList<'a>;
+            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+                f.write_str("a list of attributes")
+            }
+            fn visit_seq<S: SeqAccess<'de>>(
+                self,
+                mut seq: S,
+            ) -> Result<AttributeList<'a>, S::Error> {
+                let mut found = Vec::with_capacity(16);
+                while let Some(item) = seq.next_element::<Attribute<'a>>()? {
+                    found.push(item);
+                }
+                Ok(AttributeList(found))
+            }
+        }
+        deserializer.deserialize_seq(ListVisitor(std::marker::PhantomData))
+    }
 }
 
 /// One `{key, value}` of a span's attributes: an object (a derived struct would read an array too),
-/// whose key is text and not given twice.
+/// whose key is text and not given twice. Its value is read as it is walked, once: the members of
+/// an `AnyValue` object, or none for null or anything else (which no plain path reads).
 struct Attribute<'a> {
     key: Cow<'a, str>,
-    value: Option<&'a RawValue>,
+    value: Option<Members<'a>>,
 }
 
 impl<'de: 'a, 'a> Deserialize<'de> for Attribute<'a> {
@@ -195,7 +223,7 @@ impl<'de: 'a, 'a> Deserialize<'de> for Attribute<'a> {
                         }
                         "value" => {
                             values += 1;
-                            value = Some(map.next_value::<&'a RawValue>()?);
+                            value = map.next_value::<AnyValue<'a>>()?.0;
                         }
                         _ => {
                             map.next_value::<IgnoredAny>()?;
@@ -207,8 +235,6 @@ impl<'de: 'a, 'a> Deserialize<'de> for Attribute<'a> {
                         "not an attribute as gymtrace writes it",
                     ));
                 }
-                // A value of null reads as no value, as the Python filter reads it.
-                let value = value.filter(|raw| raw.get() != "null");
                 Ok(Attribute {
                     key: key.unwrap(),
                     value,
@@ -250,24 +276,70 @@ impl<'de: 'a, 'a> Deserialize<'de> for Members<'a> {
             fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
                 f.write_str("an object")
             }
-            fn visit_map<M: MapAccess<'de>>(self, mut map: M) -> Result<Members<'a>, M::Error> {
-                let mut found = Members {
-                    first: None,
-                    rest: Vec::new(),
-                };
-                while let Some((Str(name), raw)) = map.next_entry::<Str<'a>, &'a RawValue>()? {
-                    let entry = (name, raw);
-                    if found.first.is_none() {
-                        found.first = Some(entry);
-                    } else {
-                        found.rest.push(entry);
-                    }
-                }
-                Ok(found)
+            fn visit_map<M: MapAccess<'de>>(self, map: M) -> Result<Members<'a>, M::Error> {
+                members_of(map)
             }
         }
         deserializer.deserialize_map(MembersVisitor(std::marker::PhantomData))
     }
+}
+
+/// An attribute's value as the walk reads it: the members of an object; None for null (no value,
+/// as the Python filter reads it) or any other JSON, which every plain path leaves to Python.
+struct AnyValue<'a>(Option<Members<'a>>);
+
+impl<'de: 'a, 'a> Deserialize<'de> for AnyValue<'a> {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct AnyVisitor<'a>(std::marker::PhantomData<&'a ()>);
+        impl<'de: 'a, 'a> Visitor<'de> for AnyVisitor<'a> {
+            type Value = AnyValue<'a>;
+            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+                f.write_str("any JSON value")
+            }
+            fn visit_map<M: MapAccess<'de>>(self, map: M) -> Result<AnyValue<'a>, M::Error> {
+                Ok(AnyValue(Some(members_of(map)?)))
+            }
+            fn visit_seq<S: SeqAccess<'de>>(self, mut seq: S) -> Result<AnyValue<'a>, S::Error> {
+                while seq.next_element::<IgnoredAny>()?.is_some() {}
+                Ok(AnyValue(None))
+            }
+            fn visit_unit<E: serde::de::Error>(self) -> Result<AnyValue<'a>, E> {
+                Ok(AnyValue(None))
+            }
+            fn visit_bool<E: serde::de::Error>(self, _: bool) -> Result<AnyValue<'a>, E> {
+                Ok(AnyValue(None))
+            }
+            fn visit_i64<E: serde::de::Error>(self, _: i64) -> Result<AnyValue<'a>, E> {
+                Ok(AnyValue(None))
+            }
+            fn visit_u64<E: serde::de::Error>(self, _: u64) -> Result<AnyValue<'a>, E> {
+                Ok(AnyValue(None))
+            }
+            fn visit_f64<E: serde::de::Error>(self, _: f64) -> Result<AnyValue<'a>, E> {
+                Ok(AnyValue(None))
+            }
+            fn visit_str<E: serde::de::Error>(self, _: &str) -> Result<AnyValue<'a>, E> {
+                Ok(AnyValue(None))
+            }
+        }
+        deserializer.deserialize_any(AnyVisitor(std::marker::PhantomData))
+    }
+}
+
+/// The members of an `AnyValue` found inside another value (an array's elements).
+fn members_of<'de: 'a, 'a, M: MapAccess<'de>>(mut map: M) -> Result<Members<'a>, M::Error> {
+    let mut found = Members {
+        first: None,
+        rest: Vec::new(),
+    };
+    while let Some((Str(name), raw)) = map.next_entry::<Str<'a>, &'a RawValue>()? {
+        if found.first.is_none() {
+            found.first = Some((name, raw));
+        } else {
+            found.rest.push((name, raw));
+        }
+    }
+    Ok(found)
 }
 
 fn any_value(value: Option<&RawValue>) -> Option<Members<'_>> {
@@ -297,8 +369,8 @@ fn digits(raw: &RawValue) -> Option<i64> {
 
 /// What `stringValue` holds when it is text, whatever else the value holds (the Python filter reads
 /// a kind and a rollout ID so).
-fn string_member<'a>(value: Option<&'a RawValue>) -> Option<Cow<'a, str>> {
-    let found = any_value(value)?;
+fn string_member<'a>(value: Option<&Members<'a>>) -> Option<Cow<'a, str>> {
+    let found = value?;
     if found.iter().filter(|(k, _)| k == "stringValue").count() != 1 {
         return None;
     }
@@ -311,11 +383,11 @@ struct Attributes<'s, 'a>(&'s [Attribute<'a>]);
 impl<'s, 'a> Attributes<'s, 'a> {
     /// The value of ``key``: None when the span has no such attribute, Some(None) when it has one
     /// without a value.
-    fn get(&self, key: &str) -> Option<Option<&'a RawValue>> {
+    fn get(&self, key: &str) -> Option<Option<&'s Members<'a>>> {
         self.0
             .iter()
             .find(|item| item.key == key)
-            .map(|item| item.value)
+            .map(|item| item.value.as_ref())
     }
 
     fn contains_key(&self, key: &str) -> bool {
@@ -330,9 +402,8 @@ enum Plain<'a> {
 
 /// A value of one member, ASCII text or an int64 as a string of digits: the plain values this
 /// filter drops a span for (any other is left to the Python filter).
-fn plain(value: Option<&RawValue>) -> Option<Plain<'_>> {
-    let found = any_value(value)?;
-    let (kind, raw) = found.single()?;
+fn plain<'a>(value: Option<&Members<'a>>) -> Option<Plain<'a>> {
+    let (kind, raw) = value?.single()?;
     match kind {
         "stringValue" => text(raw).filter(|t| t.is_ascii()).map(Plain::Text),
         "intValue" => digits(raw).map(Plain::Int),
@@ -340,7 +411,7 @@ fn plain(value: Option<&RawValue>) -> Option<Plain<'_>> {
     }
 }
 
-fn plain_int(value: Option<&RawValue>) -> Option<i64> {
+fn plain_int(value: Option<&Members<'_>>) -> Option<i64> {
     match plain(value)? {
         Plain::Int(number) => Some(number),
         Plain::Text(_) => None,
@@ -409,7 +480,7 @@ enum Verdict {
 }
 
 fn verdict(names: &Names, span: &Span<'_>) -> Verdict {
-    let Some(attributes) = span.attributes.as_deref() else {
+    let Some(attributes) = span.attributes.as_ref().map(|list| list.0.as_slice()) else {
         return Verdict::Unsure;
     };
     // A span has a dozen attributes or so: a look along them beats hashing each key.
