@@ -347,9 +347,16 @@ fn any_value(value: Option<&RawValue>) -> Option<Members<'_>> {
 }
 
 fn text(raw: &RawValue) -> Option<Cow<'_, str>> {
-    serde_json::from_str::<Str>(raw.get())
-        .ok()
-        .map(|found| found.0)
+    // A raw value is valid JSON (serde checked it as it was read, control characters too): a string
+    // without a backslash is its text between the quotes, taken without a parser.
+    let json = raw.get();
+    if json.len() >= 2 && json.starts_with('"') {
+        let inside = &json[1..json.len() - 1];
+        if !inside.contains('\\') {
+            return Some(Cow::Borrowed(inside));
+        }
+    }
+    serde_json::from_str::<Str>(json).ok().map(|found| found.0)
 }
 
 /// 1 to 19 ASCII digits (as gymtrace writes an int64 or a time) as a `T` they fit in; None for
