@@ -232,7 +232,7 @@ fn array<'py>(py: Python<'py>, raw: &RawValue) -> Option<Bound<'py, PyAny>> {
     let values: Vec<&RawValue> = serde_json::from_str(values.get()).ok()?;
     let mut items = Vec::with_capacity(values.len());
     for value in values {
-        let found = any_value(Some(value))?;
+        let found = any_value(value)?;
         let (member, raw) = found.single()?;
         items.push(match member {
             "stringValue" => PyString::new(py, &text(raw).filter(|t| t.is_ascii())?).into_any(),

@@ -268,22 +268,6 @@ impl<'a> Members<'a> {
     }
 }
 
-impl<'de: 'a, 'a> Deserialize<'de> for Members<'a> {
-    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
-        struct MembersVisitor<'a>(std::marker::PhantomData<&'a ()>);
-        impl<'de: 'a, 'a> Visitor<'de> for MembersVisitor<'a> {
-            type Value = Members<'a>;
-            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
-                f.write_str("an object")
-            }
-            fn visit_map<M: MapAccess<'de>>(self, map: M) -> Result<Members<'a>, M::Error> {
-                members_of(map)
-            }
-        }
-        deserializer.deserialize_map(MembersVisitor(std::marker::PhantomData))
-    }
-}
-
 /// An attribute's value as the walk reads it: the members of an object; None for null (no value,
 /// as the Python filter reads it) or any other JSON, which every plain path leaves to Python.
 struct AnyValue<'a>(Option<Members<'a>>);
@@ -296,8 +280,19 @@ impl<'de: 'a, 'a> Deserialize<'de> for AnyValue<'a> {
             fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
                 f.write_str("any JSON value")
             }
-            fn visit_map<M: MapAccess<'de>>(self, map: M) -> Result<AnyValue<'a>, M::Error> {
-                Ok(AnyValue(Some(members_of(map)?)))
+            fn visit_map<M: MapAccess<'de>>(self, mut map: M) -> Result<AnyValue<'a>, M::Error> {
+                let mut found = Members {
+                    first: None,
+                    rest: Vec::new(),
+                };
+                while let Some((Str(name), raw)) = map.next_entry::<Str<'a>, &'a RawValue>()? {
+                    if found.first.is_none() {
+                        found.first = Some((name, raw));
+                    } else {
+                        found.rest.push((name, raw));
+                    }
+                }
+                Ok(AnyValue(Some(found)))
             }
             fn visit_seq<S: SeqAccess<'de>>(self, mut seq: S) -> Result<AnyValue<'a>, S::Error> {
                 while seq.next_element::<IgnoredAny>()?.is_some() {}
@@ -326,24 +321,10 @@ impl<'de: 'a, 'a> Deserialize<'de> for AnyValue<'a> {
     }
 }
 
-/// The members of an `AnyValue` found inside another value (an array's elements).
-fn members_of<'de: 'a, 'a, M: MapAccess<'de>>(mut map: M) -> Result<Members<'a>, M::Error> {
-    let mut found = Members {
-        first: None,
-        rest: Vec::new(),
-    };
-    while let Some((Str(name), raw)) = map.next_entry::<Str<'a>, &'a RawValue>()? {
-        if found.first.is_none() {
-            found.first = Some((name, raw));
-        } else {
-            found.rest.push((name, raw));
-        }
-    }
-    Ok(found)
-}
-
-fn any_value(value: Option<&RawValue>) -> Option<Members<'_>> {
-    serde_json::from_str(value?.get()).ok()
+/// The members of an `AnyValue` found inside another value (an array's elements), read as an
+/// attribute's value is.
+fn any_value(raw: &RawValue) -> Option<Members<'_>> {
+    serde_json::from_str::<AnyValue>(raw.get()).ok()?.0
 }
 
 fn text(raw: &RawValue) -> Option<Cow<'_, str>> {
