@@ -549,10 +549,16 @@ def _work_aside(work: Callable[[], Any], send: Any) -> None:
         answer = (True, work())
     except BaseException:  # noqa: BLE001 - the process that forked does it again, and raises it
         answer = (False, None)
+    _send_last(send, answer, (False, None))
+
+
+def _send_last(send: Any, message: tuple[Any, ...], instead: tuple[Any, ...]) -> None:
+    """``message`` sent, or ``instead`` when it cannot be pickled (nothing of it was written:
+    ``send`` pickles first); then the end of the pipe closed."""
     try:
-        send.send(answer)
-    except Exception:  # noqa: BLE001 - not picklable: nothing was written (send pickles first)
-        send.send((False, None))
+        send.send(message)
+    except Exception:  # noqa: BLE001 - not picklable: the process that forked does the work again
+        send.send(instead)
     send.close()
 
 
@@ -619,11 +625,7 @@ def _work_apart(work: Callable[[Warn], tuple[Any, object]], send: Any) -> None:
         message = (False, exc, warnings)
     except BaseException:  # noqa: BLE001 - the process that forked does it again, and raises it
         message = (False, None, [])
-    try:
-        send.send(message)
-    except Exception:  # noqa: BLE001 - not picklable: nothing was written (send pickles first)
-        send.send((False, None, []))
-    send.close()
+    _send_last(send, message, (False, None, []))
     for stream in (sys.stdout, sys.stderr):
         stream.flush()
     os._exit(0)
