@@ -576,7 +576,7 @@ def test_the_second_process_reads_its_share_of_a_plain_input_cut_at_a_line(tmp_p
     path = tmp_path / "lines.jsonl"
     path.write_bytes(b"".join(b'{"n": %d}\n' % n for n in range(1000)))
     size = path.stat().st_size
-    for share in (0.5, source.SECOND_SHARE):
+    for share in (0.5, source.second_share()):
         split = halves([path], share)
         assert split is not None
         [(_, (start, cut))], [(_, (cut_too, end))] = split
@@ -873,7 +873,7 @@ def test_check_of_a_rotated_run_is_split_between_two_processes_and_finds_what_on
     assert check_files([configured], held=120, limit=None, parallel_from=0) == one
     # This process read the first half once (whole segments, or up to a line of a plain one); the
     # forked one the rest.
-    split = halves(trace_files_of([configured]), source.SECOND_SHARE)
+    split = halves(trace_files_of([configured]), source.second_share())
     assert split is not None and read == [split[0]]
 
 

@@ -806,6 +806,11 @@ def _orjson_loads() -> Callable[[bytes], Any] | None:
 _FAST_LOADS = _orjson_loads()
 
 
+def parses_fast() -> bool:
+    """Whether lines are parsed by orjson (the ``fast`` extra) rather than the standard library."""
+    return _FAST_LOADS is not None
+
+
 def decode_held(s: Mapping[str, Any], service: str, instance: str, *, events: bool = False) -> SpanData:
     """A span a reader holds to the end (a rollout root, an episode...): :func:`decode_span`, without
     its events unless ``events`` (no summary reader reads them: an episode's exception stack traces

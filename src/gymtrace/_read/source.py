@@ -42,6 +42,7 @@ from gymtrace._model.spandata import (
     nemo_gym_identity,
     pack_spans,
     pack_values,
+    parses_fast,
     plain_value,
     raw_attributes,
     unpack_spans,
@@ -663,11 +664,20 @@ def split_for_two(
     return None if split is None else (context, split)
 
 
-# The share of the input the second process reads: less than half, since it then packs what it
-# kept for the trip back, and the first process unpacks it only after its own part (at 100,000
-# rollouts, 1.5 s and 0.8 s beside ~15 s of reading per half; the checker's, 1.6 s and 0.8 s beside
-# ~13 s).
-SECOND_SHARE = 0.47
+# The share of the input the second process reads, by what reads the spans: less than half, since
+# the second process then packs what it kept for the trip back, and the first unpacks it only after
+# its own part. That trip costs about the same whatever read the spans (at 100,000 rollouts, 1.5 s
+# and 0.8 s; the checker's, 1.6 s and 0.8 s), so the slower the reading the nearer the share is to
+# half: ~13 s a half with the native reader, ~20 s with orjson alone and ~40 s with the standard
+# library's json (the plain install, whose first process finished 3.6 s after the second at 0.47).
+SECOND_SHARE = {"native": 0.47, "orjson": 0.48, "json": 0.49}
+
+
+def second_share() -> float:
+    """:data:`SECOND_SHARE` of the reader this process reads with."""
+    if native_module() is not None:
+        return SECOND_SHARE["native"]
+    return SECOND_SHARE["orjson" if parses_fast() else "json"]
 
 
 def _read_second(parts: list[tuple[Path, Part]]) -> tuple[bytes, bytes, list[str], Exception | None]:
@@ -692,7 +702,7 @@ def _read_all(files: list[Path], parallel_from: int) -> _Read:
     """One streaming pass over ``files``; an input of ``parallel_from`` bytes or more (on disk) is
     split in two :func:`halves`, the second read by a forked process meanwhile (both cores of a
     small machine), the results joined in order."""
-    two = split_for_two(files, parallel_from, SECOND_SHARE)
+    two = split_for_two(files, parallel_from, second_share())
     if two is None:
         return _read_parts([(f, None) for f in files], entries=False)
     context, (first, second) = two

@@ -64,12 +64,12 @@ from gymtrace._read.check.training import check_training, is_training, training_
 from gymtrace._read.outcomes import SOURCE_LIVE, RolloutOutcome, dedupe, final_outcomes
 from gymtrace._read.source import (
     PARALLEL_BYTES,
-    SECOND_SHARE,
     apart,
     aside,
     gc_paused,
     give,
     ignore_warning,
+    second_share,
     split_for_two,
     summary_reducer,
     summary_span,
@@ -417,7 +417,7 @@ def check_files(
     with gc_paused():
         # Two processes only for one writer's files: the files of several (a run's processes) are
         # merged by time, which a cut cannot split.
-        two = split_for_two(files, parallel_from, SECOND_SHARE) if len(writers) == 1 else None
+        two = split_for_two(files, parallel_from, second_share()) if len(writers) == 1 else None
         if two is not None:
             context, split = two
             try:
