@@ -10,6 +10,7 @@ file exporter; outcome records are real spans written through the OpenTelemetry 
 from __future__ import annotations
 
 import json
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -209,6 +210,26 @@ def test_two_runs_sharing_a_run_id_are_named_not_reported_as_attempt_violations(
     assert [(s.run_id, s.runs_sharing_id, s.scored) for s in stats] == [("run-1", 2, 2), ("run-1", 2, 2)]
     assert len({s.run_span_id for s in stats}) == 2
     assert len(final_outcomes(captured.spans)) == 4
+
+
+def test_with_one_trace_per_run_each_rollout_names_the_run_span_it_sits_below() -> None:
+    from gymtrace._scopes.levels import set_trace_per
+
+    set_trace_per("run")
+    try:
+        with capture_spans() as captured:
+            for _ in range(2):  # the same script run twice into one input: one run ID, two run spans
+                with gymtrace.run(run_id="run-1"):
+                    for repeat in range(2):
+                        _rollout(f"t/r{repeat}", repeat=repeat, reward=1.0)
+    finally:
+        set_trace_per("rollout")
+    runs = {s.span_id for s in captured.data if s.attributes[c.KIND] == c.KIND_RUN}
+    rollouts = [s for s in captured.data if s.attributes[c.KIND] == c.KIND_ROLLOUT]
+    assert len(runs) == 2 and all(s.parent_id is not None and not s.links for s in rollouts)
+    outcomes = final_outcomes(captured.spans)
+    assert Counter(o.run_span_id for o in outcomes) == {run: 2 for run in runs}
+    assert {s.run_span_id: s.scored for s in summarise(captured.spans)} == {run: 2 for run in runs}
 
 
 def test_spans_appearing_twice_are_read_once_and_named(captured: CapturedSpans) -> None:

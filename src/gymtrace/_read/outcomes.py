@@ -296,13 +296,16 @@ def group_rollouts(spans: Iterable[Any]) -> list[RolloutSpans]:
 
 def _run_span_ids(spans: list[SpanData]) -> dict[str, str]:
     """For each span below a gym.run span (run-per-trace topology), that run span's ID."""
+    # Only a rollout with a parent can be below a run span: in a training run each rollout is the
+    # root of its own trace (linked to its run), and no span is mapped by its ID.
+    rollouts = [s for s in spans if s.parent_id and s.attributes.get(c.KIND) == c.KIND_ROLLOUT]
+    if not rollouts:
+        return {}
     by_id = {s.span_id: s for s in spans}
     found: dict[str, str] = {}
-    for span in spans:
-        if span.attributes.get(c.KIND) != c.KIND_ROLLOUT:
-            continue
+    for span in rollouts:
         seen = set()
-        parent = by_id.get(span.parent_id) if span.parent_id else None
+        parent = by_id.get(span.parent_id)
         while parent is not None and parent.span_id not in seen:
             seen.add(parent.span_id)
             if parent.attributes.get(c.KIND) == c.KIND_RUN:
