@@ -305,7 +305,7 @@ def _run_span_ids(spans: list[SpanData]) -> dict[str, str]:
     found: dict[str, str] = {}
     for span in rollouts:
         seen = set()
-        parent = by_id.get(span.parent_id)
+        parent = by_id.get(span.parent_id) if span.parent_id else None
         while parent is not None and parent.span_id not in seen:
             seen.add(parent.span_id)
             if parent.attributes.get(c.KIND) == c.KIND_RUN:
