@@ -6,6 +6,7 @@ Run::
     python benchmarks/readers.py --rollouts 10000      # one size
     python benchmarks/readers.py --keep DIR            # keep the generated files in DIR
     python benchmarks/readers.py --before OLD/src      # and an earlier checkout's readers beside
+    python benchmarks/readers.py --compress none gzip zstd   # each run written with each setting
 
 Each size is written through the real API by a child process (``gymtrace.configure(file=...)``):
 a run of N rollouts, ~18 spans each (rollout, one episode or two when the first attempt hits an
@@ -16,12 +17,17 @@ own so its peak RSS is its own (``resource.getrusage(RUSAGE_CHILDREN)``, by chil
 
 * the floor: ``cat FILES > /dev/null`` (the bytes of the run's files: its segments past
   ``GYMTRACE_FILE_ROTATE_MB``), and parsing every line with the fastest parser
-  installed (orjson) and with the standard library's ``json`` alone, holding nothing;
+  installed (orjson) and with the standard library's ``json`` alone, holding nothing (a compressed
+  run's lines decompressed by the standard library's ``gzip``, or zstd's module, first);
 * ``gymtrace rollouts --json``, ``stats``, ``stats --by train_step`` and ``check``: with the native
   reader (``gymtrace_native``, built from ``native/`` by ``scripts/native``) and orjson, when it is
   installed; with orjson alone (the ``fast`` extra; ``GYMTRACE_NATIVE_READER=off``); and as the
   plain install reads (the child's ``sys.modules`` says orjson and the native reader are absent, so
   the readers parse with the standard library's ``json``).
+
+With ``--compress none gzip zstd``, each run is written and read once per
+``GYMTRACE_FILE_COMPRESS`` setting (a compressed one under ``DIR/gzip/``, ``DIR/zstd/``), its rows
+after the plain run's.
 
 With ``--before SRC`` (the ``src`` directory of another checkout, e.g. made by ``git worktree add``),
 each command also runs with that code first on ``sys.path`` (same interpreter and orjson), in a
@@ -46,7 +52,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from gymtrace._model.tracefiles import trace_files
+from gymtrace._model.tracefiles import open_lines, trace_files
 
 PRODUCER = r"""
 import sys
@@ -90,15 +96,26 @@ with gymtrace.run(run_id="bench"):
 gymtrace.shutdown()
 """
 
-# Every line of every file given (a run's segments), parsed and dropped.
+# Every line of every file given (a run's segments), decompressed by the standard library's gzip or
+# by zstandard as its name says, parsed and dropped.
 PARSE = r"""
-import sys
+import gzip, sys
 if sys.argv[1] == "json":
     from json import loads
 else:
     from orjson import loads
+def lines(path):
+    if path.endswith(".gz"):
+        return gzip.open(path, "rb")
+    if path.endswith(".zst"):
+        try:
+            from compression import zstd
+        except ImportError:
+            import zstandard as zstd
+        return zstd.open(path, "rb")
+    return open(path, "rb")
 for path in sys.argv[2:]:
-    with open(path, "rb") as f:
+    with lines(path) as f:
         for line in f:
             loads(line)
 """
@@ -133,9 +150,10 @@ def timed(
     return float(seconds), float(cpu), int(rss_kb) / 1024
 
 
-def generate(path: Path, rollouts: int) -> float:
+def generate(path: Path, rollouts: int, compress: str) -> float:
     start = time.perf_counter()
-    subprocess.run([sys.executable, "-c", PRODUCER, str(path), str(rollouts)], check=True)
+    env = {**os.environ, "GYMTRACE_FILE_COMPRESS": compress}
+    subprocess.run([sys.executable, "-c", PRODUCER, str(path), str(rollouts)], check=True, env=env)
     return time.perf_counter() - start
 
 
@@ -144,6 +162,13 @@ def main() -> None:
     parser.add_argument("--rollouts", type=int, nargs="*", default=[10_000, 100_000])
     parser.add_argument("--keep", type=Path, help="write the runs here and keep them")
     parser.add_argument("--before", type=Path, help="an earlier checkout's src/, timed beside (fast parser)")
+    parser.add_argument(
+        "--compress",
+        nargs="*",
+        choices=["none", "gzip", "zstd"],
+        default=["none"],
+        help="write each run with each GYMTRACE_FILE_COMPRESS setting (default: none)",
+    )
     args = parser.parse_args()
     try:
         import orjson  # noqa: F401
@@ -171,22 +196,27 @@ def main() -> None:
             f" plain install (json) |{before}"
         )
         print("| --- | --- | --- | --- | --- |" + (" --- |" if args.before else ""))
-        for n in args.rollouts:
-            path = where / f"run-{n}.jsonl"
-            if not path.exists():
-                made = generate(path, n)
-                print(f"(generated {n:,} rollouts in {made:.0f} s)", file=sys.stderr)
-            # The run's files: past GYMTRACE_FILE_ROTATE_MB (256 by default) the file the run was
-            # configured with is its first segment of several, and the floors read them all, as
-            # the commands do.
+        for compress, n in ((compress, n) for compress in args.compress for n in args.rollouts):
+            # The plain runs where they always were (--keep DIR of earlier runs still serves).
+            path = (where if compress == "none" else where / compress) / f"run-{n}.jsonl"
+            if not any(f.exists() for f in trace_files(path)):
+                path.parent.mkdir(parents=True, exist_ok=True)
+                made = generate(path, n, compress)
+                print(f"(generated {n:,} rollouts, {compress}, in {made:.0f} s)", file=sys.stderr)
+            # The run's files: past GYMTRACE_FILE_ROTATE_MB (256 by default, on disk) the file the
+            # run was configured with is its first segment of several, and the floors read them
+            # all, as the commands do.
             files = [str(f) for f in trace_files(path)]
             spans = 0
             for file in files:
-                with open(file, "rb") as f:
-                    spans += sum(line.count(b'"startTimeUnixNano"') for line in f)
+                with open_lines(file) as lines:
+                    spans += sum(line.count(b'"startTimeUnixNano"') for line in lines)
             megabytes = sum(os.path.getsize(f) for f in files) / 1e6
             plural = "s" if len(files) > 1 else ""
-            size = f"{n:,} ({spans / 1e6:.2f}M spans, {megabytes:,.0f} MB in {len(files)} file{plural})"
+            written = "" if compress == "none" else f" {compress}"
+            size = (
+                f"{n:,} ({spans / 1e6:.2f}M spans, {megabytes:,.0f} MB{written} in {len(files)} file{plural})"
+            )
 
             def cell(
                 argv: list[str],

@@ -6,6 +6,7 @@ from __future__ import annotations
 import fractions
 import gc
 import gzip
+import itertools
 import json
 import math
 import multiprocessing
@@ -38,7 +39,7 @@ from gymtrace._model.spandata import (
     read_otlp_json_lines,
     unpack_spans,
 )
-from gymtrace._model.tracefiles import trace_files_of
+from gymtrace._model.tracefiles import compressor, member_start, open_lines, trace_files_of, zstd_available
 from gymtrace._read import source
 from gymtrace._read.check import stream
 from gymtrace._read.check.stream import HELD_SPANS, SpreadTooThin, check_files
@@ -184,7 +185,54 @@ def _gzip_segments(plain: Path, directory: Path, count: int) -> Path:
     return _segments(plain, directory, count, compressed=True)
 
 
-def test_compressed_input_is_split_by_whole_files_of_comparable_size_or_read_by_one_process(
+def _members(plain: Path, path: Path, compression: str = "gzip") -> Path:
+    """``plain``'s lines in one compressed file, each line a member (frame), as gymtrace's writer
+    appends an export a member."""
+    member = compressor(compression)
+    assert member is not None
+    path.write_bytes(b"".join(member(line) for line in plain.read_bytes().splitlines(keepends=True)))
+    return path
+
+
+@pytest.mark.parametrize("compression", ["gzip", "zstd"])
+def test_a_compressed_file_is_cut_where_a_member_begins_and_each_part_reads_whole_lines(
+    tmp_path: Path, compression: str
+) -> None:
+    if compression == "zstd" and not zstd_available():
+        pytest.skip("zstd needs Python 3.14 or zstandard")
+    plain = _split_run(tmp_path / "run.jsonl")
+    lines = plain.read_bytes().splitlines(keepends=True)
+    member = compressor(compression)
+    assert member is not None
+    one = _members(plain, tmp_path / f"one.jsonl{'.gz' if compression == 'gzip' else '.zst'}", compression)
+    split = halves([one])
+    assert split is not None
+    [(_, (start, cut))], [(_, (cut_too, end))] = split
+    assert (start, cut_too, end) == (0, cut, one.stat().st_size)
+    starts = list(itertools.accumulate((len(member(line)) for line in lines), initial=0))
+    assert cut in starts[1:-1]  # where a member begins, about halfway
+    assert abs(cut / end - 0.5) < 0.2
+    with open_lines(one, members=(0, cut)) as first, open_lines(one, members=(cut, end)) as second:
+        assert [*first, *second] == lines
+
+
+def test_a_member_is_found_past_bytes_that_only_look_like_the_start_of_one(tmp_path: Path) -> None:
+    plain = _split_run(tmp_path / "run.jsonl")
+    member = compressor("gzip")
+    assert member is not None
+    first, second = (member(line) for line in plain.read_bytes().splitlines(keepends=True)[:2])
+    stray = b"\x1f\x8b\x08\x00junk"  # a gzip member's magic number inside other bytes
+    # Whole members, but not of whole lines of trace requests: a member of other text, one shorter
+    # than a request's start, one cut mid-line (a writer that compresses by blocks of bytes).
+    foreign = b"".join(gzip.compress(text) for text in (b"not a trace request\n", b"{", first[:40]))
+    foreign += gzip.compress(gzip.decompress(first)[:-1])
+    path = tmp_path / "odd.jsonl.gz"
+    path.write_bytes(first + stray + foreign + second)
+    assert member_start(path, 1) == len(first + stray + foreign)
+    assert member_start(path, len(first + stray + foreign) + 1) is None
+
+
+def test_compressed_input_without_a_member_to_cut_at_is_split_by_whole_files_or_read_by_one_process(
     tmp_path: Path,
 ) -> None:
     plain = _split_run(tmp_path / "run.jsonl")
@@ -192,17 +240,20 @@ def test_compressed_input_is_split_by_whole_files_of_comparable_size_or_read_by_
     files = sorted(configured.parent.iterdir(), key=lambda f: (len(f.name) > len("traces.jsonl.gz"), f.name))
     split = halves(files)
     assert split is not None
+    # The middle segment is cut where one of its members begins; the others are read whole.
     first, second = split
-    # Whole files (no byte range: a compressed file has no byte a line starts at), in order.
-    assert [part for _, part in first + second] == [None] * 3
-    assert [f for f, _ in first + second] == files and first and second
+    assert [f for f, _ in first] == files[:2] and [f for f, _ in second] == files[1:]
+    assert (first[0][1], second[1][1]) == (None, None) and first[1][1] is not None
 
     one = tmp_path / "one.jsonl.gz"
     one.write_bytes(gzip.compress(plain.read_bytes()))
-    assert halves([one]) is None  # one compressed file: one process
+    assert halves([one]) is None  # compressed whole: no member to cut at, one process
     small = tmp_path / "small.jsonl.gz"
     small.write_bytes(gzip.compress(plain.read_bytes().splitlines(keepends=True)[0]))
-    assert halves([one, small]) is None  # not of comparable size
+    assert halves([one, small]) is None  # whole files, not of comparable size
+    other = tmp_path / "other.jsonl.gz"
+    other.write_bytes(gzip.compress(plain.read_bytes()))
+    assert halves([one, other]) == ([(one, None)], [(other, None)])  # whole files of one size
 
 
 def test_one_compressed_file_is_read_by_one_process_and_a_segment_named_twice_once(
@@ -223,15 +274,19 @@ def test_one_compressed_file_is_read_by_one_process_and_a_segment_named_twice_on
     assert len(named_twice.spans) == len(read_summary_spans([configured]).spans)
 
 
-@pytest.mark.parametrize("segments", [None, 4], ids=["plain", "gzip-segments"])
+@pytest.mark.parametrize("layout", ["plain", "gzip-segments", "one-gzip-file"])
 def test_the_time_split_streamed_by_one_or_two_processes_is_what_every_span_gives(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, segments: int | None
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, layout: str
 ) -> None:
     if fork_context() is None:
         pytest.skip("the two-process read needs two cores and fork")
     path = _split_run(tmp_path / "run.jsonl")
-    # Rotated gzip segments are split between the processes by whole segments.
-    given = path if segments is None else _gzip_segments(path, tmp_path / "segments", segments)
+    # Rotated gzip segments, and one gzip file of many members, are cut where a member begins.
+    given = {
+        "plain": path,
+        "gzip-segments": _gzip_segments(path, tmp_path / "segments", 4),
+        "one-gzip-file": _members(path, tmp_path / "one.jsonl.gz"),
+    }[layout]
     one, two = _read_by_one_and_two_processes(capsys, monkeypatch, given, READERS[:2])
     assert two == one
 
@@ -849,16 +904,19 @@ def test_check_halves_join_only_when_no_span_was_read_by_both() -> None:
         assert not stream._read_once(first, second)
 
 
-@pytest.mark.parametrize("compressed", [False, True], ids=["plain", "gzip"])
+@pytest.mark.parametrize("layout", ["plain", "gzip", "one-gzip-file"])
 def test_check_of_a_rotated_run_is_split_between_two_processes_and_finds_what_one_finds(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, compressed: bool
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, layout: str
 ) -> None:
     # Rotation is on by default: a run past 256 MB is segments, and each is one writer's, in order.
     with capture_spans() as captured:
         training_run(rollouts=40)
         spans = _cut_through_a_trace(captured)
     path = _write_spans(tmp_path / "run.jsonl", spans, per_line=1)
-    configured = _segments(path, tmp_path / "segments", 3, compressed)
+    if layout == "one-gzip-file":
+        configured, files = _members(path, tmp_path / "one.jsonl.gz"), 1
+    else:
+        configured, files = _segments(path, tmp_path / "segments", 3, layout == "gzip"), 3
     monkeypatch.setattr(stream, "EARLY_SPANS", 1000)
     read: list[list[tuple[Path, object]]] = []
     monkeypatch.setattr(stream, "apart", _here)
@@ -868,11 +926,11 @@ def test_check_of_a_rotated_run_is_split_between_two_processes_and_finds_what_on
     assert one.problems
     read.clear()
     assert check_files([configured], held=120, limit=None, parallel_from=1 << 60) == one
-    assert [len(parts) for parts in read] == [3]  # one process: the segments one after another
+    assert [len(parts) for parts in read] == [files]  # one process: the segments one after another
     read.clear()
     assert check_files([configured], held=120, limit=None, parallel_from=0) == one
-    # This process read the first half once (whole segments, or up to a line of a plain one); the
-    # forked one the rest.
+    # This process read the first half once (whole segments, then up to a line of a plain one or to
+    # a member of a compressed one); the forked one the rest.
     split = halves(trace_files_of([configured]), source.second_share())
     assert split is not None and read == [split[0]]
 

@@ -22,8 +22,15 @@ from typing import Any, Protocol
 
 from gymtrace import _constants as c
 from gymtrace._model.numbers import read_int
+from gymtrace._model.tracefiles import (
+    REQUEST_START,
+    Warn,
+    compression_of,
+    line_cut_short,
+    open_lines,
+    trace_files,
+)
 from gymtrace._model.tracefiles import TraceFileError as TraceFileError
-from gymtrace._model.tracefiles import Warn, compression_of, line_cut_short, open_lines, trace_files
 
 
 @dataclass(frozen=True)
@@ -851,9 +858,9 @@ def parse_json_line(raw: bytes) -> Any:
     return json.loads(raw.decode("utf-8"))
 
 
-# A byte range of a file, [start, end), that starts at the start of a line (a reader splits a big
-# plain file between processes; a compressed file has no byte a line starts at, so it is read
-# whole: see ``_read.source.halves``); None: the whole file.
+# A byte range of a file, [start, end), that starts at the start of a line of a plain file, or where
+# a gzip member (zstd frame) of a compressed one starts and ends (a reader splits a big file between
+# processes: see ``_read.source.halves``); None: the whole file.
 Part = tuple[int, int] | None
 
 
@@ -871,13 +878,11 @@ def _part_lines(f: Any, part: tuple[int, int]) -> Iterator[bytes]:
 @contextmanager
 def _open_part(path: Path, part: Part, warn: Warn | None, still_written: bool) -> Iterator[Iterable[bytes]]:
     """The lines of a file (:func:`~gymtrace._model.tracefiles.open_lines`: decompressed by its
-    suffix), or of ``part`` of a plain one."""
-    if part is None:
-        with open_lines(path, warn=warn, still_written=still_written) as lines:
+    suffix), or of ``part`` of it."""
+    if part is None or compression_of(path) is not None:
+        with open_lines(path, warn=warn, still_written=still_written, members=part) as lines:
             yield lines
         return
-    if compression_of(path) is not None:
-        raise ValueError(f"{path}: a byte range of a compressed file")  # a caller's mistake
     with open(path, "rb") as f:
         yield _part_lines(f, part)
 
@@ -907,6 +912,9 @@ def line_number(path: str | Path, part: Part, number: int) -> int:
     message: a part's first line number is not known without reading what comes before it)."""
     if part is None or part[0] == 0:
         return number
+    if compression_of(path) is not None:
+        with open_lines(path, members=(0, part[0])) as lines:
+            return sum(1 for _ in lines) + number
     before, left = 0, part[0]
     with open(path, "rb") as f:
         while left > 0:
@@ -926,7 +934,7 @@ def iter_requests(
     part: Part = None,
     reducer: LineReducer | None = None,
 ) -> Iterator[tuple[int, Any, bool]]:
-    """Each line of one trace file, plain or compressed (or of ``part`` of a plain one) as ``(line
+    """Each line of one trace file, plain or compressed (or of ``part`` of it) as ``(line
     number in the part, parsed JSON, last line without its newline)``, one at a time.
 
     A line that is not JSON raises :class:`TraceFileError` naming the file and line, except a last
@@ -962,11 +970,6 @@ def iter_requests(
             yield number, request, unfinished
 
 
-# How every request gymtrace (and the Collector's file exporter) writes begins. JSON text holds it
-# only there: inside a string its quotes would be escaped.
-_REQUEST_START = b'{"resourceSpans":'
-
-
 def _write_cut_short(where: str) -> str:
     """What a reader says of a line that begins with a write cut short and ends with a whole one."""
     return (
@@ -980,7 +983,7 @@ def _after_a_cut_write(raw: bytes) -> Any:
     mid-line (an encoder process, a forked child) leaves its bytes without a newline, and the next
     writer of the file appends a whole line after them. None unless the line's last request start
     comes after its first byte and reads whole from there."""
-    start = raw.rfind(_REQUEST_START)
+    start = raw.rfind(REQUEST_START)
     if start <= 0:
         return None
     try:
@@ -1012,7 +1015,7 @@ def iter_file_spans(
     reducer: LineReducer | None = None,
 ) -> Iterator[SpanData]:
     """The spans of one trace file (a file :func:`~gymtrace._model.tracefiles.trace_files` listed,
-    plain or compressed; or ``part`` of a plain one), one at a time. ``keep``, given a span's raw
+    plain or compressed; or ``part`` of it), one at a time. ``keep``, given a span's raw
     OTLP/JSON object, says whether to decode it at all, and ``decode`` how (see
     :func:`decode_otlp_json`); ``reducer`` as :func:`iter_requests`'s."""
     file = Path(path)

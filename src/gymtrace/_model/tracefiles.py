@@ -36,6 +36,16 @@ _READ_BLOCK = 1 << 20
 _COMPRESSION_OF_SUFFIX = {suffix: name for name, suffix in env.COMPRESSED_SUFFIXES.items()}
 _COMPRESSED = "(?:" + "|".join(map(re.escape, env.COMPRESSED_SUFFIXES.values())) + ")?"
 _ZSTD_HINT = "zstd needs Python 3.14 or the zstandard package: pip install 'gymtrace[zstd]'"
+# How every request gymtrace (and the Collector's file exporter) writes begins. JSON text holds it
+# only there: inside a string its quotes would be escaped.
+REQUEST_START = b'{"resourceSpans":'
+# How a gzip member (its magic number and deflate) and a zstd frame (its magic number) begin.
+_MEMBER_MAGIC = {env.COMPRESS_GZIP: b"\x1f\x8b\x08", env.COMPRESS_ZSTD: b"\x28\xb5\x2f\xfd"}
+# How far past a byte a reader looks for the next member to cut a compressed file at, and the most
+# it decompresses of one to know it is one: gymtrace writes an export a member (~30 KB of ~0.5 MB
+# of lines at 512 spans); a file compressed whole (one member) has none to cut at.
+_MEMBER_SEARCH = 64 << 20
+_MEMBER_LIMIT = 64 << 20
 
 
 class TraceFileError(ValueError):
@@ -263,14 +273,16 @@ class _CutShort(Exception):
     """The stream ended inside a member (frame): its writer stopped mid-write, or is writing it."""
 
 
-def _blocks(f: Any, make: Callable[[], Any], path: Path) -> Iterator[bytes]:
-    """The decompressed bytes of a file of concatenated members (frames); :class:`_CutShort` at
-    the end if the last one is unfinished."""
+def _blocks(f: Any, make: Callable[[], Any], path: Path, left: int | None = None) -> Iterator[bytes]:
+    """The decompressed bytes of a file of concatenated members (frames), from where ``f`` is and
+    ``left`` bytes of it if given; :class:`_CutShort` at the end if the last one is unfinished."""
     unpack = None
     while True:
-        data = f.read(_READ_BLOCK)
+        data = f.read(_READ_BLOCK if left is None else min(_READ_BLOCK, left))
         if not data:
             break
+        if left is not None:
+            left -= len(data)
         while data:
             if unpack is None:
                 unpack = make()
@@ -314,10 +326,16 @@ def _lines(blocks: Iterator[bytes], path: Path, warn: Warn | None, still_written
 
 @contextmanager
 def open_lines(
-    path: str | os.PathLike[str], *, warn: Warn | None = None, still_written: bool = False
+    path: str | os.PathLike[str],
+    *,
+    warn: Warn | None = None,
+    still_written: bool = False,
+    members: tuple[int, int] | None = None,
 ) -> Iterator[Iterable[bytes]]:
     """The lines of one trace file, as bytes with their newlines, decompressed by its suffix
-    (``.gz``, ``.zst``; else plain, the open file itself).
+    (``.gz``, ``.zst``; else plain, the open file itself); of a compressed one, with ``members``,
+    the lines of the byte range [start, end) that begins and ends where members (frames) do
+    (:func:`member_start`).
 
     A compressed file cut short inside its last member (frame) yields the whole lines before the
     cut, then: nothing more if ``still_written`` (``gymtrace live``: it is whole at the next read),
@@ -326,5 +344,73 @@ def open_lines(
     p = Path(path)
     compression = compression_of(p)
     make = None if compression is None else _decompressor(compression, p)
+    if make is None and members is not None:
+        raise ValueError(f"{p}: members of a plain file")  # a caller's mistake
     with open(p, "rb") as f:
-        yield f if make is None else _lines(_blocks(f, make, p), p, warn, still_written)
+        if make is None:
+            yield f
+            return
+        left = None
+        if members is not None:
+            f.seek(members[0])
+            left = members[1] - members[0]
+        yield _lines(_blocks(f, make, p, left), p, warn, still_written)
+
+
+def member_start(path: str | os.PathLike[str], at: int) -> int | None:
+    """Where the first gzip member (zstd frame) of compressed trace file ``path`` that starts at or
+    after byte ``at`` begins, so that a second reader can read the file from there while a first
+    reads it up to there; None if none begins within reach.
+
+    A member is taken where it decompresses whole into lines of trace requests: gymtrace writes
+    each export as one (so does the Collector's file exporter), whereas the magic number a member
+    begins with can also turn up inside compressed bytes. A file compressed whole (``gzip FILE``)
+    has no member past its first, and is read by one reader."""
+    p = Path(path)
+    compression = compression_of(p)
+    if compression is None:
+        raise ValueError(f"{p}: not compressed")  # a caller's mistake
+    magic = _MEMBER_MAGIC[compression]
+    make = _decompressor(compression, p)
+    with open(p, "rb") as f:
+        end = min(os.fstat(f.fileno()).st_size, at + _MEMBER_SEARCH)
+        block_at = at
+        while block_at < end:
+            f.seek(block_at)
+            # A magic number across two blocks is found in the first: each block overlaps the next.
+            block = f.read(min(_READ_BLOCK, end - block_at) + len(magic) - 1)
+            found = block.find(magic)
+            while found >= 0:
+                if block_at + found >= end:
+                    break
+                if _whole_member(f, block_at + found, make):
+                    return block_at + found
+                found = block.find(magic, found + 1)
+            block_at += _READ_BLOCK
+    return None
+
+
+def _whole_member(f: Any, at: int, make: Callable[[], Any]) -> bool:
+    """Whether one member (frame) begins at byte ``at`` of ``f``: it decompresses to its end into
+    lines that begin with a request (read no further than a stray magic number needs to fail)."""
+    f.seek(at)
+    unpack = make()
+    head, last, made = b"", b"", 0
+    while not unpack.eof:
+        data = f.read(1 << 16)
+        if not data:
+            return False  # cut short, or not a member
+        try:
+            out = unpack.decompress(data)
+        except Exception:  # noqa: BLE001 - zlib.error, ZstdError: not a member that begins here
+            return False
+        if out:
+            if len(head) < len(REQUEST_START):
+                head += out[: len(REQUEST_START) - len(head)]
+                if not REQUEST_START.startswith(head):
+                    return False
+            last, made = out[-1:], made + len(out)
+            if made > _MEMBER_LIMIT:
+                return False
+    # It began as a request does (checked as it came: text shorter than that cannot end a line).
+    return last == b"\n"

@@ -48,7 +48,7 @@ from gymtrace._model.spandata import (
     unpack_spans,
     unpack_values,
 )
-from gymtrace._model.tracefiles import Warn, compression_of, trace_files_of
+from gymtrace._model.tracefiles import Warn, compression_of, member_start, trace_files_of
 from gymtrace._read.native import native_module
 from gymtrace._read.timesplit import (
     EpisodeTimes,
@@ -459,21 +459,14 @@ def halves(
     """The files as two lists of parts, in order, each part whole lines, the second holding about
     ``second_share`` of the bytes (a half by default); None when there are no two such lists.
 
-    A byte range is read only of a plain file: a compressed one has no byte a line starts at. So
-    plain files are cut at the line the target byte is in (where the second part's share begins);
-    when any file is compressed, the files are split whole (a run's segments, its processes'
-    files), at the file boundary nearest the target, if the smaller part holds a third of the bytes
-    or more; else (one big compressed file) there are no halves, and one process reads it all."""
+    The file the target byte is in is cut where the second part's share begins: a plain one at the
+    end of the line the target byte is in, a compressed one where its next gzip member (zstd frame)
+    begins (gymtrace writes an export a member: :func:`~gymtrace._model.tracefiles.member_start`).
+    A compressed file with no member there (one compressed whole) is not cut: the files are split
+    whole, at the file boundary nearest the target, if the smaller part holds a third of the bytes
+    or more; else there are no halves, and one process reads them all."""
     sizes = [f.stat().st_size for f in files]
     target = sum(sizes) - int(sum(sizes) * second_share)
-    if any(compression_of(f) is not None for f in files):
-        ends = [sum(sizes[: i + 1]) for i in range(len(files) - 1)]
-        if not ends:
-            return None
-        cut = min(range(len(ends)), key=lambda i: abs(ends[i] - target))
-        if min(ends[cut], sum(sizes) - ends[cut]) * 3 < sum(sizes):
-            return None
-        return [(f, None) for f in files[: cut + 1]], [(f, None) for f in files[cut + 1 :]]
     first: list[tuple[Path, Part]] = []
     second: list[tuple[Path, Part]] = []
     offset = 0
@@ -483,14 +476,35 @@ def halves(
         elif offset >= target:
             second.append((file, None))
         else:
-            with open(file, "rb") as f:
-                f.seek(target - offset)
-                cut = target - offset + len(f.readline())  # the end of the line the target is in
+            cut = _cut(file, target - offset)
+            if cut is None:
+                return _whole_files(files, sizes, target)
             first.append((file, (0, cut)))
             if cut < size:
                 second.append((file, (cut, size)))
         offset += size
     return first, second
+
+
+def _cut(file: Path, at: int) -> int | None:
+    """Where a part of ``file`` that holds byte ``at`` can end (see :func:`halves`)."""
+    if compression_of(file) is not None:
+        return member_start(file, at)
+    with open(file, "rb") as f:
+        f.seek(at)
+        return at + len(f.readline())  # the end of the line the target is in
+
+
+def _whole_files(
+    files: list[Path], sizes: list[int], target: int
+) -> tuple[list[tuple[Path, Part]], list[tuple[Path, Part]]] | None:
+    ends = [sum(sizes[: i + 1]) for i in range(len(files) - 1)]
+    if not ends:
+        return None
+    cut = min(range(len(ends)), key=lambda i: abs(ends[i] - target))
+    if min(ends[cut], sum(sizes) - ends[cut]) * 3 < sum(sizes):
+        return None
+    return [(f, None) for f in files[: cut + 1]], [(f, None) for f in files[cut + 1 :]]
 
 
 def fork_context() -> Any:
