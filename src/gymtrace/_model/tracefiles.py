@@ -6,10 +6,11 @@ holds ``GYMTRACE_FILE_ROTATE_MB``, then ``traces.000001.jsonl.gz``, ...; a child
 ``traces.pid-4242.jsonl.gz``, ... (:func:`child_path`). :func:`trace_files` finds them all.
 
 Every export is one gzip member (zstd frame) appended in one write, so the segment being written is
-readable at every moment, and a process killed mid-write leaves at most its last member cut short
-(:func:`open_lines` skips it with a warning). No segment is ever renamed: the writers of one file
-(the export thread, the encoder process, a forked child) each move on when the segment is full, and
-agree on the next one without talking to each other.
+readable at every moment, a process killed mid-write leaves at most its last member cut short
+(:func:`open_lines` skips it with a warning), and a reader can start at any member: two processes
+read one big file from either side of one (:func:`member_start`). No segment is ever renamed: the
+writers of one file (the export thread, the encoder process, a forked child) each move on when the
+segment is full, and agree on the next one without talking to each other.
 """
 
 from __future__ import annotations
@@ -363,9 +364,9 @@ def member_start(path: str | os.PathLike[str], at: int) -> int | None:
     reads it up to there; None if none begins within reach.
 
     A member is taken where it decompresses whole into lines of trace requests: gymtrace writes
-    each export as one (so does the Collector's file exporter), whereas the magic number a member
-    begins with can also turn up inside compressed bytes. A file compressed whole (``gzip FILE``)
-    has no member past its first, and is read by one reader."""
+    each export as one, whereas the magic number a member begins with can also turn up inside
+    compressed bytes. A file compressed whole (``gzip FILE``) has no member past its first, and is
+    read by one reader."""
     p = Path(path)
     compression = compression_of(p)
     if compression is None:

@@ -8,7 +8,7 @@ its children), and the rollout-level rules run at the end over the spans held fo
 open while more than :data:`HELD_SPANS` spans are held is :class:`SpreadTooThin`.
 
 From ``PARALLEL_BYTES`` on, one writer's files (a file and its rotated segments, one stream) are
-split with a forked process, at a line of a plain file or between whole compressed segments; the
+split with a forked process, at a line of a plain file or a member of a compressed one; the
 traces the cut runs through are checked again whole, and where the halves cannot be joined exactly
 the second half is read again here. Several writers' files are merged by time in one process.
 After two processes, the rules over whole rollouts are run by a forked process while this one
