@@ -640,16 +640,21 @@ def test_the_second_process_reads_its_share_of_a_plain_input_cut_at_a_line(tmp_p
         assert abs((end - cut) / size - share) < 0.01
 
 
+@pytest.mark.parametrize("compressed", [False, True], ids=["plain", "gzip"])
 def test_a_malformed_line_read_by_the_second_process_is_named_by_its_line_in_the_file(
-    run_file: Path,
+    run_file: Path, tmp_path: Path, compressed: bool
 ) -> None:
     lines = run_file.read_text().splitlines(keepends=True)
     bad = len(lines) - 2
     lines[bad] = "{not json\n"
     run_file.write_text("".join(lines))
+    path = _members(run_file, tmp_path / "members.jsonl.gz") if compressed else run_file
+    if compressed:
+        split = halves([path])
+        assert split is not None and split[1][0][1] is not None  # the second process reads a part
     for parallel_from in (0, 1 << 60):
-        with pytest.raises(TraceFileError, match=f"{run_file}:{bad + 1}:"):
-            read_summary_spans([run_file], parallel_from=parallel_from)
+        with pytest.raises(TraceFileError, match=f"{path}:{bad + 1}:"):
+            read_summary_spans([path], parallel_from=parallel_from)
 
 
 # -- check, trace by trace ------------------------------------------------------------------------
