@@ -212,7 +212,7 @@ def test_a_compressed_file_is_cut_where_a_member_begins_and_each_part_reads_whol
     starts = list(itertools.accumulate((len(member(line)) for line in lines), initial=0))
     assert cut in starts[1:-1]  # where a member begins, about halfway
     assert abs(cut / end - 0.5) < 0.2
-    with open_lines(one, members=(0, cut)) as first, open_lines(one, members=(cut, end)) as second:
+    with open_lines(one, part=(0, cut)) as first, open_lines(one, part=(cut, end)) as second:
         assert [*first, *second] == lines
 
 

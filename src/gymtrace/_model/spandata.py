@@ -24,6 +24,7 @@ from gymtrace import _constants as c
 from gymtrace._model.numbers import read_int
 from gymtrace._model.tracefiles import (
     REQUEST_START,
+    Part,
     Warn,
     compression_of,
     line_cut_short,
@@ -858,49 +859,20 @@ def parse_json_line(raw: bytes) -> Any:
     return json.loads(raw.decode("utf-8"))
 
 
-# A byte range of a file, [start, end), that starts at the start of a line of a plain file, or where
-# a gzip member (zstd frame) of a compressed one starts and ends (a reader splits a big file between
-# processes: see ``_read.source.halves``); None: the whole file.
-Part = tuple[int, int] | None
-
-
-def _part_lines(f: Any, part: tuple[int, int]) -> Iterator[bytes]:
-    at, end = part
-    f.seek(at)
-    while at < end:
-        raw = f.readline()
-        if not raw:
-            return
-        at += len(raw)
-        yield raw
-
-
-@contextmanager
-def _open_part(path: Path, part: Part, warn: Warn | None, still_written: bool) -> Iterator[Iterable[bytes]]:
-    """The lines of a file (:func:`~gymtrace._model.tracefiles.open_lines`: decompressed by its
-    suffix), or of ``part`` of it."""
-    if part is None or compression_of(path) is not None:
-        with open_lines(path, warn=warn, still_written=still_written, members=part) as lines:
-            yield lines
-        return
-    with open(path, "rb") as f:
-        yield _part_lines(f, part)
-
-
 @contextmanager
 def _read_lines(
     path: Path, part: Part, warn: Warn | None, still_written: bool, reducer: LineReducer | None
 ) -> Iterator[Iterable[tuple[bytes | list[SpanData], bool]]]:
-    """The lines of a file or part (:func:`_open_part`), each with whether it ends without its
-    newline; through ``reducer`` when given: a plain file read by it (a line of ~0.5 MB is not made
-    a Python object first), a compressed one line by line; a line reduced to spans it made itself
-    comes as their list (:class:`MadeSpans`)."""
+    """The lines of a file or part (:func:`~gymtrace._model.tracefiles.open_lines`), each with
+    whether it ends without its newline; through ``reducer`` when given: a plain file read by it (a
+    line of ~0.5 MB is not made a Python object first), a compressed one line by line; a line
+    reduced to spans it made itself comes as their list (:class:`MadeSpans`)."""
     if reducer is not None and compression_of(path) is None:
         with open(path, "rb") as f:
             start, stop = part if part is not None else (0, None)
             yield reducer.read(f.fileno(), start, stop)
         return
-    with _open_part(path, part, warn, still_written) as lines:
+    with open_lines(path, warn=warn, still_written=still_written, part=part) as lines:
         if reducer is None:
             yield ((raw, not raw.endswith(b"\n")) for raw in lines)
         else:
@@ -912,18 +884,8 @@ def line_number(path: str | Path, part: Part, number: int) -> int:
     message: a part's first line number is not known without reading what comes before it)."""
     if part is None or part[0] == 0:
         return number
-    if compression_of(path) is not None:
-        with open_lines(path, members=(0, part[0])) as lines:
-            return sum(1 for _ in lines) + number
-    before, left = 0, part[0]
-    with open(path, "rb") as f:
-        while left > 0:
-            block = f.read(min(left, 1 << 20))
-            if not block:
-                break
-            before += block.count(b"\n")
-            left -= len(block)
-    return before + number
+    with open_lines(path, part=(0, part[0])) as lines:
+        return sum(1 for _ in lines) + number
 
 
 def iter_requests(

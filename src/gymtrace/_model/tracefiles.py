@@ -49,6 +49,12 @@ _MEMBER_SEARCH = 64 << 20
 _MEMBER_LIMIT = 64 << 20
 
 
+# A byte range of a file, [start, end), that starts at the start of a line of a plain file, or where
+# a gzip member (zstd frame) of a compressed one starts and ends (a reader splits a big file between
+# processes: see ``_read.source.halves``); None: the whole file.
+Part = tuple[int, int] | None
+
+
 class TraceFileError(ValueError):
     """A file of OTLP/JSON lines could not be read; the message names the file and line."""
 
@@ -331,12 +337,11 @@ def open_lines(
     *,
     warn: Warn | None = None,
     still_written: bool = False,
-    members: tuple[int, int] | None = None,
+    part: Part = None,
 ) -> Iterator[Iterable[bytes]]:
-    """The lines of one trace file, as bytes with their newlines, decompressed by its suffix
-    (``.gz``, ``.zst``; else plain, the open file itself); of a compressed one, with ``members``,
-    the lines of the byte range [start, end) that begins and ends where members (frames) do
-    (:func:`member_start`).
+    """The lines of one trace file, or of its byte range ``part`` (:data:`Part`), as bytes with
+    their newlines, decompressed by its suffix (``.gz``, ``.zst``; else plain, the open file itself
+    when whole).
 
     A compressed file cut short inside its last member (frame) yields the whole lines before the
     cut, then: nothing more if ``still_written`` (``gymtrace live``: it is whole at the next read),
@@ -345,17 +350,24 @@ def open_lines(
     p = Path(path)
     compression = compression_of(p)
     make = None if compression is None else _decompressor(compression, p)
-    if make is None and members is not None:
-        raise ValueError(f"{p}: members of a plain file")  # a caller's mistake
     with open(p, "rb") as f:
-        if make is None:
-            yield f
+        if part is not None:
+            f.seek(part[0])
+        if make is not None:
+            left = None if part is None else part[1] - part[0]
+            yield _lines(_blocks(f, make, p, left), p, warn, still_written)
+        else:
+            yield f if part is None else _plain_lines(f, *part)
+
+
+def _plain_lines(f: Any, at: int, end: int) -> Iterator[bytes]:
+    """The lines of a plain file ``f`` from byte ``at`` (where it is) up to byte ``end``."""
+    while at < end:
+        raw = f.readline()
+        if not raw:
             return
-        left = None
-        if members is not None:
-            f.seek(members[0])
-            left = members[1] - members[0]
-        yield _lines(_blocks(f, make, p, left), p, warn, still_written)
+        at += len(raw)
+        yield raw
 
 
 def member_start(path: str | os.PathLike[str], at: int) -> int | None:

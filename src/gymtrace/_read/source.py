@@ -30,7 +30,6 @@ from gymtrace import _constants as c
 from gymtrace._model.numbers import read_int
 from gymtrace._model.spandata import (
     NOT_PLAIN,
-    Part,
     SpanData,
     TraceFileError,
     decode_any_value,
@@ -48,7 +47,7 @@ from gymtrace._model.spandata import (
     unpack_spans,
     unpack_values,
 )
-from gymtrace._model.tracefiles import Warn, compression_of, member_start, trace_files_of
+from gymtrace._model.tracefiles import Part, Warn, compression_of, member_start, trace_files_of
 from gymtrace._read.native import native_module
 from gymtrace._read.timesplit import (
     EpisodeTimes,

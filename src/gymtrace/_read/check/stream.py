@@ -28,7 +28,6 @@ from typing import Any
 
 from gymtrace import _constants as c
 from gymtrace._model.spandata import (
-    Part,
     SpanData,
     TraceFileError,
     decode_held,
@@ -37,7 +36,7 @@ from gymtrace._model.spandata import (
     iter_file_spans,
     normalize,
 )
-from gymtrace._model.tracefiles import Warn, first_segment, trace_files_of
+from gymtrace._model.tracefiles import Part, Warn, first_segment, trace_files_of
 from gymtrace._read.check import EXAMPLES, _limit, problems_of
 from gymtrace._read.check.notes import (
     awaiting_outcomes,
