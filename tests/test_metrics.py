@@ -471,3 +471,66 @@ def test_consumed_rollouts_are_counted_by_training_outcome_with_their_staleness(
     # r0, r1 started under version 0, r2 and r3 under 2; the step starts from 3.
     assert staleness["unit"] == "{version}" and staleness["count"] == 4 and staleness["sum"] == 3 + 3 + 1 + 1
     assert all(p["exemplar_traces"] for p in _points(result, "gym.rollout.consumed"))
+
+
+# The rollouts' owner: opens ROLLOUTS rollouts and hands each off (continued elsewhere), printing the
+# carriers. The scorer: writes each rollout's reward from its carrier, as a NeMo Gym resources
+# server's /verify does, and prints how many objects the collector tracks before and after.
+OWNER = """
+import json, sys
+import gymtrace
+from gymtrace import propagation
+
+gymtrace.configure(file=sys.argv[1])
+carriers = []
+with gymtrace.run(run_id="m"):
+    for i in range(int(sys.argv[2])):
+        with gymtrace.rollout(rollout_id=f"r{i}", task_id="t"), gymtrace.episode():
+            carrier = {}
+            propagation.inject(carrier, destination=propagation.GYM_INTERNAL, continuation=True)
+            carriers.append(carrier)
+gymtrace.force_flush()
+print(json.dumps(carriers))
+"""
+
+SCORER = """
+import gc, json, sys
+import gymtrace
+from gymtrace import propagation
+
+gymtrace.configure(file=sys.argv[1])
+carriers = json.load(open(sys.argv[2]))
+
+def score(part):
+    for carrier in part:
+        with propagation.attach(carrier):
+            gymtrace.record_reward(1.0)
+    gymtrace.force_flush()
+    gc.collect()
+    return len(gc.get_objects())
+
+warm = len(carriers) // 4
+score(carriers[:warm])  # the caches and the exporter's buffers made once
+before = score([])
+after = score(carriers[warm:])
+print(json.dumps({"before": before, "after": after, "scored": len(carriers) - warm}))
+"""
+
+
+def test_a_process_scoring_rollouts_another_process_owns_keeps_nothing_per_rollout(tmp_path: Path) -> None:
+    # A NeMo Gym resources server writes an outcome record for every rollout the driver owns and
+    # counts: a record kept here waiting for a rollout that never ends here would grow the server's
+    # heap by a rollout's facts each time (and every full collection walks them).
+    owner = run_python(str(tmp_path / "owner.jsonl"), "2000", code=OWNER, cwd=tmp_path)
+    assert owner.returncode == 0, owner.stderr
+    (tmp_path / "carriers.json").write_text(owner.stdout.strip().splitlines()[-1])
+    scorer = run_python(
+        str(tmp_path / "scorer.jsonl"), str(tmp_path / "carriers.json"), code=SCORER, cwd=tmp_path
+    )
+    assert scorer.returncode == 0, scorer.stderr
+    counts = json.loads(scorer.stdout.strip().splitlines()[-1])
+    assert counts["scored"] == 1500
+    assert counts["after"] - counts["before"] < counts["scored"] // 10, counts
+    # Every reward was written, and the readers see each rollout scored over both files.
+    [stats] = _stats(tmp_path / "owner.jsonl", tmp_path / "scorer.jsonl")
+    assert (stats["scored"], stats["unscored"], stats.get("pending", 0)) == (2000, 0, 0)

@@ -55,6 +55,22 @@ def open_rollouts() -> int:
 _metrics.open_rollouts = open_rollouts
 
 
+def rollout_open(trace_id: int, rollout_id: object) -> bool:
+    """Whether a rollout span of this trace and rollout ID started in this process and has not ended:
+    this process then counts that rollout, and a record written meanwhile waits for its end."""
+    for frame in list(open_scopes.values()):
+        if (
+            frame.kind == c.KIND_ROLLOUT
+            and frame.identity.get(c.ROLLOUT_ID) == rollout_id
+            and frame.span.get_span_context().trace_id == trace_id
+        ):
+            return True
+    return False
+
+
+_metrics.rollout_open = rollout_open
+
+
 class _Watched:
     """One open rollout of this process, as the heartbeat thread last saw it."""
 

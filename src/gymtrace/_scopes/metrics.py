@@ -175,6 +175,15 @@ def _no_open_rollouts() -> int:
 # table of open activations.
 open_rollouts: Callable[[], int] = _no_open_rollouts
 
+
+def _no_rollout_open(trace_id: int, rollout_id: object) -> bool:
+    return False
+
+
+# Whether the rollout of this trace and ID is open in this process (handed down like open_rollouts):
+# only then does a record written before its end wait for it here.
+rollout_open: Callable[[int, object], bool] = _no_rollout_open
+
 # Rollouts that ended here and wait for the next collection, and outcome records waiting for their
 # rollout to end here, at most this many each: past it the oldest is counted (or dropped) by the
 # heartbeat thread, so a process whose metrics nobody reads (no MeterProvider) keeps a bounded table.
@@ -288,9 +297,15 @@ def outcome_recorded(
         if target is None:
             target = pending.records.get(key)
             if target is None:
+                if not rollout_open(trace_id, rollout_id):
+                    # Another process's rollout (a NeMo Gym server's /verify, a remote scorer), or one
+                    # counted here already: nothing here will count this fact. Kept, it would stay
+                    # until MAX_WAITING pushed it out: a server's heap grown by ten thousand
+                    # rollouts, which every full collection of the garbage collector walks.
+                    return
                 target = pending.records[key] = _Ended([], [], span_context)
                 if len(pending.records) > MAX_WAITING:
-                    pending.records.popitem(last=False)  # another process's rollout, most likely
+                    pending.records.popitem(last=False)  # the oldest of an owner that never ends them
         target.candidates.append(candidate)
         if episode is not None:
             target.episodes.append(episode)
