@@ -128,3 +128,81 @@ def test_a_continuation_asked_for_reserves_a_step_and_hands_the_rollout_off(capt
     steps = sorted(s.attributes[c.STEP_NUMBER] for s in captured.by_kind(c.KIND_STEP))
     assert steps == [1, 2, 3]  # step 2 is the continuation's
     assert captured.one(c.KIND_ROLLOUT).attributes[c.ROLLOUT_OUTCOME] == c.OUTCOME_PENDING
+
+
+# -- under gymtrace's configuration: the global propagator reads the identity once ------------------
+
+
+def test_under_configure_an_extraction_reads_the_identity_once_for_every_reader(
+    forget_configure, captured: CapturedSpans
+) -> None:
+    # FastAPI's own telemetry and the official ASGI middleware extract with the global propagator:
+    # once gymtrace is configured, the gym entries never become OpenTelemetry baggage there, and
+    # the server span, the middleware and the continued scope take the identity read that once.
+    gymtrace.configure(file=False)
+    extracted = propagate.extract(INCOMING)
+    assert baggage.get_all(extracted) == {"tenant": "acme"}
+    assert propagation.identity_from_context(extracted) == IDENTITY
+    # As FastAPI's telemetry does: the extracted context attached, the server span started in it.
+    outer = otel_context.attach(extracted)
+    try:
+        with captured.tracer_provider.get_tracer("some.server").start_as_current_span("GET /work"):
+            current = otel_context.get_current()
+            identity = instrumentation.incoming_identity(INCOMING["baggage"], current)
+            assert identity == IDENTITY
+            # Another header than the one extracted is read for itself.
+            assert instrumentation.incoming_identity("gym.rollout.id=r-9", current) == {c.ROLLOUT_ID: "r-9"}
+            token = otel_context.attach(instrumentation.continue_scope(current, identity))
+            try:
+                assert _gym_baggage() == {}
+                with gymtrace.step():
+                    pass
+            finally:
+                otel_context.detach(token)
+    finally:
+        otel_context.detach(outer)
+    _assert_stamped(captured, "GET /work")
+    # The step number the caller reserved (gym.step.base) still numbers the steps here.
+    assert captured.one(c.KIND_STEP).attributes[c.STEP_NUMBER] == 4
+
+
+def test_under_configure_an_extraction_believes_only_what_the_trust_setting_allows(
+    forget_configure, captured: CapturedSpans
+) -> None:
+    gymtrace.configure(file=False, trust_identity="none")
+    extracted = propagate.extract(INCOMING)
+    assert baggage.get_all(extracted) == {"tenant": "acme"}
+    assert propagation.identity_from_context(extracted) == {}
+    with captured.tracer_provider.get_tracer("some.server").start_as_current_span(
+        "GET /work", context=extracted
+    ):
+        pass
+    (span,) = captured.spans
+    assert not [key for key in span.attributes or {} if key.startswith("gym.")]
+
+
+def test_without_a_baggage_propagator_the_identity_stays_behind_under_configure(forget_configure) -> None:
+    from opentelemetry.propagators.composite import CompositePropagator
+    from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+
+    before = propagate.get_global_textmap()
+    propagate.set_global_textmap(CompositePropagator([TraceContextTextMapPropagator()]))
+    try:
+        gymtrace.configure(file=False)
+        extracted = propagate.extract(INCOMING)
+        assert propagation.identity_from_context(extracted) == {}
+        assert baggage.get_all(extracted) == {}
+        assert propagate.get_global_textmap().fields == {"traceparent", "tracestate"}
+    finally:
+        gymtrace.testing.reset()
+        propagate.set_global_textmap(before)
+
+
+def test_reset_sets_the_global_propagator_back(forget_configure) -> None:
+    before = propagate.get_global_textmap()
+    gymtrace.configure(file=False)
+    assert propagate.get_global_textmap() is not before
+    gymtrace.testing.reset()
+    assert propagate.get_global_textmap() is before
+    extracted = propagate.extract(INCOMING)
+    assert baggage.get_baggage(c.ROLLOUT_ID, extracted) == "r-7"  # OpenTelemetry's reading again

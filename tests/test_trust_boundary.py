@@ -218,8 +218,9 @@ def test_duplicate_baggage_headers_give_the_server_span_and_the_handler_one_iden
 
 @pytest.mark.e2e
 def test_one_extraction_per_request_with_the_official_middleware(tmp_path):
-    # A malformed entry makes OpenTelemetry's baggage propagator log once per extraction.
-    headers = {"traceparent": TRACEPARENT, "baggage": "gym.rollout.id=r-1,bad entry"}
+    # A malformed entry makes OpenTelemetry's baggage propagator log once per extraction (a header
+    # without gym identity: gymtrace's propagator hands it to OpenTelemetry's as it came).
+    headers = {"traceparent": TRACEPARENT, "baggage": "tenant=acme,bad entry"}
     with services(tmp_path, [("svc-x", "app", [*RELAY, "--official"])]) as (svc,):
         assert httpx.get(f"{svc.url}/work", headers=headers).status_code == 200
         log_path = svc.log_path

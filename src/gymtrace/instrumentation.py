@@ -218,10 +218,16 @@ def note_caller(context: otel_context.Context, carrier: Any) -> otel_context.Con
     return _caller_context(context, carrier)
 
 
-def incoming_identity(baggage_header: str | None) -> dict[str, str | int]:
+def incoming_identity(
+    baggage_header: str | None, context: otel_context.Context | None = None
+) -> dict[str, str | int]:
     """The gym identity in a raw W3C ``baggage`` header, validated, as far as this process believes
-    it (``GYMTRACE_TRUST_IDENTITY``: all, none, or signed with ``GYMTRACE_IDENTITY_SECRET``)."""
-    return _incoming_identity(baggage_header)[0]
+    it (``GYMTRACE_TRUST_IDENTITY``: all, none, or signed with ``GYMTRACE_IDENTITY_SECRET``).
+
+    ``context``: the request's context as an outer extraction made it (an HTTP server span's, under
+    gymtrace's configuration): the identity the global propagator read from this same header is
+    taken from it instead of reading the header again."""
+    return _incoming_identity(baggage_header, context=context)[0]
 
 
 def accept_identity(identity: Mapping[str, str | int], signature: object = None) -> dict[str, str | int]:

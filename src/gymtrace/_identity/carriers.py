@@ -19,11 +19,18 @@ from urllib.parse import quote, unquote
 
 from opentelemetry import baggage, propagate, trace
 from opentelemetry import context as otel_context
-from opentelemetry.propagators.textmap import Getter
+from opentelemetry.propagators.textmap import (
+    CarrierT,
+    Getter,
+    Setter,
+    TextMapPropagator,
+    default_getter,
+    default_setter,
+)
 
 from gymtrace import _constants as c
 from gymtrace._identity import trust as _trust
-from gymtrace._model.errors import logger
+from gymtrace._model.errors import internal_error, logger
 from gymtrace._model.ids import clean_identity, clean_step_number, episode_id
 from gymtrace._scopes.active_scope import CALLER_KEY, DISABLED_KIND, REMOTE_KIND, SCOPE_KEY, ActiveScope
 from gymtrace._scopes.scope_carrier import read_carrier
@@ -106,10 +113,33 @@ class Baggage(NamedTuple):
 
 # baggage-octet minus "%" (the escape itself): these stay as they are, everything else is encoded.
 _SAFE = "!#$&'()*+-./:<=>?@[]^_`{|}~"
+# Text that quote() returns unchanged (its always-safe characters and _SAFE): nearly every identity
+# value, which is then written without quote()'s encoding round trip.
+_PLAIN = re.compile(r"[A-Za-z0-9_.\-~!#$&'()*+/:<=>?@\[\]^`{|}]*")
+
+
+def _encoded(value: object) -> str:
+    text = str(value)
+    return text if _PLAIN.fullmatch(text) else quote(text, safe=_SAFE)
+
+
+# The last header written and its entries, all text: the requests of one step send the same identity.
+_last_header: tuple[tuple[tuple[str, object], ...], str] = ((), "")
 
 
 def format_baggage(entries: Mapping[str, object]) -> str:
-    return ",".join(f"{quote(str(k), safe=_SAFE)}={quote(str(v), safe=_SAFE)}" for k, v in entries.items())
+    global _last_header
+    pairs = tuple(entries.items())
+    last_pairs, last_header = _last_header
+    try:
+        if pairs and pairs == last_pairs:
+            return last_header
+    except Exception:  # noqa: BLE001 - an application value whose == does not answer a bool
+        pass
+    header = ",".join(f"{_encoded(k)}={_encoded(v)}" for k, v in pairs)
+    if all(type(k) is str and type(v) is str for k, v in pairs):
+        _last_header = (pairs, header)
+    return header
 
 
 def write_carrier(carrier: MutableMapping[str, str], ctx: otel_context.Context) -> None:
@@ -176,10 +206,30 @@ def _report_dropped(dropped: int) -> None:
 _last_report = -1e9
 
 
+class Incoming(NamedTuple):
+    """What the global propagator read of one request's ``baggage`` header (see
+    :class:`IdentityPropagator`): the header, the identity this process believed, the split."""
+
+    header: str
+    identity: dict[str, str | int]
+    parsed: Baggage
+
+
+# The context entry where IdentityPropagator leaves what it read, for the readers below.
+INCOMING_KEY = otel_context.create_key("gymtrace.incoming-baggage")
+
+
 def incoming_identity(
-    header: str | None, *, trusted: bool | None = None
+    header: str | None, *, trusted: bool | None = None, context: otel_context.Context | None = None
 ) -> tuple[dict[str, str | int], Baggage]:
-    """The identity in a raw ``baggage`` header that this process believes, and the split header."""
+    """The identity in a raw ``baggage`` header that this process believes, and the split header.
+
+    ``context``: one the global propagator extracted from the same request (an HTTP server span's);
+    the identity it read from this very header is taken rather than read again."""
+    if context is not None and trusted is None and header:
+        known = context.get(INCOMING_KEY)
+        if isinstance(known, Incoming) and known.header == header:
+            return known.identity, known.parsed
     parsed = _split_baggage(header)
     _report_dropped(parsed.dropped)
     identity = _trust.accept(
@@ -201,7 +251,12 @@ def remote_context(
     ``gym.*`` entries an extraction put there (the official ASGI middleware's, a user's) are
     removed (issue 31). Application baggage stays."""
     if step_base is None:
-        step_base = baggage.get_baggage(c.STEP_BASE, ctx)
+        known = ctx.get(INCOMING_KEY)
+        step_base = (
+            known.parsed.gym.get(c.STEP_BASE)
+            if isinstance(known, Incoming)
+            else baggage.get_baggage(c.STEP_BASE, ctx)
+        )
     base_number = clean_step_number(step_base)
     entries = baggage.get_all(ctx)
     if any(key.startswith("gym.") for key in entries):
@@ -268,8 +323,9 @@ def identity_from_context(ctx: otel_context.Context | None = None) -> dict[str, 
     """The gym identity this context carries and this process believes.
 
     Inside gym scopes and contexts made by :func:`extract` (or continued by the middlewares) that
-    is their (already trusted) identity, kept in gymtrace's own context entry. Otherwise, in a
-    context another extraction made (the official ASGI middleware's server span, a user's
+    is their (already trusted) identity, kept in gymtrace's own context entry; in a context the
+    global propagator extracted under :class:`IdentityPropagator`, the identity it believed then.
+    Otherwise, in a context another extraction made (the official ASGI middleware's server span, a user's
     ``propagate.extract()``), the ``gym.*`` entries of its baggage, validated and subject to
     ``GYMTRACE_TRUST_IDENTITY`` (``none``: nothing; ``signed``: only with a valid ``gym.sig``).
     """
@@ -278,6 +334,9 @@ def identity_from_context(ctx: otel_context.Context | None = None) -> dict[str, 
     frame = ctx.get(SCOPE_KEY)
     if isinstance(frame, ActiveScope):
         return frame.identity if frame.kind != DISABLED_KIND else {}
+    known = ctx.get(INCOMING_KEY)
+    if isinstance(known, Incoming):
+        return known.identity
     entries = baggage.get_all(ctx)
     if not entries:
         return {}
@@ -292,3 +351,84 @@ def identity_from_context(ctx: otel_context.Context | None = None) -> dict[str, 
     identity = _trust.accept(identity, entries.get(_trust.SIGNATURE_KEY))
     _last_foreign = (entries, identity)
     return identity
+
+
+class _OtherBaggage(Getter[Any]):
+    """``getter`` with the ``baggage`` header replaced by its entries that are not gym identity."""
+
+    __slots__ = ("getter", "other")
+
+    def __init__(self, getter: Getter[Any], other: str) -> None:
+        self.getter = getter
+        self.other = other
+
+    def get(self, carrier: Any, key: str) -> list[str] | None:
+        if key == "baggage":
+            return [self.other] if self.other else None
+        return self.getter.get(carrier, key)
+
+    def keys(self, carrier: Any) -> list[str]:
+        return self.getter.keys(carrier)
+
+
+class IdentityPropagator(TextMapPropagator):
+    """The global propagator, with the gym identity of an incoming ``baggage`` header read once,
+    by gymtrace, wherever a context is extracted (FastAPI's own telemetry, the official ASGI
+    middleware, a user's ``propagate.extract``).
+
+    The ``gym.*`` entries are split off the header and believed as ``GYMTRACE_TRUST_IDENTITY``
+    says; ``inner`` extracts the rest (the trace context, the application's baggage), so
+    OpenTelemetry's baggage propagator never parses the identity, which it would percent-decode
+    into baggage entry by entry only for gymtrace to read and remove them again. What was read
+    goes into the context (:data:`INCOMING_KEY`), where the identity processor, the middlewares
+    and :func:`remote_context` take it. Injecting is ``inner``'s. With ``baggage`` not among
+    ``inner``'s fields (``OTEL_PROPAGATORS`` without it) it changes nothing."""
+
+    def __init__(self, inner: TextMapPropagator) -> None:
+        self.inner = inner
+
+    def extract(
+        self,
+        carrier: CarrierT,
+        context: otel_context.Context | None = None,
+        getter: Getter[CarrierT] = default_getter,
+    ) -> otel_context.Context:
+        inner = self.inner
+        try:
+            values = getter.get(carrier, "baggage")
+            header = values[0] if values else None
+            if not header or "gym." not in header or "baggage" not in inner.fields:
+                return inner.extract(carrier, context, getter)
+            identity, parsed = incoming_identity(header)
+            ctx = inner.extract(carrier, context, _OtherBaggage(getter, parsed.other))
+            return otel_context.set_value(INCOMING_KEY, Incoming(header, identity, parsed), ctx)
+        except Exception as exc:  # noqa: BLE001 - telemetry must not break the caller
+            internal_error("gymtrace identity propagator", exc)
+        return inner.extract(carrier, context, getter)
+
+    def inject(
+        self,
+        carrier: CarrierT,
+        context: otel_context.Context | None = None,
+        setter: Setter[CarrierT] = default_setter,
+    ) -> None:
+        self.inner.inject(carrier, context, setter)
+
+    @property
+    def fields(self) -> set[str]:
+        return self.inner.fields
+
+
+def install_propagator() -> None:
+    """Wrap the global propagator in :class:`IdentityPropagator` (once; a propagator set later by
+    the application replaces it, and identity is then read from the baggage as before)."""
+    current = propagate.get_global_textmap()
+    if not isinstance(current, IdentityPropagator):
+        propagate.set_global_textmap(IdentityPropagator(current))
+
+
+def uninstall_propagator() -> None:
+    """The global propagator :func:`install_propagator` wrapped, set back (``gymtrace.testing.reset``)."""
+    current = propagate.get_global_textmap()
+    if isinstance(current, IdentityPropagator):
+        propagate.set_global_textmap(current.inner)

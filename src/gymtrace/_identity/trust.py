@@ -18,6 +18,7 @@ from __future__ import annotations
 import base64
 import contextvars
 import fnmatch
+import functools
 import hashlib
 import hmac
 import ipaddress
@@ -185,6 +186,7 @@ destination_inside: contextvars.ContextVar[bool | None] = contextvars.ContextVar
 )
 
 
+@functools.lru_cache(maxsize=256)
 def _is_loopback(host: str) -> bool:
     if host == "localhost" or host.endswith(".localhost"):
         return True
@@ -212,6 +214,21 @@ GYM_INTERNAL: object = _GymInternal()
 _DEFAULT_PORTS = {"http": 80, "https": 443, "ws": 80, "wss": 443}
 
 
+@functools.lru_cache(maxsize=256)
+def _host_and_port(url: str) -> tuple[str, int | None] | None:
+    """The host (lower case) and port ``url`` goes to; ``None`` for a URL that does not parse.
+    Kept for the few URLs a process sends to (every request of a hook asks)."""
+    try:
+        parts = urlsplit(url)
+        host = (parts.hostname or "").lower()
+        # A URL without a port goes to its scheme's: `gym.internal:*` and `gym.internal:80` name
+        # `http://gym.internal/` too, and `models.lab:8443` still not `https://models.lab/`.
+        port = parts.port if parts.port is not None else _DEFAULT_PORTS.get(parts.scheme.lower())
+    except ValueError:
+        return None
+    return host, port
+
+
 def may_carry_identity(url: object) -> bool:
     """Whether gym identity may be sent with a request to ``url`` (a URL string or an object whose
     ``str()`` is one). :data:`GYM_INTERNAL`: yes, a carrier that stays inside the gym by
@@ -221,14 +238,10 @@ def may_carry_identity(url: object) -> bool:
         return True
     if url is None:
         return False
-    try:
-        parts = urlsplit(str(url))
-        host = (parts.hostname or "").lower()
-        # A URL without a port goes to its scheme's: `gym.internal:*` and `gym.internal:80` name
-        # `http://gym.internal/` too, and `models.lab:8443` still not `https://models.lab/`.
-        port = parts.port if parts.port is not None else _DEFAULT_PORTS.get(parts.scheme.lower())
-    except ValueError:
+    destination = _host_and_port(str(url))
+    if destination is None:
         return False
+    host, port = destination
     patterns = _settings.active.propagate_to
     if patterns:
         address = f"{host}:{port}" if port is not None else host

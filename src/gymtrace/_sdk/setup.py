@@ -33,6 +33,7 @@ from gymtrace._content import (
     export_settings,
     reset_content_policy,
 )
+from gymtrace._identity.carriers import install_propagator, uninstall_propagator
 from gymtrace._identity.trust import trust_overrides
 from gymtrace._model import errors as _errors
 from gymtrace._model import forks as _forks
@@ -392,6 +393,8 @@ def _apply(
 ) -> None:
     """Make validated settings, content policy changes and the step policy the active ones."""
     _settings.apply(settings, overrides)
+    # The incoming identity read once per request, wherever a context is extracted.
+    install_propagator()
     _levels.measure_steps(settings.step_metrics)
     apply_content_changes(policy_changes)
     if step is not None:
@@ -442,6 +445,7 @@ def reset() -> None:
     sets it once per process.
     """
     shutdown()
+    uninstall_propagator()
     reset_content_policy()
     _settings.reset()
     _levels.measure_steps(_settings.active.step_metrics)

@@ -109,7 +109,7 @@ def _request_context(headers: Any, current: otel_context.Context | None = None) 
         # A caller without a gym identity believed here (a trainer's span): the rollouts opened
         # for it link to that span rather than join its trace (issue 44).
         return ctx if innermost_scope(ctx) is not None else note_caller(ctx, headers)
-    identity = incoming_identity(_first_baggage(headers))
+    identity = incoming_identity(_first_baggage(headers), current)
     read = identity_fallback()
     if not identity and read is not None:
         identity = read(headers)

@@ -139,7 +139,9 @@ class NeMoGymServerMiddleware:
             ctx = current
         else:
             ctx = propagate.extract(headers)
-        identity = instrumentation.incoming_identity(headers.get("baggage")) or identity_from_headers(headers)
+        # The identity the extraction (FastAPI's, or the one above) read from this header, or read here.
+        identity = instrumentation.incoming_identity(headers.get("baggage"), ctx)
+        identity = identity or identity_from_headers(headers)
         path = scope.get("path", "")
         key = None
         prefixed = _PREFIX_PATH.match(path)
@@ -209,7 +211,8 @@ class NeMoGymServerMiddleware:
         opened = False  # a span of this request's own: its status follows the response's
         conversation: _Conversation | None = None
         try:
-            stack.enter_context(instrumentation.use_tracer_provider(_options.provider))
+            if _options.provider is not None:  # the global one otherwise: nothing to enter
+                stack.enter_context(instrumentation.use_tracer_provider(_options.provider))
             if root is not None and not _own_telemetry("rollout"):
                 # Nobody upstream traced this row (the driver runs without gymtrace): it starts here,
                 # in its task's group of this run. The group's size is not on the wire: the driver
