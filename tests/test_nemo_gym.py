@@ -205,3 +205,46 @@ def test_trace_id_for_is_deterministic_and_separates_runs_and_rollouts() -> None
     assert one == nemo_gym.trace_id_for("run-a", "0-0")
     assert 0 < one < 2**128
     assert len({one, nemo_gym.trace_id_for("run-b", "0-0"), nemo_gym.trace_id_for("run-a", "0-1")}) == 3
+
+
+@pytest.mark.parametrize(
+    ("raised", "failed"),
+    [(RuntimeError("tool broke"), True), (asyncio.CancelledError(), False)],
+    ids=["error", "cancelled"],
+)
+def test_a_request_that_raises_through_the_server_middleware_ends_its_phase_span_as_with_would(
+    raised: BaseException, failed: bool
+) -> None:
+    # NeMo Gym answers a handler's exception with HTTP 500 inside the app; what still raises through
+    # (a cancelled request, an error of the server's own stack) ends the phase's span as a `with`
+    # block would: an error recorded, a cancellation not, the exception the server's to handle.
+    from opentelemetry.trace import StatusCode
+
+    from gymtrace import propagation
+    from gymtrace.integrations.nemo_gym.server import NeMoGymServerMiddleware
+
+    async def app(scope: object, receive: object, send: object) -> None:
+        raise raised
+
+    async def receive() -> dict[str, object]:
+        return {"type": "http.request", "body": b"{}", "more_body": False}
+
+    async def send(message: object) -> None:
+        pass
+
+    middleware = NeMoGymServerMiddleware(app, server_type="resources_servers", server_name="env")
+    with gymtrace.testing.capture_spans() as captured:
+        with gymtrace.rollout(rollout_id="r-1", task_id="1"), gymtrace.episode():
+            carrier = propagation.inject({}, destination=propagation.GYM_INTERNAL)
+        headers = [(k.encode(), v.encode()) for k, v in carrier.items()]
+        scope = {"type": "http", "method": "POST", "path": "/step_tool", "headers": headers}
+        with pytest.raises(type(raised)):
+            asyncio.run(middleware(scope, receive, send))
+        assert gymtrace.current().rollout_id is None  # nothing of the request's left attached
+    (tool,) = [s for s in captured.spans if (s.attributes or {}).get(c.KIND) == c.KIND_TOOL_CALL]
+    assert tool.attributes[c.ROLLOUT_ID] == "r-1"
+    assert tool.end_time is not None
+    assert (tool.status.status_code == StatusCode.ERROR) is failed
+    assert [e.attributes["exception.type"] for e in tool.events if e.name == "exception"] == (
+        ["RuntimeError"] if failed else []
+    )

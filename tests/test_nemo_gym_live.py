@@ -217,3 +217,59 @@ def test_a_request_waited_on_gets_a_live_marker_dated_when_it_went_out_and_one_a
     assert marker_attributes[attributes.ROLLOUT_ID] == "0-0"
     assert marker.start_time is not None and before <= marker.start_time <= sent[0]
     assert marker.end_time == marker.start_time
+
+
+def test_an_answered_request_keeps_nothing_of_its_context_until_its_marker_would_be_due(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Each request's marker is due a minute later here; answered at once, it must not keep its
+    # context (and so the scopes and values in it) alive for that minute: what a busy agent keeps
+    # alive across collections is what its garbage collector pays for.
+    import asyncio
+    import gc
+    import weakref
+
+    from opentelemetry import context as otel_context
+
+    from gymtrace.integrations.nemo_gym import agent
+
+    class Probe:
+        pass
+
+    monkeypatch.setattr(agent, "MARK_AFTER", 60.0)
+
+    async def answered(*args: Any, **kwargs: Any) -> _Answer:
+        return _Answer()
+
+    async def call() -> bool:
+        probe = Probe()
+        alive = weakref.ref(probe)
+        token = otel_context.attach(otel_context.set_value("test-probe", probe))
+        try:
+            invocation = agent._Invocation("my_agent", instrumentation.get_tracer())
+            conversation = agent._Conversation(invocation, True, "my_agent")
+            for _ in range(3):
+                await agent._agent_request(
+                    answered,
+                    (),
+                    {},
+                    conversation,
+                    "responses_api_models",
+                    False,
+                    "/v1/responses",
+                    "policy_model",
+                )
+            invocation.close()
+        finally:
+            otel_context.detach(token)
+        del probe, invocation, conversation
+        gc.collect()
+        # Still inside the loop, long before any marker would be due.
+        return alive() is None
+
+    with (
+        gymtrace.testing.capture_spans(),
+        gymtrace.rollout(rollout_id="0-0", task_id="0"),
+        gymtrace.episode(),
+    ):
+        assert asyncio.run(call())

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import time
+import weakref
 from collections.abc import Mapping
 from typing import Any, NamedTuple
 
@@ -213,13 +214,70 @@ def _target_kind(client: Any, server_name: Any) -> str:
 MARK_AFTER = 1.0
 
 
-def _mark_request(invocation: _Invocation, context: otel_context.Context, server: str) -> asyncio.TimerHandle:
-    """The live marker of the request about to go out, due in :data:`MARK_AFTER` seconds unless
-    cancelled (the answer came): the rollout's step, and the server the rollout waits on (what
-    ``gymtrace live`` names when it hangs there), dated when the request went out."""
-    return asyncio.get_running_loop().call_later(
-        MARK_AFTER, _write_marker, invocation.tracer, context, invocation.turns, server, time.time_ns()
-    )
+class _Waiting:
+    """The requests of one event loop's conversations not answered yet, each marked live once it has
+    waited :data:`MARK_AFTER` (dated when it went out), by one timer for all of them.
+
+    A timer per request (``call_later``, cancelled when the answer came) kept each request's
+    context, and a copy of its context variables, alive in the loop's heap for a second after the
+    answer, where the garbage collector promoted them: an answered request is dropped here at once.
+    """
+
+    __slots__ = ("__weakref__", "count", "requests", "scheduled")
+
+    def __init__(self) -> None:
+        self.count = 0
+        # key -> (due on the loop's clock, tracer, context, step, server, when it went out)
+        self.requests: dict[int, tuple[float, Any, otel_context.Context, int, str, int]] = {}
+        self.scheduled = False
+
+    def add(self, invocation: _Invocation, context: otel_context.Context, server: str) -> int:
+        loop = asyncio.get_running_loop()
+        self.count += 1
+        self.requests[self.count] = (
+            loop.time() + MARK_AFTER,
+            invocation.tracer,
+            context,
+            invocation.turns,
+            server,
+            time.time_ns(),
+        )
+        if not self.scheduled:
+            self._schedule(loop, MARK_AFTER)
+        return self.count
+
+    def answered(self, key: int) -> None:
+        self.requests.pop(key, None)
+
+    def _schedule(self, loop: asyncio.AbstractEventLoop, delay: float) -> None:
+        # In context variables of its own: the timer keeps no request's context alive.
+        loop.call_later(delay, self._sweep, context=contextvars.Context())
+        self.scheduled = True
+
+    def _sweep(self) -> None:
+        self.scheduled = False
+        loop = asyncio.get_running_loop()
+        # asyncio runs a timer up to its clock's resolution early.
+        now = loop.time() + _EARLY
+        due = [key for key, request in self.requests.items() if request[0] <= now]
+        for key in due:
+            _, tracer, context, step, server, sent_ns = self.requests.pop(key)
+            _write_marker(tracer, context, step, server, sent_ns)
+        if self.requests:
+            self._schedule(loop, max(min(request[0] for request in self.requests.values()) - now, 0.0))
+
+
+_EARLY = 0.005
+# One registry per event loop (an agent server has one; a test's asyncio.run() makes more).
+_waiting: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _Waiting] = weakref.WeakKeyDictionary()
+
+
+def _waiting_here() -> _Waiting:
+    loop = asyncio.get_running_loop()
+    waiting = _waiting.get(loop)
+    if waiting is None:
+        waiting = _waiting[loop] = _Waiting()
+    return waiting
 
 
 def _write_marker(tracer: Any, context: otel_context.Context, step: int, server: str, sent_ns: int) -> None:
@@ -251,7 +309,8 @@ async def _agent_request(
     """One request an agent sends inside a conversation, in the turn, step or phase it belongs to."""
     invocation = conversation.invocation
     context: otel_context.Context | None = None
-    marker: asyncio.TimerHandle | None = None
+    marker: int | None = None
+    waiting: _Waiting | None = None
     model = False
     try:
         if path in (_SEED, _VERIFY, "/aggregate_metrics"):
@@ -274,7 +333,8 @@ async def _agent_request(
                 kwargs["headers"] = {**(dict(given) if given else {}), c.NEMO_GYM_TOOL_CALL_HEADER: call_id}
         if context is not None and (model or invocation.step is not None):
             invocation.sent_to(server)
-            marker = _mark_request(invocation, context, server)
+            waiting = _waiting_here()
+            marker = waiting.add(invocation, context, server)
     except Exception as exc:  # noqa: BLE001 - telemetry must not break the request
         instrumentation.report_error("gymtrace.integrations.nemo_gym agent request", exc)
         context = None
@@ -283,8 +343,8 @@ async def _agent_request(
     try:
         response = await wrapped(*args, **kwargs)
     finally:
-        if marker is not None:
-            marker.cancel()  # answered (or failed): nothing to name
+        if waiting is not None and marker is not None:
+            waiting.answered(marker)  # answered (or failed): nothing to name
         _routed.reset(routed)
         if token is not None:
             otel_context.detach(token)

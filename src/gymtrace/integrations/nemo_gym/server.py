@@ -70,6 +70,52 @@ async def _buffered(receive: Any) -> tuple[bytes, Any]:
     return body, again
 
 
+class _Answer:
+    """The ASGI ``send`` of a request whose answer is read: its status and, where it is kept (a
+    reward, a model's usage) or an error, its body up to the limit."""
+
+    __slots__ = ("body", "keep", "send", "status")
+
+    def __init__(self, send: Any) -> None:
+        self.send = send
+        self.status: int | None = None
+        self.body = b""
+        self.keep = False  # the response body is read: a reward, a model's usage
+
+    async def __call__(self, message: Any) -> None:
+        kind = message.get("type")
+        if kind == "http.response.start":
+            self.status = message.get("status")
+        elif (
+            kind == "http.response.body"
+            and (self.keep or (self.status or 0) >= 500)
+            and len(self.body) < _BODY_LIMIT
+        ):
+            self.body += message.get("body", b"")
+        await self.send(message)
+
+
+def _enter(manager: Any) -> Any:
+    manager.__enter__()
+    return manager
+
+
+def _leave(entered: list[Any], exc: BaseException | None) -> None:
+    """Exit ``entered`` in reverse order, each told what the block raised (as ``with`` would); an
+    exit that raises does not keep the others from running, and the first such error is raised."""
+    error: BaseException | None = None
+    for manager in reversed(entered):
+        try:
+            manager.__exit__(
+                type(exc) if exc is not None else None, exc, exc.__traceback__ if exc is not None else None
+            )
+        except BaseException as failure:  # noqa: BLE001 - raised after every exit ran
+            error = error or failure
+    entered.clear()
+    if error is not None:
+        raise error
+
+
 class _Phase(NamedTuple):
     # "root", "seed", "verify", "model", "tool", or "" (identity only). No agent invocation for an
     # agent's /run: it spans the seed_session and verify calls, which rank above it.
@@ -186,33 +232,19 @@ class NeMoGymServerMiddleware:
     async def _serve(
         self, scope: Any, receive: Any, send: Any, phase: _Phase, root: RolloutIdentity | None
     ) -> None:
-        from contextlib import ExitStack
-
         import gymtrace
 
-        captured: dict[str, Any] = {"status": None, "body": b""}
-
-        stack = ExitStack()
+        # What a request keeps alive while the application serves it is what a busy server's
+        # garbage collector promotes: one watcher and one list here, not a closure with its cells
+        # and an ExitStack with its callbacks.
+        answer = _Answer(send)
+        entered: list[Any] = []  # the context managers entered, left in reverse order
         scored = False
-        keep_body = False  # the response body is read: a reward, a model's usage
-
-        async def capture(message: Any) -> None:
-            kind = message.get("type")
-            if kind == "http.response.start":
-                captured["status"] = message.get("status")
-            elif (
-                kind == "http.response.body"
-                and (keep_body or (captured["status"] or 0) >= 500)
-                and len(captured["body"]) < _BODY_LIMIT
-            ):
-                captured["body"] += message.get("body", b"")
-            await send(message)
-
         opened = False  # a span of this request's own: its status follows the response's
         conversation: _Conversation | None = None
         try:
             if _options.provider is not None:  # the global one otherwise: nothing to enter
-                stack.enter_context(instrumentation.use_tracer_provider(_options.provider))
+                entered.append(_enter(instrumentation.use_tracer_provider(_options.provider)))
             if root is not None and not _own_telemetry("rollout"):
                 # Nobody upstream traced this row (the driver runs without gymtrace): it starts here,
                 # in its task's group of this run. The group's size is not on the wire: the driver
@@ -221,16 +253,18 @@ class NeMoGymServerMiddleware:
                 group = (
                     group_id_for(run_id, root.task_id) if root.task_id and isinstance(run_id, str) else None
                 )
-                stack.enter_context(
-                    gymtrace.rollout(
-                        rollout_id=root.rollout_id,
-                        task_id=root.task_id or None,
-                        repeat=root.repeat,
-                        group_id=group,
+                entered.append(
+                    _enter(
+                        gymtrace.rollout(
+                            rollout_id=root.rollout_id,
+                            task_id=root.task_id or None,
+                            repeat=root.repeat,
+                            group_id=group,
+                        )
                     )
                 )
-                stack.enter_context(gymtrace.episode(attempt=root.attempt))
-                scored = opened = keep_body = True
+                entered.append(_enter(gymtrace.episode(attempt=root.attempt)))
+                scored = opened = answer.keep = True
                 if self.server_type == "responses_api_agents":
                     conversation = self._conversation(scope, own=True)
             elif phase.kind == "agent":
@@ -240,31 +274,32 @@ class NeMoGymServerMiddleware:
                 if phase.kind == "seed":
                     own = gymtrace.seed_session()
                 elif phase.kind == "verify" and not _own_telemetry("verify"):
-                    own, scored, keep_body = gymtrace.verify(), True, True
+                    own, scored, answer.keep = gymtrace.verify(), True, True
                 elif phase.kind == "model":
-                    own, keep_body = gymtrace.model_call(model=phase.argument), True
+                    own, answer.keep = gymtrace.model_call(model=phase.argument), True
                 elif phase.kind == "tool":
                     own = gymtrace.tool_call(tool_name=phase.argument, call_id=phase.call_id)
                 if own is not None:
-                    stack.enter_context(own)
+                    entered.append(_enter(own))
                     opened = True
         except Exception as exc:  # noqa: BLE001 - telemetry must not break the request
-            stack.close()
+            _leave(entered, None)
             instrumentation.report_error("gymtrace.integrations.nemo_gym middleware", exc)
             await self.app(scope, receive, send)
             return
-        with stack:
+        raised: BaseException | None = None
+        try:
             token = _conversation.set(conversation) if conversation is not None else None
             tracebacks: list[str] = []
             traceback_token = _tracebacks.set(tracebacks) if opened else None
             try:
-                await self.app(scope, receive, capture if opened or conversation else send)
+                await self.app(scope, receive, answer if opened or conversation else send)
             finally:
                 if traceback_token is not None:
                     _tracebacks.reset(traceback_token)
                 if token is not None:
                     _conversation.reset(token)
-                    status = captured["status"] or 500
+                    status = answer.status or 500
                     with instrumentation.guard("gymtrace.integrations.nemo_gym agent response"):
                         # Its own invocation ends here; one it continued, only its turn and step.
                         failed = status if status >= 500 else None
@@ -275,8 +310,8 @@ class NeMoGymServerMiddleware:
             if not opened:
                 return
             with instrumentation.guard("gymtrace.integrations.nemo_gym response"):
-                status = captured["status"] or 500
-                body = captured["body"]
+                status = answer.status or 500
+                body = answer.body
                 if status >= 500 and root is not None and scored:
                     gymtrace.record_failure(message=f"/run answered HTTP {status}")
                 elif status >= 500:
@@ -292,6 +327,11 @@ class NeMoGymServerMiddleware:
                     reward = _reward_of(json.loads(body)) if body else None
                     if reward is not None:
                         gymtrace.record_reward(reward)
+        except BaseException as exc:
+            raised = exc
+            raise
+        finally:
+            _leave(entered, raised)
 
     def _conversation(self, scope: Any, *, own: bool) -> _Conversation:
         """The conversation an agent's ``/run`` or ``/v1/responses`` request is: a ``/v1/responses``
