@@ -206,3 +206,12 @@ def test_reset_sets_the_global_propagator_back(forget_configure) -> None:
     assert propagate.get_global_textmap() is before
     extracted = propagate.extract(INCOMING)
     assert baggage.get_baggage(c.ROLLOUT_ID, extracted) == "r-7"  # OpenTelemetry's reading again
+
+
+def test_with_the_sdk_disabled_configure_leaves_the_global_propagator_as_it_is(
+    forget_configure, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    before = propagate.get_global_textmap()
+    monkeypatch.setenv("OTEL_SDK_DISABLED", "true")
+    gymtrace.configure(file=False)
+    assert propagate.get_global_textmap() is before

@@ -393,8 +393,12 @@ def _apply(
 ) -> None:
     """Make validated settings, content policy changes and the step policy the active ones."""
     _settings.apply(settings, overrides)
-    # The incoming identity read once per request, wherever a context is extracted.
-    install_propagator()
+    # The incoming identity read once per request, wherever a context is extracted; with the SDK
+    # disabled nothing is set up, and nothing reads it.
+    if settings.sdk_disabled:
+        uninstall_propagator()
+    else:
+        install_propagator()
     _levels.measure_steps(settings.step_metrics)
     apply_content_changes(policy_changes)
     if step is not None:
