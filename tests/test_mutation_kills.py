@@ -5,6 +5,7 @@ Tests written to kill mutants scripts/mutation found surviving in the decision m
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import dataclasses
 import hashlib
@@ -503,6 +504,42 @@ def test_what_a_framework_says_of_the_destination_overrides_loopback_not_the_ope
             assert _trust.may_carry_identity("http://env-1.gym.internal/") is listed
         finally:
             _trust.destination_inside.reset(token)
+
+
+def test_gym_destination_holds_for_its_block_nested_and_as_a_decorator_sync_or_async() -> None:
+    from gymtrace import instrumentation
+
+    url = "http://127.0.0.1:8000/"
+    assert _trust.may_carry_identity(url) is True
+    with instrumentation.gym_destination(False):
+        assert _trust.may_carry_identity(url) is False
+        with instrumentation.gym_destination(True):
+            assert _trust.may_carry_identity(url) is True
+        assert _trust.may_carry_identity(url) is False
+    assert _trust.may_carry_identity(url) is True
+    with pytest.raises(KeyError), instrumentation.gym_destination(False):
+        raise KeyError("the block's own error")
+    assert _trust.may_carry_identity(url) is True  # left as it was, whatever the block raised
+
+    outside = instrumentation.gym_destination(False)
+
+    @outside
+    def send(destination: str) -> bool:
+        return _trust.may_carry_identity(destination)
+
+    @outside
+    async def send_later(destination: str) -> bool:
+        await asyncio.sleep(0)
+        return _trust.may_carry_identity(destination)
+
+    async def both() -> list[bool]:
+        # Two calls of one decorated function in flight at once: each enters the block of its own.
+        return list(await asyncio.gather(send_later(url), send_later(url)))
+
+    assert send(url) is False and send(url) is False
+    assert send.__name__ == "send" and send_later.__name__ == "send_later"
+    assert asyncio.run(both()) == [False, False]
+    assert _trust.may_carry_identity(url) is True
 
 
 # -- compare and pass@k: what a run's outcomes say -------------------------------------------------

@@ -65,10 +65,12 @@ Span and attribute names are in :mod:`gymtrace.attributes`.
 from __future__ import annotations
 
 import contextvars
+import functools
+import inspect
 import sys
 from collections.abc import Callable, Iterator, Mapping, MutableMapping
 from contextlib import contextmanager
-from typing import Any
+from typing import Any, TypeVar, cast
 
 from opentelemetry import context as otel_context
 from opentelemetry import trace
@@ -91,6 +93,8 @@ from gymtrace._scopes.active_scope import DISABLED_KIND as _DISABLED_KIND
 from gymtrace._scopes.active_scope import SCOPE_KEY as _FRAME_KEY
 from gymtrace._scopes.active_scope import ActiveScope as _ActiveScope
 from gymtrace._scopes.scope import Scope as _Scope
+
+_F = TypeVar("_F", bound=Callable[..., Any])
 
 __all__ = [
     "STEPS_OWNED_ELSEWHERE",
@@ -447,18 +451,46 @@ def episode_carrier(
     return carrier
 
 
-@contextmanager
-def gym_destination(inside: bool) -> Iterator[None]:
+class gym_destination:  # lower case: called like the function it was
     """Requests made inside this block go to one of the gym's own servers (``True``), whatever their
     host, or out of the gym (``False``: an upstream model endpoint, even on loopback). Gym baggage and
     ``x-nemo-gym-*`` headers go only to gym destinations; by default those are loopback and the
     host patterns of ``GYMTRACE_PROPAGATE_TO`` (which win over ``False``). For a framework that
-    knows which of its requests are internal."""
-    token = _trust.destination_inside.set(bool(inside))
-    try:
-        yield
-    finally:
-        _trust.destination_inside.reset(token)
+    knows which of its requests are internal; also a decorator (sync or async), entered per call."""
+
+    # One slotted object per block, not a generator and its context manager: NeMo Gym's HTTP
+    # function enters one for every request it sends, held while the request is in flight.
+    __slots__ = ("_inside", "_token")
+
+    def __init__(self, inside: bool) -> None:
+        self._inside = bool(inside)
+        self._token: contextvars.Token[bool | None] | None = None
+
+    def __enter__(self) -> None:
+        self._token = _trust.destination_inside.set(self._inside)
+
+    def __exit__(self, *_exc: object) -> None:
+        if self._token is not None:
+            _trust.destination_inside.reset(self._token)
+            self._token = None
+
+    def __call__(self, func: _F) -> _F:
+        inside = self._inside
+        if inspect.iscoroutinefunction(func):
+
+            @functools.wraps(func)
+            async def run_async(*args: Any, **kwargs: Any) -> Any:
+                with gym_destination(inside):
+                    return await func(*args, **kwargs)
+
+            return cast(_F, run_async)
+
+        @functools.wraps(func)
+        def run(*args: Any, **kwargs: Any) -> Any:
+            with gym_destination(inside):
+                return func(*args, **kwargs)
+
+        return cast(_F, run)
 
 
 def may_carry_identity(url: object) -> bool:

@@ -165,9 +165,10 @@ class _Conversation(NamedTuple):
 _conversation: contextvars.ContextVar[_Conversation | None] = contextvars.ContextVar(
     "gymtrace_nemo_gym_conversation", default=None
 )
-# Set while ServerClient sends a request the conversation already placed (NeMo Gym's HTTP function
-# then places nothing again).
-_routed: contextvars.ContextVar[bool] = contextvars.ContextVar("gymtrace_nemo_gym_routed", default=False)
+# In the context of a request ServerClient sends that the conversation already placed (NeMo Gym's
+# HTTP function then places nothing again): a key of the one context attached for the request, not
+# a context variable of its own (one token fewer alive while the request is in flight).
+_ROUTED_KEY = otel_context.create_key("gymtrace.nemo_gym.routed")
 # The open invocations of this process by trace: an agent's `/run` that posts to its own
 # `/v1/responses` (simple_agent) continues its invocation there, one per rollout trace.
 _invocations: dict[int, _Invocation] = {}
@@ -338,16 +339,13 @@ async def _agent_request(
     except Exception as exc:  # noqa: BLE001 - telemetry must not break the request
         instrumentation.report_error("gymtrace.integrations.nemo_gym agent request", exc)
         context = None
-    token = otel_context.attach(context) if context is not None else None
-    routed = _routed.set(True)
+    token = otel_context.attach(otel_context.set_value(_ROUTED_KEY, True, context))
     try:
         response = await wrapped(*args, **kwargs)
     finally:
         if waiting is not None and marker is not None:
             waiting.answered(marker)  # answered (or failed): nothing to name
-        _routed.reset(routed)
-        if token is not None:
-            otel_context.detach(token)
+        otel_context.detach(token)
     if model:
         with instrumentation.guard("gymtrace.integrations.nemo_gym model response"):
             if response.status < 400:
@@ -355,9 +353,9 @@ async def _agent_request(
     return response
 
 
-async def _server_client_request(
-    wrapped: Any, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
-) -> Any:
+def _server_client_request(wrapped: Any, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    """``ServerClient.request``: the awaitable that sends it (not a coroutine of its own, which
+    would stay alive beside the request's for as long as it is in flight)."""
     conversation = _conversation.get()
     if conversation is not None:
         try:
@@ -370,11 +368,11 @@ async def _server_client_request(
             own = server_name is not None and server_name == conversation.agent
         except Exception as exc:  # noqa: BLE001 - telemetry must not break the request
             instrumentation.report_error("gymtrace.integrations.nemo_gym ServerClient.request", exc)
-            return await wrapped(*args, **kwargs)
-        return await _agent_request(wrapped, args, kwargs, conversation, target, own, path, str(server_name))
+            return wrapped(*args, **kwargs)
+        return _agent_request(wrapped, args, kwargs, conversation, target, own, path, str(server_name))
     this_pass = _driver_run.get()
     if this_pass is None:
-        return await wrapped(*args, **kwargs)
+        return wrapped(*args, **kwargs)
     row = None
     try:
         url_path = kwargs.get("url_path", args[1] if len(args) > 1 else "")
@@ -386,8 +384,8 @@ async def _server_client_request(
         instrumentation.report_error("gymtrace.integrations.nemo_gym ServerClient.request", exc)
     if row is None or _own_telemetry("rollout"):
         # NeMo Gym's own rollout span (nemo.gym.rollout.id, read as the rollout ID) is the one.
-        return await wrapped(*args, **kwargs)
-    return await _dispatch_run(wrapped, args, kwargs, this_pass, row)
+        return wrapped(*args, **kwargs)
+    return _dispatch_run(wrapped, args, kwargs, this_pass, row)
 
 
 async def _request_with_retries(
@@ -398,7 +396,7 @@ async def _request_with_retries(
     conversation = _conversation.get()
     token = None
     with instrumentation.gym_destination(bool(kwargs.get("_internal", False))):
-        if conversation is not None and not _routed.get():
+        if conversation is not None and not otel_context.get_value(_ROUTED_KEY):
             with instrumentation.guard("gymtrace.integrations.nemo_gym tool request"):
                 url = str(kwargs.get("url", args[1] if len(args) > 1 else ""))
                 name = url.split("?", 1)[0].rstrip("/").rsplit("/", 1)[-1]
