@@ -233,11 +233,22 @@ def test_there_is_no_import_cycle() -> None:
         visit(name, [])
 
 
+# Imported inside a function on purpose, below the top layer: what a traced process needs only for
+# a feature it may never use, so that every process opentelemetry-instrument starts does not pay it
+# (docs/performance.md). Each is listed with what it waits for, must point down the layers or stay
+# within its own, and must not be imported first at exit: an import in an exit handler after Ctrl-C
+# turned the process's status from 130 into 1 (tests/test_process_endings.py, with the readers'
+# outcome module deferred to a rollout's metrics).
+_DEFERRED = {
+    ("_sdk.processors", "_sdk.backends"): "GYMTRACE_BACKEND=mlflow or phoenix",
+}
+
+
 def test_the_core_imports_gymtrace_modules_at_module_level() -> None:
     # A function-level import of gymtrace's own modules hides a cycle or a wrong direction. The top
     # layer (integrations, demo, CLI) may import lazily: it pulls in optional libraries.
     # Modules that import the OpenTelemetry SDK at module level are the exception: the API-only
-    # install must be able to import everything else.
+    # install must be able to import everything else; so are the imports _DEFERRED names.
     top = len(LAYERS) - 1
     modules = _modules()
     late = [
@@ -245,9 +256,20 @@ def test_the_core_imports_gymtrace_modules_at_module_level() -> None:
         for name, tree in modules.items()
         if _layer(name) < top
         for imported, line in _imports(tree, module_level=False)
-        if not _imports_the_sdk(modules.get(imported))
+        if not _imports_the_sdk(modules.get(imported)) and (name, imported) not in _DEFERRED
     ]
     assert late == []
+
+
+def test_a_deferred_import_is_where_it_is_listed_and_points_down_the_layers() -> None:
+    modules = _modules()
+    for (name, imported), why in _DEFERRED.items():
+        found = {module for module, _ in _imports(modules[name], module_level=False)}
+        assert imported in found, f"gymtrace.{name} no longer defers gymtrace.{imported} ({why}): drop it"
+        assert _layer(imported) <= _layer(name), f"gymtrace.{name} defers gymtrace.{imported}, a layer up"
+        # Nor does what it defers import it back, at module level: a cycle the cycle test cannot see.
+        back = {module for module, _ in _imports(modules[imported], module_level=True)}
+        assert name not in back, f"gymtrace.{imported} imports gymtrace.{name}: a cycle through ({why})"
 
 
 # -- integrations are written the way a user could write them ------------------------------------------

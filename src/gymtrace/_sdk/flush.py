@@ -9,6 +9,7 @@ was built with; what is still queued then is counted and said in one line.
 from __future__ import annotations
 
 import logging
+import sys
 from typing import Any
 
 from gymtrace._model import errors as _errors
@@ -17,7 +18,6 @@ from gymtrace._scopes import consumed as _consumed
 from gymtrace._scopes import live as _live
 from gymtrace._scopes import tracing as _tracing
 from gymtrace._scopes.tracing import current_provider
-from gymtrace._sdk.backends import flush_scores, score_stats
 from gymtrace._sdk.children import forget_exported_settings
 from gymtrace._sdk.state import _state
 
@@ -56,6 +56,17 @@ def send_soon() -> None:
 _live.send_markers = send_soon
 
 
+def _backends() -> Any:
+    """The MLflow and Phoenix exporters' module if a processor was built with one (``_processors``
+    imports it only then), else None: a process that exports elsewhere never imports it."""
+    return sys.modules.get("gymtrace._sdk.backends")
+
+
+def _flush_scores(processor: Any, timeout: float) -> bool:
+    backends = _backends()
+    return True if backends is None else bool(backends.flush_scores(processor, timeout))
+
+
 def flush_at_exit() -> None:
     # Each queue flushes within the GYMTRACE_FLUSH_TIMEOUT it was built with (read once, in
     # _processors); an exit is no time to parse the environment again.
@@ -65,7 +76,7 @@ def flush_at_exit() -> None:
     if stage is not None:
         late = []
         for processor in stage.processors():
-            if not processor.force_flush(int(processor.shutdown_timeout * 1000)) or not flush_scores(
+            if not processor.force_flush(int(processor.shutdown_timeout * 1000)) or not _flush_scores(
                 processor, processor.shutdown_timeout
             ):
                 late.append(
@@ -101,7 +112,10 @@ def export_stats() -> list[Any]:
         return []
     stats = [p.stats() for p in stage.processors()]
     # A backend's scores (GYMTRACE_BACKEND=mlflow|phoenix) are counted beside its spans.
-    return stats + [s for s in map(score_stats, stage.processors()) if s is not None]
+    backends = _backends()
+    if backends is None:
+        return stats
+    return stats + [s for s in map(backends.score_stats, stage.processors()) if s is not None]
 
 
 def shutdown() -> None:

@@ -15,7 +15,6 @@ from typing import Any
 
 from gymtrace._content import otlp_batch_size
 from gymtrace._model import settings as _settings
-from gymtrace._sdk.backends import BackendExporter
 from gymtrace._sdk.export import BatchExporter
 from gymtrace._sdk.export_auto import AutoExporter
 from gymtrace._sdk.export_process import ProcessExporter
@@ -31,7 +30,10 @@ def build_processors(settings: _settings.Settings, headers: Mapping[str, str] | 
     processors: list[Any] = []
     for name in settings.exporters:
         if name == "otlp" and settings.backend != _settings.BACKEND_OTLP:
-            # MLflow or Phoenix: mapped and scored on the queue's thread; no encoder process.
+            # MLflow or Phoenix: mapped and scored on the queue's thread; no encoder process. Their
+            # module (HTTP client, span mapping, the readers' outcomes) is imported only here.
+            from gymtrace._sdk.backends import BackendExporter
+
             exporter: Any = BackendExporter(settings.backend, settings.endpoint, settings.experiment)
             target: dict[str, Any] = {}
         elif name == "otlp":
