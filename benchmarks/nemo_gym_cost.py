@@ -3,7 +3,7 @@
 Run in the NeMo Gym venv ``scripts/test`` builds (about 10 minutes on a 2-core machine)::
 
     .venv-nemo/bin/python benchmarks/nemo_gym_cost.py [--server example_multi_step] [--limit 5]
-        [--repeats 4] [--rounds 3] [--gymtrace-src DIR] [--sides plain,sdk,contrib,before,full,full-ops]
+        [--repeats 4] [--rounds 3] [--settle 2] [--gymtrace-src DIR] [--sides plain,sdk,contrib,before,full,full-ops]
 
 Up to six stacks (``--sides``) run at once against one instant fake Responses API upstream
 (tests/support/fake_responses_upstream.py): ``gym env start`` plain; plain with the OpenTelemetry
@@ -19,7 +19,10 @@ spans kept (``GYMTRACE_NEMO_GYM_OPERATION_SPANS=true``), which gymtrace's NeMo G
 turns off; and ``before``, fully traced by the gymtrace of ``--gymtrace-src`` (an earlier commit's
 ``src/``), so a change is measured against its before in the same rounds. Each round runs
 ``gym eval run`` over the same tasks on each (the driver as its stack: plain, or under
-``opentelemetry-instrument`` with the same environment), in rotating order, and takes the CPU time (user + system) of the driver (its
+``opentelemetry-instrument`` with the same environment), in an order that rotates and, every other
+turn, reverses (each side first, middle and last, and right after each other side, as often), each
+driver started after a pause (``--settle``) for the side before it to go quiet, and takes the CPU
+time (user + system) of the driver (its
 rusage, start-up included) and of every process of the stack (servers, Ray, ``gym env start``;
 psutil, before and after). Printed: CPU ms per rollout for each side (driver and stack, then the
 stack alone, which leaves out the driver's start-up), each side's ratio to the plain one, and the
@@ -251,6 +254,19 @@ def _spans(traces: Path) -> int:
     return count
 
 
+def _order(sides: list[Side], round_number: int) -> list[Side]:
+    """The sides in the order round ``round_number`` runs them: each first, middle and last in
+    turn (a drift in the machine's load is shared), and, every other turn of the rotation
+    reversed, each right after each other side as often. A side right after a traced one runs
+    while that one's servers may still be busy (an export, a collection) on the other core, which
+    costs CPU time too: with the rotation alone, in `sdk,before,full` the gymtrace side always came
+    right after the `before` side, and in an A/A run (both of the same code) measured +5.4 ms a
+    rollout more than it (per round median +4.6)."""
+    shift = round_number % len(sides)
+    turn = sides[shift:] + sides[:shift]
+    return turn if (round_number // len(sides)) % 2 == 0 else turn[::-1]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -259,6 +275,12 @@ def main() -> None:
     parser.add_argument("--limit", type=int, default=5)
     parser.add_argument("--repeats", type=int, default=4)
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument(
+        "--settle",
+        type=float,
+        default=2.0,
+        help="seconds to wait before each side's driver, for the side before it to go quiet",
+    )
     parser.add_argument(
         "--gymtrace-src",
         help="trace with the gymtrace package in this src/ directory (say, `git archive` of an earlier"
@@ -322,9 +344,8 @@ def main() -> None:
             parts: dict[str, list[dict[str, float]]] = {variant: [] for variant in variants}
             rollouts = dict.fromkeys(variants, 0)
             for round_number in range(args.rounds):
-                # Each side first, middle and last in turn: a drift in the machine's load is shared.
-                shift = round_number % len(sides)
-                for side in sides[shift:] + sides[:shift]:
+                for side in _order(sides, round_number):
+                    time.sleep(args.settle)  # the side before it done (its exporters, Ray's beats)
                     driver, stack, rows = side.run(
                         f"round-{round_number}", agent, data, args.limit, args.repeats
                     )
