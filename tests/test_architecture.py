@@ -44,6 +44,7 @@ LAYERS: list[tuple[str, list[str]]] = [
         "values",
         [
             "_model.ids",
+            "_model.anyvalue",
             "_model.failures",
             "_model.outcome_rule",
             "_model.spandata",
@@ -237,8 +238,9 @@ def test_there_is_no_import_cycle() -> None:
 # a feature it may never use, so that every process opentelemetry-instrument starts does not pay it
 # (docs/performance.md). Each is listed with what it waits for, must point down the layers or stay
 # within its own, and must not be imported first at exit: an import in an exit handler after Ctrl-C
-# turned the process's status from 130 into 1 (tests/test_process_endings.py, with the readers'
-# outcome module deferred to a rollout's metrics).
+# turned the process's status from 130 into 1 (tests/test_process_endings.py caught it with the
+# readers' outcome module deferred to a rollout's metrics; the rule they apply now sits beside it,
+# in _model.outcome_rule, so a traced process needs no readers at all).
 _DEFERRED = {
     ("_sdk.processors", "_sdk.backends"): "GYMTRACE_BACKEND=mlflow or phoenix",
 }

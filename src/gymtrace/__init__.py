@@ -27,11 +27,6 @@ from gymtrace import propagation
 from gymtrace._content import configure_content
 from gymtrace._identity.processor import IdentitySpanProcessor
 from gymtrace._model.errors import GymTraceError, HierarchyViolationError, InvalidArgumentError
-
-# Imported for what importing it does: it hands the gym.* rollout metrics the readers' outcome rule
-# (_scopes.metrics.decide_by), so that they count what `gymtrace rollouts` reads. Named here, not
-# left to the exporters' imports that happen to bring it.
-from gymtrace._read import outcomes as _reader_outcomes  # noqa: F401
 from gymtrace._scopes.active_scope import ActiveScope
 from gymtrace._scopes.api import (
     agent_invocation,

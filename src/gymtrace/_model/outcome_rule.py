@@ -15,9 +15,12 @@ its examples is docs/outcomes.md; as decided here:
 
 from __future__ import annotations
 
-from typing import NamedTuple
+import math
+from collections.abc import Iterable, Mapping
+from typing import Any, NamedTuple
 
 from gymtrace import _constants as c
+from gymtrace._model.numbers import read_int
 
 # Named tuples, not frozen dataclasses: every rollout's end builds a few, and a tuple is built in a
 # fraction of the time (benchmarks/overhead.py, nested levels).
@@ -175,3 +178,69 @@ def warning_text(rollout_id: object, decision: Decision) -> str:
         " the final episode (or between it and the rollout's end) and only once the attempt succeeded;"
         " open one gymtrace.rollout() per sample, not one around several episodes that each score"
     )
+
+
+# -- candidates: a rollout's root and outcome records, as attributes -------------------------------
+#
+# Here, beside the rule, not in the readers: the readers apply it to spans, and the gym.* rollout
+# metrics (``_scopes.metrics``) to what the process that owns the rollout recorded, without
+# importing the readers (and the span model) into every traced process.
+
+
+def _reward(value: Any) -> float | None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    reward = float(value)
+    return reward if math.isfinite(reward) else None
+
+
+def concluded(attributes: Mapping[str, Any]) -> int:
+    """The attempt a candidate concludes: a record names it, a root knows ``attempts - 1``."""
+    if attributes.get(c.KIND) == c.KIND_OUTCOME:
+        attempt = read_int(attributes.get(c.EPISODE_ATTEMPT))
+        return attempt if attempt is not None else -1
+    attempts = read_int(attributes.get(c.ROLLOUT_ATTEMPTS))
+    return attempts - 1 if attempts is not None else -1
+
+
+def candidate_order(attributes: Mapping[str, Any], end_ns: int, span_number: int) -> tuple[int, ...]:
+    """Among candidates concluding the same attempt: a record beats the root, then the later one."""
+    return (int(attributes.get(c.KIND) == c.KIND_OUTCOME), end_ns, span_number)
+
+
+def fact_of(attributes: Mapping[str, Any], order: tuple[int, ...]) -> Attempt:
+    """What a rollout root or outcome record says about the attempt it concludes, for the rule."""
+    outcome = attributes.get(c.ROLLOUT_OUTCOME)
+    reward = _reward(attributes.get(c.REWARD)) if outcome == c.OUTCOME_SCORED else None
+    # A root that says scored without a usable reward has no score to give.
+    state = FAILED if outcome == c.OUTCOME_SCORED and reward is None else state_of(outcome)
+    return Attempt(concluded(attributes), state, reward, order)
+
+
+def decide_candidates(
+    candidates: Iterable[tuple[Mapping[str, Any], int, int]], episodes: Iterable[tuple[object, object]] = ()
+) -> Decision | None:
+    """The outcome rule over a rollout's candidates, each (attributes of its root or an outcome
+    record, end time in ns, span ID as an int), and its episodes, each (``gym.episode.attempt``,
+    ``gym.episode.outcome``) in the order they were recorded (of two with one attempt number, the
+    later speaks for it); None without candidates. The readers call it with spans, and the
+    metrics (``_scopes.metrics``) with what the process that owns the rollout recorded about it."""
+    facts = []
+    started = 0
+    for attributes, end_ns, span_number in candidates:
+        started = max(started, read_int(attributes.get(c.ROLLOUT_ATTEMPTS)) or 0)
+        facts.append(fact_of(attributes, candidate_order(attributes, end_ns, span_number)))
+    if not facts:
+        return None
+    # An episode span that says its attempt failed or was cancelled outranks a record that scored
+    # the attempt without knowing (written in another process, or later). Of an attempt number
+    # that two episodes took (reused), only the last recorded speaks for it, as in the writer.
+    last: dict[int, object] = {}
+    for number, outcome in episodes:
+        attempt = read_int(number)
+        if attempt is not None:
+            last[attempt] = outcome
+    for attempt, outcome in last.items():
+        if outcome in (FAILED, CANCELLED):
+            facts.append(Attempt(attempt, str(outcome), None, (-1,), definite=True))
+    return decide(Facts(attempts=tuple(facts), started=started))

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from gymtrace import _constants as c
+from gymtrace._model.anyvalue import any_value as _any_value
 from gymtrace._model.numbers import read_int
 from gymtrace._model.tracefiles import (
     REQUEST_START,
@@ -110,22 +111,6 @@ def from_readable(span: Any) -> SpanData:
 
 _OTLP_KINDS = ("UNSPECIFIED", "INTERNAL", "SERVER", "CLIENT", "PRODUCER", "CONSUMER")
 _OTLP_STATUS = ("UNSET", "OK", "ERROR")
-
-
-def _any_value(value: Any) -> dict[str, Any]:
-    if isinstance(value, bool):
-        return {"boolValue": value}
-    if isinstance(value, int):
-        return {"intValue": str(value)}  # int64 is a string in OTLP/JSON
-    if isinstance(value, float):
-        return {"doubleValue": value}
-    if isinstance(value, str):
-        return {"stringValue": value}
-    if isinstance(value, bytes):
-        return {"bytesValue": base64.b64encode(value).decode("ascii")}
-    if isinstance(value, (list, tuple)):
-        return {"arrayValue": {"values": [_any_value(v) for v in value]}}
-    return {"stringValue": str(value)}
 
 
 def _key_values(attributes: Mapping[str, Any] | None) -> list[dict[str, Any]]:

@@ -15,7 +15,6 @@ outside the rollout span is a ``gym.outcome`` record span. Each candidate is one
 
 from __future__ import annotations
 
-import math
 from collections import defaultdict
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
@@ -24,12 +23,17 @@ from typing import Any
 
 from gymtrace import _constants as c
 from gymtrace._model.numbers import read_int
-from gymtrace._model.outcome_rule import CANCELLED, FAILED, Attempt, Decision, Facts, state_of
-from gymtrace._model.outcome_rule import decide as decide_outcome
+from gymtrace._model.outcome_rule import (
+    Attempt,
+    Decision,
+    candidate_order,
+    concluded,
+    decide_candidates,
+    fact_of,
+)
 from gymtrace._model.spandata import SpanData, from_readable, is_marker, normalize
 from gymtrace._read.liveview import live_rollouts
 from gymtrace._read.timesplit import has_detail
-from gymtrace._scopes import metrics as _metrics
 
 # Where an outcome came from when the rollout root decided it (an outcome record says its own).
 SOURCE_ROOT = "root"
@@ -49,33 +53,13 @@ def dedupe(spans: Iterable[Any]) -> list[SpanData]:
     return unique
 
 
-def _reward(value: Any) -> float | None:
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        return None
-    reward = float(value)
-    return reward if math.isfinite(reward) else None
-
-
 def is_outcome_record(span: SpanData) -> bool:
     return span.attributes.get(c.KIND) == c.KIND_OUTCOME
 
 
-def _concluded(attributes: Mapping[str, Any]) -> int:
-    if attributes.get(c.KIND) == c.KIND_OUTCOME:
-        attempt = read_int(attributes.get(c.EPISODE_ATTEMPT))
-        return attempt if attempt is not None else -1
-    attempts = read_int(attributes.get(c.ROLLOUT_ATTEMPTS))
-    return attempts - 1 if attempts is not None else -1
-
-
 def concluded_attempt(candidate: SpanData) -> int:
     """The attempt a candidate concludes: a record names it, a root knows ``attempts - 1``."""
-    return _concluded(candidate.attributes)
-
-
-def _ordered(attributes: Mapping[str, Any], end_ns: int, span_number: int) -> tuple[int, ...]:
-    """Among candidates concluding the same attempt: a record beats the root, then the later one."""
-    return (int(attributes.get(c.KIND) == c.KIND_OUTCOME), end_ns, span_number)
+    return concluded(candidate.attributes)
 
 
 def _span_number(candidate: SpanData) -> int:
@@ -86,20 +70,12 @@ def _span_number(candidate: SpanData) -> int:
 
 
 def _order(candidate: SpanData) -> tuple[int, ...]:
-    return _ordered(candidate.attributes, candidate.end_ns, _span_number(candidate))
-
-
-def _fact(attributes: Mapping[str, Any], order: tuple[int, ...]) -> Attempt:
-    outcome = attributes.get(c.ROLLOUT_OUTCOME)
-    reward = _reward(attributes.get(c.REWARD)) if outcome == c.OUTCOME_SCORED else None
-    # A root that says scored without a usable reward has no score to give.
-    state = FAILED if outcome == c.OUTCOME_SCORED and reward is None else state_of(outcome)
-    return Attempt(_concluded(attributes), state, reward, order)
+    return candidate_order(candidate.attributes, candidate.end_ns, _span_number(candidate))
 
 
 def candidate_fact(candidate: SpanData) -> Attempt:
     """What a rollout root or outcome record says about the attempt it concludes, for the rule."""
-    return _fact(candidate.attributes, _order(candidate))
+    return fact_of(candidate.attributes, _order(candidate))
 
 
 def decide(candidates: Iterable[SpanData]) -> SpanData | None:
@@ -120,39 +96,6 @@ def decision_of(group: RolloutSpans, *, episodes: bool = True) -> Decision | Non
         if episodes
         else (),
     )
-
-
-def decide_candidates(
-    candidates: Iterable[tuple[Mapping[str, Any], int, int]], episodes: Iterable[tuple[object, object]] = ()
-) -> Decision | None:
-    """The outcome rule over a rollout's candidates, each (attributes of its root or an outcome
-    record, end time in ns, span ID as an int), and its episodes, each (``gym.episode.attempt``,
-    ``gym.episode.outcome``) in the order they were recorded (of two with one attempt number, the
-    later speaks for it); None without candidates. The readers call it with spans, and the
-    metrics (``_scopes.metrics``) with what the process that owns the rollout recorded about it."""
-    facts = []
-    started = 0
-    for attributes, end_ns, span_number in candidates:
-        started = max(started, read_int(attributes.get(c.ROLLOUT_ATTEMPTS)) or 0)
-        facts.append(_fact(attributes, _ordered(attributes, end_ns, span_number)))
-    if not facts:
-        return None
-    # An episode span that says its attempt failed or was cancelled outranks a record that scored
-    # the attempt without knowing (written in another process, or later). Of an attempt number
-    # that two episodes took (reused), only the last recorded speaks for it, as in the writer.
-    last: dict[int, object] = {}
-    for number, outcome in episodes:
-        attempt = read_int(number)
-        if attempt is not None:
-            last[attempt] = outcome
-    for attempt, outcome in last.items():
-        if outcome in (FAILED, CANCELLED):
-            facts.append(Attempt(attempt, str(outcome), None, (-1,), definite=True))
-    return decide_outcome(Facts(attempts=tuple(facts), started=started))
-
-
-# The metrics decide by this same function (they sit below the readers, so it is handed down).
-_metrics.decide_by(decide_candidates)
 
 
 def recorded_order(episode: SpanData) -> tuple[int, int, str]:

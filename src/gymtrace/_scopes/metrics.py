@@ -9,7 +9,7 @@ Example (what a dashboard reads; ``configure()`` exports them over OTLP next to 
 The instruments come from ``metrics.get_meter("gymtrace")`` (a no-op until a MeterProvider is set);
 each measurement is taken in its span's context (exemplars carry the trace ID); attributes stay
 low-cardinality. The process that ran a rollout span counts it once, at the first collection after
-it ended, with the decision the readers give (:func:`decide_by`) for what this process recorded; a
+it ended, with the decision the readers give (the outcome rule's ``decide_candidates``) for what this process recorded; a
 rollout's end only appends a tuple here, handed to the instruments from the observable callback.
 See docs/live-and-metrics.md.
 """
@@ -21,7 +21,7 @@ import collections
 import inspect
 import threading
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from opentelemetry import context as otel_context
@@ -30,7 +30,7 @@ from opentelemetry import metrics, trace
 from gymtrace import _constants as c
 from gymtrace._model import forks as _forks
 from gymtrace._model.errors import guard
-from gymtrace._model.outcome_rule import CANCELLED, FAILED, Attempt, Decision
+from gymtrace._model.outcome_rule import CANCELLED, FAILED, Attempt, Decision, decide_candidates
 
 # Seconds: an LLM episode takes seconds to half an hour (NeMo Gym's own buckets end at 30 minutes).
 EPISODE_BUCKETS = (0.1, 0.5, 1.0, 5.0, 15.0, 30.0, 60.0, 120.0, 300.0, 600.0, 900.0, 1800.0)
@@ -154,17 +154,6 @@ _EPISODE_OUTCOME = {
 # in ns, its span ID as an int); an episode as (attempt, gym.episode.outcome).
 Candidate = tuple[Mapping[str, Any], int, int]
 EpisodeFact = tuple[object, object]
-Rule = Callable[[Iterable[Candidate], Iterable[EpisodeFact]], "Decision | None"]
-
-# The readers' decision (``_read.outcomes.decide_candidates``), handed down when ``_read.outcomes`` is imported
-# (``gymtrace/__init__.py`` imports it for that): the metrics decide by the very function
-# ``gymtrace rollouts`` runs.
-_reader_rule: Rule | None = None
-
-
-def decide_by(rule: Rule) -> None:
-    global _reader_rule
-    _reader_rule = rule
 
 
 def _no_open_rollouts() -> int:
@@ -341,14 +330,13 @@ def settle() -> None:
 
 def _decided(rollout: _Ended) -> tuple[str, float | None]:
     """The outcome and reward the readers give for what this process recorded about the rollout."""
-    rule = _reader_rule
     candidates = rollout.candidates
-    if rule is None or (len(candidates) == 1 and not rollout.episodes):
-        # Nothing written here but the rollout span (most rollouts), or _outcomes not imported: the
-        # span's own decision, which is what the rule gives for one candidate (2 µs a rollout saved).
+    if len(candidates) == 1 and not rollout.episodes:
+        # Nothing written here but the rollout span: the span's own decision, which is what the
+        # rule gives for one candidate (2 µs a rollout saved).
         root = candidates[0][0]
         return str(root[c.ROLLOUT_OUTCOME]), root.get(c.REWARD)
-    decision = rule(candidates, rollout.episodes)
+    decision = decide_candidates(candidates, rollout.episodes)
     if decision is None:
         return c.OUTCOME_UNSCORED, None  # not reached: a rollout has its span's candidate
     return decision.outcome, decision.reward

@@ -11,7 +11,7 @@ import math
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from gymtrace._model.spandata import _any_value as _json_any_value
+from gymtrace._model.anyvalue import any_value as _json_any_value
 from gymtrace._otel_private.spanfields import last_object_cache
 from gymtrace._otel_private.spanfields import read_span as _read
 from gymtrace._sdk.otlp_encode import _NO_GROUP
