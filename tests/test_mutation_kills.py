@@ -520,6 +520,12 @@ def test_gym_destination_holds_for_its_block_nested_and_as_a_decorator_sync_or_a
     with pytest.raises(KeyError), instrumentation.gym_destination(False):
         raise KeyError("the block's own error")
     assert _trust.may_carry_identity(url) is True  # left as it was, whatever the block raised
+    once = instrumentation.gym_destination(False)
+    with once:
+        with pytest.raises(RuntimeError, match="entered once"), once:
+            pass
+        assert _trust.may_carry_identity(url) is False  # the refused entry changed nothing
+    assert _trust.may_carry_identity(url) is True
 
     outside = instrumentation.gym_destination(False)
 

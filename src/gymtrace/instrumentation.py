@@ -467,6 +467,12 @@ class gym_destination:  # lower case: called like the function it was
         self._token: contextvars.Token[bool | None] | None = None
 
     def __enter__(self) -> None:
+        if self._token is not None:
+            # One token per object: entered again (nested, or from another task) it would reset the
+            # destination in the wrong place. The generator-based manager refused it too.
+            raise RuntimeError(
+                "gymtrace.instrumentation.gym_destination() is entered once: make one per block"
+            )
         self._token = _trust.destination_inside.set(self._inside)
 
     def __exit__(self, *_exc: object) -> None:
